@@ -1,0 +1,28 @@
+"""specformer: describe a Transformer in YAML; validate, build, train, analyse and diff it.
+
+Importing this package is cheap: torch is imported only when a torch-backed name
+(``build_model``, ``SpecModule``, ...) is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from specformer.specs.errors import SpecError
+from specformer.specs.loader import load_spec, preset_names
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ModelSpec": "specformer.specs.schema",
+    "build_model": "specformer.builder",
+}
+
+__all__ = ["load_spec", "preset_names", "SpecError", "ModelSpec", "build_model", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'specformer' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from specformer.cli import main
+
+main()

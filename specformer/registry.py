@@ -1,0 +1,157 @@
+"""The registry: the one switch between a YAML ``type:`` name and the code it builds.
+
+Each *family* (attention, positional, ffn, norm, head, objective, data, tokenizer,
+schedule, ...) maps a type name to an :class:`Entry` that pairs
+
+* the pydantic spec class selected by its ``type`` literal (so every family is a
+  discriminated union with exact errors and a JSON Schema), and
+* the *target* that the builder instantiates from it: a class or callable, or a
+  ``"package.module:attr"`` string resolved lazily, so that importing the schema
+  never imports torch.
+
+The set of registered names is the set of valid ``type:`` values. Third-party
+packages add entries through the ``specformer.plugins`` entry-point group: each
+entry point names a callable that receives the :data:`REGISTRY` and registers
+its entries. YAML itself can never name an import path.
+
+This module imports neither torch nor the schema.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Entry", "Registry", "REGISTRY", "register", "PLUGIN_GROUP", "load_plugins"]
+
+PLUGIN_GROUP = "specformer.plugins"
+
+Target = str | Callable[..., Any] | None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered type: its family, name, spec class and build target."""
+
+    family: str
+    name: str
+    spec: type
+    target: Target = None
+    source: str = "specformer"
+
+    def resolve(self) -> Callable[..., Any]:
+        """Return the build target, importing it if it was given as a string."""
+        if self.target is None:
+            raise LookupError(f"{self.family} type {self.name!r} has nothing to build")
+        if isinstance(self.target, str):
+            module_name, _, attr = self.target.partition(":")
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            return obj
+        return self.target
+
+
+class Registry:
+    """Families of named entries. See the module docstring."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, dict[str, Entry]] = {}
+
+    def register(
+        self,
+        family: str,
+        spec: type,
+        target: Target = None,
+        *,
+        name: str | None = None,
+        source: str = "specformer",
+        replace: bool = False,
+    ) -> Entry:
+        """Register ``spec`` (a pydantic model with a ``type`` literal) in ``family``.
+
+        The name defaults to the single value of the spec's ``type`` literal.
+        Registering a name twice is an error unless ``replace=True``.
+        """
+        if name is None:
+            name = _type_literal(spec)
+        entries = self._families.setdefault(family, {})
+        if name in entries and not replace:
+            raise ValueError(
+                f"{family} type {name!r} is already registered (by {entries[name].source}); "
+                "pass replace=True to override it"
+            )
+        entry = Entry(family=family, name=name, spec=spec, target=target, source=source)
+        entries[name] = entry
+        return entry
+
+    def families(self) -> list[str]:
+        return sorted(self._families)
+
+    def entries(self, family: str) -> dict[str, Entry]:
+        """Entries of ``family`` in registration order."""
+        return dict(self._families.get(family, {}))
+
+    def names(self, family: str) -> list[str]:
+        return list(self._families.get(family, {}))
+
+    def get(self, family: str, name: str) -> Entry:
+        try:
+            return self._families[family][name]
+        except KeyError:
+            allowed = ", ".join(self.names(family)) or "(none)"
+            raise LookupError(
+                f"unknown {family} type {name!r}; registered: {allowed}"
+            ) from None
+
+    def spec_classes(self, family: str) -> tuple[type, ...]:
+        return tuple(e.spec for e in self._families.get(family, {}).values())
+
+    def build(self, family: str, spec: Any, /, **kwargs: Any) -> Any:
+        """Instantiate the target registered for ``spec.type`` with ``spec`` and ``kwargs``."""
+        return self.get(family, spec.type).resolve()(spec, **kwargs)
+
+
+def _type_literal(spec: type) -> str:
+    field = getattr(spec, "model_fields", {}).get("type")
+    if field is None:
+        raise TypeError(f"{spec.__name__} has no 'type' field; give the entry a name")
+    args = typing.get_args(field.annotation)
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise TypeError(f"{spec.__name__}.type must be a Literal of exactly one string")
+    return args[0]
+
+
+REGISTRY = Registry()
+_plugins_loaded = False
+
+
+def register(family: str, spec: type, target: Target = None, **kwargs: Any) -> Entry:
+    """Register an entry in the global :data:`REGISTRY`."""
+    return REGISTRY.register(family, spec, target, **kwargs)
+
+
+def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
+    """Load every ``specformer.plugins`` entry point once; return their names.
+
+    An entry point names a callable taking the registry, e.g. in a plugin's
+    ``pyproject.toml``::
+
+        [project.entry-points."specformer.plugins"]
+        myffn = "my_package.specformer_plugin:register"
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=group):
+        hook = ep.load()
+        if callable(hook):
+            hook(REGISTRY)
+        loaded.append(ep.name)
+    return loaded

@@ -1,0 +1,61 @@
+"""Errors for people: every problem in a spec, with file, line, column, field and a hint."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Position", "SpecProblem", "SpecError", "did_you_mean"]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a value came from: a file (or ``--set``) and a 1-based line and column."""
+
+    source: str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        if self.line is None:
+            return self.source
+        if self.column is None:
+            return f"{self.source}:{self.line}"
+        return f"{self.source}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One thing wrong with a spec."""
+
+    message: str
+    path: str = ""
+    position: Position | None = None
+    hint: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.position}: " if self.position else ""
+        field = f"{self.path}: " if self.path else ""
+        hint = f"\n    {self.hint}" if self.hint else ""
+        return f"{where}{field}{self.message}{hint}"
+
+
+class SpecError(ValueError):
+    """A spec could not be loaded; ``problems`` lists every problem found, in file order."""
+
+    def __init__(self, problems: Sequence[SpecProblem]):
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = f"{n} problem{'s' if n != 1 else ''} in the spec"
+        super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """The closest of ``choices`` to a misspelt ``word``, if any is close."""
+    choices = list(choices)
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if match:
+        return match[0]
+    lowered = {c.lower(): c for c in choices}
+    return lowered.get(word.lower())

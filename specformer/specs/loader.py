@@ -1,0 +1,595 @@
+"""YAML text -> plain dict -> ModelSpec, keeping the file, line and column of every value.
+
+Loading is safe: only plain YAML data (mappings, lists, strings, numbers, booleans,
+null) is accepted; a tag such as ``!!python/object`` is refused, never executed.
+
+``extends:`` names a preset or a path (relative to the file that says it). The
+child is deep-merged onto its parent: a mapping merges key by key, anything else
+(a list, a scalar, null) replaces, and a mapping whose ``type:`` differs from the
+parent's replaces the parent's mapping whole (the parent's fields belong to the
+other type). Chains work; a cycle is an error.
+
+``--set a.b.c=value`` overrides are applied last; the value is parsed as YAML, so
+``4`` is an int, ``true`` a bool and ``{type: rope}`` a mapping.
+"""
+
+from __future__ import annotations
+
+import copy
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from specformer.specs.errors import Position, SpecError, SpecProblem, did_you_mean
+
+__all__ = [
+    "load_spec",
+    "load_spec_data",
+    "parse_yaml",
+    "apply_overrides",
+    "deep_merge",
+    "preset_names",
+    "preset_path",
+    "dump_yaml",
+    "SCHEMA_MODELINE",
+]
+
+Path_ = tuple[str | int, ...]
+SCHEMA_MODELINE = "# yaml-language-server: $schema=../specformer.schema.json"
+
+# Names users carry over from other tools, and what they are called here.
+TYPE_HINTS = {
+    "swiglu": "SwiGLU is `type: glu` with `activation: silu`",
+    "geglu": "GeGLU is `type: glu` with `activation: gelu`",
+    "reglu": "ReGLU is `type: glu` with `activation: relu`",
+    "rotary": "rotary embeddings are `type: rope`",
+    "absolute": "a learned absolute table is `type: learned`",
+    "relative": "T5's relative bias is `type: t5`",
+    "layer_norm": "LayerNorm is `type: layernorm`",
+    "rms_norm": "RMSNorm is `type: rmsnorm`",
+    "gqa": "grouped-query attention is `type: mha` with `n_kv_heads` < `n_heads`",
+    "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
+}
+
+
+# --------------------------------------------------------------------------- YAML with positions
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader; positions are read from the composed node tree."""
+
+
+_PLAIN_TAGS = {
+    "tag:yaml.org,2002:map",
+    "tag:yaml.org,2002:seq",
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+
+
+def _pos(source: str, mark: Any) -> Position:
+    return Position(source, mark.line + 1, mark.column + 1)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Position]]:
+    """Parse YAML ``text`` safely; return the data and the position of every key and item.
+
+    Raises :class:`SpecError` listing every duplicate key and refused tag, or the
+    syntax error (YAML stops at the first).
+    """
+    loader = _Loader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            raise SpecError([_syntax_problem(exc, source, text)]) from None
+        except yaml.YAMLError as exc:
+            raise SpecError([SpecProblem(f"not valid YAML: {exc}", position=Position(source))]) from None
+        if node is None:
+            raise SpecError([SpecProblem("the file is empty; a spec is a YAML mapping", position=Position(source, 1, 1))])
+        positions: dict[Path_, Position] = {(): _pos(source, node.start_mark)}
+        problems: list[SpecProblem] = []
+        data = _construct(loader, node, (), source, positions, problems)
+        if problems:
+            raise SpecError(problems)
+        return data, positions
+    finally:
+        loader.dispose()
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError, source: str, text: str) -> SpecProblem:
+    mark = exc.problem_mark or exc.context_mark
+    position = _pos(source, mark) if mark is not None else Position(source)
+    problem = exc.problem or str(exc)
+    line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+    if "\t" in problem or "'\\t'" in problem or (mark is not None and "\t" in line[: mark.column + 1]):
+        return SpecProblem(
+            "a tab character; YAML indentation must use spaces",
+            position=position,
+            hint="replace the tab with spaces (2 per level is usual)",
+        )
+    context = f" ({exc.context})" if exc.context else ""
+    return SpecProblem(f"YAML syntax error: {problem}{context}", position=position)
+
+
+def _construct(
+    loader: _Loader,
+    node: yaml.Node,
+    path: Path_,
+    source: str,
+    positions: dict[Path_, Position],
+    problems: list[SpecProblem],
+) -> Any:
+    where = _pos(source, node.start_mark)
+    dotted = _dotted(path)
+    if node.tag not in _PLAIN_TAGS:
+        problems.append(
+            SpecProblem(
+                f"the tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed; "
+                "a spec holds plain data only (mappings, lists, strings, numbers, booleans, null)",
+                path=dotted,
+                position=where,
+            )
+        )
+        return None
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)
+        out: dict[str, Any] = {}
+        first_seen: dict[Any, Position] = {}
+        for key_node, value_node in node.value:
+            key_pos = _pos(source, key_node.start_mark)
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(SpecProblem("a key must be a plain name", path=dotted, position=key_pos))
+                continue
+            key = loader.construct_object(key_node)
+            if not isinstance(key, str):
+                key = str(key)
+            if key in first_seen:
+                problems.append(
+                    SpecProblem(
+                        f"duplicate key {key!r} (first set at line {first_seen[key].line})",
+                        path=_dotted(path + (key,)),
+                        position=key_pos,
+                        hint="each key may appear once in a mapping; remove one of them",
+                    )
+                )
+                continue
+            first_seen[key] = key_pos
+            positions[path + (key,)] = key_pos
+            out[key] = _construct(loader, value_node, path + (key,), source, positions, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        items = []
+        for i, item in enumerate(node.value):
+            positions[path + (i,)] = _pos(source, item.start_mark)
+            items.append(_construct(loader, item, path + (i,), source, positions, problems))
+        return items
+    try:
+        return loader.construct_object(node)
+    except yaml.YAMLError as exc:
+        problems.append(SpecProblem(f"bad value: {exc}", path=dotted, position=where))
+        return None
+
+
+def _dotted(path: Sequence[str | int]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def dump_yaml(data: Mapping[str, Any], *, modeline: bool = False) -> str:
+    """YAML text of plain ``data`` in key order (what ``ModelSpec.to_yaml`` writes)."""
+    text = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return (SCHEMA_MODELINE + "\n" + text) if modeline else text
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def _preset_dir() -> Any:
+    return resources.files("specformer.specs").joinpath("presets")
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped with specformer."""
+    return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = _preset_dir().joinpath(f"{name}.yaml")
+    if not path.is_file():
+        raise SpecError([_unknown_source_problem(name)])
+    return Path(str(path))
+
+
+def _unknown_source_problem(name: str, position: Position | None = None) -> SpecProblem:
+    names = preset_names()
+    guess = did_you_mean(name, names)
+    hint = f"did you mean {guess!r}? " if guess else ""
+    return SpecProblem(
+        f"no preset or file named {name!r}",
+        path="extends" if position else "",
+        position=position,
+        hint=f"{hint}presets: {', '.join(names)}",
+    )
+
+
+# --------------------------------------------------------------------------- extends + merge
+
+
+def deep_merge(base: Any, over: Any) -> Any:
+    """Merge ``over`` onto ``base``: mappings merge recursively, anything else replaces;
+    a mapping with a different ``type:`` replaces the base mapping whole."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        if "type" in over and "type" in base and over["type"] != base["type"]:
+            return copy.deepcopy(over)
+        out = copy.deepcopy(base)
+        for key, value in over.items():
+            out[key] = deep_merge(out[key], value) if key in out else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(over)
+
+
+def _looks_like_path(ref: str) -> bool:
+    return "/" in ref or "\\" in ref or ref.endswith((".yaml", ".yml"))
+
+
+def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) -> Path:
+    if _looks_like_path(ref):
+        path = Path(ref).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise SpecError(
+                [SpecProblem(f"file not found: {path}", path="extends" if position else "", position=position)]
+            )
+        return path.resolve()
+    if ref in preset_names():
+        return preset_path(ref)
+    local = (base_dir or Path.cwd()) / ref
+    if local.is_file():
+        return local.resolve()
+    raise SpecError([_unknown_source_problem(ref, position)])
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _load_file(
+    path: Path, chain: tuple[Path, ...], position: Position | None
+) -> tuple[dict[str, Any], dict[Path_, Position]]:
+    if path in chain:
+        cycle = " -> ".join(_display(p) for p in chain + (path,))
+        raise SpecError([SpecProblem(f"extends cycle: {cycle}", path="extends", position=position)])
+    source = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([SpecProblem(f"not UTF-8 text: {exc}", position=Position(source))]) from None
+    except OSError as exc:
+        raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(source))]) from None
+    data, positions = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise SpecError(
+            [SpecProblem(f"a spec is a YAML mapping, found {_type_name(data)}", position=positions[()])]
+        )
+    parent_ref = data.pop("extends", None)
+    if parent_ref is None:
+        return data, positions
+    where = positions.get(("extends",))
+    if not isinstance(parent_ref, str):
+        raise SpecError(
+            [SpecProblem(f"extends must be a preset name or a path, found {_type_name(parent_ref)}",
+                         path="extends", position=where)]
+        )
+    parent_path = _resolve_source(parent_ref, path.parent, where)
+    parent, parent_positions = _load_file(parent_path, chain + (path,), where)
+    merged = deep_merge(parent, data)
+    return merged, {**parent_positions, **positions}
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", type(None): "nothing"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def apply_overrides(
+    data: dict[str, Any],
+    overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any],
+    positions: dict[Path_, Position] | None = None,
+) -> dict[str, Any]:
+    """Apply dotted overrides (``"decoder.n_layers=4"``, ``("decoder.n_layers", 4)`` or a
+    mapping) to a copy of ``data``; string values are parsed as YAML."""
+    data = copy.deepcopy(data)
+    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    problems: list[SpecProblem] = []
+    for item in items:
+        if isinstance(item, str):
+            label = f"--set {item}"
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                problems.append(
+                    SpecProblem(
+                        f"an override is dotted.path=value, got {item!r}",
+                        position=Position(label),
+                        hint="e.g. --set decoder.n_layers=4 --set positional.type=rope",
+                    )
+                )
+                continue
+            try:
+                value, _ = parse_yaml(raw, label) if raw.strip() else (None, {})
+            except SpecError as exc:
+                problems.extend(exc.problems)
+                continue
+        else:
+            key, value = item
+            label = f"override {key}"
+        parts: list[str | int] = [int(p) if p.isdigit() else p for p in key.split(".")]
+        if any(p == "" for p in parts):
+            problems.append(SpecProblem(f"empty name in the path {key!r}", position=Position(label)))
+            continue
+        if parts[0] == "extends":
+            problems.append(SpecProblem("extends cannot be overridden; load that spec instead", position=Position(label)))
+            continue
+        try:
+            _set_path(data, parts, value)
+        except (KeyError, IndexError, TypeError) as exc:
+            problems.append(SpecProblem(str(exc.args[0]), path=key, position=Position(label)))
+            continue
+        if positions is not None:
+            for p in [p for p in positions if p[: len(parts)] == tuple(parts)]:
+                del positions[p]
+            positions[tuple(parts)] = Position(label)
+    if problems:
+        raise SpecError(problems)
+    return data
+
+
+def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                raise IndexError(f"{_dotted(parts[: i + 1])}: no item {part} in a list of {len(node)}")
+            node = node[part]
+            continue
+        if not isinstance(node, dict):
+            raise TypeError(f"{_dotted(parts[:i])} is {_type_name(node)}, not a mapping")
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        if not isinstance(last, int) or last >= len(node):
+            raise IndexError(f"no item {last} in a list of {len(node)}")
+        node[last] = value
+    elif isinstance(node, dict):
+        if isinstance(value, dict) and isinstance(node.get(last), dict):
+            node[last] = deep_merge(node[last], value)
+        else:
+            node[last] = value
+    else:
+        raise TypeError(f"{_dotted(parts[:-1])} is {_type_name(node)}, not a mapping")
+
+
+# --------------------------------------------------------------------------- load_spec
+
+
+def load_spec_data(
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[Path_, Position]]:
+    """Resolve ``extends`` and overrides: the plain dict that pydantic validates, and
+    the position of every value in it."""
+    if isinstance(source, BaseModel):
+        data, positions = source.model_dump(mode="json"), {}
+    elif isinstance(source, Mapping):
+        data, positions = copy.deepcopy(dict(source)), {}
+        if "extends" in data:
+            ref = data.pop("extends")
+            parent, positions = _load_file(_resolve_source(str(ref), Path.cwd(), None), (), None)
+            data = deep_merge(parent, data)
+    else:
+        ref = str(source)
+        path = Path(ref).expanduser()
+        if path.is_file():
+            resolved = path.resolve()
+        else:
+            resolved = _resolve_source(ref, None, None)
+        data, positions = _load_file(resolved, (), None)
+    if overrides:
+        data = apply_overrides(data, overrides, positions)
+    return data, positions
+
+
+def load_spec(
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any] | None = None,
+):
+    """Load a spec from a preset name, a YAML path or a dict, apply overrides, validate.
+
+    Returns a frozen, fully-defaulted :class:`~specformer.specs.schema.ModelSpec`.
+    Raises :class:`SpecError` listing every problem with its file, line, column and
+    field path.
+    """
+    from specformer.specs.schema import ModelSpec
+
+    data, positions = load_spec_data(source, overrides)
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(problems_from_validation(exc, positions, data)) from None
+
+
+# --------------------------------------------------------------------------- pydantic errors -> problems
+
+
+def problems_from_validation(
+    exc: ValidationError, positions: Mapping[Path_, Position], data: Any = None
+) -> list[SpecProblem]:
+    """Turn pydantic's errors into :class:`SpecProblem` s with positions and hints."""
+    from specformer.specs.schema import ModelSpec
+
+    problems: list[SpecProblem] = []
+    seen: set[tuple[str, str]] = set()
+    for err in exc.errors(include_url=False):
+        for path, message, hint in _describe(err, ModelSpec):
+            key = (_dotted(path), message)
+            if key in seen:
+                continue
+            seen.add(key)
+            problems.append(
+                SpecProblem(message, path=_dotted(path), position=_nearest(positions, path), hint=hint)
+            )
+    problems.sort(key=_order)
+    return problems
+
+
+def _order(p: SpecProblem) -> tuple:
+    pos = p.position
+    if pos is None:
+        return ("~", 0, 0, p.path)
+    return (pos.source, pos.line or 0, pos.column or 0, p.path)
+
+
+def _nearest(positions: Mapping[Path_, Position], path: Sequence[str | int]) -> Position | None:
+    path = tuple(path)
+    while True:
+        if path in positions:
+            return positions[path]
+        if not path:
+            return None
+        path = path[:-1]
+
+
+def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list, str, str]]:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    path, owner, annotation = _walk(tuple(err["loc"]), root)
+    value = err.get("input")
+
+    if kind == "cross_field":
+        if "issues" in ctx:
+            return [(path + _split(field), msg, "") for field, msg in ctx["issues"]]
+        return [(path + _split(ctx.get("field", "")), err["msg"], "")]
+
+    if kind == "extra_forbidden":
+        allowed = list(owner.model_fields) if owner is not None else []
+        name = str(path[-1]) if path else ""
+        guess = did_you_mean(name, allowed)
+        hint = (f"did you mean {guess!r}? " if guess else "") + (
+            f"allowed: {', '.join(allowed)}" if allowed else ""
+        )
+        return [(path, f"unknown field {name!r}", hint)]
+
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = _tags(annotation)
+        tag = ctx.get("tag", value.get("type") if isinstance(value, dict) else None)
+        hint_parts = []
+        if isinstance(tag, str) and tag.lower() in TYPE_HINTS:
+            hint_parts.append(TYPE_HINTS[tag.lower()])
+        guess = did_you_mean(str(tag), tags) if tag is not None else None
+        if guess:
+            hint_parts.append(f"did you mean {guess!r}?")
+        hint_parts.append(f"allowed: {', '.join(tags)}")
+        return [(path + ["type"], f"unknown type {tag!r}", "; ".join(hint_parts))]
+
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        choices = [c.strip().strip("'\"") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
+        guess = did_you_mean(str(value), choices) if isinstance(value, str) else None
+        hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
+        return [(path, f"{value!r} is not allowed", hint)]
+
+    if kind == "missing":
+        return [(path, "required field is missing", "")]
+
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    message = message[0].lower() + message[1:] if message else message
+    if not isinstance(value, dict | list):
+        message = f"{message}, got {value!r}"
+    return [(path, message, "")]
+
+
+def _split(field: str) -> list[str | int]:
+    return [int(p) if p.isdigit() else p for p in field.split(".") if p]
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The member types of an annotation, with Annotated, Optional and unions flattened."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        out: list[Any] = []
+        for arg in typing.get_args(annotation):
+            if arg is not type(None):
+                out.extend(_unwrap(arg))
+        return out
+    return [annotation]
+
+
+def _tags(annotation: Any) -> list[str]:
+    tags = []
+    for member in _unwrap(annotation):
+        field = getattr(member, "model_fields", {}).get("type")
+        if field is not None and isinstance(field.default, str):
+            tags.append(field.default)
+    return tags
+
+
+def _walk(loc: tuple, root: type[BaseModel]) -> tuple[list, type[BaseModel] | None, Any]:
+    """Follow pydantic's error location through the schema, dropping union tags.
+
+    Returns the data path, the model class that owns the last key, and the
+    annotation found at the end.
+    """
+    path: list[str | int] = []
+    owner: type[BaseModel] | None = None
+    annotation: Any = root
+    for element in loc:
+        members = _unwrap(annotation)
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if len(models) > 1 or (models and isinstance(element, str) and element in _tags(annotation) and element not in models[0].model_fields):
+            chosen = next((m for m in models if m.model_fields.get("type") is not None and m.model_fields["type"].default == element), None)
+            if chosen is None:
+                chosen = next((m for m in models if m.__name__ == element), None)
+            if chosen is not None:
+                annotation = chosen
+                continue
+            path.append(element)
+            annotation = None
+            continue
+        if len(models) == 1:
+            owner = models[0]
+            path.append(element)
+            field = owner.model_fields.get(element) if isinstance(element, str) else None
+            annotation = field.annotation if field is not None else None
+            continue
+        sequence = next(
+            (m for m in members if typing.get_origin(m) in (tuple, list)), None
+        )
+        path.append(element)
+        if sequence is not None and isinstance(element, int):
+            args = [a for a in typing.get_args(sequence) if a is not Ellipsis]
+            annotation = args[0] if args else None
+        else:
+            annotation = None
+    return path, owner, annotation

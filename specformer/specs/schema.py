@@ -1,0 +1,713 @@
+"""The spec schema: pydantic models describing a Transformer, with no torch import.
+
+A :class:`ModelSpec` is the contract between a YAML file and everything else: it is
+frozen, refuses unknown keys, and after validation every derived size (``head_dim``,
+``n_kv_heads``, ``d_ff``, cross-attention settings, final norm) is filled in, so
+components read numbers and never re-derive them.
+
+Families with a ``type:`` field (positional, attention, ffn, norm, head) are
+discriminated unions generated from :mod:`specformer.registry`; a plugin that
+registers a new spec class makes it valid YAML.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from specformer.registry import REGISTRY, load_plugins, register
+from specformer.specs.base import Spec
+
+__all__ = [
+    "Spec",
+    "Kind",
+    "Activation",
+    "SinusoidalSpec",
+    "LearnedSpec",
+    "RopeSpec",
+    "AlibiSpec",
+    "T5BiasSpec",
+    "NoPositionalSpec",
+    "AttentionSpec",
+    "MLPSpec",
+    "GLUSpec",
+    "LayerNormSpec",
+    "RMSNormSpec",
+    "ResidualSpec",
+    "LayerOverride",
+    "LayerSpec",
+    "StackSpec",
+    "EmbeddingSpec",
+    "LMHeadSpec",
+    "MLMHeadSpec",
+    "ClassificationHeadSpec",
+    "InitSpec",
+    "ModelSpec",
+    "PositionalSpec",
+    "FFNSpec",
+    "NormSpec",
+    "HeadSpec",
+    "default_glu_d_ff",
+]
+
+Kind = Literal["encoder", "decoder", "encoder-decoder"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+Dropout = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+def _issue(field: str, message: str) -> PydanticCustomError:
+    """A cross-field error that names the offending field (read by the error formatter)."""
+    return PydanticCustomError("cross_field", message, {"field": field})
+
+
+# --------------------------------------------------------------------------- positional
+
+
+class SinusoidalSpec(Spec):
+    """Fixed sinusoids added to the embeddings (Vaswani et al. 2017, section 3.5):
+    PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d))."""
+
+    type: Literal["sinusoidal"] = "sinusoidal"
+    base: PositiveFloat = Field(10000.0, description="Wavelength base (10000 in the paper).")
+
+
+class LearnedSpec(Spec):
+    """A learned absolute position table added to the embeddings (BERT, GPT-2)."""
+
+    type: Literal["learned"] = "learned"
+    max_positions: PositiveInt | None = Field(
+        None, description="Rows of the table; defaults to max_seq_len and must cover it."
+    )
+    offset: NonNegativeInt = Field(
+        0, description="Rows skipped before position 0 (RoBERTa reserves 2)."
+    )
+
+
+class RopeSpec(Spec):
+    """Rotary position embedding applied to queries and keys (Su et al. 2021, RoFormer)."""
+
+    type: Literal["rope"] = "rope"
+    base: PositiveFloat = Field(10000.0, description="Frequency base theta.")
+    fraction: float = Field(
+        1.0, gt=0.0, le=1.0, description="Fraction of head_dim that is rotated (GPT-NeoX: 0.25)."
+    )
+
+
+class AlibiSpec(Spec):
+    """Attention with linear biases (Press et al. 2022): per-head geometric slopes."""
+
+    type: Literal["alibi"] = "alibi"
+
+
+class T5BiasSpec(Spec):
+    """T5's bucketed relative position bias (Raffel et al. 2020), one table per stack
+    shared by its layers; bidirectional buckets in encoders, causal in decoders."""
+
+    type: Literal["t5"] = "t5"
+    num_buckets: PositiveInt = Field(32, description="Number of relative-distance buckets.")
+    max_distance: PositiveInt = Field(128, description="Distance beyond which buckets saturate.")
+
+
+class NoPositionalSpec(Spec):
+    """No positional information (NoPE); causal masking alone breaks symmetry."""
+
+    type: Literal["none"] = "none"
+
+
+# --------------------------------------------------------------------------- attention
+
+
+class AttentionSpec(Spec):
+    """Scaled dot-product attention, multi-head / grouped-query / multi-query
+    (Vaswani et al. 2017; Ainslie et al. 2023 for GQA; Shazeer 2019 for MQA)."""
+
+    type: Literal["mha"] = "mha"
+    n_heads: PositiveInt = Field(8, description="Query heads.")
+    n_kv_heads: PositiveInt | None = Field(
+        None, description="Key/value heads: n_heads (MHA, default), 1 (MQA), or a divisor (GQA)."
+    )
+    head_dim: PositiveInt | None = Field(None, description="Per-head size; default d_model / n_heads.")
+    bias: bool = Field(True, description="Bias on the q, k, v and output projections.")
+    dropout: Dropout = Field(0.0, description="Dropout on the attention probabilities.")
+    scale: PositiveFloat | None = Field(
+        None, description="Softmax scale; default 1/sqrt(head_dim) (T5 uses 1.0)."
+    )
+    qk_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
+        "none", description="Normalise queries and keys per head before the dot product."
+    )
+    sliding_window: PositiveInt | None = Field(
+        None, description="Attend only to the last N positions (Longformer / Mistral)."
+    )
+    backend: Literal["sdpa", "eager"] = Field(
+        "sdpa",
+        description="sdpa: torch scaled_dot_product_attention (fused kernels); "
+        "eager: explicit softmax(QK^T/sqrt(d))V, can return attention weights.",
+    )
+
+    @model_validator(mode="after")
+    def _heads(self) -> AttentionSpec:
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise _issue(
+                "n_kv_heads",
+                f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
+                f"(allowed: {', '.join(str(d) for d in _divisors(self.n_heads))})",
+            )
+        return self
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# --------------------------------------------------------------------------- ffn
+
+
+class MLPSpec(Spec):
+    """Position-wise feed-forward network: down(act(up(x))) (Vaswani et al. 2017)."""
+
+    type: Literal["mlp"] = "mlp"
+    d_ff: PositiveInt | None = Field(None, description="Hidden size; default 4 * d_model.")
+    activation: Activation = Field("relu", description="relu | gelu | gelu_tanh | silu.")
+    bias: bool = Field(True, description="Bias on both projections.")
+    dropout: Dropout = Field(0.0, description="Dropout after the activation.")
+
+
+class GLUSpec(Spec):
+    """Gated linear unit FFN: down(act(gate(x)) * up(x)) (Shazeer 2020).
+    SwiGLU = activation silu, GeGLU = gelu, ReGLU = relu."""
+
+    type: Literal["glu"] = "glu"
+    d_ff: PositiveInt | None = Field(
+        None, description="Hidden size; default 8/3 * d_model rounded up to a multiple of 64."
+    )
+    activation: Activation = Field("silu", description="silu (SwiGLU) | gelu (GeGLU) | relu (ReGLU) | gelu_tanh.")
+    bias: bool = Field(False, description="Bias on the three projections.")
+    dropout: Dropout = Field(0.0, description="Dropout after the gating product.")
+
+
+def default_glu_d_ff(d_model: int) -> int:
+    return int(math.ceil(8 * d_model / 3 / 64) * 64)
+
+
+# --------------------------------------------------------------------------- norm
+
+
+class _NormBase(Spec):
+    type: str
+    eps: PositiveFloat = Field(1e-5, description="Added to the variance for stability.")
+    placement: Literal["pre", "post"] = Field(
+        "pre",
+        description="pre: x + F(norm(x)); post (the original paper): norm(x + F(x)). "
+        "Only meaningful for a stack's norm.",
+    )
+    final: bool | None = Field(
+        None,
+        description="A norm after the last layer; default on for pre-norm, off for post-norm. "
+        "Only meaningful for a stack's norm.",
+    )
+
+
+class LayerNormSpec(_NormBase):
+    """Layer normalisation (Ba et al. 2016)."""
+
+    type: Literal["layernorm"] = "layernorm"
+    bias: bool = Field(True, description="Learned additive bias (beta).")
+
+
+class RMSNormSpec(_NormBase):
+    """Root-mean-square normalisation, no mean subtraction and no bias (Zhang & Sennrich 2019)."""
+
+    type: Literal["rmsnorm"] = "rmsnorm"
+
+
+# --------------------------------------------------------------------------- heads
+
+
+class LMHeadSpec(Spec):
+    """Language-model head: a projection from d_model to the vocabulary."""
+
+    type: Literal["lm"] = "lm"
+    bias: bool = Field(False, description="Bias on the output projection.")
+    scale_input: bool = Field(
+        False, description="Multiply hidden states by d_model^-0.5 first (T5 with tied embeddings)."
+    )
+
+
+class MLMHeadSpec(Spec):
+    """BERT's masked-LM head: dense + activation + LayerNorm, then the vocabulary decoder."""
+
+    type: Literal["mlm"] = "mlm"
+    activation: Activation = Field("gelu", description="Activation of the transform.")
+    eps: PositiveFloat = Field(1e-12, description="LayerNorm epsilon of the transform.")
+    bias: bool = Field(True, description="Bias on the vocabulary decoder.")
+
+
+class ClassificationHeadSpec(Spec):
+    """Sequence classification: pool the sequence, optional dense + tanh, then project."""
+
+    type: Literal["classification"] = "classification"
+    n_classes: PositiveInt = Field(2, description="Number of labels.")
+    pooling: Literal["first", "mean", "last"] = Field(
+        "first", description="first ([CLS], BERT), mean over real tokens, or last real token (GPT)."
+    )
+    pooler: bool = Field(True, description="A dense + tanh layer before the classifier (BERT's pooler).")
+    dropout: Dropout = Field(0.0, description="Dropout before the classifier.")
+
+
+# --------------------------------------------------------------------------- registry
+
+_FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
+    "positional": [
+        (SinusoidalSpec, "specformer.components.positional:SinusoidalPositional"),
+        (LearnedSpec, "specformer.components.positional:LearnedPositional"),
+        (RopeSpec, "specformer.components.positional:Rotary"),
+        (AlibiSpec, "specformer.components.positional:ALiBi"),
+        (T5BiasSpec, "specformer.components.positional:T5RelativeBias"),
+        (NoPositionalSpec, "specformer.components.positional:NoPositional"),
+    ],
+    "attention": [(AttentionSpec, "specformer.components.attention:Attention")],
+    "ffn": [
+        (MLPSpec, "specformer.components.ffn:MLP"),
+        (GLUSpec, "specformer.components.ffn:GLU"),
+    ],
+    "norm": [
+        (LayerNormSpec, "specformer.components.norms:build_layernorm"),
+        (RMSNormSpec, "specformer.components.norms:build_rmsnorm"),
+    ],
+    "head": [
+        (LMHeadSpec, "specformer.components.heads:LMHead"),
+        (MLMHeadSpec, "specformer.components.heads:MLMHead"),
+        (ClassificationHeadSpec, "specformer.components.heads:ClassificationHead"),
+    ],
+}
+
+for _family, _entries in _FAMILY_ENTRIES.items():
+    for _spec, _target in _entries:
+        if _spec.model_fields["type"].default not in REGISTRY.names(_family):
+            register(_family, _spec, _target)
+
+load_plugins()
+
+
+def _union(family: str) -> Any:
+    """The discriminated union of a family's spec classes, selected by ``type``.
+
+    A mapping without ``type:`` is the family's first registered type (so
+    ``norm: {eps: 1e-6}`` is a layernorm), which keeps short specs short.
+    """
+    entries = REGISTRY.entries(family)
+    if len(entries) == 1:
+        return next(iter(entries.values())).spec
+    default = next(iter(entries))
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, dict):
+            return value.get("type", default)
+        return getattr(value, "type", None)
+
+    members = tuple(Annotated[e.spec, Tag(name)] for name, e in entries.items())
+    return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007
+
+
+PositionalSpec = _union("positional")
+AttentionFamily = _union("attention")
+FFNSpec = _union("ffn")
+NormSpec = _union("norm")
+HeadSpec = _union("head")
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+class ResidualSpec(Spec):
+    """How sublayers join the residual stream."""
+
+    type: Literal["sequential", "parallel"] = Field(
+        "sequential",
+        description="sequential: x + attn, then + ffn; parallel (GPT-J / NeoX): x + attn(n(x)) + ffn(n(x)).",
+    )
+    dropout: Dropout = Field(0.0, description="Dropout on each sublayer output before it is added.")
+
+
+class LayerSpec(Spec):
+    """Everything one layer of a stack is built from."""
+
+    attention: AttentionFamily
+    cross_attention: AttentionFamily | None = None
+    ffn: FFNSpec
+    norm: NormSpec
+    residual: ResidualSpec
+
+
+class LayerOverride(Spec):
+    """Settings for a subset of layers of a heterogeneous stack.
+
+    Given sub-specs are deep-merged onto the stack's own, so ``{layers: "0-5",
+    attention: {sliding_window: 256}}`` keeps every other attention setting.
+    """
+
+    layers: tuple[NonNegativeInt, ...] = Field(
+        description='Layer indices: a list [0, 2], a single index, or a range "0-5" (inclusive).'
+    )
+    attention: AttentionFamily | None = None
+    cross_attention: AttentionFamily | None = None
+    ffn: FFNSpec | None = None
+    norm: NormSpec | None = None
+    residual: ResidualSpec | None = None
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _parse_layers(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return (value,)
+        if isinstance(value, str):
+            lo, sep, hi = value.partition("-")
+            try:
+                if sep:
+                    a, b = int(lo), int(hi)
+                    if b < a:
+                        raise ValueError
+                    return tuple(range(a, b + 1))
+                return (int(lo),)
+            except ValueError:
+                raise PydanticCustomError(
+                    "layer_range",
+                    'expected a layer index, a list of indices or a range like "0-5", got {value!r}',
+                    {"value": value},
+                ) from None
+        return value
+
+
+class StackSpec(Spec):
+    """A stack of identical (or overridden) layers: an encoder or a decoder."""
+
+    n_layers: PositiveInt = Field(description="Number of layers.")
+    attention: AttentionFamily = Field(default_factory=AttentionSpec)
+    cross_attention: AttentionFamily | None = Field(
+        None,
+        description="Decoder of an encoder-decoder only: attention over the encoder output; "
+        "defaults to the self-attention settings without a sliding window.",
+    )
+    ffn: FFNSpec = Field(default_factory=MLPSpec)
+    norm: NormSpec = Field(default_factory=LayerNormSpec)
+    residual: ResidualSpec = Field(default_factory=ResidualSpec)
+    overrides: tuple[LayerOverride, ...] = Field(
+        (), description="Per-layer settings for heterogeneous stacks; later entries win."
+    )
+
+    @model_validator(mode="after")
+    def _override_indices(self) -> StackSpec:
+        for i, ov in enumerate(self.overrides):
+            bad = [j for j in ov.layers if j >= self.n_layers]
+            if bad:
+                raise _issue(
+                    f"overrides.{i}.layers",
+                    f"layer index {bad[0]} is out of range: the stack has n_layers={self.n_layers} "
+                    f"(allowed: 0-{self.n_layers - 1})",
+                )
+        return self
+
+    @property
+    def final_norm(self) -> bool:
+        """Whether a norm follows the last layer (resolved: never None after validation)."""
+        return bool(self.norm.final)
+
+    def layer(self, index: int) -> LayerSpec:
+        """The resolved spec of layer ``index`` with every override applied."""
+        if not 0 <= index < self.n_layers:
+            raise IndexError(f"layer {index} out of range for a {self.n_layers}-layer stack")
+        parts: dict[str, Any] = {
+            "attention": self.attention,
+            "cross_attention": self.cross_attention,
+            "ffn": self.ffn,
+            "norm": self.norm,
+            "residual": self.residual,
+        }
+        for ov in self.overrides:
+            if index in ov.layers:
+                for key in parts:
+                    value = getattr(ov, key)
+                    if value is not None:
+                        parts[key] = value
+        return LayerSpec(**parts)
+
+    def layers(self) -> Iterator[LayerSpec]:
+        for i in range(self.n_layers):
+            yield self.layer(i)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return not self.overrides
+
+
+# --------------------------------------------------------------------------- model
+
+
+class EmbeddingSpec(Spec):
+    """Token embeddings and what surrounds them."""
+
+    scale: bool = Field(False, description="Multiply embeddings by sqrt(d_model) (the original paper does).")
+    dropout: Dropout = Field(0.0, description="Dropout after embeddings (+ positions).")
+    tie_output: bool = Field(True, description="The output projection reuses the token embedding matrix.")
+    share_encoder_decoder: bool = Field(
+        True, description="Encoder and decoder share one token embedding (encoder-decoder only)."
+    )
+    segment_vocab_size: NonNegativeInt = Field(
+        0, description="Segment (token-type) embeddings, as BERT's 2; 0 for none."
+    )
+    norm: NormSpec | None = Field(None, description="A norm after the embeddings (BERT has one).")
+
+    @model_validator(mode="after")
+    def _norm_fields(self) -> EmbeddingSpec:
+        if self.norm is not None and (self.norm.placement != "pre" or self.norm.final is not None):
+            raise _issue("norm", "placement and final have no meaning for the embedding norm; remove them")
+        return self
+
+
+class InitSpec(Spec):
+    """Weight initialisation, applied in one place by the builder."""
+
+    std: PositiveFloat = Field(0.02, description="Std of the normal init of linear and embedding weights.")
+    scaled_residual: bool = Field(
+        True,
+        description="Scale the std of projections into the residual stream by 1/sqrt(2 * n_layers) (GPT-2).",
+    )
+
+
+class ModelSpec(Spec):
+    """A whole Transformer: what ``specformer validate`` resolves and ``build_model`` builds."""
+
+    name: str = Field("unnamed", description="A name for tables, run folders and checkpoints.")
+    kind: Kind = Field(description="encoder (BERT-like) | decoder (GPT-like) | encoder-decoder (T5-like).")
+    vocab_size: PositiveInt = Field(description="Token vocabulary size.")
+    d_model: PositiveInt = Field(description="Width of the residual stream.")
+    max_seq_len: PositiveInt = Field(1024, description="Longest sequence the model is built for.")
+    positional: PositionalSpec = Field(default_factory=SinusoidalSpec)
+    encoder: StackSpec | None = Field(None, description="The encoder stack (encoder, encoder-decoder).")
+    decoder: StackSpec | None = Field(None, description="The decoder stack (decoder, encoder-decoder).")
+    embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
+    head: HeadSpec | None = Field(
+        None, description="Output head; default mlm for encoders, lm otherwise."
+    )
+    init: InitSpec = Field(default_factory=InitSpec)
+
+    # ---- derived values are filled in the raw data, before validation, so that a
+    # validated spec is complete and ``to_yaml`` round-trips to an equal spec.
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_derived(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _plain(data)
+        d_model = data.get("d_model")
+        kind = data.get("kind")
+        if "head" not in data or data.get("head") is None:
+            if kind in ("encoder", "decoder", "encoder-decoder"):
+                data["head"] = {"type": "mlm" if kind == "encoder" else "lm"}
+        for role in ("encoder", "decoder"):
+            stack = data.get(role)
+            if not isinstance(stack, dict):
+                continue
+            _fill_stack(stack, d_model, cross=(role == "decoder" and kind == "encoder-decoder"))
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> ModelSpec:
+        issues = list(self._issues())
+        if issues:
+            raise PydanticCustomError(
+                "cross_field",
+                "; ".join(f"{field}: {msg}" for field, msg in issues),
+                {"issues": issues},
+            )
+        return self
+
+    def _issues(self) -> Iterator[tuple[str, str]]:
+        has = {"encoder": self.encoder is not None, "decoder": self.decoder is not None}
+        need = {
+            "encoder": {"encoder": True, "decoder": False},
+            "decoder": {"encoder": False, "decoder": True},
+            "encoder-decoder": {"encoder": True, "decoder": True},
+        }[self.kind]
+        for role in ("encoder", "decoder"):
+            if need[role] and not has[role]:
+                yield role, f"kind {self.kind!r} needs a {role} stack ({role}: {{n_layers: ...}})"
+            if has[role] and not need[role]:
+                yield role, f"kind {self.kind!r} has no {role} stack; remove it or change kind"
+        pos = self.positional
+        if isinstance(pos, LearnedSpec) and pos.max_positions is not None:
+            if pos.max_positions - pos.offset < self.max_seq_len:
+                yield (
+                    "positional.max_positions",
+                    f"the learned table has {pos.max_positions - pos.offset} usable positions but "
+                    f"max_seq_len is {self.max_seq_len}; use max_positions >= {self.max_seq_len + pos.offset}",
+                )
+        for role, stack in self.stacks():
+            for where, att in _attentions(stack):
+                path = f"{role}.{where}"
+                if att.head_dim is None:
+                    yield (
+                        f"{path}.n_heads",
+                        f"d_model={self.d_model} is not divisible by n_heads={att.n_heads}; "
+                        "give head_dim explicitly or choose n_heads from "
+                        f"{', '.join(str(d) for d in _divisors(self.d_model))}",
+                    )
+                    continue
+                if isinstance(pos, RopeSpec) and not where.startswith("cross"):
+                    rot = int(att.head_dim * pos.fraction)
+                    if rot % 2 or rot == 0:
+                        yield (
+                            "positional.fraction",
+                            f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim} "
+                            f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
+                        )
+            if self.kind != "encoder-decoder" or role == "encoder":
+                if stack.cross_attention is not None or any(
+                    ov.cross_attention is not None for ov in stack.overrides
+                ):
+                    yield (
+                        f"{role}.cross_attention",
+                        "cross-attention exists only in the decoder of an encoder-decoder",
+                    )
+            for i, ov in enumerate(stack.overrides):
+                if ov.norm is not None and (
+                    ov.norm.placement != stack.norm.placement or ov.norm.final != stack.norm.final
+                ):
+                    yield (
+                        f"{role}.overrides.{i}.norm",
+                        "placement and final apply to the whole stack; set them in the stack's norm",
+                    )
+
+    # ---- convenience
+
+    def stacks(self) -> Iterator[tuple[str, StackSpec]]:
+        """(role, stack) for each stack present, encoder first."""
+        if self.encoder is not None:
+            yield "encoder", self.encoder
+        if self.decoder is not None:
+            yield "decoder", self.decoder
+
+    @property
+    def n_layers(self) -> int:
+        return sum(s.n_layers for _, s in self.stacks())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-compatible data of the fully resolved spec."""
+        return self.model_dump(mode="json")
+
+    def to_yaml(self, *, modeline: bool = False) -> str:
+        """YAML text of the resolved spec; ``load_spec`` of it gives an equal spec."""
+        from specformer.specs.loader import dump_yaml
+
+        return dump_yaml(self.to_dict(), modeline=modeline)
+
+
+def _attentions(stack: StackSpec) -> Iterator[tuple[str, AttentionSpec]]:
+    yield "attention", stack.attention
+    if stack.cross_attention is not None:
+        yield "cross_attention", stack.cross_attention
+    for i, ov in enumerate(stack.overrides):
+        if ov.attention is not None:
+            yield f"overrides.{i}.attention", ov.attention
+        if ov.cross_attention is not None:
+            yield f"overrides.{i}.cross_attention", ov.cross_attention
+
+
+# --------------------------------------------------------------------------- derivation on raw data
+
+
+def _plain(value: Any) -> Any:
+    """Deep copy to plain containers, dumping any spec objects a Python caller passed."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_none=False)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return copy.copy(value)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """Deep merge for sub-spec dicts: mappings merge, anything else replaces; a
+    different ``type`` replaces the whole mapping (its fields would not apply)."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        if "type" in over and "type" in base and over["type"] != base["type"]:
+            return copy.deepcopy(over)
+        out = copy.deepcopy(base)
+        for k, v in over.items():
+            out[k] = _merge(out[k], v) if k in out else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(over)
+
+
+def _fill_attention(att: Any, d_model: Any) -> None:
+    if not isinstance(att, dict):
+        return
+    n_heads = att.get("n_heads", AttentionSpec.model_fields["n_heads"].default)
+    if att.get("n_kv_heads") is None and _is_int(n_heads):
+        att["n_kv_heads"] = n_heads
+    if att.get("head_dim") is None and _is_int(n_heads) and _is_int(d_model) and n_heads > 0:
+        if d_model % n_heads == 0:
+            att["head_dim"] = d_model // n_heads
+
+
+def _fill_ffn(ffn: Any, d_model: Any) -> None:
+    if not isinstance(ffn, dict) or ffn.get("d_ff") is not None or not _is_int(d_model):
+        return
+    kind = ffn.get("type", "mlp")
+    if kind == "mlp":
+        ffn["d_ff"] = 4 * d_model
+    elif kind == "glu":
+        ffn["d_ff"] = default_glu_d_ff(d_model)
+
+
+def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
+    stack.setdefault("attention", {})
+    stack.setdefault("ffn", {})
+    stack.setdefault("norm", {})
+    if cross and stack.get("cross_attention") is None and isinstance(stack["attention"], dict):
+        ca = copy.deepcopy(stack["attention"])
+        ca.pop("sliding_window", None)
+        stack["cross_attention"] = ca
+    # overrides merge onto the stack's settings as written, then everything is derived
+    original = copy.deepcopy(stack)
+    parts = ("attention", "cross_attention", "ffn", "norm", "residual")
+    targets = [stack]
+    overrides = stack.get("overrides")
+    if isinstance(overrides, list):
+        for ov in overrides:
+            if not isinstance(ov, dict):
+                continue
+            for key in parts:
+                if isinstance(ov.get(key), dict) and isinstance(original.get(key), dict):
+                    ov[key] = _merge(original[key], ov[key])
+            targets.append(ov)
+    placement = stack["norm"].get("placement", "pre") if isinstance(stack["norm"], dict) else "pre"
+    for target in targets:
+        _fill_attention(target.get("attention"), d_model)
+        _fill_attention(target.get("cross_attention"), d_model)
+        _fill_ffn(target.get("ffn"), d_model)
+        norm = target.get("norm")
+        if isinstance(norm, dict) and norm.get("final") is None:
+            norm["final"] = placement == "pre"
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

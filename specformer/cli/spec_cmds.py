@@ -1,3 +1,144 @@
-"""Commands of this area are registered on the shared app here."""
+"""``specformer list``, ``validate`` and ``schema``: the spec language on the command line.
 
-from specformer.cli.app import app  # noqa: F401
+None of these import torch, so they start fast.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.syntax import Syntax
+from rich.table import Table
+
+from specformer.cli.app import app, console, err_console
+from specformer.specs.errors import SpecError
+
+__all__ = ["load_or_exit", "print_problems", "SetOption"]
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a field: `--set decoder.n_layers=4 --set positional.type=rope`. "
+        "The value is parsed as YAML and checked like the file. Repeatable.",
+        show_default=False,
+    ),
+]
+
+
+def print_problems(error: SpecError) -> None:
+    """Print every problem of a spec, one per entry, to stderr."""
+    n = len(error.problems)
+    err_console.print(f"[bold red]error:[/] {n} problem{'s' if n != 1 else ''} in the spec", highlight=False)
+    for problem in error.problems:
+        where = f"[bold]{problem.position}[/]: " if problem.position else ""
+        field = f"[cyan]{problem.path}[/]: " if problem.path else ""
+        err_console.print(f"  {where}{field}{problem.message}", highlight=False, markup=True, soft_wrap=True)
+        if problem.hint:
+            err_console.print(f"      [dim]{problem.hint}[/]", highlight=False, soft_wrap=True)
+
+
+def load_or_exit(source: str, overrides: list[str] | None = None):
+    """``load_spec`` for commands: on a bad spec, print the problems and exit with status 1."""
+    from specformer.specs.loader import load_spec
+
+    try:
+        return load_spec(source, overrides or [])
+    except SpecError as exc:
+        print_problems(exc)
+        raise typer.Exit(1) from None
+
+
+@app.command("list")
+def list_presets() -> None:
+    """List the shipped presets: kind, size, positional scheme, norm, FFN and parameters.
+
+    Use a name from this table wherever a SPEC is expected, or `extends:` it in your
+    own YAML file and change a few fields.
+    """
+    from specformer.analysis import count_parameters
+    from specformer.specs.loader import load_spec, preset_names
+
+    table = Table(title="specformer presets", header_style="bold")
+    for column in ("name", "kind", "layers", "d_model", "heads", "positional", "norm", "ffn", "params"):
+        table.add_column(column, justify="right" if column in ("layers", "d_model", "heads", "params") else "left")
+    for name in preset_names():
+        spec = load_spec(name)
+        stacks = list(spec.stacks())
+        _, first = stacks[0]
+        att = first.attention
+        heads = str(att.n_heads) if att.n_kv_heads == att.n_heads else f"{att.n_heads}/{att.n_kv_heads}kv"
+        ffn = first.ffn
+        ffn_text = f"{ffn.type} {ffn.activation}" if hasattr(ffn, "activation") else ffn.type
+        layers = "+".join(str(s.n_layers) for _, s in stacks)
+        table.add_row(
+            name,
+            spec.kind,
+            layers,
+            str(spec.d_model),
+            heads,
+            spec.positional.type,
+            f"{first.norm.type} ({first.norm.placement})",
+            ffn_text,
+            _human(count_parameters(spec).total),
+        )
+    console.print(table)
+
+
+def _human(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}" if n < 100 * size else f"{n / size:.0f}{unit}"
+    return str(n)
+
+
+@app.command()
+def validate(
+    spec: Annotated[str, typer.Argument(help="A preset name or a path to a YAML spec.")],
+    set_: SetOption = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing when the spec is valid.")] = False,
+    output_format: Annotated[
+        str, typer.Option("--format", "-f", help="How to print the resolved spec: yaml or json.")
+    ] = "yaml",
+) -> None:
+    """Check a spec and print it fully resolved (extends, overrides and defaults applied).
+
+    Every problem is reported at once, each with its file:line:column, the field
+    path and the allowed values; the exit status is 1 if there is any.
+
+    Examples:
+
+        specformer validate gpt2-small
+
+        specformer validate my.yaml --set decoder.n_layers=4 --set positional.type=rope
+    """
+    if output_format not in ("yaml", "json"):
+        err_console.print(f"[bold red]error:[/] --format must be yaml or json, got {output_format!r}")
+        raise typer.Exit(2)
+    resolved = load_or_exit(spec, set_)
+    if quiet:
+        return
+    if output_format == "json":
+        console.print_json(json.dumps(resolved.to_dict()))
+    elif console.is_terminal:
+        console.print(Syntax(resolved.to_yaml(), "yaml", theme="ansi_dark", background_color="default"))
+    else:
+        typer.echo(resolved.to_yaml(), nl=False)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a spec file, for editors.
+
+    Save it and point yaml-language-server at it with a first line in your spec:
+
+        specformer schema > specformer.schema.json
+
+        # yaml-language-server: $schema=specformer.schema.json
+    """
+    from specformer.specs.jsonschema import spec_json_schema
+
+    typer.echo(json.dumps(spec_json_schema(), indent=2))

@@ -502,12 +502,12 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         tag = ctx.get("tag", value.get("type") if isinstance(value, dict) else None)
         hint_parts = []
         if isinstance(tag, str) and tag.lower() in TYPE_HINTS:
-            hint_parts.append(TYPE_HINTS[tag.lower()])
+            hint_parts.append(TYPE_HINTS[tag.lower()] + ".")
         guess = did_you_mean(str(tag), tags) if tag is not None else None
         if guess:
             hint_parts.append(f"did you mean {guess!r}?")
         hint_parts.append(f"allowed: {', '.join(tags)}")
-        return [(path + ["type"], f"unknown type {tag!r}", "; ".join(hint_parts))]
+        return [(path + ["type"], f"unknown type {tag!r}", " ".join(hint_parts))]
 
     if kind == "literal_error":
         expected = ctx.get("expected", "")

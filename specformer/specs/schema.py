@@ -548,7 +548,8 @@ class ModelSpec(Spec):
         }[self.kind]
         for role in ("encoder", "decoder"):
             if need[role] and not has[role]:
-                yield role, f"kind {self.kind!r} needs a {role} stack ({role}: {{n_layers: ...}})"
+                article = "an" if role == "encoder" else "a"
+                yield "kind", f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}})"
             if has[role] and not need[role]:
                 yield role, f"kind {self.kind!r} has no {role} stack; remove it or change kind"
         pos = self.positional

@@ -1,0 +1,155 @@
+"""Bad spec files give one clear problem each: file:line, the field path, what is allowed."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specformer import SpecError, load_spec
+
+
+def _problems(tmp_path: Path, text: str, name: str = "spec.yaml", overrides=None):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path, overrides=overrides)
+    return info.value.problems
+
+
+# (id, yaml, expected line, expected field path, words the message or hint must contain)
+BAD_INPUTS = [
+    ("yaml-syntax", "kind: decoder\nd_model: [1, 2\n", 3, "", ["YAML syntax error"]),
+    ("tab-indent", "kind: decoder\ndecoder:\n\tn_layers: 2\n", 3, "", ["tab", "spaces"]),
+    ("duplicate-key", "kind: decoder\nd_model: 8\nd_model: 16\n", 3, "d_model", ["duplicate key", "line 2"]),
+    ("python-tag", "kind: decoder\nname: !!python/object:os.system {}\n", 2, "name", ["!!python/object", "not allowed"]),
+    ("python-apply-tag", "kind: !!python/object/apply:os.system ['echo hi']\n", 1, "kind", ["not allowed"]),
+    ("unknown-top-key", "extends: gpt-nano\nd_modle: 64\n", 2, "d_modle", ["unknown field", "did you mean 'd_model'"]),
+    ("unknown-nested-key", "extends: gpt-nano\ndecoder:\n  attention: {n_head: 4}\n", 3,
+     "decoder.attention.n_head", ["unknown field", "did you mean 'n_heads'", "allowed:"]),
+    ("wrong-type", "extends: gpt-nano\nd_model: wide\n", 2, "d_model", ["valid integer", "'wide'"]),
+    ("bad-enum", "extends: gpt-nano\nkind: decoder-only\n", 2, "kind", ["not allowed", "encoder, decoder, encoder-decoder"]),
+    ("bad-activation", "extends: gpt-nano\ndecoder:\n  ffn: {activation: gleu}\n", 3,
+     "decoder.ffn.activation", ["did you mean 'gelu'", "relu, gelu, gelu_tanh, silu"]),
+    ("bad-type-name", "extends: gpt-nano\npositional: {type: rotary}\n", 2, "positional.type",
+     ["unknown type 'rotary'", "type: rope", "sinusoidal, learned, rope, alibi, t5, none"]),
+    ("misspelt-type", "extends: gpt-nano\ndecoder:\n  norm: {type: rmsnrom}\n", 3, "decoder.norm.type",
+     ["did you mean 'rmsnorm'", "layernorm, rmsnorm"]),
+    ("negative-size", "extends: gpt-nano\ndecoder:\n  n_layers: -2\n", 3, "decoder.n_layers", ["greater than 0"]),
+    ("zero-vocab", "extends: gpt-nano\nvocab_size: 0\n", 2, "vocab_size", ["greater than 0"]),
+    ("dropout-range", "extends: gpt-nano\nembedding: {dropout: 1.5}\n", 2, "embedding.dropout", ["less than 1"]),
+    ("kv-heads-divide", "extends: gpt-nano\ndecoder:\n  attention: {n_heads: 4, n_kv_heads: 3}\n", 3,
+     "decoder.attention.n_kv_heads", ["must divide n_heads=4", "allowed: 1, 2, 4"]),
+    ("d-model-heads", "extends: gpt-nano\ndecoder:\n  attention: {n_heads: 3}\n", 3,
+     "decoder.attention.n_heads", ["not divisible", "head_dim"]),
+    ("rope-odd", "extends: gpt-nano\npositional: {type: rope, fraction: 0.3}\n", 2, "positional.fraction",
+     ["even", "head_dim=32"]),
+    ("learned-too-short", "extends: gpt-nano\npositional: {type: learned, max_positions: 100}\n", 2,
+     "positional.max_positions", ["100 usable positions", "max_seq_len is 256"]),
+    ("kind-missing-stack", "extends: gpt-nano\nkind: encoder-decoder\n", 2, "kind", ["needs an encoder stack"]),
+    ("kind-extra-stack", "extends: gpt-nano\nencoder: {n_layers: 2}\n", 2, "encoder", ["has no encoder stack"]),
+    ("cross-attn-in-decoder-only", "extends: gpt-nano\ndecoder:\n  cross_attention: {n_heads: 4}\n", 3,
+     "decoder.cross_attention", ["only in the decoder of an encoder-decoder"]),
+    ("override-out-of-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 7, attention: {sliding_window: 8}}\n",
+     4, "decoder.overrides.0.layers", ["out of range", "0-3"]),
+    ("override-bad-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 'five', ffn: {d_ff: 8}}\n",
+     4, "decoder.overrides.0.layers", ["range like"]),
+    ("missing-required", "name: x\nkind: decoder\nd_model: 8\ndecoder: {n_layers: 2}\n", 1, "vocab_size", ["required"]),
+    ("not-a-mapping", "- 1\n- 2\n", 1, "", ["mapping, found a list"]),
+    ("extends-missing-file", "extends: ../nowhere/parent.yaml\n", 1, "extends", ["file not found"]),
+    ("extends-unknown-preset", "extends: gpt2-smal\n", 1, "extends", ["did you mean 'gpt2-small'"]),
+    ("extends-not-string", "extends: [gpt-nano]\n", 1, "extends", ["preset name or a path"]),
+    ("empty-file", "\n", 1, "", ["empty"]),
+    ("embedding-norm-placement", "extends: bert-nano\nembedding:\n  norm: {type: layernorm, placement: post}\n", 3,
+     "embedding.norm", ["no meaning"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_names_file_line_and_field(tmp_path, case):
+    _, text, line, path, words = case
+    problems = _problems(tmp_path, text)
+    assert len(problems) == 1, [str(p) for p in problems]
+    problem = problems[0]
+    assert problem.position is not None and problem.position.source.endswith("spec.yaml"), str(problem)
+    assert problem.position.line == line, str(problem)
+    assert problem.path == path, str(problem)
+    text_out = str(problem)
+    for word in words:
+        assert word in text_out, f"{word!r} not in {text_out!r}"
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    problems = _problems(
+        tmp_path,
+        """
+        extends: gpt-nano
+        d_model: -1
+        decoder:
+          n_layer: 2
+          ffn: {type: swiglu}
+          norm: {placement: middle}
+        head: {bias: maybe}
+        """,
+    )
+    assert [p.path for p in problems] == [
+        "d_model",
+        "decoder.n_layer",
+        "decoder.ffn.type",
+        "decoder.norm.placement",
+        "head.bias",
+    ]
+    assert [p.position.line for p in problems] == [2, 4, 5, 6, 7]
+    assert "activation: silu" in problems[2].hint  # users' name for it is explained
+
+
+def test_extends_cycle_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: ./a.yaml\nname: b\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "a.yaml")
+    (problem,) = info.value.problems
+    assert "extends cycle" in problem.message
+    assert "a.yaml -> " in problem.message and problem.message.endswith("a.yaml")
+    assert problem.position.line == 1
+
+
+def test_error_points_into_the_parent_file_when_the_parent_is_wrong(tmp_path):
+    (tmp_path / "parent.yaml").write_text("extends: gpt-nano\nname: parent\n\ndecoder:\n  n_layers: 0\n")
+    (tmp_path / "child.yaml").write_text("extends: parent.yaml\nname: child\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "child.yaml")
+    (problem,) = info.value.problems
+    assert problem.position.source.endswith("parent.yaml") and problem.position.line == 5
+    assert problem.path == "decoder.n_layers"
+
+
+def test_override_errors_name_the_override(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["decoder.n_layers=many", "positional.type=rotary"])
+    problems = info.value.problems
+    assert {p.path for p in problems} == {"decoder.n_layers", "positional.type"}
+    assert all(str(p.position).startswith("--set ") for p in problems)
+
+
+def test_malformed_override_is_explained():
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["decoder.n_layers"])
+    assert "dotted.path=value" in str(info.value)
+
+
+def test_missing_source_suggests_a_preset():
+    with pytest.raises(SpecError) as info:
+        load_spec("bert-bsae")
+    assert "did you mean 'bert-base'" in str(info.value)
+
+
+def test_no_file_is_executed_by_yaml_tags(tmp_path):
+    marker = tmp_path / "pwned"
+    problems = _problems(
+        tmp_path,
+        f"kind: decoder\nname: !!python/object/apply:os.system ['touch {marker}']\n",
+    )
+    assert not marker.exists()
+    assert "not allowed" in problems[0].message

@@ -1,0 +1,200 @@
+"""The schema: defaults, derived sizes, merge semantics, overrides and round trips."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pydantic
+import pytest
+
+from specformer import load_spec, preset_names
+from specformer.registry import REGISTRY
+from specformer.specs.loader import apply_overrides, deep_merge
+from specformer.specs.schema import GLUSpec, LayerNormSpec, ModelSpec, RMSNormSpec, default_glu_d_ff
+
+PRESETS = preset_names()
+
+
+def test_the_documented_presets_ship():
+    expected = {
+        "transformer-base", "transformer-big", "bert-base", "bert-large", "gpt2-small", "gpt2-medium",
+        "gpt2-large", "gpt2-xl", "t5-small", "t5-base", "llama2-7b", "gpt-nano", "bert-nano", "t5-nano",
+    }
+    assert expected <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_round_trips_through_yaml(name, tmp_path):
+    spec = load_spec(name)
+    path = tmp_path / "dumped.yaml"
+    path.write_text(spec.to_yaml())
+    again = load_spec(path)
+    assert again == spec
+    assert again.to_yaml() == spec.to_yaml()
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_names_its_source_and_carries_the_modeline(name):
+    from specformer.specs.loader import SCHEMA_MODELINE, preset_path
+
+    text = preset_path(name).read_text()
+    assert text.startswith(SCHEMA_MODELINE + "\n")
+    comment = [line for line in text.splitlines()[1:4] if line.startswith("#")]
+    assert comment, "a preset says where its numbers come from"
+
+
+def test_spec_is_frozen_and_fully_defaulted():
+    spec = load_spec("gpt2-small")
+    with pytest.raises(pydantic.ValidationError):
+        spec.d_model = 5
+    att = spec.decoder.attention
+    assert (att.head_dim, att.n_kv_heads) == (64, 12)
+    assert spec.decoder.ffn.d_ff == 3072
+    assert spec.decoder.norm.final is True  # pre-norm gets a final norm
+    assert load_spec("bert-base").encoder.norm.final is False  # post-norm does not
+
+
+def test_derived_sizes_follow_the_model_width():
+    spec = ModelSpec(name="x", kind="decoder", vocab_size=100, d_model=96, decoder={"n_layers": 1, "ffn": {"type": "glu"}})
+    assert spec.decoder.attention.head_dim == 96 // 8
+    assert spec.decoder.ffn.d_ff == default_glu_d_ff(96) == 256
+    assert default_glu_d_ff(4096) % 64 == 0 and default_glu_d_ff(4096) >= 8 * 4096 / 3
+    assert spec.head.type == "lm"
+    assert ModelSpec(kind="encoder", vocab_size=10, d_model=8, encoder={"n_layers": 1}).head.type == "mlm"
+
+
+def test_explicit_head_dim_is_kept():
+    spec = load_spec("gpt-nano", overrides=["decoder.attention.head_dim=16"])
+    assert spec.decoder.attention.head_dim == 16
+
+
+def test_encoder_decoder_cross_attention_defaults_to_self_attention_settings():
+    spec = load_spec("t5-small", overrides=["decoder.attention.sliding_window=16"])
+    cross = spec.decoder.cross_attention
+    assert cross is not None and cross.scale == 1.0 and cross.head_dim == 64
+    assert cross.sliding_window is None
+    assert spec.encoder.cross_attention is None
+
+
+def test_mapping_without_type_is_the_family_default():
+    spec = load_spec("gpt-nano", overrides=["decoder.norm={eps: 1.0e-6}"])
+    assert isinstance(spec.decoder.norm, LayerNormSpec) and spec.decoder.norm.eps == 1e-6
+
+
+def test_deep_merge_semantics():
+    base = {"a": {"x": 1, "y": [1, 2]}, "ffn": {"type": "mlp", "activation": "gelu", "bias": True}}
+    assert deep_merge(base, {"a": {"y": [3]}}) == {"a": {"x": 1, "y": [3]}, "ffn": base["ffn"]}  # list replaces
+    assert deep_merge(base, {"a": {"z": 2}})["a"] == {"x": 1, "y": [1, 2], "z": 2}  # mapping merges
+    # a different type replaces the whole mapping: the parent's fields belong to another type
+    assert deep_merge(base, {"ffn": {"type": "glu"}})["ffn"] == {"type": "glu"}
+    assert deep_merge(base, {"a": None})["a"] is None
+    assert base["a"]["y"] == [1, 2]  # inputs untouched
+
+
+def test_extends_by_path_and_chain(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mid.yaml").write_text("extends: gpt2-small\nname: mid\ndecoder: {n_layers: 6}\n")
+    (tmp_path / "leaf.yaml").write_text(
+        textwrap.dedent(
+            """
+            extends: sub/mid.yaml
+            name: leaf
+            positional: {type: rope, base: 500000}
+            decoder:
+              attention: {n_kv_heads: 4}
+              ffn: {type: glu, activation: silu, d_ff: 2048}
+              norm: {type: rmsnorm}
+            """
+        )
+    )
+    spec = load_spec(tmp_path / "leaf.yaml")
+    assert spec.name == "leaf" and spec.decoder.n_layers == 6
+    assert spec.decoder.attention.n_heads == 12 and spec.decoder.attention.n_kv_heads == 4
+    assert spec.decoder.attention.bias is True  # merged from gpt2-small
+    assert isinstance(spec.decoder.ffn, GLUSpec) and spec.decoder.ffn.bias is False  # type changed: GLU defaults
+    assert isinstance(spec.decoder.norm, RMSNormSpec) and spec.decoder.norm.placement == "pre"
+    assert spec.positional.base == 500000
+
+
+def test_overrides_are_typed_like_yaml():
+    spec = load_spec(
+        "gpt2-small",
+        overrides=["decoder.n_layers=4", "positional.type=rope", "embedding.tie_output=false", "decoder.attention={n_kv_heads: 3}"],
+    )
+    assert spec.decoder.n_layers == 4 and spec.positional.type == "rope"
+    assert spec.embedding.tie_output is False
+    assert spec.decoder.attention.n_kv_heads == 3 and spec.decoder.attention.n_heads == 12
+
+
+def test_override_forms():
+    data = {"a": {"b": 1}, "l": [{"x": 1}]}
+    assert apply_overrides(data, ["a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}, "l": [{"x": 1}]}
+    assert apply_overrides(data, [("a.b", 5)])["a"]["b"] == 5
+    assert apply_overrides(data, {"l.0.x": 9})["l"][0]["x"] == 9
+    assert apply_overrides(data, ["new.deep.key=yes"])["new"] == {"deep": {"key": True}}
+    assert apply_overrides(data, ["a.b="])["a"]["b"] is None
+
+
+def test_per_layer_overrides_resolve_per_layer():
+    spec = load_spec(
+        "gpt-nano",
+        overrides=[
+            "decoder.overrides=[{layers: '0-1', attention: {sliding_window: 16}}, {layers: [3], ffn: {type: glu}}]"
+        ],
+    )
+    layers = list(spec.decoder.layers())
+    assert [layer.attention.sliding_window for layer in layers] == [16, 16, None, None]
+    assert all(layer.attention.n_heads == 4 and layer.attention.bias for layer in layers)
+    assert [layer.ffn.type for layer in layers] == ["mlp", "mlp", "mlp", "glu"]
+    assert layers[3].ffn.d_ff == default_glu_d_ff(128)
+
+
+def test_override_changing_heads_rederives_head_dim():
+    spec = load_spec("gpt-nano", overrides=["decoder.overrides=[{layers: 0, attention: {n_heads: 8}}]"])
+    assert spec.decoder.layer(0).attention.head_dim == 16 and spec.decoder.layer(0).attention.n_kv_heads == 8
+    assert spec.decoder.layer(1).attention.head_dim == 32
+
+
+def test_override_norm_cannot_change_placement():
+    with pytest.raises(Exception, match="apply to the whole stack"):
+        load_spec("gpt-nano", overrides=["decoder.overrides=[{layers: 0, norm: {placement: post}}]"])
+
+
+def test_learned_table_may_be_longer_than_max_seq_len():
+    spec = load_spec("gpt-nano", overrides=["positional.max_positions=300"])
+    assert spec.positional.max_positions == 300
+
+
+def test_gqa_and_mqa_are_valid():
+    assert load_spec("gpt-nano", overrides=["decoder.attention.n_kv_heads=1"]).decoder.attention.n_kv_heads == 1
+    assert load_spec("gpt-nano", overrides=["decoder.attention.n_kv_heads=2"]).decoder.attention.n_kv_heads == 2
+
+
+def test_python_objects_equal_yaml():
+    from_yaml = load_spec("gpt2-small")
+    from_python = ModelSpec.model_validate(from_yaml.to_dict())
+    assert from_python == from_yaml
+    assert load_spec(from_yaml.to_dict()) == from_yaml
+
+
+def test_schema_module_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from typer.testing import CliRunner; from specformer.cli import app; "
+        "r = CliRunner().invoke(app, ['validate', 'gpt2-small', '-q']); assert r.exit_code == 0, r.output; "
+        "r = CliRunner().invoke(app, ['schema']); assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_family_type_is_in_the_schema():
+    from specformer.specs.jsonschema import spec_json_schema
+
+    text = str(spec_json_schema())
+    for family in ("positional", "attention", "ffn", "norm", "head"):
+        for name in REGISTRY.names(family):
+            assert f"'const': '{name}'" in text, (family, name)

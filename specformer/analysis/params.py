@@ -1,0 +1,278 @@
+"""Exact parameter counts from a spec alone (no torch, no weights).
+
+The counter enumerates the state-dict parameters that :func:`specformer.builder.build_model`
+creates — every name and shape — so the total equals
+``sum(p.numel() for p in model.parameters())`` of the built model, tied weights counted once.
+Names follow the state-dict contract documented in ``docs/analysis.md``.
+
+"Embedding" parameters (excluded from ``non_embedding``, as in Kaplan et al. 2020,
+"Scaling Laws for Neural Language Models") are every vocabulary- or position-sized
+table: token, position and segment embeddings and an untied output projection with
+its bias.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ParamCounts",
+    "count_parameters",
+    "parameter_shapes",
+    "is_embedding_parameter",
+    "component_of",
+    "AnalysisError",
+]
+
+Shape = tuple[int, ...]
+
+
+class AnalysisError(ValueError):
+    """A spec uses a type the analytic model does not know (e.g. a plugin entry)."""
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of one spec.
+
+    ``shapes`` maps every state-dict parameter name to its shape; ``components``
+    groups them (``embedding``, ``decoder.attention``, ``decoder.ffn``,
+    ``decoder.norms``, ``head``, ...) in model order; ``per_layer`` gives, for each
+    stack, one ``{attention, cross_attention, ffn, norms}`` dict per layer.
+    """
+
+    total: int
+    non_embedding: int
+    embedding: int
+    components: dict[str, int]
+    per_layer: dict[str, list[dict[str, int]]]
+    shapes: dict[str, Shape] = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "non_embedding": self.non_embedding,
+            "embedding": self.embedding,
+            "components": dict(self.components),
+        }
+
+
+def _numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def _norm(prefix: str, norm: Any, dim: int) -> Iterator[tuple[str, Shape]]:
+    kind = getattr(norm, "type", None)
+    if kind == "layernorm":
+        yield f"{prefix}.weight", (dim,)
+        if norm.bias:
+            yield f"{prefix}.bias", (dim,)
+    elif kind == "rmsnorm":
+        yield f"{prefix}.weight", (dim,)
+    else:
+        raise AnalysisError(f"{prefix}: no analytic parameter count for norm type {kind!r}")
+
+
+def _linear(prefix: str, d_in: int, d_out: int, bias: bool) -> Iterator[tuple[str, Shape]]:
+    yield f"{prefix}.weight", (d_out, d_in)
+    if bias:
+        yield f"{prefix}.bias", (d_out,)
+
+
+def _qk_norm(prefix: str, kind: str, head_dim: int) -> Iterator[tuple[str, Shape]]:
+    if kind == "none":
+        return
+    yield f"{prefix}.weight", (head_dim,)
+    if kind == "layernorm":
+        yield f"{prefix}.bias", (head_dim,)
+
+
+def _self_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str, Shape]]:
+    if getattr(att, "type", None) != "mha":
+        raise AnalysisError(f"{prefix}: no analytic parameter count for attention type {att.type!r}")
+    h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
+    yield from _linear(f"{prefix}.qkv_proj", d_model, (h + 2 * hkv) * dh, att.bias)
+    yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.bias)
+    yield from _qk_norm(f"{prefix}.q_norm", att.qk_norm, dh)
+    yield from _qk_norm(f"{prefix}.k_norm", att.qk_norm, dh)
+
+
+def _cross_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str, Shape]]:
+    if getattr(att, "type", None) != "mha":
+        raise AnalysisError(f"{prefix}: no analytic parameter count for attention type {att.type!r}")
+    h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
+    yield from _linear(f"{prefix}.q_proj", d_model, h * dh, att.bias)
+    yield from _linear(f"{prefix}.kv_proj", d_model, 2 * hkv * dh, att.bias)
+    yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.bias)
+    yield from _qk_norm(f"{prefix}.q_norm", att.qk_norm, dh)
+    yield from _qk_norm(f"{prefix}.k_norm", att.qk_norm, dh)
+
+
+def _ffn(prefix: str, ffn: Any, d_model: int) -> Iterator[tuple[str, Shape]]:
+    kind = getattr(ffn, "type", None)
+    if kind == "mlp":
+        yield from _linear(f"{prefix}.up_proj", d_model, ffn.d_ff, ffn.bias)
+        yield from _linear(f"{prefix}.down_proj", ffn.d_ff, d_model, ffn.bias)
+    elif kind == "glu":
+        yield from _linear(f"{prefix}.up_proj", d_model, ffn.d_ff, ffn.bias)
+        yield from _linear(f"{prefix}.gate_proj", d_model, ffn.d_ff, ffn.bias)
+        yield from _linear(f"{prefix}.down_proj", ffn.d_ff, d_model, ffn.bias)
+    else:
+        raise AnalysisError(f"{prefix}: no analytic parameter count for ffn type {kind!r}")
+
+
+def _embedding(prefix: str, spec: Any) -> Iterator[tuple[str, Shape]]:
+    d = spec.d_model
+    yield f"{prefix}.tokens.weight", (spec.vocab_size, d)
+    pos = spec.positional
+    if pos.type == "learned":
+        rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
+        yield f"{prefix}.positions.weight", (rows, d)
+    elif pos.type not in ("sinusoidal", "rope", "alibi", "t5", "none"):
+        raise AnalysisError(f"positional: no analytic parameter count for positional type {pos.type!r}")
+    if spec.embedding.segment_vocab_size:
+        yield f"{prefix}.segments.weight", (spec.embedding.segment_vocab_size, d)
+    if spec.embedding.norm is not None:
+        yield from _norm(f"{prefix}.norm", spec.embedding.norm, d)
+
+
+def _stack(role: str, stack: Any, spec: Any) -> Iterator[tuple[str, Shape]]:
+    d = spec.d_model
+    for i in range(stack.n_layers):
+        layer = stack.layer(i)
+        p = f"{role}.layers.{i}"
+        yield from _norm(f"{p}.attn_norm", layer.norm, d)
+        yield from _self_attention(f"{p}.self_attn", layer.attention, d)
+        if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
+            yield from _norm(f"{p}.cross_norm", layer.norm, d)
+            yield from _cross_attention(f"{p}.cross_attn", layer.cross_attention, d)
+        yield from _norm(f"{p}.ffn_norm", layer.norm, d)
+        yield from _ffn(f"{p}.ffn", layer.ffn, d)
+    if stack.final_norm:
+        yield from _norm(f"{role}.final_norm", stack.norm, d)
+    if spec.positional.type == "t5":
+        yield f"{role}.rel_bias.weight", (spec.positional.num_buckets, stack.attention.n_heads)
+
+
+def _head(spec: Any) -> Iterator[tuple[str, Shape]]:
+    head, d, v = spec.head, spec.d_model, spec.vocab_size
+    tied = spec.embedding.tie_output
+    if head.type == "lm":
+        if not tied:
+            yield from _linear("head.proj", d, v, head.bias)
+        elif head.bias:
+            yield "head.bias", (v,)
+    elif head.type == "mlm":
+        yield from _linear("head.transform.dense", d, d, True)
+        yield "head.transform.norm.weight", (d,)
+        yield "head.transform.norm.bias", (d,)
+        if not tied:
+            yield "head.proj.weight", (v, d)
+        if head.bias:
+            yield "head.bias", (v,)
+    elif head.type == "classification":
+        if head.pooler:
+            yield from _linear("head.pooler", d, d, True)
+        yield from _linear("head.classifier", d, head.n_classes, True)
+    else:
+        raise AnalysisError(f"head: no analytic parameter count for head type {head.type!r}")
+
+
+def parameter_shapes(spec: Any) -> dict[str, Shape]:
+    """Every trainable parameter of the built model, by state-dict name, in model order.
+
+    Tied weights appear once (under the token embedding), as in
+    ``dict(model.named_parameters())``.
+    """
+    out: dict[str, Shape] = {}
+    out.update(_embedding("embed", spec))
+    if spec.kind == "encoder-decoder" and not spec.embedding.share_encoder_decoder:
+        out.update(_embedding("decoder_embed", spec))
+    for role, stack in spec.stacks():
+        out.update(_stack(role, stack, spec))
+    out.update(_head(spec))
+    return out
+
+
+# --------------------------------------------------------------------------- grouping
+
+_EMBED_PREFIXES = ("embed.tokens.", "embed.positions.", "embed.segments.",
+                   "decoder_embed.tokens.", "decoder_embed.positions.", "decoder_embed.segments.",
+                   "head.proj.")
+
+
+def is_embedding_parameter(name: str) -> bool:
+    """Whether ``name`` is a vocabulary- or position-sized table (see the module docstring)."""
+    return name.startswith(_EMBED_PREFIXES) or name == "head.bias"
+
+
+_LAYER_PART = {
+    "attn_norm": "norms",
+    "cross_norm": "norms",
+    "ffn_norm": "norms",
+    "self_attn": "attention",
+    "cross_attn": "cross_attention",
+    "ffn": "ffn",
+}
+
+
+def component_of(name: str) -> str:
+    """The breakdown group of a parameter name: ``embedding``, ``decoder_embedding``,
+    ``{stack}.attention|cross_attention|ffn|norms|rel_bias`` or ``head``."""
+    parts = name.split(".")
+    if parts[0] == "embed":
+        return "embedding"
+    if parts[0] == "decoder_embed":
+        return "decoder_embedding"
+    if parts[0] == "head":
+        return "head"
+    if parts[0] in ("encoder", "decoder"):
+        if parts[1] == "layers":
+            return f"{parts[0]}.{_LAYER_PART.get(parts[3], parts[3])}"
+        if parts[1] == "final_norm":
+            return f"{parts[0]}.norms"
+        return f"{parts[0]}.{parts[1]}"
+    return parts[0]
+
+
+def count_parameters(spec: Any) -> ParamCounts:
+    """Exact parameter counts of ``spec`` (a validated :class:`ModelSpec`); no torch needed.
+
+    >>> from specformer import load_spec
+    >>> count_parameters(load_spec("gpt2-small")).total
+    124439808
+    """
+    shapes = parameter_shapes(spec)
+    components: dict[str, int] = {}
+    per_layer: dict[str, list[dict[str, int]]] = {
+        role: [
+            {"attention": 0, "cross_attention": 0, "ffn": 0, "norms": 0}
+            for _ in range(stack.n_layers)
+        ]
+        for role, stack in spec.stacks()
+    }
+    embedding = 0
+    for name, shape in shapes.items():
+        n = _numel(shape)
+        group = component_of(name)
+        components[group] = components.get(group, 0) + n
+        if is_embedding_parameter(name):
+            embedding += n
+        parts = name.split(".")
+        if parts[0] in per_layer and parts[1] == "layers":
+            per_layer[parts[0]][int(parts[2])][_LAYER_PART[parts[3]]] += n
+    total = sum(components.values())
+    return ParamCounts(
+        total=total,
+        non_embedding=total - embedding,
+        embedding=embedding,
+        components=components,
+        per_layer=per_layer,
+        shapes=shapes,
+    )

@@ -1,0 +1,78 @@
+"""Analytic parameter counts: published totals, tying, and the breakdown adds up."""
+
+from __future__ import annotations
+
+import pytest
+
+from specformer import load_spec, preset_names
+from specformer.analysis import count_parameters
+
+# Published totals of the reference implementations (HF transformers model classes:
+# GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM).
+PUBLISHED = {
+    "gpt2-small": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "bert-base": 109_514_298,
+    "bert-large": 335_174_458,
+    "t5-small": 60_506_624,
+    "t5-base": 222_903_552,
+    "llama2-7b": 6_738_415_616,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_totals(name: str) -> None:
+    assert count_parameters(load_spec(name)).total == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_breakdown_adds_up(name: str) -> None:
+    counts = count_parameters(load_spec(name))
+    assert sum(counts.components.values()) == counts.total
+    assert counts.embedding + counts.non_embedding == counts.total
+    assert 0 < counts.non_embedding < counts.total
+    layer_sum = sum(sum(layer.values()) for layers in counts.per_layer.values() for layer in layers)
+    stacks = sum(
+        v for k, v in counts.components.items()
+        if k.split(".")[0] in ("encoder", "decoder") and k.split(".")[1] in ("attention", "cross_attention", "ffn", "norms")
+    )
+    final_norms = sum(
+        n for name_, n in ((k, v) for k, v in _numels(counts).items()) if name_.endswith("final_norm")
+    )
+    assert layer_sum + final_norms == stacks
+
+
+def _numels(counts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, shape in counts.shapes.items():
+        key = name.rsplit(".", 1)[0]
+        n = 1
+        for s in shape:
+            n *= s
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def test_untying_adds_exactly_one_vocab_matrix() -> None:
+    tied = count_parameters(load_spec("gpt2-small"))
+    untied = count_parameters(load_spec("gpt2-small", overrides=["embedding.tie_output=false"]))
+    assert untied.total - tied.total == 50257 * 768
+    # the untied output projection is a vocabulary table: non-embedding is unchanged
+    assert untied.non_embedding == tied.non_embedding
+
+
+def test_gqa_shrinks_only_kv_projections() -> None:
+    mha = count_parameters(load_spec("llama2-7b"))
+    gqa = count_parameters(load_spec("llama2-7b", overrides=["decoder.attention.n_kv_heads=8"]))
+    # k and v each lose (32 - 8) heads of 128 rows of width 4096, in each of 32 layers
+    assert mha.total - gqa.total == 32 * 2 * (32 - 8) * 128 * 4096
+    assert mha.components["decoder.ffn"] == gqa.components["decoder.ffn"]
+
+
+def test_separate_encoder_decoder_embeddings() -> None:
+    shared = count_parameters(load_spec("t5-small"))
+    separate = count_parameters(load_spec("t5-small", overrides=["embedding.share_encoder_decoder=false"]))
+    assert separate.total - shared.total == 32128 * 512
+    assert separate.components["decoder_embedding"] == 32128 * 512

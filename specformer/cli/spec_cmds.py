@@ -91,7 +91,7 @@ def list_presets() -> None:
 def _human(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
-            return f"{n / size:.1f}{unit}" if n < 100 * size else f"{n / size:.0f}{unit}"
+            return f"{n / size:.3g}{unit}"
     return str(n)
 
 

@@ -1,0 +1,77 @@
+"""``specformer validate``, ``schema`` and ``list`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import yaml
+from typer.testing import CliRunner
+
+from specformer.cli import app
+from specformer.specs.jsonschema import spec_json_schema
+
+runner = CliRunner()
+
+
+def test_validate_prints_the_resolved_spec():
+    result = runner.invoke(app, ["validate", "gpt2-small", "--set", "decoder.n_layers=4"])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(result.stdout)
+    assert data["decoder"]["n_layers"] == 4
+    assert data["decoder"]["attention"]["head_dim"] == 64
+
+
+def test_validate_json_format():
+    result = runner.invoke(app, ["validate", "t5-small", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["positional"]["type"] == "t5"
+
+
+def test_validate_reports_problems_and_exits_1(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text("extends: gpt2-small\ndecoder:\n  attention: {n_heads: 12, n_kv_heads: 5}\n  norm: {type: rmsnrom}\n")
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 1
+    err = result.stderr
+    assert "2 problems" in err
+    assert "my.yaml:3:" in err and "decoder.attention.n_kv_heads" in err
+    assert "my.yaml:4:" in err and "did you mean 'rmsnorm'" in err
+    assert "Traceback" not in result.output
+
+
+def test_validate_bad_override_exits_1():
+    result = runner.invoke(app, ["validate", "gpt-nano", "--set", "decoder.n_layers=lots"])
+    assert result.exit_code == 1
+    assert "--set decoder.n_layers=lots" in result.stderr
+
+
+def test_schema_is_json_schema_of_a_spec():
+    result = runner.invoke(app, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert {"kind", "d_model", "decoder", "extends"} <= set(schema["properties"])
+
+
+def test_shipped_schema_file_is_current():
+    shipped = json.loads(resources.files("specformer.specs").joinpath("specformer.schema.json").read_text())
+    assert shipped == spec_json_schema(), (
+        "specformer/specs/specformer.schema.json is stale: regenerate it with "
+        "`specformer schema > specformer/specs/specformer.schema.json`"
+    )
+
+
+def test_list_shows_every_preset_with_its_size():
+    result = runner.invoke(app, ["list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in ("gpt2-small", "bert-base", "t5-small", "llama2-7b", "gpt-nano"):
+        assert name in result.stdout
+    assert " 124M " in result.stdout  # gpt2-small with tied embeddings
+    assert " 6.74B " in result.stdout  # llama2-7b
+
+
+def test_help_teaches():
+    result = runner.invoke(app, ["validate", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "--set" in result.stdout and "Examples" in result.stdout

@@ -1,0 +1,100 @@
+"""A third-party package adds a registry entry through the ``specformer.plugins`` entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from specformer.registry import Registry
+
+PLUGIN = '''
+from typing import Literal
+
+from pydantic import Field
+
+from specformer.specs.base import Spec
+
+
+class SquaredReLUSpec(Spec):
+    """Primer's squared-ReLU MLP (So et al. 2021)."""
+
+    type: Literal["relu2"] = "relu2"
+    d_ff: int = Field(64, gt=0)
+
+
+def register(registry):
+    registry.register("ffn", SquaredReLUSpec, "demo_plugin.torch_part:SquaredReLU", source="demo-plugin")
+'''
+
+
+@pytest.fixture
+def plugin_path(tmp_path):
+    pkg = tmp_path / "demo_plugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent(PLUGIN))
+    dist = tmp_path / "demo_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\ndemo = demo_plugin:register\n")
+    return tmp_path
+
+
+def _run(plugin_path, code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(plugin_path)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_plugin_entry_becomes_valid_yaml(plugin_path):
+    code = (
+        "from specformer import load_spec\n"
+        "s = load_spec('gpt-nano', overrides=['decoder.ffn={type: relu2, d_ff: 32}'])\n"
+        "print(type(s.decoder.ffn).__name__, s.decoder.ffn.d_ff)\n"
+        "from specformer.registry import REGISTRY\n"
+        "print(REGISTRY.get('ffn', 'relu2').source)\n"
+    )
+    result = _run(plugin_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["SquaredReLUSpec", "32", "demo-plugin"]
+
+
+def test_plugin_type_is_in_the_json_schema_and_errors(plugin_path):
+    code = (
+        "import json\n"
+        "from specformer.specs.jsonschema import spec_json_schema\n"
+        "from specformer import load_spec, SpecError\n"
+        "print(json.dumps('relu2' in json.dumps(spec_json_schema())))\n"
+        "try:\n"
+        "    load_spec('gpt-nano', overrides=['decoder.ffn.type=relu3'])\n"
+        "except SpecError as e:\n"
+        "    print(json.dumps(e.problems[0].hint))\n"
+    )
+    result = _run(plugin_path, code)
+    assert result.returncode == 0, result.stderr
+    in_schema, hint = (json.loads(line) for line in result.stdout.splitlines())
+    assert in_schema is True
+    assert "did you mean 'relu2'" in hint and "mlp, glu, relu2" in hint
+
+
+def test_without_the_plugin_the_type_is_unknown():
+    from specformer import SpecError, load_spec
+
+    with pytest.raises(SpecError, match="unknown type 'relu2'"):
+        load_spec("gpt-nano", overrides=["decoder.ffn.type=relu2"])
+
+
+def test_registry_refuses_silent_replacement():
+    from specformer.specs.schema import MLPSpec
+
+    registry = Registry()
+    registry.register("ffn", MLPSpec, "x:y")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("ffn", MLPSpec, "x:z")
+    registry.register("ffn", MLPSpec, "x:z", replace=True)
+    assert registry.get("ffn", "mlp").target == "x:z"
+    with pytest.raises(LookupError, match="registered: mlp"):
+        registry.get("ffn", "moe")

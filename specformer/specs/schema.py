@@ -399,15 +399,15 @@ class StackSpec(Spec):
     """A stack of identical (or overridden) layers: an encoder or a decoder."""
 
     n_layers: PositiveInt = Field(description="Number of layers.")
-    attention: AttentionFamily = Field(default_factory=AttentionSpec)
+    attention: AttentionFamily = Field(default_factory=AttentionSpec, description="Self-attention.")
     cross_attention: AttentionFamily | None = Field(
         None,
         description="Decoder of an encoder-decoder only: attention over the encoder output; "
         "defaults to the self-attention settings without a sliding window.",
     )
-    ffn: FFNSpec = Field(default_factory=MLPSpec)
-    norm: NormSpec = Field(default_factory=LayerNormSpec)
-    residual: ResidualSpec = Field(default_factory=ResidualSpec)
+    ffn: FFNSpec = Field(default_factory=MLPSpec, description="Position-wise feed-forward network.")
+    norm: NormSpec = Field(default_factory=LayerNormSpec, description="Norm of every sublayer, with its placement.")
+    residual: ResidualSpec = Field(default_factory=ResidualSpec, description="Sequential or parallel sublayers.")
     overrides: tuple[LayerOverride, ...] = Field(
         (), description="Per-layer settings for heterogeneous stacks; later entries win."
     )
@@ -499,14 +499,16 @@ class ModelSpec(Spec):
     vocab_size: PositiveInt = Field(description="Token vocabulary size.")
     d_model: PositiveInt = Field(description="Width of the residual stream.")
     max_seq_len: PositiveInt = Field(1024, description="Longest sequence the model is built for.")
-    positional: PositionalSpec = Field(default_factory=SinusoidalSpec)
+    positional: PositionalSpec = Field(
+        default_factory=SinusoidalSpec, description="How positions enter the model (shared by all stacks)."
+    )
     encoder: StackSpec | None = Field(None, description="The encoder stack (encoder, encoder-decoder).")
     decoder: StackSpec | None = Field(None, description="The decoder stack (decoder, encoder-decoder).")
-    embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
+    embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec, description="Token embeddings and their tying.")
     head: HeadSpec | None = Field(
         None, description="Output head; default mlm for encoders, lm otherwise."
     )
-    init: InitSpec = Field(default_factory=InitSpec)
+    init: InitSpec = Field(default_factory=InitSpec, description="Weight initialisation.")
 
     # ---- derived values are filled in the raw data, before validation, so that a
     # validated spec is complete and ``to_yaml`` round-trips to an equal spec.

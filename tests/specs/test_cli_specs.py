@@ -75,3 +75,15 @@ def test_help_teaches():
     result = runner.invoke(app, ["validate", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "--set" in result.stdout and "Examples" in result.stdout
+
+
+def test_docs_field_reference_is_current():
+    from pathlib import Path
+
+    from specformer.specs.reference import END, START, field_reference
+
+    text = (Path(__file__).parents[2] / "docs" / "spec.md").read_text()
+    generated = text.split(START, 1)[1].split(END, 1)[0]
+    assert generated == "\n" + field_reference(), (
+        "docs/spec.md is stale: run `python -m specformer.specs.reference docs/spec.md`"
+    )

@@ -32,6 +32,12 @@ from pydantic_core import PydanticCustomError
 
 from specformer.registry import REGISTRY, load_plugins, register
 from specformer.specs.base import Spec
+from specformer.specs.training import (
+    TrainingSpec,
+    fill_training,
+    reference_models,
+    training_issues,
+)
 
 __all__ = [
     "Spec",
@@ -509,6 +515,9 @@ class ModelSpec(Spec):
         None, description="Output head; default mlm for encoders, lm otherwise."
     )
     init: InitSpec = Field(default_factory=InitSpec, description="Weight initialisation.")
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec, description="How `specformer train` trains it (see docs/training.md)."
+    )
 
     # ---- derived values are filled in the raw data, before validation, so that a
     # validated spec is complete and ``to_yaml`` round-trips to an equal spec.
@@ -528,6 +537,7 @@ class ModelSpec(Spec):
             if not isinstance(stack, dict):
                 continue
             _fill_stack(stack, d_model, cross=(role == "decoder" and kind == "encoder-decoder"))
+        fill_training(data)
         return data
 
     @model_validator(mode="after")
@@ -597,6 +607,9 @@ class ModelSpec(Spec):
                         f"{role}.overrides.{i}.norm",
                         "placement and final apply to the whole stack; set them in the stack's norm",
                     )
+        yield from training_issues(
+            self.training, kind=self.kind, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len
+        )
 
     # ---- convenience
 
@@ -714,3 +727,7 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+# the training section's models, for the field reference of docs/spec.md
+REFERENCE_EXTRA = reference_models()

@@ -1,0 +1,488 @@
+"""The ``training:`` section of a spec: objective, data, tokenizer, optimizer, schedule
+and the Lightning Trainer settings. Pydantic only; no torch import.
+
+Like the model families, ``objective``, ``data``, ``tokenizer``, ``optimizer`` and
+``schedule`` are discriminated unions built from :mod:`specformer.registry`, so a
+plugin can register, say, a new schedule and name it in YAML.
+
+Defaults that depend on the model are filled by :func:`fill_training` while the
+:class:`~specformer.specs.schema.ModelSpec` validates, so a resolved spec says
+exactly what will run: the objective follows the model's kind (decoder → causal
+LM, encoder → masked LM, encoder-decoder → sequence-to-sequence), the data is the
+Python standard library's source (or, for an encoder-decoder, the synthetic
+reverse task), and a BPE tokenizer gets the model's vocabulary size.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    field_validator,
+)
+
+from specformer.registry import REGISTRY, register
+from specformer.specs.base import Spec
+
+__all__ = [
+    "CausalLMSpec",
+    "MaskedLMSpec",
+    "Seq2SeqSpec",
+    "StdlibDataSpec",
+    "FilesDataSpec",
+    "HFDataSpec",
+    "SyntheticDataSpec",
+    "ByteTokenizerSpec",
+    "BPETokenizerSpec",
+    "FileTokenizerSpec",
+    "TaskTokenizerSpec",
+    "AdamWSpec",
+    "ConstantScheduleSpec",
+    "LinearScheduleSpec",
+    "CosineScheduleSpec",
+    "InverseSqrtScheduleSpec",
+    "TrainingSpec",
+    "ObjectiveSpec",
+    "DataSpec",
+    "TokenizerSpec",
+    "OptimizerSpec",
+    "ScheduleSpec",
+    "TASK_SPECIALS",
+    "TASK_SYMBOLS",
+    "BYTE_VOCAB_SIZE",
+    "OBJECTIVE_FOR_KIND",
+    "fill_training",
+    "training_issues",
+    "reference_models",
+]
+
+Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+# The synthetic tasks' vocabulary: five specials, then the symbols tasks use.
+TASK_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
+TASK_SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz+= "
+# 256 bytes, then <|endoftext|>, <pad>, <mask>
+BYTE_VOCAB_SIZE = 259
+
+OBJECTIVE_FOR_KIND = {"decoder": "causal_lm", "encoder": "masked_lm", "encoder-decoder": "seq2seq"}
+
+
+# --------------------------------------------------------------------------- objectives
+
+
+class CausalLMSpec(Spec):
+    """Next-token prediction with a causal mask (Radford et al. 2018, GPT)."""
+
+    type: Literal["causal_lm"] = "causal_lm"
+    label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy (Szegedy et al. 2016).")
+
+
+class MaskedLMSpec(Spec):
+    """Masked language modelling (Devlin et al. 2019, BERT): of the chosen tokens,
+    80% become [MASK], 10% a random token and 10% stay; the loss is on the chosen ones."""
+
+    type: Literal["masked_lm"] = "masked_lm"
+    mask_prob: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.15, description="Fraction of tokens chosen for prediction."
+    )
+    mask_token: Probability = Field(0.8, description="Of the chosen tokens, the fraction replaced by [MASK].")
+    random_token: Probability = Field(0.1, description="Of the chosen tokens, the fraction replaced by a random token.")
+    label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy.")
+
+    @field_validator("random_token")
+    @classmethod
+    def _sum(cls, value: float, info: Any) -> float:
+        mask = info.data.get("mask_token", 0.8)
+        if mask + value > 1.0 + 1e-9:
+            raise ValueError(f"mask_token + random_token must be at most 1, got {mask} + {value}")
+        return value
+
+
+class Seq2SeqSpec(Spec):
+    """Sequence-to-sequence with teacher forcing (Sutskever et al. 2014; Vaswani et al. 2017
+    train with label smoothing 0.1). Reports exact-match accuracy of greedy decoding."""
+
+    type: Literal["seq2seq"] = "seq2seq"
+    label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy (the original paper: 0.1).")
+
+
+# --------------------------------------------------------------------------- data
+
+
+class StdlibDataSpec(Spec):
+    """The running Python's standard-library source files: real code and prose, tens of MB,
+    on every machine with no download. Split into train/validation by file."""
+
+    type: Literal["stdlib"] = "stdlib"
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.05, description="Fraction of files held out for validation (chosen by a hash of the path)."
+    )
+    include_tests: bool = Field(True, description="Include the stdlib's own test suite (`test/`).")
+    max_mb: PositiveFloat | None = Field(None, description="Use at most this many MB of files (a hash-chosen subset).")
+
+
+class FilesDataSpec(Spec):
+    """Local text files: paths or globs (``**`` recurses), one document per file."""
+
+    type: Literal["files"] = "files"
+    paths: tuple[str, ...] = Field(description="Files, directories or globs, e.g. ['data/**/*.txt'].")
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.05, description="Fraction of files held out for validation (chosen by a hash of the path)."
+    )
+    max_mb: PositiveFloat | None = Field(None, description="Use at most this many MB of files.")
+
+
+class HFDataSpec(Spec):
+    """A Hugging Face ``datasets`` text dataset (needs the ``datasets`` package and a network
+    or a local cache)."""
+
+    type: Literal["hf"] = "hf"
+    name: str = Field(description="Dataset name, e.g. 'wikitext'.")
+    config: str | None = Field(None, description="Dataset configuration, e.g. 'wikitext-2-raw-v1'.")
+    text_field: str = Field("text", description="Column holding the text.")
+    train_split: str = Field("train", description="Split to train on.")
+    val_split: str = Field("validation", description="Split to validate on.")
+    max_documents: PositiveInt | None = Field(None, description="Use at most this many documents per split.")
+
+
+class SyntheticDataSpec(Spec):
+    """Sequence-to-sequence tasks generated from a seed: copy, reverse, sort (over letters)
+    and addition (of decimal numbers); validation examples never appear in training."""
+
+    type: Literal["synthetic"] = "synthetic"
+    task: Literal["copy", "reverse", "sort", "addition"] = Field("reverse", description="Which task.")
+    min_len: PositiveInt = Field(4, description="Shortest input (symbols; digits per operand for addition).")
+    max_len: PositiveInt = Field(12, description="Longest input (symbols; digits per operand for addition).")
+    n_symbols: Annotated[int, Field(ge=2, le=26)] = Field(
+        26, description="Letters a.. used by copy, reverse and sort."
+    )
+    n_train: PositiveInt = Field(100_000, description="Examples in one pass over the training set.")
+    n_val: PositiveInt = Field(500, description="Held-out examples for validation and exact match.")
+    seed: NonNegativeInt = Field(0, description="Seed of the generator (independent of training.seed).")
+
+    @field_validator("max_len")
+    @classmethod
+    def _lengths(cls, value: int, info: Any) -> int:
+        low = info.data.get("min_len", 1)
+        if value < low:
+            raise ValueError(f"max_len must be at least min_len={low}, got {value}")
+        return value
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+class ByteTokenizerSpec(Spec):
+    """UTF-8 bytes as tokens: 256 ids plus <|endoftext|>, <pad> and <mask>; nothing to train."""
+
+    type: Literal["byte"] = "byte"
+
+
+class BPETokenizerSpec(Spec):
+    """Byte-level byte-pair encoding (Sennrich et al. 2016; GPT-2), trained with the
+    ``tokenizers`` library on the training split and cached by a hash of its input."""
+
+    type: Literal["bpe"] = "bpe"
+    vocab_size: PositiveInt | None = Field(
+        None, description="Vocabulary size including specials; default the model's vocab_size."
+    )
+    min_frequency: PositiveInt = Field(2, description="A pair must occur this often to be merged.")
+    train_mb: PositiveFloat = Field(8.0, description="Train the merges on at most this many MB of text.")
+
+
+class FileTokenizerSpec(Spec):
+    """Any tokenizer saved as a Hugging Face ``tokenizer.json``."""
+
+    type: Literal["file"] = "file"
+    path: str = Field(description="Path to a tokenizer.json file.")
+
+
+class TaskTokenizerSpec(Spec):
+    """The fixed symbol vocabulary of the synthetic tasks (digits, letters, '+', '=', ' ')."""
+
+    type: Literal["task"] = "task"
+
+
+# --------------------------------------------------------------------------- optimizer + schedules
+
+
+class AdamWSpec(Spec):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019); biases, norms and other
+    1-D parameters are not decayed."""
+
+    type: Literal["adamw"] = "adamw"
+    lr: PositiveFloat = Field(3e-4, description="Peak learning rate (the inverse-sqrt schedule sets its own).")
+    betas: tuple[Probability, Probability] = Field((0.9, 0.95), description="Adam's beta1, beta2.")
+    eps: PositiveFloat = Field(1e-8, description="Adam's epsilon.")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.1, description="Decoupled weight decay of matrices.")
+
+
+_WARMUP = "Linear warmup from 0 over this many steps."
+
+
+class ConstantScheduleSpec(Spec):
+    """A constant learning rate after an optional linear warmup."""
+
+    type: Literal["constant"] = "constant"
+    warmup_steps: NonNegativeInt = Field(0, description=_WARMUP)
+
+
+class LinearScheduleSpec(Spec):
+    """Linear warmup, then linear decay to min_lr_ratio × lr at the last step."""
+
+    type: Literal["linear"] = "linear"
+    warmup_steps: NonNegativeInt = Field(0, description=_WARMUP)
+    min_lr_ratio: Probability = Field(0.0, description="Final lr as a fraction of the peak.")
+
+
+class CosineScheduleSpec(Spec):
+    """Linear warmup, then cosine decay to min_lr_ratio × lr (Loshchilov & Hutter 2017)."""
+
+    type: Literal["cosine"] = "cosine"
+    warmup_steps: NonNegativeInt = Field(0, description=_WARMUP)
+    min_lr_ratio: Probability = Field(0.1, description="Final lr as a fraction of the peak.")
+
+
+class InverseSqrtScheduleSpec(Spec):
+    """The original Transformer's schedule (Vaswani et al. 2017, eq. 3):
+    lr = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
+
+    type: Literal["inverse_sqrt"] = "inverse_sqrt"
+    warmup_steps: PositiveInt = Field(4000, description="Steps of linear increase (4000 in the paper).")
+    scale: PositiveFloat = Field(1.0, description="Multiplier of the whole formula.")
+
+
+# --------------------------------------------------------------------------- registry + unions
+
+_FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
+    "objective": [
+        (CausalLMSpec, "specformer.training.objectives:CausalLM"),
+        (MaskedLMSpec, "specformer.training.objectives:MaskedLM"),
+        (Seq2SeqSpec, "specformer.training.objectives:Seq2Seq"),
+    ],
+    "data": [
+        (StdlibDataSpec, "specformer.data.corpus:stdlib_corpus"),
+        (FilesDataSpec, "specformer.data.corpus:files_corpus"),
+        (HFDataSpec, "specformer.data.corpus:hf_corpus"),
+        (SyntheticDataSpec, "specformer.data.synthetic:SyntheticTask"),
+    ],
+    "tokenizer": [
+        (BPETokenizerSpec, "specformer.data.tokenizers:bpe_tokenizer"),
+        (ByteTokenizerSpec, "specformer.data.tokenizers:ByteTokenizer"),
+        (FileTokenizerSpec, "specformer.data.tokenizers:file_tokenizer"),
+        (TaskTokenizerSpec, "specformer.data.tokenizers:TaskTokenizer"),
+    ],
+    "optimizer": [(AdamWSpec, "specformer.training.optim:adamw")],
+    "schedule": [
+        (CosineScheduleSpec, "specformer.training.schedules:cosine"),
+        (ConstantScheduleSpec, "specformer.training.schedules:constant"),
+        (LinearScheduleSpec, "specformer.training.schedules:linear"),
+        (InverseSqrtScheduleSpec, "specformer.training.schedules:inverse_sqrt"),
+    ],
+}
+
+for _family, _entries in _FAMILY_ENTRIES.items():
+    for _spec, _target in _entries:
+        if _spec.model_fields["type"].default not in REGISTRY.names(_family):
+            register(_family, _spec, _target)
+
+
+def _union(family: str) -> Any:
+    """The discriminated union of a family, selected by ``type`` (first entry when absent)."""
+    entries = REGISTRY.entries(family)
+    if len(entries) == 1:
+        return next(iter(entries.values())).spec
+    default = next(iter(entries))
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, dict):
+            return value.get("type", default)
+        return getattr(value, "type", None)
+
+    members = tuple(Annotated[e.spec, Tag(name)] for name, e in entries.items())
+    return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007
+
+
+ObjectiveSpec = _union("objective")
+DataSpec = _union("data")
+TokenizerSpec = _union("tokenizer")
+OptimizerSpec = _union("optimizer")
+ScheduleSpec = _union("schedule")
+
+Precision = Literal["32", "bf16-mixed", "16-mixed", "bf16-true", "64"]
+
+
+# --------------------------------------------------------------------------- the section
+
+
+class TrainingSpec(Spec):
+    """How to train the model: what ``specformer train`` runs. Every field is also a
+    ``--set training.<field>=...`` override."""
+
+    objective: ObjectiveSpec | None = Field(
+        None, description="Default follows the kind: causal_lm (decoder), masked_lm (encoder), seq2seq (encoder-decoder)."
+    )
+    data: DataSpec | None = Field(
+        None, description="Default stdlib (the Python standard library's source); synthetic reverse for encoder-decoders."
+    )
+    tokenizer: TokenizerSpec | None = Field(
+        None, description="Default bpe with the model's vocab_size; task for synthetic data."
+    )
+    optimizer: OptimizerSpec = Field(default_factory=AdamWSpec)
+    schedule: ScheduleSpec = Field(default_factory=CosineScheduleSpec)
+    batch_size: PositiveInt = Field(16, description="Sequences per device per micro-batch.")
+    seq_len: PositiveInt | None = Field(None, description="Tokens per sequence; default the model's max_seq_len.")
+    accumulate: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
+    grad_clip: Annotated[float, Field(ge=0.0)] = Field(1.0, description="Clip the gradient norm to this; 0 disables.")
+    max_steps: PositiveInt | None = Field(1000, description="Optimizer steps to train for.")
+    max_epochs: PositiveFloat | None = Field(
+        None, description="Passes over the training data; used when max_steps is null."
+    )
+    val_interval: PositiveInt = Field(100, description="Validate every this many optimizer steps (and at the end).")
+    val_batches: PositiveInt | None = Field(20, description="Batches per validation; null for the whole split.")
+    checkpoint_interval: PositiveInt | None = Field(
+        None, description="Write a checkpoint every this many steps; default val_interval."
+    )
+    log_interval: PositiveInt = Field(10, description="Log training metrics every this many steps.")
+    seed: NonNegativeInt = Field(0, description="Seed of weights, data order, masking and dropout.")
+    precision: Precision = Field("32", description="32, bf16-mixed, 16-mixed (GPU), bf16-true or 64.")
+    compile: bool = Field(False, description="Compile the model with torch.compile.")
+    strategy: str = Field("auto", description="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ...")
+    accelerator: str = Field("auto", description="Lightning accelerator: auto, cpu, gpu, cuda, mps, tpu.")
+    devices: PositiveInt | tuple[NonNegativeInt, ...] | Literal["auto"] = Field(
+        "auto", description="Devices per node: a count, a list of indices or auto."
+    )
+    num_nodes: PositiveInt = Field(1, description="Machines taking part.")
+    num_workers: NonNegativeInt | None = Field(
+        None, description="DataLoader worker processes; default a small number that fits the machine."
+    )
+    out_dir: str = Field("runs", description="Runs are written to <out_dir>/<spec name>/<timestamp>/.")
+    cache_dir: str | None = Field(
+        None, description="Tokenizers and token arrays; default $SPECFORMER_CACHE or ~/.cache/specformer."
+    )
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return {32: "32", 16: "16-mixed", 64: "64"}.get(value, str(value))
+        if value in ("32-true", "fp32"):
+            return "32"
+        if value == "bf16":
+            return "bf16-mixed"
+        return value
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.checkpoint_interval or self.val_interval
+
+
+# --------------------------------------------------------------------------- derivation + rules
+
+
+def fill_training(data: dict[str, Any]) -> None:
+    """Fill the model-dependent defaults of ``data["training"]`` in a raw spec dict, in place."""
+    kind = data.get("kind")
+    if kind not in OBJECTIVE_FOR_KIND:
+        return
+    training = data.get("training")
+    if training is None:
+        training = {}
+    if not isinstance(training, dict):
+        return
+    training = copy.deepcopy(training)
+    if training.get("objective") is None:
+        training["objective"] = {"type": OBJECTIVE_FOR_KIND[kind]}
+    if training.get("data") is None:
+        if kind == "encoder-decoder":
+            training["data"] = {"type": "synthetic", "task": "reverse"}
+        else:
+            training["data"] = {"type": "stdlib"}
+    data_type = training["data"].get("type") if isinstance(training["data"], dict) else None
+    vocab = data.get("vocab_size")
+    if training.get("tokenizer") is None:
+        if data_type == "synthetic":
+            training["tokenizer"] = {"type": "task"}
+        elif not isinstance(vocab, int) or vocab >= BYTE_VOCAB_SIZE:
+            # a smaller vocabulary fits no text tokenizer: left unset, `train` says so
+            training["tokenizer"] = {"type": "bpe"}
+    tok = training.get("tokenizer")
+    if isinstance(tok, dict) and tok.get("type", "bpe") == "bpe" and tok.get("vocab_size") is None:
+        if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > 0:
+            tok["vocab_size"] = data["vocab_size"]
+    if training.get("seq_len") is None and isinstance(data.get("max_seq_len"), int) and data["max_seq_len"] > 0:
+        training["seq_len"] = data["max_seq_len"]
+    if training.get("seq_len") is None and data.get("max_seq_len") is None:
+        training["seq_len"] = 1024
+    data["training"] = training
+
+
+def training_issues(
+    training: TrainingSpec, *, kind: str, vocab_size: int, max_seq_len: int
+) -> Iterator[tuple[str, str]]:
+    """Cross-field problems between the training section and the model, as (field, message)."""
+    objective, data, tok = training.objective, training.data, training.tokenizer
+    allowed = {
+        "decoder": ("causal_lm",),
+        "encoder": ("masked_lm",),
+        "encoder-decoder": ("seq2seq",),
+    }[kind]
+    if objective is not None and objective.type not in allowed:
+        yield (
+            "training.objective.type",
+            f"objective {objective.type!r} does not train a {kind} model (allowed: {', '.join(allowed)})",
+        )
+    synthetic = data is not None and data.type == "synthetic"
+    if objective is not None and objective.type == "seq2seq" and data is not None and not synthetic:
+        yield ("training.data.type", "the seq2seq objective needs paired data: use type: synthetic")
+    if synthetic and objective is not None and objective.type != "seq2seq":
+        yield ("training.data.type", "synthetic tasks are sequence-to-sequence: they train encoder-decoder models")
+    if tok is not None:
+        if tok.type == "task" and not synthetic:
+            yield ("training.tokenizer.type", "the task vocabulary only covers the synthetic tasks; use bpe or byte")
+        if tok.type == "task" and vocab_size < len(TASK_SPECIALS) + len(TASK_SYMBOLS):
+            yield (
+                "vocab_size",
+                f"the synthetic tasks use {len(TASK_SPECIALS) + len(TASK_SYMBOLS)} tokens but vocab_size is {vocab_size}",
+            )
+        if tok.type == "byte" and vocab_size < BYTE_VOCAB_SIZE:
+            yield (
+                "vocab_size",
+                f"the byte tokenizer has {BYTE_VOCAB_SIZE} tokens but vocab_size is {vocab_size}; use at least {BYTE_VOCAB_SIZE}",
+            )
+        if tok.type == "bpe" and tok.vocab_size is not None and tok.vocab_size > vocab_size:
+            yield (
+                "training.tokenizer.vocab_size",
+                f"the tokenizer would have {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}",
+            )
+        if tok.type == "bpe" and tok.vocab_size is not None and tok.vocab_size < BYTE_VOCAB_SIZE:
+            yield (
+                "training.tokenizer.vocab_size",
+                f"byte-level BPE needs at least {BYTE_VOCAB_SIZE} tokens (256 bytes + 3 specials), "
+                f"got {tok.vocab_size}",
+            )
+    if training.seq_len is not None and training.seq_len > max_seq_len:
+        yield (
+            "training.seq_len",
+            f"seq_len={training.seq_len} is longer than the model's max_seq_len={max_seq_len}",
+        )
+    if training.max_steps is None and training.max_epochs is None:
+        yield ("training.max_steps", "give max_steps or max_epochs")
+
+
+def reference_models() -> list[tuple[str, type[Spec]]]:
+    """(title, model) of every training spec model, for the field reference in docs/spec.md."""
+    out: list[tuple[str, type[Spec]]] = [("`training:`", TrainingSpec)]
+    for family in _FAMILY_ENTRIES:
+        for name, entry in REGISTRY.entries(family).items():
+            out.append((f"`training.{family}:` `type: {name}`", entry.spec))
+    return out

@@ -241,6 +241,16 @@ def component_of(name: str) -> str:
     return parts[0]
 
 
+_STACK_ORDER = ("attention", "cross_attention", "ffn", "norms", "rel_bias")
+
+
+def _component_rank(key: str) -> tuple[int, int, str]:
+    head, _, part = key.partition(".")
+    top = {"embedding": 0, "decoder_embedding": 1, "encoder": 2, "decoder": 3, "head": 4}.get(head, 5)
+    sub = _STACK_ORDER.index(part) if part in _STACK_ORDER else len(_STACK_ORDER)
+    return top, sub, key
+
+
 def count_parameters(spec: Any) -> ParamCounts:
     """Exact parameter counts of ``spec`` (a validated :class:`ModelSpec`); no torch needed.
 
@@ -267,6 +277,7 @@ def count_parameters(spec: Any) -> ParamCounts:
         parts = name.split(".")
         if parts[0] in per_layer and parts[1] == "layers":
             per_layer[parts[0]][int(parts[2])][_LAYER_PART[parts[3]]] += n
+    components = dict(sorted(components.items(), key=lambda kv: _component_rank(kv[0])))
     total = sum(components.values())
     return ParamCounts(
         total=total,

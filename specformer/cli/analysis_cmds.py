@@ -1,3 +1,626 @@
-"""Commands of this area are registered on the shared app here."""
+"""``specformer show`` and ``specformer diff``: parameters, FLOPs, memory and spec differences.
 
-from specformer.cli.app import app  # noqa: F401
+Both work from the spec alone (no torch import, no weights) except ``show --tree``
+and the checkpoint-compatibility check of ``diff``, which build on the meta device.
+Every output exists as ``--format rich`` (tables), ``markdown`` and ``json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from specformer.cli.app import app, console, err_console
+from specformer.cli.spec_cmds import SetOption, load_or_exit
+
+__all__ = ["show", "diff", "Section", "render_markdown", "human_count", "human_bytes", "human_flops"]
+
+FORMATS = ("rich", "markdown", "json")
+
+FormatOption = Annotated[
+    str, typer.Option("--format", "-f", help="rich (tables), markdown (for a paper or a PR) or json (stable keys).")
+]
+BatchOption = Annotated[int, typer.Option("--batch", "-b", min=1, help="Sequences per training step (memory).")]
+SeqLenOption = Annotated[
+    int | None,
+    typer.Option("--seq-len", "-t", min=1, help="Tokens per sequence for FLOPs and memory; default: max_seq_len.",
+                 show_default=False),
+]
+DtypeOption = Annotated[
+    str,
+    typer.Option("--dtype", "-d", help="Training precision: fp32, bf16, fp16, bf16-mixed, 16-mixed "
+                 "(the KV cache uses the compute dtype)."),
+]
+
+
+# --------------------------------------------------------------------------- number formatting
+
+
+def _scaled(n: float, units: tuple[tuple[str, float], ...], digits: int = 3) -> str:
+    for unit, size in units:
+        if abs(n) >= size:
+            return f"{n / size:.{digits}g}{unit}"
+    return f"{n:.{digits}g}" if isinstance(n, float) and not float(n).is_integer() else str(int(n))
+
+
+def human_count(n: float) -> str:
+    """124439808 -> '124M'."""
+    return _scaled(n, (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)), 4)
+
+
+def human_flops(n: float) -> str:
+    """FLOPs with an SI prefix: 2.66e8 -> '266 MFLOP'."""
+    return _scaled(n, ((" PFLOP", 1e15), (" TFLOP", 1e12), (" GFLOP", 1e9), (" MFLOP", 1e6), (" kFLOP", 1e3)), 4) + (
+        "" if abs(n) >= 1e3 else " FLOP"
+    )
+
+
+def human_bytes(n: float) -> str:
+    """Bytes with a binary prefix: 36864 -> '36 KiB'."""
+    return _scaled(n, ((" TiB", 2**40), (" GiB", 2**30), (" MiB", 2**20), (" KiB", 2**10)), 4) + (
+        "" if abs(n) >= 1024 else " B"
+    )
+
+
+def _signed_pct(new: float, old: float) -> str:
+    if old == new:
+        return "0%"
+    if old == 0:
+        return "new"
+    return f"{(new - old) / old * 100:+.1f}%"
+
+
+def _signed(n: float, fmt: Any) -> str:
+    if n == 0:
+        return "0"
+    return ("+" if n > 0 else "-") + fmt(abs(n))
+
+
+# --------------------------------------------------------------------------- table model
+
+
+@dataclass
+class Section:
+    """A titled table that renders to rich or markdown."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    right: set[int] = field(default_factory=set)  # right-aligned column indices
+    bold_rows: set[int] = field(default_factory=set)
+
+    def to_rich(self) -> Table:
+        table = Table(title=self.title, title_justify="left", header_style="bold", title_style="bold")
+        for i, c in enumerate(self.columns):
+            table.add_column(c, justify="right" if i in self.right else "left", overflow="fold")
+        for i, row in enumerate(self.rows):
+            table.add_row(*row, style="bold" if i in self.bold_rows else None)
+        return table
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(sections: list[Section], heading: str = "") -> str:
+    """GitHub-flavoured markdown of ``sections``."""
+    out: list[str] = []
+    if heading:
+        out += [heading, ""]
+    for s in sections:
+        out.append(f"**{s.title}**")
+        out.append("")
+        if s.columns:
+            out.append("| " + " | ".join(_md_cell(c) for c in s.columns) + " |")
+            out.append("|" + "|".join("---:" if i in s.right else "---" for i in range(len(s.columns))) + "|")
+            for row in s.rows:
+                out.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
+            out.append("")
+        for note in s.notes:
+            out.append(f"{note}")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _emit(sections: list[Section], heading: str, output_format: str) -> None:
+    if output_format == "markdown":
+        typer.echo(render_markdown(sections, f"### {heading}" if heading else ""), nl=False)
+        return
+    out = console if console.is_terminal else Console(width=160, soft_wrap=False)
+    if heading:
+        out.print(heading, style="bold", highlight=False)
+    for s in sections:
+        if s.columns:
+            out.print(s.to_rich())
+        for note in s.notes:
+            out.print(note, highlight=False, markup=False)
+        out.print()
+
+
+def _check_format(output_format: str) -> None:
+    if output_format not in FORMATS:
+        err_console.print(f"[bold red]error:[/] --format must be one of {', '.join(FORMATS)}, got {output_format!r}")
+        raise typer.Exit(2)
+
+
+def _analysis_errors(fn: Any) -> Any:
+    """Run ``fn``; turn a ValueError (unknown dtype, plugin type without analytic counts) into
+    a message and exit status 1."""
+    try:
+        return fn()
+    except ValueError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+# --------------------------------------------------------------------------- show
+
+
+_COMPONENT_LABELS = {
+    "embedding": "embeddings",
+    "decoder_embedding": "decoder embeddings",
+    "head": "output head",
+}
+
+
+def _component_label(key: str) -> str:
+    if key in _COMPONENT_LABELS:
+        return _COMPONENT_LABELS[key]
+    return key.replace(".", " ").replace("_", "-") if key.count(".") == 1 else key
+
+
+def _architecture_section(report: Any) -> Section:
+    s = Section(
+        "architecture",
+        ["stack", "layers", "d_model", "heads / kv", "head_dim", "d_ff", "ffn", "norm", "positional", "notes"],
+        right={1, 2, 3, 4, 5},
+    )
+    for row in report.to_dict()["architecture"]:
+        s.rows.append(
+            [row["stack"], str(row["layers"]), str(row["d_model"]), row["heads_text"], str(row["head_dim"]),
+             str(row["d_ff"]), row["ffn"], row["norm"], row["positional"], row["extras"]]
+        )
+    spec = report.spec
+    emb = spec.embedding
+    bits = [f"vocab {spec.vocab_size:,}", f"max_seq_len {spec.max_seq_len:,}", f"head {spec.head.type}"]
+    bits.append("output tied to embeddings" if emb.tie_output and spec.head.type in ("lm", "mlm") else "")
+    if spec.kind == "encoder-decoder":
+        bits.append("shared encoder/decoder embeddings" if emb.share_encoder_decoder else "separate decoder embeddings")
+    if emb.segment_vocab_size:
+        bits.append(f"{emb.segment_vocab_size} segment types")
+    if emb.norm is not None:
+        bits.append(f"embedding {emb.norm.type}")
+    s.notes.append(", ".join(b for b in bits if b))
+    return s
+
+
+def _modules_of(shapes: dict[str, tuple[int, ...]], prefix: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, shape in shapes.items():
+        if name.startswith(prefix):
+            module = name[len(prefix):].split(".")[0]
+            n = 1
+            for d in shape:
+                n *= d
+            out[module] = out.get(module, 0) + n
+    return out
+
+
+def _params_section(report: Any) -> Section:
+    counts = report.params
+    total = counts.total
+    s = Section("parameters", ["component", "per layer", "layers", "total", "share"], right={1, 2, 3, 4})
+    for key, n in counts.components.items():
+        per_layer, layers = "", ""
+        parts = key.split(".")
+        if len(parts) == 2 and parts[0] in counts.per_layer and parts[1] in ("attention", "cross_attention", "ffn", "norms"):
+            values = [layer[parts[1]] for layer in counts.per_layer[parts[0]]]
+            layers = str(len(values))
+            per_layer = f"{values[0]:,}" if len(set(values)) == 1 else f"{min(values):,}–{max(values):,}"
+            if parts[1] == "norms" and getattr(report.spec, parts[0]).final_norm:
+                layers += " + final"
+        s.rows.append([_component_label(key), per_layer, layers, f"{n:,}", f"{n / total:.1%}"])
+        if key in ("embedding", "decoder_embedding"):
+            for module, m in _modules_of(counts.shapes, "embed." if key == "embedding" else "decoder_embed.").items():
+                if m != n:
+                    s.rows.append([f"  {module}", "", "", f"{m:,}", f"{m / total:.1%}"])
+    s.rows.append(["total", "", "", f"{total:,}", human_count(total)])
+    s.rows.append(["non-embedding", "", "", f"{counts.non_embedding:,}", human_count(counts.non_embedding)])
+    s.bold_rows = {len(s.rows) - 2}
+    spec = report.spec
+    if spec.embedding.tie_output and spec.head.type in ("lm", "mlm"):
+        s.notes.append("Tied weights are counted once: the output projection is embed.tokens.")
+    return s
+
+
+def _compute_section(report: Any) -> Section:
+    f = report.flops
+    s = Section(f"FLOPs per token at seq_len {f.seq_len:,}", ["component", "forward", "share"], right={1, 2})
+    s.notes.append(
+        "Matrix products only, 2 FLOPs per multiply-add; attention scores count the keys each query "
+        "attends (causal: (T+1)/2 on average; sliding windows capped); training = 3 × forward."
+    )
+    for key, n in f.components.items():
+        s.rows.append([key, human_flops(n), f"{n / f.forward:.1%}"])
+    s.rows.append(["forward", human_flops(f.forward), f"{f.forward:,}"])
+    s.rows.append(["training step (3× forward)", human_flops(f.training), f"{f.training:,}"])
+    s.bold_rows = {len(s.rows) - 2, len(s.rows) - 1}
+    return s
+
+
+def _memory_section(report: Any) -> Section:
+    m = report.memory
+    s = Section(
+        f"memory: AdamW training step, batch {m.batch} × seq_len {m.seq_len:,}, {m.dtype}",
+        ["item", "bytes", "size"],
+        right={1, 2},
+    )
+    kv = report.kv_cache_bytes_per_token
+    s.rows.append([f"KV cache per token ({report.kv_dtype})", f"{kv:,}", human_bytes(kv)])
+    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}", f"{kv * m.seq_len * m.batch:,}",
+                   human_bytes(kv * m.seq_len * m.batch)])
+    if report.cross_kv_cache_bytes_per_source_token:
+        c = report.cross_kv_cache_bytes_per_source_token
+        s.rows.append([f"cross-attention KV per source token ({report.kv_dtype})", f"{c:,}", human_bytes(c)])
+    for label, value in (
+        ("weights", m.weights),
+        ("gradients", m.gradients),
+        ("AdamW states (2 moments)", m.optimizer),
+        ("autocast weight copies", m.weight_casts),
+        ("activations", m.activations),
+    ):
+        if label == "autocast weight copies" and not value:
+            continue
+        s.rows.append([label, f"{value:,}", human_bytes(value)])
+    s.rows.append(["training total", f"{m.total:,}", human_bytes(m.total)])
+    s.bold_rows = {len(s.rows) - 1}
+    return s
+
+
+def _show_sections(report: Any) -> list[Section]:
+    return [_architecture_section(report), _params_section(report), _compute_section(report), _memory_section(report)]
+
+
+def _show_heading(report: Any) -> str:
+    total = report.params.total
+    return f"{report.spec.name} — {report.spec.kind}, {total:,} parameters ({human_count(total)})"
+
+
+@app.command()
+def show(
+    spec: Annotated[str, typer.Argument(help="A preset name or a path to a YAML spec.", show_default=False)],
+    set_: SetOption = None,
+    batch: BatchOption = 1,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = "bf16-mixed",
+    output_format: FormatOption = "rich",
+    tree: Annotated[
+        bool, typer.Option("--tree", help="Print the module tree with shapes and parameter counts (meta build).")
+    ] = False,
+) -> None:
+    """Show a spec's architecture, parameters, FLOPs per token, KV cache and training memory.
+
+    Everything is computed from the spec (nothing is allocated), so a 70B spec takes
+    well under a second.
+
+    Examples:
+
+        specformer show gpt2-small
+
+        specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown
+
+        specformer show my.yaml --tree
+    """
+    _check_format(output_format)
+    resolved = load_or_exit(spec, set_)
+    if tree:
+        _show_tree(resolved, output_format)
+        return
+    from specformer.analysis import analyze
+
+    report = _analysis_errors(lambda: analyze(resolved, batch=batch, seq_len=seq_len, dtype=dtype))
+    if output_format == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    _emit(_show_sections(report), _show_heading(report), output_format)
+
+
+# --------------------------------------------------------------------------- show --tree
+
+
+def module_tree(model: Any) -> dict[str, Any]:
+    """A nested description of ``model``: name, type, parameter count, own parameter shapes
+    and children. Consecutive children with the same structure (the layers of a stack) are
+    collapsed into one entry with ``repeat``; ``params`` is then per copy. A tied parameter
+    is counted where it first appears and listed elsewhere with ``tied_to``."""
+    first_owner: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first_owner.setdefault(id(p), name)
+    return _node(type(model).__name__, model, "", first_owner)
+
+
+def _node(name: str, module: Any, prefix: str, first_owner: dict[int, str]) -> dict[str, Any]:
+    own = []
+    for pname, p in module.named_parameters(recurse=False):
+        entry: dict[str, Any] = {"name": pname, "shape": list(p.shape), "numel": p.numel()}
+        owner = first_owner.get(id(p), f"{prefix}{pname}")
+        if owner != f"{prefix}{pname}":
+            entry["tied_to"] = owner
+        own.append(entry)
+    kids = [_node(cname, child, f"{prefix}{cname}.", first_owner) for cname, child in module.named_children()]
+    children: list[dict[str, Any]] = []
+    i = 0
+    while i < len(kids):
+        j = i + 1
+        while j < len(kids) and _structure(kids[j]) == _structure(kids[i]):
+            j += 1
+        node = kids[i]
+        if j - i > 1:
+            node = {**node, "name": f"{kids[i]['name']}–{kids[j - 1]['name']}", "repeat": j - i}
+        children.append(node)
+        i = j
+    params = sum(e["numel"] for e in own if "tied_to" not in e)
+    params += sum(c["params"] * c.get("repeat", 1) for c in children)
+    return {"name": name, "type": type(module).__name__, "params": params, "parameters": own, "children": children}
+
+
+def _structure(node: dict[str, Any]) -> tuple:
+    """Everything about a node but its own name (and the layer index in tied names)."""
+    return (
+        node["type"],
+        node["params"],
+        tuple((e["name"], tuple(e["shape"]), "tied_to" in e) for e in node["parameters"]),
+        tuple((c["name"], c.get("repeat", 1), _structure(c)) for c in node["children"]),
+    )
+
+
+def _tree_label(node: dict[str, Any]) -> str:
+    repeat = node.get("repeat")
+    count = f"{node['params']:,} params" + (f" each, ×{repeat} = {node['params'] * repeat:,}" if repeat else "")
+    return f"{node['name']} ({node['type']}) · {count}"
+
+
+def _param_label(entry: dict[str, Any]) -> str:
+    shape = "×".join(str(d) for d in entry["shape"])
+    tied = f" tied to {entry['tied_to']}" if "tied_to" in entry else ""
+    return f"{entry['name']} [{shape}] {entry['numel']:,}{tied}"
+
+
+def _rich_tree(node: dict[str, Any], parent: Tree | None = None) -> Tree:
+    label = Text(_tree_label(node))
+    branch = Tree(label) if parent is None else parent.add(label)
+    for entry in node["parameters"]:
+        branch.add(Text(_param_label(entry), style="dim"))
+    for child in node["children"]:
+        _rich_tree(child, branch)
+    return branch
+
+
+def _text_tree(node: dict[str, Any], depth: int = 0) -> list[str]:
+    pad = "  " * depth
+    lines = [f"{pad}{_tree_label(node)}"]
+    lines += [f"{pad}  - {_param_label(e)}" for e in node["parameters"]]
+    for child in node["children"]:
+        lines += _text_tree(child, depth + 1)
+    return lines
+
+
+def _build_meta(spec: Any) -> Any:
+    try:
+        from specformer.builder import build_model
+    except ImportError as exc:
+        err_console.print(f"[bold red]error:[/] the module tree needs the torch builder, which failed to import: {exc}")
+        raise typer.Exit(1) from None
+    return build_model(spec, device="meta")
+
+
+def _show_tree(spec: Any, output_format: str) -> None:
+    model = _build_meta(spec)
+    tree = module_tree(model)
+    if output_format == "json":
+        typer.echo(json.dumps(tree, indent=2))
+    elif output_format == "markdown":
+        typer.echo(f"### {spec.name} module tree\n\n```\n" + "\n".join(_text_tree(tree)) + "\n```\n", nl=False)
+    else:
+        out = console if console.is_terminal else Console(width=160, soft_wrap=False)
+        out.print(_rich_tree(tree), highlight=False, markup=False)
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def _fmt_value(value: Any) -> str:
+    from specformer.analysis import ABSENT
+
+    if value is ABSENT:
+        return "—"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _changes_section(d: Any) -> Section:
+    names = d.names
+    columns = ["field"] + names if len(names) > 2 else ["field", names[0], names[1]]
+    title = (
+        f"identical to {names[0]} except:" if len(names) == 2 else f"fields that differ from {names[0]}:"
+    )
+    s = Section(title, columns)
+    for ch in d.changes:
+        path = ch.path + (" (derived)" if ch.derived else "")
+        s.rows.append([path] + [_fmt_value(v) for v in ch.values])
+    s.notes.append("— : the field does not exist in that spec (its type differs). Compared after "
+                   "resolving extends, overrides and defaults; derived sizes included.")
+    return s
+
+
+def _metric_rows(report: Any) -> list[tuple[str, float, Any]]:
+    """(label, value, formatter) of every compared number of one report."""
+    rows: list[tuple[str, float, Any]] = []
+    for key, n in report.params.components.items():
+        rows.append((f"params: {_component_label(key)}", n, lambda x: f"{x:,.0f}"))
+    rows.append(("params: total", report.params.total, lambda x: f"{x:,.0f}"))
+    rows.append(("params: non-embedding", report.params.non_embedding, lambda x: f"{x:,.0f}"))
+    rows.append((f"FLOPs/token forward @ {report.flops.seq_len}", report.flops.forward, human_flops))
+    rows.append((f"FLOPs/token training @ {report.flops.seq_len}", report.flops.training, human_flops))
+    rows.append((f"KV cache bytes/token ({report.kv_dtype})", report.kv_cache_bytes_per_token, lambda x: f"{x:,.0f}"))
+    if report.cross_kv_cache_bytes_per_source_token:
+        rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token, lambda x: f"{x:,.0f}"))
+    m = report.memory
+    for label, value in (("weights", m.weights), ("gradients", m.gradients), ("AdamW states", m.optimizer),
+                         ("autocast weight copies", m.weight_casts), ("activations", m.activations),
+                         ("training total", m.total)):
+        rows.append((f"memory: {label}", value, human_bytes))
+    return rows
+
+
+def _merged_order(sequences: list[list[str]]) -> list[str]:
+    """All items of ``sequences``; an item only a later sequence has goes after its predecessor there."""
+    order: list[str] = []
+    for seq in sequences:
+        at = 0
+        for item in seq:
+            if item in order:
+                at = order.index(item) + 1
+            else:
+                order.insert(at, item)
+                at += 1
+    return order
+
+
+def _consequences_section(d: Any) -> Section:
+    reports = d.reports
+    first = reports[0]
+    m = first.memory
+    title = f"consequences (batch {m.batch} × seq_len {m.seq_len:,}, {m.dtype})"
+    per = [dict((label, (v, f)) for label, v, f in _metric_rows(r)) for r in reports]
+    labels = _merged_order([list(rows) for rows in per])
+    if len(reports) == 2:
+        s = Section(title, ["", d.names[0], d.names[1], "Δ", "Δ%"], right={1, 2, 3, 4})
+    else:
+        s = Section(title, [""] + d.names, right=set(range(1, len(reports) + 1)))
+    for label in labels:
+        values = [rows.get(label, (0, None)) for rows in per]
+        fmt = next(f for _, f in values if f is not None)
+        base = values[0][0]
+        if len(reports) == 2:
+            other = values[1][0]
+            s.rows.append([label, fmt(base), fmt(other), _signed(other - base, fmt), _signed_pct(other, base)])
+        else:
+            cells = [fmt(base)] + [f"{fmt(v)} ({_signed_pct(v, base)})" for v, _ in values[1:]]
+            s.rows.append([label] + cells)
+    return s
+
+
+def _group_keys(keys: list[str]) -> list[str]:
+    """Collapse layer indices: decoder.layers.3.ffn.gate_proj.weight -> decoder.layers.*.ffn.gate_proj.weight (×N)."""
+    groups: dict[str, int] = {}
+    for k in keys:
+        g = re.sub(r"\.layers\.\d+\.", ".layers.*.", k)
+        groups[g] = groups.get(g, 0) + 1
+    return [f"{g} (×{n})" if n > 1 else g for g, n in groups.items()]
+
+
+def _compat_section(d: Any) -> Section:
+    s = Section("checkpoint compatibility (load_state_dict strict)", ["checkpoint of", "loads into", "result"])
+    for c in d.compatibility:
+        if c.compatible:
+            result = "yes: same keys and shapes"
+        else:
+            parts = []
+            if c.missing:
+                parts.append(f"{len(c.missing)} missing: " + ", ".join(_group_keys(c.missing)[:4]))
+            if c.unexpected:
+                parts.append(f"{len(c.unexpected)} unexpected: " + ", ".join(_group_keys(c.unexpected)[:4]))
+            if c.mismatched:
+                mism = {}
+                for key, a, b in c.mismatched:
+                    g = re.sub(r"\.layers\.\d+\.", ".layers.*.", key)
+                    mism.setdefault(g, (a, b, 0))
+                    mism[g] = (a, b, mism[g][2] + 1)
+                shown = [f"{g} {list(a)}→{list(b)}" + (f" (×{n})" if n > 1 else "") for g, (a, b, n) in list(mism.items())[:4]]
+                parts.append(f"{len(c.mismatched)} shape mismatches: " + ", ".join(shown))
+            result = "no: " + "; ".join(parts)
+        s.rows.append([c.source, c.target, result])
+    methods = sorted({c.method for c in d.compatibility})
+    s.notes.append(f"State-dict keys and shapes from: {', '.join(methods)}.")
+    return s
+
+
+def _labels(args: list[str], specs: list[Any]) -> list[str]:
+    names = [s.name for s in specs]
+    if len(set(names)) == len(names):
+        return names
+    labels = [a if a != n else n for a, n in zip(args, names, strict=True)]
+    if len(set(labels)) == len(labels):
+        return labels
+    return [f"{i + 1}:{a}" for i, a in enumerate(labels)]
+
+
+@app.command()
+def diff(
+    specs: Annotated[list[str], typer.Argument(help="Two or more preset names or YAML paths.", show_default=False)],
+    batch: BatchOption = 1,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = "bf16-mixed",
+    output_format: FormatOption = "rich",
+    checkpoints: Annotated[
+        bool,
+        typer.Option("--checkpoints/--no-checkpoints", help="Check whether checkpoints load across (meta builds)."),
+    ] = True,
+) -> None:
+    """Diff specs after resolving extends and defaults: changed fields, then consequences.
+
+    Lists every field that differs (derived sizes included), then parameters per
+    component, FLOPs per token, KV cache and training memory side by side with
+    deltas, and whether a checkpoint of the first spec loads into each other one.
+    With three or more specs, one column per spec against the first.
+
+    Examples:
+
+        specformer diff gpt2-small my-variant.yaml
+
+        specformer diff gpt2-small gpt2-medium gpt2-large --format markdown
+    """
+    _check_format(output_format)
+    if len(specs) < 2:
+        err_console.print(f"[bold red]error:[/] diff needs at least two specs, got {len(specs)}")
+        raise typer.Exit(2)
+    from specformer.analysis import diff_specs
+
+    resolved = [load_or_exit(s) for s in specs]
+    labels = _labels(specs, resolved)
+    result = _analysis_errors(
+        lambda: diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
+                           labels=labels)
+    )
+    if output_format == "json":
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    if result.identical:
+        heading = (f"{labels[1]} is identical to {labels[0]} (after resolving extends and defaults)"
+                   if len(labels) == 2 else f"all {len(labels)} specs are identical (after resolving extends and defaults)")
+        sections: list[Section] = []
+        if result.compatibility:
+            sections.append(_compat_section(result))
+        _emit(sections, heading, output_format)
+        return
+    sections = [_changes_section(result), _consequences_section(result)]
+    if result.compatibility:
+        sections.append(_compat_section(result))
+    _emit(sections, "", output_format)

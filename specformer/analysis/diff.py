@@ -1,0 +1,291 @@
+"""Diff of fully resolved specs: every changed field, the consequences, checkpoint compatibility.
+
+Specs are compared after ``extends``, overrides and defaults are resolved, and with
+their derived values (``head_dim``, ``n_kv_heads``, ``d_ff``, the final norm, and the
+``kv_groups`` computed here). Nothing is ignored: the ``name`` and every dropout,
+epsilon and init setting are fields like any other. A field that exists in only
+some specs (because a ``type`` changed) is reported as absent in the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from specformer.analysis.params import parameter_shapes
+from specformer.analysis.report import SpecReport, analyze
+
+__all__ = [
+    "ABSENT",
+    "Change",
+    "Compatibility",
+    "SpecDiff",
+    "diff_specs",
+    "flatten_spec",
+    "checkpoint_compatibility",
+    "state_dict_shapes",
+]
+
+
+class _Absent:
+    """The value of a field that a spec does not have."""
+
+    _instance: _Absent | None = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+ABSENT: Any = _Absent()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field whose value differs between specs; ``values`` has one entry per spec."""
+
+    path: str
+    values: tuple[Any, ...]
+    derived: bool = False
+
+    @property
+    def left(self) -> Any:
+        return self.values[0]
+
+    @property
+    def right(self) -> Any:
+        return self.values[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            return None if v is ABSENT else v
+
+        return {
+            "path": self.path,
+            "left": plain(self.left),
+            "right": plain(self.right),
+            "values": [plain(v) for v in self.values],
+            "present": [v is not ABSENT for v in self.values],
+            "derived": self.derived,
+        }
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    """Whether a checkpoint of ``source`` loads (``strict=True``) into a model of ``target``."""
+
+    source: str
+    target: str
+    missing: list[str]  # keys the target model needs that the checkpoint lacks
+    unexpected: list[str]  # keys in the checkpoint the target model does not have
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # key, source shape, target shape
+    method: str  # "meta build" or "analytic"
+
+    @property
+    def compatible(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "compatible": self.compatible,
+            "missing": list(self.missing),
+            "unexpected": list(self.unexpected),
+            "mismatched": [
+                {"key": k, "source": list(a), "target": list(b)} for k, a, b in self.mismatched
+            ],
+            "method": self.method,
+        }
+
+
+@dataclass(frozen=True)
+class SpecDiff:
+    """The changes between specs, each spec's report, and checkpoint compatibility of the
+    first spec with each other one (both directions)."""
+
+    names: list[str]
+    changes: list[Change]
+    reports: list[SpecReport] = field(default_factory=list)
+    compatibility: list[Compatibility] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.changes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "specs": list(self.names),
+            "identical": self.identical,
+            "changes": [c.to_dict() for c in self.changes],
+            "reports": [r.to_dict() for r in self.reports],
+            "compatibility": [c.to_dict() for c in self.compatibility],
+        }
+
+
+# --------------------------------------------------------------------------- flattening
+
+
+def _walk(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from _walk(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(value, list | tuple) and value and any(isinstance(v, dict | list) for v in value):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{prefix}.{i}")
+    elif isinstance(value, list | tuple):
+        yield prefix, list(value)
+    else:
+        yield prefix, value
+
+
+def _derived(spec: Any) -> Iterator[tuple[str, Any]]:
+    for role, stack in spec.stacks():
+        for part in ("attention", "cross_attention"):
+            att = getattr(stack, part)
+            if att is not None and getattr(att, "n_kv_heads", None):
+                yield f"{role}.{part}.kv_groups", att.n_heads // att.n_kv_heads
+        for i, ov in enumerate(stack.overrides):
+            for part in ("attention", "cross_attention"):
+                att = getattr(ov, part)
+                if att is not None and getattr(att, "n_kv_heads", None):
+                    yield f"{role}.overrides.{i}.{part}.kv_groups", att.n_heads // att.n_kv_heads
+
+
+def flatten_spec(spec: Any) -> tuple[dict[str, Any], set[str]]:
+    """Dotted path -> value for every field of the resolved spec (lists of mappings are
+    indexed, other lists are values), plus the set of paths that are derived here."""
+    flat = dict(_walk(spec.to_dict(), ""))
+    derived = dict(_derived(spec))
+    flat.update(derived)
+    return flat, set(derived)
+
+
+def _changes(specs: list[Any]) -> list[Change]:
+    flats = [flatten_spec(s) for s in specs]
+    # merged field order: a path that only a later spec has goes right after the
+    # path that precedes it in that spec, so changes read in spec order
+    order: list[str] = []
+    seen: set[str] = set()
+    derived: set[str] = set()
+    for flat, d in flats:
+        derived |= d
+        at = 0
+        for path in flat:
+            if path in seen:
+                at = order.index(path) + 1
+                continue
+            order.insert(at, path)
+            seen.add(path)
+            at += 1
+    changes = []
+    for path in order:
+        values = tuple(flat.get(path, ABSENT) for flat, _ in flats)
+        first = values[0]
+        if any(not _same(first, v) for v in values[1:]):
+            changes.append(Change(path, values, path in derived))
+    return changes
+
+
+def _same(a: Any, b: Any) -> bool:
+    if (a is ABSENT) != (b is ABSENT):
+        return False
+    # 1 and 1.0 and True are different YAML values; compare type and value
+    return type(a) is type(b) and a == b
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def state_dict_shapes(spec: Any) -> tuple[dict[str, tuple[int, ...]], str]:
+    """State-dict key -> shape of ``spec``'s model and how it was obtained.
+
+    The model is built on the meta device (nothing allocated). If the builder cannot be
+    imported or fails, the analytic parameter list is used instead and the returned
+    method says why (persistent buffers, if any, are then absent).
+    """
+    try:
+        from specformer.builder import build_model
+    except ImportError as exc:
+        return parameter_shapes(spec), f"analytic (the builder is unavailable: {exc})"
+    try:
+        model = build_model(spec, device="meta")
+    except Exception as exc:  # a builder failure must not hide the rest of the diff
+        return parameter_shapes(spec), f"analytic (meta build of {spec.name} failed: {type(exc).__name__}: {exc})"
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}, "meta build"
+
+
+def checkpoint_compatibility(
+    source: Any, target: Any, *, shapes: dict[int, tuple[dict[str, tuple[int, ...]], str]] | None = None
+) -> Compatibility:
+    """Whether a checkpoint of ``source`` loads into a model built from ``target``."""
+    cache = shapes if shapes is not None else {}
+    for s in (source, target):
+        if id(s) not in cache:
+            cache[id(s)] = state_dict_shapes(s)
+    src, m1 = cache[id(source)]
+    dst, m2 = cache[id(target)]
+    missing = [k for k in dst if k not in src]
+    unexpected = [k for k in src if k not in dst]
+    mismatched = [(k, src[k], dst[k]) for k in src if k in dst and src[k] != dst[k]]
+    return Compatibility(
+        source=source.name,
+        target=target.name,
+        missing=missing,
+        unexpected=unexpected,
+        mismatched=mismatched,
+        method=m1 if m1 == m2 else f"{m1} / {m2}",
+    )
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def diff_specs(
+    *specs: Any,
+    batch: int = 1,
+    seq_len: int | None = None,
+    dtype: str = "bf16-mixed",
+    reports: bool = True,
+    checkpoints: bool = True,
+    labels: list[str] | None = None,
+) -> SpecDiff:
+    """Compare resolved specs (``ModelSpec`` objects, preset names or YAML paths).
+
+    ``changes`` lists every differing field; ``reports`` holds each spec's parameters,
+    FLOPs, KV cache and memory at the same ``batch``, ``seq_len`` (default: the first
+    spec's ``max_seq_len``) and ``dtype``; ``compatibility`` says whether a checkpoint
+    of the first spec loads into each other one and back. ``labels`` name the specs in
+    tables (default: their ``name`` fields).
+    """
+    if len(specs) < 2:
+        raise ValueError(f"diff needs at least two specs, got {len(specs)}")
+    from specformer.specs.loader import load_spec
+
+    resolved = [load_spec(s) if isinstance(s, str) or hasattr(s, "__fspath__") else s for s in specs]
+    t = seq_len if seq_len is not None else resolved[0].max_seq_len
+    changes = _changes(resolved)
+    out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype) for s in resolved] if reports else []
+    compat: list[Compatibility] = []
+    if checkpoints:
+        cache: dict[int, tuple[dict[str, tuple[int, ...]], str]] = {}
+        first = resolved[0]
+        for other in resolved[1:]:
+            compat.append(checkpoint_compatibility(first, other, shapes=cache))
+            compat.append(checkpoint_compatibility(other, first, shapes=cache))
+    if labels is not None and len(labels) != len(resolved):
+        raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
+    return SpecDiff(
+        names=list(labels) if labels is not None else [s.name for s in resolved],
+        changes=changes,
+        reports=out_reports,
+        compatibility=compat,
+    )

@@ -1,0 +1,247 @@
+"""KV-cache size and training memory (weights, gradients, AdamW states, activations).
+
+Precisions follow Lightning's names. ``fp32``, ``bf16`` and ``fp16`` ("true"
+precisions) keep weights, gradients, AdamW's two moments (``torch.optim.AdamW``
+allocates them like the parameter) and activations in that dtype. ``bf16-mixed`` and
+``16-mixed`` keep fp32 weights, gradients and moments, compute in half precision, and
+autocast caches a half-precision copy of each weight during the step.
+
+Activations are what autograd saves for the backward pass, counted tensor by tensor
+for the spec's layers, after the accounting of Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", section 4.1), generalised to
+GQA, gated FFNs, qk-norm, cross-attention and the two attention backends: ``sdpa``
+(fused kernels keep Q, K, V, the output and a log-sum-exp, never the T × T scores)
+and ``eager`` (keeps the softmax probabilities, and the dropout mask and dropped
+probabilities when attention dropout is on). Dropout masks are 1 byte per element.
+The output head keeps its logits and the cross-entropy's log-probabilities
+(in fp32 under mixed precision, where autocast runs the loss in fp32).
+The sum of all parts is an upper bound on the peak: activations and gradients never
+reach their maxima together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specformer.analysis.params import count_parameters
+
+__all__ = [
+    "Precision",
+    "precision",
+    "PRECISIONS",
+    "dtype_bytes",
+    "kv_cache_bytes_per_token",
+    "cross_kv_cache_bytes_per_source_token",
+    "MemoryEstimate",
+    "memory_estimate",
+    "activation_bytes",
+]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of each kind of training state under one precision setting."""
+
+    name: str
+    weight: int
+    grad: int
+    optimizer: int  # per AdamW moment
+    activation: int
+    loss: int  # the cross-entropy's log-probabilities
+    weight_cast: int  # autocast's cached low-precision weight copy (0 without autocast)
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision("fp32", 4, 4, 4, 4, 4, 0),
+    "bf16": Precision("bf16", 2, 2, 2, 2, 2, 0),
+    "fp16": Precision("fp16", 2, 2, 2, 2, 2, 0),
+    "bf16-mixed": Precision("bf16-mixed", 4, 4, 4, 2, 4, 2),
+    "16-mixed": Precision("16-mixed", 4, 4, 4, 2, 4, 2),
+}
+_ALIASES = {
+    "float32": "fp32", "32": "fp32", "32-true": "fp32", "float": "fp32",
+    "bfloat16": "bf16", "bf16-true": "bf16",
+    "float16": "fp16", "half": "fp16", "16": "fp16", "16-true": "fp16", "fp16-true": "fp16",
+    "fp16-mixed": "16-mixed",
+}
+# storage-only formats, valid for a KV cache but not as a training precision
+_CACHE_ONLY = {"fp8": 1, "float8": 1, "int8": 1}
+
+
+def precision(name: str) -> Precision:
+    """The :class:`Precision` called ``name`` (``fp32``, ``bf16``, ``fp16``, ``bf16-mixed``,
+    ``16-mixed``, or an alias such as ``bfloat16`` / ``32-true``)."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in PRECISIONS:
+        allowed = ", ".join(PRECISIONS)
+        raise ValueError(f"unknown precision {name!r}; allowed: {allowed} (aliases: {', '.join(_ALIASES)})")
+    return PRECISIONS[key]
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one activation element in ``dtype`` (also accepts fp8 / int8 for caches)."""
+    key = dtype.strip().lower()
+    if key in _CACHE_ONLY:
+        return _CACHE_ONLY[key]
+    return precision(key).activation
+
+
+def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16") -> int:
+    """Bytes of decoder self-attention K and V cached per generated token, all layers.
+
+    ``2 · n_kv_heads · head_dim`` elements per layer; 0 for an encoder-only model. A
+    layer with a sliding window W never holds more than W tokens.
+    """
+    b = dtype_bytes(dtype)
+    if spec.decoder is None:
+        return 0
+    return sum(2 * layer.attention.n_kv_heads * layer.attention.head_dim * b for layer in spec.decoder.layers())
+
+
+def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16") -> int:
+    """Bytes of cross-attention K and V cached per source token (encoder-decoder only)."""
+    b = dtype_bytes(dtype)
+    if spec.kind != "encoder-decoder" or spec.decoder is None:
+        return 0
+    return sum(
+        2 * layer.cross_attention.n_kv_heads * layer.cross_attention.head_dim * b
+        for layer in spec.decoder.layers()
+        if layer.cross_attention is not None
+    )
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | None = None) -> float:
+    """Bytes autograd keeps per query token for one attention sublayer (projections included).
+
+    ``kv_len`` set means cross-attention: K and V belong to the source and are counted
+    by the caller; only the query side is counted here.
+    """
+    h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
+    keys = seq_len if kv_len is None else kv_len
+    elems = d  # input of the q/k/v projection
+    elems += h * dh if kv_len is not None else (h + 2 * hkv) * dh  # Q (K, V) for the kernel
+    if att.qk_norm != "none":
+        elems += h * dh + (hkv * dh if kv_len is None else 0)  # inputs of the q/k norms
+    elems += 2 * h * dh  # attention output, and its reshaped copy fed to o_proj
+    extra = 0.0
+    if att.backend == "eager":
+        elems += h * keys  # softmax probabilities
+        if att.dropout > 0:
+            elems += h * keys  # dropped probabilities, input of A V
+            extra += h * keys  # dropout mask (1 byte)
+    else:
+        extra += 4 * h  # log-sum-exp, fp32
+    return elems * act + extra
+
+
+def _ffn_saved(ffn: Any, d: int, act: int) -> float:
+    elems = d  # input of up (and gate)
+    if ffn.type == "glu":
+        elems += 4 * ffn.d_ff  # gate out (act input), act out, up out, product (down input)
+    else:
+        elems += 2 * ffn.d_ff  # act input, act output (down input)
+    extra = ffn.d_ff if ffn.dropout > 0 else 0
+    return elems * act + extra
+
+
+def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-mixed") -> int:
+    """Bytes autograd keeps for the backward pass of one training step (see module docstring)."""
+    p = precision(dtype)
+    act = p.activation
+    d, v = spec.d_model, spec.vocab_size
+    per_seq = 0.0
+    t = seq_len
+    emb = spec.embedding
+    n_embeds = 2 if spec.kind == "encoder-decoder" else 1
+    if emb.norm is not None:
+        per_seq += n_embeds * t * d * act
+    if emb.dropout > 0:
+        per_seq += n_embeds * t * d
+    for role, stack in spec.stacks():
+        for layer in stack.layers():
+            res_drop = layer.residual.dropout > 0
+            n_norms = 2
+            tok = _attention_saved(layer.attention, d, t, act)
+            if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
+                n_norms += 1
+                ca = layer.cross_attention
+                tok += _attention_saved(ca, d, t, act, kv_len=t)
+                tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
+                tok += d if res_drop else 0
+            tok += _ffn_saved(layer.ffn, d, act)
+            tok += n_norms * d * act  # norm inputs
+            tok += 2 * d if res_drop else 0
+            per_seq += t * tok
+        if stack.final_norm:
+            per_seq += t * d * act
+    if spec.kind == "encoder-decoder":
+        per_seq += t * d * act  # the encoder output, input of every kv_proj (kept once)
+    head = spec.head
+    if head.type in ("lm", "mlm"):
+        if head.type == "mlm":
+            per_seq += t * 3 * d * act  # dense input, activation input, norm input
+        per_seq += t * d * act  # input of the vocabulary projection
+        per_seq += t * v * (act + p.loss)  # logits and log-probabilities
+    else:
+        per_seq += 2 * d * act
+    return int(round(batch * per_seq))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Training memory in bytes: ``weights``, ``gradients``, ``optimizer`` (AdamW's two
+    moments), ``weight_casts`` (autocast copies), ``activations`` and their ``total``."""
+
+    batch: int
+    seq_len: int
+    dtype: str
+    weights: int
+    gradients: int
+    optimizer: int
+    weight_casts: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.weight_casts + self.activations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "seq_len": self.seq_len,
+            "dtype": self.dtype,
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "weight_casts": self.weight_casts,
+            "activations": self.activations,
+            "total": self.total,
+        }
+
+
+def memory_estimate(
+    spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
+) -> MemoryEstimate:
+    """Memory of one AdamW training step of ``spec`` at ``batch`` × ``seq_len`` in ``dtype``."""
+    if batch <= 0:
+        raise ValueError(f"batch must be positive, got {batch}")
+    t = seq_len if seq_len is not None else spec.max_seq_len
+    if t <= 0:
+        raise ValueError(f"seq_len must be positive, got {t}")
+    p = precision(dtype)
+    n = count_parameters(spec).total
+    return MemoryEstimate(
+        batch=batch,
+        seq_len=t,
+        dtype=p.name,
+        weights=n * p.weight,
+        gradients=n * p.grad,
+        optimizer=2 * n * p.optimizer,
+        weight_casts=n * p.weight_cast,
+        activations=activation_bytes(spec, batch=batch, seq_len=t, dtype=p.name),
+    )

@@ -1,0 +1,129 @@
+"""One spec's numbers in one object: parameters, FLOPs, KV cache and training memory.
+
+:meth:`SpecReport.to_dict` is the JSON that ``specformer show --format json`` prints;
+its keys are stable and documented in ``docs/analysis.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specformer.analysis.flops import FlopCounts, flops_per_token
+from specformer.analysis.memory import (
+    MemoryEstimate,
+    cross_kv_cache_bytes_per_source_token,
+    kv_cache_bytes_per_token,
+    memory_estimate,
+    precision,
+)
+from specformer.analysis.params import ParamCounts, count_parameters
+
+__all__ = ["SpecReport", "analyze", "architecture_rows"]
+
+
+@dataclass(frozen=True)
+class SpecReport:
+    """Everything ``show`` prints about one spec."""
+
+    spec: Any
+    params: ParamCounts
+    flops: FlopCounts
+    kv_cache_bytes_per_token: int
+    cross_kv_cache_bytes_per_source_token: int
+    kv_dtype: str
+    memory: MemoryEstimate
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "kind": self.spec.kind,
+            "architecture": architecture_rows(self.spec),
+            "params": self.params.to_dict(),
+            "flops_per_token": self.flops.to_dict(),
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+            "cross_kv_cache_bytes_per_source_token": self.cross_kv_cache_bytes_per_source_token,
+            "kv_cache_dtype": self.kv_dtype,
+            "memory": self.memory.to_dict(),
+        }
+
+
+def analyze(
+    spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
+) -> SpecReport:
+    """Parameters, FLOPs/token, KV cache/token and training memory of ``spec``.
+
+    ``dtype`` is the training precision (``fp32``, ``bf16``, ``fp16``, ``bf16-mixed``,
+    ``16-mixed``); the KV cache is counted in its activation dtype.
+    """
+    p = precision(dtype)
+    kv_dtype = "fp32" if p.activation == 4 else ("bf16" if "bf16" in p.name else "fp16")
+    return SpecReport(
+        spec=spec,
+        params=count_parameters(spec),
+        flops=flops_per_token(spec, seq_len),
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(spec, kv_dtype),
+        cross_kv_cache_bytes_per_source_token=cross_kv_cache_bytes_per_source_token(spec, kv_dtype),
+        kv_dtype=kv_dtype,
+        memory=memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name),
+    )
+
+
+def _positional(spec: Any) -> str:
+    pos = spec.positional
+    if pos.type == "learned":
+        rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
+        return f"learned ({rows} rows)"
+    if pos.type == "rope":
+        frac = "" if pos.fraction == 1.0 else f", {pos.fraction:g} of head_dim"
+        return f"rope (base {pos.base:g}{frac})"
+    if pos.type == "t5":
+        return f"t5 ({pos.num_buckets} buckets, max distance {pos.max_distance})"
+    return pos.type
+
+
+def architecture_rows(spec: Any) -> list[dict[str, Any]]:
+    """One row per stack (and per distinct layer group of a heterogeneous stack)."""
+    rows: list[dict[str, Any]] = []
+    for role, stack in spec.stacks():
+        groups: list[tuple[list[int], Any]] = []
+        for i in range(stack.n_layers):
+            layer = stack.layer(i)
+            if groups and groups[-1][1] == layer:
+                groups[-1][0].append(i)
+            else:
+                groups.append(([i], layer))
+        for indices, layer in groups:
+            att, ffn, norm = layer.attention, layer.ffn, layer.norm
+            label = role if len(groups) == 1 else f"{role}[{indices[0]}-{indices[-1]}]"
+            attention = f"{att.n_heads}/{att.n_kv_heads}"
+            extras = []
+            if att.sliding_window is not None:
+                extras.append(f"window {att.sliding_window}")
+            if att.qk_norm != "none":
+                extras.append(f"qk-{att.qk_norm}")
+            if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
+                extras.append("cross-attn")
+            if layer.residual.type == "parallel":
+                extras.append("parallel")
+            rows.append(
+                {
+                    "stack": label,
+                    "layers": len(indices),
+                    "d_model": spec.d_model,
+                    "heads": att.n_heads,
+                    "kv_heads": att.n_kv_heads,
+                    "head_dim": att.head_dim,
+                    "heads_text": attention,
+                    "d_ff": ffn.d_ff,
+                    "ffn": f"{ffn.type} {ffn.activation}",
+                    "norm": f"{norm.type} ({norm.placement})",
+                    "positional": _positional(spec),
+                    "extras": ", ".join(extras),
+                }
+            )
+    return rows

@@ -1,0 +1,721 @@
+"""Hugging Face ``config.json`` <-> :class:`~specformer.specs.schema.ModelSpec`, both ways.
+
+Import reads a plain dict (a ``config.json``, or ``PretrainedConfig.to_dict()``), so it
+needs no ``transformers``; every option of a supported family is either mapped to a spec
+field or refused with :class:`HFConversionError` naming the option, so an import never
+yields a silently different model. Defaults of absent keys are those of the Hugging Face
+config classes.
+
+Export picks the family from the spec's structure, writes its config dict and re-imports
+it: any field whose value does not come back equal has no equivalent in that family and
+is reported by name (dropout rates and initialisation, which do not change what a trained
+model computes, are reported as warnings instead).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from specformer.specs.schema import ModelSpec
+
+__all__ = [
+    "HFConversionError",
+    "SUPPORTED_MODEL_TYPES",
+    "read_hf_config",
+    "spec_from_hf_config",
+    "hf_config_from_spec",
+    "hf_family",
+]
+
+
+class HFConversionError(ValueError):
+    """A Hugging Face config, checkpoint or spec that cannot be converted exactly."""
+
+
+# HF activation names -> specformer activations. gelu_new, gelu_fast and
+# gelu_pytorch_tanh are the same tanh approximation written three ways.
+_ACT_IN = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+class _Config:
+    """Read access to a config dict that records which keys were read."""
+
+    def __init__(self, data: Mapping[str, Any], family: str):
+        self.data = dict(data)
+        self.family = family
+
+    def __call__(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key, default)
+        return default if value is None else value
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def refuse(self, feature: str, why: str = "") -> HFConversionError:
+        extra = f" ({why})" if why else ""
+        return HFConversionError(
+            f"{self.family} config: {feature} has no specformer equivalent{extra}; "
+            "importing it would give a different model"
+        )
+
+    def refuse_if(self, key: str, bad: Callable[[Any], bool], why: str, default: Any = None) -> None:
+        value = self(key, default)
+        if bad(value):
+            raise self.refuse(f"{key}={value!r}", why)
+
+    def activation(self, key: str, default: str) -> str:
+        name = self(key, default)
+        if name not in _ACT_IN:
+            raise HFConversionError(
+                f"{self.family} config: activation {key}={name!r} is not supported "
+                f"(supported: {', '.join(sorted(_ACT_IN))})"
+            )
+        return _ACT_IN[name]
+
+    def rope(self, default_theta: float = 10000.0, default_fraction: float = 1.0) -> dict[str, Any]:
+        """Rotary settings from ``rope_parameters`` (transformers 5) or the older
+        ``rope_theta`` / ``rope_scaling`` / ``rotary_pct`` / ``rotary_emb_base`` keys."""
+        params = dict(self("rope_parameters", {}) or {})
+        scaling = self("rope_scaling")
+        if isinstance(scaling, Mapping):
+            params = {**scaling, **params}
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in (None, "default"):
+            raise self.refuse(
+                f"rope scaling {rope_type!r}",
+                "specformer's rotary embedding has no frequency scaling",
+            )
+        theta = params.get("rope_theta", self("rope_theta", self("rotary_emb_base", default_theta)))
+        fraction = params.get(
+            "partial_rotary_factor", self("partial_rotary_factor", self("rotary_pct", default_fraction))
+        )
+        return {"type": "rope", "base": float(theta), "fraction": float(fraction)}
+
+
+def _dropout(value: Any) -> float:
+    return float(value or 0.0)
+
+
+# --------------------------------------------------------------------------- families: HF -> spec
+
+
+def _gpt2(c: _Config) -> dict[str, Any]:
+    c.refuse_if("scale_attn_by_inverse_layer_idx", bool, "attention scores divided by the layer index", False)
+    c.refuse_if("add_cross_attention", bool, "cross-attention in a decoder-only model", False)
+    d = c("n_embd", 768)
+    att: dict[str, Any] = {"n_heads": c("n_head", 12), "bias": True, "dropout": _dropout(c("attn_pdrop", 0.1))}
+    if not c("scale_attn_weights", True):
+        att["scale"] = 1.0
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 50257),
+        "d_model": d,
+        "max_seq_len": c("n_positions", 1024),
+        "positional": {"type": "learned"},
+        "decoder": {
+            "n_layers": c("n_layer", 12),
+            "attention": att,
+            "ffn": {
+                "type": "mlp",
+                "d_ff": c("n_inner", 4 * d),
+                "activation": c.activation("activation_function", "gelu_new"),
+                "bias": True,
+            },
+            "norm": {"type": "layernorm", "placement": "pre", "eps": c("layer_norm_epsilon", 1e-5)},
+            "residual": {"type": "sequential", "dropout": _dropout(c("resid_pdrop", 0.1))},
+        },
+        "embedding": {"tie_output": c("tie_word_embeddings", True), "dropout": _dropout(c("embd_pdrop", 0.1))},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": True},
+    }
+
+
+def _bert_like(c: _Config, *, roberta: bool) -> dict[str, Any]:
+    c.refuse_if(
+        "position_embedding_type",
+        lambda v: v != "absolute",
+        "only absolute learned positions are supported",
+        "absolute",
+    )
+    c.refuse_if("is_decoder", bool, "a causal BERT decoder", False)
+    c.refuse_if("add_cross_attention", bool, "cross-attention in an encoder", False)
+    eps = c("layer_norm_eps", 1e-12)
+    act = c.activation("hidden_act", "gelu")
+    n_pos = c("max_position_embeddings", 512)
+    positional: dict[str, Any] = {"type": "learned"}
+    max_seq_len = n_pos
+    if roberta:
+        # RoBERTa counts positions from padding_idx + 1; rows 0..padding_idx are never read
+        offset = c("pad_token_id", 1) + 1
+        positional = {"type": "learned", "max_positions": n_pos, "offset": offset}
+        max_seq_len = n_pos - offset
+    hidden_dropout = _dropout(c("hidden_dropout_prob", 0.1))
+    return {
+        "kind": "encoder",
+        "vocab_size": c("vocab_size", 50265 if roberta else 30522),
+        "d_model": c("hidden_size", 768),
+        "max_seq_len": max_seq_len,
+        "positional": positional,
+        "encoder": {
+            "n_layers": c("num_hidden_layers", 12),
+            "attention": {
+                "n_heads": c("num_attention_heads", 12),
+                "bias": True,
+                "dropout": _dropout(c("attention_probs_dropout_prob", 0.1)),
+            },
+            "ffn": {"type": "mlp", "d_ff": c("intermediate_size", 3072), "activation": act, "bias": True},
+            "norm": {"type": "layernorm", "placement": "post", "eps": eps},
+            "residual": {"type": "sequential", "dropout": hidden_dropout},
+        },
+        "embedding": {
+            "tie_output": c("tie_word_embeddings", True),
+            "dropout": hidden_dropout,
+            "segment_vocab_size": c("type_vocab_size", 2),
+            "norm": {"type": "layernorm", "eps": eps},
+        },
+        # RobertaLMHead applies gelu whatever hidden_act says; BertLMPredictionHead uses hidden_act
+        "head": {"type": "mlm", "activation": "gelu" if roberta else act, "eps": eps, "bias": True},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
+def _t5(c: _Config) -> dict[str, Any]:
+    proj = c("feed_forward_proj", "relu")
+    gated, _, act_name = proj.rpartition("-")
+    if gated not in ("", "gated"):
+        raise HFConversionError(f"t5 config: feed_forward_proj={proj!r} is not 'ACT' or 'gated-ACT'")
+    if proj == "gated-gelu":  # T5 v1.1 means the tanh approximation here
+        act_name = "gelu_new"
+    if act_name not in _ACT_IN:
+        raise c.refuse(f"feed_forward_proj={proj!r}", f"supported activations: {', '.join(sorted(_ACT_IN))}")
+    act = _ACT_IN[act_name]
+    dropout = _dropout(c("dropout_rate", 0.1))
+    tied = c("tie_word_embeddings", True) is not False
+    # transformers >= 5 keeps "scale the decoder output by d_model^-0.5" apart from tying
+    scale = c("scale_decoder_outputs", tied)
+    ffn: dict[str, Any] = {
+        "type": "glu" if gated else "mlp",
+        "d_ff": c("d_ff", 2048),
+        "activation": act,
+        "bias": False,
+        "dropout": dropout,
+    }
+
+    def stack(n_layers: int) -> dict[str, Any]:
+        return {
+            "n_layers": n_layers,
+            "attention": {
+                "n_heads": c("num_heads", 8),
+                "head_dim": c("d_kv", 64),
+                "bias": False,
+                "scale": 1.0,
+                "dropout": dropout,
+            },
+            "ffn": dict(ffn),
+            "norm": {"type": "rmsnorm", "placement": "pre", "eps": c("layer_norm_epsilon", 1e-6)},
+            "residual": {"type": "sequential", "dropout": dropout},
+        }
+
+    n_layers = c("num_layers", 6)
+    return {
+        "kind": "encoder-decoder",
+        "vocab_size": c("vocab_size", 32128),
+        "d_model": c("d_model", 512),
+        # T5 has no position limit; released configs record the training length as n_positions
+        "max_seq_len": c("n_positions", 512),
+        "positional": {
+            "type": "t5",
+            "num_buckets": c("relative_attention_num_buckets", 32),
+            "max_distance": c("relative_attention_max_distance", 128),
+        },
+        "encoder": stack(n_layers),
+        "decoder": stack(c("num_decoder_layers", n_layers)),
+        "embedding": {"tie_output": tied, "share_encoder_decoder": True, "dropout": dropout},
+        "head": {"type": "lm", "bias": False, "scale_input": bool(scale)},
+        "init": {"std": 0.02, "scaled_residual": False},
+    }
+
+
+def _bart(c: _Config) -> dict[str, Any]:
+    d = c("d_model", 1024)
+    act = c.activation("activation_function", "gelu")
+    dropout = _dropout(c("dropout", 0.1))
+
+    def stack(role: str) -> dict[str, Any]:
+        return {
+            "n_layers": c(f"{role}_layers", 12),
+            "attention": {
+                "n_heads": c(f"{role}_attention_heads", 16),
+                "bias": True,
+                "dropout": _dropout(c("attention_dropout", 0.0)),
+            },
+            "ffn": {
+                "type": "mlp",
+                "d_ff": c(f"{role}_ffn_dim", 4096),
+                "activation": act,
+                "bias": True,
+                "dropout": _dropout(c("activation_dropout", 0.0)),
+            },
+            "norm": {"type": "layernorm", "placement": "post", "eps": 1e-5},
+            "residual": {"type": "sequential", "dropout": dropout},
+        }
+
+    n_pos = c("max_position_embeddings", 1024)
+    return {
+        "kind": "encoder-decoder",
+        "vocab_size": c("vocab_size", 50265),
+        "d_model": d,
+        "max_seq_len": n_pos,
+        # BART's tables have 2 extra leading rows (a fairseq leftover)
+        "positional": {"type": "learned", "max_positions": n_pos + 2, "offset": 2},
+        "encoder": stack("encoder"),
+        "decoder": stack("decoder"),
+        "embedding": {
+            "scale": bool(c("scale_embedding", False)),
+            "tie_output": c("tie_word_embeddings", True),
+            "share_encoder_decoder": True,
+            "separate_decoder_positions": True,
+            "dropout": dropout,
+            "norm": {"type": "layernorm", "eps": 1e-5},
+        },
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("init_std", 0.02), "scaled_residual": False},
+    }
+
+
+def _llama(c: _Config) -> dict[str, Any]:
+    c.refuse_if("layer_types", lambda v: v is not None and set(v) - {"full_attention", "sliding_attention"},
+                "per-layer attention kinds other than full and sliding")
+    d = c("hidden_size", 4096)
+    n_heads = c("num_attention_heads", 32)
+    sliding = c("sliding_window") if c("use_sliding_window", True) else None
+    att: dict[str, Any] = {
+        "n_heads": n_heads,
+        "n_kv_heads": c("num_key_value_heads", n_heads),
+        "head_dim": c("head_dim", d // n_heads),
+        "bias": bool(c("attention_bias", False)),
+        "dropout": _dropout(c("attention_dropout", 0.0)),
+    }
+    overrides: list[dict[str, Any]] = []
+    layer_types = c("layer_types")
+    if sliding is not None and layer_types is not None:
+        windowed = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+        if len(windowed) == len(layer_types):
+            att["sliding_window"] = sliding
+        elif windowed:
+            overrides.append({"layers": windowed, "attention": {"sliding_window": sliding}})
+    elif sliding is not None:
+        att["sliding_window"] = sliding
+    stack: dict[str, Any] = {
+        "n_layers": c("num_hidden_layers", 32),
+        "attention": att,
+        "ffn": {
+            "type": "glu",
+            "activation": c.activation("hidden_act", "silu"),
+            "d_ff": c("intermediate_size", 11008),
+            "bias": bool(c("mlp_bias", False)),
+        },
+        "norm": {"type": "rmsnorm", "placement": "pre", "eps": c("rms_norm_eps", 1e-6)},
+    }
+    if overrides:
+        stack["overrides"] = overrides
+    rope = c.rope()
+    if rope["fraction"] == 1.0:
+        rope.pop("fraction")
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 32000),
+        "d_model": d,
+        "max_seq_len": c("max_position_embeddings", 2048),
+        "positional": rope,
+        "decoder": stack,
+        "embedding": {"tie_output": bool(c("tie_word_embeddings", False))},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
+def _gpt_neox(c: _Config) -> dict[str, Any]:
+    hidden_dropout = _dropout(c("hidden_dropout", 0.0))
+    bias = bool(c("attention_bias", True))
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 50432),
+        "d_model": c("hidden_size", 6144),
+        "max_seq_len": c("max_position_embeddings", 2048),
+        "positional": c.rope(default_fraction=0.25),
+        "decoder": {
+            "n_layers": c("num_hidden_layers", 44),
+            "attention": {
+                "n_heads": c("num_attention_heads", 64),
+                "bias": bias,
+                "dropout": _dropout(c("attention_dropout", 0.0)),
+            },
+            "ffn": {
+                "type": "mlp",
+                "d_ff": c("intermediate_size", 24576),
+                "activation": c.activation("hidden_act", "gelu"),
+                "bias": True,
+            },
+            "norm": {"type": "layernorm", "placement": "pre", "eps": c("layer_norm_eps", 1e-5)},
+            "residual": {
+                "type": "parallel" if c("use_parallel_residual", True) else "sequential",
+                "dropout": hidden_dropout,
+            },
+        },
+        "embedding": {"tie_output": bool(c("tie_word_embeddings", False)), "dropout": hidden_dropout},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
+_IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
+    "gpt2": _gpt2,
+    "bert": lambda c: _bert_like(c, roberta=False),
+    "roberta": lambda c: _bert_like(c, roberta=True),
+    "t5": _t5,
+    "bart": _bart,
+    "llama": _llama,
+    "mistral": _llama,
+    "gpt_neox": _gpt_neox,
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
+
+# Families people often try, and the one thing each needs that specformer lacks.
+_NEAR_MISSES = {
+    "qwen2": "bias on the q, k and v projections but not on the output projection",
+    "gemma": "RMSNorm scaled by (1 + weight)",
+    "gemma2": "logit soft-capping and RMSNorm scaled by (1 + weight)",
+    "phi": "a partial-rotary parallel block with a biased LM head and dense layer names",
+    "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
+    "gptj": "rotary embeddings in the interleaved (GPT-J) convention",
+    "falcon": "multi-query attention with a fused, per-group qkv layout and optional ALiBi",
+    "distilbert": "sinusoidal-or-learned positions without segment embeddings (different layer names)",
+}
+
+
+def read_hf_config(source: Any) -> dict[str, Any]:
+    """A config as a plain dict, from a ``PretrainedConfig``, a mapping, a ``config.json``
+    path or a model directory holding one."""
+    if hasattr(source, "to_dict") and callable(source.to_dict):
+        return dict(source.to_dict())
+    if isinstance(source, Mapping):
+        return dict(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise HFConversionError(f"{path}: no such file; give a config.json or a directory holding one")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise HFConversionError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise HFConversionError(f"{path}: a config.json holds a JSON object, found {type(data).__name__}")
+    return data
+
+
+def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face model config.
+
+    ``config`` is a ``transformers.PretrainedConfig``, its ``to_dict()``, a path to a
+    ``config.json`` or a model directory. Supported ``model_type`` values are listed in
+    :data:`SUPPORTED_MODEL_TYPES`; an option with no specformer equivalent raises
+    :class:`HFConversionError` naming it.
+    """
+    data = read_hf_config(config)
+    model_type = data.get("model_type")
+    if model_type is None:
+        raise HFConversionError("the config has no model_type; is it a Hugging Face config.json?")
+    importer = _IMPORTERS.get(model_type)
+    if importer is None:
+        supported = ", ".join(SUPPORTED_MODEL_TYPES)
+        if model_type in _NEAR_MISSES:
+            raise HFConversionError(
+                f"model_type {model_type!r} needs {_NEAR_MISSES[model_type]}, which specformer "
+                f"cannot express; supported model types: {supported}"
+            )
+        raise HFConversionError(f"model_type {model_type!r} is not supported; supported: {supported}")
+    raw = importer(_Config(data, model_type))
+    raw["name"] = name or _default_name(data)
+    raw = {"name": raw.pop("name"), **raw}
+    try:
+        return ModelSpec.model_validate(raw)
+    except ValueError as exc:
+        raise HFConversionError(f"{model_type} config gives an invalid spec: {exc}") from None
+
+
+def _default_name(data: Mapping[str, Any]) -> str:
+    source = str(data.get("_name_or_path") or "").rstrip("/")
+    return source.rsplit("/", 1)[-1] if source else str(data["model_type"])
+
+
+# --------------------------------------------------------------------------- spec -> HF
+
+
+def hf_family(spec: ModelSpec) -> str:
+    """The Hugging Face ``model_type`` whose architecture ``spec`` has (before checking details)."""
+    pos = spec.positional.type
+    stack = spec.decoder if spec.decoder is not None else spec.encoder
+    assert stack is not None
+    if spec.kind == "encoder" and pos == "learned":
+        return "roberta" if spec.positional.offset else "bert"
+    if spec.kind == "decoder":
+        if pos == "learned":
+            return "gpt2"
+        if pos == "rope" and stack.norm.type == "rmsnorm":
+            return "mistral" if _any_sliding(stack) else "llama"
+        if pos == "rope" and stack.norm.type == "layernorm":
+            return "gpt_neox"
+    if spec.kind == "encoder-decoder":
+        if pos == "t5":
+            return "t5"
+        if pos == "learned":
+            return "bart"
+    raise HFConversionError(
+        f"no supported Hugging Face family is a {spec.kind} with {pos!r} positions and "
+        f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
+        "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, GPT-NeoX "
+        "with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+    )
+
+
+def _any_sliding(stack: Any) -> bool:
+    return any(layer.attention.sliding_window is not None for layer in stack.layers())
+
+
+_ACT_OUT = {"relu": "relu", "gelu": "gelu", "silu": "silu"}
+
+
+def _act_out(act: str, tanh_name: str) -> str:
+    return tanh_name if act == "gelu_tanh" else _ACT_OUT[act]
+
+
+def _export_gpt2(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": spec.vocab_size,
+        "n_positions": spec.max_seq_len,
+        "n_embd": spec.d_model,
+        "n_layer": s.n_layers,
+        "n_head": s.attention.n_heads,
+        "n_inner": s.ffn.d_ff,
+        "activation_function": _act_out(s.ffn.activation, "gelu_new"),
+        "resid_pdrop": s.residual.dropout,
+        "embd_pdrop": spec.embedding.dropout,
+        "attn_pdrop": s.attention.dropout,
+        "layer_norm_epsilon": s.norm.eps,
+        "initializer_range": spec.init.std,
+        "scale_attn_weights": s.attention.scale is None,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
+def _export_bert(spec: ModelSpec, roberta: bool) -> dict[str, Any]:
+    s = spec.encoder
+    assert s is not None
+    out = {
+        "architectures": ["RobertaForMaskedLM" if roberta else "BertForMaskedLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": s.attention.n_heads,
+        "intermediate_size": s.ffn.d_ff,
+        "hidden_act": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
+        "hidden_dropout_prob": s.residual.dropout,
+        "attention_probs_dropout_prob": s.attention.dropout,
+        "max_position_embeddings": spec.max_seq_len,
+        "type_vocab_size": spec.embedding.segment_vocab_size,
+        "layer_norm_eps": s.norm.eps,
+        "initializer_range": spec.init.std,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+    if roberta:
+        offset = spec.positional.offset
+        out["pad_token_id"] = offset - 1
+        out["max_position_embeddings"] = spec.positional.max_positions or spec.max_seq_len + offset
+    return out
+
+
+def _export_t5(spec: ModelSpec) -> dict[str, Any]:
+    enc, dec = spec.encoder, spec.decoder
+    assert enc is not None and dec is not None
+    ffn = enc.ffn
+    proj = {"relu": "relu", "gelu": "gelu", "silu": "silu", "gelu_tanh": "gelu_new"}[ffn.activation]
+    if ffn.type == "glu":
+        proj = "gated-gelu" if ffn.activation == "gelu_tanh" else f"gated-{proj}"
+    return {
+        "architectures": ["T5ForConditionalGeneration"],
+        "vocab_size": spec.vocab_size,
+        "d_model": spec.d_model,
+        "d_kv": enc.attention.head_dim,
+        "d_ff": ffn.d_ff,
+        "num_layers": enc.n_layers,
+        "num_decoder_layers": dec.n_layers,
+        "num_heads": enc.attention.n_heads,
+        "relative_attention_num_buckets": spec.positional.num_buckets,
+        "relative_attention_max_distance": spec.positional.max_distance,
+        "dropout_rate": enc.residual.dropout,
+        "layer_norm_epsilon": enc.norm.eps,
+        "feed_forward_proj": proj,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "scale_decoder_outputs": spec.head.scale_input,
+        "n_positions": spec.max_seq_len,
+        "is_encoder_decoder": True,
+    }
+
+
+def _export_bart(spec: ModelSpec) -> dict[str, Any]:
+    enc, dec = spec.encoder, spec.decoder
+    assert enc is not None and dec is not None
+    return {
+        "architectures": ["BartForConditionalGeneration"],
+        "vocab_size": spec.vocab_size,
+        "d_model": spec.d_model,
+        "max_position_embeddings": spec.max_seq_len,
+        "encoder_layers": enc.n_layers,
+        "decoder_layers": dec.n_layers,
+        "encoder_attention_heads": enc.attention.n_heads,
+        "decoder_attention_heads": dec.attention.n_heads,
+        "encoder_ffn_dim": enc.ffn.d_ff,
+        "decoder_ffn_dim": dec.ffn.d_ff,
+        "activation_function": _act_out(enc.ffn.activation, "gelu_new"),
+        "dropout": enc.residual.dropout,
+        "attention_dropout": enc.attention.dropout,
+        "activation_dropout": enc.ffn.dropout,
+        "init_std": spec.init.std,
+        "scale_embedding": spec.embedding.scale,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "is_encoder_decoder": True,
+    }
+
+
+def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    att = s.attention
+    out: dict[str, Any] = {
+        "architectures": ["MistralForCausalLM" if model_type == "mistral" else "LlamaForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "intermediate_size": s.ffn.d_ff,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": att.n_heads,
+        "num_key_value_heads": att.n_kv_heads,
+        "head_dim": att.head_dim,
+        "hidden_act": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
+        "max_position_embeddings": spec.max_seq_len,
+        "initializer_range": spec.init.std,
+        "rms_norm_eps": s.norm.eps,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.positional.base},
+        "attention_dropout": att.dropout,
+    }
+    if model_type == "mistral":
+        windows = {layer.attention.sliding_window for layer in s.layers()}
+        out["sliding_window"] = next(iter(windows)) if len(windows) == 1 else None
+    else:
+        out["attention_bias"] = att.bias
+        out["mlp_bias"] = s.ffn.bias
+    return out
+
+
+def _export_gpt_neox(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    return {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": s.attention.n_heads,
+        "intermediate_size": s.ffn.d_ff,
+        "hidden_act": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": spec.positional.base,
+            "partial_rotary_factor": spec.positional.fraction,
+        },
+        "attention_dropout": s.attention.dropout,
+        "hidden_dropout": s.residual.dropout,
+        "max_position_embeddings": spec.max_seq_len,
+        "initializer_range": spec.init.std,
+        "layer_norm_eps": s.norm.eps,
+        "use_parallel_residual": s.residual.type == "parallel",
+        "attention_bias": s.attention.bias,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
+_EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
+    "gpt2": _export_gpt2,
+    "bert": lambda s: _export_bert(s, roberta=False),
+    "roberta": lambda s: _export_bert(s, roberta=True),
+    "t5": _export_t5,
+    "bart": _export_bart,
+    "llama": lambda s: _export_llama(s, "llama"),
+    "mistral": lambda s: _export_llama(s, "mistral"),
+    "gpt_neox": _export_gpt_neox,
+}
+
+_TRAINING_ONLY = ("dropout", "init.")
+
+
+def hf_config_from_spec(spec: ModelSpec, *, warnings: list[str] | None = None) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` dict of a spec that maps onto a supported family.
+
+    Raises :class:`HFConversionError` naming every spec field that the family cannot
+    express. Dropout and initialisation settings the family cannot express are appended
+    to ``warnings`` (they do not change a trained model's outputs).
+    """
+    model_type = hf_family(spec)
+    try:
+        config = {"model_type": model_type, **_EXPORTERS[model_type](spec)}
+    except (KeyError, AttributeError) as exc:
+        raise HFConversionError(
+            f"{model_type}: the spec uses {exc} where Hugging Face {model_type} has no such option"
+        ) from None
+    try:
+        back = spec_from_hf_config(config, name=spec.name)
+    except HFConversionError as exc:
+        raise HFConversionError(f"the spec does not map onto Hugging Face {model_type}: {exc}") from None
+    problems, notes = [], []
+    for path, ours, theirs in _differences(spec.to_dict(), back.to_dict()):
+        line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
+        (notes if any(t in path for t in _TRAINING_ONLY) else problems).append(line)
+    if problems:
+        raise HFConversionError(
+            f"the spec has no Hugging Face {model_type} equivalent; these fields differ from "
+            f"what {model_type} can express:\n  " + "\n  ".join(problems)
+        )
+    if warnings is not None:
+        warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
+    return config
+
+
+def _differences(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            if path == "" and key == "name":
+                continue
+            yield from _differences(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _differences(x, y, f"{path}.{i}")
+    elif a != b:
+        yield path, a, b

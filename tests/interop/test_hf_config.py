@@ -1,0 +1,256 @@
+"""Hugging Face config <-> spec: the shipped presets are the published models, exactly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from specformer.analysis import count_parameters
+from specformer.interop.hf_config import (
+    HFConversionError,
+    hf_config_from_spec,
+    read_hf_config,
+    spec_from_hf_config,
+)
+from specformer.specs.loader import load_spec
+
+# The config.json files published with the original checkpoints on the Hugging Face Hub
+# (gpt2, gpt2-medium, gpt2-large, gpt2-xl, bert-base-uncased, bert-large-uncased, t5-small,
+# t5-base, meta-llama/Llama-2-7b-hf), architecture keys verbatim.
+_GPT2 = {
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_positions": 1024,
+    "resid_pdrop": 0.1, "vocab_size": 50257,
+}
+_BERT = {
+    "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512, "model_type": "bert", "pad_token_id": 0,
+    "position_embedding_type": "absolute", "type_vocab_size": 2, "vocab_size": 30522,
+}
+_T5 = {
+    "architectures": ["T5ForConditionalGeneration"], "d_kv": 64, "decoder_start_token_id": 0,
+    "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": True,
+    "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "pad_token_id": 0,
+    "relative_attention_num_buckets": 32, "vocab_size": 32128,
+}
+PUBLISHED: dict[str, dict[str, Any]] = {
+    "gpt2-small": {**_GPT2, "n_embd": 768, "n_head": 12, "n_layer": 12},
+    "gpt2-medium": {**_GPT2, "n_embd": 1024, "n_head": 16, "n_layer": 24},
+    "gpt2-large": {**_GPT2, "n_embd": 1280, "n_head": 20, "n_layer": 36},
+    "gpt2-xl": {**_GPT2, "n_embd": 1600, "n_head": 25, "n_layer": 48},
+    "bert-base": {**_BERT, "hidden_size": 768, "intermediate_size": 3072,
+                  "num_attention_heads": 12, "num_hidden_layers": 12},
+    "bert-large": {**_BERT, "hidden_size": 1024, "intermediate_size": 4096,
+                   "num_attention_heads": 16, "num_hidden_layers": 24},
+    "t5-small": {**_T5, "d_ff": 2048, "d_model": 512, "num_heads": 8, "num_layers": 6},
+    "t5-base": {**_T5, "d_ff": 3072, "d_model": 768, "num_heads": 12, "num_layers": 12},
+    "llama2-7b": {
+        "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000,
+    },
+}
+
+# Families without a shipped preset: the published configs of roberta-base,
+# mistralai/Mistral-7B-v0.1, EleutherAI/pythia-160m and google/t5-v1_1-small.
+OTHERS: dict[str, dict[str, Any]] = {
+    "roberta-base": {
+        "architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+        "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+        "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+        "layer_norm_eps": 1e-05, "max_position_embeddings": 514, "model_type": "roberta",
+        "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+        "type_vocab_size": 1, "vocab_size": 50265,
+    },
+    "mistral-7b": {
+        "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "tie_word_embeddings": False, "vocab_size": 32000,
+    },
+    "pythia-160m": {
+        "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0,
+        "hidden_act": "gelu", "hidden_size": 768, "initializer_range": 0.02,
+        "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+        "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12,
+        "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False,
+        "use_cache": True, "use_parallel_residual": True, "vocab_size": 50304,
+    },
+    "t5-v1_1-small": {
+        "architectures": ["T5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
+        "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1,
+        "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0, "is_encoder_decoder": True,
+        "layer_norm_epsilon": 1e-06, "model_type": "t5", "num_decoder_layers": 8, "num_heads": 6,
+        "num_layers": 8, "output_past": True, "pad_token_id": 0,
+        "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "vocab_size": 32128,
+    },
+}
+
+_AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
+               "encoder-decoder": "AutoModelForSeq2SeqLM"}
+
+
+def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
+    """The transformers config object and its model with the task head, on the meta device."""
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    import torch
+
+    hf_config = transformers.AutoConfig.for_model(**config)
+    kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
+        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "gpt_neox") else "encoder")
+    with torch.device("meta"):
+        model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
+    return hf_config, model
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_published_config_is_the_preset(preset: str) -> None:
+    assert spec_from_hf_config(PUBLISHED[preset], name=preset) == load_spec(preset)
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_transformers_config_object_is_the_preset(preset: str) -> None:
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    config = transformers.AutoConfig.for_model(**PUBLISHED[preset])
+    assert spec_from_hf_config(config, name=preset) == load_spec(preset)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED) + sorted(OTHERS))
+def test_parameter_count_equals_hugging_face_on_meta(name: str) -> None:
+    # the spec of the config object transformers builds from (transformers 5 ties T5
+    # v1.1's output layer unless a checkpoint brings a separate one)
+    hf_config, hf_model = _hf_meta_model(PUBLISHED.get(name) or OTHERS[name])
+    spec = spec_from_hf_config(hf_config)
+    expected = sum(p.numel() for p in hf_model.parameters())
+    assert count_parameters(spec).total == expected
+    try:
+        from specformer.builder import build_model
+    except ImportError:
+        return
+    model = build_model(spec, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_published_parameter_counts() -> None:
+    # the sizes the model cards and papers quote
+    assert count_parameters(spec_from_hf_config(PUBLISHED["gpt2-small"])).total == 124_439_808
+    assert count_parameters(spec_from_hf_config(PUBLISHED["llama2-7b"])).total == 6_738_415_616
+
+
+def test_roberta_positions_are_offset_by_the_padding_index() -> None:
+    spec = spec_from_hf_config(OTHERS["roberta-base"])
+    assert (spec.positional.type, spec.positional.offset, spec.positional.max_positions) == ("learned", 2, 514)
+    assert spec.max_seq_len == 512
+    assert spec.embedding.segment_vocab_size == 1
+    assert spec.encoder.norm.eps == 1e-5 and spec.head.eps == 1e-5
+
+
+def test_mistral_is_grouped_query_with_a_sliding_window() -> None:
+    att = spec_from_hf_config(OTHERS["mistral-7b"]).decoder.attention
+    assert (att.n_heads, att.n_kv_heads, att.head_dim, att.sliding_window) == (32, 8, 128, 4096)
+
+
+def test_pythia_is_partial_rotary_with_parallel_residual() -> None:
+    spec = spec_from_hf_config(OTHERS["pythia-160m"])
+    assert spec.positional.type == "rope" and spec.positional.fraction == 0.25
+    assert spec.decoder.residual.type == "parallel"
+    assert spec.decoder.norm.type == "layernorm" and spec.decoder.attention.bias
+    assert not spec.embedding.tie_output
+
+
+def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
+    spec = spec_from_hf_config(OTHERS["t5-v1_1-small"])
+    ffn = spec.encoder.ffn
+    assert (ffn.type, ffn.activation, ffn.d_ff) == ("glu", "gelu_tanh", 1024)
+    assert not spec.embedding.tie_output and not spec.head.scale_input
+    assert spec.decoder.n_layers == 8 and spec.encoder.attention.n_heads == 6
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({**PUBLISHED["gpt2-small"], "scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx"]),
+        ({**PUBLISHED["bert-base"], "position_embedding_type": "relative_key"}, ["relative_key"]),
+        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, ["llama3", "rope scaling"]),
+        ({**PUBLISHED["llama2-7b"], "hidden_act": "quick_gelu"}, ["quick_gelu", "silu"]),
+        ({"model_type": "qwen2", "hidden_size": 64}, ["qwen2", "bias on the q, k and v", "llama"]),
+        ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2"]),
+        ({"hidden_size": 64}, ["model_type"]),
+    ],
+)
+def test_inexpressible_configs_are_refused_by_name(config: dict[str, Any], words: list[str]) -> None:
+    with pytest.raises(HFConversionError) as info:
+        spec_from_hf_config(config)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_read_config_from_a_directory_a_file_and_bad_json(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED["gpt2-small"]))
+    assert read_hf_config(tmp_path) == PUBLISHED["gpt2-small"]
+    assert spec_from_hf_config(tmp_path / "config.json", name="gpt2-small") == load_spec("gpt2-small")
+    (tmp_path / "bad.json").write_text('{"model_type": "gpt2",\n  oops}')
+    with pytest.raises(HFConversionError, match=r"bad.json:2:\d+: not valid JSON"):
+        read_hf_config(tmp_path / "bad.json")
+    with pytest.raises(HFConversionError, match="no such file"):
+        read_hf_config(tmp_path / "missing")
+
+
+# --------------------------------------------------------------------------- spec -> config
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED) + ["gpt-nano", "bert-nano"])
+def test_export_config_round_trips(preset: str) -> None:
+    spec = load_spec(preset)
+    config = hf_config_from_spec(spec)
+    assert spec_from_hf_config(config, name=preset) == spec
+
+
+@pytest.mark.parametrize("name", sorted(OTHERS))
+def test_export_config_round_trips_other_families(name: str) -> None:
+    spec = spec_from_hf_config(OTHERS[name])
+    config = hf_config_from_spec(spec)
+    assert config["model_type"] == OTHERS[name]["model_type"]
+    assert spec_from_hf_config(config) == spec
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "words"),
+    [
+        ("gpt2-small", ["decoder.attention.n_kv_heads=4"], ["gpt2", "decoder.attention.n_kv_heads = 4", "12"]),
+        ("gpt2-small", ["decoder.norm.eps=1e-6", "decoder.ffn.activation=relu"], []),
+        ("gpt2-small", ["embedding.scale=true"], ["embedding.scale = True"]),
+        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm"], ["decoder.attention.qk_norm = 'rmsnorm'"]),
+        ("bert-base", ["encoder.norm.placement=pre"], ["encoder.norm.placement = 'pre'"]),
+        ("transformer-base", [], ["encoder-decoder", "'sinusoidal'"]),
+        # t5-nano keeps the usual 1/sqrt(head_dim) softmax scale; T5 has none
+        ("t5-nano", [], ["encoder.attention.scale = None (Hugging Face t5 has 1.0)"]),
+    ],
+)
+def test_export_refuses_fields_with_no_equivalent(preset: str, overrides: list[str], words: list[str]) -> None:
+    spec = load_spec(preset, overrides)
+    if not words:  # fields the family does express: no error
+        assert spec_from_hf_config(hf_config_from_spec(spec), name=preset) == spec
+        return
+    with pytest.raises(HFConversionError) as info:
+        hf_config_from_spec(spec)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_export_warns_about_training_only_differences() -> None:
+    spec = load_spec("bert-base", ["encoder.ffn.dropout=0.2", "init.scaled_residual=true"])
+    warnings: list[str] = []
+    config = hf_config_from_spec(spec, warnings=warnings)
+    assert config["model_type"] == "bert"
+    assert any("encoder.ffn.dropout" in w for w in warnings)
+    assert any("init.scaled_residual" in w for w in warnings)

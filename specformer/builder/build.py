@@ -1,0 +1,219 @@
+"""ModelSpec -> torch.nn.Module, through the registry, and the one weight initialiser.
+
+Only this module walks the spec tree: it asks the registry for every component
+(``REGISTRY.build(family, sub_spec, **model_level_numbers)``) and hands the built
+children to the containers. Models are constructed on the meta device first (no
+memory, no init work), then materialised on the target device and initialised
+once by :func:`init_weights`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from specformer.components.attention import Attention
+from specformer.components.blocks import Block, ParallelBlock, PostNormBlock, PreNormBlock, Stack
+from specformer.components.embedding import Embedding
+from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
+from specformer.components.positional import Positional
+from specformer.registry import REGISTRY
+from specformer.specs.schema import InitSpec, ModelSpec, StackSpec
+
+__all__ = ["build_model", "init_weights", "BuildError"]
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "decoder": DecoderModel,
+    "encoder": EncoderModel,
+    "encoder-decoder": EncoderDecoderModel,
+}
+
+# (residual type, norm placement) -> the block that wires it
+_BLOCKS: dict[tuple[str, str], type[Block]] = {
+    ("sequential", "pre"): PreNormBlock,
+    ("sequential", "post"): PostNormBlock,
+    ("parallel", "pre"): ParallelBlock,
+}
+
+
+class BuildError(ValueError):
+    """A spec that validates but cannot be built as asked; the message says why and what works."""
+
+
+def build_model(
+    spec: ModelSpec | str | dict[str, Any],
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> nn.Module:
+    """Build the model ``spec`` describes (a ModelSpec, a preset name, a path or a dict).
+
+    ``device="meta"`` allocates nothing and skips initialisation (for counting and
+    planning); any other device gets weights initialised by :func:`init_weights`
+    directly on it, in ``dtype`` (default float32). The resolved spec is kept as
+    ``model.spec``.
+    """
+    if not isinstance(spec, ModelSpec):
+        from specformer.specs.loader import load_spec
+
+        spec = load_spec(spec)
+    if isinstance(dtype, str):
+        dtype = _dtype(dtype)
+    with torch.device("meta"):
+        model = _build(spec)
+    if dtype is not None:
+        model = model.to(dtype)
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    if target.type != "meta":
+        model = model.to_empty(device=target)
+        init_weights(model, spec.init)
+    model.spec = spec
+    return model
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise BuildError(f"dtype {name!r} is not a torch floating-point dtype (e.g. float32, bfloat16)")
+    return dtype
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _build(spec: ModelSpec) -> nn.Module:
+    d_model = spec.d_model
+    pos_cls = REGISTRY.get("positional", spec.positional.type).resolve()
+    in_embedding = getattr(pos_cls, "scope", "stack") == "embedding"
+    first_stack = spec.encoder if spec.encoder is not None else spec.decoder
+    assert first_stack is not None
+
+    def embedding() -> Embedding:
+        positions = _positional(spec, first_stack, causal=spec.kind == "decoder") if in_embedding else None
+        norm = (
+            REGISTRY.build("norm", spec.embedding.norm, dim=d_model)
+            if spec.embedding.norm is not None
+            else None
+        )
+        return Embedding(
+            spec.embedding, vocab_size=spec.vocab_size, d_model=d_model, positions=positions, norm=norm
+        )
+
+    embed = embedding()
+    decoder_embed = None
+    if spec.kind == "encoder-decoder" and not spec.embedding.share_encoder_decoder:
+        decoder_embed = embedding()
+    stacks = {}
+    for role, stack_spec in spec.stacks():
+        causal = role == "decoder"
+        positional = Positional() if in_embedding else _positional(spec, stack_spec, causal=causal)
+        stacks[role] = _stack(stack_spec, d_model=d_model, positional=positional, causal=causal, role=role)
+    output_embed = decoder_embed if decoder_embed is not None else embed
+    assert spec.head is not None, "the head is filled in during validation"
+    head = REGISTRY.build(
+        "head",
+        spec.head,
+        d_model=d_model,
+        vocab_size=spec.vocab_size,
+        embedding=output_embed if spec.embedding.tie_output else None,
+    )
+    extra = {"decoder_embed": decoder_embed} if decoder_embed is not None else {}
+    return _MODELS[spec.kind](embed=embed, head=head, **stacks, **extra)
+
+
+def _positional(spec: ModelSpec, stack: StackSpec, *, causal: bool) -> Positional:
+    att = stack.attention
+    return REGISTRY.build(
+        "positional",
+        spec.positional,
+        d_model=spec.d_model,
+        max_seq_len=spec.max_seq_len,
+        n_heads=att.n_heads,
+        head_dim=att.head_dim,
+        causal=causal,
+    )
+
+
+def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bool, role: str) -> Stack:
+    layers: list[Block] = []
+    for i in range(stack.n_layers):
+        ls = stack.layer(i)
+        for size in ("n_heads", "head_dim"):
+            want = getattr(positional, size, None)
+            if want is not None and getattr(ls.attention, size) != want:
+                raise BuildError(
+                    f"{role}.overrides: layer {i} has attention {size}={getattr(ls.attention, size)}, "
+                    f"but the stack's positional module ({positional.module_name}) is built for "
+                    f"{size}={want}; every layer of the stack must share it"
+                )
+        block_cls = _BLOCKS.get((ls.residual.type, ls.norm.placement))
+        if block_cls is None:
+            allowed = ", ".join(f"{r} residual with {p}-norm" for r, p in _BLOCKS)
+            raise BuildError(
+                f"{role}: {ls.residual.type} residual with {ls.norm.placement}-norm is not defined "
+                f"(allowed: {allowed})"
+            )
+        cross_attn = cross_norm = None
+        if ls.cross_attention is not None:
+            cross_attn = REGISTRY.build("attention", ls.cross_attention, d_model=d_model, cross=True, layer_idx=i)
+            cross_norm = REGISTRY.build("norm", ls.norm, dim=d_model)
+        layers.append(
+            block_cls(
+                self_attn=REGISTRY.build("attention", ls.attention, d_model=d_model, cross=False, layer_idx=i),
+                ffn=REGISTRY.build("ffn", ls.ffn, d_model=d_model),
+                attn_norm=REGISTRY.build("norm", ls.norm, dim=d_model),
+                ffn_norm=REGISTRY.build("norm", ls.norm, dim=d_model),
+                cross_attn=cross_attn,
+                cross_norm=cross_norm,
+                dropout=ls.residual.dropout,
+            )
+        )
+    final_norm = REGISTRY.build("norm", stack.norm, dim=d_model) if stack.final_norm else None
+    return Stack(layers, positional=positional, final_norm=final_norm, causal=causal)
+
+
+# --------------------------------------------------------------------------- initialisation
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, init: InitSpec | None = None) -> None:
+    """Initialise every parameter of ``model``, in one place, following ``init``
+    (default: ``model.spec.init``):
+
+    * linear and embedding weights ~ N(0, std), linear biases 0;
+    * projections into the residual stream (attention ``o_proj``, FFN ``down_proj``)
+      ~ N(0, std / sqrt(2 * n_layers)) with ``scaled_residual``, n_layers of their
+      stack (GPT-2, Radford et al. 2019);
+    * norms: weight 1, bias 0; learned position and relative-bias tables ~ N(0, std);
+      head biases 0 (modules with ``init_parameters(std)`` initialise themselves).
+
+    Does nothing on the meta device, where there is nothing to initialise.
+    """
+    if init is None:
+        init = model.spec.init
+    if any(p.is_meta for p in model.parameters()):
+        return
+    std = init.std
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif hasattr(module, "init_parameters"):
+            module.init_parameters(std)
+        elif any(True for _ in module.parameters(recurse=False)) and hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    if init.scaled_residual:
+        for stack in (m for m in model.modules() if isinstance(m, Stack)):
+            scaled = std / math.sqrt(2 * len(stack.layers))
+            for module in stack.modules():
+                if getattr(module, "residual_projection", False):
+                    nn.init.normal_(module.weight, mean=0.0, std=scaled)
+
+
+_ = Attention  # the attention family's default target; imported so its module loads eagerly

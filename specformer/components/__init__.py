@@ -1,0 +1,45 @@
+"""Torch building blocks: attention, positional schemes, FFNs, norms, blocks, heads, models."""
+
+from specformer.components.attention import Attention
+from specformer.components.blocks import ParallelBlock, PostNormBlock, PreNormBlock, Stack
+from specformer.components.cache import KVCache
+from specformer.components.embedding import Embedding
+from specformer.components.ffn import GLU, MLP
+from specformer.components.heads import ClassificationHead, LMHead, MLMHead
+from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
+from specformer.components.outputs import ModelOutput
+from specformer.components.positional import (
+    ALiBi,
+    LearnedPositional,
+    NoPositional,
+    Positional,
+    Rotary,
+    SinusoidalPositional,
+    T5RelativeBias,
+)
+
+__all__ = [
+    "Attention",
+    "ParallelBlock",
+    "PostNormBlock",
+    "PreNormBlock",
+    "Stack",
+    "KVCache",
+    "Embedding",
+    "GLU",
+    "MLP",
+    "ClassificationHead",
+    "LMHead",
+    "MLMHead",
+    "DecoderModel",
+    "EncoderDecoderModel",
+    "EncoderModel",
+    "ModelOutput",
+    "ALiBi",
+    "LearnedPositional",
+    "NoPositional",
+    "Positional",
+    "Rotary",
+    "SinusoidalPositional",
+    "T5RelativeBias",
+]

@@ -1,0 +1,208 @@
+"""Multi-head, grouped-query and multi-query attention; self- and cross-attention.
+
+Shape legend: B batch, T query length, S key length (past + new for cached
+self-attention, the encoder length for cross-attention), D d_model, H query heads,
+Hkv key/value heads (H for MHA, 1 for MQA, a divisor of H for GQA), G = H / Hkv,
+Dh head size, R rotated size.
+
+State-dict names. Self-attention: ``qkv_proj`` (one fused projection D -> (H + 2 Hkv) Dh,
+rows ordered q, k, v), ``o_proj`` (H Dh -> D). Cross-attention: ``q_proj`` (D -> H Dh),
+``kv_proj`` (fused D -> 2 Hkv Dh, k rows then v rows), ``o_proj``. With qk-norm:
+``q_norm``, ``k_norm`` (over Dh, shared by the heads).
+
+Two backends with one signature: ``sdpa`` calls
+:func:`torch.nn.functional.scaled_dot_product_attention` (fused kernels where the
+hardware has them, GQA without copying keys); ``eager`` computes
+softmax(Q K^T * scale + mask) V explicitly and can return the weights. Asking for
+weights (``need_weights=True``) runs the eager math for that call.
+
+Masks arrive ready-made from the stack (built once per forward, shared by layers):
+``mask`` is None, a boolean (B|1, 1, T, S) tensor (True = attend) or an additive
+float (B|1, H|1, T, S) tensor; ``is_causal`` asks for the causal mask without
+materialising it (only when T == S and nothing else is masked).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from specformer.components.cache import KVCache
+from specformer.components.positional import apply_rotary
+from specformer.registry import REGISTRY
+from specformer.specs.schema import AttentionSpec
+
+__all__ = ["Attention", "sdpa_attention", "eager_attention", "BACKENDS"]
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout: float,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention through torch's fused ``scaled_dot_product_attention``; returns (out, None)."""
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )  # (B, H, T, Dh)
+    return out, None
+
+
+def eager_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout: float,
+    need_weights: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T * scale + mask) V written out (Vaswani et al. 2017, eq. 1); returns
+    (out, weights (B, H, T, S))."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # each query head h reads key/value head h // G
+        b, hkv, s, dh = k.shape
+        k = k[:, :, None].expand(b, hkv, groups, s, dh).reshape(b, hkv * groups, s, dh)  # (B, H, S, Dh)
+        v = v[:, :, None].expand(b, hkv, groups, s, dh).reshape(b, hkv * groups, s, dh)
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale  # (B, H, T, S)
+    if is_causal:
+        t, s = scores.shape[-2:]
+        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask.float()
+    weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S)
+    weights = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
+    return torch.matmul(weights, v), weights  # (B, H, T, Dh)
+
+
+BACKENDS = {"sdpa": sdpa_attention, "eager": eager_attention}
+
+
+class Attention(nn.Module):
+    """Scaled dot-product attention (Vaswani et al. 2017) with ``n_kv_heads`` key/value
+    heads: MHA, GQA (Ainslie et al. 2023) or MQA (Shazeer 2019); optional qk-norm
+    (Dehghani et al. 2023), sliding window (Beltagy et al. 2020), rotary queries/keys.
+
+    ``cross=True`` builds cross-attention: queries from ``x``, keys and values from
+    ``context`` (the encoder output), cached once per sequence when a cache is given.
+    ``layer_idx`` names this layer's slot in a :class:`KVCache`.
+    """
+
+    def __init__(self, spec: AttentionSpec, *, d_model: int, cross: bool = False, layer_idx: int = 0) -> None:
+        super().__init__()
+        assert spec.head_dim is not None and spec.n_kv_heads is not None, "filled during validation"
+        self.n_heads = spec.n_heads
+        self.n_kv_heads = spec.n_kv_heads
+        self.head_dim = spec.head_dim
+        self.scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(spec.head_dim)
+        self.dropout = spec.dropout
+        self.sliding_window = None if cross else spec.sliding_window
+        self.cross = cross
+        self.layer_idx = layer_idx
+        self.backend = spec.backend
+        self._attend = BACKENDS[spec.backend]
+        q_size = spec.n_heads * spec.head_dim
+        kv_size = spec.n_kv_heads * spec.head_dim
+        self._sizes = (q_size, kv_size, kv_size)
+        if cross:
+            self.q_proj = nn.Linear(d_model, q_size, bias=spec.bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_size, bias=spec.bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, q_size + 2 * kv_size, bias=spec.bias)
+        self.o_proj = nn.Linear(q_size, d_model, bias=spec.bias)
+        self.o_proj.residual_projection = True
+        if spec.qk_norm != "none":
+            norm_entry = REGISTRY.get("norm", spec.qk_norm)
+            norm_spec = norm_entry.spec(eps=1e-6)
+            self.q_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
+            self.k_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B, n, T, Dh)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None)."""
+        b, t, _ = x.shape
+        if self.cross:
+            q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+            kv = cache.cross(self.layer_idx) if cache is not None else None
+            if kv is None:
+                if context is None:
+                    raise ValueError("cross-attention needs the encoder output (context)")
+                k, v = self.kv_proj(context).split(self._sizes[1:], dim=-1)
+                k = self._heads(k, self.n_kv_heads)  # (B, Hkv, S, Dh)
+                v = self._heads(v, self.n_kv_heads)
+                if self.k_norm is not None:
+                    k = self.k_norm(k)
+                if cache is not None:
+                    cache.set_cross(self.layer_idx, k, v)
+            else:
+                k, v = kv
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+        else:
+            q, k, v = self.qkv_proj(x).split(self._sizes, dim=-1)
+            q = self._heads(q, self.n_heads)  # (B, H, T, Dh)
+            k = self._heads(k, self.n_kv_heads)  # (B, Hkv, T, Dh)
+            v = self._heads(v, self.n_kv_heads)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if cache is not None:
+                k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
+        attend = eager_attention if need_weights else self._attend
+        out, weights = attend(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            scale=self.scale,
+            dropout=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H Dh)
+        return self.o_proj(out), weights
+
+    def extra_repr(self) -> str:
+        kind = "cross" if self.cross else "self"
+        window = f", window={self.sliding_window}" if self.sliding_window else ""
+        return (
+            f"{kind}, heads={self.n_heads}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+            f"backend={self.backend}{window}"
+        )

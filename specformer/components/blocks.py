@@ -1,0 +1,269 @@
+"""Transformer layers (residual wiring only) and the stack that runs them.
+
+Shape legend: B batch, T length, S encoder length, D d_model, H heads,
+Tk key length (past + T).
+
+State-dict names inside a layer: ``attn_norm``, ``self_attn``, ``cross_norm``,
+``cross_attn`` (decoder of an encoder-decoder), ``ffn_norm``, ``ffn``. A stack holds
+``layers.{i}``, ``final_norm`` (when the spec has one) and its positional module
+under the module's own name (``rel_bias`` for T5's table).
+
+Dropout sits where the original paper puts it (Vaswani et al. 2017, section 5.4):
+on each sublayer's output before it is added to the residual stream; attention
+probabilities and the FFN hidden layer have their own dropout inside those modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from specformer.components.attention import Attention
+from specformer.components.cache import KVCache
+from specformer.components.positional import Positional
+
+__all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs"]
+
+
+@dataclass
+class LayerInputs:
+    """What every layer of one stack forward shares, computed once by the :class:`Stack`.
+
+    ``q_index``/``k_index`` are absolute query (T,) and key (Tk,) indices, used for
+    causal, sliding-window and relative-bias masks; ``key_padding`` (B, Tk) is True
+    for real keys. Self-attention masks are built lazily, once per distinct sliding
+    window, and reused by every layer with that window.
+    """
+
+    q_index: Tensor
+    k_index: Tensor
+    causal: bool
+    dtype: torch.dtype
+    key_padding: Tensor | None = None
+    bias: Tensor | None = None  # (1, H, T, Tk)
+    rope: tuple[Tensor, Tensor] | None = None
+    context: Tensor | None = None  # encoder output (B, S, D)
+    context_mask: Tensor | None = None  # (B, 1, 1, S) bool
+    cache: KVCache | None = None
+    need_weights: bool = False
+    _masks: dict[int | None, tuple[Tensor | None, bool]] = field(default_factory=dict)
+
+    def self_mask(self, window: int | None) -> tuple[Tensor | None, bool]:
+        """(mask, is_causal) for self-attention with ``window`` (None: unlimited)."""
+        if window not in self._masks:
+            self._masks[window] = self._build(window)
+        return self._masks[window]
+
+    def _build(self, window: int | None) -> tuple[Tensor | None, bool]:
+        t, tk = self.q_index.shape[0], self.k_index.shape[0]
+        # a causal query sees every key when it is the only new token
+        causal = self.causal and t > 1
+        if self.bias is None and self.key_padding is None and window is None:
+            if not causal:
+                return None, False
+            if t == tk:
+                return None, True  # SDPA's own causal mask, never materialised
+        q, k = self.q_index[:, None], self.k_index[None, :]  # (T, 1), (1, Tk)
+        allowed: Tensor | None = None
+        if causal:
+            allowed = k <= q  # (T, Tk)
+        if window is not None:
+            near = (q - k < window) if self.causal else ((q - k).abs() < window)
+            allowed = near if allowed is None else allowed & near
+        if allowed is not None:
+            allowed = allowed[None, None]  # (1, 1, T, Tk)
+        if self.key_padding is not None:
+            pad = self.key_padding[:, None, None, :]  # (B, 1, 1, Tk)
+            # every query keeps itself, so no row is fully masked (left padding + causal)
+            pad = pad | (k == q)[None, None]
+            allowed = pad if allowed is None else allowed & pad
+        if self.bias is None:
+            return allowed, False
+        if allowed is None:
+            return self.bias, False
+        floor = torch.finfo(self.bias.dtype).min
+        return torch.where(allowed, self.bias, floor), False  # (B|1, H, T, Tk)
+
+
+class Block(nn.Module):
+    """One layer: self-attention, optional cross-attention, FFN, their norms and the
+    residual dropout. Subclasses differ only in ``forward``'s wiring."""
+
+    def __init__(
+        self,
+        *,
+        self_attn: Attention,
+        ffn: nn.Module,
+        attn_norm: nn.Module,
+        ffn_norm: nn.Module,
+        cross_attn: Attention | None = None,
+        cross_norm: nn.Module | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.attn_norm = attn_norm
+        self.self_attn = self_attn
+        self.cross_norm = cross_norm
+        self.cross_attn = cross_attn
+        self.ffn_norm = ffn_norm
+        self.ffn = ffn
+        self.dropout = nn.Dropout(dropout)
+
+    def _self(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
+        mask, is_causal = s.self_mask(self.self_attn.sliding_window)
+        out, weights = self.self_attn(
+            h, mask=mask, is_causal=is_causal, rope=s.rope, cache=s.cache, need_weights=s.need_weights
+        )
+        return self.dropout(out), weights
+
+    def _cross(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
+        out, weights = self.cross_attn(
+            h, context=s.context, mask=s.context_mask, cache=s.cache, need_weights=s.need_weights
+        )
+        return self.dropout(out), weights
+
+    def _ffn(self, h: Tensor) -> Tensor:
+        return self.dropout(self.ffn(h))
+
+    def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, D) -> (x (B, T, D), self-attention weights, cross-attention weights)."""
+        raise NotImplementedError
+
+
+class PreNormBlock(Block):
+    """Pre-norm residual wiring (GPT-2, Llama; Xiong et al. 2020)::
+
+        x ──┬──────────────────────────(+)──┬────────────────────(+)── out
+            └─ attn_norm ─ self_attn ───┘   └─ ffn_norm ─ ffn ───┘
+
+    (with ``cross_norm ─ cross_attn`` as a third sublayer in between for a decoder
+    of an encoder-decoder); the stack adds a final norm after the last layer.
+    """
+
+    def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        out, weights = self._self(self.attn_norm(x), s)
+        x = x + out
+        cross_weights = None
+        if self.cross_attn is not None:
+            out, cross_weights = self._cross(self.cross_norm(x), s)
+            x = x + out
+        x = x + self._ffn(self.ffn_norm(x))
+        return x, weights, cross_weights
+
+
+class PostNormBlock(Block):
+    """Post-norm residual wiring, the original Transformer's and BERT's
+    (Vaswani et al. 2017: LayerNorm(x + Sublayer(x)))::
+
+        x ──┬─────────────(+)─ attn_norm ──┬────────(+)─ ffn_norm ── out
+            └─ self_attn ──┘               └─ ffn ───┘
+    """
+
+    def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        out, weights = self._self(x, s)
+        x = self.attn_norm(x + out)
+        cross_weights = None
+        if self.cross_attn is not None:
+            out, cross_weights = self._cross(x, s)
+            x = self.cross_norm(x + out)
+        x = self.ffn_norm(x + self._ffn(x))
+        return x, weights, cross_weights
+
+
+class ParallelBlock(Block):
+    """Parallel residual (GPT-J, GPT-NeoX): both sublayers read the same input,
+    each through its own norm::
+
+        x ──┬──────────────────────────────(+)── out
+            ├─ attn_norm ─ self_attn ───────┤
+            └─ ffn_norm ── ffn ─────────────┘
+
+    (a decoder's cross-attention joins as a third parallel branch).
+    """
+
+    def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        out, weights = self._self(self.attn_norm(x), s)
+        cross_weights = None
+        if self.cross_attn is not None:
+            cross_out, cross_weights = self._cross(self.cross_norm(x), s)
+            out = out + cross_out
+        return x + out + self._ffn(self.ffn_norm(x)), weights, cross_weights
+
+
+class Stack(nn.Module):
+    """An encoder or decoder: its layers, its positional module and an optional final norm.
+
+    ``causal`` (decoders) masks future keys. The stack computes what all layers share
+    once per forward — rotary tables, the relative-position bias, the masks — and
+    hands it to each layer in a :class:`LayerInputs`.
+    """
+
+    def __init__(
+        self,
+        layers: list[Block],
+        *,
+        positional: Positional,
+        final_norm: nn.Module | None,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.positional_name = positional.module_name
+        self.add_module(positional.module_name, positional)
+        self.final_norm = final_norm
+        self.causal = causal
+
+    @property
+    def positional_module(self) -> Positional:
+        return self._modules[self.positional_name]  # type: ignore[return-value]
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        position_ids: Tensor,
+        n_positions: int,
+        attention_mask: Tensor | None = None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
+        """x (B, T, D) embedded input -> (hidden (B, T, D), self weights, cross weights).
+
+        ``attention_mask`` (B, Tk) covers past and new keys (1 = real token);
+        ``context_mask`` (B, S) covers the encoder output.
+        """
+        t = x.shape[1]
+        past = cache.length if cache is not None else 0
+        q_index = torch.arange(past, past + t, device=x.device)  # (T,)
+        k_index = torch.arange(past + t, device=x.device)  # (Tk,)
+        pos = self.positional_module
+        s = LayerInputs(
+            q_index=q_index,
+            k_index=k_index,
+            causal=self.causal,
+            dtype=x.dtype,
+            key_padding=attention_mask.bool() if attention_mask is not None else None,
+            bias=pos.bias(q_index, k_index, dtype=x.dtype),
+            rope=pos.rotation(position_ids, n_positions, dtype=x.dtype),
+            context=context,
+            context_mask=context_mask.bool()[:, None, None, :] if context_mask is not None else None,
+            cache=cache,
+            need_weights=need_weights,
+        )
+        all_weights: list[Tensor] = []
+        all_cross: list[Tensor] = []
+        for layer in self.layers:
+            x, weights, cross_weights = layer(x, s)
+            if need_weights:
+                all_weights.append(weights)
+                if cross_weights is not None:
+                    all_cross.append(cross_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if not need_weights:
+            return x, None, None
+        return x, tuple(all_weights), (tuple(all_cross) if all_cross else None)

@@ -1,0 +1,73 @@
+"""Token embeddings and everything around them.
+
+Shape legend: B batch, T length, D d_model, V vocabulary.
+
+State-dict names: ``tokens`` (nn.Embedding V x D), ``positions`` (the positional
+module when it adds to the embeddings: a learned table ``positions.weight``, or
+sinusoids with no parameters), ``segments`` (token-type embeddings), ``norm``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from specformer.components.positional import Positional
+from specformer.specs.schema import EmbeddingSpec
+
+__all__ = ["Embedding"]
+
+
+class Embedding(nn.Module):
+    """tokens * (sqrt(D) if scaled) + positions + segments, then norm and dropout.
+
+    The sqrt(d_model) scale is the original Transformer's (Vaswani et al. 2017,
+    section 3.4); segment embeddings and the embedding LayerNorm are BERT's
+    (Devlin et al. 2019). ``tokens.weight`` is the matrix a tied output head reuses.
+    """
+
+    def __init__(
+        self,
+        spec: EmbeddingSpec,
+        *,
+        vocab_size: int,
+        d_model: int,
+        positions: Positional | None = None,
+        norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, d_model)
+        self.positions = positions
+        self.segments = (
+            nn.Embedding(spec.segment_vocab_size, d_model) if spec.segment_vocab_size else None
+        )
+        self.norm = norm
+        self.dropout = nn.Dropout(spec.dropout)
+        self.scale = math.sqrt(d_model) if spec.scale else None
+
+    @property
+    def weight(self) -> Tensor:
+        """The token embedding matrix (V, D)."""
+        return self.tokens.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        position_ids: Tensor,
+        n_positions: int,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids (B, T), position_ids (B|1, T) -> (B, T, D)."""
+        x = self.tokens(input_ids)  # (B, T, D)
+        if self.scale is not None:
+            x = x * self.scale
+        if self.positions is not None:
+            x = self.positions.embed(x, position_ids, n_positions)
+        if self.segments is not None:
+            # no token types given means every token is segment 0, as in BERT
+            x = x + (self.segments(token_type_ids) if token_type_ids is not None else self.segments.weight[0])
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)

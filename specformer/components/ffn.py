@@ -1,0 +1,69 @@
+"""Position-wise feed-forward networks.
+
+Shape legend: B batch, T length, D d_model, F d_ff (hidden size).
+
+State-dict names: ``up_proj`` (D -> F), ``gate_proj`` (D -> F, gated variants only),
+``down_proj`` (F -> D, marked as a projection into the residual stream for init).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from specformer.specs.schema import GLUSpec, MLPSpec
+
+__all__ = ["MLP", "GLU", "ACTIVATIONS"]
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+class MLP(nn.Module):
+    """down(dropout(act(up(x)))): the Transformer's FFN (Vaswani et al. 2017, eq. 2)."""
+
+    def __init__(self, spec: MLPSpec, *, d_model: int) -> None:
+        super().__init__()
+        assert spec.d_ff is not None, "d_ff is filled in during spec validation"
+        self.up_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.down_proj = nn.Linear(spec.d_ff, d_model, bias=spec.bias)
+        self.down_proj.residual_projection = True
+        self.act = ACTIVATIONS[spec.activation]
+        self.activation = spec.activation
+        self.dropout = nn.Dropout(spec.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.dropout(self.act(self.up_proj(x))))  # (B, T, D)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"
+
+
+class GLU(nn.Module):
+    """down(dropout(act(gate(x)) * up(x))): gated linear units (Shazeer 2020, "GLU
+    Variants Improve Transformer"); SwiGLU with silu, GeGLU with gelu, ReGLU with relu."""
+
+    def __init__(self, spec: GLUSpec, *, d_model: int) -> None:
+        super().__init__()
+        assert spec.d_ff is not None, "d_ff is filled in during spec validation"
+        self.gate_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.up_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.down_proj = nn.Linear(spec.d_ff, d_model, bias=spec.bias)
+        self.down_proj.residual_projection = True
+        self.act = ACTIVATIONS[spec.activation]
+        self.activation = spec.activation
+        self.dropout = nn.Dropout(spec.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.gate_proj(x)) * self.up_proj(x)  # (B, T, F)
+        return self.down_proj(self.dropout(h))  # (B, T, D)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"

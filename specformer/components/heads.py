@@ -1,0 +1,158 @@
+"""Output heads on top of the final hidden states.
+
+Shape legend: B batch, T length, D d_model, V vocabulary, C classes.
+
+Every head is called as ``head(hidden (B, T, D), attention_mask=None)``.
+State-dict names: ``proj`` (lm, absent when tied), ``bias`` (tied lm with a bias;
+mlm), ``transform.dense`` / ``transform.norm`` (mlm), ``pooler`` / ``classifier``
+(classification). A tied head holds no weight of its own: it reads the embedding's
+``tokens.weight`` at call time, so the pair stays tied through ``.to()``,
+``to_empty()`` and loading.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from specformer.components.embedding import Embedding
+from specformer.components.ffn import ACTIVATIONS
+from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadSpec
+
+__all__ = ["LMHead", "MLMHead", "ClassificationHead"]
+
+
+class _TiedOutput(nn.Module):
+    """Base for heads whose vocabulary projection may reuse the token embeddings."""
+
+    def __init__(self, embedding: Embedding | None) -> None:
+        super().__init__()
+        # a plain attribute, not a submodule: the embedding belongs to the model
+        object.__setattr__(self, "_tied", embedding)
+
+    @property
+    def tied(self) -> bool:
+        return self._tied is not None
+
+
+class LMHead(_TiedOutput):
+    """Language-model head: logits = x W^T (+ b), with W the token embeddings when tied
+    (Press & Wolf 2017). ``scale_input`` first multiplies x by d_model^-0.5 (T5)."""
+
+    def __init__(
+        self,
+        spec: LMHeadSpec,
+        *,
+        d_model: int,
+        vocab_size: int,
+        embedding: Embedding | None = None,
+    ) -> None:
+        super().__init__(embedding)
+        self.proj = None if embedding is not None else nn.Linear(d_model, vocab_size, bias=spec.bias)
+        self.bias = (
+            nn.Parameter(torch.zeros(vocab_size)) if embedding is not None and spec.bias else None
+        )
+        self.input_scale = d_model**-0.5 if spec.scale_input else None
+
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        if self.proj is not None:
+            return self.proj(x)  # (B, T, V)
+        return F.linear(x, self._tied.weight, self.bias)  # (B, T, V)
+
+    def init_parameters(self, std: float) -> None:
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class _MLMTransform(nn.Module):
+    def __init__(self, spec: MLMHeadSpec, *, d_model: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = ACTIVATIONS[spec.activation]
+        self.norm = nn.LayerNorm(d_model, eps=spec.eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.act(self.dense(x)))  # (B, T, D)
+
+
+class MLMHead(_TiedOutput):
+    """BERT's masked-LM head (Devlin et al. 2019): dense + activation + LayerNorm, then
+    the vocabulary decoder (tied to the token embeddings when the spec ties) + bias."""
+
+    def __init__(
+        self,
+        spec: MLMHeadSpec,
+        *,
+        d_model: int,
+        vocab_size: int,
+        embedding: Embedding | None = None,
+    ) -> None:
+        super().__init__(embedding)
+        self.transform = _MLMTransform(spec, d_model=d_model)
+        self.proj = None if embedding is not None else nn.Linear(d_model, vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if spec.bias else None
+
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        h = self.transform(x)  # (B, T, D)
+        weight = self.proj.weight if self.proj is not None else self._tied.weight
+        return F.linear(h, weight, self.bias)  # (B, T, V)
+
+    def init_parameters(self, std: float) -> None:
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+def _pool_first(x: Tensor, mask: Tensor | None) -> Tensor:
+    return x[:, 0]  # (B, D)
+
+
+def _pool_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return x.mean(dim=1)
+    m = mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, D)
+
+
+def _pool_last(x: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return x[:, -1]
+    # index of the last real token, for left or right padding alike
+    positions = torch.arange(x.shape[1], device=x.device)
+    last = (mask.long() * positions).argmax(dim=-1)  # (B,)
+    return x[torch.arange(x.shape[0], device=x.device), last]  # (B, D)
+
+
+_POOLING = {"first": _pool_first, "mean": _pool_mean, "last": _pool_last}
+
+
+class ClassificationHead(nn.Module):
+    """Sequence classification: pool (first token as BERT's [CLS], mean over real
+    tokens, or last real token as GPT), optional dense + tanh pooler (BERT), dropout,
+    then a linear classifier to C classes."""
+
+    def __init__(
+        self,
+        spec: ClassificationHeadSpec,
+        *,
+        d_model: int,
+        vocab_size: int = 0,
+        embedding: Embedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.pooling = spec.pooling
+        self._pool = _POOLING[spec.pooling]
+        self.pooler = nn.Linear(d_model, d_model) if spec.pooler else None
+        self.dropout = nn.Dropout(spec.dropout)
+        self.classifier = nn.Linear(d_model, spec.n_classes)
+
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        pooled = self._pool(x, attention_mask)  # (B, D)
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.classifier(self.dropout(pooled))  # (B, C)
+
+    def extra_repr(self) -> str:
+        return f"pooling={self.pooling}"

@@ -1,0 +1,203 @@
+"""The three top-level models: encoder-only, decoder-only, encoder-decoder.
+
+Shape legend: B batch, T (decoder) length, S encoder length, D d_model, V vocabulary.
+
+State-dict names: ``embed`` (shared token embedding), ``decoder_embed`` (encoder-
+decoder with separate embeddings), ``encoder`` / ``decoder`` (:class:`Stack`),
+``head``. Attention masks follow Hugging Face: (B, length) with 1 for real tokens
+and 0 for padding; with a cache, the decoder mask covers past and new tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from specformer.components.blocks import Stack
+from specformer.components.cache import KVCache
+from specformer.components.embedding import Embedding
+from specformer.components.outputs import ModelOutput
+
+__all__ = ["EncoderModel", "DecoderModel", "EncoderDecoderModel", "default_position_ids"]
+
+
+def default_position_ids(attention_mask: Tensor | None, past: int, length: int, device: torch.device) -> Tensor:
+    """Positions of the new tokens: counted over real tokens when a mask is given (so
+    left padding does not shift them), else past .. past + length - 1. (B|1, T)."""
+    if attention_mask is None:
+        return torch.arange(past, past + length, device=device)[None]  # (1, T)
+    positions = attention_mask.long().cumsum(-1) - 1  # (B, Tk)
+    return positions[:, -length:].clamp(min=0)  # (B, T)
+
+
+class _Model(nn.Module):
+    def __init__(self, *, embed: Embedding, head: nn.Module) -> None:
+        super().__init__()
+        self.embed = embed
+        self.head = head
+
+    @property
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class DecoderModel(_Model):
+    """Decoder-only Transformer (GPT, Llama): embed -> causal stack -> head."""
+
+    def __init__(self, *, embed: Embedding, decoder: Stack, head: nn.Module) -> None:
+        super().__init__(embed=embed, head=head)
+        self.decoder = decoder
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, T, V). A cache (given, or created by
+        ``use_cache=True``) is updated in place and returned in the output."""
+        if use_cache and cache is None:
+            cache = KVCache()
+        t = input_ids.shape[1]
+        past = cache.length if cache is not None else 0
+        n_positions = past + t
+        if position_ids is None:
+            position_ids = default_position_ids(attention_mask, past, t, input_ids.device)
+        else:
+            n_positions = int(position_ids.max()) + 1
+        x = self.embed(input_ids, position_ids=position_ids, n_positions=n_positions)
+        h, attentions, _ = self.decoder(
+            x,
+            position_ids=position_ids,
+            n_positions=n_positions,
+            attention_mask=attention_mask,
+            cache=cache,
+            need_weights=output_attentions,
+        )
+        mask = attention_mask[:, -t:] if attention_mask is not None else None
+        return ModelOutput(logits=self.head(h, mask), hidden_states=h, cache=cache, attentions=attentions)
+
+
+class EncoderModel(_Model):
+    """Encoder-only Transformer (BERT): embed -> bidirectional stack -> head."""
+
+    def __init__(self, *, embed: Embedding, encoder: Stack, head: nn.Module) -> None:
+        super().__init__(embed=embed, head=head)
+        self.encoder = encoder
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, T, V) for mlm/lm heads, (B, C) for classification."""
+        t = input_ids.shape[1]
+        n_positions = t
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device)[None]  # (1, T)
+        else:
+            n_positions = int(position_ids.max()) + 1
+        x = self.embed(
+            input_ids, position_ids=position_ids, n_positions=n_positions, token_type_ids=token_type_ids
+        )
+        h, attentions, _ = self.encoder(
+            x,
+            position_ids=position_ids,
+            n_positions=n_positions,
+            attention_mask=attention_mask,
+            need_weights=output_attentions,
+        )
+        return ModelOutput(logits=self.head(h, attention_mask), hidden_states=h, attentions=attentions)
+
+
+class EncoderDecoderModel(_Model):
+    """Encoder-decoder Transformer (Vaswani et al. 2017; T5): the decoder attends to
+    the encoder output through cross-attention. ``embed`` serves both stacks unless the
+    spec separates them (then the decoder uses ``decoder_embed``)."""
+
+    def __init__(
+        self,
+        *,
+        embed: Embedding,
+        encoder: Stack,
+        decoder: Stack,
+        head: nn.Module,
+        decoder_embed: Embedding | None = None,
+    ) -> None:
+        super().__init__(embed=embed, head=head)
+        self.decoder_embed = decoder_embed
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """input_ids (B, S) -> encoder output (B, S, D), after the encoder's final norm."""
+        s = input_ids.shape[1]
+        position_ids = torch.arange(s, device=input_ids.device)[None]  # (1, S)
+        x = self.embed(input_ids, position_ids=position_ids, n_positions=s)
+        h, _, _ = self.encoder(x, position_ids=position_ids, n_positions=s, attention_mask=attention_mask)
+        return h
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor,
+        decoder_attention_mask: Tensor | None = None,
+        decoder_position_ids: Tensor | None = None,
+        encoder_hidden_states: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, S), decoder_input_ids (B, T) -> logits (B, T, V).
+
+        Pass ``encoder_hidden_states`` (from :meth:`encode` or a previous output) to
+        skip the encoder; ``attention_mask`` still masks the encoder's padding. With a
+        cache, cross-attention keys and values are computed once and reused.
+        """
+        if encoder_hidden_states is None:
+            if input_ids is None:
+                raise ValueError("give input_ids or encoder_hidden_states")
+            encoder_hidden_states = self.encode(input_ids, attention_mask)
+        if use_cache and cache is None:
+            cache = KVCache()
+        t = decoder_input_ids.shape[1]
+        past = cache.length if cache is not None else 0
+        n_positions = past + t
+        if decoder_position_ids is None:
+            decoder_position_ids = default_position_ids(
+                decoder_attention_mask, past, t, decoder_input_ids.device
+            )
+        else:
+            n_positions = int(decoder_position_ids.max()) + 1
+        embed = self.decoder_embed if self.decoder_embed is not None else self.embed
+        x = embed(decoder_input_ids, position_ids=decoder_position_ids, n_positions=n_positions)
+        h, attentions, cross = self.decoder(
+            x,
+            position_ids=decoder_position_ids,
+            n_positions=n_positions,
+            attention_mask=decoder_attention_mask,
+            context=encoder_hidden_states,
+            context_mask=attention_mask,
+            cache=cache,
+            need_weights=output_attentions,
+        )
+        mask = decoder_attention_mask[:, -t:] if decoder_attention_mask is not None else None
+        return ModelOutput(
+            logits=self.head(h, mask),
+            hidden_states=h,
+            cache=cache,
+            attentions=attentions,
+            encoder_hidden_states=encoder_hidden_states,
+            cross_attentions=cross,
+        )

@@ -1,0 +1,382 @@
+"""Positional schemes, each exposing the same three hooks.
+
+Shape legend: B batch, T query length, Tk key length, D d_model, H heads,
+Dh head size, R rotated size (Dh * fraction), P table rows.
+
+A positional module can act in three places, and every scheme implements all
+three (the defaults do nothing), so model code calls the hooks unconditionally and
+never asks which scheme it holds:
+
+* ``embed(x, position_ids, n_positions)``: add to the token embeddings (sinusoidal, learned);
+* ``rotation(position_ids, n_positions, dtype=...)``: a (cos, sin) pair that attention applies to
+  queries and keys (rotary), or None;
+* ``bias(q_index, k_index, dtype=...)``: an additive attention bias (1, H, T, Tk)
+  shared by every layer of a stack (ALiBi, T5), or None.
+
+``n_positions`` is an exclusive upper bound of ``position_ids`` known to the caller
+(past + new length), so tables are sized without a device synchronisation.
+
+``scope`` says where the builder places a module: ``"embedding"`` schemes live in
+the embedding as ``embed.positions``; ``"stack"`` schemes live in each stack under
+``module_name`` (T5's table is ``encoder.rel_bias`` / ``decoder.rel_bias``).
+Fixed tables (sinusoids, rotary cos/sin, ALiBi slopes) are computed on first use
+and cached per (device, dtype); they are not buffers, so they never enter a
+checkpoint and are never stale after ``.to()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from specformer.specs.schema import (
+    AlibiSpec,
+    LearnedSpec,
+    NoPositionalSpec,
+    RopeSpec,
+    SinusoidalSpec,
+    T5BiasSpec,
+)
+
+__all__ = [
+    "Positional",
+    "SinusoidalPositional",
+    "LearnedPositional",
+    "Rotary",
+    "ALiBi",
+    "T5RelativeBias",
+    "NoPositional",
+    "sinusoidal_table",
+    "alibi_slopes",
+    "t5_relative_buckets",
+    "apply_rotary",
+]
+
+_Key = tuple[torch.device, torch.dtype]
+
+
+class Positional(nn.Module):
+    """Base class: every hook is the identity. Subclasses override what they use.
+
+    Constructors take their spec and, keyword-only, the model-level numbers of the
+    family: ``d_model``, ``max_seq_len``, ``n_heads``, ``head_dim``, ``causal``.
+    """
+
+    scope: ClassVar[Literal["embedding", "stack"]] = "stack"
+    module_name: ClassVar[str] = "positional"
+
+    def embed(self, x: Tensor, position_ids: Tensor, n_positions: int) -> Tensor:
+        """Return the embeddings (B, T, D) with positions added."""
+        return x
+
+    def rotation(
+        self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor] | None:
+        """(cos, sin), each (B|1, 1, T, R), to rotate queries and keys with; None for no rotation."""
+        return None
+
+    def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor | None:
+        """An additive attention bias (1, H, T, Tk) for absolute indices; None for no bias."""
+        return None
+
+
+class NoPositional(Positional):
+    """No positional information (NoPE, Kazemnejad et al. 2023)."""
+
+    def __init__(
+        self,
+        spec: NoPositionalSpec | None = None,
+        *,
+        d_model: int = 0,
+        max_seq_len: int = 0,
+        n_heads: int = 0,
+        head_dim: int = 0,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+
+
+# --------------------------------------------------------------------------- additive
+
+
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)): (P, D) float32.
+
+    Vaswani et al. 2017, section 3.5 (sines on even, cosines on odd features).
+    """
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
+    angle = pos / base ** (two_i / d_model)  # (P, ceil(D/2))
+    table = torch.empty(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositional(Positional):
+    """Fixed sinusoidal positions added to the embeddings (Vaswani et al. 2017)."""
+
+    scope = "embedding"
+    module_name = "positions"
+
+    def __init__(
+        self,
+        spec: SinusoidalSpec,
+        *,
+        d_model: int,
+        max_seq_len: int,
+        n_heads: int = 0,
+        head_dim: int = 0,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        self.base = spec.base
+        self.d_model = d_model
+        self.max_seq_len = max_seq_len
+        self._tables: dict[_Key, Tensor] = {}
+
+    def table(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The (P >= n_positions, D) table on ``device`` in ``dtype``, cached."""
+        key = (device, dtype)
+        table = self._tables.get(key)
+        if table is None or table.shape[0] < n_positions:
+            rows = max(n_positions, self.max_seq_len)
+            table = sinusoidal_table(rows, self.d_model, self.base).to(device=device, dtype=dtype)
+            self._tables[key] = table
+        return table
+
+    def embed(self, x: Tensor, position_ids: Tensor, n_positions: int) -> Tensor:
+        table = self.table(n_positions, x.device, x.dtype)
+        return x + table[position_ids]  # (B|1, T, D)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, base={self.base:g}"
+
+
+class LearnedPositional(Positional):
+    """A learned absolute position table added to the embeddings (BERT, GPT-2).
+
+    Position p reads row ``p + offset`` (RoBERTa keeps its first two rows for padding).
+    """
+
+    scope = "embedding"
+    module_name = "positions"
+
+    def __init__(
+        self,
+        spec: LearnedSpec,
+        *,
+        d_model: int,
+        max_seq_len: int,
+        n_heads: int = 0,
+        head_dim: int = 0,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        self.offset = spec.offset
+        rows = spec.max_positions if spec.max_positions is not None else max_seq_len + spec.offset
+        self.weight = nn.Parameter(torch.empty(rows, d_model))  # (P, D)
+
+    def embed(self, x: Tensor, position_ids: Tensor, n_positions: int) -> Tensor:
+        idx = position_ids + self.offset if self.offset else position_ids
+        return x + nn.functional.embedding(idx, self.weight)  # (B|1, T, D)
+
+    def init_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=std)
+
+    def extra_repr(self) -> str:
+        return f"rows={self.weight.shape[0]}, d_model={self.weight.shape[1]}, offset={self.offset}"
+
+
+# --------------------------------------------------------------------------- rotary
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first R features of x (B, H, T, Dh) by (cos, sin) (B|1, 1, T, R).
+
+    Rotate-half convention (GPT-NeoX, Hugging Face Llama): feature i pairs with i + R/2.
+    """
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+class Rotary(Positional):
+    """Rotary position embedding (Su et al. 2021, RoFormer) on the first
+    ``fraction * head_dim`` features of queries and keys (GPT-NeoX rotates 25%)."""
+
+    module_name = "rotary"
+
+    def __init__(
+        self,
+        spec: RopeSpec,
+        *,
+        d_model: int = 0,
+        max_seq_len: int,
+        n_heads: int = 0,
+        head_dim: int,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        self.base = spec.base
+        self.head_dim = head_dim
+        self.rot_dim = int(head_dim * spec.fraction)
+        self.max_seq_len = max_seq_len
+        self._tables: dict[_Key, tuple[Tensor, Tensor]] = {}
+
+    def tables(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (P >= n_positions, R), cached per device and dtype."""
+        key = (device, dtype)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].shape[0] < n_positions:
+            rows = max(n_positions, self.max_seq_len)
+            half = torch.arange(0, self.rot_dim, 2, dtype=torch.float32, device=device)
+            inv_freq = 1.0 / self.base ** (half / self.rot_dim)  # (R/2,)
+            t = torch.arange(rows, dtype=torch.float32, device=device)
+            freqs = torch.outer(t, inv_freq)  # (P, R/2)
+            emb = torch.cat((freqs, freqs), dim=-1)  # (P, R)
+            cached = (emb.cos().to(dtype), emb.sin().to(dtype))
+            self._tables[key] = cached
+        return cached
+
+    def rotation(
+        self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        cos, sin = self.tables(n_positions, position_ids.device, dtype)
+        return cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)  # (B|1, 1, T, R)
+
+    def extra_repr(self) -> str:
+        return f"rot_dim={self.rot_dim}/{self.head_dim}, base={self.base:g}"
+
+
+# --------------------------------------------------------------------------- attention biases
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Per-head slopes of ALiBi (Press et al. 2022): the geometric sequence starting at
+    2^(-8/n) with that ratio; for a head count that is not a power of two, the slopes
+    of the closest smaller power of two followed by every other slope of twice that."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+
+
+class ALiBi(Positional):
+    """Attention with linear biases (Press et al. 2022): score(q_i, k_j) - m_h * |i - j|."""
+
+    module_name = "alibi"
+
+    def __init__(
+        self,
+        spec: AlibiSpec,
+        *,
+        d_model: int = 0,
+        max_seq_len: int = 0,
+        n_heads: int,
+        head_dim: int = 0,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self._slopes: dict[_Key, Tensor] = {}
+
+    def slopes(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        key = (device, dtype)
+        if key not in self._slopes:
+            self._slopes[key] = torch.tensor(alibi_slopes(self.n_heads), device=device, dtype=dtype)
+        return self._slopes[key]  # (H,)
+
+    def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor:
+        distance = (k_index[None, :] - q_index[:, None]).abs().to(dtype)  # (T, Tk)
+        return -self.slopes(distance.device, dtype)[None, :, None, None] * distance  # (1, H, T, Tk)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}"
+
+
+def t5_relative_buckets(
+    relative_position: Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Tensor:
+    """T5's bucket of each relative position (key index - query index).
+
+    Half the buckets (per direction when bidirectional) hold exact small distances;
+    the rest cover distances up to ``max_distance`` logarithmically (Raffel et al. 2020).
+    A causal decoder only sees keys at or before the query, so only distances <= 0 count.
+    """
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        n = relative_position.abs()
+    else:
+        n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n, large)
+
+
+class T5RelativeBias(Positional):
+    """T5's bucketed relative position bias (Raffel et al. 2020): a learned scalar per
+    (bucket, head), one table per stack shared by all its layers; bidirectional buckets
+    in the encoder, causal buckets in the decoder."""
+
+    module_name = "rel_bias"
+
+    def __init__(
+        self,
+        spec: T5BiasSpec,
+        *,
+        d_model: int = 0,
+        max_seq_len: int = 0,
+        n_heads: int,
+        head_dim: int = 0,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.num_buckets = spec.num_buckets
+        self.max_distance = spec.max_distance
+        self.bidirectional = not causal
+        self.weight = nn.Parameter(torch.empty(spec.num_buckets, n_heads))  # (buckets, H)
+
+    def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor:
+        rel = k_index[None, :] - q_index[:, None]  # (T, Tk)
+        buckets = t5_relative_buckets(
+            rel,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        values = nn.functional.embedding(buckets, self.weight)  # (T, Tk, H)
+        return values.permute(2, 0, 1).unsqueeze(0).to(dtype)  # (1, H, T, Tk)
+
+    def init_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=std)
+
+    def extra_repr(self) -> str:
+        return (
+            f"buckets={self.num_buckets}, heads={self.n_heads}, max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional}"
+        )

@@ -1,0 +1,165 @@
+"""build_model: every preset on meta, published parameter counts, init, devices and dtypes."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from specformer import build_model, load_spec, preset_names
+from specformer.builder import BuildError, init_weights
+from specformer.components import DecoderModel, EncoderDecoderModel, EncoderModel
+
+# Published parameter counts (Hugging Face reference models: GPT2LMHeadModel with tied
+# embeddings, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM).
+PUBLISHED = {
+    "gpt2-small": 124_439_808,
+    "bert-base": 109_514_298,
+    "t5-small": 60_506_624,
+    "llama2-7b": 6_738_415_616,
+}
+# "Attention Is All You Need", Table 3: base 65M, big 213M parameters.
+PAPER = {"transformer-base": 65e6, "transformer-big": 213e6}
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_builds_on_meta(name: str) -> None:
+    spec = load_spec(name)
+    model = build_model(spec, device="meta")
+    params = list(model.parameters())
+    assert params and all(p.is_meta for p in params)
+    expected = {"decoder": DecoderModel, "encoder": EncoderModel, "encoder-decoder": EncoderDecoderModel}
+    assert isinstance(model, expected[spec.kind])
+    assert model.spec == spec
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_parameter_counts(name: str) -> None:
+    model = build_model(load_spec(name), device="meta")
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_transformer_paper_counts_within_5_percent(name: str) -> None:
+    n = build_model(load_spec(name), device="meta").num_parameters
+    assert abs(n - PAPER[name]) / PAPER[name] < 0.05, n
+
+
+def test_meta_build_of_llama2_7b_is_fast() -> None:
+    spec = load_spec("llama2-7b")
+    build_model(spec, device="meta")  # warm imports
+    start = time.perf_counter()
+    build_model(spec, device="meta")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_tied_head_shares_the_embedding_and_stays_tied() -> None:
+    model = build_model(load_spec("gpt-nano"))
+    assert model.head.proj is None
+    assert not any(k.startswith("head.") for k in model.state_dict())
+    with torch.no_grad():
+        model.embed.tokens.weight[3].fill_(1.0)
+    h = torch.zeros(1, 1, model.spec.d_model)
+    h[..., 0] = 2.0
+    assert model.head(h)[0, 0, 3].item() == pytest.approx(2.0)
+
+
+def test_untied_head_has_its_own_projection() -> None:
+    spec = load_spec("gpt-nano", overrides=["embedding.tie_output=false"])
+    model = build_model(spec)
+    assert model.head.proj.weight.shape == (spec.vocab_size, spec.d_model)
+    assert model.head.proj.weight.data_ptr() != model.embed.tokens.weight.data_ptr()
+
+
+def test_state_dict_names_follow_the_documented_format() -> None:
+    keys = set(build_model(load_spec("llama2-7b"), device="meta").state_dict())
+    for key in [
+        "embed.tokens.weight",
+        "decoder.layers.0.attn_norm.weight",
+        "decoder.layers.0.self_attn.qkv_proj.weight",
+        "decoder.layers.0.self_attn.o_proj.weight",
+        "decoder.layers.0.ffn_norm.weight",
+        "decoder.layers.0.ffn.gate_proj.weight",
+        "decoder.layers.0.ffn.up_proj.weight",
+        "decoder.layers.0.ffn.down_proj.weight",
+        "decoder.final_norm.weight",
+        "head.proj.weight",
+    ]:
+        assert key in keys, key
+    qkv = build_model(load_spec("llama2-7b"), device="meta").decoder.layers[0].self_attn.qkv_proj
+    assert qkv.weight.shape == (3 * 4096, 4096)
+    t5 = set(build_model(load_spec("t5-small"), device="meta").state_dict())
+    for key in [
+        "encoder.rel_bias.weight",
+        "decoder.rel_bias.weight",
+        "decoder.layers.0.cross_norm.weight",
+        "decoder.layers.0.cross_attn.q_proj.weight",
+        "decoder.layers.0.cross_attn.kv_proj.weight",
+        "decoder.layers.0.cross_attn.o_proj.weight",
+        "encoder.final_norm.weight",
+    ]:
+        assert key in t5, key
+    assert "encoder.layers.1.rel_bias.weight" not in t5  # one table per stack
+    bert = set(build_model(load_spec("bert-base"), device="meta").state_dict())
+    for key in [
+        "embed.positions.weight",
+        "embed.segments.weight",
+        "embed.norm.weight",
+        "head.transform.dense.weight",
+        "head.transform.norm.weight",
+        "head.bias",
+    ]:
+        assert key in bert, key
+
+
+def test_init_follows_the_spec() -> None:
+    torch.manual_seed(0)
+    spec = load_spec(
+        "gpt-nano",
+        overrides=["decoder.n_layers=8", "d_model=256", "init.std=0.05", "init.scaled_residual=true"],
+    )
+    model = build_model(spec)
+    layer = model.decoder.layers[0]
+    assert layer.self_attn.qkv_proj.weight.std().item() == pytest.approx(0.05, rel=0.05)
+    assert layer.self_attn.qkv_proj.bias.abs().max().item() == 0.0
+    scaled = 0.05 / math.sqrt(2 * 8)
+    assert layer.self_attn.o_proj.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    assert layer.ffn.down_proj.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    assert model.embed.tokens.weight.std().item() == pytest.approx(0.05, rel=0.05)
+    assert torch.equal(layer.attn_norm.weight, torch.ones_like(layer.attn_norm.weight))
+    unscaled = build_model(spec.model_copy(update={"init": spec.init.model_copy(update={"scaled_residual": False})}))
+    o = unscaled.decoder.layers[0].self_attn.o_proj.weight
+    assert o.std().item() == pytest.approx(0.05, rel=0.05)
+
+
+def test_init_is_seeded_and_skipped_on_meta() -> None:
+    spec = load_spec("gpt-nano")
+    torch.manual_seed(1)
+    a = build_model(spec)
+    torch.manual_seed(1)
+    b = build_model(spec)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    meta = build_model(spec, device="meta")
+    init_weights(meta)  # nothing to do, and no error
+    assert all(p.is_meta for p in meta.parameters())
+
+
+def test_dtype_and_device() -> None:
+    model = build_model("gpt-nano", dtype="bfloat16", device="cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    out = model(torch.randint(0, 512, (1, 5)))
+    assert out.logits.dtype == torch.bfloat16
+    assert torch.isfinite(out.logits.float()).all()
+    with pytest.raises(BuildError, match="not a torch floating-point dtype"):
+        build_model("gpt-nano", dtype="int8")
+
+
+def test_parallel_post_norm_is_refused_with_a_clear_message() -> None:
+    spec = load_spec(
+        "gpt-nano", overrides=["decoder.residual.type=parallel", "decoder.norm.placement=post"]
+    )
+    with pytest.raises(BuildError, match="parallel residual with post-norm is not defined"):
+        build_model(spec, device="meta")

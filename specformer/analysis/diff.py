@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specformer.analysis.params import parameter_shapes
+from specformer.analysis.params import AnalysisError, parameter_shapes
 from specformer.analysis.report import SpecReport, analyze
 
 __all__ = [
@@ -205,32 +205,40 @@ def _same(a: Any, b: Any) -> bool:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def state_dict_shapes(spec: Any) -> tuple[dict[str, tuple[int, ...]], str]:
-    """State-dict key -> shape of ``spec``'s model and how it was obtained.
+def state_dict_shapes(spec: Any, method: str = "analytic") -> tuple[dict[str, tuple[int, ...]], str]:
+    """State-dict key -> shape of ``spec``'s model, and the method that produced it.
 
-    The model is built on the meta device (nothing allocated). If the builder cannot be
-    imported or fails, the analytic parameter list is used instead and the returned
-    method says why (persistent buffers, if any, are then absent).
+    ``"analytic"`` (default) lists the parameters from the spec alone, no torch: the
+    test suite checks that it equals the meta-device build's ``state_dict()`` (keys and
+    shapes) for every preset and for generated specs. A type without an analytic
+    count (a plugin entry) falls back to the meta build. ``"meta"`` always builds the
+    model on the meta device (nothing allocated; imports torch).
     """
-    try:
-        from specformer.builder import build_model
-    except ImportError as exc:
-        return parameter_shapes(spec), f"analytic (the builder is unavailable: {exc})"
-    try:
-        model = build_model(spec, device="meta")
-    except Exception as exc:  # a builder failure must not hide the rest of the diff
-        return parameter_shapes(spec), f"analytic (meta build of {spec.name} failed: {type(exc).__name__}: {exc})"
+    if method not in ("analytic", "meta"):
+        raise ValueError(f"method must be 'analytic' or 'meta', got {method!r}")
+    if method == "analytic":
+        try:
+            return parameter_shapes(spec), "analytic"
+        except AnalysisError:
+            pass
+    from specformer.builder import build_model
+
+    model = build_model(spec, device="meta")
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, "meta build"
 
 
 def checkpoint_compatibility(
-    source: Any, target: Any, *, shapes: dict[int, tuple[dict[str, tuple[int, ...]], str]] | None = None
+    source: Any,
+    target: Any,
+    *,
+    method: str = "analytic",
+    shapes: dict[int, tuple[dict[str, tuple[int, ...]], str]] | None = None,
 ) -> Compatibility:
-    """Whether a checkpoint of ``source`` loads into a model built from ``target``."""
+    """Whether a checkpoint of ``source`` loads (strictly) into a model built from ``target``."""
     cache = shapes if shapes is not None else {}
     for s in (source, target):
         if id(s) not in cache:
-            cache[id(s)] = state_dict_shapes(s)
+            cache[id(s)] = state_dict_shapes(s, method)
     src, m1 = cache[id(source)]
     dst, m2 = cache[id(target)]
     missing = [k for k in dst if k not in src]
@@ -256,6 +264,7 @@ def diff_specs(
     dtype: str = "bf16-mixed",
     reports: bool = True,
     checkpoints: bool = True,
+    checkpoint_method: str = "analytic",
     labels: list[str] | None = None,
 ) -> SpecDiff:
     """Compare resolved specs (``ModelSpec`` objects, preset names or YAML paths).
@@ -263,7 +272,8 @@ def diff_specs(
     ``changes`` lists every differing field; ``reports`` holds each spec's parameters,
     FLOPs, KV cache and memory at the same ``batch``, ``seq_len`` (default: the first
     spec's ``max_seq_len``) and ``dtype``; ``compatibility`` says whether a checkpoint
-    of the first spec loads into each other one and back. ``labels`` name the specs in
+    of the first spec loads into each other one and back (state-dict shapes by
+    ``checkpoint_method``, see :func:`state_dict_shapes`). ``labels`` name the specs in
     tables (default: their ``name`` fields).
     """
     if len(specs) < 2:
@@ -279,8 +289,8 @@ def diff_specs(
         cache: dict[int, tuple[dict[str, tuple[int, ...]], str]] = {}
         first = resolved[0]
         for other in resolved[1:]:
-            compat.append(checkpoint_compatibility(first, other, shapes=cache))
-            compat.append(checkpoint_compatibility(other, first, shapes=cache))
+            compat.append(checkpoint_compatibility(first, other, method=checkpoint_method, shapes=cache))
+            compat.append(checkpoint_compatibility(other, first, method=checkpoint_method, shapes=cache))
     if labels is not None and len(labels) != len(resolved):
         raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
     return SpecDiff(

@@ -581,8 +581,13 @@ def diff(
     output_format: FormatOption = "rich",
     checkpoints: Annotated[
         bool,
-        typer.Option("--checkpoints/--no-checkpoints", help="Check whether checkpoints load across (meta builds)."),
+        typer.Option("--checkpoints/--no-checkpoints", help="Check whether checkpoints load across."),
     ] = True,
+    meta: Annotated[
+        bool,
+        typer.Option("--meta", help="Take state-dict keys and shapes from meta-device builds instead of the "
+                     "spec (same result for built-in types; needs torch, slower)."),
+    ] = False,
 ) -> None:
     """Diff specs after resolving extends and defaults: changed fields, then consequences.
 
@@ -607,7 +612,7 @@ def diff(
     labels = _labels(specs, resolved)
     result = _analysis_errors(
         lambda: diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
-                           labels=labels)
+                           checkpoint_method="meta" if meta else "analytic", labels=labels)
     )
     if output_format == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2))

@@ -1,0 +1,290 @@
+"""Hugging Face interop: bring a ``transformers`` model in, take a specformer model out.
+
+* :func:`spec_from_hf_config` — a ``config.json`` (or ``PretrainedConfig``) -> ModelSpec;
+* :func:`load_hf_weights` — load a Hugging Face state dict into a built specformer model;
+* :func:`import_hf` — a model directory -> (spec, specformer state dict), untying the
+  output layer when the checkpoint's is not tied;
+* :func:`hf_config_from_spec` / :func:`hf_state_dict` — the other direction, as plain
+  data; :func:`save_hf` writes ``config.json`` + ``model.safetensors`` that
+  ``transformers.AutoModel*.from_pretrained`` loads; :func:`to_hf` returns the live
+  ``transformers`` model.
+
+Supported families: GPT-2, BERT, RoBERTa, T5 (v1.0 and v1.1), BART, Llama (and Mistral),
+GPT-NeoX. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from specformer.interop.hf_config import (
+    SUPPORTED_MODEL_TYPES,
+    HFConversionError,
+    hf_config_from_spec,
+    hf_family,
+    read_hf_config,
+    spec_from_hf_config,
+)
+from specformer.interop.hf_weights import (
+    _FAMILIES,
+    WeightReport,
+    _normalise,
+    hf_to_specformer,
+    specformer_to_hf,
+)
+from specformer.specs.schema import ModelSpec
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "HFConversionError",
+    "WeightReport",
+    "spec_from_hf_config",
+    "hf_config_from_spec",
+    "read_hf_config",
+    "read_hf_state_dict",
+    "load_hf_weights",
+    "import_hf",
+    "hf_state_dict",
+    "save_hf",
+    "to_hf",
+    "hf_auto_class",
+]
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+# --------------------------------------------------------------------------- reading checkpoints
+
+
+def read_hf_state_dict(source: str | Path) -> dict[str, Tensor]:
+    """The tensors of a Hugging Face checkpoint: a ``.safetensors`` or ``.bin`` file, or a
+    model directory with ``model.safetensors``, ``pytorch_model.bin`` or a sharded index.
+
+    ``.bin`` files are read with ``torch.load(weights_only=True)``: tensors only, no code.
+    """
+    path = Path(source)
+    if path.is_dir():
+        found = next((path / f for f in _WEIGHT_FILES if (path / f).is_file()), None)
+        if found is None:
+            raise HFConversionError(f"{path}: no weights found (looked for {', '.join(_WEIGHT_FILES)})")
+        path = found
+    if not path.is_file():
+        raise HFConversionError(f"{path}: no such file")
+    if path.name.endswith(".index.json"):
+        index = json.loads(path.read_text())
+        shards = sorted(set(index.get("weight_map", {}).values()))
+        if not shards:
+            raise HFConversionError(f"{path}: the index has an empty weight_map")
+        out: dict[str, Tensor] = {}
+        for shard in shards:
+            out.update(read_hf_state_dict(path.parent / shard))
+        return out
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle errors come in many types
+        raise HFConversionError(f"{path}: not a PyTorch weights file readable with weights_only=True ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise HFConversionError(f"{path}: expected a state dict, found {type(data).__name__}")
+    return dict(data)
+
+
+# --------------------------------------------------------------------------- import
+
+
+def _untied_in_checkpoint(state_dict: Mapping[str, Tensor], spec: ModelSpec) -> bool:
+    """Whether a spec that ties its output layer meets a checkpoint whose output matrix
+    differs from its token embeddings (T5 v1.1 under transformers >= 5 is the usual case)."""
+    if not spec.embedding.tie_output:
+        return False
+    model_type = hf_family(spec)
+    family = _FAMILIES[model_type]
+    theirs = _normalise(state_dict, family)
+    tokens_name = _tokens_name(model_type)
+    tokens = theirs.get(tokens_name)
+    if tokens is None:
+        return False
+    for name in family.tied_copies:
+        if name.endswith(("embed_tokens.weight", "decoder.bias")) or name not in theirs:
+            continue
+        if theirs[name].shape != tokens.shape or not torch.equal(theirs[name], tokens):
+            return True
+    return False
+
+
+def _tokens_name(model_type: str) -> str:
+    return {
+        "gpt2": "transformer.wte.weight",
+        "bert": "bert.embeddings.word_embeddings.weight",
+        "roberta": "roberta.embeddings.word_embeddings.weight",
+        "t5": "shared.weight",
+        "bart": "model.shared.weight",
+        "llama": "model.embed_tokens.weight",
+        "mistral": "model.embed_tokens.weight",
+        "gpt_neox": "gpt_neox.embed_in.weight",
+    }[model_type]
+
+
+def import_hf(
+    source: str | Path | Any,
+    *,
+    state_dict: Mapping[str, Tensor] | None = None,
+    weights: bool = True,
+    name: str | None = None,
+) -> tuple[ModelSpec, dict[str, Tensor] | None, WeightReport | None]:
+    """Import a Hugging Face model: (spec, specformer state dict, report).
+
+    ``source`` is a model directory, a ``config.json`` path, a config dict or a
+    ``PretrainedConfig``. Weights come from ``state_dict`` if given, else from the
+    directory (when ``weights``). A checkpoint whose output layer is not tied to its
+    embeddings gets a spec with ``embedding.tie_output: false``.
+    """
+    config = read_hf_config(source)
+    spec = spec_from_hf_config(config, name=name)
+    if state_dict is None and weights:
+        if not isinstance(source, str | Path):
+            return spec, None, None
+        directory = Path(source) if Path(source).is_dir() else Path(source).parent
+        state_dict = read_hf_state_dict(directory)
+    if state_dict is None:
+        return spec, None, None
+    if _untied_in_checkpoint(state_dict, spec):
+        data = spec.to_dict()
+        data["embedding"]["tie_output"] = False
+        spec = ModelSpec.model_validate(data)
+    ours, report = hf_to_specformer(state_dict, spec)
+    return spec, ours, report
+
+
+def load_hf_weights(
+    model: nn.Module, state_dict: Mapping[str, Tensor], *, spec: ModelSpec | None = None
+) -> WeightReport:
+    """Load a Hugging Face state dict into a specformer ``model`` built from ``spec``
+    (default ``model.spec``). Every tensor of the model must be found and every tensor of
+    the checkpoint placed, else :class:`HFConversionError` says which."""
+    spec = spec if spec is not None else getattr(model, "spec", None)
+    if spec is None:
+        raise HFConversionError("the model has no .spec; pass spec=")
+    ours, report = hf_to_specformer(state_dict, spec)
+    _load_exact(model, ours)
+    return report
+
+
+def _load_exact(model: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    extra = sorted(set(state_dict) - set(own))
+    shapes = [
+        f"{k}: model {tuple(own[k].shape)}, checkpoint {tuple(v.shape)}"
+        for k, v in state_dict.items()
+        if k in own and own[k].shape != v.shape
+    ]
+    if missing or extra or shapes:
+        problems = [f"missing {', '.join(missing[:8])}"] if missing else []
+        problems += [f"unexpected {', '.join(extra[:8])}"] if extra else []
+        problems += shapes[:8]
+        raise HFConversionError("the weights do not fit the model: " + "; ".join(problems))
+    model.load_state_dict(state_dict, strict=True)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def hf_state_dict(model: nn.Module | Mapping[str, Tensor], spec: ModelSpec | None = None) -> dict[str, Tensor]:
+    """The Hugging Face state dict of a specformer model (or of its state dict), tied
+    copies included."""
+    if isinstance(model, nn.Module):
+        spec = spec if spec is not None else getattr(model, "spec", None)
+        state = model.state_dict()
+    else:
+        state = dict(model)
+    if spec is None:
+        raise HFConversionError("give the spec of the weights (spec=)")
+    return specformer_to_hf(state, spec)
+
+
+def save_hf(
+    model: nn.Module | Mapping[str, Tensor],
+    spec: ModelSpec | None,
+    out_dir: str | Path,
+    *,
+    warnings: list[str] | None = None,
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` that ``transformers`` loads with
+    ``AutoModel*.from_pretrained(out_dir)``. Needs no ``transformers``."""
+    from safetensors.torch import save_file
+
+    if spec is None:
+        spec = getattr(model, "spec", None)
+    if spec is None:
+        raise HFConversionError("give the spec of the weights (spec=)")
+    config = hf_config_from_spec(spec, warnings=warnings)
+    tensors = hf_state_dict(model, spec)
+    # tied copies are left out, as transformers' save_pretrained does; loading re-ties them
+    family = _FAMILIES[config["model_type"]]
+    tensors = {k: v for k, v in tensors.items() if k not in family.tied_copies or _needed(k, spec)}
+    dtype = next(iter(tensors.values())).dtype
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out
+
+
+def _needed(name: str, spec: ModelSpec) -> bool:
+    # an untied output layer is its own tensor, not a copy
+    return not spec.embedding.tie_output and not name.endswith(("embed_tokens.weight", "decoder.bias"))
+
+
+_AUTO = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
+         "encoder-decoder": "AutoModelForSeq2SeqLM"}
+
+
+def hf_auto_class(spec: ModelSpec) -> Any:
+    """The ``transformers`` Auto class with the task head that matches ``spec``."""
+    import transformers
+
+    return getattr(transformers, _AUTO[spec.kind])
+
+
+def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:
+    """The ``transformers`` model equal to a specformer ``model`` (requires ``transformers``),
+    in the model's dtype and in eval mode."""
+    try:
+        import transformers
+    except ImportError:
+        raise HFConversionError(
+            "to_hf needs transformers: pip install 'specformer[hf]' (save_hf does not)"
+        ) from None
+    spec = spec if spec is not None else getattr(model, "spec", None)
+    if spec is None:
+        raise HFConversionError("the model has no .spec; pass spec=")
+    config = hf_config_from_spec(spec)
+    hf_config = transformers.AutoConfig.for_model(**config)
+    tensors = hf_state_dict(model, spec)
+    dtype = tensors["embed.tokens.weight"].dtype if "embed.tokens.weight" in tensors else None
+    dtype = dtype or next(iter(model.parameters())).dtype
+    hf_model = hf_auto_class(spec).from_config(hf_config, dtype=dtype)
+    result = hf_model.load_state_dict(tensors, strict=False)
+    tied = set(_FAMILIES[config["model_type"]].tied_copies)
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise HFConversionError(
+            f"transformers' {type(hf_model).__name__} did not take the weights: missing {missing[:8]}, "
+            f"unexpected {result.unexpected_keys[:8]}"
+        )
+    if spec.embedding.tie_output:
+        hf_model.tie_weights()
+    return hf_model.eval()

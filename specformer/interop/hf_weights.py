@@ -1,0 +1,448 @@
+"""Hugging Face state dicts <-> specformer state dicts, both ways, per family.
+
+Each family is a list of :class:`Rule` s, one per specformer tensor, naming the Hugging
+Face tensors it is made of and how: copied, transposed (GPT-2's ``Conv1D`` stores
+(in, out)), concatenated along rows (separate q, k, v -> the fused ``qkv_proj``; k, v ->
+``kv_proj``) or regrouped from GPT-NeoX's per-head interleaved ``query_key_value``
+((H, 3, Dh) rows -> (3, H, Dh)). The inverse of every rule is exact, so a round trip
+returns the same tensors.
+
+Conversions need no ``transformers``: they work on plain ``{name: Tensor}`` dicts.
+Names follow the ``*For{CausalLM,MaskedLM,ConditionalGeneration}`` classes of
+transformers; checkpoints saved from the bare model (``GPT2Model``, ``BertModel``, ...)
+are recognised by their missing prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from specformer.interop.hf_config import HFConversionError, hf_family
+from specformer.specs.schema import ModelSpec
+
+__all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
+
+Fuse = Literal["copy", "transpose", "rows", "neox_qkv"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One specformer tensor ``ours`` made of the Hugging Face tensors ``theirs``.
+
+    ``fuse``: ``copy`` (one tensor as is), ``transpose`` (one 2-D tensor, GPT-2 Conv1D),
+    ``rows`` (concatenated along dim 0, split back by ``sizes``), ``neox_qkv`` (one
+    tensor whose rows are grouped per head as (H, 3, Dh); ``sizes`` = (H, Dh)).
+    """
+
+    ours: str
+    theirs: tuple[str, ...]
+    fuse: Fuse = "copy"
+    sizes: tuple[int, ...] = ()
+
+    def to_ours(self, tensors: list[Tensor]) -> Tensor:
+        if self.fuse == "copy":
+            return tensors[0]
+        if self.fuse == "transpose":
+            return tensors[0].t().contiguous()
+        if self.fuse == "rows":
+            return torch.cat(tensors, dim=0)
+        h, dh = self.sizes
+        t = tensors[0]
+        return t.reshape(h, 3, dh, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
+
+    def to_theirs(self, tensor: Tensor) -> list[Tensor]:
+        if self.fuse == "copy":
+            return [tensor]
+        if self.fuse == "transpose":
+            return [tensor.t().contiguous()]
+        if self.fuse == "rows":
+            return [t.contiguous() for t in tensor.split(list(self.sizes), dim=0)]
+        h, dh = self.sizes
+        return [tensor.reshape(3, h, dh, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape).contiguous()]
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What a family's checkpoints look like besides the per-tensor rules."""
+
+    prefix: str  # the base model's attribute in the *For... class ("transformer.", "model.")
+    heads: tuple[str, ...]  # top-level names outside the base model (task heads)
+    ignore: tuple[str, ...]  # regexes of tensors with no specformer counterpart (buffers, unused heads)
+    tied_copies: tuple[str, ...] = ()  # names that hold a copy of the token embedding when tied
+    aliases: tuple[tuple[str, str], ...] = ()  # (old-checkpoint regex, current name template)
+
+
+_FAMILIES: dict[str, _Family] = {
+    "gpt2": _Family(
+        prefix="transformer.",
+        heads=("lm_head.",),
+        ignore=(r"\.attn\.(bias|masked_bias)$",),
+        tied_copies=("lm_head.weight",),
+    ),
+    "bert": _Family(
+        prefix="bert.",
+        heads=("cls.",),
+        ignore=(r"embeddings\.(position_ids|token_type_ids)$", r"^bert\.pooler\.", r"^cls\.seq_relationship\."),
+        tied_copies=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+        aliases=((r"LayerNorm\.gamma$", "LayerNorm.weight"), (r"LayerNorm\.beta$", "LayerNorm.bias")),
+    ),
+    "roberta": _Family(
+        prefix="roberta.",
+        heads=("lm_head.",),
+        ignore=(r"embeddings\.(position_ids|token_type_ids)$", r"^roberta\.pooler\."),
+        tied_copies=("lm_head.decoder.weight", "lm_head.decoder.bias"),
+    ),
+    "t5": _Family(
+        prefix="",
+        heads=("lm_head.",),
+        ignore=(),
+        tied_copies=("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"),
+    ),
+    "bart": _Family(
+        prefix="model.",
+        heads=("lm_head.", "final_logits_bias"),
+        ignore=(),
+        tied_copies=("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"),
+    ),
+    "llama": _Family(
+        prefix="model.",
+        heads=("lm_head.",),
+        ignore=(r"rotary_emb\.(inv_freq|original_inv_freq)$",),
+        tied_copies=("lm_head.weight",),
+    ),
+    "gpt_neox": _Family(
+        prefix="gpt_neox.",
+        heads=("lm_head.", "embed_out."),
+        ignore=(r"\.attention\.(bias|masked_bias)$", r"rotary_emb\.(inv_freq|original_inv_freq)$"),
+        tied_copies=("lm_head.weight",),
+        aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
+    ),
+}
+_FAMILIES["mistral"] = _FAMILIES["llama"]
+
+
+# --------------------------------------------------------------------------- rules per family
+
+
+def _linear(ours: str, theirs: str | tuple[str, ...], bias: bool, fuse: Fuse = "copy",
+            sizes: tuple[int, ...] = ()) -> Iterator[Rule]:
+    names = (theirs,) if isinstance(theirs, str) else theirs
+    yield Rule(f"{ours}.weight", tuple(f"{n}.weight" for n in names), fuse, sizes)
+    if bias:
+        bias_fuse: Fuse = "copy" if fuse == "transpose" else fuse
+        yield Rule(f"{ours}.bias", tuple(f"{n}.bias" for n in names), bias_fuse, sizes)
+
+
+def _norm(ours: str, theirs: str, norm: Any) -> Iterator[Rule]:
+    yield Rule(f"{ours}.weight", (f"{theirs}.weight",))
+    if getattr(norm, "bias", False):
+        yield Rule(f"{ours}.bias", (f"{theirs}.bias",))
+
+
+def _qkv_sizes(att: Any) -> tuple[int, int, int]:
+    q, kv = att.n_heads * att.head_dim, att.n_kv_heads * att.head_dim
+    return q, kv, kv
+
+
+def _lm_head(spec: ModelSpec, name: str = "lm_head") -> Iterator[Rule]:
+    if not spec.embedding.tie_output:
+        yield from _linear("head.proj", name, spec.head.bias)
+
+
+def _gpt2(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("transformer.wte.weight",))
+    yield Rule("embed.positions.weight", ("transformer.wpe.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
+        yield from _norm(f"{o}.attn_norm", f"{t}.ln_1", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.attn.c_attn", True, "transpose")
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.attn.c_proj", True, "transpose")
+        yield from _norm(f"{o}.ffn_norm", f"{t}.ln_2", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.c_fc", True, "transpose")
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.c_proj", True, "transpose")
+    yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
+    yield from _lm_head(spec)
+
+
+def _bert_like(spec: ModelSpec, base: str) -> Iterator[Rule]:
+    s = spec.encoder
+    e = f"{base}.embeddings"
+    yield Rule("embed.tokens.weight", (f"{e}.word_embeddings.weight",))
+    yield Rule("embed.positions.weight", (f"{e}.position_embeddings.weight",))
+    if spec.embedding.segment_vocab_size:
+        yield Rule("embed.segments.weight", (f"{e}.token_type_embeddings.weight",))
+    yield from _norm("embed.norm", f"{e}.LayerNorm", spec.embedding.norm)
+    for i in range(s.n_layers):
+        o, t, layer = f"encoder.layers.{i}", f"{base}.encoder.layer.{i}", s.layer(i)
+        a = f"{t}.attention"
+        yield from _linear(
+            f"{o}.self_attn.qkv_proj",
+            (f"{a}.self.query", f"{a}.self.key", f"{a}.self.value"),
+            layer.attention.bias,
+            "rows",
+            _qkv_sizes(layer.attention),
+        )
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.output.dense", layer.attention.bias)
+        yield from _norm(f"{o}.attn_norm", f"{a}.output.LayerNorm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.intermediate.dense", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.output.dense", layer.ffn.bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.output.LayerNorm", layer.norm)
+    if spec.head.type == "mlm":
+        h = "cls.predictions" if base == "bert" else "lm_head"
+        dense, norm = ("transform.dense", "transform.LayerNorm") if base == "bert" else ("dense", "layer_norm")
+        yield from _linear("head.transform.dense", f"{h}.{dense}", True)
+        yield Rule("head.transform.norm.weight", (f"{h}.{norm}.weight",))
+        yield Rule("head.transform.norm.bias", (f"{h}.{norm}.bias",))
+        if spec.head.bias:
+            yield Rule("head.bias", (f"{h}.bias",))
+        if not spec.embedding.tie_output:
+            yield Rule("head.proj.weight", (f"{h}.decoder.weight",))
+
+
+def _t5(spec: ModelSpec) -> Iterator[Rule]:
+    yield Rule("embed.tokens.weight", ("shared.weight",))
+    for role in ("encoder", "decoder"):
+        s = getattr(spec, role)
+        for i in range(s.n_layers):
+            o, t, layer = f"{role}.layers.{i}", f"{role}.block.{i}.layer", s.layer(i)
+            yield from _norm(f"{o}.attn_norm", f"{t}.0.layer_norm", layer.norm)
+            sa = f"{t}.0.SelfAttention"
+            yield from _linear(f"{o}.self_attn.qkv_proj", (f"{sa}.q", f"{sa}.k", f"{sa}.v"), False,
+                               "rows", _qkv_sizes(layer.attention))
+            yield from _linear(f"{o}.self_attn.o_proj", f"{sa}.o", False)
+            ffn_index = 1
+            if role == "decoder":
+                ca = f"{t}.1.EncDecAttention"
+                kv = _qkv_sizes(layer.cross_attention)[1:]
+                yield from _norm(f"{o}.cross_norm", f"{t}.1.layer_norm", layer.norm)
+                yield from _linear(f"{o}.cross_attn.q_proj", f"{ca}.q", False)
+                yield from _linear(f"{o}.cross_attn.kv_proj", (f"{ca}.k", f"{ca}.v"), False, "rows", kv)
+                yield from _linear(f"{o}.cross_attn.o_proj", f"{ca}.o", False)
+                ffn_index = 2
+            f = f"{t}.{ffn_index}"
+            yield from _norm(f"{o}.ffn_norm", f"{f}.layer_norm", layer.norm)
+            if layer.ffn.type == "glu":
+                yield from _linear(f"{o}.ffn.gate_proj", f"{f}.DenseReluDense.wi_0", False)
+                yield from _linear(f"{o}.ffn.up_proj", f"{f}.DenseReluDense.wi_1", False)
+            else:
+                yield from _linear(f"{o}.ffn.up_proj", f"{f}.DenseReluDense.wi", False)
+            yield from _linear(f"{o}.ffn.down_proj", f"{f}.DenseReluDense.wo", False)
+        # HF keeps the stack's one relative-bias table in its first layer
+        yield Rule(f"{role}.rel_bias.weight", (f"{role}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",))
+        yield from _norm(f"{role}.final_norm", f"{role}.final_layer_norm", s.norm)
+    yield from _lm_head(spec)
+
+
+def _bart(spec: ModelSpec) -> Iterator[Rule]:
+    yield Rule("embed.tokens.weight", ("model.shared.weight",))
+    for role, embed in (("encoder", "embed"), ("decoder", "decoder_embed")):
+        s, m = getattr(spec, role), f"model.{role}"
+        yield Rule(f"{embed}.positions.weight", (f"{m}.embed_positions.weight",))
+        yield from _norm(f"{embed}.norm", f"{m}.layernorm_embedding", spec.embedding.norm)
+        for i in range(s.n_layers):
+            o, t, layer = f"{role}.layers.{i}", f"{m}.layers.{i}", s.layer(i)
+            sa, bias = f"{t}.self_attn", layer.attention.bias
+            yield from _linear(f"{o}.self_attn.qkv_proj", (f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"),
+                               bias, "rows", _qkv_sizes(layer.attention))
+            yield from _linear(f"{o}.self_attn.o_proj", f"{sa}.out_proj", bias)
+            yield from _norm(f"{o}.attn_norm", f"{t}.self_attn_layer_norm", layer.norm)
+            if role == "decoder":
+                ca, kv = f"{t}.encoder_attn", _qkv_sizes(layer.cross_attention)[1:]
+                yield from _linear(f"{o}.cross_attn.q_proj", f"{ca}.q_proj", bias)
+                yield from _linear(f"{o}.cross_attn.kv_proj", (f"{ca}.k_proj", f"{ca}.v_proj"), bias, "rows", kv)
+                yield from _linear(f"{o}.cross_attn.o_proj", f"{ca}.out_proj", bias)
+                yield from _norm(f"{o}.cross_norm", f"{t}.encoder_attn_layer_norm", layer.norm)
+            yield from _linear(f"{o}.ffn.up_proj", f"{t}.fc1", layer.ffn.bias)
+            yield from _linear(f"{o}.ffn.down_proj", f"{t}.fc2", layer.ffn.bias)
+            yield from _norm(f"{o}.ffn_norm", f"{t}.final_layer_norm", layer.norm)
+    yield from _lm_head(spec)
+
+
+def _llama(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
+        a, bias = f"{t}.self_attn", layer.attention.bias
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
+                           bias, "rows", _qkv_sizes(layer.attention))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield from _linear(f"{o}.ffn.{proj}", f"{t}.mlp.{proj}", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "model.norm", s.norm)
+    yield from _lm_head(spec)
+
+
+def _gpt_neox(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("gpt_neox.embed_in.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"gpt_neox.layers.{i}", s.layer(i)
+        att = layer.attention
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.attention.query_key_value", att.bias,
+                           "neox_qkv", (att.n_heads, att.head_dim))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.attention.dense", att.bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.dense_h_to_4h", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.dense_4h_to_h", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "gpt_neox.final_layer_norm", s.norm)
+    yield from _lm_head(spec)
+
+
+_RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
+    "gpt2": _gpt2,
+    "bert": lambda spec: _bert_like(spec, "bert"),
+    "roberta": lambda spec: _bert_like(spec, "roberta"),
+    "t5": _t5,
+    "bart": _bart,
+    "llama": _llama,
+    "mistral": _llama,
+    "gpt_neox": _gpt_neox,
+}
+
+
+def rules_for(spec: ModelSpec, model_type: str | None = None) -> list[Rule]:
+    """Every conversion rule of ``spec``'s Hugging Face family (default: :func:`hf_family`)."""
+    model_type = model_type or hf_family(spec)
+    return list(_RULES[model_type](spec))
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+@dataclass
+class WeightReport:
+    """What a conversion left aside: HF tensors with no counterpart that were dropped
+    as known buffers/unused heads (``ignored``), and tied copies checked and dropped."""
+
+    ignored: list[str]
+    tied: list[str]
+
+
+def _normalise(state_dict: Mapping[str, Tensor], family: _Family) -> dict[str, Tensor]:
+    out = {}
+    for name, tensor in state_dict.items():
+        for pattern, template in family.aliases:
+            name = re.sub(pattern, template, name)
+        out[name] = tensor
+    if family.prefix and not any(n.startswith(family.prefix) for n in out):
+        # saved from the bare base model (GPT2Model, BertModel, LlamaModel, ...)
+        out = {n if n.startswith(family.heads) else family.prefix + n: t for n, t in out.items()}
+    return out
+
+
+def _short_list(names: list[str], n: int = 8) -> str:
+    more = f" (and {len(names) - n} more)" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def hf_to_specformer(
+    state_dict: Mapping[str, Tensor], spec: ModelSpec, *, model_type: str | None = None
+) -> tuple[dict[str, Tensor], WeightReport]:
+    """Convert a Hugging Face state dict to specformer names for ``spec``.
+
+    Raises :class:`HFConversionError` listing missing tensors, tensors with no
+    counterpart, shape mismatches, or a tied output matrix that differs from the token
+    embeddings (a checkpoint that is not tied; import it with ``tie_output: false``).
+    """
+    model_type = model_type or hf_family(spec)
+    family = _FAMILIES[model_type]
+    theirs = _normalise(state_dict, family)
+    rules = rules_for(spec, model_type)
+    out: dict[str, Tensor] = {}
+    missing: list[str] = []
+    used: set[str] = set()
+    for rule in rules:
+        absent = [n for n in rule.theirs if n not in theirs]
+        if absent:
+            missing.extend(absent)
+            continue
+        used.update(rule.theirs)
+        out[rule.ours] = rule.to_ours([theirs[n] for n in rule.theirs])
+    if missing:
+        raise HFConversionError(
+            f"the {model_type} checkpoint lacks {len(missing)} tensor(s) the spec needs: {_short_list(missing)}"
+        )
+    report = WeightReport(ignored=[], tied=[])
+    unexpected = []
+    for name in theirs:
+        if name in used:
+            continue
+        tensor = theirs[name]
+        copy_of = _copy_of(name, family, spec, out) if name in family.tied_copies else None
+        if copy_of is not None:
+            if tensor.shape != copy_of.shape or not torch.equal(tensor.to(copy_of.dtype), copy_of):
+                raise HFConversionError(
+                    f"{name} differs from the token embeddings, so this checkpoint's output layer is "
+                    "not tied; use a spec with embedding.tie_output: false"
+                )
+            report.tied.append(name)
+        elif name == "final_logits_bias":
+            if torch.count_nonzero(tensor):
+                raise HFConversionError(
+                    "final_logits_bias is non-zero; specformer's BART head has no logits bias"
+                )
+            report.ignored.append(name)
+        elif any(re.search(p, name) for p in family.ignore):
+            report.ignored.append(name)
+        else:
+            unexpected.append(name)
+    if unexpected:
+        raise HFConversionError(
+            f"the {model_type} checkpoint has {len(unexpected)} tensor(s) the spec has no place for: "
+            f"{_short_list(unexpected)}"
+        )
+    return out, report
+
+
+def _copy_of(name: str, family: _Family, spec: ModelSpec, ours: Mapping[str, Tensor]) -> Tensor | None:
+    """The specformer tensor that the HF tied copy ``name`` must equal, or None when
+    ``name`` is not a copy for this spec."""
+    if name not in family.tied_copies:
+        return None
+    if name.endswith("decoder.bias"):  # BERT/RoBERTa: the decoder's bias is the head bias
+        return ours.get("head.bias")
+    if name.endswith("embed_tokens.weight"):  # T5/BART stacks point at the shared table
+        return ours["embed.tokens.weight"]
+    return ours["embed.tokens.weight"] if spec.embedding.tie_output else None
+
+
+def specformer_to_hf(
+    state_dict: Mapping[str, Tensor], spec: ModelSpec, *, model_type: str | None = None
+) -> dict[str, Tensor]:
+    """Convert a specformer state dict for ``spec`` to Hugging Face names (tied copies
+    included, as in ``PreTrainedModel.state_dict()``)."""
+    model_type = model_type or hf_family(spec)
+    family = _FAMILIES[model_type]
+    rules = rules_for(spec, model_type)
+    expected = {r.ours for r in rules}
+    missing = sorted(expected - set(state_dict))
+    extra = sorted(set(state_dict) - expected)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {_short_list(missing)}")
+        if extra:
+            parts.append(f"with no {model_type} counterpart {_short_list(extra)}")
+        raise HFConversionError(f"the state dict does not match the spec: {'; '.join(parts)}")
+    out: dict[str, Tensor] = {}
+    for rule in rules:
+        for name, tensor in zip(rule.theirs, rule.to_theirs(state_dict[rule.ours]), strict=True):
+            out[name] = tensor
+    for name in family.tied_copies:
+        value = _copy_of(name, family, spec, state_dict)
+        if value is not None:
+            out[name] = value
+    if model_type == "bart":
+        out["final_logits_bias"] = torch.zeros(1, spec.vocab_size, dtype=state_dict["embed.tokens.weight"].dtype)
+    return out

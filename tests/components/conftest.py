@@ -1,0 +1,57 @@
+"""Tiny specs for component tests: built from dicts so each test says what it varies."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from specformer.specs.schema import ModelSpec
+
+
+def make_tiny(kind: str = "decoder", **changes: Any) -> ModelSpec:
+    """A tiny model of ``kind``; keyword arguments deep-merge into the spec dict
+    (``stack=`` applies to every stack present)."""
+    stack: dict[str, Any] = {
+        "n_layers": 2,
+        "attention": {"n_heads": 4, "n_kv_heads": 2},
+        "ffn": {"type": "mlp", "d_ff": 64, "activation": "gelu"},
+        "norm": {"type": "layernorm"},
+    }
+    data: dict[str, Any] = {"kind": kind, "vocab_size": 61, "d_model": 32, "max_seq_len": 64}
+    data["positional"] = {"type": "rope"}
+    stack_changes = changes.pop("stack", {})
+    stack = _merge(stack, stack_changes)
+    if kind in ("decoder", "encoder-decoder"):
+        data["decoder"] = copy.deepcopy(stack)
+    if kind in ("encoder", "encoder-decoder"):
+        data["encoder"] = copy.deepcopy(stack)
+    if kind == "encoder":
+        data["head"] = {"type": "lm"}
+    data = _merge(data, changes)
+    return ModelSpec.model_validate(data)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        if "type" in over and "type" in base and over["type"] != base["type"]:
+            return copy.deepcopy(over)
+        out = copy.deepcopy(base)
+        for k, v in over.items():
+            out[k] = _merge(out[k], v) if k in out else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(over)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def tiny() -> Callable[..., ModelSpec]:
+    """The :func:`make_tiny` factory."""
+    return make_tiny

@@ -1,0 +1,153 @@
+"""Attention against independent references: torch's MultiheadAttention, GQA as MHA
+with repeated key/value heads, SDPA against the eager backend, masks and qk-norm."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from specformer.builder import build_model
+from specformer.components.attention import Attention
+from specformer.specs.schema import AttentionSpec, ModelSpec
+
+Tiny = Callable[..., ModelSpec]
+D = 32
+
+
+def _attention(**fields: object) -> Attention:
+    spec = AttentionSpec(**{"n_heads": 4, "head_dim": 8, "n_kv_heads": 4, **fields})
+    attn = Attention(spec, d_model=D)
+    for p in attn.parameters():
+        nn.init.normal_(p, std=0.2)
+    return attn.eval()
+
+
+def test_mha_equals_torch_multihead_attention() -> None:
+    attn = _attention()
+    ref = nn.MultiheadAttention(D, 4, batch_first=True).eval()
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(attn.qkv_proj.weight)  # rows q, k, v: the same layout
+        ref.in_proj_bias.copy_(attn.qkv_proj.bias)
+        ref.out_proj.weight.copy_(attn.o_proj.weight)
+        ref.out_proj.bias.copy_(attn.o_proj.bias)
+    x = torch.randn(2, 7, D)
+    causal = torch.ones(7, 7, dtype=torch.bool).triu(1)  # torch: True = masked
+    want, _ = ref(x, x, x, attn_mask=causal, need_weights=False)
+    got, _ = attn(x, is_causal=True)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def _as_mha(gqa: Attention) -> Attention:
+    """An MHA module computing what ``gqa`` computes: each kv head repeated for its group."""
+    h, hkv, dh = gqa.n_heads, gqa.n_kv_heads, gqa.head_dim
+    mha = _attention(n_heads=h, n_kv_heads=h, head_dim=dh)
+    q_w, k_w, v_w = gqa.qkv_proj.weight.split([h * dh, hkv * dh, hkv * dh])
+    q_b, k_b, v_b = gqa.qkv_proj.bias.split([h * dh, hkv * dh, hkv * dh])
+
+    def repeat(t: torch.Tensor) -> torch.Tensor:
+        return t.view(hkv, dh, *t.shape[1:]).repeat_interleave(h // hkv, dim=0).reshape(h * dh, *t.shape[1:])
+
+    with torch.no_grad():
+        mha.qkv_proj.weight.copy_(torch.cat([q_w, repeat(k_w), repeat(v_w)]))
+        mha.qkv_proj.bias.copy_(torch.cat([q_b, repeat(k_b), repeat(v_b)]))
+        mha.o_proj.load_state_dict(gqa.o_proj.state_dict())
+    return mha
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads: int, backend: str) -> None:
+    gqa = _attention(n_kv_heads=n_kv_heads, backend=backend)
+    mha = _as_mha(gqa)
+    x = torch.randn(2, 6, D)
+    a, _ = gqa(x, is_causal=True)
+    b, _ = mha(x, is_causal=True)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_mqa_shapes_and_parameter_count() -> None:
+    attn = _attention(n_heads=8, n_kv_heads=1, head_dim=4)
+    assert attn.qkv_proj.weight.shape == ((8 + 2) * 4, D)
+    n = sum(p.numel() for p in attn.parameters())
+    assert n == D * (8 + 2) * 4 + (8 + 2) * 4 + (8 * 4) * D + D
+    out, weights = attn(torch.randn(3, 5, D), need_weights=True)
+    assert out.shape == (3, 5, D)
+    assert weights.shape == (3, 8, 5, 5)
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi", "t5", "learned", "none"])
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_equals_eager(tiny: Tiny, positional: str, kind: str, masked: bool) -> None:
+    sdpa_spec = tiny(kind, positional={"type": positional}, stack={"attention": {"backend": "sdpa"}})
+    eager_spec = tiny(kind, positional={"type": positional}, stack={"attention": {"backend": "eager"}})
+    sdpa = build_model(sdpa_spec).eval()
+    eager = build_model(eager_spec).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    ids = torch.randint(0, 61, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    if masked:
+        mask[0, 6:] = 0
+        mask[1, :2] = 0
+    kwargs = {"attention_mask": mask} if masked else {}
+    if kind == "encoder-decoder":
+        kwargs = {"decoder_input_ids": ids[:, :7], **kwargs}
+        if masked:
+            kwargs["decoder_attention_mask"] = mask[:, :7]
+    with torch.no_grad():
+        a = sdpa(ids, **kwargs).logits
+        b = eager(ids, **kwargs).logits
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_output_attentions_returns_rows_that_sum_to_one_and_respect_causality(tiny: Tiny) -> None:
+    model = build_model(tiny()).eval()
+    out = model(torch.randint(0, 61, (2, 6)), output_attentions=True)
+    assert len(out.attentions) == 2
+    w = out.attentions[0]
+    assert w.shape == (2, 4, 6, 6)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 6), atol=1e-6)
+    assert w.triu(1).abs().max().item() == 0.0
+
+
+def test_padding_mask_gives_padded_keys_zero_weight(tiny: Tiny) -> None:
+    model = build_model(tiny("encoder")).eval()
+    mask = torch.tensor([[1, 1, 1, 0, 0]])
+    out = model(torch.randint(0, 61, (1, 5)), attention_mask=mask, output_attentions=True)
+    for w in out.attentions:
+        assert w[..., :3, 3:].abs().max().item() == 0.0  # real queries ignore padded keys
+        assert torch.isfinite(w).all()  # padded queries keep themselves: no empty row
+
+
+@pytest.mark.parametrize("qk_norm", ["layernorm", "rmsnorm"])
+def test_qk_norm_normalises_queries_and_keys_per_head(qk_norm: str) -> None:
+    attn = _attention(qk_norm=qk_norm)
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("q", o))
+    attn.k_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("k", o))
+    with torch.no_grad():
+        attn.q_norm.weight.fill_(1.0)
+        attn.k_norm.weight.fill_(1.0)
+        for norm in (attn.q_norm, attn.k_norm):
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.zero_()
+    attn(torch.randn(2, 5, D) * 10)
+    assert seen["q"].shape == (2, 4, 5, 8) and seen["k"].shape == (2, 4, 5, 8)
+    rms = seen["q"].pow(2).mean(-1).sqrt()
+    assert torch.allclose(rms, torch.ones_like(rms), atol=1e-3)
+    state = attn.state_dict()
+    assert "q_norm.weight" in state and "k_norm.weight" in state
+
+
+def test_cross_attention_reads_keys_from_the_context() -> None:
+    spec = AttentionSpec(n_heads=4, head_dim=8, n_kv_heads=2)
+    attn = Attention(spec, d_model=D, cross=True).eval()
+    assert attn.kv_proj.weight.shape == (2 * 2 * 8, D)
+    x, ctx = torch.randn(2, 3, D), torch.randn(2, 11, D)
+    out, weights = attn(x, context=ctx, need_weights=True)
+    assert out.shape == (2, 3, D) and weights.shape == (2, 4, 3, 11)
+    out2, _ = attn(x, context=ctx + 1.0)
+    assert not torch.allclose(out, out2)

@@ -1,0 +1,116 @@
+"""Residual wiring checked with forward hooks: post-norm LN(x + F(x)), pre-norm
+x + F(LN(x)) with a final norm, parallel x + attn(n1(x)) + ffn(n2(x))."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specformer.builder import build_model
+from specformer.components import ParallelBlock, PostNormBlock, PreNormBlock
+from specformer.specs.schema import ModelSpec
+
+Tiny = Callable[..., ModelSpec]
+
+
+def _record(block: nn.Module) -> dict[str, tuple[Any, Any]]:
+    seen: dict[str, tuple[Any, Any]] = {}
+    for name in ("attn_norm", "self_attn", "ffn_norm", "ffn"):
+        getattr(block, name).register_forward_hook(
+            lambda m, args, out, name=name: seen.__setitem__(name, (args[0], out))
+        )
+    block.register_forward_hook(lambda m, args, out: seen.__setitem__("block", (args[0], out[0])))
+    return seen
+
+
+def _run(model: nn.Module) -> None:
+    with torch.no_grad():
+        model(torch.randint(0, 61, (2, 7)))
+
+
+def test_post_norm_is_layernorm_of_x_plus_sublayer(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"norm": {"placement": "post"}})).eval()
+    block = model.decoder.layers[1]
+    assert isinstance(block, PostNormBlock)
+    assert model.decoder.final_norm is None  # post-norm: no final norm by default
+    seen = _record(block)
+    _run(model)
+    x = seen["block"][0]
+    attn_out = seen["self_attn"][1][0]
+    assert torch.equal(seen["self_attn"][0], x)  # the sublayer reads x itself
+    assert torch.allclose(seen["attn_norm"][0], x + attn_out, atol=1e-6)  # LN(x + F(x))
+    h = seen["attn_norm"][1]
+    assert torch.equal(seen["ffn"][0], h)
+    assert torch.allclose(seen["ffn_norm"][0], h + seen["ffn"][1], atol=1e-6)
+    assert torch.equal(seen["block"][1], seen["ffn_norm"][1])  # the block ends in the norm
+
+
+def test_pre_norm_is_x_plus_sublayer_of_layernorm_with_a_final_norm(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"norm": {"placement": "pre"}})).eval()
+    block = model.decoder.layers[1]
+    assert isinstance(block, PreNormBlock)
+    seen = _record(block)
+    final: dict[str, Any] = {}
+    model.decoder.final_norm.register_forward_hook(lambda m, a, o: final.update(inp=a[0], out=o))
+    _run(model)
+    x = seen["block"][0]
+    assert torch.equal(seen["attn_norm"][0], x)
+    assert torch.equal(seen["self_attn"][0], seen["attn_norm"][1])  # F(LN(x))
+    h = x + seen["self_attn"][1][0]
+    assert torch.allclose(seen["ffn_norm"][0], h, atol=1e-6)
+    assert torch.equal(seen["ffn"][0], seen["ffn_norm"][1])
+    assert torch.allclose(seen["block"][1], h + seen["ffn"][1], atol=1e-6)
+    assert torch.equal(final["inp"], seen["block"][1])  # final norm after the last layer
+
+
+def test_final_norm_output_is_the_hidden_state(tiny: Tiny) -> None:
+    model = build_model(tiny()).eval()
+    final: dict[str, Any] = {}
+    model.decoder.final_norm.register_forward_hook(lambda m, a, o: final.update(out=o))
+    out = model(torch.randint(0, 61, (1, 4)))
+    assert torch.equal(out.hidden_states, final["out"])
+
+
+def test_parallel_residual_is_neox_style(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"residual": {"type": "parallel"}})).eval()
+    block = model.decoder.layers[0]
+    assert isinstance(block, ParallelBlock)
+    seen = _record(block)
+    _run(model)
+    x = seen["block"][0]
+    assert torch.equal(seen["attn_norm"][0], x) and torch.equal(seen["ffn_norm"][0], x)
+    assert torch.equal(seen["ffn"][0], seen["ffn_norm"][1])
+    expected = x + seen["self_attn"][1][0] + seen["ffn"][1]
+    assert torch.allclose(seen["block"][1], expected, atol=1e-6)
+
+
+def test_residual_dropout_is_active_only_in_training(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"residual": {"dropout": 0.5}}))
+    ids = torch.randint(0, 61, (2, 7))
+    model.eval()
+    assert torch.equal(model(ids).logits, model(ids).logits)
+    model.train()
+    assert not torch.allclose(model(ids).logits, model(ids).logits)
+
+
+def test_overrides_build_the_right_module_per_layer(tiny: Tiny) -> None:
+    spec = tiny(
+        stack={
+            "n_layers": 4,
+            "overrides": [
+                {"layers": "0-1", "attention": {"sliding_window": 3}},
+                {"layers": [3], "ffn": {"type": "glu", "d_ff": 48}, "attention": {"n_kv_heads": 1}},
+            ],
+        }
+    )
+    model = build_model(spec)
+    layers = model.decoder.layers
+    assert [layer.self_attn.sliding_window for layer in layers] == [3, 3, None, None]
+    assert [type(layer.ffn).__name__ for layer in layers] == ["MLP", "MLP", "MLP", "GLU"]
+    assert layers[3].ffn.gate_proj.weight.shape == (48, 32)
+    assert [layer.self_attn.n_kv_heads for layer in layers] == [2, 2, 2, 1]
+    out = model(torch.randint(0, 61, (1, 9)))
+    assert out.logits.shape == (1, 9, 61)

@@ -1,0 +1,85 @@
+"""Heads and embeddings: LM (tied, untied, T5 input scale), masked-LM, classification,
+embedding scale, segments and shared encoder/decoder embeddings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.nn import functional as F
+
+from specformer.builder import build_model
+from specformer.specs.schema import ModelSpec
+
+Tiny = Callable[..., ModelSpec]
+
+
+def test_lm_head_scale_input_multiplies_by_inverse_sqrt_d_model(tiny: Tiny) -> None:
+    model = build_model(tiny(head={"type": "lm", "scale_input": True}))
+    h = torch.randn(1, 3, 32)
+    want = F.linear(h * 32**-0.5, model.embed.tokens.weight)
+    assert torch.allclose(model.head(h), want, atol=1e-6)
+
+
+def test_lm_head_tied_with_bias(tiny: Tiny) -> None:
+    model = build_model(tiny(head={"type": "lm", "bias": True}))
+    assert model.head.proj is None and model.head.bias.shape == (61,)
+    assert "head.bias" in model.state_dict()
+
+
+def test_mlm_head_is_transform_then_tied_decoder_plus_bias(tiny: Tiny) -> None:
+    model = build_model(tiny("encoder", head={"type": "mlm"})).eval()
+    head = model.head
+    with torch.no_grad():
+        head.bias.normal_()
+    h = torch.randn(2, 4, 32)
+    t = F.layer_norm(
+        F.gelu(head.transform.dense(h)), (32,), head.transform.norm.weight, head.transform.norm.bias, 1e-12
+    )
+    want = t @ model.embed.tokens.weight.T + head.bias
+    assert torch.allclose(head(h), want, atol=1e-5)
+    untied = build_model(tiny("encoder", head={"type": "mlm"}, embedding={"tie_output": False}))
+    assert untied.head.proj.weight.shape == (61, 32)
+
+
+def test_classification_pooler_and_shapes(tiny: Tiny) -> None:
+    spec = tiny("encoder", head={"type": "classification", "n_classes": 5, "pooling": "first"})
+    model = build_model(spec).eval()
+    out = model(torch.randint(0, 61, (3, 7)))
+    assert out.logits.shape == (3, 5)
+    h = out.hidden_states[:, 0]
+    want = model.head.classifier(torch.tanh(model.head.pooler(h)))
+    assert torch.allclose(out.logits, want, atol=1e-6)
+    no_pooler = build_model(tiny("encoder", head={"type": "classification", "pooler": False}))
+    assert no_pooler.head.pooler is None
+
+
+def test_embedding_scale_and_segments(tiny: Tiny) -> None:
+    spec = tiny(
+        "encoder",
+        positional={"type": "none"},
+        embedding={"scale": True, "segment_vocab_size": 2},
+    )
+    model = build_model(spec).eval()
+    ids = torch.tensor([[3, 4, 5]])
+    types = torch.tensor([[0, 1, 1]])
+    x = model.embed(ids, position_ids=torch.arange(3)[None], n_positions=3, token_type_ids=types)
+    want = model.embed.tokens.weight[ids] * math.sqrt(32) + model.embed.segments.weight[types]
+    assert torch.allclose(x, want, atol=1e-6)
+    default = model.embed(ids, position_ids=torch.arange(3)[None], n_positions=3)
+    zeros = model.embed(ids, position_ids=torch.arange(3)[None], n_positions=3, token_type_ids=torch.zeros_like(ids))
+    assert torch.allclose(default, zeros)
+
+
+def test_shared_and_separate_encoder_decoder_embeddings(tiny: Tiny) -> None:
+    shared = build_model(tiny("encoder-decoder"))
+    assert shared.decoder_embed is None
+    assert not any(k.startswith("decoder_embed.") for k in shared.state_dict())
+    separate = build_model(tiny("encoder-decoder", embedding={"share_encoder_decoder": False}))
+    assert separate.decoder_embed.tokens.weight.data_ptr() != separate.embed.tokens.weight.data_ptr()
+    h = torch.randn(1, 2, 32)
+    assert torch.allclose(separate.head(h), h @ separate.decoder_embed.tokens.weight.T)  # tied to the decoder side
+    n_shared = sum(p.numel() for p in shared.parameters())
+    n_separate = sum(p.numel() for p in separate.parameters())
+    assert n_separate - n_shared == 61 * 32

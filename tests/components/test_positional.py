@@ -1,0 +1,201 @@
+"""Positional schemes against their definitions, and causality for every scheme."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from specformer.builder import build_model
+from specformer.components.positional import (
+    Rotary,
+    SinusoidalPositional,
+    alibi_slopes,
+    apply_rotary,
+    sinusoidal_table,
+    t5_relative_buckets,
+)
+from specformer.registry import REGISTRY
+from specformer.specs.schema import ModelSpec, RopeSpec, SinusoidalSpec
+
+Tiny = Callable[..., ModelSpec]
+
+
+def test_sinusoidal_table_equals_the_formula() -> None:
+    d, n, base = 12, 50, 10000.0
+    table = sinusoidal_table(n, d, base)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / base ** (2 * i / d)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_sinusoidal_module_adds_the_table_and_caches_it() -> None:
+    pos = SinusoidalPositional(SinusoidalSpec(), d_model=8, max_seq_len=16)
+    x = torch.zeros(1, 4, 8)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    out = pos.embed(x, ids, 7)
+    assert torch.allclose(out[0], sinusoidal_table(16, 8)[3:7])
+    assert len(pos._tables) == 1
+    pos.embed(x, ids, 7)
+    assert len(pos._tables) == 1
+    long = pos.embed(torch.zeros(1, 1, 8), torch.tensor([[40]]), 41)  # grows past max_seq_len
+    assert torch.allclose(long[0, 0], sinusoidal_table(41, 8)[40])
+
+
+# ALiBi paper (Press et al. 2022), section 3 and its reference code: 8 heads give
+# 1/2, 1/4, ..., 1/256; for 12 heads, the 8-head slopes followed by every other
+# slope of the 16-head sequence (2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5).
+ALIBI_8 = [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+ALIBI_12 = ALIBI_8 + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
+
+
+@pytest.mark.parametrize(("heads", "expected"), [(8, ALIBI_8), (12, ALIBI_12)])
+def test_alibi_slopes_equal_the_paper(heads: int, expected: list[float]) -> None:
+    assert alibi_slopes(heads) == pytest.approx(expected, rel=1e-12)
+
+
+def _reference_t5_bucket(rel: int, *, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """T5's bucketing written from the paper's description / Mesh TensorFlow's
+    ``_relative_position_bucket``: n = query - key; exact buckets for small |n|,
+    logarithmic up to max_distance, a separate half for keys after the query."""
+    n = -rel
+    ret = 0
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            ret += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    val = max_exact + int(
+        math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
+    return ret + min(val, num_buckets - 1)
+
+
+DISTANCES = [-300, -128, -127, -100, -64, -33, -32, -20, -16, -15, -12, -9, -8, -7, -3, -1, 0,
+             1, 2, 7, 8, 9, 11, 15, 16, 17, 31, 32, 50, 64, 65, 127, 128, 129, 500]
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (32, 64), (16, 40)])
+def test_t5_buckets_equal_the_reference(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
+    rel = torch.tensor(DISTANCES)
+    got = t5_relative_buckets(
+        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    ).tolist()
+    want = [
+        _reference_t5_bucket(r, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+        for r in DISTANCES
+    ]
+    assert got == want
+
+
+def test_t5_bias_is_shared_by_the_layers_of_a_stack(tiny: Tiny) -> None:
+    spec = tiny("encoder-decoder", positional={"type": "t5", "num_buckets": 8, "max_distance": 16})
+    model = build_model(spec)
+    assert model.encoder.rel_bias.bidirectional and not model.decoder.rel_bias.bidirectional
+    names = [n for n, _ in model.named_parameters() if "rel_bias" in n]
+    assert names == ["encoder.rel_bias.weight", "decoder.rel_bias.weight"]
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.25])
+def test_rope_scores_depend_only_on_relative_position(fraction: float) -> None:
+    head_dim = 16
+    rope = Rotary(RopeSpec(fraction=fraction), max_seq_len=64, head_dim=head_dim)
+    q = torch.randn(1, 1, 1, head_dim)
+    k = torch.randn(1, 1, 1, head_dim)
+
+    def score(m: int, n: int) -> float:
+        cos_m, sin_m = rope.rotation(torch.tensor([[m]]), 64, dtype=torch.float32)
+        cos_n, sin_n = rope.rotation(torch.tensor([[n]]), 64, dtype=torch.float32)
+        return (apply_rotary(q, cos_m, sin_m) * apply_rotary(k, cos_n, sin_n)).sum().item()
+
+    for m, n in [(3, 7), (10, 2), (0, 0)]:
+        for shift in (1, 5, 40):
+            assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-4)
+    assert score(3, 9) != pytest.approx(score(3, 7), abs=1e-3)  # but it does depend on n - m
+
+
+def test_partial_rope_leaves_the_rest_untouched() -> None:
+    rope = Rotary(RopeSpec(fraction=0.25), max_seq_len=8, head_dim=16)
+    x = torch.randn(1, 2, 3, 16)
+    cos, sin = rope.rotation(torch.tensor([[1, 2, 3]]), 8, dtype=torch.float32)
+    y = apply_rotary(x, cos, sin)
+    assert torch.equal(y[..., 4:], x[..., 4:])
+    assert not torch.allclose(y[..., :4], x[..., :4])
+    # rotation preserves the norm of each rotated pair
+    assert torch.allclose(y[..., :4].norm(dim=-1), x[..., :4].norm(dim=-1), atol=1e-6)
+
+
+def test_rope_tables_are_cached_per_device_and_dtype() -> None:
+    rope = Rotary(RopeSpec(), max_seq_len=8, head_dim=8)
+    ids = torch.arange(4)[None]
+    a = rope.rotation(ids, 4, dtype=torch.float32)
+    table = rope._tables[(ids.device, torch.float32)][0]
+    b = rope.rotation(ids, 4, dtype=torch.float32)
+    assert rope._tables[(ids.device, torch.float32)][0] is table  # reused, not recomputed
+    rope.rotation(ids, 4, dtype=torch.bfloat16)
+    assert len(rope._tables) == 2
+    assert torch.equal(a[0], b[0])
+    rope.rotation(torch.tensor([[20]]), 21, dtype=torch.float32)  # past max_seq_len: the table grows
+    assert rope._tables[(ids.device, torch.float32)][0].shape[0] >= 21
+
+
+@pytest.mark.parametrize("positional", REGISTRY.names("positional"))
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_causal_decoder_does_not_see_the_future(tiny: Tiny, positional: str, backend: str) -> None:
+    spec = tiny(positional={"type": positional}, stack={"attention": {"backend": backend}})
+    model = build_model(spec).eval()
+    ids = torch.randint(0, spec.vocab_size, (2, 12))
+    changed = ids.clone()
+    t = 6
+    changed[:, t + 1 :] = torch.randint(0, spec.vocab_size, (2, 12 - t - 1))
+    with torch.no_grad():
+        a = model(ids).logits
+        b = model(changed).logits
+    assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :], atol=1e-4)
+
+
+@pytest.mark.parametrize("positional", REGISTRY.names("positional"))
+def test_causal_decoder_of_encoder_decoder_does_not_see_the_future(tiny: Tiny, positional: str) -> None:
+    spec = tiny("encoder-decoder", positional={"type": positional})
+    model = build_model(spec).eval()
+    src = torch.randint(0, spec.vocab_size, (2, 9))
+    tgt = torch.randint(0, spec.vocab_size, (2, 10))
+    changed = tgt.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % spec.vocab_size
+    with torch.no_grad():
+        a = model(src, decoder_input_ids=tgt).logits
+        b = model(src, decoder_input_ids=changed).logits
+    assert torch.allclose(a[:, :5], b[:, :5], atol=1e-6)
+    assert not torch.allclose(a[:, 5:], b[:, 5:], atol=1e-4)
+
+
+def test_sliding_window_limits_what_a_query_sees(tiny: Tiny) -> None:
+    spec = tiny(stack={"attention": {"sliding_window": 3}, "n_layers": 1})
+    model = build_model(spec).eval()
+    ids = torch.randint(0, spec.vocab_size, (1, 10))
+    changed = ids.clone()
+    changed[0, 2] = (changed[0, 2] + 1) % spec.vocab_size  # one layer: position 2 reaches 2..4 only
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+    same = torch.isclose(a, b, atol=1e-6).all(dim=-1)[0].tolist()
+    assert same == [True, True, False, False, False, True, True, True, True, True]
+
+
+def test_learned_offset_reads_shifted_rows(tiny: Tiny) -> None:
+    spec = tiny(positional={"type": "learned", "offset": 2, "max_positions": 66})
+    model = build_model(spec)
+    assert model.embed.positions.weight.shape == (66, 32)
+    x = torch.zeros(1, 3, 32)
+    out = model.embed.positions.embed(x, torch.arange(3)[None], 3)
+    assert torch.equal(out[0], model.embed.positions.weight[2:5])

@@ -569,7 +569,12 @@ def _labels(args: list[str], specs: list[Any]) -> list[str]:
     labels = [a if a != n else n for a, n in zip(args, names, strict=True)]
     if len(set(labels)) == len(labels):
         return labels
-    return [f"{i + 1}:{a}" for i, a in enumerate(labels)]
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
 
 
 @app.command()

@@ -1,0 +1,157 @@
+"""``specformer show`` and ``specformer diff`` as a user runs them, in every format."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specformer import load_spec
+from specformer.analysis import count_parameters, flops_per_token, kv_cache_bytes_per_token
+from specformer.cli import app
+
+runner = CliRunner()
+
+LLAMA_70B_YAML = """\
+extends: llama2-7b
+name: llama2-70b
+d_model: 8192
+decoder:
+  n_layers: 80
+  attention: {n_heads: 64, n_kv_heads: 8}
+  ffn: {d_ff: 28672}
+"""
+
+
+def _ok(args: list[str]):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_show_rich_tables() -> None:
+    out = _ok(["show", "gpt2-small"]).stdout
+    assert "124,439,808" in out and "85,056,000" in out
+    for title in ("architecture", "parameters", "FLOPs per token", "memory", "KV cache per token"):
+        assert title in out
+    assert "layernorm (pre)" in out and "learned (1024 rows)" in out
+
+
+def test_show_json_has_stable_keys() -> None:
+    data = json.loads(_ok(["show", "llama2-7b", "--format", "json", "--seq-len", "2048", "--batch", "2"]).stdout)
+    spec = load_spec("llama2-7b")
+    assert data["params"]["total"] == 6_738_415_616
+    assert data["params"]["non_embedding"] == count_parameters(spec).non_embedding
+    assert data["flops_per_token"]["forward"] == flops_per_token(spec, 2048).forward
+    assert data["flops_per_token"]["training"] == 3 * data["flops_per_token"]["forward"]
+    assert data["kv_cache_bytes_per_token"] == kv_cache_bytes_per_token(spec, "bf16") == 524_288
+    assert data["memory"]["batch"] == 2 and data["memory"]["seq_len"] == 2048
+    assert data["memory"]["total"] == sum(
+        data["memory"][k] for k in ("weights", "gradients", "optimizer", "weight_casts", "activations")
+    )
+
+
+def test_show_markdown() -> None:
+    out = _ok(["show", "t5-small", "--format", "markdown", "--dtype", "fp32"]).stdout
+    assert out.startswith("### t5-small")
+    assert "| component | per layer | layers | total | share |" in out
+    assert "| decoder cross-attention |" in out
+    assert "fp32" in out
+
+
+def test_show_set_overrides() -> None:
+    data = json.loads(_ok(["show", "gpt2-small", "--set", "decoder.n_layers=6", "-f", "json"]).stdout)
+    assert data["params"]["total"] == count_parameters(load_spec("gpt2-small", ["decoder.n_layers=6"])).total
+
+
+def test_show_bad_spec_exits_1_without_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("extends: gpt2-small\ndecoder:\n  attention: {n_heads: 5}\n")
+    result = runner.invoke(app, ["show", str(path)])
+    assert result.exit_code == 1
+    assert "bad.yaml:3:" in result.stderr and "n_heads" in result.stderr
+    assert "Traceback" not in result.output
+    missing = runner.invoke(app, ["show", "gpt3-small"])
+    assert missing.exit_code == 1 and "did you mean" in missing.stderr
+
+
+def test_bad_options_are_reported() -> None:
+    result = runner.invoke(app, ["show", "gpt2-small", "--format", "html"])
+    assert result.exit_code == 2 and "rich, markdown, json" in result.stderr
+    result = runner.invoke(app, ["show", "gpt2-small", "--dtype", "fp12"])
+    assert result.exit_code == 1 and "unknown precision 'fp12'" in result.stderr
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["diff", "gpt2-small"])
+    assert result.exit_code == 2 and "at least two" in result.stderr
+
+
+def test_diff_rich(tmp_path: Path) -> None:
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(
+        "extends: gpt2-small\nname: gpt2-rope-swiglu\npositional: {type: rope, base: 10000}\n"
+        "decoder:\n  attention: {n_kv_heads: 4}\n  ffn: {type: glu, activation: silu, d_ff: 2048}\n"
+        "  norm: {type: rmsnorm}\n"
+    )
+    out = _ok(["diff", "gpt2-small", str(variant)]).stdout
+    assert "identical to gpt2-small except:" in out
+    assert "decoder.attention.kv_groups (derived)" in out
+    assert "consequences" in out and "-8.3%" in out  # parameters: 124.4M -> 114.1M
+    assert "checkpoint compatibility" in out and "qkv_proj.weight [2304, 768]→[1280, 768] (×12)" in out
+
+
+def test_diff_identical() -> None:
+    out = _ok(["diff", "gpt2-small", "gpt2-small"]).stdout
+    assert "gpt2-small #2 is identical to gpt2-small" in out
+    assert "yes: same keys and shapes" in out
+
+
+def test_diff_json_changes() -> None:
+    data = json.loads(_ok(["diff", "gpt2-small", "gpt2-medium", "--format", "json"]).stdout)
+    assert data["specs"] == ["gpt2-small", "gpt2-medium"]
+    changes = {c["path"]: (c["left"], c["right"]) for c in data["changes"]}
+    assert changes["d_model"] == (768, 1024)
+    assert changes["decoder.n_layers"] == (12, 24)
+    assert [r["params"]["total"] for r in data["reports"]] == [124_439_808, 354_823_168]
+    assert data["compatibility"][0]["compatible"] is False
+
+
+def test_diff_markdown_three_specs() -> None:
+    out = _ok(["diff", "gpt2-small", "gpt2-medium", "gpt2-large", "-f", "markdown", "--no-checkpoints"]).stdout
+    assert "| field | gpt2-small | gpt2-medium | gpt2-large |" in out
+    assert "| decoder.n_layers | 12 | 24 | 36 |" in out
+    assert "354,823,168 (+185.1%)" in out
+    assert "checkpoint compatibility" not in out
+
+
+def test_diff_same_names_get_distinct_labels(tmp_path: Path) -> None:
+    variant = tmp_path / "deeper.yaml"
+    variant.write_text("extends: gpt-nano\ndecoder: {n_layers: 6}\n")
+    data = json.loads(_ok(["diff", "gpt-nano", str(variant), "-f", "json"]).stdout)
+    assert data["specs"][0] != data["specs"][1]
+
+
+def test_show_and_diff_of_70b_are_fast(tmp_path: Path) -> None:
+    path = tmp_path / "llama2-70b.yaml"
+    path.write_text(LLAMA_70B_YAML)
+    _ok(["show", "gpt-nano"])  # warm imports
+    start = time.perf_counter()
+    data = json.loads(_ok(["show", str(path), "-f", "json"]).stdout)
+    _ok(["diff", "llama2-7b", str(path)])
+    elapsed = time.perf_counter() - start
+    assert data["params"]["total"] == 68_976_648_192
+    assert elapsed < 1.0, f"show + diff of a 70B spec took {elapsed:.2f}s"
+
+
+def test_show_tree() -> None:
+    pytest.importorskip("torch")
+    out = _ok(["show", "gpt-nano", "--tree"]).stdout
+    assert "891,648 params" in out
+    assert "layers.0–layers.3" not in out and "0–3" in out and "×4" in out
+    assert "qkv_proj" in out and "[384×128]" in out
+    tree = json.loads(_ok(["show", "gpt-nano", "--tree", "-f", "json"]).stdout)
+    assert tree["params"] == count_parameters(load_spec("gpt-nano")).total
+    md = _ok(["show", "t5-nano", "--tree", "-f", "markdown"]).stdout
+    assert md.startswith("### t5-nano module tree") and "rel_bias" in md

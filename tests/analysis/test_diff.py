@@ -1,0 +1,118 @@
+"""Spec diff: every resolved field, derived values, consequences, checkpoint compatibility."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specformer import load_spec, preset_names
+from specformer.analysis import ABSENT, count_parameters, diff_specs
+from specformer.specs.loader import preset_path
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_diff_with_itself_is_empty(name: str) -> None:
+    d = diff_specs(name, load_spec(name))
+    assert d.identical and d.changes == []
+    assert all(c.compatible for c in d.compatibility)
+
+
+@pytest.mark.parametrize(("a", "b"), [("gpt2-small", "llama2-7b"), ("bert-base", "t5-small"), ("t5-nano", "gpt-nano")])
+def test_diff_is_symmetric(a: str, b: str) -> None:
+    ab = diff_specs(a, b, reports=False, checkpoints=False)
+    ba = diff_specs(b, a, reports=False, checkpoints=False)
+    assert {c.path: (c.left, c.right) for c in ab.changes} == {c.path: (c.right, c.left) for c in ba.changes}
+
+
+def test_changed_fields_with_derived_values() -> None:
+    left = load_spec("gpt2-small")
+    right = load_spec("gpt2-small", overrides=["decoder.attention.n_heads=6", "decoder.attention.n_kv_heads=2",
+                                               "decoder.attention.head_dim=null"])
+    d = diff_specs(left, right)
+    changes = {c.path: c for c in d.changes}
+    assert set(changes) == {
+        "decoder.attention.n_heads",
+        "decoder.attention.n_kv_heads",
+        "decoder.attention.head_dim",
+        "decoder.attention.kv_groups",
+    }
+    assert (changes["decoder.attention.head_dim"].left, changes["decoder.attention.head_dim"].right) == (64, 128)
+    assert changes["decoder.attention.kv_groups"].derived
+    assert (changes["decoder.attention.kv_groups"].left, changes["decoder.attention.kv_groups"].right) == (1, 3)
+
+
+def test_type_change_reports_absent_fields() -> None:
+    d = diff_specs("gpt2-small", load_spec("gpt2-small", overrides=["positional={type: rope}"]), checkpoints=False)
+    changes = {c.path: c for c in d.changes}
+    assert (changes["positional.type"].left, changes["positional.type"].right) == ("learned", "rope")
+    assert changes["positional.offset"].right is ABSENT and changes["positional.offset"].left == 0
+    assert changes["positional.base"].left is ABSENT
+    as_json = changes["positional.base"].to_dict()
+    assert as_json["present"] == [False, True] and as_json["left"] is None
+
+
+def test_nothing_is_ignored() -> None:
+    # dropout, eps and init change no shape and no count, and still show up
+    right = load_spec("gpt2-small", overrides=["decoder.norm.eps=1e-6", "init.std=0.01", "embedding.dropout=0.0"])
+    d = diff_specs("gpt2-small", right)
+    assert {c.path for c in d.changes} == {"decoder.norm.eps", "init.std", "embedding.dropout"}
+    assert all(c.compatible for c in d.compatibility)
+    left_report, right_report = d.reports
+    assert left_report.params.total == right_report.params.total
+
+
+def test_preset_change_reaches_a_variant_that_extends_it(tmp_path: Path) -> None:
+    base = tmp_path / "base.yaml"
+    variant = tmp_path / "variant.yaml"
+    base.write_text(preset_path("gpt-nano").read_text())  # the preset as written
+    variant.write_text("extends: base.yaml\nname: variant\ndecoder:\n  attention: {n_kv_heads: 2}\n")
+    before = {c.path for c in diff_specs("gpt-nano", variant, checkpoints=False).changes}
+    assert "d_model" not in before and "decoder.attention.n_kv_heads" in before
+    base.write_text(base.read_text().replace("d_model: 128", "d_model: 256"))
+    after = {c.path: c for c in diff_specs("gpt-nano", variant, checkpoints=False).changes}
+    assert (after["d_model"].left, after["d_model"].right) == (128, 256)
+    assert (after["decoder.attention.head_dim"].left, after["decoder.attention.head_dim"].right) == (32, 64)
+
+
+def test_consequences_and_checkpoints_for_gqa() -> None:
+    right = load_spec("llama2-7b", overrides=["decoder.attention.n_kv_heads=8"])
+    d = diff_specs("llama2-7b", right, seq_len=2048)
+    left_r, right_r = d.reports
+    assert left_r.params.total - right_r.params.total == 32 * 2 * 24 * 128 * 4096
+    assert right_r.kv_cache_bytes_per_token * 4 == left_r.kv_cache_bytes_per_token
+    assert left_r.flops.seq_len == right_r.flops.seq_len == 2048
+    forward, back = d.compatibility
+    assert not forward.compatible and not back.compatible
+    assert not forward.missing and not forward.unexpected
+    assert [k for k, _, _ in forward.mismatched] == [f"decoder.layers.{i}.self_attn.qkv_proj.weight" for i in range(32)]
+    assert forward.mismatched[0][1:] == ((12288, 4096), (6144, 4096))
+
+
+def test_checkpoint_keys_missing_and_unexpected() -> None:
+    d = diff_specs("gpt-nano", load_spec("gpt-nano", overrides=["embedding.tie_output=false"]))
+    tied_into_untied, untied_into_tied = d.compatibility
+    assert tied_into_untied.missing == ["head.proj.weight"] and not tied_into_untied.unexpected
+    assert untied_into_tied.unexpected == ["head.proj.weight"] and not untied_into_tied.missing
+
+
+def test_n_way_diff() -> None:
+    d = diff_specs("gpt2-small", "gpt2-medium", "gpt2-large")
+    n_layers = next(c for c in d.changes if c.path == "decoder.n_layers")
+    assert n_layers.values == (12, 24, 36)
+    assert [r.params.total for r in d.reports] == [
+        count_parameters(load_spec(n)).total for n in ("gpt2-small", "gpt2-medium", "gpt2-large")
+    ]
+    assert len(d.compatibility) == 4
+    with pytest.raises(ValueError, match="at least two"):
+        diff_specs("gpt2-small")
+
+
+def test_diff_meta_method_agrees_with_analytic() -> None:
+    pytest.importorskip("torch")
+    right = load_spec("t5-nano", overrides=["embedding.share_encoder_decoder=false", "decoder.n_layers=3"])
+    analytic = diff_specs("t5-nano", right, reports=False).compatibility
+    meta = diff_specs("t5-nano", right, reports=False, checkpoint_method="meta").compatibility
+    assert [m.method for m in meta] == ["meta build", "meta build"]
+    for a, m in zip(analytic, meta, strict=True):
+        assert (a.missing, a.unexpected, a.mismatched) == (m.missing, m.unexpected, m.mismatched)

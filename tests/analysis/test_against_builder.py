@@ -162,3 +162,50 @@ def test_flops_match_flop_counter(name: str, overrides: list[str]) -> None:
     measured = counter.get_total_flops() / (2 * seq_len)
     analytic = flops_per_token(spec, seq_len, count="executed").forward
     assert math.isclose(measured, analytic, rel_tol=0.05), (measured, analytic, counter.get_flop_counts())
+
+
+# --------------------------------------------------------------------------- measured activations
+
+
+def _saved_activation_bytes(spec, batch: int, seq_len: int) -> int:
+    """Bytes of the distinct tensors autograd saves in a training forward (weights excluded),
+    plus the logits, which the step keeps until the loss is computed."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build_model(spec).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, spec.vocab_size, (batch, seq_len))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(ids, decoder_input_ids=ids) if spec.kind == "encoder-decoder" else model(ids)
+        F.cross_entropy(out.logits.reshape(-1, spec.vocab_size), ids.reshape(-1))
+    saved.setdefault(out.logits.untyped_storage().data_ptr(), out.logits.untyped_storage().nbytes())
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("gpt-nano", []),
+        ("gpt-nano", ["decoder.attention.backend=eager"]),
+        ("gpt-nano", ["decoder.ffn={type: glu}", "decoder.attention.n_kv_heads=2", "positional={type: rope}"]),
+        ("bert-nano", []),
+        ("t5-nano", []),
+    ],
+    ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano"],
+)
+def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[str]) -> None:
+    from specformer.analysis import activation_bytes
+
+    spec = load_spec(name, overrides=overrides)
+    measured = _saved_activation_bytes(spec, 2, 64)
+    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="fp32")
+    assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)

@@ -1,0 +1,316 @@
+"""Parity with Hugging Face transformers on tiny random models, per supported family.
+
+transformers builds each model from a config with random weights (no network); we
+import its config and weights, and check logits (hidden states for encoders), greedy
+generation with the KV cache, and that an export loads back into transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="the [hf] extra (transformers) is not installed: pip install 'specformer[hf]'"
+)
+
+from specformer.builder import build_model  # noqa: E402
+from specformer.interop.hf import (  # noqa: E402
+    HFConversionError,
+    import_hf,
+    load_hf_weights,
+    read_hf_state_dict,
+    save_hf,
+    to_hf,
+)
+from specformer.interop.hf_weights import hf_to_specformer, specformer_to_hf  # noqa: E402
+
+pytestmark = pytest.mark.reference
+
+V = 101  # vocabulary of the tiny models
+_SMALL = {"vocab_size": V, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+# model_type -> kwargs of a tiny config; each exercises the family's distinctive parts
+TINY: dict[str, dict[str, Any]] = {
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    "bert": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 64, "max_position_embeddings": 64},
+    "roberta": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
+                "layer_norm_eps": 1e-5, "pad_token_id": 1},
+    "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
+           "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16},
+    "t5-v1_1": {"d_model": 32, "d_kv": 16, "d_ff": 48, "num_layers": 2, "num_heads": 3,
+                "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+    "llama": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+              "rope_theta": 500.0, "rms_norm_eps": 1e-5},
+    "mistral": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
+                "sliding_window": 5, "head_dim": 16},
+    "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
+    "gpt_neox-sequential": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                            "intermediate_size": 64, "max_position_embeddings": 64,
+                            "use_parallel_residual": False, "tie_word_embeddings": True},
+}
+DECODERS = [f for f in TINY if not f.startswith(("bert", "roberta"))]
+
+
+def _hf_model(family: str, seed: int = 0) -> Any:
+    """A random transformers model of ``family`` in eval mode, with every parameter
+    (norm gains and biases too) perturbed so that no mapping passes by accident."""
+    model_type = family.split("-")[0]
+    config = transformers.AutoConfig.for_model(model_type, **{**_SMALL, **TINY[family]})
+    auto = {
+        "t5": transformers.AutoModelForSeq2SeqLM,
+        "bert": transformers.AutoModelForMaskedLM,
+        "roberta": transformers.AutoModelForMaskedLM,
+    }.get(model_type, transformers.AutoModelForCausalLM)
+    torch.manual_seed(seed)
+    model = auto.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def _imported(hf: Any) -> tuple[Any, torch.nn.Module]:
+    spec, state, _ = import_hf(hf.config, state_dict=hf.state_dict())
+    model = build_model(spec).eval()
+    model.load_state_dict(state)
+    return spec, model
+
+
+def _inputs(seed: int = 1, b: int = 3, t: int = 11, padded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, V, (b, t), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 7:] = 0  # right padding: real tokens keep their positions in both libraries
+        mask[2, 4:] = 0
+        ids = ids.masked_fill(mask == 0, 1)  # the padding token (RoBERTa's positions depend on it)
+    return ids, mask
+
+
+# --------------------------------------------------------------------------- logits
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no-mask", "padding-mask"])
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_logits_match_transformers(family: str, padded: bool) -> None:
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    ids, mask = _inputs(padded=padded)
+    real = mask.bool()
+    with torch.no_grad():
+        if spec.kind == "encoder-decoder":
+            dec_ids, dec_mask = _inputs(seed=2, t=6, padded=padded)
+            theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids,
+                        decoder_attention_mask=dec_mask, output_hidden_states=True)
+            ours = model(ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+            torch.testing.assert_close(ours.encoder_hidden_states[real], theirs.encoder_last_hidden_state[real],
+                                       atol=1e-4, rtol=0)
+            real = dec_mask.bool()
+        elif spec.kind == "encoder":
+            theirs = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            ours = model(ids, attention_mask=mask)
+            # the encoder's output (hidden states) and the masked-LM logits on top
+            torch.testing.assert_close(ours.hidden_states[real], theirs.hidden_states[-1][real], atol=1e-4, rtol=0)
+        else:
+            theirs = hf(input_ids=ids, attention_mask=mask)
+            ours = model(ids, attention_mask=mask)
+    assert ours.logits.shape == theirs.logits.shape
+    torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=1e-4, rtol=0)
+    assert (ours.logits[real] - theirs.logits[real]).abs().max() < 1e-4
+    assert theirs.logits[real].std() > 0.1  # the comparison is not between near-zero outputs
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def _greedy(model: torch.nn.Module, spec: Any, ids: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    """Greedy decoding through the model's KV-cache API: one prompt pass, then one token a step."""
+    tokens = []
+    with torch.no_grad():
+        if spec.kind == "encoder-decoder":
+            enc = model.encode(ids, mask)
+            step = torch.zeros(ids.shape[0], 1, dtype=torch.long)  # T5's decoder start token (pad)
+            out = model(attention_mask=mask, decoder_input_ids=step, encoder_hidden_states=enc, use_cache=True)
+            for _ in range(n):
+                step = out.logits[:, -1].argmax(-1, keepdim=True)
+                tokens.append(step)
+                out = model(attention_mask=mask, decoder_input_ids=step, encoder_hidden_states=enc, cache=out.cache)
+        else:
+            out = model(ids, attention_mask=mask, use_cache=True)
+            for _ in range(n):
+                step = out.logits[:, -1].argmax(-1, keepdim=True)
+                tokens.append(step)
+                mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+                out = model(step, attention_mask=mask, cache=out.cache)
+    return torch.cat(tokens, dim=1)
+
+
+@pytest.mark.parametrize("family", sorted(DECODERS))
+def test_greedy_generation_matches_transformers_generate(family: str) -> None:
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, V, (2, 7), generator=g)
+    mask = torch.ones_like(ids)
+    if spec.kind == "decoder":
+        mask[1, :3] = 0  # left padding, as batched generation uses
+    hf.generation_config.eos_token_id = None  # always 20 tokens
+    extra = {"decoder_start_token_id": 0} if spec.kind == "encoder-decoder" else {}
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                             num_beams=1, pad_token_id=0, **extra)
+    theirs = theirs[:, 1:] if spec.kind == "encoder-decoder" else theirs[:, ids.shape[1]:]
+    ours = _greedy(model, spec, ids, mask, 20)
+    assert ours.shape == (2, 20)
+    assert torch.equal(ours, theirs)
+    assert len(set(ours[0].tolist())) > 1  # not a degenerate repeat of one token
+
+
+# --------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_export_loads_back_into_transformers(family: str, tmp_path) -> None:
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    save_hf(model, spec, tmp_path)
+    loaded = type(hf).from_pretrained(tmp_path).eval()
+    live = to_hf(model, spec)
+    ids, mask = _inputs(seed=4)
+    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if spec.kind == "encoder-decoder":
+        kwargs["decoder_input_ids"] = ids[:, :5]
+    with torch.no_grad():
+        expected = hf(**kwargs).logits
+        torch.testing.assert_close(loaded(**kwargs).logits, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(live(**kwargs).logits, expected, atol=1e-5, rtol=0)
+    # the re-imported export is the same specformer model
+    spec2, state2, _ = import_hf(tmp_path)
+    assert spec2.model_copy(update={"name": spec.name}) == spec
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(state2[name], tensor), name
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_state_dict_conversion_round_trips_exactly(family: str) -> None:
+    hf = _hf_model(family)
+    spec, _ = _imported(hf)
+    theirs = hf.state_dict()
+    ours, _ = hf_to_specformer(theirs, spec)
+    back = specformer_to_hf(ours, spec)
+    for name, tensor in back.items():
+        assert torch.equal(tensor, theirs[name]), name
+    persistent = {n for n in theirs if n in dict(hf.named_parameters(remove_duplicate=False))}
+    assert persistent <= set(back)
+
+
+def test_neox_query_key_value_is_regrouped_per_head() -> None:
+    hf = _hf_model("gpt_neox")
+    spec, model = _imported(hf)
+    fused = hf.state_dict()["gpt_neox.layers.0.attention.query_key_value.weight"]  # rows (H, 3, Dh)
+    ours = model.state_dict()["decoder.layers.0.self_attn.qkv_proj.weight"]  # rows (3, H, Dh)
+    h, dh = 4, 8
+    assert torch.equal(ours[:dh], fused[:dh])  # q of head 0
+    assert torch.equal(ours[dh: 2 * dh], fused[3 * dh: 4 * dh])  # q of head 1
+    assert torch.equal(ours[h * dh: h * dh + dh], fused[dh: 2 * dh])  # k of head 0
+
+
+def test_t5_relative_bias_moves_from_the_first_layer_to_the_stack() -> None:
+    hf = _hf_model("t5")
+    _, model = _imported(hf)
+    sd = hf.state_dict()
+    for role in ("encoder", "decoder"):
+        assert torch.equal(
+            model.state_dict()[f"{role}.rel_bias.weight"],
+            sd[f"{role}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"],
+        )
+
+
+# --------------------------------------------------------------------------- files and failures
+
+
+def test_import_from_a_directory_with_safetensors_or_pytorch_bin(tmp_path) -> None:
+    hf = _hf_model("gpt2")
+    hf.save_pretrained(tmp_path / "st")
+    spec, state, report = import_hf(tmp_path / "st")
+    assert report.tied == ["lm_head.weight"] or report.tied == []
+    # pytorch_model.bin, and a bare GPT2Model checkpoint without the "transformer." prefix
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "st" / "config.json").rename(tmp_path / "bin" / "config.json")
+    torch.save(hf.transformer.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    spec2, state2, _ = import_hf(tmp_path / "bin")
+    assert spec2 == spec
+    assert state2.keys() == state.keys()
+    for name in state:
+        assert torch.equal(state2[name], state[name])
+
+
+def test_sharded_checkpoint_is_read_whole(tmp_path) -> None:
+    hf = _hf_model("llama")
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    spec, state, _ = import_hf(tmp_path)
+    assert len(read_hf_state_dict(tmp_path)) == len(hf.state_dict())
+    model = build_model(spec)
+    model.load_state_dict(state)
+
+
+def test_old_checkpoint_names_are_understood() -> None:
+    hf = _hf_model("bert")
+    sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+          for k, v in hf.state_dict().items()}
+    spec, state, _ = import_hf(hf.config, state_dict=sd)
+    assert torch.equal(state["embed.norm.weight"], hf.state_dict()["bert.embeddings.LayerNorm.weight"])
+    neox = _hf_model("gpt_neox")
+    sd = {("embed_out.weight" if k == "lm_head.weight" else k): v for k, v in neox.state_dict().items()}
+    spec, state, _ = import_hf(neox.config, state_dict=sd)
+    assert torch.equal(state["head.proj.weight"], neox.state_dict()["lm_head.weight"])
+
+
+def test_untied_checkpoint_gets_an_untied_spec() -> None:
+    hf = _hf_model("llama")
+    config = hf.config.to_dict() | {"tie_word_embeddings": True}
+    sd = hf.state_dict()  # its lm_head differs from the embeddings
+    spec, state, _ = import_hf(config, state_dict=sd)
+    assert not spec.embedding.tie_output
+    assert torch.equal(state["head.proj.weight"], sd["lm_head.weight"])
+    tied_spec, _, _ = import_hf(config, weights=False)
+    with pytest.raises(HFConversionError, match="lm_head.weight differs from the token embeddings"):
+        load_hf_weights(build_model(tied_spec), sd)
+
+
+def test_missing_and_unexpected_tensors_are_named() -> None:
+    hf = _hf_model("gpt2")
+    spec, model = _imported(hf)
+    sd = dict(hf.state_dict())
+    del sd["transformer.h.1.mlp.c_fc.bias"]
+    with pytest.raises(HFConversionError, match=r"lacks 1 tensor\(s\).*transformer\.h\.1\.mlp\.c_fc\.bias"):
+        load_hf_weights(model, sd)
+    sd = dict(hf.state_dict()) | {"transformer.h.0.attn.extra.weight": torch.zeros(2)}
+    with pytest.raises(HFConversionError, match=r"no place for: transformer\.h\.0\.attn\.extra\.weight"):
+        load_hf_weights(model, sd)
+    sd = dict(hf.state_dict())
+    sd["transformer.h.0.ln_1.weight"] = torch.ones(7)
+    with pytest.raises(HFConversionError, match=r"decoder\.layers\.0\.attn_norm\.weight: model \(32,\), checkpoint \(7,\)"):
+        load_hf_weights(model, sd)
+
+
+def test_load_hf_weights_reproduces_the_reference() -> None:
+    hf = _hf_model("t5-v1_1")
+    spec, _, _ = import_hf(hf.config, weights=False)
+    model = build_model(spec).eval()
+    report = load_hf_weights(model, hf.state_dict())
+    assert "encoder.embed_tokens.weight" in report.tied
+    ids, mask = _inputs()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4]).logits
+        got = model(ids, attention_mask=mask, decoder_input_ids=ids[:, :4]).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

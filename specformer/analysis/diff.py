@@ -9,6 +9,7 @@ some specs (because a ``type`` changed) is reported as absent in the others.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,26 +148,72 @@ def _walk(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         yield prefix, value
 
 
+_LAYER_PARTS = ("attention", "cross_attention", "ffn", "norm", "residual")
+_LAYER_PATH = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(.+)$")
+
+
 def _derived(spec: Any) -> Iterator[tuple[str, Any]]:
     for role, stack in spec.stacks():
         for part in ("attention", "cross_attention"):
             att = getattr(stack, part)
             if att is not None and getattr(att, "n_kv_heads", None):
                 yield f"{role}.{part}.kv_groups", att.n_heads // att.n_kv_heads
-        for i, ov in enumerate(stack.overrides):
-            for part in ("attention", "cross_attention"):
-                att = getattr(ov, part)
-                if att is not None and getattr(att, "n_kv_heads", None):
-                    yield f"{role}.overrides.{i}.{part}.kv_groups", att.n_heads // att.n_kv_heads
+
+
+def _layer_flat(layer: Any) -> dict[str, Any]:
+    flat = dict(_walk({k: getattr(layer, k).model_dump(mode="json") if getattr(layer, k) is not None else None
+                       for k in _LAYER_PARTS}, ""))
+    for part in ("attention", "cross_attention"):
+        att = getattr(layer, part)
+        if att is not None and getattr(att, "n_kv_heads", None):
+            flat[f"{part}.kv_groups"] = att.n_heads // att.n_kv_heads
+    return flat
 
 
 def flatten_spec(spec: Any) -> tuple[dict[str, Any], set[str]]:
-    """Dotted path -> value for every field of the resolved spec (lists of mappings are
-    indexed, other lists are values), plus the set of paths that are derived here."""
-    flat = dict(_walk(spec.to_dict(), ""))
+    """Dotted path -> value for every field of the resolved spec, plus the set of paths
+    derived here (``kv_groups``).
+
+    Lists of mappings are indexed, other lists are values. A stack's ``overrides`` are
+    replaced by their effect: ``{stack}.layers.{i}.{field}`` for each field where layer
+    ``i`` differs from the stack's own setting.
+    """
+    data = spec.to_dict()
+    layer_paths: dict[str, Any] = {}
+    for role, stack in spec.stacks():
+        data[role].pop("overrides", None)
+        if not stack.overrides:
+            continue
+        base = _layer_flat(stack)
+        for i in range(stack.n_layers):
+            layer = _layer_flat(stack.layer(i))
+            for path, value in layer.items():
+                if path not in base or not _same(base[path], value):
+                    layer_paths[f"{role}.layers.{i}.{path}"] = value
+            for path in base:
+                if path not in layer:
+                    layer_paths[f"{role}.layers.{i}.{path}"] = ABSENT
+    flat = dict(_walk(data, ""))
     derived = dict(_derived(spec))
     flat.update(derived)
-    return flat, set(derived)
+    flat.update(layer_paths)
+    derived_paths = set(derived) | {p for p in layer_paths if p.endswith(".kv_groups")}
+    return flat, derived_paths
+
+
+def _value_at(spec: Any, flat: dict[str, Any], path: str) -> Any:
+    """The value of ``path`` in one spec; a per-layer path the spec does not list has the
+    stack's own value (no override there), or is absent if the layer does not exist."""
+    if path in flat:
+        return flat[path]
+    m = _LAYER_PATH.match(path)
+    if m is None:
+        return ABSENT
+    role, index, rest = m.group(1), int(m.group(2)), m.group(3)
+    stack = getattr(spec, role, None)
+    if stack is None or index >= stack.n_layers:
+        return ABSENT
+    return flat.get(f"{role}.{rest}", ABSENT)
 
 
 def _changes(specs: list[Any]) -> list[Change]:
@@ -188,11 +235,33 @@ def _changes(specs: list[Any]) -> list[Change]:
             at += 1
     changes = []
     for path in order:
-        values = tuple(flat.get(path, ABSENT) for flat, _ in flats)
+        values = tuple(_value_at(spec, flat, path) for spec, (flat, _) in zip(specs, flats, strict=True))
         first = values[0]
         if any(not _same(first, v) for v in values[1:]):
             changes.append(Change(path, values, path in derived))
-    return changes
+    return _merge_layer_ranges(changes)
+
+
+def _merge_layer_ranges(changes: list[Change]) -> list[Change]:
+    """Join per-layer changes of consecutive layers with equal values: ``decoder.layers.0-2.x``."""
+    out: list[Change] = []
+    open_runs: dict[tuple[str, str, tuple], tuple[int, int, int]] = {}  # key -> (out index, first, last)
+    for ch in changes:
+        m = _LAYER_PATH.match(ch.path)
+        if m is None:
+            out.append(ch)
+            continue
+        role, index, rest = m.group(1), int(m.group(2)), m.group(3)
+        key = (role, rest, tuple(repr(v) for v in ch.values))
+        run = open_runs.get(key)
+        if run is not None and run[2] == index - 1:
+            pos, first, _ = run
+            out[pos] = Change(f"{role}.layers.{first}-{index}.{rest}", ch.values, ch.derived)
+            open_runs[key] = (pos, first, index)
+        else:
+            open_runs[key] = (len(out), index, index)
+            out.append(ch)
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:

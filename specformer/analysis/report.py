@@ -99,7 +99,8 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
                 groups.append(([i], layer))
         for indices, layer in groups:
             att, ffn, norm = layer.attention, layer.ffn, layer.norm
-            label = role if len(groups) == 1 else f"{role}[{indices[0]}-{indices[-1]}]"
+            span = f"{indices[0]}" if len(indices) == 1 else f"{indices[0]}-{indices[-1]}"
+            label = role if len(groups) == 1 else f"{role}[{span}]"
             attention = f"{att.n_heads}/{att.n_kv_heads}"
             extras = []
             if att.sliding_window is not None:

@@ -155,3 +155,14 @@ def test_show_tree() -> None:
     assert tree["params"] == count_parameters(load_spec("gpt-nano")).total
     md = _ok(["show", "t5-nano", "--tree", "-f", "markdown"]).stdout
     assert md.startswith("### t5-nano module tree") and "rel_bias" in md
+
+
+@pytest.mark.parametrize("name", ["bert-base", "t5-small", "transformer-base", "gpt-nano"])
+@pytest.mark.parametrize("fmt", ["rich", "markdown", "json"])
+def test_show_every_kind_in_every_format(name: str, fmt: str) -> None:
+    out = _ok(["show", name, "--format", fmt]).stdout
+    total = count_parameters(load_spec(name)).total
+    if fmt == "json":
+        assert json.loads(out)["params"]["total"] == total
+    else:
+        assert f"{total:,}" in out

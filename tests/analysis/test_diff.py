@@ -116,3 +116,21 @@ def test_diff_meta_method_agrees_with_analytic() -> None:
     assert [m.method for m in meta] == ["meta build", "meta build"]
     for a, m in zip(analytic, meta, strict=True):
         assert (a.missing, a.unexpected, a.mismatched) == (m.missing, m.unexpected, m.mismatched)
+
+
+def test_overrides_are_compared_by_their_effect_on_layers() -> None:
+    local = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [
+        {"layers": "0-2", "attention": {"sliding_window": 32}}]}})
+    d = diff_specs("gpt-nano", local, reports=False, checkpoints=False)
+    assert [(c.path, c.left, c.right) for c in d.changes] == [
+        ("decoder.layers.0-2.attention.sliding_window", None, 32)
+    ]
+    # an override that repeats the stack's own setting changes nothing
+    same = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [{"layers": [1], "ffn": {"d_ff": 512}}]}})
+    assert diff_specs("gpt-nano", same, reports=False, checkpoints=False).identical
+    # every layer overridden vs the stack's own setting: the layers agree, the stack field differs
+    everywhere = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [
+        {"layers": "0-3", "attention": {"sliding_window": 32}}]}})
+    stack_level = load_spec("gpt-nano", overrides=["decoder.attention.sliding_window=32"])
+    changes = diff_specs(everywhere, stack_level, reports=False, checkpoints=False).changes
+    assert [(c.path, c.left, c.right) for c in changes] == [("decoder.attention.sliding_window", None, 32)]

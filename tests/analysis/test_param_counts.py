@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specformer import load_spec, preset_names
@@ -31,28 +33,14 @@ def test_published_totals(name: str) -> None:
 def test_breakdown_adds_up(name: str) -> None:
     counts = count_parameters(load_spec(name))
     assert sum(counts.components.values()) == counts.total
+    assert sum(math.prod(shape) for shape in counts.shapes.values()) == counts.total
     assert counts.embedding + counts.non_embedding == counts.total
     assert 0 < counts.non_embedding < counts.total
-    layer_sum = sum(sum(layer.values()) for layers in counts.per_layer.values() for layer in layers)
-    stacks = sum(
-        v for k, v in counts.components.items()
-        if k.split(".")[0] in ("encoder", "decoder") and k.split(".")[1] in ("attention", "cross_attention", "ffn", "norms")
-    )
-    final_norms = sum(
-        n for name_, n in ((k, v) for k, v in _numels(counts).items()) if name_.endswith("final_norm")
-    )
-    assert layer_sum + final_norms == stacks
-
-
-def _numels(counts) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for name, shape in counts.shapes.items():
-        key = name.rsplit(".", 1)[0]
-        n = 1
-        for s in shape:
-            n *= s
-        out[key] = out.get(key, 0) + n
-    return out
+    for role, layers in counts.per_layer.items():
+        for part in ("attention", "cross_attention", "ffn"):
+            assert sum(layer[part] for layer in layers) == counts.components.get(f"{role}.{part}", 0)
+        final = sum(math.prod(s) for n, s in counts.shapes.items() if n.startswith(f"{role}.final_norm."))
+        assert sum(layer["norms"] for layer in layers) + final == counts.components[f"{role}.norms"]
 
 
 def test_untying_adds_exactly_one_vocab_matrix() -> None:

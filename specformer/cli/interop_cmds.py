@@ -1,3 +1,195 @@
-"""Commands of this area are registered on the shared app here."""
+"""``specformer import-hf`` and ``export-hf``: Hugging Face configs and weights in and out.
 
-from specformer.cli.app import app  # noqa: F401
+Config conversion needs no ``transformers``; neither do the weight files, which are
+plain safetensors (``pytorch_model.bin`` is read with ``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specformer.cli.app import app, console, err_console
+
+__all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def compact_spec_yaml(spec: Any, header: str = "") -> str:
+    """YAML of ``spec`` with default values left out (``type`` kept, so every choice is
+    visible); falls back to the full spec if the short form would not load back equal."""
+    from specformer.specs.loader import dump_yaml, load_spec
+
+    full = spec.to_dict()
+    short = spec.model_dump(mode="json", exclude_defaults=True)
+
+    def keep_types(small: Any, big: Any) -> Any:
+        if not isinstance(big, dict):
+            return small
+        small = dict(small) if isinstance(small, dict) else {}
+        out: dict[str, Any] = {}
+        for key, value in big.items():
+            if key == "type" or key in small:
+                out[key] = keep_types(small.get(key, value), value)
+        return out
+
+    data = keep_types(short, full)
+    data["name"] = spec.name
+    data = {"name": data.pop("name"), **data}
+    text = dump_yaml(data)
+    try:
+        if load_spec(data) != spec:
+            text = dump_yaml(full)
+    except Exception:  # the short form is a convenience; the full one always loads
+        text = dump_yaml(full)
+    return header + text
+
+
+@app.command("import-hf")
+def import_hf_cmd(
+    source: Annotated[
+        Path, typer.Argument(help="A Hugging Face model folder (config.json + weights) or a config.json.")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the spec YAML.")],
+    weights: Annotated[
+        Path | None,
+        typer.Option("--weights", "-w", help="Also convert the weights and write them here (.safetensors)."),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The spec's name (default: the model's).")] = None,
+) -> None:
+    """Write the specformer spec of a Hugging Face model, and optionally its weights.
+
+    Supported: GPT-2, BERT, RoBERTa, T5 (v1.0 and v1.1), BART, Llama and Mistral,
+    GPT-NeoX. Anything the spec language cannot express is refused by name; the
+    result is the same model, never a look-alike. `build_model(spec)` plus the
+    converted weights reproduces the original's outputs.
+    """
+    from specformer.analysis import count_parameters
+    from specformer.interop.hf import HFConversionError, import_hf, read_hf_config
+
+    if not source.exists():
+        raise _fail(f"{source}: no such file or folder")
+    if weights is not None and weights.suffix != ".safetensors":
+        raise _fail(f"--weights {weights}: the converted weights are written as safetensors; use a .safetensors name")
+    try:
+        config = read_hf_config(source)
+        spec, state, report = import_hf(source, weights=weights is not None, name=name)
+    except HFConversionError as exc:
+        raise _fail(str(exc)) from None
+    header = (
+        f"# Imported by `specformer import-hf` from the Hugging Face {config.get('model_type')} model at\n"
+        f"# {source.resolve()}\n"
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(compact_spec_yaml(spec, header))
+    total = count_parameters(spec).total
+    console.print(
+        f"wrote [bold]{output}[/]: {spec.kind} {spec.name!r}, {total:,} parameters", highlight=False
+    )
+    if weights is not None:
+        from safetensors.torch import save_file
+
+        assert state is not None and report is not None
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(weights), metadata={"format": "pt"})
+        console.print(f"wrote [bold]{weights}[/]: {len(state)} tensors", highlight=False)
+        if report.tied:
+            console.print(f"  tied copies checked and dropped: {', '.join(report.tied)}", highlight=False)
+        if report.ignored:
+            console.print(f"  left out (buffers, unused heads): {', '.join(report.ignored)}", highlight=False)
+        if not spec.embedding.tie_output and config.get("tie_word_embeddings", True) is not False:
+            console.print("  the checkpoint's output layer is not tied to its embeddings: tie_output: false",
+                          highlight=False)
+
+
+@app.command("export-hf")
+def export_hf_cmd(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A specformer checkpoint (.ckpt or a run folder), or a .safetensors file of weights with --spec."
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for config.json + model.safetensors.")],
+    spec_source: Annotated[
+        str | None,
+        typer.Option("--spec", help="The spec of a .safetensors SOURCE (a preset name or YAML path)."),
+    ] = None,
+) -> None:
+    """Write a Hugging Face model folder that `transformers` loads with
+    `AutoModel*.from_pretrained(OUTPUT)`.
+
+    The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral or GPT-NeoX;
+    a field with no equivalent there is named in the error. Dropout and init settings
+    that the family cannot express are reported and left out (they do not change a
+    trained model's outputs).
+    """
+    from specformer.interop.hf import HFConversionError, save_hf
+
+    if not source.exists():
+        raise _fail(f"{source}: no such file or folder")
+    spec, state = _read_source(source, spec_source)
+    warnings: list[str] = []
+    try:
+        save_hf(state, spec, output, warnings=warnings)
+    except HFConversionError as exc:
+        raise _fail(str(exc)) from None
+    for warning in warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    import json
+
+    model_type = json.loads((output / "config.json").read_text())["model_type"]
+    console.print(
+        f"wrote [bold]{output}[/]: Hugging Face {model_type} config.json + model.safetensors "
+        f"({spec.name!r}); load it with transformers.{_auto_name(spec)}.from_pretrained({str(output)!r})",
+        highlight=False,
+    )
+
+
+def _auto_name(spec: Any) -> str:
+    return {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
+            "encoder-decoder": "AutoModelForSeq2SeqLM"}[spec.kind]
+
+
+def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, Any]]:
+    """(spec, specformer state dict) of a checkpoint, or of weights + --spec."""
+    from specformer.cli.spec_cmds import load_or_exit
+
+    if source.suffix == ".safetensors":
+        if spec_source is None:
+            raise _fail(f"{source} holds weights only; give their spec with --spec SPEC")
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        spec = load_or_exit(spec_source)
+        try:
+            return spec, load_file(str(source))
+        except (SafetensorError, OSError) as exc:
+            raise _fail(f"{source}: not a readable safetensors file ({exc})") from None
+    from specformer.specs.errors import SpecError
+    from specformer.specs.loader import load_spec
+    from specformer.training.checkpoint import CheckpointError, read_checkpoint
+
+    try:
+        raw = read_checkpoint(source)
+    except CheckpointError as exc:
+        raise _fail(str(exc)) from None
+    meta = raw.get("specformer")
+    if not isinstance(meta, dict) or "spec" not in meta:
+        raise _fail(f"{source}: not a specformer checkpoint (no 'specformer' entry with the spec)")
+    if spec_source is not None:
+        raise _fail(f"{source} carries its own spec; --spec is only for a .safetensors SOURCE")
+    try:
+        spec = load_spec(meta["spec"])
+    except SpecError as exc:
+        raise _fail(f"{source}: the spec stored in the checkpoint is not valid here:\n{exc}") from None
+    state = raw.get("state_dict")
+    if not isinstance(state, dict):
+        raise _fail(f"{source}: the checkpoint has no weights (no state_dict)")
+    return spec, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}

@@ -150,6 +150,9 @@ def import_hf(
     embeddings gets a spec with ``embedding.tie_output: false``.
     """
     config = read_hf_config(source)
+    if name is None and not config.get("_name_or_path") and isinstance(source, str | Path):
+        folder = Path(source) if Path(source).is_dir() else Path(source).resolve().parent
+        name = folder.name or None
     spec = spec_from_hf_config(config, name=name)
     if state_dict is None and weights:
         if not isinstance(source, str | Path):

@@ -485,7 +485,7 @@ def hf_family(spec: ModelSpec) -> str:
         if pos == "learned":
             return "bart"
     raise HFConversionError(
-        f"no supported Hugging Face family is a {spec.kind} with {pos!r} positions and "
+        f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with {pos!r} positions and "
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, GPT-NeoX "
         "with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"

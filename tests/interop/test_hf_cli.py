@@ -1,0 +1,120 @@
+"""``specformer import-hf`` and ``export-hf`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from specformer.builder import build_model
+from specformer.cli import app
+from specformer.specs.loader import load_spec
+
+runner = CliRunner()
+
+
+def _gpt2_config(**extra) -> dict:
+    return {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
+            "vocab_size": 101, **extra}
+
+
+def test_import_config_only_writes_a_spec_that_loads(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_gpt2_config()))
+    out = tmp_path / "my.yaml"
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "config.json"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert text.startswith("# Imported by `specformer import-hf` from the Hugging Face gpt2 model")
+    spec = load_spec(out)
+    assert (spec.d_model, spec.decoder.n_layers, spec.decoder.ffn.activation) == (32, 2, "gelu_tanh")
+    assert "type: learned" in text  # every choice is spelled out even where it is a default
+    assert f"{sum(p.numel() for p in build_model(spec, device='meta').parameters()):,} parameters" in result.output
+
+
+def test_import_preset_sized_config_is_the_preset(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    out = tmp_path / "gpt2.yaml"
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(out), "--name", "gpt2-small"])
+    assert result.exit_code == 0, result.output
+    assert load_spec(out) == load_spec("gpt2-small")
+    assert "124,439,808 parameters" in result.output
+
+
+def test_unsupported_config_is_an_error_naming_the_feature(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_gpt2_config(scale_attn_by_inverse_layer_idx=True)))
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 1
+    assert "scale_attn_by_inverse_layer_idx=True has no specformer equivalent" in result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_missing_source_and_weights_are_errors(tmp_path) -> None:
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "nope"), "-o", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 1 and "no such file or folder" in result.stderr
+    (tmp_path / "config.json").write_text(json.dumps(_gpt2_config()))
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(tmp_path / "x.yaml"), "--weights",
+                                 str(tmp_path / "w.safetensors")])
+    assert result.exit_code == 1 and "no weights found" in result.stderr
+
+
+def test_export_refuses_a_spec_without_a_hugging_face_family(tmp_path) -> None:
+    spec = load_spec("t5-nano")
+    weights = tmp_path / "w.safetensors"
+    save_file(build_model(spec).state_dict(), str(weights))
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", "t5-nano", "-o", str(tmp_path / "hf")])
+    assert result.exit_code == 1
+    assert "encoder.attention.scale = None (Hugging Face t5 has 1.0)" in result.stderr
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["export-hf", str(weights), "-o", str(tmp_path / "hf")])
+    assert result.exit_code == 1 and "--spec" in result.stderr
+
+
+def test_export_of_a_training_checkpoint(tmp_path) -> None:
+    pytest.importorskip("specformer.training.checkpoint", reason="training checkpoints are not available")
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+    torch.manual_seed(0)
+    model = build_model(spec)
+    # the training checkpoint layout: Lightning's state_dict under "model." + the resolved spec
+    ckpt = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "specformer": {"format": 1, "spec": spec.to_dict()},
+        "global_step": 3,
+    }
+    torch.save(ckpt, tmp_path / "last.ckpt")
+    result = runner.invoke(app, ["export-hf", str(tmp_path / "last.ckpt"), "-o", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["n_layer"] == 1
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    # GPT-2 stores its linear layers as Conv1D (in, out)
+    assert torch.equal(tensors["transformer.h.0.mlp.c_fc.weight"], model.state_dict()["decoder.layers.0.ffn.up_proj.weight"].t())
+    assert "lm_head.weight" not in tensors  # tied: transformers re-ties it on load
+
+
+def test_import_then_export_round_trip_through_the_command_line(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=101, max_position_embeddings=64)
+    hf = transformers.BertForMaskedLM(config).eval()
+    hf.save_pretrained(tmp_path / "bert")
+    spec_path, weights = tmp_path / "bert.yaml", tmp_path / "bert.safetensors"
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "bert"), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    assert "34 tensors" in result.output
+    spec = load_spec(spec_path)
+    assert spec.name == "bert"
+    model = build_model(spec).eval()
+    model.load_state_dict(load_file(str(weights)))
+    ids = torch.randint(0, 101, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, hf(input_ids=ids).logits, atol=1e-4, rtol=0)
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=ids).logits, hf(input_ids=ids).logits, atol=1e-5, rtol=0)

@@ -599,6 +599,16 @@ class ModelSpec(Spec):
                         f"{role}.cross_attention",
                         "cross-attention exists only in the decoder of an encoder-decoder",
                     )
+            residuals = [("residual", stack.residual)] + [
+                (f"overrides.{i}.residual", ov.residual) for i, ov in enumerate(stack.overrides) if ov.residual
+            ]
+            for where, residual in residuals:
+                if residual.type == "parallel" and stack.norm.placement == "post":
+                    yield (
+                        f"{role}.{where}.type",
+                        "a parallel residual is x + attn(norm(x)) + ffn(norm(x)) and needs "
+                        "norm placement pre; post-norm has no parallel form (allowed with post: sequential)",
+                    )
             for i, ov in enumerate(stack.overrides):
                 if ov.norm is not None and (
                     ov.norm.placement != stack.norm.placement or ov.norm.final != stack.norm.final

@@ -55,6 +55,8 @@ BAD_INPUTS = [
      4, "decoder.overrides.0.layers", ["out of range", "0-3"]),
     ("override-bad-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 'five', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ["range like"]),
+    ("parallel-post-norm", "extends: bert-nano\nencoder:\n  residual: {type: parallel}\n", 3,
+     "encoder.residual.type", ["needs norm placement pre"]),
     ("missing-required", "name: x\nkind: decoder\nd_model: 8\ndecoder: {n_layers: 2}\n", 1, "vocab_size", ["required"]),
     ("not-a-mapping", "- 1\n- 2\n", 1, "", ["mapping, found a list"]),
     ("extends-missing-file", "extends: ../nowhere/parent.yaml\n", 1, "extends", ["file not found"]),

@@ -1,0 +1,176 @@
+"""The LightningModule of a spec: the built model, its objective, optimizer and schedule.
+
+``SpecModule(spec)`` composes with plain Lightning: pass it to any ``Trainer`` with
+:class:`~specformer.data.module.SpecDataModule` (or your own dataloaders yielding the
+same batch keys), your own callbacks and loggers. Its checkpoints carry the
+resolved spec, the tokenizer and the random states (see
+:mod:`specformer.training.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+import lightning as L
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from specformer.registry import REGISTRY
+from specformer.training.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    model_spec_differences,
+    rng_state,
+    set_rng_state,
+)
+
+__all__ = ["SpecModule"]
+
+
+class SpecModule(L.LightningModule):
+    """Train the model a spec describes, with the objective its ``training:`` section names.
+
+    Logged metrics: ``train/loss``, ``train/lr``, ``val/loss``, ``val/ppl`` and, for
+    sequence-to-sequence, ``val/exact_match``.
+    """
+
+    def __init__(self, spec: Any, *, tokenizer: Any = None) -> None:
+        super().__init__()
+        from specformer.builder import build_model
+        from specformer.specs.loader import load_spec
+        from specformer.specs.schema import ModelSpec
+
+        self.spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
+        t = self.spec.training
+        if t.objective is None:
+            raise ValueError("the spec's training section has no objective")
+        self.model = build_model(self.spec)
+        self.objective = REGISTRY.build("objective", t.objective, model_spec=self.spec)
+        self.tokenizer = tokenizer
+        self.tokens_seen = 0  # read by this rank, since the run began (resumes included)
+        self.recent_losses: deque[torch.Tensor] = deque(maxlen=max(10, t.log_interval))
+        self.val_history: list[dict[str, float]] = []
+        self._compiled: Any = None
+        self._pending_rng: dict[str, Any] | None = None
+        self._val_sums: dict[str, float] = {}
+        self.train_started: float | None = None
+        self.tokens_at_start = 0
+
+    # ------------------------------------------------------------------ model
+
+    def configure_model(self) -> None:
+        if self.spec.training.compile and self._compiled is None:
+            # kept out of the module tree so state-dict names stay those of the model
+            self.__dict__["_compiled"] = torch.compile(self.model)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._compiled if self._compiled is not None else self.model
+        return model(*args, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        if self.tokenizer is None and self._trainer is not None:
+            dm = getattr(self.trainer, "datamodule", None)
+            if dm is not None and hasattr(dm, "tokenizer"):
+                self.tokenizer = dm.tokenizer
+
+    # ------------------------------------------------------------------ steps
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.objective(self, batch)
+        self.tokens_seen += out.n_input
+        self.recent_losses.append(out.loss.detach())
+        self.log("train/loss", out.loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        if self._trainer is not None and self.trainer.optimizers:
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True)
+        return out.loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {"loss": 0.0, "tokens": 0.0, "correct": 0.0, "examples": 0.0}
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        out = self.objective(self, batch)
+        self._val_sums["loss"] += float(out.loss) * out.n_predicted
+        self._val_sums["tokens"] += out.n_predicted
+        exact = getattr(self.objective, "exact_match", None)
+        if exact is not None and self.tokenizer is not None:
+            correct, total = exact(self.model, batch, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id)
+            self._val_sums["correct"] += correct
+            self._val_sums["examples"] += total
+
+    def on_validation_epoch_end(self) -> None:
+        sums = torch.tensor(
+            [self._val_sums[k] for k in ("loss", "tokens", "correct", "examples")], dtype=torch.float64
+        )
+        if self._trainer is not None and self.trainer.world_size > 1:
+            sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
+        loss_sum, tokens, correct, examples = sums.tolist()
+        if tokens == 0:
+            return
+        loss = loss_sum / tokens
+        metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
+        if examples:
+            metrics["val/exact_match"] = correct / examples
+        for name, value in metrics.items():
+            self.log(name, value, prog_bar=name == "val/loss", sync_dist=False, rank_zero_only=True)
+        step = self.trainer.global_step if self._trainer is not None else 0
+        self.val_history.append({"step": step, **metrics})
+
+    # ------------------------------------------------------------------ optimisation
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        t = self.spec.training
+        optimizer = REGISTRY.build("optimizer", t.optimizer, model=self.model)
+        total = self.trainer.max_steps if self._trainer is not None and self.trainer.max_steps > 0 else (t.max_steps or 1)
+        schedule = REGISTRY.build(
+            "schedule", t.schedule, total=total, d_model=self.spec.d_model, base_lr=t.optimizer.lr
+        )
+        scheduler = LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_train_start(self) -> None:
+        self.train_started = time.perf_counter()
+        self.tokens_at_start = self.tokens_seen
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._pending_rng is not None:
+            # restored here, not at load time, so nothing between loading and the first
+            # step (dataloader start-up, validation) can draw from the restored streams
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from specformer import __version__
+
+        checkpoint["specformer"] = {
+            "format": FORMAT_VERSION,
+            "version": __version__,
+            "spec": self.spec.to_dict(),
+            "tokenizer": self.tokenizer.state() if self.tokenizer is not None else None,
+            "rng": rng_state(),
+            "tokens_seen": int(self.tokens_seen),
+            "val_history": [dict(h) for h in self.val_history],
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint.get("specformer")
+        if not isinstance(meta, dict) or "spec" not in meta:
+            raise CheckpointError("not a specformer checkpoint (it has no 'specformer' entry with a spec)")
+        differences = model_spec_differences(meta["spec"], self.spec.to_dict())
+        if differences:
+            shown = "\n  ".join(differences[:12])
+            raise CheckpointError(
+                "the checkpoint was trained with a different model than this spec describes:\n  "
+                f"{shown}\nresume with the spec the checkpoint was written with (training settings may change)"
+            )
+        if self.tokenizer is None and meta.get("tokenizer"):
+            from specformer.data.tokenizers import tokenizer_from_state
+
+            self.tokenizer = tokenizer_from_state(meta["tokenizer"])
+        self.tokens_seen = int(meta.get("tokens_seen", 0))
+        self.val_history = list(meta.get("val_history", []))
+        self._pending_rng = meta.get("rng")

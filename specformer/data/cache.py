@@ -1,0 +1,65 @@
+"""Where prepared data lives, and how it is written without ever leaving half a file.
+
+Everything derived from a corpus (trained tokenizers, token arrays) is keyed by a
+content hash of its inputs, so a cache entry is either exactly right or absent:
+changing a file, a tokenizer setting or the library version gives a new key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["default_cache_dir", "resolve_cache_dir", "content_hash", "atomic_write_bytes", "atomic_write_text"]
+
+
+def default_cache_dir() -> Path:
+    """``$SPECFORMER_CACHE``, else ``$XDG_CACHE_HOME/specformer``, else ``~/.cache/specformer``."""
+    env = os.environ.get("SPECFORMER_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "specformer"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    path = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def content_hash(*parts: Any, chunks: Iterable[bytes] = ()) -> str:
+    """A short sha256 hex digest of JSON-able ``parts`` followed by raw ``chunks``."""
+    h = hashlib.sha256()
+    h.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    for chunk in chunks:
+        h.update(len(chunk).to_bytes(8, "little"))
+        h.update(chunk)
+    return h.hexdigest()[:20]
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over
+    ``path``: a reader sees the old file or the new one, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))

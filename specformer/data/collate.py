@@ -1,0 +1,115 @@
+"""Collators: items to the batches the objectives read.
+
+Batch keys follow the model's forward signature: ``input_ids``, ``attention_mask``
+(1 = real token, 0 = padding), ``decoder_input_ids``, ``decoder_attention_mask``,
+and ``labels`` with -100 where no loss is taken.
+
+Shapes: B batch, T sequence length, S source length, L target length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from specformer.specs.training import MaskedLMSpec
+
+__all__ = ["IGNORE_INDEX", "CausalLMCollator", "MaskedLMCollator", "Seq2SeqCollator", "batch_generator"]
+
+IGNORE_INDEX = -100
+
+
+def batch_generator(seed: int, position: int, rank: int = 0) -> torch.Generator:
+    """A generator seeded by (seed, batch position, rank): the same batch gets the same
+    random choices in any worker and after a resume."""
+    sign = 0 if position >= 0 else 1
+    state = np.random.SeedSequence([seed, sign, abs(position), rank]).generate_state(2)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+class CausalLMCollator:
+    """Blocks of T+1 tokens -> inputs (B, T) and next-token labels (B, T)."""
+
+    def __call__(self, items: Sequence[tuple[int, np.ndarray]]) -> dict[str, torch.Tensor]:
+        x = torch.from_numpy(np.stack([block for _, block in items]))  # (B, T+1)
+        return {"input_ids": x[:, :-1].contiguous(), "labels": x[:, 1:].contiguous()}
+
+
+class MaskedLMCollator:
+    """BERT's dynamic masking (Devlin et al. 2019): each batch draws new positions.
+
+    A ``mask_prob`` share of the non-special tokens is chosen; of those, ``mask_token``
+    become [MASK], ``random_token`` a uniformly random token and the rest stay as they
+    are. Labels hold the original token at chosen positions and -100 elsewhere.
+    """
+
+    def __init__(
+        self,
+        spec: MaskedLMSpec,
+        *,
+        mask_id: int,
+        vocab_size: int,
+        special_ids: Sequence[int] = (),
+        seed: int = 0,
+        rank: int = 0,
+    ) -> None:
+        self.spec, self.mask_id, self.vocab_size = spec, mask_id, vocab_size
+        self.special = torch.tensor(sorted(set(special_ids)), dtype=torch.long)
+        self.seed, self.rank = seed, rank
+
+    def __call__(self, items: Sequence[tuple[int, np.ndarray]]) -> dict[str, torch.Tensor]:
+        position = items[0][0]
+        g = batch_generator(self.seed, position, self.rank)
+        x = torch.from_numpy(np.stack([block for _, block in items]))  # (B, T)
+        return self.mask(x, g)
+
+    def mask(self, x: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
+        s = self.spec
+        candidates = ~torch.isin(x, self.special)
+        chosen = (torch.rand(x.shape, generator=g) < s.mask_prob) & candidates
+        labels = torch.where(chosen, x, torch.full_like(x, IGNORE_INDEX))
+        action = torch.rand(x.shape, generator=g)
+        to_mask = chosen & (action < s.mask_token)
+        to_random = chosen & (action >= s.mask_token) & (action < s.mask_token + s.random_token)
+        random_ids = torch.randint(0, self.vocab_size, x.shape, generator=g)
+        inputs = torch.where(to_mask, torch.full_like(x, self.mask_id), x)
+        inputs = torch.where(to_random, random_ids, inputs)
+        return {"input_ids": inputs, "attention_mask": torch.ones_like(x), "labels": labels}
+
+
+class Seq2SeqCollator:
+    """(source, target) id lists -> padded encoder inputs and teacher-forced decoder inputs.
+
+    decoder_input_ids = [bos] + target, labels = target + [eos]: the decoder predicts
+    each target token from the ones before it, then the end.
+    """
+
+    def __init__(self, *, pad_id: int, bos_id: int, eos_id: int) -> None:
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+
+    @staticmethod
+    def _pad(rows: list[list[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows padded to the longest, and the mask of real tokens."""
+        width = max(len(r) for r in rows)
+        out = torch.full((len(rows), width), value, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        return out, mask
+
+    def __call__(self, items: Sequence[tuple[int, tuple[list[int], list[int]]]]) -> dict[str, torch.Tensor]:
+        sources = [list(src) for _, (src, _) in items]
+        targets = [list(tgt) for _, (_, tgt) in items]
+        input_ids, attention_mask = self._pad(sources, self.pad_id)  # (B, S)
+        decoder_input_ids, decoder_mask = self._pad([[self.bos_id] + t for t in targets], self.pad_id)  # (B, L+1)
+        labels, _ = self._pad([t + [self.eos_id] for t in targets], IGNORE_INDEX)  # (B, L+1)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": decoder_mask,
+            "labels": labels,
+        }

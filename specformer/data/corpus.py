@@ -1,0 +1,190 @@
+"""Text corpora: the Python standard library's own source, local files, or Hugging Face
+``datasets``; each split deterministically into train and validation.
+
+A file goes to validation when a hash of its relative path falls below
+``val_fraction``, so the split is the same on every machine and does not move
+when a file is added or removed elsewhere.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specformer.data.cache import content_hash
+from specformer.specs.training import FilesDataSpec, HFDataSpec, StdlibDataSpec
+
+__all__ = ["Corpus", "DataError", "stdlib_corpus", "files_corpus", "hf_corpus", "split_by_path"]
+
+MIN_STDLIB_FILES = 50
+
+
+class DataError(ValueError):
+    """Data could not be prepared; the message says what was found and what to do."""
+
+
+@dataclass
+class Corpus:
+    """Documents of the train and validation splits, and a hash of their content."""
+
+    name: str
+    train: list[str]
+    val: list[str]
+    fingerprint: str
+    train_ids: list[str] = field(default_factory=list)
+    val_ids: list[str] = field(default_factory=list)
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(len(t) for t in self.train) + sum(len(t) for t in self.val)
+
+
+def _unit(key: str) -> float:
+    """A stable number in [0, 1) from a string."""
+    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big") / 2**64
+
+
+def split_by_path(keys: list[str], val_fraction: float) -> tuple[list[int], list[int]]:
+    """Indices of ``keys`` in train and in validation, chosen by a hash of each key.
+
+    Both splits get at least one item when there are two or more.
+    """
+    scores = [_unit(k) for k in keys]
+    val = [i for i, s in enumerate(scores) if s < val_fraction]
+    train = [i for i, s in enumerate(scores) if s >= val_fraction]
+    if len(keys) >= 2 and not val:
+        best = min(range(len(keys)), key=scores.__getitem__)
+        val, train = [best], [i for i in train if i != best]
+    if len(keys) >= 2 and not train:
+        best = max(range(len(keys)), key=scores.__getitem__)
+        train, val = [best], [i for i in val if i != best]
+    return train, val
+
+
+def _cap(items: list[tuple[str, Path]], max_mb: float | None) -> list[tuple[str, Path]]:
+    """A hash-chosen subset of at most ``max_mb`` MB (all of it when no cap)."""
+    if max_mb is None:
+        return items
+    budget = int(max_mb * 1e6)
+    chosen, total = [], 0
+    for key, path in sorted(items, key=lambda kp: _unit("cap:" + kp[0])):
+        size = path.stat().st_size
+        if total + size > budget and chosen:
+            continue
+        chosen.append((key, path))
+        total += size
+    return sorted(chosen)
+
+
+def _read_files(name: str, items: list[tuple[str, Path]], val_fraction: float, settings: dict) -> Corpus:
+    texts: list[str] = []
+    keys: list[str] = []
+    digests: list[bytes] = []
+    for key, path in items:
+        try:
+            raw = path.read_bytes()
+            text = raw.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # a few stdlib test files are deliberately not UTF-8
+        if not text.strip():
+            continue
+        texts.append(text)
+        keys.append(key)
+        digests.append(key.encode() + hashlib.sha1(raw).digest())
+    train_idx, val_idx = split_by_path(keys, val_fraction)
+    fingerprint = content_hash(name, settings, chunks=digests)
+    return Corpus(
+        name=name,
+        train=[texts[i] for i in train_idx],
+        val=[texts[i] for i in val_idx],
+        fingerprint=fingerprint,
+        train_ids=[keys[i] for i in train_idx],
+        val_ids=[keys[i] for i in val_idx],
+    )
+
+
+def stdlib_corpus(spec: StdlibDataSpec) -> Corpus:
+    """The ``.py`` files of the running interpreter's standard library."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    items: list[tuple[str, Path]] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        parts = set(rel.parts[:-1])
+        if parts & {"site-packages", "dist-packages", "__pycache__"}:
+            continue
+        if not spec.include_tests and parts & {"test", "tests", "idle_test"}:
+            continue
+        items.append((rel.as_posix(), path))
+    if len(items) < MIN_STDLIB_FILES:
+        raise DataError(
+            f"found only {len(items)} standard-library source files under {root}; this Python "
+            "ships without them. Train on your own files instead: "
+            "--set 'training.data={type: files, paths: [\"docs/**/*.md\"]}'"
+        )
+    items = _cap(items, spec.max_mb)
+    return _read_files("stdlib", items, spec.val_fraction, spec.model_dump())
+
+
+def files_corpus(spec: FilesDataSpec) -> Corpus:
+    """Local files, directories (all files below) or globs."""
+    items: dict[str, Path] = {}
+    missing = []
+    for pattern in spec.paths:
+        expanded = str(Path(pattern).expanduser())
+        matches = [Path(p) for p in glob.glob(expanded, recursive=True)]
+        if not matches:
+            missing.append(pattern)
+        for match in matches:
+            files = sorted(p for p in match.rglob("*") if p.is_file()) if match.is_dir() else [match]
+            for f in files:
+                items[f.resolve().as_posix()] = f
+    if missing:
+        raise DataError(f"training.data.paths: nothing matches {', '.join(map(repr, missing))}")
+    if not items:
+        raise DataError("training.data.paths: no files found")
+    common = Path(_common_root(list(items)))
+    keyed = sorted((Path(k).relative_to(common).as_posix() if common != Path(k) else Path(k).name, p)
+                   for k, p in items.items())
+    keyed = _cap(keyed, spec.max_mb)
+    corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths"}))
+    if not corpus.train:
+        raise DataError("training.data.paths: no readable UTF-8 text in the given files")
+    return corpus
+
+
+def _common_root(paths: list[str]) -> str:
+    import os.path
+
+    if len(paths) == 1:
+        return str(Path(paths[0]).parent)
+    return os.path.commonpath(paths)
+
+
+def hf_corpus(spec: HFDataSpec) -> Corpus:
+    """A text dataset from the Hugging Face hub (or its local cache)."""
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError:
+        raise DataError(
+            "training.data.type 'hf' needs the `datasets` package: pip install datasets "
+            "(or use type: stdlib or type: files)"
+        ) from None
+
+    def load(split: str) -> list[str]:
+        try:
+            ds = datasets.load_dataset(spec.name, spec.config, split=split)
+        except Exception as exc:  # datasets raises many kinds; say which dataset failed
+            raise DataError(f"could not load dataset {spec.name!r} split {split!r}: {exc}") from None
+        if spec.text_field not in ds.column_names:
+            raise DataError(
+                f"dataset {spec.name!r} has no column {spec.text_field!r}; columns: {', '.join(ds.column_names)}"
+            )
+        texts = [t for t in ds[spec.text_field] if isinstance(t, str) and t.strip()]
+        return texts[: spec.max_documents] if spec.max_documents else texts
+
+    train, val = load(spec.train_split), load(spec.val_split)
+    fingerprint = content_hash("hf", spec.model_dump(), chunks=(t.encode() for t in train + val))
+    return Corpus(name=f"hf:{spec.name}", train=train, val=val, fingerprint=fingerprint)

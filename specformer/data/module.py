@@ -1,0 +1,258 @@
+"""Turning a spec's ``training.data`` and ``training.tokenizer`` into batches: the
+:class:`SpecDataModule` (a ``LightningDataModule``) and the :func:`prepare` step
+beneath it.
+
+``prepare`` reads the corpus, trains or loads the tokenizer and tokenises once into
+memory-mapped arrays (all cached by content hash), or generates a synthetic task.
+The data module then serves an endless, resumable, rank-sharded training stream
+(:mod:`specformer.data.sampler`) and a fixed validation set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator
+from specformer.data.corpus import DataError
+from specformer.data.datasets import PackedBlocks, PairDataset
+from specformer.data.sampler import EvalBatchSampler, StreamBatchSampler
+from specformer.data.synthetic import SyntheticTask
+from specformer.data.tokenizers import Tokenizer
+from specformer.data.tokens import token_arrays, unigram_cross_entropy
+from specformer.registry import REGISTRY
+from specformer.specs.training import BYTE_VOCAB_SIZE
+
+__all__ = ["PreparedData", "prepare", "SpecDataModule", "default_num_workers"]
+
+
+@dataclass
+class PreparedData:
+    """Datasets, tokenizer and facts about the data of one spec."""
+
+    tokenizer: Tokenizer
+    train: Dataset
+    val: Dataset
+    description: str
+    unigram_loss: float | None = None
+    n_train_tokens: int = 0
+    n_val_tokens: int = 0
+    task: SyntheticTask | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def default_num_workers() -> int:
+    """Worker processes for loading: none on small machines, where a batch is a slice of a
+    memory map and a worker would only compete with the model for a core."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return 0 if cpus <= 4 else min(4, cpus // 4)
+
+
+def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokenizer | None = None) -> PreparedData:
+    """Everything :class:`SpecDataModule` serves, for a validated ``ModelSpec``.
+
+    A given ``tokenizer`` (e.g. from a checkpoint) is used instead of building one.
+    """
+    t = spec.training
+    cache_dir = cache_dir or t.cache_dir
+    if t.data is None or t.objective is None:
+        raise DataError("the spec's training section has no data or objective")
+    if t.data.type == "synthetic":
+        return _prepare_task(spec, tokenizer)
+    if tokenizer is None and t.tokenizer is None:
+        raise DataError(
+            f"vocab_size={spec.vocab_size} fits no built-in text tokenizer (byte-level needs "
+            f"{BYTE_VOCAB_SIZE}); raise vocab_size or set training.tokenizer"
+        )
+    corpus = REGISTRY.build("data", t.data)
+    if tokenizer is None:
+        tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
+    _check_vocab(tokenizer, spec.vocab_size)
+    arrays = token_arrays(corpus, tokenizer, cache_dir)
+    seq_len = t.seq_len or spec.max_seq_len
+    overlap = 1 if t.objective.type == "causal_lm" else 0
+    train, val = PackedBlocks(arrays.train, seq_len, overlap=overlap), PackedBlocks(arrays.val, seq_len, overlap=overlap)
+    if len(train) == 0 or len(val) == 0:
+        split = "training" if len(train) == 0 else "validation"
+        raise DataError(
+            f"the {split} split has fewer than seq_len={seq_len} tokens "
+            f"({len(arrays.train) if split == 'training' else len(arrays.val)}); add data or lower training.seq_len"
+        )
+    n_docs = len(corpus.train) + len(corpus.val)
+    description = (
+        f"{corpus.name}: {n_docs} documents ({len(corpus.val)} held out), "
+        f"{corpus.n_bytes / 1e6:.1f} MB → {len(arrays.train) / 1e6:.2f}M train / {len(arrays.val) / 1e6:.2f}M val tokens"
+    )
+    return PreparedData(
+        tokenizer=tokenizer,
+        train=train,
+        val=val,
+        description=description,
+        unigram_loss=unigram_cross_entropy(arrays.train, arrays.val, tokenizer.vocab_size),
+        n_train_tokens=len(arrays.train),
+        n_val_tokens=len(arrays.val),
+        extra={"token_cache": str(arrays.path)},
+    )
+
+
+def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
+    if tokenizer.vocab_size > vocab_size:
+        raise DataError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}; "
+            f"set vocab_size >= {tokenizer.vocab_size} or use a smaller tokenizer"
+        )
+
+
+def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
+    t = spec.training
+    task: SyntheticTask = REGISTRY.build("data", t.data)
+    if tokenizer is None:
+        tokenizer = REGISTRY.build("tokenizer", t.tokenizer)
+    _check_vocab(tokenizer, spec.vocab_size)
+    if task.max_source_len > spec.max_seq_len or task.max_target_len + 1 > spec.max_seq_len:
+        raise DataError(
+            f"the {t.data.task} task makes sequences of up to {max(task.max_source_len, task.max_target_len + 1)} "
+            f"tokens but max_seq_len is {spec.max_seq_len}; lower training.data.max_len"
+        )
+
+    def encode(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        return [(tokenizer.encode(src), tokenizer.encode(tgt)) for src, tgt in pairs]
+
+    train, val = encode(task.split("train")), encode(task.split("val"))
+    d = t.data
+    description = (
+        f"synthetic {d.task}: lengths {d.min_len}-{d.max_len}, {len(train)} training and "
+        f"{len(val)} held-out examples"
+    )
+    n_train = sum(len(s) + len(g) + 1 for s, g in train)
+    return PreparedData(
+        tokenizer=tokenizer,
+        train=PairDataset(train),
+        val=PairDataset(val),
+        description=description,
+        task=task,
+        n_train_tokens=n_train,
+        n_val_tokens=sum(len(s) + len(g) + 1 for s, g in val),
+    )
+
+
+class SpecDataModule(L.LightningDataModule):
+    """The data a spec trains on, as a Lightning data module.
+
+    Training batches come from an endless stream that starts at the trainer's
+    position (``global_step × accumulate``), so a resumed run sees exactly the
+    batches an uninterrupted one would. Validation uses the first
+    ``training.val_batches`` batches of the held-out split, always the same.
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        *,
+        cache_dir: str | Path | None = None,
+        num_workers: int | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        super().__init__()
+        from specformer.specs.loader import load_spec
+        from specformer.specs.schema import ModelSpec
+
+        self.spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
+        t = self.spec.training
+        self.cache_dir = cache_dir or t.cache_dir
+        self.num_workers = num_workers if num_workers is not None else (
+            t.num_workers if t.num_workers is not None else default_num_workers()
+        )
+        self._tokenizer = tokenizer
+        self.data: PreparedData | None = None
+
+    # ---- Lightning hooks
+
+    def prepare_data(self) -> None:
+        # once per node: fills the caches that setup() then reads on every rank
+        if self.data is None:
+            self.data = prepare(self.spec, cache_dir=self.cache_dir, tokenizer=self._tokenizer)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.data is None:
+            self.data = prepare(self.spec, cache_dir=self.cache_dir, tokenizer=self._tokenizer)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        self.setup()
+        assert self.data is not None
+        return self.data.tokenizer
+
+    def _placement(self) -> tuple[int, int, int]:
+        """(rank, world size, micro-batches already consumed)."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1, 0
+        return trainer.global_rank, trainer.world_size, trainer.global_step * trainer.accumulate_grad_batches
+
+    def _collator(self, rank: int) -> Any:
+        assert self.data is not None
+        t, tok = self.spec.training, self.data.tokenizer
+        kind = t.objective.type
+        if kind == "causal_lm":
+            return CausalLMCollator()
+        if kind == "masked_lm":
+            if tok.mask_id is None:
+                raise DataError("the masked-LM objective needs a tokenizer with a mask token (<mask> or [MASK])")
+            return MaskedLMCollator(
+                t.objective, mask_id=tok.mask_id, vocab_size=tok.vocab_size, special_ids=sorted(tok.special_ids),
+                seed=t.seed, rank=rank,
+            )
+        if tok.pad_id is None or tok.bos_id is None or tok.eos_id is None:
+            raise DataError("sequence-to-sequence training needs a tokenizer with pad, start and end tokens")
+        return Seq2SeqCollator(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+
+    def _loader(self, dataset: Dataset, sampler: Any, rank: int, seed: int) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self._collator(rank),
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            # its own generator: creating an iterator must not draw from the global RNG,
+            # or a resumed run's dropout would differ from an uninterrupted one
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        assert self.data is not None
+        t = self.spec.training
+        rank, world, start = self._placement()
+        sampler = StreamBatchSampler(
+            len(self.data.train), t.batch_size, seed=t.seed, rank=rank, world_size=world, start=start
+        )
+        return self._loader(self.data.train, sampler, rank, t.seed)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        assert self.data is not None
+        t = self.spec.training
+        rank, world, _ = self._placement()
+        n_batches = None if self.data.task is not None else t.val_batches
+        sampler = EvalBatchSampler(len(self.data.val), t.batch_size, n_batches=n_batches, rank=rank, world_size=world)
+        return self._loader(self.data.val, sampler, rank, t.seed + 1)
+
+    def batches_per_pass(self) -> int:
+        """Global batches in one pass over the training split."""
+        self.setup()
+        assert self.data is not None
+        world = self.trainer.world_size if self.trainer is not None else 1
+        return max(1, int(np.ceil(len(self.data.train) / (self.spec.training.batch_size * world))))

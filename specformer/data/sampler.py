@@ -1,0 +1,92 @@
+"""An endless, resumable, rank-sharded stream of batches.
+
+Training sees one endless epoch: pass ``p`` over the items is a permutation seeded
+by ``(seed, p)``, and global batch ``b`` is items ``[b·B·W, (b+1)·B·W)`` of the
+concatenated passes, rank ``r`` taking its own ``B``. So the data position is one
+integer, the number of batches consumed, and resuming is starting from it: the
+same batches follow as in an uninterrupted run, on any number of workers.
+
+Each item is yielded as ``(batch_position, index)`` so that random choices made in
+the collator (masked-LM masking) can be seeded by the batch position and stay the
+same on resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+__all__ = ["StreamBatchSampler", "EvalBatchSampler"]
+
+
+class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of ``(position, index)`` pairs; see the module docstring."""
+
+    def __init__(
+        self,
+        n_items: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        if n_items <= 0:
+            raise ValueError("the training split is empty")
+        self.n_items, self.batch_size = n_items, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.start, self.shuffle = start, shuffle
+        self._pass, self._order = -1, np.arange(0)
+
+    def _order_of(self, p: int) -> np.ndarray:
+        if p != self._pass:
+            self._pass = p
+            self._order = (
+                np.random.default_rng([self.seed, p]).permutation(self.n_items)
+                if self.shuffle
+                else np.arange(self.n_items)
+            )
+        return self._order
+
+    def batch(self, b: int) -> list[tuple[int, int]]:
+        """Global batch ``b``'s share for this rank."""
+        first = (b * self.world_size + self.rank) * self.batch_size
+        out = []
+        for k in range(first, first + self.batch_size):
+            p, i = divmod(k, self.n_items)
+            out.append((b, int(self._order_of(p)[i])))
+        return out
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        b = self.start
+        while True:
+            yield self.batch(b)
+            b += 1
+
+
+class EvalBatchSampler(Sampler[list[tuple[int, int]]]):
+    """The first ``n_batches`` global batches of a split, in order, sharded by rank."""
+
+    def __init__(
+        self, n_items: int, batch_size: int, *, n_batches: int | None = None, rank: int = 0, world_size: int = 1
+    ) -> None:
+        per_global = batch_size * world_size
+        total = -(-n_items // per_global)
+        self.n_batches = total if n_batches is None else min(n_batches, total)
+        self.n_items, self.batch_size, self.rank, self.world_size = n_items, batch_size, rank, world_size
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for b in range(self.n_batches):
+            first = (b * self.world_size + self.rank) * self.batch_size
+            if self.world_size == 1:
+                yield [(-1 - b, k) for k in range(first, min(first + self.batch_size, self.n_items))]
+            else:
+                # the last batch wraps around so every rank has a full, equal batch
+                yield [(-1 - b, k % self.n_items) for k in range(first, first + self.batch_size)]

@@ -1,0 +1,231 @@
+"""Tokenizers: byte-level, byte-pair encoding trained on the corpus, any ``tokenizer.json``,
+and the synthetic tasks' symbol vocabulary.
+
+Every tokenizer has the same small interface (:class:`Tokenizer`) and a plain-data
+``state()`` that a checkpoint stores and :func:`tokenizer_from_state` rebuilds, so a
+checkpoint can decode its own outputs with no file beside it.
+
+BPE (Sennrich et al. 2016, byte-level as in GPT-2) starts from the 256 bytes and
+repeatedly merges the most frequent adjacent pair of symbols into a new symbol
+until the vocabulary is full; docs/training.md walks through it. Training uses the
+``tokenizers`` library and is cached by a hash of the corpus and the settings.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specformer.data.cache import atomic_write_text, content_hash, resolve_cache_dir
+from specformer.data.corpus import Corpus, DataError
+from specformer.specs.training import (
+    BYTE_VOCAB_SIZE,
+    TASK_SPECIALS,
+    TASK_SYMBOLS,
+    BPETokenizerSpec,
+    ByteTokenizerSpec,
+    FileTokenizerSpec,
+    TaskTokenizerSpec,
+)
+
+__all__ = [
+    "Tokenizer",
+    "ByteTokenizer",
+    "TaskTokenizer",
+    "HFTokenizer",
+    "bpe_tokenizer",
+    "file_tokenizer",
+    "tokenizer_from_state",
+    "EOT",
+    "PAD",
+    "MASK",
+]
+
+EOT, PAD, MASK = "<|endoftext|>", "<pad>", "<mask>"
+
+
+class Tokenizer(ABC):
+    """Text to ids and back, with the special ids training needs.
+
+    ``eot_id`` separates packed documents; ``pad_id`` fills batches; ``mask_id`` is
+    BERT's [MASK]; ``bos_id`` starts a decoder; ``eos_id`` ends a generated sequence.
+    """
+
+    vocab_size: int
+    eot_id: int | None = None
+    pad_id: int | None = None
+    mask_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """Plain data (str, int, lists, dicts) that :func:`tokenizer_from_state` rebuilds from."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    @property
+    def special_ids(self) -> set[int]:
+        return {i for i in (self.eot_id, self.pad_id, self.mask_id, self.bos_id, self.eos_id) if i is not None}
+
+    def fingerprint(self) -> str:
+        return content_hash(self.state())
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes 0-255, then <|endoftext|> (256), <pad> (257) and <mask> (258)."""
+
+    def __init__(self, spec: ByteTokenizerSpec | None = None, **_: Any) -> None:
+        self.vocab_size = BYTE_VOCAB_SIZE
+        self.eot_id, self.pad_id, self.mask_id = 256, 257, 258
+        self.eos_id = self.eot_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out = bytearray()
+        for i in ids:
+            i = int(i)
+            if i < 256:
+                out.append(i)
+            elif i == self.eot_id:
+                out.extend(EOT.encode())
+        return out.decode("utf-8", errors="replace")
+
+    def state(self) -> dict[str, Any]:
+        return {"type": "byte"}
+
+
+class TaskTokenizer(Tokenizer):
+    """One token per symbol of the synthetic tasks, after <pad>, <s>, </s>, <unk>, <mask>."""
+
+    def __init__(self, spec: TaskTokenizerSpec | None = None, **_: Any) -> None:
+        self.tokens = list(TASK_SPECIALS) + list(TASK_SYMBOLS)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        self.vocab_size = len(self.tokens)
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id = range(5)
+        self.eot_id = self.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index.get(ch, self.unk_id) for ch in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.tokens[int(i)] for i in ids if int(i) >= len(TASK_SPECIALS) and int(i) < self.vocab_size)
+
+    def state(self) -> dict[str, Any]:
+        return {"type": "task"}
+
+
+class HFTokenizer(Tokenizer):
+    """A ``tokenizers.Tokenizer`` (trained BPE or a ``tokenizer.json``)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+        def find(*names: str) -> int | None:
+            for name in names:
+                i = tokenizer.token_to_id(name)
+                if i is not None:
+                    return i
+            return None
+
+        self.eot_id = find(EOT, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
+        self.pad_id = find(PAD, "[PAD]", "<|padding|>")
+        self.mask_id = find(MASK, "[MASK]")
+        self.bos_id = find("<s>", "[CLS]", "<bos>", "<|begin_of_text|>")
+        self.eos_id = self.eot_id
+
+    @classmethod
+    def from_str(cls, text: str) -> HFTokenizer:
+        from tokenizers import Tokenizer as _Tok
+
+        return cls(_Tok.from_str(text))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        fast = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
+        return [e.ids for e in fast(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def state(self) -> dict[str, Any]:
+        return {"type": "hf", "json": self.tok.to_str()}
+
+
+def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Path | None = None) -> HFTokenizer:
+    """A byte-level BPE trained on (at most ``train_mb`` of) the corpus' train split, cached."""
+    import tokenizers
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if spec.vocab_size is None:
+        raise DataError("training.tokenizer.vocab_size is not set")
+    budget = int(spec.train_mb * 1e6)
+    texts, total = [], 0
+    for text in corpus.train:
+        if total >= budget:
+            break
+        texts.append(text)
+        total += len(text)
+    key = content_hash("bpe", corpus.fingerprint, spec.model_dump(), tokenizers.__version__)
+    path = resolve_cache_dir(cache_dir) / "tokenizers" / f"bpe-{key}.json"
+    if path.is_file():
+        try:
+            return HFTokenizer(_Tok.from_file(str(path)))
+        except Exception:
+            path.unlink(missing_ok=True)  # unreadable cache entry: train again
+    tok = _Tok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        min_frequency=spec.min_frequency,
+        special_tokens=[EOT, PAD, MASK],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    atomic_write_text(path, tok.to_str())
+    return HFTokenizer(tok)
+
+
+def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
+    """A tokenizer saved by Hugging Face ``tokenizers`` / ``transformers`` (tokenizer.json)."""
+    from tokenizers import Tokenizer as _Tok
+
+    path = Path(spec.path).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}")
+    try:
+        return HFTokenizer(_Tok.from_file(str(path)))
+    except Exception as exc:
+        raise DataError(f"training.tokenizer.path: {path} is not a tokenizer.json ({exc})") from None
+
+
+def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from :meth:`Tokenizer.state`."""
+    kind = state.get("type")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "task":
+        return TaskTokenizer()
+    if kind == "hf" and isinstance(state.get("json"), str):
+        return HFTokenizer.from_str(state["json"])
+    raise DataError(f"unknown tokenizer state {json.dumps({k: v for k, v in state.items() if k != 'json'})}")

@@ -1,0 +1,89 @@
+"""Tokenise once, then memory-map: a corpus becomes two flat token arrays on disk.
+
+Each document is followed by the end-of-text id, so packing is slicing. Arrays are
+``uint16`` when the vocabulary fits, else ``uint32``; they are written to a
+temporary file and renamed, and ``meta.json`` is written last, so an entry exists
+only when complete. Training then never waits on tokenisation: a batch is a slice
+of a memory-mapped file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specformer.data.cache import atomic_write_text, content_hash, resolve_cache_dir
+from specformer.data.corpus import Corpus, DataError
+from specformer.data.tokenizers import Tokenizer
+
+__all__ = ["TokenArrays", "token_arrays", "tokenize_to_array", "unigram_cross_entropy"]
+
+CHUNK_DOCS = 256
+
+
+@dataclass
+class TokenArrays:
+    """Memory-mapped train and validation token streams."""
+
+    train: np.ndarray
+    val: np.ndarray
+    path: Path
+
+
+def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int) -> np.ndarray:
+    parts: list[np.ndarray] = []
+    eot = np.array([eot_id], dtype=dtype)
+    for start in range(0, len(texts), CHUNK_DOCS):
+        for ids in tokenizer.encode_batch(texts[start : start + CHUNK_DOCS]):
+            parts.append(np.asarray(ids, dtype=dtype))
+            parts.append(eot)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def _write_array(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    array.tofile(tmp)
+    os.replace(tmp, path)
+
+
+def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> TokenArrays:
+    """The corpus tokenised, from the cache when it is there."""
+    if tokenizer.eot_id is None:
+        raise DataError("the tokenizer has no end-of-text token to separate documents")
+    key = content_hash("tokens", corpus.fingerprint, tokenizer.fingerprint())
+    folder = resolve_cache_dir(cache_dir) / "tokens" / key
+    meta_path = folder / "meta.json"
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+    if not meta_path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        counts = {}
+        for split, texts in (("train", corpus.train), ("val", corpus.val)):
+            array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
+            _write_array(folder / f"{split}.bin", array)
+            counts[split] = int(array.size)
+        meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
+        atomic_write_text(meta_path, json.dumps(meta, indent=1))
+        # the tokenizers library warns when a process forks after using its thread pool
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    meta = json.loads(meta_path.read_text())
+    arrays = {}
+    for split in ("train", "val"):
+        n = meta["n_tokens"][split]
+        arrays[split] = (
+            np.memmap(folder / f"{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
+            if n
+            else np.zeros(0, dtype=meta["dtype"])
+        )
+    return TokenArrays(train=arrays["train"], val=arrays["val"], path=folder)
+
+
+def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
+    """Cross-entropy (nats/token) of ``val`` under the add-one-smoothed unigram distribution
+    of ``train``: the loss of a model that ignores context, which training must beat."""
+    counts = np.bincount(np.asarray(train, dtype=np.int64), minlength=vocab_size).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    return float(-logp[np.asarray(val, dtype=np.int64)].mean())

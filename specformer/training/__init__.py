@@ -1,0 +1,24 @@
+"""Training: objectives, schedules, the optimizer, checkpoints, callbacks, generation and
+the :func:`train` entry point behind ``specformer train``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["train", "TrainResult", "generate", "generate_seq2seq", "load_checkpoint", "CheckpointError"]
+
+_LAZY = {
+    "train": "specformer.training.run",
+    "TrainResult": "specformer.training.run",
+    "generate": "specformer.training.generate",
+    "generate_seq2seq": "specformer.training.generate",
+    "load_checkpoint": "specformer.training.checkpoint",
+    "CheckpointError": "specformer.training.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'specformer.training' has no attribute {name!r}")

@@ -1,0 +1,175 @@
+"""Lightning callbacks of ``specformer train``: a rich progress bar and periodic checkpoints."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ProgressBar
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+__all__ = ["SpecProgressBar", "PeriodicCheckpoint", "format_count"]
+
+
+def format_count(n: float) -> str:
+    """1234567 -> '1.23M'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+class SpecProgressBar(ProgressBar):
+    """One rich bar over optimizer steps: step/total, loss, tokens/s, elapsed and ETA.
+
+    Validation runs show a transient bar and leave one line with val loss,
+    perplexity (and exact match for sequence-to-sequence).
+    """
+
+    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0) -> None:
+        super().__init__()
+        self.console = console or Console(stderr=True)
+        self.refresh_per_second = refresh_per_second
+        self._enabled = True
+        self._progress: Progress | None = None
+        self._train_task: TaskID | None = None
+        self._val_task: TaskID | None = None
+        self._last_step = -1
+        self._window: tuple[float, int] | None = None
+        self.tokens_per_second = 0.0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def _start(self) -> Progress:
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=None),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+                refresh_per_second=self.refresh_per_second,
+                transient=False,
+            )
+            self._progress.start()
+        return self._progress
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not (self._enabled and trainer.is_global_zero):
+            return
+        progress = self._start()
+        total = trainer.max_steps if trainer.max_steps > 0 else None
+        self._train_task = progress.add_task("step", total=total, completed=trainer.global_step, stats="")
+        self._last_step = trainer.global_step
+        self._window = (time.perf_counter(), getattr(pl_module, "tokens_seen", 0))
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._progress is None or self._train_task is None or trainer.global_step == self._last_step:
+            return
+        self._last_step = trainer.global_step
+        now, tokens = time.perf_counter(), getattr(pl_module, "tokens_seen", 0) * trainer.world_size
+        if self._window is not None and now > self._window[0]:
+            rate = (tokens - self._window[1] * trainer.world_size) / (now - self._window[0])
+            # a smoothed rate: the first steps (compilation, warm caches) weigh little
+            self.tokens_per_second = rate if self.tokens_per_second == 0 else 0.8 * self.tokens_per_second + 0.2 * rate
+        self._window = (now, getattr(pl_module, "tokens_seen", 0))
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        stats = f"loss {float(loss):.3f}  {format_count(self.tokens_per_second)} tok/s" if loss is not None else ""
+        self._progress.update(self._train_task, completed=trainer.global_step, stats=stats)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not (self._enabled and trainer.is_global_zero) or trainer.sanity_checking:
+            return
+        progress = self._start()
+        batches = [n for n in trainer.num_val_batches if n != float("inf")]
+        self._val_task = progress.add_task("validate", total=sum(batches) if batches else None, stats="")
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        if self._progress is not None and self._val_task is not None:
+            self._progress.advance(self._val_task)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._progress is None or self._val_task is None:
+            return
+        self._progress.remove_task(self._val_task)
+        self._val_task = None
+        history = getattr(pl_module, "val_history", [])
+        if history:
+            h = history[-1]
+            text = f"step {h['step']:>6}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
+            if "val/exact_match" in h:
+                text += f"  exact match {100 * h['val/exact_match']:.1f}%"
+            self._progress.console.print(text, highlight=False)
+
+    def _stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+            self._train_task = self._val_task = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._stop()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._stop()
+
+
+class PeriodicCheckpoint(Callback):
+    """Save ``last.ckpt`` every ``every`` optimizer steps and at the last step, atomically.
+
+    Saving happens right after an optimizer step, so the data position in the
+    checkpoint is exactly ``global_step × accumulate`` micro-batches.
+    """
+
+    def __init__(self, dirpath: str | Path, *, every: int, keep_steps: bool = False) -> None:
+        self.dirpath, self.every, self.keep_steps = Path(dirpath), every, keep_steps
+        self.last_path: Path | None = None
+        self._saved_step = -1
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._saved_step or step == 0:
+            return
+        at_end = trainer.max_steps > 0 and step >= trainer.max_steps
+        if step % self.every and not at_end:
+            return
+        self._saved_step = step
+        if self.keep_steps:
+            trainer.save_checkpoint(self.dirpath / f"step-{step:07d}.ckpt")
+        self.last_path = self.dirpath / "last.ckpt"
+        trainer.save_checkpoint(self.last_path)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"saved_step": self._saved_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._saved_step = int(state_dict.get("saved_step", -1))

@@ -1,0 +1,214 @@
+"""Checkpoints: written atomically, loaded safely, self-describing.
+
+A specformer checkpoint is a Lightning checkpoint (weights, optimizer, scheduler,
+loop progress) plus a ``"specformer"`` entry holding the resolved spec as plain
+data, the tokenizer's state, the random-number-generator states and the data
+position. Everything in it is tensors and plain Python values, so it loads with
+``torch.load(weights_only=True)``: opening a checkpoint never runs code from it.
+
+Writes go to a temporary file in the same folder, are flushed to disk and then
+renamed over the target (``os.replace``): a crash or SIGKILL leaves either the old
+checkpoint or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch import nn
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "AtomicCheckpointIO",
+    "read_checkpoint",
+    "load_checkpoint",
+    "LoadedCheckpoint",
+    "rng_state",
+    "set_rng_state",
+    "model_spec_differences",
+]
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint could not be used; the message says which file and why."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O, with atomic writes and ``weights_only`` reads."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)`` with errors that say what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if path.is_dir():
+        candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+        if not candidate.is_file():
+            raise CheckpointError(f"{path} is a folder with no last.ckpt (expected a run folder or a .ckpt file)")
+        path = candidate
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: the file is empty (an interrupted copy?)")
+    try:
+        data = torch.load(path, map_location=map_location, weights_only=True)
+    except (zipfile.BadZipFile, EOFError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (corrupt or truncated: {_short(exc)})"
+        ) from None
+    except Exception as exc:  # unpickling refused: the file holds more than tensors and plain data
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            raise CheckpointError(
+                f"{path}: the file holds Python objects other than tensors and plain data, so it is "
+                "not loaded (loading could run arbitrary code)"
+            ) from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_short(exc)})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a specformer checkpoint (found {type(data).__name__}, expected a mapping)")
+    return data
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What a checkpoint rebuilds: the spec, the model (weights loaded, eval mode), the
+    tokenizer, the step it was saved at, and the raw dictionary."""
+
+    spec: Any
+    model: nn.Module
+    tokenizer: Any
+    step: int
+    path: Path
+    raw: dict[str, Any]
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> LoadedCheckpoint:
+    """Rebuild the model of a checkpoint from the spec it carries and load its weights."""
+    from specformer.builder import build_model
+    from specformer.data.tokenizers import tokenizer_from_state
+    from specformer.specs.errors import SpecError
+    from specformer.specs.loader import load_spec
+
+    path = Path(path)
+    raw = read_checkpoint(path, map_location=map_location)
+    meta = raw.get("specformer")
+    if not isinstance(meta, dict) or "spec" not in meta:
+        raise CheckpointError(f"{path}: not a specformer checkpoint (it has no 'specformer' entry with a spec)")
+    version = meta.get("format", 0)
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: written by a newer specformer (format {version}; this one reads up to {FORMAT_VERSION})"
+        )
+    try:
+        spec = load_spec(meta["spec"])
+    except SpecError as exc:
+        raise CheckpointError(f"{path}: the spec stored in the checkpoint is not valid here:\n{exc}") from None
+    model = build_model(spec)
+    state = raw.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: the checkpoint has no weights (no state_dict)")
+    weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    load_weights(model, weights, source=str(path))
+    model.eval()
+    tokenizer = tokenizer_from_state(meta["tokenizer"]) if meta.get("tokenizer") else None
+    return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=int(raw.get("global_step", 0)), path=path, raw=raw)
+
+
+def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source: str) -> None:
+    """Load a state dict, refusing (with a list of what differs) anything but an exact match."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    shapes = [
+        f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(own[k].shape)}"
+        for k in own
+        if k in weights and tuple(weights[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or shapes:
+        lines = [f"{source}: the weights do not fit the model"]
+        if shapes:
+            lines += ["  different shapes:"] + [f"    {s}" for s in shapes[:10]]
+        if missing:
+            lines.append(f"  missing from the checkpoint: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
+        if unexpected:
+            lines.append(f"  not in the model: {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}")
+        raise CheckpointError("\n".join(lines))
+    model.load_state_dict(weights, strict=True)
+
+
+def model_spec_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths where two spec dicts differ, ignoring the training section and the name
+    (what a resumed run may change)."""
+    out: list[str] = []
+    for key in sorted(set(saved) | set(current)):
+        if not prefix and key in ("training", "name"):
+            continue
+        a, b = saved.get(key), current.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += model_spec_differences(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: checkpoint {a!r}, spec {b!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- random state
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) generator states as tensors and plain data."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *[float(x) if isinstance(x, float) else int(x) for x in np_state[2:]]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

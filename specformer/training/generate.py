@@ -1,0 +1,152 @@
+"""Sampling from trained models: greedy, temperature, top-k and nucleus (top-p), with a
+key/value cache.
+
+Shapes: B batch, T prompt length, N new tokens, S source length, V vocabulary.
+
+With the cache (the default), each step runs the model on one new token and reuses
+the keys and values of everything before it; without it, each step re-runs the
+whole sequence. Both give the same greedy output. When a sequence outgrows the
+model's ``max_seq_len``, the context slides: the last ``max_seq_len`` tokens are
+re-read from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["sample_next", "generate", "generate_seq2seq"]
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Next token ids (B,) from logits (B, V). ``temperature=0`` is greedy (argmax).
+
+    top-k keeps the k most likely tokens; top-p (Holtzman et al. 2020) keeps the
+    smallest set whose probability reaches p. Both filters apply before sampling.
+    """
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0.0 < top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)  # (B, V)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token when the ones before it already reach p (the first always stays)
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _finish(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, Tensor]:
+    """Rows already finished keep emitting eos; mark rows that just produced it."""
+    if eos_id is None:
+        return tokens, done
+    tokens = torch.where(done, torch.full_like(tokens, eos_id), tokens)
+    return tokens, done | (tokens == eos_id)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    max_seq_len: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
+    (fewer when every row has produced ``eos_id``)."""
+    seq = input_ids
+    done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
+    cache: Any = None
+    with _eval_mode(model):
+        for _ in range(max_new_tokens):
+            too_long = max_seq_len is not None and seq.shape[1] > max_seq_len
+            if use_cache and cache is not None and not too_long:
+                logits = model(seq[:, -1:], cache=cache).logits  # (B, 1, V)
+            else:
+                context = seq[:, -max_seq_len:] if max_seq_len is not None else seq
+                out = model(context, use_cache=use_cache)
+                cache, logits = out.cache, out.logits  # (B, T, V)
+            if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
+                cache = None  # full: the next step re-reads the last max_seq_len tokens
+            nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            nxt, done = _finish(nxt, done, eos_id)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
+            if bool(done.all()):
+                break
+    return seq
+
+
+@torch.no_grad()
+def generate_seq2seq(
+    model: nn.Module,
+    input_ids: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int | None,
+    max_new_tokens: int,
+    attention_mask: Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
+    generated ids (B, N) without the start token."""
+    b = input_ids.shape[0]
+    with _eval_mode(model):
+        encoded = model.encode(input_ids, attention_mask)  # (B, S, D)
+        seq = torch.full((b, 1), bos_id, dtype=torch.long, device=input_ids.device)
+        done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+        cache: Any = None
+        for _ in range(max_new_tokens):
+            if use_cache and cache is not None:
+                dec_in = seq[:, -1:]
+            else:
+                dec_in = seq
+            out = model(
+                attention_mask=attention_mask,
+                decoder_input_ids=dec_in,
+                encoder_hidden_states=encoded,
+                cache=cache,
+                use_cache=use_cache,
+            )
+            cache = out.cache
+            nxt = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            nxt, done = _finish(nxt, done, eos_id)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+            if bool(done.all()):
+                break
+    return seq[:, 1:]

@@ -1,0 +1,137 @@
+"""Training objectives: how a batch and a model give a loss.
+
+Shapes: B batch, T (target) length, S source length, V vocabulary.
+
+The objective follows the model's kind unless the spec's ``training.objective``
+says otherwise: causal LM for decoders, masked LM for encoders, sequence-to-sequence
+with teacher forcing for encoder-decoders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specformer.data.collate import IGNORE_INDEX
+from specformer.specs.training import CausalLMSpec, MaskedLMSpec, Seq2SeqSpec
+
+__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "MaskedLM", "Seq2Seq", "token_cross_entropy"]
+
+Forward = Callable[..., Any]
+
+
+@dataclass
+class ObjectiveOutput:
+    """The loss (mean over predicted tokens), how many tokens it averages over, and how
+    many tokens the model read (for tokens/s)."""
+
+    loss: Tensor
+    n_predicted: int
+    n_input: int
+
+
+def token_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy over positions whose label is not -100; logits (B, T, V), labels (B, T).
+
+    Computed in float32 whatever the autocast dtype, as the loss is a sum of many
+    small terms."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        label_smoothing=label_smoothing,
+    )
+
+
+class Objective:
+    """Base: call with the model's forward and a batch."""
+
+    name = "objective"
+
+    def __init__(self, spec: Any, **_: Any) -> None:
+        self.spec = spec
+
+    def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        raise NotImplementedError
+
+    @staticmethod
+    def _count(labels: Tensor) -> int:
+        return int((labels != IGNORE_INDEX).sum())
+
+
+class CausalLM(Objective):
+    """Predict token t+1 from tokens ≤ t (Radford et al. 2018)."""
+
+    name = "causal_lm"
+    spec: CausalLMSpec
+
+    def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        mask = batch.get("attention_mask")
+        out = forward(batch["input_ids"], attention_mask=mask)  # logits (B, T, V)
+        labels = batch["labels"]
+        if mask is not None:
+            labels = labels.masked_fill(mask == 0, IGNORE_INDEX)
+        loss = token_cross_entropy(out.logits, labels, self.spec.label_smoothing)
+        n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        return ObjectiveOutput(loss, self._count(labels), n_input)
+
+
+class MaskedLM(Objective):
+    """Predict the chosen tokens from the rest of the sequence (Devlin et al. 2019); the
+    masking itself happens in :class:`~specformer.data.collate.MaskedLMCollator`."""
+
+    name = "masked_lm"
+    spec: MaskedLMSpec
+
+    def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        mask = batch.get("attention_mask")
+        out = forward(batch["input_ids"], attention_mask=mask)  # logits (B, T, V)
+        loss = token_cross_entropy(out.logits, batch["labels"], self.spec.label_smoothing)
+        n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
+
+
+class Seq2Seq(Objective):
+    """Teacher forcing: the decoder reads [bos] + target and predicts target + [eos]
+    (Sutskever et al. 2014; Vaswani et al. 2017)."""
+
+    name = "seq2seq"
+    spec: Seq2SeqSpec
+
+    def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        out = forward(
+            batch["input_ids"],
+            attention_mask=batch.get("attention_mask"),
+            decoder_input_ids=batch["decoder_input_ids"],
+            decoder_attention_mask=batch.get("decoder_attention_mask"),
+        )  # logits (B, T, V)
+        loss = token_cross_entropy(out.logits, batch["labels"], self.spec.label_smoothing)
+        n_input = int(batch["attention_mask"].sum() + batch["decoder_attention_mask"].sum())
+        return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
+
+    @torch.no_grad()
+    def exact_match(self, model: Any, batch: Mapping[str, Tensor], *, bos_id: int, eos_id: int) -> tuple[int, int]:
+        """(correct, total): greedy decodes that equal the target exactly, end token included."""
+        from specformer.training.generate import generate_seq2seq
+
+        labels = batch["labels"]  # (B, L+1): target + [eos], then -100
+        out = generate_seq2seq(
+            model,
+            batch["input_ids"],
+            attention_mask=batch.get("attention_mask"),
+            bos_id=bos_id,
+            eos_id=eos_id,
+            max_new_tokens=labels.shape[1],
+            temperature=0.0,
+        )  # (B, <= L+1)
+        correct = 0
+        for row, target in zip(out, labels, strict=True):
+            want = target[target != IGNORE_INDEX].tolist()
+            got = row.tolist()[: len(want)]
+            correct += int(got == want)
+        return correct, labels.shape[0]

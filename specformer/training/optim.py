@@ -1,0 +1,32 @@
+"""The optimizer: AdamW with decoupled weight decay on matrices only.
+
+Biases, norm gains and other 1-D parameters are not decayed (decaying a norm's
+gain towards 0 fights the norm; decaying a bias has no regularising purpose).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specformer.specs.training import AdamWSpec
+
+__all__ = ["param_groups", "adamw"]
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices (decayed) and everything 1-D (not decayed); tied weights once."""
+    decay, no_decay, seen = [], [], set()
+    for _, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def adamw(spec: AdamWSpec, *, model: nn.Module) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        param_groups(model, spec.weight_decay), lr=spec.lr, betas=tuple(spec.betas), eps=spec.eps
+    )

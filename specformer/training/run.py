@@ -1,0 +1,242 @@
+"""``train(spec)``: a spec's ``training:`` section turned into a Lightning ``Trainer`` run.
+
+What ``specformer train`` calls, and usable from Python. Each run writes to
+``<out_dir>/<spec name>/<timestamp>/``: ``spec.yaml`` (the resolved spec),
+``metrics.csv`` (CSV logger), ``checkpoints/last.ckpt`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, Logger
+from rich.console import Console
+
+from specformer.builder.lightning import SpecModule
+from specformer.data.module import SpecDataModule
+from specformer.training.callbacks import PeriodicCheckpoint, SpecProgressBar
+from specformer.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
+
+__all__ = ["TrainResult", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
+
+RUN_DIR_ENV = "SPECFORMER_RUN_DIR"
+
+
+@dataclass
+class TrainResult:
+    """What a run reports at the end (also written to ``summary.json``)."""
+
+    spec_name: str
+    run_dir: str
+    checkpoint: str | None
+    steps: int
+    train_loss: float | None
+    val_loss: float | None
+    val_ppl: float | None
+    unigram_loss: float | None
+    exact_match: float | None
+    tokens: int
+    tokens_per_second: float
+    train_seconds: float
+    wall_seconds: float
+    data: str
+    resumed_from: str | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def lightning_precision(precision: str) -> str:
+    return {"32": "32-true", "64": "64-true"}.get(precision, precision)
+
+
+def make_run_dir(out_dir: str | Path, name: str) -> Path:
+    """``<out_dir>/<name>/<timestamp>``, shared by every process of a multi-process run."""
+    env = os.environ.get(RUN_DIR_ENV)
+    if env:
+        path = Path(env)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(out_dir) / name
+    path, n = base / stamp, 1
+    while path.exists():
+        n += 1
+        path = base / f"{stamp}-{n}"
+    path.mkdir(parents=True)
+    # processes that Lightning launches for other ranks inherit the environment
+    os.environ[RUN_DIR_ENV] = str(path)
+    return path
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's start-up banner and the warnings that do not apply here."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    for message in (
+        r".*does not have many workers.*",  # a memory-mapped slice needs no workers
+        r".*`training_step` returned `None`.*",
+        r".*is an invalid version and will not be supported.*",
+        r".*Experiment logs directory .* exists and is not empty.*",
+        r".*(ckpt_path|checkpoint).*(mid-epoch|before the epoch ended|not an epoch).*",
+        r".*The number of training batches .* is smaller than the logging interval.*",
+        r".*that has `shuffle=True`.*",
+        r".*You are using `torch.load` with `weights_only=False`.*",
+    ):
+        warnings.filterwarnings("ignore", message=message)
+
+
+def _default_loggers(run_dir: Path) -> list[Logger]:
+    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="", version="")]
+    try:
+        import tensorboard  # noqa: F401
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""))
+    except ImportError:
+        pass
+    return loggers
+
+
+def build_trainer(
+    spec: Any,
+    run_dir: Path,
+    *,
+    max_steps: int,
+    callbacks: Sequence[Callback] = (),
+    loggers: Sequence[Logger] | Logger | bool | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+    **trainer_kwargs: Any,
+) -> L.Trainer:
+    """A ``Trainer`` configured from ``spec.training``; ``trainer_kwargs`` override anything."""
+    t = spec.training
+    own: list[Callback] = [PeriodicCheckpoint(run_dir / "checkpoints", every=t.checkpoint_every)]
+    if progress:
+        own.insert(0, SpecProgressBar(console))
+    settings: dict[str, Any] = dict(
+        max_steps=max_steps,
+        max_epochs=-1,
+        accelerator=t.accelerator,
+        devices=list(t.devices) if isinstance(t.devices, tuple) else t.devices,
+        strategy=t.strategy,
+        num_nodes=t.num_nodes,
+        precision=lightning_precision(t.precision),
+        accumulate_grad_batches=t.accumulate,
+        gradient_clip_val=t.grad_clip or None,
+        val_check_interval=t.val_interval * t.accumulate,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_interval,
+        logger=_default_loggers(run_dir) if loggers is None else loggers,
+        callbacks=own + list(callbacks),
+        enable_checkpointing=False,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(run_dir),
+    )
+    settings.update(trainer_kwargs)
+    return L.Trainer(**settings)
+
+
+def _total_steps(spec: Any, dm: SpecDataModule) -> int:
+    t = spec.training
+    if t.max_steps is not None:
+        return t.max_steps
+    assert t.max_epochs is not None
+    return max(1, math.ceil(t.max_epochs * dm.batches_per_pass() / t.accumulate))
+
+
+def train(
+    spec: Any,
+    *,
+    resume: str | Path | None = None,
+    callbacks: Sequence[Callback] = (),
+    loggers: Sequence[Logger] | Logger | bool | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+    datamodule: SpecDataModule | None = None,
+    **trainer_kwargs: Any,
+) -> TrainResult:
+    """Train ``spec`` (a ModelSpec, preset name, path or dict) as its ``training:`` section says.
+
+    ``resume`` continues from a checkpoint exactly (step, optimizer, scheduler, data
+    position, random state). Extra callbacks, loggers and ``Trainer`` keyword
+    arguments are passed through to Lightning.
+    """
+    from specformer.specs.loader import load_spec
+    from specformer.specs.schema import ModelSpec
+
+    started = time.perf_counter()
+    spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
+    t = spec.training
+    quiet_lightning()
+    if resume is not None:
+        raw = read_checkpoint(resume)  # a clear error now rather than deep inside Lightning
+        if "specformer" not in raw:
+            raise CheckpointError(f"{resume}: not a specformer checkpoint (it has no 'specformer' entry)")
+        resume = _checkpoint_file(Path(resume))
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    module = SpecModule(spec)
+    dm = datamodule or SpecDataModule(spec)
+    dm.setup("fit")
+    assert dm.data is not None
+    module.tokenizer = module.tokenizer or dm.data.tokenizer
+    max_steps = _total_steps(spec, dm)
+    run_dir = make_run_dir(t.out_dir, spec.name)
+    (run_dir / "spec.yaml").write_text(spec.to_yaml())
+    trainer = build_trainer(
+        spec, run_dir, max_steps=max_steps, callbacks=callbacks, loggers=loggers, progress=progress,
+        console=console, **trainer_kwargs,
+    )
+    trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True)
+    train_seconds = time.perf_counter() - (module.train_started or started)
+    if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
+        trainer.validate(module, datamodule=dm, verbose=False)
+    history = module.val_history
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    last = history[-1] if history else {}
+    ckpt = next((c.last_path for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
+    losses = [float(x) for x in module.recent_losses]
+    tokens_run = (module.tokens_seen - module.tokens_at_start) * trainer.world_size
+    result = TrainResult(
+        spec_name=spec.name,
+        run_dir=str(run_dir),
+        checkpoint=str(ckpt) if ckpt is not None else None,
+        steps=trainer.global_step,
+        train_loss=sum(losses) / len(losses) if losses else metrics.get("train/loss"),
+        val_loss=last.get("val/loss", metrics.get("val/loss")),
+        val_ppl=last.get("val/ppl", metrics.get("val/ppl")),
+        unigram_loss=dm.data.unigram_loss,
+        exact_match=last.get("val/exact_match", metrics.get("val/exact_match")),
+        tokens=int(module.tokens_seen * trainer.world_size),
+        tokens_per_second=tokens_run / train_seconds if train_seconds > 0 else 0.0,
+        train_seconds=train_seconds,
+        wall_seconds=time.perf_counter() - started,
+        data=dm.data.description,
+        resumed_from=str(resume) if resume else None,
+        history=[dict(h) for h in history],
+    )
+    if trainer.is_global_zero:
+        (run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=1))
+    os.environ.pop(RUN_DIR_ENV, None)
+    return result
+
+
+def _checkpoint_file(path: Path) -> Path:
+    if path.is_dir():
+        candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+        return candidate
+    return path

@@ -127,9 +127,10 @@ def _ffn(prefix: str, ffn: Any, d_model: int) -> Iterator[tuple[str, Shape]]:
         raise AnalysisError(f"{prefix}: no analytic parameter count for ffn type {kind!r}")
 
 
-def _embedding(prefix: str, spec: Any) -> Iterator[tuple[str, Shape]]:
+def _embedding(prefix: str, spec: Any, *, tokens: bool = True) -> Iterator[tuple[str, Shape]]:
     d = spec.d_model
-    yield f"{prefix}.tokens.weight", (spec.vocab_size, d)
+    if tokens:
+        yield f"{prefix}.tokens.weight", (spec.vocab_size, d)
     pos = spec.positional
     if pos.type == "learned":
         rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
@@ -194,6 +195,9 @@ def parameter_shapes(spec: Any) -> dict[str, Shape]:
     out.update(_embedding("embed", spec))
     if spec.kind == "encoder-decoder" and not spec.embedding.share_encoder_decoder:
         out.update(_embedding("decoder_embed", spec))
+    elif spec.kind == "encoder-decoder" and not spec.embedding.share_positions:
+        # BART: the decoder reads the encoder's token table through its own positions and norm
+        out.update(_embedding("decoder_embed", spec, tokens=False))
     for role, stack in spec.stacks():
         out.update(_stack(role, stack, spec))
     out.update(_head(spec))

@@ -91,7 +91,7 @@ def _build(spec: ModelSpec) -> nn.Module:
     first_stack = spec.encoder if spec.encoder is not None else spec.decoder
     assert first_stack is not None
 
-    def embedding() -> Embedding:
+    def embedding(tokens: nn.Embedding | None = None) -> Embedding:
         positions = _positional(spec, first_stack, causal=spec.kind == "decoder") if in_embedding else None
         norm = (
             REGISTRY.build("norm", spec.embedding.norm, dim=d_model)
@@ -99,13 +99,21 @@ def _build(spec: ModelSpec) -> nn.Module:
             else None
         )
         return Embedding(
-            spec.embedding, vocab_size=spec.vocab_size, d_model=d_model, positions=positions, norm=norm
+            spec.embedding,
+            vocab_size=spec.vocab_size,
+            d_model=d_model,
+            positions=positions,
+            norm=norm,
+            shared_tokens=tokens,
         )
 
     embed = embedding()
     decoder_embed = None
     if spec.kind == "encoder-decoder" and not spec.embedding.share_encoder_decoder:
         decoder_embed = embedding()
+    elif spec.kind == "encoder-decoder" and not spec.embedding.share_positions:
+        # BART: one token table, but the decoder's own positions and embedding norm
+        decoder_embed = embedding(tokens=embed.tokens)
     stacks = {}
     for role, stack_spec in spec.stacks():
         causal = role == "decoder"

@@ -5,6 +5,8 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 State-dict names: ``tokens`` (nn.Embedding V x D), ``positions`` (the positional
 module when it adds to the embeddings: a learned table ``positions.weight``, or
 sinusoids with no parameters), ``segments`` (token-type embeddings), ``norm``.
+An embedding built with ``shared_tokens`` (BART's decoder) reads another embedding's
+token table and has no ``tokens`` entry of its own.
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ class Embedding(nn.Module):
         d_model: int,
         positions: Positional | None = None,
         norm: nn.Module | None = None,
+        shared_tokens: nn.Embedding | None = None,
     ) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(vocab_size, d_model)
+        if shared_tokens is None:
+            self.tokens = nn.Embedding(vocab_size, d_model)
+        else:
+            # a plain attribute, not a submodule: the owning embedding holds (and saves) it
+            object.__setattr__(self, "tokens", shared_tokens)
         self.positions = positions
         self.segments = (
             nn.Embedding(spec.segment_vocab_size, d_model) if spec.segment_vocab_size else None

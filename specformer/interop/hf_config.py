@@ -285,7 +285,7 @@ def _bart(c: _Config) -> dict[str, Any]:
             "scale": bool(c("scale_embedding", False)),
             "tie_output": c("tie_word_embeddings", True),
             "share_encoder_decoder": True,
-            "separate_decoder_positions": True,
+            "share_positions": False,
             "dropout": dropout,
             "norm": {"type": "layernorm", "eps": 1e-5},
         },
@@ -711,7 +711,7 @@ def hf_config_from_spec(spec: ModelSpec, *, warnings: list[str] | None = None) -
 def _differences(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in [*a, *(k for k in b if k not in a)]:
-            if path == "" and key == "name":
+            if path == "" and key in ("name", "training"):  # not part of the architecture
                 continue
             yield from _differences(a.get(key), b.get(key), f"{path}.{key}" if path else key)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):

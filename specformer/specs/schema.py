@@ -475,6 +475,11 @@ class EmbeddingSpec(Spec):
     share_encoder_decoder: bool = Field(
         True, description="Encoder and decoder share one token embedding (encoder-decoder only)."
     )
+    share_positions: bool = Field(
+        True,
+        description="With a shared token embedding, the decoder also shares the position table, "
+        "segments and embedding norm; false gives it its own (BART). Encoder-decoder only.",
+    )
     segment_vocab_size: NonNegativeInt = Field(
         0, description="Segment (token-type) embeddings, as BERT's 2; 0 for none."
     )
@@ -484,6 +489,12 @@ class EmbeddingSpec(Spec):
     def _norm_fields(self) -> EmbeddingSpec:
         if self.norm is not None and (self.norm.placement != "pre" or self.norm.final is not None):
             raise _issue("norm", "placement and final have no meaning for the embedding norm; remove them")
+        if not self.share_positions and not self.share_encoder_decoder:
+            raise _issue(
+                "share_positions",
+                "share_positions: false needs share_encoder_decoder: true (with separate embeddings "
+                "the decoder already has its own positions)",
+            )
         return self
 
 
@@ -564,6 +575,11 @@ class ModelSpec(Spec):
                 yield "kind", f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}})"
             if has[role] and not need[role]:
                 yield role, f"kind {self.kind!r} has no {role} stack; remove it or change kind"
+        if not self.embedding.share_positions and self.kind != "encoder-decoder":
+            yield (
+                "embedding.share_positions",
+                f"a {self.kind} model has one embedding; share_positions applies to encoder-decoders only",
+            )
         pos = self.positional
         if isinstance(pos, LearnedSpec) and pos.max_positions is not None:
             if pos.max_positions - pos.offset < self.max_seq_len:

@@ -44,6 +44,14 @@ TINY: dict[str, dict[str, Any]] = {
            "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16},
     "t5-v1_1": {"d_model": 32, "d_kv": 16, "d_ff": 48, "num_layers": 2, "num_heads": 3,
                 "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+    "bart": {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+             "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 48,
+             "max_position_embeddings": 64, "activation_function": "gelu", "forced_eos_token_id": None,
+             "decoder_start_token_id": 2},
+    "bart-scaled": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 4,
+                    "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                    "max_position_embeddings": 64, "activation_function": "relu", "scale_embedding": True,
+                    "forced_eos_token_id": None, "decoder_start_token_id": 2},
     "llama": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
               "rope_theta": 500.0, "rms_norm_eps": 1e-5},
@@ -66,6 +74,7 @@ def _hf_model(family: str, seed: int = 0) -> Any:
     config = transformers.AutoConfig.for_model(model_type, **{**_SMALL, **TINY[family]})
     auto = {
         "t5": transformers.AutoModelForSeq2SeqLM,
+        "bart": transformers.AutoModelForSeq2SeqLM,
         "bert": transformers.AutoModelForMaskedLM,
         "roberta": transformers.AutoModelForMaskedLM,
     }.get(model_type, transformers.AutoModelForCausalLM)
@@ -131,26 +140,34 @@ def test_logits_match_transformers(family: str, padded: bool) -> None:
 # --------------------------------------------------------------------------- generation
 
 
-def _greedy(model: torch.nn.Module, spec: Any, ids: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
-    """Greedy decoding through the model's KV-cache API: one prompt pass, then one token a step."""
-    tokens = []
+def _greedy(
+    model: torch.nn.Module, spec: Any, ids: torch.Tensor, mask: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding through the model's KV-cache API: one prompt pass, then one token a
+    step. Returns the tokens (B, n) and each step's logits (B, n, V)."""
+    tokens, logits = [], []
     with torch.no_grad():
         if spec.kind == "encoder-decoder":
             enc = model.encode(ids, mask)
-            step = torch.zeros(ids.shape[0], 1, dtype=torch.long)  # T5's decoder start token (pad)
+            step = torch.full((ids.shape[0], 1), _START[spec.name])
             out = model(attention_mask=mask, decoder_input_ids=step, encoder_hidden_states=enc, use_cache=True)
             for _ in range(n):
+                logits.append(out.logits[:, -1])
                 step = out.logits[:, -1].argmax(-1, keepdim=True)
                 tokens.append(step)
                 out = model(attention_mask=mask, decoder_input_ids=step, encoder_hidden_states=enc, cache=out.cache)
         else:
             out = model(ids, attention_mask=mask, use_cache=True)
             for _ in range(n):
+                logits.append(out.logits[:, -1])
                 step = out.logits[:, -1].argmax(-1, keepdim=True)
                 tokens.append(step)
                 mask = torch.cat([mask, torch.ones_like(step)], dim=1)
                 out = model(step, attention_mask=mask, cache=out.cache)
-    return torch.cat(tokens, dim=1)
+    return torch.cat(tokens, dim=1), torch.stack(logits, dim=1)
+
+
+_START = {"t5": 0, "bart": 2}  # decoder start tokens: T5 starts from pad, BART from eos
 
 
 @pytest.mark.parametrize("family", sorted(DECODERS))
@@ -163,15 +180,32 @@ def test_greedy_generation_matches_transformers_generate(family: str) -> None:
     if spec.kind == "decoder":
         mask[1, :3] = 0  # left padding, as batched generation uses
     hf.generation_config.eos_token_id = None  # always 20 tokens
-    extra = {"decoder_start_token_id": 0} if spec.kind == "encoder-decoder" else {}
+    hf.generation_config.forced_eos_token_id = None
+    extra = {"decoder_start_token_id": _START[spec.name]} if spec.kind == "encoder-decoder" else {}
     with torch.no_grad():
         theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
-                             num_beams=1, pad_token_id=0, **extra)
-    theirs = theirs[:, 1:] if spec.kind == "encoder-decoder" else theirs[:, ids.shape[1]:]
-    ours = _greedy(model, spec, ids, mask, 20)
+                             num_beams=1, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+                             **extra)
+    tokens = theirs.sequences[:, 1:] if spec.kind == "encoder-decoder" else theirs.sequences[:, ids.shape[1]:]
+    ours, our_logits = _greedy(model, spec, ids, mask, 20)
     assert ours.shape == (2, 20)
+    assert torch.equal(ours, tokens)
+    # every step's logits agree too, so the cache is checked even where greedy output repeats
+    torch.testing.assert_close(our_logits, torch.stack(theirs.logits, dim=1), atol=1e-4, rtol=1e-4)
+    if spec.kind == "decoder":
+        assert len(set(ours[0].tolist())) > 1  # not a degenerate repeat of one token
+
+
+def test_training_generate_matches_transformers_generate() -> None:
+    generation = pytest.importorskip("specformer.training.generate", reason="specformer.training is not available")
+    hf = _hf_model("llama")
+    _, model = _imported(hf)
+    ids = torch.randint(3, V, (2, 6), generator=torch.Generator().manual_seed(5))
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, max_new_tokens=20, do_sample=False, num_beams=1, pad_token_id=0)
+    ours = generation.generate(model, ids, max_new_tokens=20, temperature=0.0)
     assert torch.equal(ours, theirs)
-    assert len(set(ours[0].tolist())) > 1  # not a degenerate repeat of one token
 
 
 # --------------------------------------------------------------------------- export

@@ -59,8 +59,18 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 }
 
 # Families without a shipped preset: the published configs of roberta-base,
-# mistralai/Mistral-7B-v0.1, EleutherAI/pythia-160m and google/t5-v1_1-small.
+# mistralai/Mistral-7B-v0.1, EleutherAI/pythia-160m, google/t5-v1_1-small and facebook/bart-base.
 OTHERS: dict[str, dict[str, Any]] = {
+    "bart-base": {
+        "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
+        "add_final_layer_norm": False, "architectures": ["BartModel"], "attention_dropout": 0.1,
+        "bos_token_id": 0, "d_model": 768, "decoder_attention_heads": 12, "decoder_ffn_dim": 3072,
+        "decoder_layers": 6, "decoder_start_token_id": 2, "dropout": 0.1, "encoder_attention_heads": 12,
+        "encoder_ffn_dim": 3072, "encoder_layers": 6, "eos_token_id": 2, "forced_eos_token_id": 2,
+        "init_std": 0.02, "is_encoder_decoder": True, "max_position_embeddings": 1024,
+        "model_type": "bart", "normalize_before": False, "normalize_embedding": True,
+        "pad_token_id": 1, "scale_embedding": False, "vocab_size": 50265,
+    },
     "roberta-base": {
         "architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
         "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
@@ -165,6 +175,15 @@ def test_pythia_is_partial_rotary_with_parallel_residual() -> None:
     assert spec.decoder.residual.type == "parallel"
     assert spec.decoder.norm.type == "layernorm" and spec.decoder.attention.bias
     assert not spec.embedding.tie_output
+
+
+def test_bart_shares_tokens_but_not_positions() -> None:
+    spec = spec_from_hf_config(OTHERS["bart-base"])
+    assert (spec.positional.max_positions, spec.positional.offset, spec.max_seq_len) == (1026, 2, 1024)
+    assert spec.embedding.share_encoder_decoder and not spec.embedding.share_positions
+    assert spec.embedding.norm.type == "layernorm" and spec.encoder.norm.placement == "post"
+    assert spec.decoder.ffn.dropout == 0.1 and spec.decoder.attention.dropout == 0.1
+    assert count_parameters(spec).total == 139_420_416  # bart-base with its zero logits bias left out
 
 
 def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:

@@ -30,6 +30,13 @@ def default_position_ids(attention_mask: Tensor | None, past: int, length: int, 
     return positions[:, -length:].clamp(min=0)  # (B, T)
 
 
+def _head(head: nn.Module, h: Tensor, mask: Tensor | None, keep: int) -> Tensor:
+    if keep > 0:
+        h = h[:, -keep:]  # (B, k, D)
+        mask = mask[:, -keep:] if mask is not None else None
+    return head(h, mask)
+
+
 class _Model(nn.Module):
     def __init__(self, *, embed: Embedding, head: nn.Module) -> None:
         super().__init__()
@@ -58,9 +65,12 @@ class DecoderModel(_Model):
         cache: KVCache | None = None,
         use_cache: bool = False,
         output_attentions: bool = False,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V). A cache (given, or created by
-        ``use_cache=True``) is updated in place and returned in the output."""
+        ``use_cache=True``) is updated in place and returned in the output.
+        ``logits_to_keep=k`` > 0 computes logits for the last k positions only
+        (generation needs one: a prefill then skips a (T, V) projection)."""
         if use_cache and cache is None:
             cache = KVCache()
         t = input_ids.shape[1]
@@ -80,7 +90,8 @@ class DecoderModel(_Model):
             need_weights=output_attentions,
         )
         mask = attention_mask[:, -t:] if attention_mask is not None else None
-        return ModelOutput(logits=self.head(h, mask), hidden_states=h, cache=cache, attentions=attentions)
+        logits = _head(self.head, h, mask, logits_to_keep)
+        return ModelOutput(logits=logits, hidden_states=h, cache=cache, attentions=attentions)
 
 
 class EncoderModel(_Model):
@@ -158,12 +169,14 @@ class EncoderDecoderModel(_Model):
         cache: KVCache | None = None,
         use_cache: bool = False,
         output_attentions: bool = False,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """input_ids (B, S), decoder_input_ids (B, T) -> logits (B, T, V).
 
         Pass ``encoder_hidden_states`` (from :meth:`encode` or a previous output) to
         skip the encoder; ``attention_mask`` still masks the encoder's padding. With a
         cache, cross-attention keys and values are computed once and reused.
+        ``logits_to_keep=k`` > 0 computes logits for the last k positions only.
         """
         if encoder_hidden_states is None:
             if input_ids is None:
@@ -194,7 +207,7 @@ class EncoderDecoderModel(_Model):
         )
         mask = decoder_attention_mask[:, -t:] if decoder_attention_mask is not None else None
         return ModelOutput(
-            logits=self.head(h, mask),
+            logits=_head(self.head, h, mask, logits_to_keep),
             hidden_states=h,
             cache=cache,
             attentions=attentions,

@@ -115,3 +115,19 @@ def test_crop_rewinds_decoding(tiny: Tiny) -> None:
         resumed = model(ids[:, 6:], cache=out.cache).logits
         full = model(ids).logits
     assert torch.allclose(resumed, full[:, 6:], atol=1e-5)
+
+
+def test_logits_to_keep_projects_only_the_last_positions(tiny: Tiny) -> None:
+    model = build_model(tiny()).eval()
+    ids = torch.randint(0, 61, (2, 7))
+    with torch.no_grad():
+        full = model(ids).logits
+        last = model(ids, logits_to_keep=1)
+    assert last.logits.shape == (2, 1, 61)
+    assert torch.allclose(last.logits, full[:, -1:], atol=1e-6)
+    assert last.hidden_states.shape == (2, 7, 32)
+    s2s = build_model(tiny("encoder-decoder")).eval()
+    with torch.no_grad():
+        a = s2s(ids, decoder_input_ids=ids[:, :4]).logits
+        b = s2s(ids, decoder_input_ids=ids[:, :4], logits_to_keep=2).logits
+    assert torch.allclose(b, a[:, -2:], atol=1e-6)

@@ -277,9 +277,8 @@ def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:
     config = hf_config_from_spec(spec)
     hf_config = transformers.AutoConfig.for_model(**config)
     tensors = hf_state_dict(model, spec)
-    dtype = tensors["embed.tokens.weight"].dtype if "embed.tokens.weight" in tensors else None
-    dtype = dtype or next(iter(model.parameters())).dtype
-    hf_model = hf_auto_class(spec).from_config(hf_config, dtype=dtype)
+    dtype = next(iter(model.parameters())).dtype
+    hf_model = hf_auto_class(spec).from_config(hf_config).to(dtype)
     result = hf_model.load_state_dict(tensors, strict=False)
     tied = set(_FAMILIES[config["model_type"]].tied_copies)
     missing = [k for k in result.missing_keys if k not in tied]

@@ -349,3 +349,28 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
         expected = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4]).logits
         got = model(ids, attention_mask=mask, decoder_input_ids=ids[:, :4]).logits
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+_DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
+                 "bart": "### BART", "llama": "### Llama", "gpt_neox": "### GPT-NeoX"}
+
+
+@pytest.mark.parametrize("family", sorted(_DOC_SECTIONS))
+def test_documented_weight_names_exist_on_both_sides(family: str) -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "interop.md").read_text()
+    section = text.split(_DOC_SECTIONS[family], 1)[1].split("\n### ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    assert rows
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    theirs = set(hf.state_dict())
+    ours = set(model.state_dict())
+    for ours_cell, theirs_cell in rows:
+        ours_name = ours_cell.strip().strip("`").replace("{i}", "0")
+        if not (ours_name == "head.proj" and spec.embedding.tie_output):
+            assert any(n.startswith(ours_name + ".") or n == ours_name for n in ours), ours_name
+        for name in theirs_cell.split("(")[0].split(","):
+            name = name.strip().strip("`").replace("{i}", "0")
+            assert any(n.startswith(name + ".") or n == name for n in theirs), name

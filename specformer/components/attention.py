@@ -35,7 +35,15 @@ from specformer.components.positional import apply_rotary
 from specformer.registry import REGISTRY
 from specformer.specs.schema import AttentionSpec
 
-__all__ = ["Attention", "sdpa_attention", "eager_attention", "BACKENDS"]
+__all__ = ["Attention", "sdpa_attention", "eager_attention", "repeat_kv", "BACKENDS"]
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B, Hkv * G, S, Dh): query head h reads key/value head h // G."""
+    if groups == 1:
+        return x
+    b, hkv, s, dh = x.shape
+    return x[:, :, None].expand(b, hkv, groups, s, dh).reshape(b, hkv * groups, s, dh)
 
 
 def sdpa_attention(
@@ -50,6 +58,12 @@ def sdpa_attention(
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention through torch's fused ``scaled_dot_product_attention``; returns (out, None)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and mask is not None and q.device.type != "cpu":
+        # the fused accelerator kernels that take a mask do not take GQA (torch would fall
+        # back to the math kernel), so repeat keys and values instead
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        groups = 1
     out = F.scaled_dot_product_attention(
         q,
         k,
@@ -58,7 +72,7 @@ def sdpa_attention(
         dropout_p=dropout,
         is_causal=is_causal,
         scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1],
+        enable_gqa=groups > 1,
     )  # (B, H, T, Dh)
     return out, None
 
@@ -77,10 +91,7 @@ def eager_attention(
     """softmax(Q K^T * scale + mask) V written out (Vaswani et al. 2017, eq. 1); returns
     (out, weights (B, H, T, S))."""
     groups = q.shape[1] // k.shape[1]
-    if groups > 1:  # each query head h reads key/value head h // G
-        b, hkv, s, dh = k.shape
-        k = k[:, :, None].expand(b, hkv, groups, s, dh).reshape(b, hkv * groups, s, dh)  # (B, H, S, Dh)
-        v = v[:, :, None].expand(b, hkv, groups, s, dh).reshape(b, hkv * groups, s, dh)
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
     scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale  # (B, H, T, S)
     if is_causal:
         t, s = scores.shape[-2:]

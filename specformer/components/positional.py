@@ -181,6 +181,13 @@ class LearnedPositional(Positional):
         self.weight = nn.Parameter(torch.empty(rows, d_model))  # (P, D)
 
     def embed(self, x: Tensor, position_ids: Tensor, n_positions: int) -> Tensor:
+        usable = self.weight.shape[0] - self.offset
+        if n_positions > usable:
+            raise ValueError(
+                f"position {n_positions - 1} is past the learned position table, which has {usable} "
+                f"positions (0-{usable - 1}); use sequences of at most {usable} tokens, or a spec "
+                "with a larger max_seq_len / positional.max_positions"
+            )
         idx = position_ids + self.offset if self.offset else position_ids
         return x + nn.functional.embedding(idx, self.weight)  # (B|1, T, D)
 

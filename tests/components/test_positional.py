@@ -199,3 +199,9 @@ def test_learned_offset_reads_shifted_rows(tiny: Tiny) -> None:
     x = torch.zeros(1, 3, 32)
     out = model.embed.positions.embed(x, torch.arange(3)[None], 3)
     assert torch.equal(out[0], model.embed.positions.weight[2:5])
+
+
+def test_learned_table_overflow_is_a_readable_error(tiny: Tiny) -> None:
+    model = build_model(tiny(positional={"type": "learned"}, max_seq_len=8))
+    with pytest.raises(ValueError, match="past the learned position table, which has 8 positions"):
+        model(torch.randint(0, 61, (1, 9)))

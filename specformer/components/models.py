@@ -43,10 +43,9 @@ class _Model(nn.Module):
         self.embed = embed
         self.head = head
 
-    @property
-    def num_parameters(self) -> int:
-        """Distinct parameters (a tied matrix counts once)."""
-        return sum(p.numel() for p in self.parameters())
+    def num_parameters(self, *, trainable_only: bool = False) -> int:
+        """Distinct parameters (a tied matrix counts once), as Hugging Face's ``num_parameters``."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
 
 class DecoderModel(_Model):

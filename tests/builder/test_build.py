@@ -43,7 +43,7 @@ def test_published_parameter_counts(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_transformer_paper_counts_within_5_percent(name: str) -> None:
-    n = build_model(load_spec(name), device="meta").num_parameters
+    n = build_model(load_spec(name), device="meta").num_parameters()
     assert abs(n - PAPER[name]) / PAPER[name] < 0.05, n
 
 

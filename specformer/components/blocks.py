@@ -238,6 +238,11 @@ class Stack(nn.Module):
         """
         t = x.shape[1]
         past = cache.length if cache is not None else 0
+        if attention_mask is not None and attention_mask.shape[-1] != past + t:
+            raise ValueError(
+                f"attention_mask covers {attention_mask.shape[-1]} positions but there are {past + t} "
+                f"keys ({past} cached + {t} new); with a cache, pass the mask of past and new tokens"
+            )
         q_index = torch.arange(past, past + t, device=x.device)  # (T,)
         k_index = torch.arange(past + t, device=x.device)  # (Tk,)
         pos = self.positional_module

@@ -131,3 +131,11 @@ def test_logits_to_keep_projects_only_the_last_positions(tiny: Tiny) -> None:
         a = s2s(ids, decoder_input_ids=ids[:, :4]).logits
         b = s2s(ids, decoder_input_ids=ids[:, :4], logits_to_keep=2).logits
     assert torch.allclose(b, a[:, -2:], atol=1e-6)
+
+
+def test_a_mask_that_does_not_cover_the_cache_is_a_readable_error(tiny: Tiny) -> None:
+    model = build_model(tiny()).eval()
+    with torch.no_grad():
+        out = model(torch.randint(0, 61, (1, 4)), use_cache=True)
+        with pytest.raises(ValueError, match="covers 1 positions but there are 5 keys"):
+            model(torch.randint(0, 61, (1, 1)), attention_mask=torch.ones(1, 1), cache=out.cache)

@@ -122,7 +122,11 @@ class Attention(nn.Module):
 
     def __init__(self, spec: AttentionSpec, *, d_model: int, cross: bool = False, layer_idx: int = 0) -> None:
         super().__init__()
-        assert spec.head_dim is not None and spec.n_kv_heads is not None, "filled during validation"
+        if spec.head_dim is None or spec.n_kv_heads is None:
+            raise ValueError(
+                "AttentionSpec needs head_dim and n_kv_heads; a ModelSpec fills them in when it "
+                "validates, or give them explicitly when building attention alone"
+            )
         self.n_heads = spec.n_heads
         self.n_kv_heads = spec.n_kv_heads
         self.head_dim = spec.head_dim

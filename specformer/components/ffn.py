@@ -26,12 +26,20 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def _require_d_ff(d_ff: int | None) -> None:
+    if d_ff is None:
+        raise ValueError(
+            "the FFN spec needs d_ff; a ModelSpec fills it in when it validates, or give it "
+            "explicitly when building the FFN alone"
+        )
+
+
 class MLP(nn.Module):
     """down(dropout(act(up(x)))): the Transformer's FFN (Vaswani et al. 2017, eq. 2)."""
 
     def __init__(self, spec: MLPSpec, *, d_model: int) -> None:
         super().__init__()
-        assert spec.d_ff is not None, "d_ff is filled in during spec validation"
+        _require_d_ff(spec.d_ff)
         self.up_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
         self.down_proj = nn.Linear(spec.d_ff, d_model, bias=spec.bias)
         self.down_proj.residual_projection = True
@@ -52,7 +60,7 @@ class GLU(nn.Module):
 
     def __init__(self, spec: GLUSpec, *, d_model: int) -> None:
         super().__init__()
-        assert spec.d_ff is not None, "d_ff is filled in during spec validation"
+        _require_d_ff(spec.d_ff)
         self.gate_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
         self.up_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
         self.down_proj = nn.Linear(spec.d_ff, d_model, bias=spec.bias)

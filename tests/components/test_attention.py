@@ -151,3 +151,13 @@ def test_cross_attention_reads_keys_from_the_context() -> None:
     assert out.shape == (2, 3, D) and weights.shape == (2, 4, 3, 11)
     out2, _ = attn(x, context=ctx + 1.0)
     assert not torch.allclose(out, out2)
+
+
+def test_standalone_specs_without_derived_sizes_are_refused_readably() -> None:
+    from specformer.components.ffn import MLP
+    from specformer.specs.schema import MLPSpec
+
+    with pytest.raises(ValueError, match="needs head_dim and n_kv_heads"):
+        Attention(AttentionSpec(n_heads=4), d_model=D)
+    with pytest.raises(ValueError, match="needs d_ff"):
+        MLP(MLPSpec(), d_model=D)

@@ -243,6 +243,10 @@ class Stack(nn.Module):
                 f"attention_mask covers {attention_mask.shape[-1]} positions but there are {past + t} "
                 f"keys ({past} cached + {t} new); with a cache, pass the mask of past and new tokens"
             )
+        key_padding = attention_mask.bool() if attention_mask is not None else None
+        if key_padding is not None and not torch.compiler.is_compiling() and bool(key_padding.all()):
+            # nothing is padded: drop the mask so causal attention keeps SDPA's is_causal path
+            key_padding = None
         q_index = torch.arange(past, past + t, device=x.device)  # (T,)
         k_index = torch.arange(past + t, device=x.device)  # (Tk,)
         pos = self.positional_module
@@ -251,7 +255,7 @@ class Stack(nn.Module):
             k_index=k_index,
             causal=self.causal,
             dtype=x.dtype,
-            key_padding=attention_mask.bool() if attention_mask is not None else None,
+            key_padding=key_padding,
             bias=pos.bias(q_index, k_index, dtype=x.dtype),
             rope=pos.rotation(position_ids, n_positions, dtype=x.dtype),
             context=context,

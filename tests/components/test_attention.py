@@ -161,3 +161,20 @@ def test_standalone_specs_without_derived_sizes_are_refused_readably() -> None:
         Attention(AttentionSpec(n_heads=4), d_model=D)
     with pytest.raises(ValueError, match="needs d_ff"):
         MLP(MLPSpec(), d_model=D)
+
+
+def test_an_all_ones_mask_keeps_the_unmaterialised_causal_path(tiny: Tiny) -> None:
+    model = build_model(tiny(positional={"type": "rope"})).eval()
+    seen: list[tuple[object, bool]] = []
+    model.decoder.layers[0].self_attn.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append((kwargs["mask"], kwargs["is_causal"])), with_kwargs=True
+    )
+    ids = torch.randint(0, 61, (2, 6))
+    with torch.no_grad():
+        a = model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long)).logits
+        mask = torch.ones(2, 6, dtype=torch.long)
+        mask[0, 4:] = 0
+        model(ids, attention_mask=mask)
+    assert seen[0] == (None, True)
+    assert seen[1][0] is not None and seen[1][0].shape == (2, 1, 6, 6) and seen[1][1] is False
+    assert torch.allclose(a, model(ids).logits)

@@ -1,0 +1,41 @@
+"""Run every benchmark and write one JSON file per benchmark into a folder.
+
+    python -m benchmarks.run_all [--quick] [--out-dir benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import cli, inference, memory, train
+
+__all__ = ["main", "BENCHMARKS"]
+
+BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory.main, "cli": cli.main}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny shapes, 1-2 iterations")
+    p.add_argument("--out-dir", default="benchmarks/results")
+    p.add_argument("--only", nargs="*", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    out = Path(args.out_dir)
+    durations = {}
+    for name in args.only:
+        start = time.perf_counter()
+        extra = ["--quick"] if args.quick else []
+        if args.threads:
+            extra += ["--threads", str(args.threads)]
+        BENCHMARKS[name]([*extra, "--out", str(out / f"{name}.json")])
+        durations[name] = time.perf_counter() - start
+        print(f"{name}: {durations[name]:.0f} s")
+    return durations
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Training-step throughput: forward + cross-entropy + backward + AdamW step, tokens/s, in
+float32 and in bfloat16 autocast, specformer against transformers and x-transformers.
+
+The same script measures plain matrix-multiply throughput at exactly the matrix shapes
+the specformer step runs (recorded from one step) and reports the fraction of it the
+step reaches: model FLOPs (``specformer.analysis.flops_per_token(...).training``) per
+second of step time, over the matmul FLOP/s.
+
+    python -m benchmarks.train [--quick] [--shapes llama-style ...] [--out train.json]
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.common import (
+    Adapter,
+    alternate,
+    available_libraries,
+    base_parser,
+    build_adapters,
+    check_same_logits,
+    machine_info,
+    make_batch,
+    make_optimizer,
+    median,
+    print_table,
+    setup,
+    sync,
+    training_step,
+    write_json,
+)
+from specformer.analysis import flops_per_token
+
+__all__ = ["main", "record_matmuls", "matmul_throughput"]
+
+aten = torch.ops.aten
+_MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm",
+            aten.baddbmm.default: "baddbmm"}
+
+# (op, ((shape, stride), ...), dtype)
+Signature = tuple[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], torch.dtype]
+
+
+class _Recorder(TorchDispatchMode):
+    """Counts every matrix product (mm, addmm, bmm, baddbmm) by shape, layout and dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[Signature] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = _MATMULS.get(func)
+        if name is not None:
+            tensors = tuple((tuple(a.shape), tuple(a.stride())) for a in args if isinstance(a, torch.Tensor))
+            dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+            self.calls[(name, tensors, dtype)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def record_matmuls(adapter: Adapter, batch: Any, *, bf16: bool, dev: torch.device) -> Counter[Signature]:
+    """The matrix products of one forward + backward of ``adapter`` (optimizer excluded)."""
+    opt = None
+    with _Recorder() as rec:
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = adapter.logits(batch)
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten())
+        loss.backward()
+    adapter.model.zero_grad(set_to_none=True)
+    del opt
+    return rec.calls
+
+
+def _flops(sig: Signature) -> int:
+    name, tensors, _ = sig
+    a, b = tensors[-2][0], tensors[-1][0]  # the two factors (addmm/baddbmm: input first)
+    if name in ("mm", "addmm"):
+        return 2 * a[0] * a[1] * b[1]
+    return 2 * a[0] * a[1] * a[2] * b[2]
+
+
+def _tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    return torch.empty_strided(shape, stride, dtype=dtype, device=dev).normal_()
+
+
+def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: int = 3) -> dict[str, float]:
+    """Time each distinct product alone (median of ``repeat``); FLOP/s of the whole set
+    weighted by how often the step runs each one."""
+    ops = {"mm": torch.mm, "addmm": torch.addmm, "bmm": torch.bmm, "baddbmm": torch.baddbmm}
+    total_flops = total_time = 0.0
+    for sig, count in calls.items():
+        name, tensors, dtype = sig
+        args = [_tensor(s, st, dtype, dev) for s, st in tensors]
+        op = ops[name]
+        op(*args)
+        times = []
+        for _ in range(repeat):
+            sync(dev)
+            t = time.perf_counter()
+            op(*args)
+            sync(dev)
+            times.append(time.perf_counter() - t)
+        total_time += count * median(times)
+        total_flops += count * _flops(sig)
+    return {"flops": total_flops, "seconds": total_time, "flops_per_s": total_flops / total_time}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--repeat", type=int, default=None)
+    args = p.parse_args(argv)
+    dev = setup(args)
+    from benchmarks.common import select_shapes
+
+    shapes = select_shapes(args.shapes, args.quick)
+    libraries = available_libraries(args.libraries)
+    rows: list[dict[str, Any]] = []
+    for shape in shapes:
+        adapters = build_adapters(shape, dev, libraries)
+        check = check_same_logits(adapters, make_batch(shape, dev, batch=1, seq_len=min(64, shape.seq_len)))
+        batch = make_batch(shape, dev)
+        spec = shape.model_spec()
+        model_flops = flops_per_token(spec, seq_len=shape.seq_len).training * shape.tokens
+        warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+        repeat = args.repeat if args.repeat is not None else (1 if args.quick else (3 if shape.larger else 5))
+        for precision in args.precisions:
+            bf16 = precision == "bf16"
+            runs = {}
+            for a in adapters:
+                opt = make_optimizer(a.model, dev)
+                runs[a.library] = training_step(a, batch, opt, bf16=bf16, dev=dev)
+            times = alternate(runs, warmup=warmup, repeat=repeat)
+            del runs
+            gc.collect()
+            mm = matmul_throughput(record_matmuls(adapters[0], batch, bf16=bf16, dev=dev), dev,
+                                   repeat=1 if args.quick else 3)
+            ours = median(times["specformer"])
+            for a in adapters:
+                t = median(times[a.library])
+                achieved = model_flops / t
+                rows.append({
+                    "shape": shape.name, "precision": precision, "library": a.library, "params": a.params,
+                    "batch": shape.batch, "seq_len": shape.seq_len, "tokens": shape.tokens,
+                    "step_ms": 1e3 * t, "times_s": times[a.library], "tokens_per_s": shape.tokens / t,
+                    "speedup_of_specformer": t / ours if a.library != "specformer" else None,
+                    "model_tflops_per_s": achieved / 1e12,
+                    "matmul_tflops_per_s": mm["flops_per_s"] / 1e12,
+                    "fraction_of_matmul": achieved / mm["flops_per_s"],
+                    "logits_max_diff_vs_specformer": check if a.library == "transformers" else None,
+                    "notes": a.notes,
+                })
+        del adapters
+        gc.collect()
+    payload = {"benchmark": "train", "machine": machine_info(dev), "libraries": libraries,
+               "settings": {"optimizer": "torch.optim.AdamW(fused=True), same for every library",
+                            "loss": "cross-entropy over all positions, computed outside the model",
+                            "model_flops": "specformer.analysis.flops_per_token(spec, seq_len).training x tokens",
+                            "quick": args.quick},
+               "results": rows}
+    print_table(
+        f"Training step (forward + backward + AdamW) on {dev}",
+        ["shape", "precision", "library", "params", "step ms", "tokens/s", "specformer ×",
+         "model TFLOP/s", "of matmul"],
+        [[r["shape"], r["precision"], r["library"], r["params"], r["step_ms"], r["tokens_per_s"],
+          r["speedup_of_specformer"], r["model_tflops_per_s"], f"{100 * r['fraction_of_matmul']:.0f}%"]
+         for r in rows],
+    )
+    write_json(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

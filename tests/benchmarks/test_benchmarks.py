@@ -1,0 +1,158 @@
+"""Smoke runs of every benchmark on tiny shapes with one iteration: the scripts keep
+working, write the JSON they promise, and compare the same model across libraries.
+No timing is asserted (the numbers of a loaded CI machine mean nothing)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
+
+from benchmarks import cli, inference, memory, run_all, train  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    QUICK_SHAPES,
+    available_libraries,
+    build_adapters,
+    check_same_logits,
+    make_batch,
+    select_shapes,
+)
+from specformer.analysis import flops_per_token  # noqa: E402
+
+HAS_XT = importlib.util.find_spec("x_transformers") is not None
+CPU = torch.device("cpu")
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("shape", QUICK_SHAPES, ids=lambda s: s.name)
+def test_specformer_and_transformers_compute_the_same_logits(shape) -> None:
+    adapters = build_adapters(shape, CPU, ["specformer", "transformers"])
+    assert [a.library for a in adapters] == ["specformer", "transformers"]
+    assert adapters[0].params == adapters[1].params
+    batch = make_batch(shape, CPU)
+    diff = check_same_logits(adapters, batch)
+    assert diff < 1e-4
+    with torch.no_grad():  # and the comparison is between non-trivial outputs
+        assert adapters[0].logits(batch).std() > 1e-3
+
+
+def test_check_same_logits_catches_a_different_model() -> None:
+    shape = QUICK_SHAPES[0]
+    adapters = build_adapters(shape, CPU, ["specformer", "transformers"])
+    with torch.no_grad():
+        p = next(adapters[1].model.parameters())
+        p.add_(torch.randn_like(p))
+    with pytest.raises(AssertionError, match="disagree"):
+        check_same_logits(adapters, make_batch(shape, CPU))
+
+
+@pytest.mark.skipif(not HAS_XT, reason="x-transformers is not installed (pip install 'specformer[bench]')")
+@pytest.mark.parametrize("shape", [s for s in QUICK_SHAPES if s.kind != "encoder-decoder"], ids=lambda s: s.name)
+def test_x_transformers_models_have_the_same_size(shape) -> None:
+    ours, xt = build_adapters(shape, CPU, ["specformer", "x-transformers"])
+    assert xt.library == "x-transformers"
+    # the differences named in XT_NOTES (biases, norm shifts, MLM transform) are under 6%
+    assert abs(xt.params - ours.params) / ours.params < 0.06
+    logits = xt.logits(make_batch(shape, CPU))
+    assert logits.shape == (shape.batch, shape.seq_len, shape.spec["vocab_size"])
+
+
+def test_matmul_recorder_counts_the_models_linear_flops() -> None:
+    shape = select_shapes(["gpt2-style"], quick=True)[0]
+    (ours,) = build_adapters(shape, CPU, ["specformer"])
+    calls = train.record_matmuls(ours, make_batch(shape, CPU), bf16=False, dev=CPU)
+    recorded = sum(count * train._flops(sig) for sig, count in calls.items())
+    f = flops_per_token(shape.model_spec(), seq_len=shape.seq_len, count="executed")
+    linear = sum(v for k, v in f.components.items() if not k.endswith("scores"))
+    # forward + the two backward products of every linear layer; SDPA is not a matmul op
+    assert recorded == pytest.approx(3 * linear * shape.tokens, rel=0.01)
+    mm = train.matmul_throughput(calls, CPU, repeat=1)
+    assert mm["flops"] == recorded and mm["flops_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_train_quick(tmp_path: Path) -> None:
+    out = tmp_path / "train.json"
+    train.main(["--quick", "--shapes", "gpt2-style", "t5-style", "--out", str(out)])
+    data = _load(out)
+    libs = {r["library"] for r in data["results"]}
+    assert libs == ({"specformer", "transformers", "x-transformers"} if HAS_XT else {"specformer", "transformers"})
+    for shape in ("gpt2-style", "t5-style"):
+        for precision in ("fp32", "bf16"):
+            rows = [r for r in data["results"] if r["shape"] == shape and r["precision"] == precision]
+            by = {r["library"]: r for r in rows}
+            assert {"specformer", "transformers"} <= set(by)
+            assert by["specformer"]["speedup_of_specformer"] is None
+            ratio = by["specformer"]["step_ms"] / by["transformers"]["step_ms"]
+            assert by["transformers"]["speedup_of_specformer"] == pytest.approx(1 / ratio)
+            for r in rows:
+                assert r["tokens_per_s"] == pytest.approx(r["tokens"] / (r["step_ms"] / 1e3))
+                assert r["fraction_of_matmul"] > 0 and r["matmul_tflops_per_s"] > 0
+    assert "x-transformers" not in {r["library"] for r in data["results"] if r["shape"] == "t5-style"}
+    assert data["machine"]["torch"] == torch.__version__
+
+
+def test_train_without_x_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "x_transformers" else real(name, *a))
+    assert available_libraries() == ["specformer", "transformers"]
+    payload = train.main(["--quick", "--shapes", "llama-style", "--precisions", "fp32"])
+    assert [r["library"] for r in payload["results"]] == ["specformer", "transformers"]
+
+
+def test_inference_quick(tmp_path: Path) -> None:
+    out = tmp_path / "inference.json"
+    inference.main(["--quick", "--out", str(out), "--new-tokens", "2"])
+    rows = _load(out)["results"]
+    tasks = {(r["shape"], r["task"]) for r in rows}
+    for s in QUICK_SHAPES:
+        assert (s.name, "prefill") in tasks
+        has_decode = s.kind != "encoder"
+        assert ((s.name, "decode b1") in tasks) is has_decode
+        assert ((s.name, "decode b8") in tasks) is has_decode
+    for r in rows:
+        assert r["tokens_per_s"] > 0
+        if r["task"] == "decode b8":
+            assert r["tokens"] == 8 * 2
+
+
+@pytest.mark.slow
+def test_memory_quick(tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    memory.main(["--quick", "--shapes", "llama-style", "--precisions", "fp32", "--out", str(out)])
+    rows = {r["library"]: r for r in _load(out)["results"]}
+    assert {"specformer", "transformers"} <= set(rows)
+    assert rows["specformer"]["params"] == rows["transformers"]["params"]
+    for r in rows.values():
+        assert r["peak_bytes"] >= r["baseline_bytes"] > 0
+        assert r["added_bytes"] == r["peak_bytes"] - r["baseline_bytes"]
+
+
+def test_cli_quick(tmp_path: Path) -> None:
+    out = tmp_path / "cli.json"
+    cli.main(["--quick", "--out", str(out)])
+    rows = {r["command"]: r for r in _load(out)["results"]}
+    assert {"show", "diff 7b 70b"} <= set(rows)
+    for r in rows.values():
+        assert r["wall_s"] > 0 and r["peak_rss_bytes"] > 0
+    # the launcher keeps the benchmark's own memory (torch is loaded here) out of the children's peak
+    assert rows["python -c pass (start-up floor)"]["peak_rss_bytes"] < 100 * 2**20
+
+
+def test_cli_rejects_a_failing_command() -> None:
+    with pytest.raises(RuntimeError, match="exited with"):
+        cli.run_command([*cli._specformer(), "show", "no-such-spec-anywhere"])
+
+
+def test_run_all_writes_one_file_per_benchmark(tmp_path: Path) -> None:
+    run_all.main(["--quick", "--only", "cli", "--out-dir", str(tmp_path)])
+    assert _load(tmp_path / "cli.json")["benchmark"] == "cli"

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from specformer.components.attention import Attention
 from specformer.components.blocks import Block, ParallelBlock, PostNormBlock, PreNormBlock, Stack
 from specformer.components.embedding import Embedding
 from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
@@ -222,6 +221,3 @@ def init_weights(model: nn.Module, init: InitSpec | None = None) -> None:
             for module in stack.modules():
                 if getattr(module, "residual_projection", False):
                     nn.init.normal_(module.weight, mean=0.0, std=scaled)
-
-
-_ = Attention  # the attention family's default target; imported so its module loads eagerly

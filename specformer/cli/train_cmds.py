@@ -1,3 +1,397 @@
-"""Commands of this area are registered on the shared app here."""
+"""``specformer train``, ``generate``, ``eval`` and ``fill-mask``: training and using models.
 
-from specformer.cli.app import app  # noqa: F401
+Thin: each command loads, calls :mod:`specformer.training` / :mod:`specformer.data`,
+and prints. torch and Lightning are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from specformer.cli.app import app, console, err_console
+from specformer.cli.spec_cmds import SetOption, print_problems
+from specformer.specs.errors import SpecError
+
+__all__ = ["train_cmd", "generate_cmd", "eval_cmd", "fill_mask_cmd", "load_training_file"]
+
+DEBUG_ENV = "SPECFORMER_DEBUG"
+
+
+def _fail(message: str, hint: str = "") -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    if hint:
+        err_console.print(f"  [dim]{hint}[/]", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+@contextmanager
+def _errors_for_people(resume_hint: Callable[[], str | None] | None = None) -> Iterator[None]:
+    """Turn the errors a run can meet into one clear message and exit status 1."""
+    from specformer.data.corpus import DataError
+    from specformer.training.checkpoint import CheckpointError
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except SpecError as exc:
+        print_problems(exc)
+        raise typer.Exit(1) from None
+    except (DataError, CheckpointError) as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        where = resume_hint() if resume_hint else None
+        hint = f"continue with --resume {where}" if where else ""
+        raise _fail("interrupted", hint) from None
+    except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
+        if os.environ.get(DEBUG_ENV):
+            raise
+        text = str(exc).strip() or type(exc).__name__
+        raise _fail(f"{type(exc).__name__}: {text}", f"set {DEBUG_ENV}=1 to see the full traceback") from None
+
+
+def load_training_file(path: str) -> dict[str, Any]:
+    """The ``training:`` section in a YAML file: the section itself, or a spec-like file
+    with a top-level ``training:`` key."""
+    from specformer.specs.errors import Position, SpecProblem
+    from specformer.specs.loader import parse_yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise SpecError([SpecProblem(f"file not found: {file}", position=Position(str(file)))])
+    data, _ = parse_yaml(file.read_text(encoding="utf-8"), str(file))
+    if not isinstance(data, dict):
+        raise SpecError([SpecProblem("a training file is a YAML mapping", position=Position(str(file), 1, 1))])
+    if set(data) == {"training"} and isinstance(data["training"], dict):
+        data = data["training"]
+    return data
+
+
+def _load_spec(source: str, training_file: str | None, overrides: list[str] | None) -> Any:
+    from specformer.specs.loader import apply_overrides, load_spec_data
+
+    data, positions = load_spec_data(source)
+    if training_file:
+        data = apply_overrides(data, [("training", load_training_file(training_file))], positions)
+    data = apply_overrides(data, overrides or [], positions) if overrides else data
+    return _validate(data, positions)
+
+
+def _validate(data: dict[str, Any], positions: dict) -> Any:
+    from pydantic import ValidationError
+
+    from specformer.specs.loader import problems_from_validation
+    from specformer.specs.schema import ModelSpec
+
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(problems_from_validation(exc, positions, data)) from None
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m {s:02d}s" if m else f"{seconds:.1f}s"
+
+
+def _summary_table(result: Any) -> Table:
+    from specformer.training.callbacks import format_count
+
+    table = Table(title=f"trained {result.spec_name}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("data", result.data)
+    table.add_row("steps", str(result.steps) + (f"  (resumed from {result.resumed_from})" if result.resumed_from else ""))
+    table.add_row("train loss", _fmt(result.train_loss) + "  (mean of the last steps)")
+    table.add_row("val loss", _fmt(result.val_loss))
+    table.add_row("val perplexity", _fmt(result.val_ppl, 2))
+    if result.unigram_loss is not None:
+        better = ""
+        if result.val_loss is not None:
+            gap = result.unigram_loss - result.val_loss
+            better = f"  (val is {gap:.3f} nats/token {'below' if gap >= 0 else 'ABOVE'} it)"
+        table.add_row("unigram baseline", _fmt(result.unigram_loss) + better)
+    if result.exact_match is not None:
+        table.add_row("exact match", f"{100 * result.exact_match:.1f}% of held-out examples")
+    table.add_row("tokens", format_count(result.tokens))
+    table.add_row("tokens/s", format_count(result.tokens_per_second))
+    table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)})")
+    table.add_row("checkpoint", str(result.checkpoint))
+    table.add_row("logs", str(Path(result.run_dir) / "metrics.csv"))
+    return table
+
+
+@app.command("train")
+def train_cmd(
+    spec: Annotated[
+        str | None,
+        typer.Argument(help="A preset name or a YAML spec; optional with --resume (the checkpoint's spec is used)."),
+    ] = None,
+    set_: SetOption = None,
+    training: Annotated[
+        str | None,
+        typer.Option("--training", "-t", help="A YAML file with the training section (replaces the spec's settings it names)."),
+    ] = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", "-r", help="Continue exactly from this checkpoint (or run folder).")
+    ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+) -> None:
+    """Train a model on built-in or your own data, as the spec's `training:` section says.
+
+    Writes `runs/<name>/<timestamp>/` with the resolved spec, `metrics.csv` and
+    `checkpoints/last.ckpt`, and ends with a summary: train and validation loss,
+    perplexity, the unigram baseline, tokens/s, wall time and the checkpoint.
+
+    Examples:
+
+        specformer train gpt-nano
+
+        specformer train bert-nano --set training.max_steps=200
+
+        specformer train t5-nano --set training.data.task=sort
+
+        specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
+
+        specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
+    """
+    from specformer.training.checkpoint import read_checkpoint
+
+    def resume_hint() -> str | None:
+        from specformer.training.run import RUN_DIR_ENV
+
+        folder = os.environ.get(RUN_DIR_ENV)
+        last = Path(folder) / "checkpoints" / "last.ckpt" if folder else None
+        return str(last) if last is not None and last.is_file() else None
+
+    with _errors_for_people(resume_hint):
+        if spec is None:
+            if resume is None:
+                raise _fail("give a SPEC to train (a preset name or a YAML file), or --resume CHECKPOINT")
+            meta = read_checkpoint(resume).get("specformer")
+            if not isinstance(meta, dict) or "spec" not in meta:
+                raise _fail(f"{resume}: not a specformer checkpoint (it has no spec)")
+            spec_obj = _load_spec_dict(meta["spec"], training, set_)
+        else:
+            spec_obj = _load_spec(spec, training, set_)
+        from specformer.training.run import train
+
+        console.print(f"[bold]training[/] {spec_obj.name} ({spec_obj.kind}) — preparing data…", highlight=False)
+        result = train(spec_obj, resume=resume, progress=progress, console=err_console)
+    console.print(_summary_table(result))
+
+
+def _load_spec_dict(data: dict[str, Any], training_file: str | None, overrides: list[str] | None) -> Any:
+    from specformer.specs.loader import apply_overrides, load_spec
+
+    if training_file:
+        data = apply_overrides(data, [("training", load_training_file(training_file))])
+    return load_spec(data, overrides or [])
+
+
+def _load_checkpoint(path: str) -> Any:
+    from specformer.training.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+@app.command("generate")
+def generate_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or a run folder.")],
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate at most.")] = 100,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy. Default 0.8 (decoder), 0 (encoder-decoder).")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler.")] = 0,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
+) -> None:
+    """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
+
+    Examples:
+
+        specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def " --max-new-tokens 100
+
+        specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
+
+        specformer generate runs/t5-nano/<timestamp> --prompt "hello"
+    """
+    import torch
+
+    from specformer.training.generate import generate, generate_seq2seq
+
+    with _errors_for_people():
+        loaded = _load_checkpoint(checkpoint)
+        spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
+        if tok is None:
+            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
+        if spec.kind == "encoder":
+            raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
+        temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
+        generator = torch.Generator().manual_seed(seed)
+        ids = tok.encode(prompt)
+        if spec.kind == "decoder":
+            if not ids:
+                if tok.eot_id is None:
+                    raise _fail("give a --prompt: this tokenizer has no end-of-text token to start from")
+                ids = [tok.eot_id]
+                shown = ""
+            else:
+                shown = prompt
+            out = generate(
+                model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
+                top_p=top_p, eos_id=None, use_cache=cache, max_seq_len=spec.max_seq_len, generator=generator,
+            )
+            text = tok.decode(out[0, len(ids):].tolist())
+            console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
+            return
+        if not ids:
+            raise _fail("give a --prompt to decode")
+        out = generate_seq2seq(
+            model, torch.tensor([ids]), bos_id=tok.bos_id, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+            temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
+        )
+        row = out[0].tolist()
+        if tok.eos_id is not None and tok.eos_id in row:
+            row = row[: row.index(tok.eos_id)]
+        console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+@app.command("eval")
+def eval_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or a run folder.")],
+    set_: SetOption = None,
+    batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches).")] = None,
+) -> None:
+    """Loss and perplexity (and exact match for sequence-to-sequence) on the validation split.
+
+    `--set training.*` changes what is evaluated (e.g. another corpus with the same tokenizer).
+
+    Examples:
+
+        specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
+
+        specformer eval CKPT --batches 50
+    """
+    import lightning as L
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+    from specformer.specs.loader import load_spec
+    from specformer.training.run import quiet_lightning
+
+    with _errors_for_people():
+        loaded = _load_checkpoint(checkpoint)
+        overrides = list(set_ or [])
+        if batches is not None:
+            overrides.append(f"training.val_batches={batches}")
+        spec = load_spec(loaded.spec.to_dict(), overrides) if overrides else loaded.spec
+        quiet_lightning()
+        module = SpecModule(spec, tokenizer=loaded.tokenizer)
+        module.model.load_state_dict(loaded.model.state_dict())
+        dm = SpecDataModule(spec, tokenizer=loaded.tokenizer)
+        dm.setup("validate")
+        trainer = L.Trainer(
+            accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, precision=_precision(spec.training.precision),
+        )
+        trainer.validate(module, datamodule=dm, verbose=False)
+        if not module.val_history:
+            raise _fail("the validation split gave no batches")
+        h = module.val_history[-1]
+    table = Table(title=f"{spec.name} at step {loaded.step}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    assert dm.data is not None
+    table.add_row("data", dm.data.description)
+    table.add_row("val loss", _fmt(h["val/loss"]))
+    table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
+    if dm.data.unigram_loss is not None:
+        table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
+    if "val/exact_match" in h:
+        table.add_row("exact match", f"{100 * h['val/exact_match']:.1f}%")
+    console.print(table)
+
+
+def _precision(precision: str) -> str:
+    from specformer.training.run import lightning_precision
+
+    return lightning_precision(precision)
+
+
+@app.command("fill-mask")
+def fill_mask_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint of an encoder (masked LM).")],
+    text: Annotated[str, typer.Argument(help="Text with one or more <mask> (or [MASK]) placeholders.")],
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Candidates shown per mask.")] = 5,
+) -> None:
+    """Predict the tokens behind `<mask>` placeholders with a masked-LM encoder.
+
+    Examples:
+
+        specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"
+
+        specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10
+    """
+    import torch
+
+    with _errors_for_people():
+        loaded = _load_checkpoint(checkpoint)
+        spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
+        if spec.kind != "encoder":
+            raise _fail(f"fill-mask needs an encoder (masked LM); this checkpoint is a {spec.kind}; use `specformer generate`")
+        if tok is None or tok.mask_id is None:
+            raise _fail("the checkpoint's tokenizer has no mask token")
+        ids = _encode_with_masks(tok, text)
+        positions = [i for i, t in enumerate(ids) if t == tok.mask_id]
+        if not positions:
+            raise _fail("the text has no <mask> placeholder", 'e.g. specformer fill-mask CKPT "import <mask>"')
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0]  # (T, V)
+        probs = logits[positions].float().softmax(-1)  # (M, V)
+        best = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+    filled = list(ids)
+    for n, pos in enumerate(positions):
+        table = Table(title=f"<mask> {n + 1} of {len(positions)}", title_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("token")
+        table.add_column("probability", justify="right")
+        for rank, (p, i) in enumerate(zip(best.values[n].tolist(), best.indices[n].tolist(), strict=True), 1):
+            table.add_row(str(rank), repr(tok.decode([i])), f"{p:.3f}")
+        filled[pos] = int(best.indices[n, 0])
+        console.print(table)
+    console.print("[bold]filled:[/] " + _escape(tok.decode(filled)), highlight=False, soft_wrap=True)
+
+
+def _encode_with_masks(tok: Any, text: str) -> list[int]:
+    """Encode ``text``, turning every ``<mask>`` / ``[MASK]`` into the mask id."""
+    import re
+
+    pieces = re.split(r"(<mask>|\[MASK\])", text)
+    ids: list[int] = []
+    for piece in pieces:
+        if piece in ("<mask>", "[MASK]"):
+            ids.append(tok.mask_id)
+        elif piece:
+            ids.extend(tok.encode(piece))
+    return ids

@@ -400,21 +400,17 @@ def fill_training(data: dict[str, Any]) -> None:
     if not isinstance(training, dict):
         return
     training = copy.deepcopy(training)
-    if training.get("objective") is None:
-        training["objective"] = {"type": OBJECTIVE_FOR_KIND[kind]}
-    if training.get("data") is None:
-        if kind == "encoder-decoder":
-            training["data"] = {"type": "synthetic", "task": "reverse"}
-        else:
-            training["data"] = {"type": "stdlib"}
+    # a section given without `type:` (e.g. `--set training.data.n_val=100`) gets the
+    # type this kind of model defaults to, not the family's first entry
+    _default_type(training, "objective", OBJECTIVE_FOR_KIND[kind])
+    _default_type(training, "data", "synthetic" if kind == "encoder-decoder" else "stdlib")
     data_type = training["data"].get("type") if isinstance(training["data"], dict) else None
     vocab = data.get("vocab_size")
-    if training.get("tokenizer") is None:
-        if data_type == "synthetic":
-            training["tokenizer"] = {"type": "task"}
-        elif not isinstance(vocab, int) or vocab >= BYTE_VOCAB_SIZE:
-            # a smaller vocabulary fits no text tokenizer: left unset, `train` says so
-            training["tokenizer"] = {"type": "bpe"}
+    if data_type == "synthetic":
+        _default_type(training, "tokenizer", "task")
+    elif not isinstance(vocab, int) or vocab >= BYTE_VOCAB_SIZE:
+        # a smaller vocabulary fits no text tokenizer: left unset, `train` says so
+        _default_type(training, "tokenizer", "bpe")
     tok = training.get("tokenizer")
     if isinstance(tok, dict) and tok.get("type", "bpe") == "bpe" and tok.get("vocab_size") is None:
         if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > 0:
@@ -424,6 +420,14 @@ def fill_training(data: dict[str, Any]) -> None:
     if training.get("seq_len") is None and data.get("max_seq_len") is None:
         training["seq_len"] = 1024
     data["training"] = training
+
+
+def _default_type(training: dict[str, Any], key: str, type_: str) -> None:
+    value = training.get(key)
+    if value is None:
+        training[key] = {"type": type_}
+    elif isinstance(value, dict) and "type" not in value:
+        training[key] = {"type": type_, **value}
 
 
 def training_issues(

@@ -85,7 +85,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             f"{path}: not a readable checkpoint (corrupt or truncated: {_short(exc)})"
         ) from None
     except Exception as exc:  # unpickling refused: the file holds more than tensors and plain data
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        if "Unsupported global" in str(exc) or "GLOBAL" in str(exc):
             raise CheckpointError(
                 f"{path}: the file holds Python objects other than tensors and plain data, so it is "
                 "not loaded (loading could run arbitrary code)"

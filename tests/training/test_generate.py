@@ -1,0 +1,78 @@
+"""Generation: cache and no cache agree; the sampling filters do what they say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from specformer import load_spec
+from specformer.builder import build_model
+from specformer.training.generate import generate, generate_seq2seq, sample_next
+
+
+def _model(tiny: Any, kind: str, **extra: Any) -> tuple[Any, Any]:
+    data = {**tiny(kind), **extra}
+    data["training"]["seq_len"] = min(data["training"]["seq_len"], data["max_seq_len"])
+    spec = load_spec(data)
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    return spec, model
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope", "alibi", "sinusoidal"])
+def test_greedy_decoding_is_identical_with_and_without_the_cache(tiny: Any, positional: str) -> None:
+    spec, model = _model(tiny, "decoder", positional={"type": positional})
+    prompt = torch.randint(0, 256, (2, 5))
+    with_cache = generate(model, prompt, max_new_tokens=20, temperature=0.0, use_cache=True)
+    without = generate(model, prompt, max_new_tokens=20, temperature=0.0, use_cache=False)
+    assert with_cache.shape == (2, 25)
+    assert torch.equal(with_cache, without)
+    assert torch.equal(with_cache[:, :5], prompt)
+
+
+def test_generation_slides_past_max_seq_len_the_same_way_with_and_without_cache(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder", max_seq_len=16)
+    prompt = torch.randint(0, 256, (1, 10))
+    a = generate(model, prompt, max_new_tokens=15, temperature=0.0, max_seq_len=16, use_cache=True)
+    b = generate(model, prompt, max_new_tokens=15, temperature=0.0, max_seq_len=16, use_cache=False)
+    assert a.shape == (1, 25) and torch.equal(a, b)
+
+
+def test_seq2seq_greedy_is_identical_with_and_without_the_cache(tiny: Any) -> None:
+    spec, model = _model(tiny, "encoder-decoder", positional={"type": "t5"})
+    src = torch.randint(5, 40, (3, 7))
+    mask = torch.ones_like(src)
+    mask[0, 5:] = 0  # padding in one row
+    a = generate_seq2seq(model, src, attention_mask=mask, bos_id=1, eos_id=None, max_new_tokens=12, use_cache=True)
+    b = generate_seq2seq(model, src, attention_mask=mask, bos_id=1, eos_id=None, max_new_tokens=12, use_cache=False)
+    assert a.shape == (3, 12) and torch.equal(a, b)
+
+
+def test_sampling_filters() -> None:
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0]]).repeat(500, 1)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(sample_next(logits, temperature=0.0), torch.full((500,), 2))
+    assert set(sample_next(logits, top_k=1, generator=g).tolist()) == {2}
+    assert set(sample_next(logits, top_k=2, generator=g).tolist()) == {2, 3}
+    probs = logits[0].softmax(-1)  # 0.032, 0.087, 0.644, 0.237
+    assert set(sample_next(logits, top_p=0.6, generator=g).tolist()) == {2}
+    assert set(sample_next(logits, top_p=float(probs[2] + probs[3]) - 1e-4, generator=g).tolist()) == {2, 3}
+    many = sample_next(logits, temperature=1.0, generator=g)
+    freq = torch.bincount(many, minlength=4).float() / 500
+    assert torch.allclose(freq, probs, atol=0.07)
+    # a high temperature flattens, a low one sharpens
+    hot = torch.bincount(sample_next(logits, temperature=100.0, generator=g), minlength=4).float() / 500
+    assert hot.min() > 0.15
+    a = sample_next(logits, generator=torch.Generator().manual_seed(3))
+    b = sample_next(logits, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+def test_generation_stops_at_the_end_token(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+    prompt = torch.randint(0, 256, (1, 4))
+    first = generate(model, prompt, max_new_tokens=1, temperature=0.0)[0, -1].item()
+    out = generate(model, prompt, max_new_tokens=10, temperature=0.0, eos_id=first)
+    assert out.shape == (1, 5)

@@ -1,0 +1,180 @@
+"""Resuming continues exactly; checkpoints are atomic, self-describing and weights_only-safe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from specformer import load_spec
+from specformer.training.checkpoint import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    load_checkpoint,
+    read_checkpoint,
+)
+from specformer.training.run import train
+
+
+class LossRecorder(L.Callback):
+    """Every optimizer step's training loss, by step."""
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+def _spec(tiny: Any, kind: str, **training: Any) -> Any:
+    # dropout on, so the restored random state matters too
+    data = tiny(kind, checkpoint_interval=3, val_interval=4, **training)
+    data["embedding"] = {"dropout": 0.1}
+    return load_spec(data)
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_resume_gives_the_same_next_losses_as_an_uninterrupted_run(tiny: Any, kind: str) -> None:
+    full = LossRecorder()
+    train(_spec(tiny, kind, max_steps=8), progress=False, callbacks=[full])
+    first = train(_spec(tiny, kind, max_steps=6), progress=False)
+    assert first.checkpoint and read_checkpoint(first.checkpoint)["global_step"] == 6
+    resumed = LossRecorder()
+    result = train(_spec(tiny, kind, max_steps=8), resume=first.checkpoint, progress=False, callbacks=[resumed])
+    assert result.steps == 8
+    assert sorted(resumed.losses) == [7, 8]
+    for step in (7, 8):
+        assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6), (step, resumed.losses, full.losses)
+
+
+KILLED_RUN = textwrap.dedent(
+    """
+    import os, signal, sys
+    import lightning as L
+    from specformer import load_spec
+    from specformer.training.run import train
+
+    class Kill(L.Callback):
+        # after the checkpoint of step 6 is written, die as a SIGKILL would leave it
+        def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+            if trainer.global_step == 7:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    spec = load_spec(sys.argv[1])
+    train(spec, progress=False, callbacks=[Kill()])
+    """
+)
+
+
+def test_sigkill_mid_run_then_resume_continues_the_loss_curve(tiny: Any, tmp_path: Path) -> None:
+    spec = _spec(tiny, "decoder", max_steps=9)
+    (tmp_path / "spec.yaml").write_text(spec.to_yaml())
+    (tmp_path / "killed.py").write_text(KILLED_RUN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "killed.py"), str(tmp_path / "spec.yaml")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    ckpts = list((tmp_path / "runs" / spec.name).glob("*/checkpoints/last.ckpt"))
+    assert len(ckpts) == 1
+    assert read_checkpoint(ckpts[0])["global_step"] == 6
+    assert not list(ckpts[0].parent.glob("*.tmp"))  # no half-written file left behind
+
+    full = LossRecorder()
+    train(spec, progress=False, callbacks=[full])
+    resumed = LossRecorder()
+    train(spec, resume=ckpts[0], progress=False, callbacks=[resumed])
+    assert sorted(resumed.losses) == [7, 8, 9]
+    for step in (7, 8, 9):
+        assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6)
+
+
+def test_checkpoint_loads_with_weights_only_and_rebuilds_the_model(tiny: Any) -> None:
+    spec = load_spec(tiny("decoder", max_steps=3, val_interval=3))
+    result = train(spec, progress=False)
+    raw = torch.load(result.checkpoint, weights_only=True)  # no arbitrary pickle execution
+    meta = raw["specformer"]
+    assert load_spec(meta["spec"]) == spec
+    assert meta["tokenizer"] == {"type": "byte"}
+    loaded = load_checkpoint(result.checkpoint)
+    assert loaded.spec == spec and loaded.step == 3
+    ids = torch.randint(0, 256, (2, 10))
+    weights = {k.removeprefix("model."): v for k, v in raw["state_dict"].items()}
+    from specformer.builder import build_model
+
+    reference = build_model(spec)
+    reference.load_state_dict(weights)
+    reference.eval()
+    torch.testing.assert_close(loaded.model(ids).logits, reference(ids).logits)
+
+
+def test_corrupt_truncated_and_foreign_checkpoints_give_clear_errors(tiny: Any, tmp_path: Path) -> None:
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
+    good = Path(train(spec, progress=False).checkpoint)
+    data = good.read_bytes()
+
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(truncated)
+
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(os.urandom(4096))
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(garbage)
+
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty"):
+        load_checkpoint(empty)
+
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.ckpt")
+
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    with pytest.raises(CheckpointError, match="not a specformer checkpoint"):
+        load_checkpoint(foreign)
+
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (os.system, ("echo pwned",))
+
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save({"specformer": Evil()}, unsafe)
+    with pytest.raises(CheckpointError, match="could run arbitrary code|not a readable"):
+        load_checkpoint(unsafe)
+
+
+def test_resuming_with_a_different_model_names_the_differences(tiny: Any) -> None:
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
+    ckpt = train(spec, progress=False).checkpoint
+    other = load_spec({**tiny("decoder", max_steps=4, val_interval=2), "d_model": 48})
+    with pytest.raises(CheckpointError, match=r"different model[\s\S]*d_model: checkpoint 32, spec 48"):
+        train(other, resume=ckpt, progress=False)
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"specformer": {"spec": {}}, "global_step": 1}, path)
+
+    def crash(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"global_step": 2}, path)
+    monkeypatch.undo()
+    assert read_checkpoint(path)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]

@@ -92,6 +92,7 @@ def quiet_lightning() -> None:
         r".*The number of training batches .* is smaller than the logging interval.*",
         r".*that has `shuffle=True`.*",
         r".*You are using `torch.load` with `weights_only=False`.*",
+        r".*isinstance\(treespec, LeafSpec\)`? is deprecated.*",
     ):
         warnings.filterwarnings("ignore", message=message)
 

@@ -1,0 +1,227 @@
+"""Corpora, tokenizers, the token cache, collators, the sampler and the synthetic tasks."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specformer.data.collate import (
+    IGNORE_INDEX,
+    CausalLMCollator,
+    MaskedLMCollator,
+    Seq2SeqCollator,
+)
+from specformer.data.corpus import DataError, files_corpus, split_by_path, stdlib_corpus
+from specformer.data.sampler import EvalBatchSampler, StreamBatchSampler
+from specformer.data.synthetic import SyntheticTask, solve
+from specformer.data.tokenizers import (
+    ByteTokenizer,
+    TaskTokenizer,
+    bpe_tokenizer,
+    tokenizer_from_state,
+)
+from specformer.data.tokens import token_arrays, unigram_cross_entropy
+from specformer.specs.training import (
+    BPETokenizerSpec,
+    FilesDataSpec,
+    MaskedLMSpec,
+    StdlibDataSpec,
+    SyntheticDataSpec,
+)
+
+JSON_GLOB = str(Path(sysconfig.get_paths()["stdlib"]) / "json" / "*.py")
+
+
+# --------------------------------------------------------------------------- corpora
+
+
+def test_split_by_path_is_stable_and_independent_of_other_files() -> None:
+    keys = [f"pkg/mod{i}.py" for i in range(400)]
+    train, val = split_by_path(keys, 0.1)
+    assert sorted(train + val) == list(range(400))
+    assert 20 < len(val) < 60
+    held = {keys[i] for i in val}
+    # adding files never moves an existing file between splits
+    more = keys + [f"other/x{i}.py" for i in range(100)]
+    _, val2 = split_by_path(more, 0.1)
+    assert held == {more[i] for i in val2} & set(keys)
+    assert split_by_path(["a", "b"], 0.01)[1]  # two files: validation is never empty
+
+
+def test_stdlib_corpus_is_real_text_split_by_file() -> None:
+    corpus = stdlib_corpus(StdlibDataSpec(max_mb=1.0))
+    assert 0.5e6 < corpus.n_bytes <= 1.05e6
+    assert corpus.train and corpus.val
+    assert not set(corpus.train_ids) & set(corpus.val_ids)
+    assert any("def " in text for text in corpus.train)
+    assert stdlib_corpus(StdlibDataSpec(max_mb=1.0)).fingerprint == corpus.fingerprint
+    no_tests = stdlib_corpus(StdlibDataSpec(max_mb=1.0, include_tests=False))
+    assert not any(i.startswith("test/") for i in no_tests.train_ids + no_tests.val_ids)
+
+
+def test_files_corpus_globs_and_errors(tmp_path: Path) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,), val_fraction=0.3))
+    assert len(corpus.train) + len(corpus.val) >= 4
+    (tmp_path / "a.txt").write_text("hello world\n" * 50)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("second file\n" * 50)
+    both = files_corpus(FilesDataSpec(paths=(str(tmp_path),), val_fraction=0.5))
+    assert sorted(both.train_ids + both.val_ids) == ["a.txt", "sub/b.txt"]
+    with pytest.raises(DataError, match="nothing matches 'nope/\\*.txt'"):
+        files_corpus(FilesDataSpec(paths=("nope/*.txt",)))
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def test_byte_and_task_tokenizers_round_trip() -> None:
+    byte = ByteTokenizer()
+    text = "déjà vu — ✓"
+    assert byte.decode(byte.encode(text)) == text and byte.vocab_size == 259
+    task = TaskTokenizer()
+    assert task.decode(task.encode("abc+12=")) == "abc+12="
+    assert task.encode("a")[0] >= 5 and task.vocab_size == 44
+    for tok in (byte, task):
+        assert tokenizer_from_state(tok.state()).encode("a1") == tok.encode("a1")
+
+
+def test_bpe_is_trained_once_and_cached_by_content(tmp_path: Path) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    spec = BPETokenizerSpec(vocab_size=400)
+    tok = bpe_tokenizer(spec, corpus=corpus, cache_dir=tmp_path)
+    assert tok.vocab_size == 400 and tok.eot_id is not None and tok.mask_id is not None
+    text = corpus.val[0][:500]
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert len(ids) < len(text.encode()) / 1.2  # 141 merges already compress
+    cached = list((tmp_path / "tokenizers").glob("bpe-*.json"))
+    assert len(cached) == 1
+    again = bpe_tokenizer(spec, corpus=corpus, cache_dir=tmp_path)
+    assert again.encode(text) == ids and len(list((tmp_path / "tokenizers").iterdir())) == 1
+    bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
+    assert len(list((tmp_path / "tokenizers").glob("bpe-*.json"))) == 2  # other settings, other entry
+    assert tokenizer_from_state(tok.state()).encode(text) == ids
+
+
+# --------------------------------------------------------------------------- token cache
+
+
+def test_token_arrays_are_tokenised_once_and_memory_mapped(tmp_path: Path) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    tok = ByteTokenizer()
+    arrays = token_arrays(corpus, tok, tmp_path)
+    assert isinstance(arrays.train, np.memmap) and arrays.train.dtype == np.uint16
+    assert int((arrays.train == tok.eot_id).sum()) == len(corpus.train)
+    assert len(arrays.train) == sum(len(t.encode()) for t in corpus.train) + len(corpus.train)
+
+    class Refuse(ByteTokenizer):
+        def encode_batch(self, texts):  # a cache hit must not tokenise again
+            raise AssertionError("tokenised twice")
+
+    again = token_arrays(corpus, Refuse(), tmp_path)
+    assert np.array_equal(again.train, arrays.train)
+
+
+def test_unigram_cross_entropy_matches_its_definition() -> None:
+    train = np.array([0, 0, 0, 1, 1, 2])
+    val = np.array([0, 1, 3])
+    counts = np.array([3, 2, 1, 0]) + 1.0
+    p = counts / counts.sum()
+    expected = -np.mean(np.log(p[[0, 1, 3]]))
+    assert unigram_cross_entropy(train, val, 4) == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- collators
+
+
+def test_causal_collator_shifts_by_one() -> None:
+    blocks = [(0, np.arange(6)), (0, np.arange(10, 16))]
+    batch = CausalLMCollator()(blocks)
+    assert batch["input_ids"].tolist()[0] == [0, 1, 2, 3, 4]
+    assert batch["labels"].tolist()[1] == [11, 12, 13, 14, 15]
+
+
+def test_masked_lm_collator_follows_bert() -> None:
+    rng = np.random.default_rng(0)
+    x = [(5, rng.integers(10, 500, size=512)) for _ in range(32)]
+    x[0][1][:10] = 3  # special tokens are never chosen
+    collate = MaskedLMCollator(MaskedLMSpec(), mask_id=2, vocab_size=500, special_ids=[1, 2, 3], seed=0)
+    batch = collate(x)
+    original = torch.from_numpy(np.stack([b for _, b in x]))
+    chosen = batch["labels"] != IGNORE_INDEX
+    assert chosen.float().mean().item() == pytest.approx(0.15, abs=0.01)
+    assert not chosen[0, :10].any()
+    assert torch.equal(batch["labels"][chosen], original[chosen])
+    assert torch.equal(batch["input_ids"][~chosen], original[~chosen])
+    masked = (batch["input_ids"] == 2) & chosen
+    kept = (batch["input_ids"] == original) & chosen
+    n = chosen.sum().item()
+    assert masked.sum().item() / n == pytest.approx(0.8, abs=0.03)
+    assert kept.sum().item() / n == pytest.approx(0.1 + 0.1 / 500, abs=0.03)
+    # the same batch position gives the same masks (workers, resume); another gives others
+    assert torch.equal(collate(x)["input_ids"], batch["input_ids"])
+    other = collate([(6, b) for _, b in x])
+    assert not torch.equal(other["input_ids"], batch["input_ids"])
+
+
+def test_seq2seq_collator_pads_and_teacher_forces() -> None:
+    batch = Seq2SeqCollator(pad_id=0, bos_id=1, eos_id=2)([(0, ([5, 6, 7], [7, 6, 5])), (0, ([8], [8]))])
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["decoder_input_ids"].tolist() == [[1, 7, 6, 5], [1, 8, 0, 0]]
+    assert batch["labels"].tolist() == [[7, 6, 5, 2], [8, 2, -100, -100]]
+    assert batch["decoder_attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_stream_sampler_resumes_exactly_and_shards_ranks() -> None:
+    full = StreamBatchSampler(10, 4, seed=3)
+    it = iter(full)
+    first = [next(it) for _ in range(6)]  # 24 items: crosses two pass boundaries
+    resumed = iter(StreamBatchSampler(10, 4, seed=3, start=4))
+    assert next(resumed) == first[4] and next(resumed) == first[5]
+    one_pass = [i for batch in first[:5] for _, i in batch][:10]
+    assert sorted(one_pass) == list(range(10))  # a pass is a permutation
+    assert [i for _, i in first[0]] != [0, 1, 2, 3]  # shuffled
+    r0 = StreamBatchSampler(100, 4, seed=0, rank=0, world_size=2).batch(7)
+    r1 = StreamBatchSampler(100, 4, seed=0, rank=1, world_size=2).batch(7)
+    assert not {i for _, i in r0} & {i for _, i in r1}
+    assert {p for p, _ in r0 + r1} == {7}
+
+
+def test_eval_sampler_is_fixed_and_covers_the_split() -> None:
+    batches = list(EvalBatchSampler(10, 4))
+    assert [[i for _, i in b] for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert len(EvalBatchSampler(100, 4, n_batches=3)) == 3
+
+
+# --------------------------------------------------------------------------- synthetic tasks
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "addition"])
+def test_synthetic_tasks_are_right_seeded_and_held_out(task: str) -> None:
+    spec = SyntheticDataSpec(task=task, min_len=2, max_len=5, n_train=3000, n_val=200, seed=1)
+    data = SyntheticTask(spec)
+    train, val = data.split("train"), data.split("val")
+    assert len(train) == 3000 and len(val) == 200
+    assert not {s for s, _ in train} & {s for s, _ in val}
+    for src, tgt in train[:50] + val[:50]:
+        assert tgt == solve(task, src)
+    assert SyntheticTask(spec).split("val") == val
+    src, tgt = val[0]
+    if task == "reverse":
+        assert tgt == src[::-1]
+    if task == "addition":
+        a, b = src.split("+")
+        assert int(tgt) == int(a) + int(b)
+
+
+def test_a_task_too_small_to_hold_out_is_refused() -> None:
+    with pytest.raises(DataError, match="too few to hold out"):
+        SyntheticTask(SyntheticDataSpec(n_symbols=2, min_len=2, max_len=3, n_val=100)).split("val")

@@ -1,0 +1,81 @@
+"""Learning-rate schedules and the optimizer's parameter groups."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from specformer import load_spec
+from specformer.builder import build_model
+from specformer.registry import REGISTRY
+from specformer.specs.training import (
+    ConstantScheduleSpec,
+    CosineScheduleSpec,
+    InverseSqrtScheduleSpec,
+    LinearScheduleSpec,
+)
+from specformer.training.optim import param_groups
+from specformer.training.schedules import cosine, inverse_sqrt, linear
+
+
+def test_inverse_sqrt_is_the_original_papers_formula() -> None:
+    # Vaswani et al. 2017, eq. 3, with d_model = 512 and warmup = 4000
+    sched = inverse_sqrt(InverseSqrtScheduleSpec(warmup_steps=4000), d_model=512, base_lr=1.0)
+    for n in (1, 100, 3999, 4000, 4001, 20000, 100000):
+        assert sched.lr(n - 1) == pytest.approx(512**-0.5 * min(n**-0.5, n * 4000**-1.5))
+    lrs = [sched.lr(s) for s in range(0, 12000, 10)]
+    peak = max(range(len(lrs)), key=lrs.__getitem__)
+    assert abs(peak * 10 - 3999) <= 10
+    assert sched.lr(3999) == pytest.approx((512 * 4000) ** -0.5)  # the peak: 6.99e-4
+    assert sched.lr(3999) == pytest.approx(6.99e-4, rel=1e-3)
+    # as a multiplier of the optimizer's lr it reproduces the formula whatever that lr is
+    relative = inverse_sqrt(InverseSqrtScheduleSpec(warmup_steps=4000, scale=2.0), d_model=512, base_lr=5e-4)
+    assert relative(999) * 5e-4 == pytest.approx(2 * sched.lr(999))
+
+
+def test_warmup_then_cosine_and_linear_decay() -> None:
+    c = cosine(CosineScheduleSpec(warmup_steps=10, min_lr_ratio=0.1), total=110)
+    assert c(0) == pytest.approx(0.1) and c(9) == pytest.approx(1.0)
+    assert c(10) == pytest.approx(1.0)
+    assert c(60) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way down the cosine
+    assert c(110) == pytest.approx(0.1) and c(500) == pytest.approx(0.1)
+    lin = linear(LinearScheduleSpec(warmup_steps=0, min_lr_ratio=0.0), total=100)
+    assert [lin(s) for s in (0, 25, 50, 100)] == pytest.approx([1.0, 0.75, 0.5, 0.0])
+    const = REGISTRY.build("schedule", ConstantScheduleSpec(warmup_steps=4), total=100)
+    assert [const(s) for s in (0, 3, 50)] == pytest.approx([0.25, 1.0, 1.0])
+
+
+def test_lr_follows_the_schedule_in_a_run(tiny: Any) -> None:
+    from specformer.training.run import train
+
+    spec = load_spec(
+        tiny("decoder", max_steps=8, val_interval=8, log_interval=1, schedule={"type": "linear", "warmup_steps": 4})
+    )
+    result = train(spec, progress=False)
+    import csv
+    from pathlib import Path
+
+    rows = list(csv.DictReader(open(Path(result.run_dir) / "metrics.csv")))
+    lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
+    # lr of steps 1..8: warmup 1/4..4/4 of 3e-3, then linear decay to 0 at step 8
+    expected = [3e-3 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 0.5, 0.25)]
+    assert lrs == pytest.approx(expected)
+
+
+def test_weight_decay_skips_biases_norms_and_counts_tied_weights_once() -> None:
+    spec = load_spec("gpt-nano")
+    model = build_model(spec)
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert any("norm" in names[id(p)] for p in no_decay["params"])
+    assert any(names[id(p)].endswith("bias") for p in no_decay["params"])
+    total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
+    assert total == sum(p.numel() for p in model.parameters())  # the tied matrix once
+    opt = REGISTRY.build("optimizer", spec.training.optimizer, model=model)
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == spec.training.optimizer.lr
+    assert math.isclose(opt.defaults["betas"][1], 0.95)

@@ -63,3 +63,22 @@ def test_accumulation_and_clipping_are_applied(tiny) -> None:
     result = train(spec, progress=False)
     assert result.steps == 4
     assert result.tokens == 4 * 2 * 8 * 32  # two micro-batches per optimizer step
+
+
+def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:
+    spec = load_spec(tiny("decoder", max_steps=3, val_interval=3, precision="bf16-mixed"))
+    result = train(spec, progress=False)
+    assert result.steps == 3 and result.val_loss is not None and result.val_loss == result.val_loss  # not NaN
+
+
+def test_compile_keeps_state_dict_names() -> None:
+    from specformer.builder import SpecModule
+
+    spec = load_spec("gpt-nano", ["training.compile=true"])
+    module = SpecModule(spec)
+    names = set(module.state_dict())
+    module.configure_model()
+    assert module._compiled is not None and module._compiled is not module.model
+    assert set(module.state_dict()) == names
+    assert all(n.startswith("model.") for n in names)
+    assert load_spec("gpt-nano").training.compile is False

@@ -96,10 +96,13 @@ def child(shape_name: str, library: str, precision: str, quick: bool, steps: int
     return out
 
 
-def _run_child(shape: str, library: str, precision: str, quick: bool, steps: int) -> dict[str, Any]:
+def _run_child(shape: str, library: str, precision: str, quick: bool, steps: int,
+               threads: int | None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.memory", "--child", shape, library, precision, "--steps", str(steps)]
     if quick:
         cmd.append("--quick")
+    if threads:
+        cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"memory child {shape}/{library}/{precision} failed:\n{proc.stderr[-3000:]}")
@@ -133,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for precision in args.precisions:
             ours = None
             for lib in libraries:
-                r = _run_child(shape.name, lib, precision, args.quick, steps)
+                r = _run_child(shape.name, lib, precision, args.quick, steps, args.threads)
                 if "skipped" in r:
                     continue
                 key = "cuda_max_allocated_bytes" if dev.type == "cuda" else "added_bytes"

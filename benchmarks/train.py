@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.common import (
     Adapter,
+    _specformer_adapter,
     alternate,
     available_libraries,
     base_parser,
@@ -39,7 +40,7 @@ from benchmarks.common import (
 )
 from specformer.analysis import flops_per_token
 
-__all__ = ["main", "record_matmuls", "matmul_throughput"]
+__all__ = ["main", "record_matmuls", "matmul_throughput", "compiled_adapter"]
 
 aten = torch.ops.aten
 _MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm",
@@ -112,11 +113,22 @@ def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: i
     return {"flops": total_flops, "seconds": total_time, "flops_per_s": total_flops / total_time}
 
 
+def compiled_adapter(ours: Adapter, kind: str, dev: torch.device) -> Adapter:
+    """``torch.compile`` of specformer's model (the same parameters), as a separate row; the
+    warm-up steps absorb the compilation."""
+    compiled = _specformer_adapter(torch.compile(ours.model), kind, dev)
+    compiled.library = "specformer+compile"
+    compiled.notes = "torch.compile (inductor), same module and weights"
+    return compiled
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--repeat", type=int, default=None)
+    p.add_argument("--compile", action="store_true",
+                   help="also time torch.compile(specformer model) as its own row (compile time excluded)")
     args = p.parse_args(argv)
     dev = setup(args)
     from benchmarks.common import select_shapes
@@ -126,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for shape in shapes:
         adapters = build_adapters(shape, dev, libraries)
+        if args.compile:
+            adapters.append(compiled_adapter(adapters[0], shape.kind, dev))
         check = check_same_logits(adapters, make_batch(shape, dev, batch=1, seq_len=min(64, shape.seq_len)))
         batch = make_batch(shape, dev)
         spec = shape.model_spec()
@@ -151,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "shape": shape.name, "precision": precision, "library": a.library, "params": a.params,
                     "batch": shape.batch, "seq_len": shape.seq_len, "tokens": shape.tokens,
                     "step_ms": 1e3 * t, "times_s": times[a.library], "tokens_per_s": shape.tokens / t,
-                    "speedup_of_specformer": t / ours if a.library != "specformer" else None,
+                    "speedup_of_specformer": None if a.library.startswith("specformer") else t / ours,
                     "model_tflops_per_s": achieved / 1e12,
                     "matmul_tflops_per_s": mm["flops_per_s"] / 1e12,
                     "fraction_of_matmul": achieved / mm["flops_per_s"],

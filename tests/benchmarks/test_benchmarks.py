@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
 
-from benchmarks import cli, inference, memory, run_all, train  # noqa: E402
+from benchmarks import cli, inference, memory, report, run_all, train  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     QUICK_SHAPES,
     available_libraries,
@@ -98,6 +98,8 @@ def test_train_quick(tmp_path: Path) -> None:
                 assert r["fraction_of_matmul"] > 0 and r["matmul_tflops_per_s"] > 0
     assert "x-transformers" not in {r["library"] for r in data["results"] if r["shape"] == "t5-style"}
     assert data["machine"]["torch"] == torch.__version__
+    table = report.render(data)
+    assert table.count("\n| gpt2-style | fp32 |") == len(libs)
 
 
 def test_train_without_x_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +125,7 @@ def test_inference_quick(tmp_path: Path) -> None:
         assert r["tokens_per_s"] > 0
         if r["task"] == "decode b8":
             assert r["tokens"] == 8 * 2
+    assert "| llama-style | decode b1 |" in report.render(_load(out))
 
 
 @pytest.mark.slow
@@ -135,6 +138,7 @@ def test_memory_quick(tmp_path: Path) -> None:
     for r in rows.values():
         assert r["peak_bytes"] >= r["baseline_bytes"] > 0
         assert r["added_bytes"] == r["peak_bytes"] - r["baseline_bytes"]
+    assert "| llama-style | fp32 | specformer |" in report.render(_load(out))
 
 
 def test_cli_quick(tmp_path: Path) -> None:
@@ -146,6 +150,7 @@ def test_cli_quick(tmp_path: Path) -> None:
         assert r["wall_s"] > 0 and r["peak_rss_bytes"] > 0
     # the launcher keeps the benchmark's own memory (torch is loaded here) out of the children's peak
     assert rows["python -c pass (start-up floor)"]["peak_rss_bytes"] < 100 * 2**20
+    assert "| diff 7b 70b |" in report.render(_load(out))
 
 
 def test_cli_rejects_a_failing_command() -> None:

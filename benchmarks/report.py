@@ -1,0 +1,80 @@
+"""Render the JSON files of a benchmark run as markdown tables (for RESULTS.md).
+
+    python -m benchmarks.report benchmarks/results/train.json benchmarks/results/inference.json ...
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "render"]
+
+MIB = 2.0**20
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _n(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render(data: dict[str, Any]) -> str:
+    kind = data["benchmark"]
+    rows = data["results"]
+    if kind == "train":
+        return _table(
+            ["shape", "precision", "library", "params", "step ms", "tokens/s", "specformer ×",
+             "model GFLOP/s", "matmul GFLOP/s", "of matmul"],
+            [[r["shape"], r["precision"], r["library"], f"{r['params']:,}", _n(r["step_ms"]),
+              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"]), _n(1e3 * r["model_tflops_per_s"]),
+              _n(1e3 * r["matmul_tflops_per_s"]), f"{100 * r['fraction_of_matmul']:.0f}%"] for r in rows],
+        )
+    if kind == "inference":
+        return _table(
+            ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×"],
+            [[r["shape"], r["task"], r["precision"], r["library"], str(r["batch"]), _n(r["ms"]),
+              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"])] for r in rows],
+        )
+    if kind == "memory":
+        return _table(
+            ["shape", "precision", "library", "params", "baseline MiB", "peak MiB", "added MiB",
+             "specformer / library"],
+            [[r["shape"], r["precision"], r["library"], f"{r['params']:,}", _n(r["baseline_bytes"] / MIB),
+              _n(r["peak_bytes"] / MIB), _n((r.get("cuda_max_allocated_bytes") or r["added_bytes"]) / MIB),
+              "–" if r["specformer_over_library"] is None else f"{r['specformer_over_library']:.3f}"]
+             for r in rows],
+        )
+    if kind == "cli":
+        return _table(
+            ["command", "wall s (median)", "all runs s", "peak RSS MiB"],
+            [[r["command"], f"{r['wall_s']:.2f}", ", ".join(f"{w:.2f}" for w in r["walls_s"]),
+              f"{r['peak_rss_bytes'] / MIB:.0f}"] for r in rows],
+        )
+    raise ValueError(f"unknown benchmark {kind!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    for path in argv if argv is not None else sys.argv[1:]:
+        data = json.loads(Path(path).read_text())
+        m = data["machine"]
+        print(f"### {data['benchmark']} — `{path}`\n")
+        print(f"{m['date']}, {m['cpu']}, {m['cpu_count']} cores, torch threads {m['torch_threads']}, "
+              f"device {m['device']}, torch {m['torch']}, transformers {m['transformers']}, "
+              f"x-transformers {m['x-transformers']}\n")
+        print(render(data) + "\n")
+
+
+if __name__ == "__main__":
+    main()

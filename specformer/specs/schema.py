@@ -32,12 +32,6 @@ from pydantic_core import PydanticCustomError
 
 from specformer.registry import REGISTRY, load_plugins, register
 from specformer.specs.base import Spec
-from specformer.specs.training import (
-    TrainingSpec,
-    fill_training,
-    reference_models,
-    training_issues,
-)
 
 __all__ = [
     "Spec",
@@ -308,6 +302,14 @@ for _family, _entries in _FAMILY_ENTRIES.items():
             register(_family, _spec, _target)
 
 load_plugins()
+
+# imported here, after the plugins, so plugin types join the training families' unions too
+from specformer.specs.training import (  # noqa: E402
+    TrainingSpec,
+    fill_training,
+    reference_models,
+    training_issues,
+)
 
 
 def _union(family: str) -> Any:

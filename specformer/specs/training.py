@@ -297,11 +297,12 @@ for _family, _entries in _FAMILY_ENTRIES.items():
 
 
 def _union(family: str) -> Any:
-    """The discriminated union of a family, selected by ``type`` (first entry when absent)."""
+    """The discriminated union of a family, selected by ``type``; a mapping without ``type:``
+    is the built-in default (the first built-in entry, whatever plugins registered)."""
     entries = REGISTRY.entries(family)
     if len(entries) == 1:
         return next(iter(entries.values())).spec
-    default = next(iter(entries))
+    default = _FAMILY_ENTRIES[family][0][0].model_fields["type"].default
 
     def pick(value: Any) -> Any:
         if isinstance(value, dict):

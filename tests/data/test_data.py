@@ -225,3 +225,21 @@ def test_synthetic_tasks_are_right_seeded_and_held_out(task: str) -> None:
 def test_a_task_too_small_to_hold_out_is_refused() -> None:
     with pytest.raises(DataError, match="too few to hold out"):
         SyntheticTask(SyntheticDataSpec(n_symbols=2, min_len=2, max_len=3, n_val=100)).split("val")
+
+
+def test_hugging_face_data_without_datasets_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from specformer.data.corpus import hf_corpus
+    from specformer.specs.training import HFDataSpec
+
+    real_import = builtins.__import__
+
+    def no_datasets(name: str, *args, **kwargs):
+        if name == "datasets":
+            raise ImportError("No module named 'datasets'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(DataError, match="pip install datasets"):
+        hf_corpus(HFDataSpec(name="wikitext", config="wikitext-2-raw-v1"))

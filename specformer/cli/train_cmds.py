@@ -120,7 +120,7 @@ def _summary_table(result: Any) -> Table:
         better = ""
         if result.val_loss is not None:
             gap = result.unigram_loss - result.val_loss
-            better = f"  (val is {gap:.3f} nats/token {'below' if gap >= 0 else 'ABOVE'} it)"
+            better = f"  (val loss is {abs(gap):.3f} nats/token {'below' if gap >= 0 else 'above'} it)"
         table.add_row("unigram baseline", _fmt(result.unigram_loss) + better)
     if result.exact_match is not None:
         table.add_row("exact match", f"{100 * result.exact_match:.1f}% of held-out examples")

@@ -198,6 +198,10 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if v.requires_grad and (rope is not None or self.q_norm is not None):
+                # q and k are new tensors now; a view of v would keep the whole fused
+                # projection (H + 2 Hkv) Dh alive for backward instead of its Hkv Dh rows
+                v = v.contiguous()  # (B, Hkv, T, Dh)
             if cache is not None:
                 k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         attend = eager_attention if need_weights else self._attend

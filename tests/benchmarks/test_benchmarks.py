@@ -161,3 +161,26 @@ def test_cli_rejects_a_failing_command() -> None:
 def test_run_all_writes_one_file_per_benchmark(tmp_path: Path) -> None:
     run_all.main(["--quick", "--only", "cli", "--out-dir", str(tmp_path)])
     assert _load(tmp_path / "cli.json")["benchmark"] == "cli"
+
+
+def _saved_bytes(adapter, batch) -> int:
+    """Bytes of the distinct storages autograd saves for one forward + loss."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = adapter.logits(batch)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten())
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", ["llama-style", "gpt2-style", "t5-style"])
+def test_specformer_saves_no_more_for_backward_than_transformers(name: str) -> None:
+    # with rotary, q and k are new tensors; v must not keep the whole fused qkv output alive
+    shape = select_shapes([name], quick=True)[0]
+    ours, theirs = build_adapters(shape, CPU, ["specformer", "transformers"])
+    batch = make_batch(shape, CPU)
+    assert _saved_bytes(ours, batch) <= _saved_bytes(theirs, batch)

@@ -135,6 +135,14 @@ class SpecModule(L.LightningModule):
     def on_train_start(self) -> None:
         self.train_started = time.perf_counter()
         self.tokens_at_start = self.tokens_seen
+        # after a resume the optimizer holds the lr the old schedule gave; set this one's
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if isinstance(scheduler, LambdaLR):
+                for group, base, fn in zip(
+                    scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+                ):
+                    group["lr"] = base * fn(scheduler.last_epoch)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._pending_rng is not None:
@@ -171,6 +179,11 @@ class SpecModule(L.LightningModule):
             from specformer.data.tokenizers import tokenizer_from_state
 
             self.tokenizer = tokenizer_from_state(meta["tokenizer"])
+        # the schedule is a function of the step and of this spec's settings: a resumed run
+        # that changes max_steps or the schedule gets the new curve from the same step
+        for scheduler in checkpoint.get("lr_schedulers", []):
+            if isinstance(scheduler, dict) and "lr_lambdas" in scheduler:
+                scheduler["lr_lambdas"] = [None] * len(scheduler["lr_lambdas"])
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.val_history = list(meta.get("val_history", []))
         self._pending_rng = meta.get("rng")

@@ -178,3 +178,18 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, mo
     monkeypatch.undo()
     assert read_checkpoint(path)["global_step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_resumed_run_may_train_longer_on_the_new_schedule(tiny: Any) -> None:
+    first = train(load_spec(tiny("decoder", max_steps=4, val_interval=4, schedule={"type": "linear"})), progress=False)
+    longer = load_spec(tiny("decoder", max_steps=8, val_interval=8, schedule={"type": "linear"}))
+    seen: dict[int, float] = {}
+
+    class Lr(L.Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, idx: int) -> None:
+            seen[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
+
+    train(longer, resume=first.checkpoint, progress=False, callbacks=[Lr()])
+    # linear decay over 8 steps, not over the first run's 4: step 4 runs at half the peak
+    assert seen[4] == pytest.approx(3e-3 * 0.5)
+    assert seen[7] == pytest.approx(3e-3 * 1 / 8)

@@ -17,9 +17,24 @@ __version__ = "0.1.0"
 _LAZY = {
     "ModelSpec": "specformer.specs.schema",
     "build_model": "specformer.builder",
+    "SpecModule": "specformer.builder.lightning",
+    "SpecDataModule": "specformer.data.module",
+    "count_parameters": "specformer.analysis",
+    "diff_specs": "specformer.analysis",
 }
 
-__all__ = ["load_spec", "preset_names", "SpecError", "ModelSpec", "build_model", "__version__"]
+__all__ = [
+    "load_spec",
+    "preset_names",
+    "SpecError",
+    "ModelSpec",
+    "build_model",
+    "SpecModule",
+    "SpecDataModule",
+    "count_parameters",
+    "diff_specs",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

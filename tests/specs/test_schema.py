@@ -198,3 +198,10 @@ def test_every_family_type_is_in_the_schema():
     for family in ("positional", "attention", "ffn", "norm", "head"):
         for name in REGISTRY.names(family):
             assert f"'const': '{name}'" in text, (family, name)
+
+
+def test_top_level_names_resolve():
+    import specformer
+
+    for name in specformer.__all__:
+        assert getattr(specformer, name) is not None, name

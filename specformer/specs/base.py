@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated, Any, Union
 
-__all__ = ["Spec"]
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+
+__all__ = ["Spec", "family_union"]
 
 
 class Spec(BaseModel):
@@ -15,3 +17,25 @@ class Spec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def family_union(family: str, default: str | None = None) -> Any:
+    """The discriminated union of a registry family's spec classes, selected by ``type``.
+
+    A mapping without ``type:`` is ``default`` (the family's first registered type
+    when not given), which keeps short specs short: ``norm: {eps: 1e-6}`` is a layernorm.
+    """
+    from specformer.registry import REGISTRY
+
+    entries = REGISTRY.entries(family)
+    if len(entries) == 1:
+        return next(iter(entries.values())).spec
+    fallback = default if default is not None else next(iter(entries))
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, dict):
+            return value.get("type", fallback)
+        return getattr(value, "type", None)
+
+    members = tuple(Annotated[e.spec, Tag(name)] for name, e in entries.items())
+    return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007

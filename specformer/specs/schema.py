@@ -15,23 +15,21 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    Discriminator,
     Field,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    Tag,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from specformer.registry import REGISTRY, load_plugins, register
-from specformer.specs.base import Spec
+from specformer.specs.base import Spec, family_union
 
 __all__ = [
     "Spec",
@@ -311,32 +309,11 @@ from specformer.specs.training import (  # noqa: E402
     training_issues,
 )
 
-
-def _union(family: str) -> Any:
-    """The discriminated union of a family's spec classes, selected by ``type``.
-
-    A mapping without ``type:`` is the family's first registered type (so
-    ``norm: {eps: 1e-6}`` is a layernorm), which keeps short specs short.
-    """
-    entries = REGISTRY.entries(family)
-    if len(entries) == 1:
-        return next(iter(entries.values())).spec
-    default = next(iter(entries))
-
-    def pick(value: Any) -> Any:
-        if isinstance(value, dict):
-            return value.get("type", default)
-        return getattr(value, "type", None)
-
-    members = tuple(Annotated[e.spec, Tag(name)] for name, e in entries.items())
-    return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007
-
-
-PositionalSpec = _union("positional")
-AttentionFamily = _union("attention")
-FFNSpec = _union("ffn")
-NormSpec = _union("norm")
-HeadSpec = _union("head")
+PositionalSpec = family_union("positional")
+AttentionFamily = family_union("attention")
+FFNSpec = family_union("ffn")
+NormSpec = family_union("norm")
+HeadSpec = family_union("head")
 
 
 # --------------------------------------------------------------------------- blocks

@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    Discriminator,
     Field,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    Tag,
     field_validator,
 )
 
 from specformer.registry import REGISTRY, register
-from specformer.specs.base import Spec
+from specformer.specs.base import Spec, family_union
 
 __all__ = [
     "CausalLMSpec",
@@ -297,20 +295,8 @@ for _family, _entries in _FAMILY_ENTRIES.items():
 
 
 def _union(family: str) -> Any:
-    """The discriminated union of a family, selected by ``type``; a mapping without ``type:``
-    is the built-in default (the first built-in entry, whatever plugins registered)."""
-    entries = REGISTRY.entries(family)
-    if len(entries) == 1:
-        return next(iter(entries.values())).spec
-    default = _FAMILY_ENTRIES[family][0][0].model_fields["type"].default
-
-    def pick(value: Any) -> Any:
-        if isinstance(value, dict):
-            return value.get("type", default)
-        return getattr(value, "type", None)
-
-    members = tuple(Annotated[e.spec, Tag(name)] for name, e in entries.items())
-    return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007
+    # the default is the first built-in entry, whatever plugins registered before it
+    return family_union(family, default=_FAMILY_ENTRIES[family][0][0].model_fields["type"].default)
 
 
 ObjectiveSpec = _union("objective")

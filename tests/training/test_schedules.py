@@ -79,3 +79,36 @@ def test_weight_decay_skips_biases_norms_and_counts_tied_weights_once() -> None:
     opt = REGISTRY.build("optimizer", spec.training.optimizer, model=model)
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == spec.training.optimizer.lr
     assert math.isclose(opt.defaults["betas"][1], 0.95)
+
+
+def test_adamw_is_fused_on_cpu_and_matches_the_plain_implementation():
+    import copy
+
+    import torch
+
+    from specformer.specs.training import AdamWSpec
+    from specformer.training.optim import adamw
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    spec = AdamWSpec(lr=1e-2, weight_decay=0.1)
+    fused = adamw(spec, model=model)
+    assert fused.defaults["fused"] is True
+    plain = torch.optim.AdamW(
+        [
+            {"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in twin.parameters() if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+        betas=tuple(spec.betas),
+        eps=spec.eps,
+    )
+    x = torch.randn(32, 8)
+    for _ in range(5):
+        for net, opt in ((model, fused), (twin, plain)):
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

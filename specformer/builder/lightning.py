@@ -122,7 +122,8 @@ class SpecModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         t = self.spec.training
-        optimizer = REGISTRY.build("optimizer", t.optimizer, model=self.model)
+        precision = str(self.trainer.precision) if self._trainer is not None else str(t.precision)
+        optimizer = REGISTRY.build("optimizer", t.optimizer, model=self.model, precision=precision)
         total = self.trainer.max_steps if self._trainer is not None and self.trainer.max_steps > 0 else (t.max_steps or 1)
         schedule = REGISTRY.build(
             "schedule", t.schedule, total=total, d_model=self.spec.d_model, base_lr=t.optimizer.lr

@@ -29,13 +29,17 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 _FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 
-def adamw(spec: AdamWSpec, *, model: nn.Module) -> torch.optim.AdamW:
+def adamw(spec: AdamWSpec, *, model: nn.Module, precision: str = "32-true") -> torch.optim.AdamW:
     """AdamW, fused (one kernel for all parameters) where torch has a fused kernel for
-    the parameters' device and dtype; the plain implementation elsewhere."""
+    the parameters' device and dtype and the run is not mixed precision (Lightning's
+    mixed-precision plugin unscales gradients itself before clipping, which a fused
+    optimizer would do again); the plain implementation elsewhere."""
     groups = param_groups(model, spec.weight_decay)
     params = [p for g in groups for p in g["params"]]
-    fused = bool(params) and all(
-        p.device.type in _FUSED_DEVICES and p.is_floating_point() for p in params
+    fused = (
+        "mixed" not in precision
+        and bool(params)
+        and all(p.device.type in _FUSED_DEVICES and p.is_floating_point() for p in params)
     )
     kwargs = {"lr": spec.lr, "betas": tuple(spec.betas), "eps": spec.eps}
     if fused:

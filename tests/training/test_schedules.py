@@ -95,6 +95,8 @@ def test_adamw_is_fused_on_cpu_and_matches_the_plain_implementation():
     spec = AdamWSpec(lr=1e-2, weight_decay=0.1)
     fused = adamw(spec, model=model)
     assert fused.defaults["fused"] is True
+    # Lightning's mixed-precision plugin unscales before clipping: no fused optimizer there
+    assert not adamw(spec, model=model, precision="bf16-mixed").defaults["fused"]
     plain = torch.optim.AdamW(
         [
             {"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": 0.1},

@@ -179,7 +179,9 @@ def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bo
             )
         )
     final_norm = REGISTRY.build("norm", stack.norm, dim=d_model) if stack.final_norm else None
-    return Stack(layers, positional=positional, final_norm=final_norm, causal=causal)
+    return Stack(
+        layers, positional=positional, final_norm=final_norm, causal=causal, final_dropout=stack.final_dropout
+    )
 
 
 # --------------------------------------------------------------------------- initialisation

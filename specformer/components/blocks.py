@@ -207,9 +207,11 @@ class Stack(nn.Module):
         positional: Positional,
         final_norm: nn.Module | None,
         causal: bool,
+        final_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
+        self.final_dropout = final_dropout
         self.positional_name = positional.module_name
         self.add_module(positional.module_name, positional)
         self.final_norm = final_norm
@@ -273,6 +275,8 @@ class Stack(nn.Module):
                     all_cross.append(cross_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if self.final_dropout:
+            x = nn.functional.dropout(x, self.final_dropout, self.training)
         if not need_weights:
             return x, None, None
         return x, tuple(all_weights), (tuple(all_cross) if all_cross else None)

@@ -225,6 +225,7 @@ def _t5(c: _Config) -> dict[str, Any]:
             "ffn": dict(ffn),
             "norm": {"type": "rmsnorm", "placement": "pre", "eps": c("layer_norm_epsilon", 1e-6)},
             "residual": {"type": "sequential", "dropout": dropout},
+            "final_dropout": dropout,
         }
 
     n_layers = c("num_layers", 6)

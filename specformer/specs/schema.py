@@ -393,6 +393,9 @@ class StackSpec(Spec):
     ffn: FFNSpec = Field(default_factory=MLPSpec, description="Position-wise feed-forward network.")
     norm: NormSpec = Field(default_factory=LayerNormSpec, description="Norm of every sublayer, with its placement.")
     residual: ResidualSpec = Field(default_factory=ResidualSpec, description="Sequential or parallel sublayers.")
+    final_dropout: Dropout = Field(
+        0.0, description="Dropout on the stack's output, after the final norm (T5 applies its dropout rate there)."
+    )
     overrides: tuple[LayerOverride, ...] = Field(
         (), description="Per-layer settings for heterogeneous stacks; later entries win."
     )

@@ -96,6 +96,21 @@ def test_residual_dropout_is_active_only_in_training(tiny: Tiny) -> None:
     assert not torch.allclose(model(ids).logits, model(ids).logits)
 
 
+def test_final_dropout_follows_the_final_norm_in_training_only(tiny: Tiny) -> None:
+    # T5 drops out the stack output after its final norm; every other dropout is 0 here
+    model = build_model(tiny("encoder-decoder", stack={"final_dropout": 0.5}))
+    final: dict[str, Any] = {}
+    model.encoder.final_norm.register_forward_hook(lambda m, a, o: final.update(out=o))
+    ids = torch.randint(0, 61, (2, 7))
+    model.eval()
+    assert torch.equal(model.encode(ids), final["out"])
+    model.train()
+    encoded = model.encode(ids)
+    dropped = encoded == 0
+    assert 0.3 < dropped.float().mean().item() < 0.7
+    assert torch.allclose(encoded[~dropped], 2 * final["out"][~dropped])  # inverted dropout scaling
+
+
 def test_overrides_build_the_right_module_per_layer(tiny: Tiny) -> None:
     spec = tiny(
         stack={

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from specformer.specs.errors import Position, SpecError, SpecProblem, did_you_mean
+from specformer.specs.merge import deep_merge
 
 __all__ = [
     "load_spec",
@@ -221,19 +222,6 @@ def _unknown_source_problem(name: str, position: Position | None = None) -> Spec
 
 
 # --------------------------------------------------------------------------- extends + merge
-
-
-def deep_merge(base: Any, over: Any) -> Any:
-    """Merge ``over`` onto ``base``: mappings merge recursively, anything else replaces;
-    a mapping with a different ``type:`` replaces the base mapping whole."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        if "type" in over and "type" in base and over["type"] != base["type"]:
-            return copy.deepcopy(over)
-        out = copy.deepcopy(base)
-        for key, value in over.items():
-            out[key] = deep_merge(out[key], value) if key in out else copy.deepcopy(value)
-        return out
-    return copy.deepcopy(over)
 
 
 def _looks_like_path(ref: str) -> bool:

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from specformer.registry import REGISTRY, load_plugins, register
 from specformer.specs.base import Spec, family_union
+from specformer.specs.merge import deep_merge
 
 __all__ = [
     "Spec",
@@ -668,19 +669,6 @@ def _plain(value: Any) -> Any:
     return copy.copy(value)
 
 
-def _merge(base: Any, over: Any) -> Any:
-    """Deep merge for sub-spec dicts: mappings merge, anything else replaces; a
-    different ``type`` replaces the whole mapping (its fields would not apply)."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        if "type" in over and "type" in base and over["type"] != base["type"]:
-            return copy.deepcopy(over)
-        out = copy.deepcopy(base)
-        for k, v in over.items():
-            out[k] = _merge(out[k], v) if k in out else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(over)
-
-
 def _fill_attention(att: Any, d_model: Any) -> None:
     if not isinstance(att, dict):
         return
@@ -721,7 +709,7 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
                 continue
             for key in parts:
                 if isinstance(ov.get(key), dict) and isinstance(original.get(key), dict):
-                    ov[key] = _merge(original[key], ov[key])
+                    ov[key] = deep_merge(original[key], ov[key])
             targets.append(ov)
     placement = stack["norm"].get("placement", "pre") if isinstance(stack["norm"], dict) else "pre"
     for target in targets:

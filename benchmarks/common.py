@@ -45,6 +45,8 @@ __all__ = [
     "Batch",
     "Adapter",
     "make_batch",
+    "logits_loss",
+    "MLM_FRACTION",
     "build_adapters",
     "check_same_logits",
     "available_libraries",
@@ -266,10 +268,15 @@ def current_rss_bytes() -> int:
 # --------------------------------------------------------------------------- models
 
 
+MLM_FRACTION = 0.15
+
+
 @dataclass
 class Batch:
     """Token ids for one step: ``input_ids`` (B, T) (the source of an encoder-decoder),
-    ``decoder_input_ids`` (B, T) for encoder-decoders, ``labels`` (B, T)."""
+    ``decoder_input_ids`` (B, T) for encoder-decoders, ``labels`` (B, T): every position
+    for decoders and encoder-decoders; for encoders, as BERT's masked-LM, 15% of the
+    positions and -100 (no label) elsewhere."""
 
     input_ids: Tensor
     labels: Tensor
@@ -283,7 +290,10 @@ def make_batch(shape: Shape, dev: torch.device, *, batch: int | None = None, seq
     g = torch.Generator().manual_seed(seed)
     vocab = shape.spec["vocab_size"]
     ids = torch.randint(3, vocab, (b, t), generator=g).to(dev)
-    labels = torch.randint(3, vocab, (b, t), generator=g).to(dev)
+    labels = torch.randint(3, vocab, (b, t), generator=g)
+    if shape.kind == "encoder":
+        labels[torch.rand(b, t, generator=g) >= MLM_FRACTION] = -100
+    labels = labels.to(dev)
     dec = torch.randint(3, vocab, (b, t), generator=g).to(dev) if shape.kind == "encoder-decoder" else None
     return Batch(ids, labels, dec)
 
@@ -292,7 +302,11 @@ def make_batch(shape: Shape, dev: torch.device, *, batch: int | None = None, seq
 class Adapter:
     """One library's model behind the calls the benchmarks make.
 
-    ``logits(batch)`` is the training forward (B, T, V); ``prefill(batch)`` the
+    ``logits(batch)`` is the forward (B, T, V); ``loss(batch)`` the training forward
+    to the mean cross-entropy against ``batch.labels``, as the library trains: for
+    specformer its ``labels=`` path (the head's chunked loss, no (B, T, V) logits), for the
+    peers their logits, then ``F.cross_entropy`` in float32 (what transformers' own loss
+    functions do); ``prefill(batch)`` the
     inference pass over a whole prompt (filling the KV cache where there is one);
     ``decode(prompt, n)`` greedy-decodes ``n`` tokens with the library's KV cache and
     returns the seconds the ``n`` steps took (the prompt's prefill not included).
@@ -304,10 +318,18 @@ class Adapter:
     prefill: Callable[[Batch], Any]
     decode: Callable[[Batch, int], float] | None = None
     notes: str = ""
+    loss: Callable[[Batch], Tensor] = None  # type: ignore[assignment]
     params: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+        if self.loss is None:
+            self.loss = lambda b: logits_loss(self.logits(b), b.labels)
+
+
+def logits_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy in float32 over the labelled positions (-100: none)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
 
 def _timer(dev: torch.device) -> Callable[[], float]:
@@ -334,12 +356,21 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
             sync(dev)
             return time.perf_counter() - start
 
-        return Adapter("specformer", model, logits, prefill, decode)
+        def loss(b: Batch) -> Tensor:
+            return model(b.input_ids, decoder_input_ids=b.decoder_input_ids, labels=b.labels).loss
+
+        return Adapter("specformer", model, logits, prefill, decode, loss=loss)
     if kind == "encoder":
         def enc_logits(b: Batch) -> Tensor:
             return model(b.input_ids).logits
 
-        return Adapter("specformer", model, enc_logits, enc_logits, None)
+        def enc_loss(b: Batch) -> Tensor:
+            return model(b.input_ids, labels=b.labels).loss
+
+        return Adapter("specformer", model, enc_logits, enc_logits, None, loss=enc_loss)
+
+    def dec_loss(b: Batch) -> Tensor:
+        return model(b.input_ids, labels=b.labels).loss
 
     def dec_logits(b: Batch) -> Tensor:
         return model(b.input_ids).logits
@@ -356,7 +387,7 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
         sync(dev)
         return time.perf_counter() - start
 
-    return Adapter("specformer", model, dec_logits, dec_prefill, dec_decode)
+    return Adapter("specformer", model, dec_logits, dec_prefill, dec_decode, loss=dec_loss)
 
 
 def _hf_adapter(hf: nn.Module, kind: str, dev: torch.device) -> Adapter:
@@ -563,16 +594,13 @@ def make_optimizer(model: nn.Module, dev: torch.device) -> torch.optim.Optimizer
 
 def training_step(adapter: Adapter, batch: Batch, opt: torch.optim.Optimizer, *, bf16: bool,
                   dev: torch.device) -> Callable[[], float]:
-    """A callable running forward + cross-entropy + backward + AdamW step; returns seconds."""
-    vocab = None
+    """A callable running forward + cross-entropy (``adapter.loss``) + backward + AdamW step;
+    returns seconds."""
 
     def run() -> float:
-        nonlocal vocab
         start = _timer(dev)()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = adapter.logits(batch)
-        vocab = logits.shape[-1]
-        loss = F.cross_entropy(logits.float().view(-1, vocab), batch.labels.view(-1))
+            loss = adapter.loss(batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

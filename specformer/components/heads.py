@@ -2,7 +2,10 @@
 
 Shape legend: B batch, T length, D d_model, V vocabulary, C classes.
 
-Every head is called as ``head(hidden (B, T, D), attention_mask=None)``.
+Every head is called as ``head(hidden (B, T, D), attention_mask=None)``. The
+vocabulary heads also have ``loss(hidden, labels)``: the mean cross-entropy against
+labels (B, T) (-100: no label) without materialising the (B, T, V) logits (see
+:mod:`specformer.components.loss`); the masked-LM head runs only on labelled positions.
 State-dict names: ``proj`` (lm, absent when tied), ``bias`` (tied lm with a bias;
 mlm), ``transform.dense`` / ``transform.norm`` (mlm), ``pooler`` / ``classifier``
 (classification). A tied head holds no weight of its own: it reads the embedding's
@@ -18,6 +21,7 @@ from torch.nn import functional as F
 
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import ACTIVATIONS
+from specformer.components.loss import IGNORE_INDEX, linear_cross_entropy
 from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadSpec
 
 __all__ = ["LMHead", "MLMHead", "ClassificationHead"]
@@ -62,6 +66,15 @@ class LMHead(_TiedOutput):
             return self.proj(x)  # (B, T, V)
         return F.linear(x, self._tied.weight, self.bias)  # (B, T, V)
 
+    def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
+        """Mean cross-entropy of the logits ``forward(x)`` would give against labels (B, T)."""
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        weight, bias = (self.proj.weight, self.proj.bias) if self.proj is not None else (self._tied.weight, self.bias)
+        return linear_cross_entropy(
+            x.reshape(-1, x.shape[-1]), weight, bias, labels.reshape(-1), label_smoothing=label_smoothing
+        )
+
     def init_parameters(self, std: float) -> None:
         if self.bias is not None:
             nn.init.zeros_(self.bias)
@@ -99,6 +112,15 @@ class MLMHead(_TiedOutput):
         h = self.transform(x)  # (B, T, D)
         weight = self.proj.weight if self.proj is not None else self._tied.weight
         return F.linear(h, weight, self.bias)  # (B, T, V)
+
+    def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
+        """Mean cross-entropy against labels (B, T), computed on the labelled positions
+        only (BERT labels ~15%): the transform and the vocabulary product skip the rest."""
+        flat = labels.reshape(-1)
+        keep = flat != IGNORE_INDEX
+        h = self.transform(x.reshape(-1, x.shape[-1])[keep])  # (n, D)
+        weight = self.proj.weight if self.proj is not None else self._tied.weight
+        return linear_cross_entropy(h, weight, self.bias, flat[keep], label_smoothing=label_smoothing)
 
     def init_parameters(self, std: float) -> None:
         if self.bias is not None:

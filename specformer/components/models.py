@@ -2,6 +2,12 @@
 
 Shape legend: B batch, T (decoder) length, S encoder length, D d_model, V vocabulary.
 
+Every forward takes ``labels`` (B, T) (-100 for positions without one; for a decoder,
+already shifted: position t's label is token t + 1, as specformer's collators make
+them): the output's ``loss`` is then the mean cross-entropy, computed by the head
+without the (B, T, V) logits (``logits`` is None) when the head can (language-model
+and masked-LM heads; see :mod:`specformer.components.loss`).
+
 State-dict names: ``embed`` (shared token embedding), ``decoder_embed`` (encoder-
 decoder with separate embeddings), ``encoder`` / ``decoder`` (:class:`Stack`),
 ``head``. Attention masks follow Hugging Face: (B, length) with 1 for real tokens
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from specformer.components.blocks import Stack
 from specformer.components.cache import KVCache
@@ -30,11 +37,26 @@ def default_position_ids(attention_mask: Tensor | None, past: int, length: int, 
     return positions[:, -length:].clamp(min=0)  # (B, T)
 
 
-def _head(head: nn.Module, h: Tensor, mask: Tensor | None, keep: int) -> Tensor:
+def _head(
+    head: nn.Module,
+    h: Tensor,
+    mask: Tensor | None,
+    keep: int = 0,
+    labels: Tensor | None = None,
+    smoothing: float = 0.0,
+) -> tuple[Tensor | None, Tensor | None]:
+    """(logits, loss) of the head on hidden states h (B, T, D)."""
+    if labels is not None:
+        loss = getattr(head, "loss", None)
+        if loss is not None:
+            return None, loss(h, labels, label_smoothing=smoothing)
+        logits = head(h, mask)
+        flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, logits.shape[-1])
+        return logits, F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing)
     if keep > 0:
         h = h[:, -keep:]  # (B, k, D)
         mask = mask[:, -keep:] if mask is not None else None
-    return head(h, mask)
+    return head(h, mask), None
 
 
 class _Model(nn.Module):
@@ -65,11 +87,14 @@ class DecoderModel(_Model):
         use_cache: bool = False,
         output_attentions: bool = False,
         logits_to_keep: int = 0,
+        labels: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V). A cache (given, or created by
         ``use_cache=True``) is updated in place and returned in the output.
         ``logits_to_keep=k`` > 0 computes logits for the last k positions only
-        (generation needs one: a prefill then skips a (T, V) projection)."""
+        (generation needs one: a prefill then skips a (T, V) projection).
+        ``labels`` (B, T), shifted: the loss instead of the logits (module docstring)."""
         if use_cache and cache is None:
             cache = KVCache()
         t = input_ids.shape[1]
@@ -89,8 +114,8 @@ class DecoderModel(_Model):
             need_weights=output_attentions,
         )
         mask = attention_mask[:, -t:] if attention_mask is not None else None
-        logits = _head(self.head, h, mask, logits_to_keep)
-        return ModelOutput(logits=logits, hidden_states=h, cache=cache, attentions=attentions)
+        logits, loss = _head(self.head, h, mask, logits_to_keep, labels, label_smoothing)
+        return ModelOutput(logits=logits, hidden_states=h, cache=cache, attentions=attentions, loss=loss)
 
 
 class EncoderModel(_Model):
@@ -108,8 +133,11 @@ class EncoderModel(_Model):
         token_type_ids: Tensor | None = None,
         position_ids: Tensor | None = None,
         output_attentions: bool = False,
+        labels: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
-        """input_ids (B, T) -> logits (B, T, V) for mlm/lm heads, (B, C) for classification."""
+        """input_ids (B, T) -> logits (B, T, V) for mlm/lm heads, (B, C) for classification.
+        ``labels`` ((B, T), or (B,) for classification): the loss (module docstring)."""
         t = input_ids.shape[1]
         n_positions = t
         if position_ids is None:
@@ -126,7 +154,8 @@ class EncoderModel(_Model):
             attention_mask=attention_mask,
             need_weights=output_attentions,
         )
-        return ModelOutput(logits=self.head(h, attention_mask), hidden_states=h, attentions=attentions)
+        logits, loss = _head(self.head, h, attention_mask, 0, labels, label_smoothing)
+        return ModelOutput(logits=logits, hidden_states=h, attentions=attentions, loss=loss)
 
 
 class EncoderDecoderModel(_Model):
@@ -169,6 +198,8 @@ class EncoderDecoderModel(_Model):
         use_cache: bool = False,
         output_attentions: bool = False,
         logits_to_keep: int = 0,
+        labels: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
         """input_ids (B, S), decoder_input_ids (B, T) -> logits (B, T, V).
 
@@ -176,6 +207,7 @@ class EncoderDecoderModel(_Model):
         skip the encoder; ``attention_mask`` still masks the encoder's padding. With a
         cache, cross-attention keys and values are computed once and reused.
         ``logits_to_keep=k`` > 0 computes logits for the last k positions only.
+        ``labels`` (B, T), aligned with ``decoder_input_ids``: the loss (module docstring).
         """
         if encoder_hidden_states is None:
             if input_ids is None:
@@ -205,8 +237,10 @@ class EncoderDecoderModel(_Model):
             need_weights=output_attentions,
         )
         mask = decoder_attention_mask[:, -t:] if decoder_attention_mask is not None else None
+        logits, loss = _head(self.head, h, mask, logits_to_keep, labels, label_smoothing)
         return ModelOutput(
-            logits=_head(self.head, h, mask, logits_to_keep),
+            logits=logits,
+            loss=loss,
             hidden_states=h,
             cache=cache,
             attentions=attentions,

@@ -19,8 +19,10 @@ __all__ = ["ModelOutput"]
 class ModelOutput:
     """What a forward pass returns.
 
-    ``logits``: (B, T, V) for language-model and masked-LM heads, (B, V) for a
-    classification head. ``hidden_states``: (B, T, D), the last stack's output
+    ``logits``: (B, T, V) for language-model and masked-LM heads, (B, C) for a
+    classification head; None when ``labels`` were given to a head that computes its
+    loss without them. ``loss``: the mean cross-entropy against the ``labels`` given
+    to the forward pass (positions labelled -100 excluded), else None. ``hidden_states``: (B, T, D), the last stack's output
     after its final norm. ``cache``: the :class:`KVCache` when one was used, else
     None. ``attentions``: one (B, H, T, T_past + T) tensor of self-attention
     weights per layer when asked for (``output_attentions=True``), else None.
@@ -29,9 +31,10 @@ class ModelOutput:
     asked for (encoder-decoder only).
     """
 
-    logits: Tensor
+    logits: Tensor | None
     hidden_states: Tensor
     cache: KVCache | None = None
     attentions: tuple[Tensor, ...] | None = None
     encoder_hidden_states: Tensor | None = None
     cross_attentions: tuple[Tensor, ...] | None = None
+    loss: Tensor | None = None

@@ -4,7 +4,9 @@ Shapes: B batch, T (target) length, S source length, V vocabulary.
 
 The objective follows the model's kind unless the spec's ``training.objective``
 says otherwise: causal LM for decoders, masked LM for encoders, sequence-to-sequence
-with teacher forcing for encoder-decoders.
+with teacher forcing for encoder-decoders. The loss is the model's own (its forward
+with ``labels``): the heads compute it in chunks, without the (B, T, V) logits, in
+float32 whatever the autocast dtype.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from specformer.data.collate import IGNORE_INDEX
 from specformer.specs.training import CausalLMSpec, MaskedLMSpec, Seq2SeqSpec
 
-__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "MaskedLM", "Seq2Seq", "token_cross_entropy"]
+__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "MaskedLM", "Seq2Seq"]
 
 Forward = Callable[..., Any]
 
@@ -33,19 +34,6 @@ class ObjectiveOutput:
     loss: Tensor
     n_predicted: int
     n_input: int
-
-
-def token_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> Tensor:
-    """Mean cross-entropy over positions whose label is not -100; logits (B, T, V), labels (B, T).
-
-    Computed in float32 whatever the autocast dtype, as the loss is a sum of many
-    small terms."""
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
-        labels.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        label_smoothing=label_smoothing,
-    )
 
 
 class Objective:
@@ -72,11 +60,12 @@ class CausalLM(Objective):
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
         mask = batch.get("attention_mask")
-        out = forward(batch["input_ids"], attention_mask=mask)  # logits (B, T, V)
         labels = batch["labels"]
         if mask is not None:
             labels = labels.masked_fill(mask == 0, IGNORE_INDEX)
-        loss = token_cross_entropy(out.logits, labels, self.spec.label_smoothing)
+        loss = forward(
+            batch["input_ids"], attention_mask=mask, labels=labels, label_smoothing=self.spec.label_smoothing
+        ).loss
         n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         return ObjectiveOutput(loss, self._count(labels), n_input)
 
@@ -90,8 +79,12 @@ class MaskedLM(Objective):
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
         mask = batch.get("attention_mask")
-        out = forward(batch["input_ids"], attention_mask=mask)  # logits (B, T, V)
-        loss = token_cross_entropy(out.logits, batch["labels"], self.spec.label_smoothing)
+        loss = forward(
+            batch["input_ids"],
+            attention_mask=mask,
+            labels=batch["labels"],
+            label_smoothing=self.spec.label_smoothing,
+        ).loss
         n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
 
@@ -104,13 +97,14 @@ class Seq2Seq(Objective):
     spec: Seq2SeqSpec
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
-        out = forward(
+        loss = forward(
             batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
             decoder_input_ids=batch["decoder_input_ids"],
             decoder_attention_mask=batch.get("decoder_attention_mask"),
-        )  # logits (B, T, V)
-        loss = token_cross_entropy(out.logits, batch["labels"], self.spec.label_smoothing)
+            labels=batch["labels"],
+            label_smoothing=self.spec.label_smoothing,
+        ).loss
         n_input = int(batch["attention_mask"].sum() + batch["decoder_attention_mask"].sum())
         return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
 

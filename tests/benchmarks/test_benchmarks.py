@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -163,18 +164,33 @@ def test_run_all_writes_one_file_per_benchmark(tmp_path: Path) -> None:
     assert _load(tmp_path / "cli.json")["benchmark"] == "cli"
 
 
-def _saved_bytes(adapter, batch) -> int:
-    """Bytes of the distinct storages autograd saves for one forward + loss."""
-    storages: dict[int, int] = {}
+def _saved_storages(adapter, batch, *, training_loss: bool = False) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """(bytes, shape) of each distinct storage autograd keeps saved for backward after one
+    forward + loss (the library's own training loss with ``training_loss``, else
+    cross-entropy of the logits). Tensors saved by a graph gone by then do not count."""
+    saved: list[weakref.ref] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        saved.append(weakref.ref(t))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = adapter.logits(batch)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten())
-    return sum(storages.values())
+        if training_loss:
+            loss = adapter.loss(batch)
+        else:
+            logits = adapter.logits(batch)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten())
+    storages = {}
+    for ref in saved:
+        t = ref()
+        if t is not None:
+            storages[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape))
+    del loss
+    return storages
+
+
+def _saved_bytes(adapter, batch) -> int:
+    return sum(n for n, _ in _saved_storages(adapter, batch).values())
 
 
 @pytest.mark.parametrize("name", ["llama-style", "gpt2-style", "t5-style"])
@@ -184,3 +200,40 @@ def test_specformer_saves_no_more_for_backward_than_transformers(name: str) -> N
     ours, theirs = build_adapters(shape, CPU, ["specformer", "transformers"])
     batch = make_batch(shape, CPU)
     assert _saved_bytes(ours, batch) <= _saved_bytes(theirs, batch)
+
+
+@pytest.mark.parametrize("name", ["gpt2-style", "bert-style", "llama-style"])
+def test_specformer_training_loss_keeps_no_logits_for_backward(name: str) -> None:
+    # at the benchmark's own sizes (vocabulary 8192), the (B, T, V) logits, their float32
+    # copy and log-softmax are the largest tensors transformers keeps for backward
+    shape = select_shapes([name], quick=False)[0]
+    ours, theirs = build_adapters(shape, CPU, ["specformer", "transformers"])
+    batch = make_batch(shape, CPU)
+    vocab = shape.spec["vocab_size"]
+    mine = _saved_storages(ours, batch, training_loss=True).values()
+    peer = _saved_storages(theirs, batch, training_loss=True).values()
+
+    def logits_like(saved):  # (..., V) over the positions: logits, log-probabilities
+        return [shape for _, shape in saved if len(shape) >= 2 and shape[-1] == vocab]
+
+    assert logits_like(peer) and not logits_like(mine), logits_like(mine)
+    assert sum(n for n, _ in mine) < sum(n for n, _ in peer)
+
+
+def test_mlm_step_runs_the_head_on_labelled_positions_only() -> None:
+    shape = select_shapes(["bert-style"], quick=True)[0]
+    (ours,) = build_adapters(shape, CPU, ["specformer"])
+    batch = make_batch(shape, CPU)
+    labelled = int((batch.labels != -100).sum())
+    assert 0 < labelled < 0.4 * batch.labels.numel()
+    calls = train.record_matmuls(ours, batch, bf16=False, dev=CPU)
+    recorded = sum(count * train._flops(sig) for sig, count in calls.items())
+    spec = shape.model_spec()
+    f = flops_per_token(spec, seq_len=shape.seq_len, count="executed")
+    layers = sum(v for k, v in f.components.items() if not k.endswith("scores") and k != "head")
+    want = 3 * (layers * shape.tokens + f.components["head"] * labelled)
+    assert recorded == pytest.approx(want, rel=0.01)
+    needed = flops_per_token(spec, seq_len=shape.seq_len)
+    assert train.executed_flops(spec, shape, batch) == (
+        needed.training * shape.tokens - 3 * needed.components["head"] * (shape.tokens - labelled)
+    )

@@ -1,0 +1,161 @@
+"""Cross-entropy of a linear output layer, computed in chunks without the full logits.
+
+Shape legend: N rows (tokens), D features, V vocabulary.
+
+``linear_cross_entropy(x, weight, bias, labels)`` equals
+``F.cross_entropy((x @ weight.T + bias).float(), labels, ignore_index=-100)`` and its
+gradients, but never holds the (N, V) logits: rows are taken ``chunk`` at a time, and
+each chunk's gradients with respect to ``x``, ``weight`` and ``bias`` are computed right
+after its loss, while its logits are still in cache (the approach of Liger Kernel's
+fused linear cross-entropy, Hsu et al. 2024). The matrix products are the same three a
+plain forward and backward run (logits, and the two gradient products), so the work is
+unchanged; what goes is the (N, V) logits, their float32 copy, the log-softmax kept for
+backward and its gradient: four (N, V) tensors, the largest activations of a small
+model with a big vocabulary.
+
+Under autocast the products run in the autocast dtype and the softmax in float32, as
+the plain path does (``logits.float()`` before the loss); float64 models stay float64.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+__all__ = ["linear_cross_entropy", "IGNORE_INDEX"]
+
+IGNORE_INDEX = -100
+
+# elements of one chunk's float32 logits (16 MiB)
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _chunk_rows(n: int, vocab: int, d: int) -> int:
+    """Rows per chunk: logits of about 16 MiB, and never fewer rows than d, as each chunk
+    after the first adds its weight gradient (V, D) into the running sum: with fewer
+    rows than D that pass would cost more than the (rows, V) logits it saves."""
+    return max(1, min(n, max(_CHUNK_ELEMENTS // max(vocab, 1), d)))
+
+
+def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 for float64 models."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        labels: Tensor,
+        smoothing: float,
+    ) -> Tensor:
+        dtype = _compute_dtype(x)
+        n = x.shape[0]
+        need_x, need_w = x.requires_grad, weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        with torch.autocast(x.device.type, enabled=False):
+            xc, wc = x.detach().to(dtype), weight.detach().to(dtype)
+            bc = bias.detach().to(dtype) if bias is not None else None
+            acc = _loss_dtype(dtype)
+            count = (labels != IGNORE_INDEX).sum().to(acc)
+            scale = 1.0 / count.clamp(min=1.0)
+            total = torch.zeros((), dtype=acc, device=x.device)
+            grad_x = torch.empty_like(x) if need_x else None
+            grad_w: Tensor | None = None
+            grad_b: Tensor | None = None
+            # in a low-precision dtype the chunks' logit gradients are kept, (N, V) in that
+            # dtype (half the float32 logits' size), for one weight-gradient product
+            # accumulated in float32 inside the kernel, rather than a rounded sum of chunks
+            low = (
+                torch.empty(n, weight.shape[0], dtype=dtype, device=x.device)
+                if need_w and dtype != torch.float32
+                else None
+            )
+            step = _chunk_rows(n, weight.shape[0], weight.shape[1])
+            for start in range(0, n, step):
+                rows = slice(start, min(start + step, n))
+                xs, ys = xc[rows], labels[rows]
+                with torch.enable_grad():
+                    # torch's own fused log-softmax and its backward, on this chunk's logits
+                    logits = F.linear(xs, wc, bc).to(acc).requires_grad_()  # (n, V)
+                    loss = F.cross_entropy(
+                        logits, ys, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=smoothing
+                    )
+                    (grad,) = torch.autograd.grad(loss, logits, grad_outputs=scale)  # (n, V), of the mean
+                total += loss.detach()
+                g = grad.to(dtype)
+                if need_x:
+                    grad_x[rows] = g @ wc
+                if need_w:
+                    if low is not None:
+                        low[rows] = g  # the weight gradient is one product after the loop
+                    elif grad_w is None:
+                        grad_w = g.t() @ xs
+                    else:
+                        grad_w.addmm_(g.t(), xs)  # accumulated inside the product
+                if need_b:
+                    grad_b = grad.sum(0) if grad_b is None else grad_b.add_(grad.sum(0))
+                del logits, grad, g
+            if low is not None:
+                grad_w = low.t() @ xc
+                del low
+        ctx.save_for_backward(
+            grad_x,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+        )
+        return total / count  # the mean; NaN when no row has a label, as torch's
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):  # type: ignore[override]
+        grads = list(ctx.saved_tensors)
+        # the loss is usually the final output (grad 1): skip three full passes then
+        if not (grad_out.device.type == "cpu" and grad_out.item() == 1.0):
+            grads = [g * grad_out if g is not None else None for g in grads]
+        return grads[0], grads[1], grads[2], None, None
+
+
+def linear_cross_entropy(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    *,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Mean cross-entropy of ``x @ weight.T + bias`` against ``labels`` over the rows whose
+    label is not -100; x (N, D), weight (V, D), bias (V,) or None, labels (N,).
+
+    Equal to ``F.cross_entropy`` of the logits in float32 (NaN when no row has a label,
+    as there), with the same gradients, in O(chunk x V) memory instead of O(N x V).
+    """
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return _LinearCrossEntropy.apply(x, weight, bias, labels, float(label_smoothing))
+    dtype = _compute_dtype(x)
+    acc = _loss_dtype(dtype)
+    n, vocab = x.shape[0], weight.shape[0]
+    count = (labels != IGNORE_INDEX).sum()
+    total = torch.zeros((), dtype=acc, device=x.device)
+    with torch.autocast(x.device.type, enabled=False):
+        wc = weight.to(dtype)
+        bc = bias.to(dtype) if bias is not None else None
+        step = _chunk_rows(n, vocab, weight.shape[1])
+        for start in range(0, n, step):
+            rows = slice(start, min(start + step, n))
+            logits = F.linear(x[rows].to(dtype), wc, bc).to(acc)
+            total += F.cross_entropy(
+                logits, labels[rows], ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
+            )
+    return total / count.to(acc)

@@ -1,0 +1,149 @@
+"""The chunked linear cross-entropy equals the plain logits -> cross-entropy path, in value
+and gradients, and the models' ``labels=`` loss equals cross-entropy of their logits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import specformer.components.loss as loss_module
+from specformer.builder import build_model
+from specformer.components.loss import linear_cross_entropy
+from specformer.specs.schema import ModelSpec
+
+Tiny = Callable[..., ModelSpec]
+
+
+def _plain(x, w, b, y, smoothing=0.0):
+    return F.cross_entropy(F.linear(x, w, b), y, ignore_index=-100, label_smoothing=smoothing)
+
+
+def _inputs(n=37, d=16, v=53, bias=True, ignore=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(v, d, generator=g, dtype=torch.float64).mul_(0.3).requires_grad_()
+    b = torch.randn(v, generator=g, dtype=torch.float64).requires_grad_() if bias else None
+    y = torch.randint(0, v, (n,), generator=g)
+    y[torch.rand(n, generator=g) < ignore] = -100
+    return x, w, b, y
+
+
+def _grads(fn, x, w, b, y, **kw):
+    for t in (x, w, b):
+        if t is not None:
+            t.grad = None
+    out = fn(x, w, b, y, **kw)
+    (out * 2.5).backward()  # a non-unit upstream gradient must scale every gradient
+    return out.detach(), [t.grad.clone() for t in (x, w, b) if t is not None]
+
+
+@pytest.mark.parametrize("chunk_elements", [53, 5 * 53, 1 << 22])  # one row per chunk, 5 rows, one chunk
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_equals_plain_cross_entropy_and_gradients(monkeypatch, chunk_elements, smoothing, bias) -> None:
+    monkeypatch.setattr(loss_module, "_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(loss_module, "_chunk_rows", lambda n, v, d: max(1, min(n, chunk_elements // v)))
+    x, w, b, y = _inputs(bias=bias)
+    want, want_grads = _grads(_plain, x, w, b, y, smoothing=smoothing)
+    got, got_grads = _grads(linear_cross_entropy, x, w, b, y, label_smoothing=smoothing)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for g, e in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_chunk_rows_never_fewer_than_d_model() -> None:
+    assert loss_module._chunk_rows(100_000, 50_257, 768) == 768  # 16 MiB would be 83 rows
+    assert loss_module._chunk_rows(100_000, 1_000, 64) == 4194
+    assert loss_module._chunk_rows(10, 1_000, 64) == 10
+
+
+def test_no_grad_value_and_all_ignored_is_nan_as_torch() -> None:
+    x, w, b, y = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(x, w, b, y), _plain(x, w, b, y))
+    y_none = torch.full_like(y, -100)
+    assert torch.isnan(_plain(x, w, b, y_none))
+    assert torch.isnan(linear_cross_entropy(x, w, b, y_none))
+    with torch.no_grad():
+        assert torch.isnan(linear_cross_entropy(x, w, b, y_none))
+
+
+def test_frozen_weight_gets_no_gradient() -> None:
+    x, w, b, y = _inputs()
+    w.requires_grad_(False)
+    linear_cross_entropy(x, w, b, y).backward()
+    assert w.grad is None and x.grad is not None and b.grad is not None
+
+
+def test_bf16_autocast_matches_the_autocast_plain_path() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 64, generator=g, requires_grad=True)
+    w = (torch.randn(1000, 64, generator=g) * 0.05).requires_grad_()
+    y = torch.randint(0, 1000, (300,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.cross_entropy(F.linear(x, w).float(), y)
+    want.backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = linear_cross_entropy(x, w, None, y)
+    got.backward()
+    assert got.dtype == torch.float32 and x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    # both round the logits and the products to bf16 alike
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(x.grad, gx, rtol=2e-2, atol=2e-5)
+    torch.testing.assert_close(w.grad, gw, rtol=2e-2, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("kind", "head"),
+    [
+        ("decoder", {"type": "lm"}),
+        ("decoder", {"type": "lm", "bias": True}),
+        ("encoder", {"type": "mlm"}),
+        ("encoder-decoder", {"type": "lm", "scale_input": True}),
+    ],
+)
+@pytest.mark.parametrize("tie", [True, False])
+def test_model_labels_loss_equals_cross_entropy_of_its_logits(tiny: Tiny, kind, head, tie) -> None:
+    torch.manual_seed(0)
+    model = build_model(tiny(kind, head=head, embedding={"tie_output": tie})).double()
+    ids = torch.randint(0, 61, (3, 9))
+    labels = torch.randint(0, 61, (3, 9))
+    labels[:, ::3] = -100
+    kwargs = {"decoder_input_ids": torch.randint(0, 61, (3, 9))} if kind == "encoder-decoder" else {}
+
+    logits = model(ids, **kwargs).logits
+    want = F.cross_entropy(logits.reshape(-1, 61), labels.reshape(-1), ignore_index=-100, label_smoothing=0.1)
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    out = model(ids, labels=labels, label_smoothing=0.1, **kwargs)
+    assert out.logits is None
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, want, rtol=1e-10, atol=1e-12)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[name], rtol=1e-8, atol=1e-10, msg=name)
+
+
+def test_mlm_head_computes_only_labelled_positions(tiny: Tiny) -> None:
+    model = build_model(tiny("encoder", head={"type": "mlm"}))
+    rows: list[int] = []
+    model.head.transform.dense.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    labels = torch.full((2, 10), -100)
+    labels[0, 3] = 5
+    labels[1, 7] = 9
+    model(torch.randint(0, 61, (2, 10)), labels=labels)
+    assert rows == [2]
+
+
+def test_classification_head_falls_back_to_its_logits(tiny: Tiny) -> None:
+    model = build_model(tiny("encoder", head={"type": "classification", "n_classes": 3}))
+    ids, labels = torch.randint(0, 61, (4, 6)), torch.tensor([0, 2, 1, 2])
+    out = model(ids, labels=labels)
+    assert out.logits.shape == (4, 3)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels))

@@ -6,8 +6,8 @@ Shape legend: N rows (tokens), D features, V vocabulary.
 ``F.cross_entropy((x @ weight.T + bias).float(), labels, ignore_index=-100)`` and its
 gradients, but never holds the (N, V) logits: rows are taken ``chunk`` at a time, and
 each chunk's gradients with respect to ``x``, ``weight`` and ``bias`` are computed right
-after its loss, while its logits are still in cache (the approach of Liger Kernel's
-fused linear cross-entropy, Hsu et al. 2024). The matrix products are the same three a
+after its loss, from its softmax made in place of its log-softmax (the approach of
+Liger Kernel's fused linear cross-entropy, Hsu et al. 2024). The matrix products are the same three a
 plain forward and backward run (logits, and the two gradient products), so the work is
 unchanged; what goes is the (N, V) logits, their float32 copy, the log-softmax kept for
 backward and its gradient: four (N, V) tensors, the largest activations of a small
@@ -85,27 +85,36 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, step):
                 rows = slice(start, min(start + step, n))
                 xs, ys = xc[rows], labels[rows]
-                with torch.enable_grad():
-                    # torch's own fused log-softmax and its backward, on this chunk's logits
-                    logits = F.linear(xs, wc, bc).to(acc).requires_grad_()  # (n, V)
-                    loss = F.cross_entropy(
-                        logits, ys, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=smoothing
-                    )
-                    (grad,) = torch.autograd.grad(loss, logits, grad_outputs=scale)  # (n, V), of the mean
-                total += loss.detach()
-                g = grad.to(dtype)
+                # (n, V) float32 logits -> log-softmax -> softmax, in place: two (n, V)
+                # buffers at most, where autograd's cross-entropy and its backward take four
+                logp = torch.log_softmax(F.linear(xs, wc, bc).to(acc), dim=-1)
+                valid = ys != IGNORE_INDEX
+                target = ys.clamp(min=0).unsqueeze(1)  # ignored rows: any index, zeroed below
+                rows_loss = -logp.gather(1, target).squeeze(1)
+                if smoothing:
+                    rows_loss = (1.0 - smoothing) * rows_loss - smoothing * logp.mean(dim=-1)
+                total += rows_loss.masked_fill(~valid, 0.0).sum()
+                # d loss / d logits = (softmax - (1 - s) onehot - s / V) / count, labelled rows
+                grad = logp.exp_()
+                grad.scatter_add_(1, target, grad.new_full(target.shape, smoothing - 1.0))
+                if smoothing:
+                    grad.sub_(smoothing / weight.shape[0])
+                grad.mul_((valid.to(acc) * scale).unsqueeze(1))
+                if low is not None:
+                    g = low[rows]  # the weight gradient is one product after the loop
+                    g.copy_(grad)
+                else:
+                    g = grad.to(dtype)
                 if need_x:
                     grad_x[rows] = g @ wc
-                if need_w:
-                    if low is not None:
-                        low[rows] = g  # the weight gradient is one product after the loop
-                    elif grad_w is None:
+                if need_w and low is None:
+                    if grad_w is None:
                         grad_w = g.t() @ xs
                     else:
                         grad_w.addmm_(g.t(), xs)  # accumulated inside the product
                 if need_b:
                     grad_b = grad.sum(0) if grad_b is None else grad_b.add_(grad.sum(0))
-                del logits, grad, g
+                del logp, grad, g
             if low is not None:
                 grad_w = low.t() @ xc
                 del low

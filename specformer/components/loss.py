@@ -128,8 +128,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):  # type: ignore[override]
         grads = list(ctx.saved_tensors)
-        # the loss is usually the final output (grad 1): skip three full passes then
-        if not (grad_out.device.type == "cpu" and grad_out.item() == 1.0):
+        # the loss is usually the final output (gradient 1): skip three full passes then;
+        # only on the CPU, where reading the value costs no device sync, and not while
+        # torch.compile traces (a graph break)
+        known_one = (
+            not torch.compiler.is_compiling() and grad_out.device.type == "cpu" and grad_out.item() == 1.0
+        )
+        if not known_one:
             grads = [g * grad_out if g is not None else None for g in grads]
         return grads[0], grads[1], grads[2], None, None
 

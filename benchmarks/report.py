@@ -1,6 +1,7 @@
 """Render the JSON files of a benchmark run as markdown tables (for RESULTS.md).
 
     python -m benchmarks.report benchmarks/results/train.json benchmarks/results/inference.json ...
+    python -m benchmarks.report --ratios benchmarks/results/train*.json   # one column per run
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "render"]
+__all__ = ["main", "render", "ratios"]
 
 MIB = 2.0**20
 
@@ -65,8 +66,30 @@ def render(data: dict[str, Any]) -> str:
     raise ValueError(f"unknown benchmark {kind!r}")
 
 
+def ratios(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """specformer × each peer, per shape and precision, one column per training run: how
+    much the same ratio moves between runs."""
+    keys: dict[tuple[str, str, str], dict[str, float]] = {}
+    for name, data in runs:
+        for r in data["results"]:
+            if r["speedup_of_specformer"] is not None and not r["library"].startswith("specformer"):
+                keys.setdefault((r["shape"], r["precision"], r["library"]), {})[name] = r["speedup_of_specformer"]
+    names = [name for name, _ in runs]
+    rows = []
+    for (shape, precision, library), by_run in keys.items():
+        values = [by_run[n] for n in names if n in by_run]
+        rows.append([shape, precision, library, *(_x(by_run.get(n)) for n in names),
+                     f"{min(values):.2f}–{max(values):.2f}×"])
+    return _table(["shape", "precision", "specformer × …", *names, "range"], rows)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    for path in argv if argv is not None else sys.argv[1:]:
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args and args[0] == "--ratios":
+        runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in args[1:]]
+        print(ratios(runs))
+        return
+    for path in args:
         data = json.loads(Path(path).read_text())
         m = data["machine"]
         print(f"### {data['benchmark']} — `{path}`\n")

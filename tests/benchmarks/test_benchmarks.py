@@ -98,9 +98,14 @@ def test_train_quick(tmp_path: Path) -> None:
                 assert r["tokens_per_s"] == pytest.approx(r["tokens"] / (r["step_ms"] / 1e3))
                 assert r["fraction_of_matmul"] > 0 and r["matmul_tflops_per_s"] > 0
     assert "x-transformers" not in {r["library"] for r in data["results"] if r["shape"] == "t5-style"}
+    by_fp32_gpt2 = {r["library"]: r for r in data["results"] if r["shape"] == "gpt2-style" and r["precision"] == "fp32"}
     assert data["machine"]["torch"] == torch.__version__
     table = report.render(data)
     assert table.count("\n| gpt2-style | fp32 |") == len(libs)
+    spread = report.ratios([("run1", data), ("run2", data)])
+    row = next(line for line in spread.splitlines() if line.startswith("| gpt2-style | fp32 | transformers |"))
+    ratio = f"{by_fp32_gpt2['transformers']['speedup_of_specformer']:.2f}"
+    assert row.count(ratio) == 4  # both runs, and the range's two ends
 
 
 def test_train_without_x_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,14 @@ from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadS
 __all__ = ["LMHead", "MLMHead", "ClassificationHead"]
 
 
+def _check_labels(x: Tensor, labels: Tensor) -> None:
+    if labels.shape != x.shape[:-1]:
+        raise ValueError(
+            f"labels must have the shape of the positions, {tuple(x.shape[:-1])}, got {tuple(labels.shape)}"
+            " (a decoder's labels are already shifted: position t's label is token t + 1)"
+        )
+
+
 class _TiedOutput(nn.Module):
     """Base for heads whose vocabulary projection may reuse the token embeddings."""
 
@@ -68,6 +76,7 @@ class LMHead(_TiedOutput):
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the logits ``forward(x)`` would give against labels (B, T)."""
+        _check_labels(x, labels)
         if self.input_scale is not None:
             x = x * self.input_scale
         weight, bias = (self.proj.weight, self.proj.bias) if self.proj is not None else (self._tied.weight, self.bias)
@@ -116,6 +125,7 @@ class MLMHead(_TiedOutput):
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy against labels (B, T), computed on the labelled positions
         only (BERT labels ~15%): the transform and the vocabulary product skip the rest."""
+        _check_labels(x, labels)
         flat = labels.reshape(-1)
         keep = flat != IGNORE_INDEX
         h = self.transform(x.reshape(-1, x.shape[-1])[keep])  # (n, D)

@@ -153,6 +153,12 @@ def linear_cross_entropy(
     Equal to ``F.cross_entropy`` of the logits in float32 (NaN when no row has a label,
     as there), with the same gradients, in O(chunk x V) memory instead of O(N x V).
     """
+    if x.dim() != 2 or labels.shape != (x.shape[0],):
+        raise ValueError(
+            f"linear_cross_entropy: expected x (N, D) and labels (N,), got x {tuple(x.shape)} "
+            f"and labels {tuple(labels.shape)}"
+        )
+    labels = labels.long()
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):

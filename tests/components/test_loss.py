@@ -147,3 +147,19 @@ def test_classification_head_falls_back_to_its_logits(tiny: Tiny) -> None:
     out = model(ids, labels=labels)
     assert out.logits.shape == (4, 3)
     torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels))
+
+
+def test_mismatched_labels_are_a_clear_error(tiny: Tiny) -> None:
+    model = build_model(tiny())
+    ids = torch.randint(0, 61, (2, 8))
+    with pytest.raises(ValueError, match=r"labels must have the shape of the positions, \(2, 8\), got \(2, 9\)"):
+        model(ids, labels=torch.randint(0, 61, (2, 9)))
+    x, w, b, y = _inputs()
+    with pytest.raises(ValueError, match="expected x"):
+        linear_cross_entropy(x, w, b, y[:-1])
+
+
+def test_int32_labels_are_accepted(tiny: Tiny) -> None:
+    model = build_model(tiny())
+    ids, labels = torch.randint(0, 61, (2, 8)), torch.randint(0, 61, (2, 8))
+    torch.testing.assert_close(model(ids, labels=labels.int()).loss, model(ids, labels=labels).loss)

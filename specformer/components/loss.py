@@ -6,9 +6,9 @@ Shape legend: N rows (tokens), D features, V vocabulary.
 ``F.cross_entropy((x @ weight.T + bias).float(), labels, ignore_index=-100)`` and its
 gradients, but never holds the (N, V) logits: rows are taken ``chunk`` at a time, and
 each chunk's gradients with respect to ``x``, ``weight`` and ``bias`` are computed right
-after its loss, from its softmax made in place of its log-softmax (the approach of
-Liger Kernel's fused linear cross-entropy, Hsu et al. 2024). The matrix products are the same three a
-plain forward and backward run (logits, and the two gradient products), so the work is
+after its loss, from its softmax made in place of its log-softmax (the approach of Liger
+Kernel's fused linear cross-entropy, Hsu et al. 2024). The matrix products are the three
+a plain forward and backward run (logits, and the two gradient products), so the work is
 unchanged; what goes is the (N, V) logits, their float32 copy, the log-softmax kept for
 backward and its gradient: four (N, V) tensors, the largest activations of a small
 model with a big vocabulary.

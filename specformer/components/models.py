@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from specformer.components.blocks import Stack
 from specformer.components.cache import KVCache
 from specformer.components.embedding import Embedding
+from specformer.components.loss import IGNORE_INDEX
 from specformer.components.outputs import ModelOutput
 
 __all__ = ["EncoderModel", "DecoderModel", "EncoderDecoderModel", "default_position_ids"]
@@ -52,7 +53,7 @@ def _head(
             return None, loss(h, labels, label_smoothing=smoothing)
         logits = head(h, mask)
         flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, logits.shape[-1])
-        return logits, F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing)
+        return logits, F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=smoothing)
     if keep > 0:
         h = h[:, -keep:]  # (B, k, D)
         mask = mask[:, -keep:] if mask is not None else None

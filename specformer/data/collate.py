@@ -14,11 +14,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from specformer.components.loss import IGNORE_INDEX  # -100, as torch's cross_entropy
 from specformer.specs.training import MaskedLMSpec
 
 __all__ = ["IGNORE_INDEX", "CausalLMCollator", "MaskedLMCollator", "Seq2SeqCollator", "batch_generator"]
 
-IGNORE_INDEX = -100
 
 
 def batch_generator(seed: int, position: int, rank: int = 0) -> torch.Generator:

@@ -67,20 +67,22 @@ def render(data: dict[str, Any]) -> str:
 
 
 def ratios(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """specformer × each peer, per shape and precision, one column per training run: how
-    much the same ratio moves between runs."""
-    keys: dict[tuple[str, str, str], dict[str, float]] = {}
+    """specformer × each peer, per shape (and task, for inference) and precision, one
+    column per run of the same benchmark: how much the same ratio moves between runs."""
+    keys: dict[tuple[str, ...], dict[str, float]] = {}
     for name, data in runs:
         for r in data["results"]:
             if r["speedup_of_specformer"] is not None and not r["library"].startswith("specformer"):
-                keys.setdefault((r["shape"], r["precision"], r["library"]), {})[name] = r["speedup_of_specformer"]
+                key = (r["shape"], *([r["task"]] if "task" in r else []), r["precision"], r["library"])
+                keys.setdefault(key, {})[name] = r["speedup_of_specformer"]
     names = [name for name, _ in runs]
+    task = any("task" in r for _, data in runs for r in data["results"])
     rows = []
-    for (shape, precision, library), by_run in keys.items():
+    for key, by_run in keys.items():
         values = [by_run[n] for n in names if n in by_run]
-        rows.append([shape, precision, library, *(_x(by_run.get(n)) for n in names),
-                     f"{min(values):.2f}–{max(values):.2f}×"])
-    return _table(["shape", "precision", "specformer × …", *names, "range"], rows)
+        rows.append([*key, *(_x(by_run.get(n)) for n in names), f"{min(values):.2f}–{max(values):.2f}×"])
+    header = ["shape", *(["task"] if task else []), "precision", "specformer × …"]
+    return _table([*header, *names, "range"], rows)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -132,6 +132,7 @@ def test_inference_quick(tmp_path: Path) -> None:
         if r["task"] == "decode b8":
             assert r["tokens"] == 8 * 2
     assert "| llama-style | decode b1 |" in report.render(_load(out))
+    assert "| llama-style | decode b1 | fp32 | transformers |" in report.ratios([("run", _load(out))])
 
 
 @pytest.mark.slow

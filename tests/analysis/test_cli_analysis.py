@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -133,16 +132,13 @@ def test_diff_same_names_get_distinct_labels(tmp_path: Path) -> None:
     assert data["specs"][0] != data["specs"][1]
 
 
-def test_show_and_diff_of_70b_are_fast(tmp_path: Path) -> None:
+def test_show_and_diff_of_70b(tmp_path: Path) -> None:
+    # their time and memory are measured by benchmarks/cli.py, not asserted here
     path = tmp_path / "llama2-70b.yaml"
     path.write_text(LLAMA_70B_YAML)
-    _ok(["show", "gpt-nano"])  # warm imports
-    start = time.perf_counter()
     data = json.loads(_ok(["show", str(path), "-f", "json"]).stdout)
-    _ok(["diff", "llama2-7b", str(path)])
-    elapsed = time.perf_counter() - start
     assert data["params"]["total"] == 68_976_648_192
-    assert elapsed < 1.0, f"show + diff of a 70B spec took {elapsed:.2f}s"
+    assert "68,976,648,192" in _ok(["diff", "llama2-7b", str(path)]).stdout
 
 
 def test_show_tree() -> None:

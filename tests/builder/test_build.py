@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -47,12 +46,11 @@ def test_transformer_paper_counts_within_5_percent(name: str) -> None:
     assert abs(n - PAPER[name]) / PAPER[name] < 0.05, n
 
 
-def test_meta_build_of_llama2_7b_is_fast() -> None:
-    spec = load_spec("llama2-7b")
-    build_model(spec, device="meta")  # warm imports
-    start = time.perf_counter()
-    build_model(spec, device="meta")
-    assert time.perf_counter() - start < 1.0
+def test_meta_build_of_llama2_7b_allocates_nothing() -> None:
+    # nothing is materialised or initialised on the meta device (its speed: docs/components.md)
+    model = build_model(load_spec("llama2-7b"), device="meta")
+    assert all(p.is_meta for p in model.parameters()) and all(b.is_meta for b in model.buffers())
+    assert model.num_parameters() == 6_738_415_616
 
 
 def test_tied_head_shares_the_embedding_and_stays_tied() -> None:

@@ -356,6 +356,10 @@ def _node(name: str, module: Any, prefix: str, first_owner: dict[int, str]) -> d
         if owner != f"{prefix}{pname}":
             entry["tied_to"] = owner
         own.append(entry)
+    tied = getattr(module, "tied_weight", None)  # a tied head reads the embedding at call time
+    if tied is not None:
+        own.append({"name": "weight", "shape": list(tied.shape), "numel": tied.numel(),
+                    "tied_to": first_owner.get(id(tied), "the token embedding")})
     kids = [_node(cname, child, f"{prefix}{cname}.", first_owner) for cname, child in module.named_children()]
     children: list[dict[str, Any]] = []
     i = 0

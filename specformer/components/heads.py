@@ -47,6 +47,11 @@ class _TiedOutput(nn.Module):
     def tied(self) -> bool:
         return self._tied is not None
 
+    @property
+    def tied_weight(self) -> Tensor | None:
+        """The token embedding matrix (V, D) this head projects with when tied, else None."""
+        return self._tied.weight if self._tied is not None else None
+
 
 class LMHead(_TiedOutput):
     """Language-model head: logits = x W^T (+ b), with W the token embeddings when tied

@@ -147,8 +147,11 @@ def test_show_tree() -> None:
     assert "891,648 params" in out
     assert "layers.0–layers.3" not in out and "0–3" in out and "×4" in out
     assert "qkv_proj" in out and "[384×128]" in out
+    assert "weight [512×128] 65,536 tied to embed.tokens.weight" in out  # the tied LM head
     tree = json.loads(_ok(["show", "gpt-nano", "--tree", "-f", "json"]).stdout)
     assert tree["params"] == count_parameters(load_spec("gpt-nano")).total
+    head = next(c for c in tree["children"] if c["name"] == "head")
+    assert head["params"] == 0 and head["parameters"][0]["tied_to"] == "embed.tokens.weight"
     md = _ok(["show", "t5-nano", "--tree", "-f", "markdown"]).stdout
     assert md.startswith("### t5-nano module tree") and "rel_bias" in md
 

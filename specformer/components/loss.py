@@ -73,15 +73,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_x = torch.empty_like(x) if need_x else None
             grad_w: Tensor | None = None
             grad_b: Tensor | None = None
-            # in a low-precision dtype the chunks' logit gradients are kept, (N, V) in that
-            # dtype (half the float32 logits' size), for one weight-gradient product
-            # accumulated in float32 inside the kernel, rather than a rounded sum of chunks
+            step = _chunk_rows(n, weight.shape[0], weight.shape[1])
+            # in a low-precision dtype with few chunks, the chunks' logit gradients are kept
+            # ((N, V) in that dtype, at most four chunks' worth) for one weight-gradient
+            # product accumulated in float32 inside the kernel; with more, each chunk's
+            # product is added into a float32 sum, so memory stays O(chunk x V)
             low = (
                 torch.empty(n, weight.shape[0], dtype=dtype, device=x.device)
-                if need_w and dtype != torch.float32
+                if need_w and dtype != acc and n <= 4 * step
                 else None
             )
-            step = _chunk_rows(n, weight.shape[0], weight.shape[1])
             for start in range(0, n, step):
                 rows = slice(start, min(start + step, n))
                 xs, ys = xc[rows], labels[rows]
@@ -109,9 +110,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_x[rows] = g @ wc
                 if need_w and low is None:
                     if grad_w is None:
-                        grad_w = g.t() @ xs
-                    else:
+                        grad_w = (g.t() @ xs).to(acc)
+                    elif g.dtype == acc:
                         grad_w.addmm_(g.t(), xs)  # accumulated inside the product
+                    else:
+                        grad_w += g.t() @ xs
                 if need_b:
                     grad_b = grad.sum(0) if grad_b is None else grad_b.add_(grad.sum(0))
                 del logp, grad, g
@@ -126,6 +129,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total / count  # the mean; NaN when no row has a label, as torch's
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):  # type: ignore[override]
         grads = list(ctx.saved_tensors)
         # the loss is usually the final output (gradient 1): skip three full passes then;

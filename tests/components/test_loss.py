@@ -78,7 +78,9 @@ def test_frozen_weight_gets_no_gradient() -> None:
     assert w.grad is None and x.grad is not None and b.grad is not None
 
 
-def test_bf16_autocast_matches_the_autocast_plain_path() -> None:
+@pytest.mark.parametrize("rows_per_chunk", [300, 7])  # one chunk (kept gradients), 43 chunks (summed)
+def test_bf16_autocast_matches_the_autocast_plain_path(monkeypatch, rows_per_chunk) -> None:
+    monkeypatch.setattr(loss_module, "_chunk_rows", lambda n, v, d: min(n, rows_per_chunk))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(300, 64, generator=g, requires_grad=True)
     w = (torch.randn(1000, 64, generator=g) * 0.05).requires_grad_()
@@ -163,3 +165,12 @@ def test_int32_labels_are_accepted(tiny: Tiny) -> None:
     model = build_model(tiny())
     ids, labels = torch.randint(0, 61, (2, 8)), torch.randint(0, 61, (2, 8))
     torch.testing.assert_close(model(ids, labels=labels.int()).loss, model(ids, labels=labels).loss)
+
+
+def test_second_derivative_is_refused_not_silently_partial() -> None:
+    # the saved gradients are constants: a second derivative through them would miss terms
+    x, w, b, y = _inputs()
+    s = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(s * linear_cross_entropy(x, w, b, y), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()

@@ -240,14 +240,22 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def peak_memory_bytes() -> int:
-    """The process's peak resident set size (Linux VmHWM, else ru_maxrss), in bytes."""
+def _proc_status_bytes(key: str) -> int | None:
+    """A ``kB`` field of Linux ``/proc/self/status`` (``VmHWM``, ``VmRSS``) in bytes, or None."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def peak_memory_bytes() -> int:
+    """The process's peak resident set size (Linux VmHWM, else ru_maxrss), in bytes."""
+    peak = _proc_status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -256,13 +264,7 @@ def peak_memory_bytes() -> int:
 
 def current_rss_bytes() -> int:
     """The process's resident set size now, in bytes (0 where /proc is missing)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_status_bytes("VmRSS") or 0
 
 
 # --------------------------------------------------------------------------- models

@@ -32,6 +32,7 @@ __all__ = [
     "PRECISIONS",
     "dtype_bytes",
     "kv_cache_bytes_per_token",
+    "kv_cache_bytes",
     "cross_kv_cache_bytes_per_source_token",
     "MemoryEstimate",
     "memory_estimate",
@@ -98,6 +99,22 @@ def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16") -> int:
     if spec.decoder is None:
         return 0
     return sum(2 * layer.attention.n_kv_heads * layer.attention.head_dim * b for layer in spec.decoder.layers())
+
+
+def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf16") -> int:
+    """Bytes of decoder self-attention K and V held for the last token of ``batch``
+    sequences of ``seq_len`` tokens: each layer holds ``min(seq_len, W)`` positions when
+    it has a sliding window W (its cache is a rolling buffer), else ``seq_len``.
+    """
+    b = dtype_bytes(dtype)
+    if spec.decoder is None:
+        return 0
+    total = 0
+    for layer in spec.decoder.layers():
+        att = layer.attention
+        held = seq_len if att.sliding_window is None else min(seq_len, att.sliding_window)
+        total += 2 * att.n_kv_heads * att.head_dim * b * held
+    return total * batch
 
 
 def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16") -> int:

@@ -13,6 +13,7 @@ from specformer.analysis.flops import FlopCounts, flops_per_token
 from specformer.analysis.memory import (
     MemoryEstimate,
     cross_kv_cache_bytes_per_source_token,
+    kv_cache_bytes,
     kv_cache_bytes_per_token,
     memory_estimate,
     precision,
@@ -30,6 +31,7 @@ class SpecReport:
     params: ParamCounts
     flops: FlopCounts
     kv_cache_bytes_per_token: int
+    kv_cache_bytes: int  # at memory.seq_len × memory.batch, sliding windows capped
     cross_kv_cache_bytes_per_source_token: int
     kv_dtype: str
     memory: MemoryEstimate
@@ -46,6 +48,7 @@ class SpecReport:
             "params": self.params.to_dict(),
             "flops_per_token": self.flops.to_dict(),
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+            "kv_cache_bytes": self.kv_cache_bytes,
             "cross_kv_cache_bytes_per_source_token": self.cross_kv_cache_bytes_per_source_token,
             "kv_cache_dtype": self.kv_dtype,
             "memory": self.memory.to_dict(),
@@ -61,15 +64,17 @@ def analyze(
     ``16-mixed``); the KV cache is counted in its activation dtype.
     """
     p = precision(dtype)
+    memory = memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name)
     kv_dtype = "fp32" if p.activation == 4 else ("bf16" if "bf16" in p.name else "fp16")
     return SpecReport(
         spec=spec,
         params=count_parameters(spec),
         flops=flops_per_token(spec, seq_len),
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(spec, kv_dtype),
+        kv_cache_bytes=kv_cache_bytes(spec, seq_len=memory.seq_len, batch=memory.batch, dtype=kv_dtype),
         cross_kv_cache_bytes_per_source_token=cross_kv_cache_bytes_per_source_token(spec, kv_dtype),
         kv_dtype=kv_dtype,
-        memory=memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name),
+        memory=memory,
     )
 
 

@@ -266,8 +266,8 @@ def _memory_section(report: Any) -> Section:
     )
     kv = report.kv_cache_bytes_per_token
     s.rows.append([f"KV cache per token ({report.kv_dtype})", f"{kv:,}", human_bytes(kv)])
-    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}", f"{kv * m.seq_len * m.batch:,}",
-                   human_bytes(kv * m.seq_len * m.batch)])
+    held = report.kv_cache_bytes  # sliding-window layers hold at most W positions
+    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}", f"{held:,}", human_bytes(held)])
     if report.cross_kv_cache_bytes_per_source_token:
         c = report.cross_kv_cache_bytes_per_source_token
         s.rows.append([f"cross-attention KV per source token ({report.kv_dtype})", f"{c:,}", human_bytes(c)])

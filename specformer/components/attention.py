@@ -203,7 +203,7 @@ class Attention(nn.Module):
                 # projection (H + 2 Hkv) Dh alive for backward instead of its Hkv Dh rows
                 v = v.contiguous()  # (B, Hkv, T, Dh)
             if cache is not None:
-                k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
+                k, v = cache.update(self.layer_idx, k, v, window=self.sliding_window)  # (B, Hkv, S, Dh)
         attend = eager_attention if need_weights else self._attend
         out, weights = attend(
             q,

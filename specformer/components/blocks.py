@@ -34,7 +34,9 @@ class LayerInputs:
     ``q_index``/``k_index`` are absolute query (T,) and key (Tk,) indices, used for
     causal, sliding-window and relative-bias masks; ``key_padding`` (B, Tk) is True
     for real keys. Self-attention masks are built lazily, once per distinct sliding
-    window, and reused by every layer with that window.
+    window, and reused by every layer with that window. With a cache, a sliding-window
+    layer attends to the keys from max(0, past - (W - 1)) on only (what its rolling
+    cache returns), so its mask starts there too.
     """
 
     q_index: Tensor
@@ -57,15 +59,25 @@ class LayerInputs:
         return self._masks[window]
 
     def _build(self, window: int | None) -> tuple[Tensor | None, bool]:
-        t, tk = self.q_index.shape[0], self.k_index.shape[0]
+        t = self.q_index.shape[0]
+        k_index, key_padding, bias = self.k_index, self.key_padding, self.bias
+        if window is not None and self.cache is not None:
+            past = self.k_index.shape[0] - t
+            offset = max(0, past - (window - 1))  # the cache returns keys from here on
+            k_index = k_index[offset:]
+            key_padding = key_padding[:, offset:] if key_padding is not None else None
+            bias = bias[..., offset:] if bias is not None else None
+            if t == 1:
+                window = None  # one query sees exactly the keys returned
+        tk = k_index.shape[0]
         # a causal query sees every key when it is the only new token
         causal = self.causal and t > 1
-        if self.bias is None and self.key_padding is None and window is None:
+        if bias is None and key_padding is None and window is None:
             if not causal:
                 return None, False
             if t == tk:
                 return None, True  # SDPA's own causal mask, never materialised
-        q, k = self.q_index[:, None], self.k_index[None, :]  # (T, 1), (1, Tk)
+        q, k = self.q_index[:, None], k_index[None, :]  # (T, 1), (1, Tk)
         allowed: Tensor | None = None
         if causal:
             allowed = k <= q  # (T, Tk)
@@ -74,17 +86,17 @@ class LayerInputs:
             allowed = near if allowed is None else allowed & near
         if allowed is not None:
             allowed = allowed[None, None]  # (1, 1, T, Tk)
-        if self.key_padding is not None:
-            pad = self.key_padding[:, None, None, :]  # (B, 1, 1, Tk)
+        if key_padding is not None:
+            pad = key_padding[:, None, None, :]  # (B, 1, 1, Tk)
             # every query keeps itself, so no row is fully masked (left padding + causal)
             pad = pad | (k == q)[None, None]
             allowed = pad if allowed is None else allowed & pad
-        if self.bias is None:
+        if bias is None:
             return allowed, False
         if allowed is None:
-            return self.bias, False
-        floor = torch.finfo(self.bias.dtype).min
-        return torch.where(allowed, self.bias, floor), False  # (B|1, H, T, Tk)
+            return bias, False
+        floor = torch.finfo(bias.dtype).min
+        return torch.where(allowed, bias, floor), False  # (B|1, H, T, Tk)
 
 
 class Block(nn.Module):

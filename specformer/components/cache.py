@@ -8,6 +8,12 @@ decoder stack, layer by layer, grow as tokens are decoded; cross-attention keys 
 values (encoder-decoder) are computed once from the encoder output and reused.
 Storage grows by doubling, so decoding N tokens copies O(N) elements in total
 instead of the O(N^2) of concatenating at every step.
+
+A layer with a sliding window W (Beltagy et al. 2020; Mistral) is a rolling buffer:
+between steps it keeps only the last W - 1 positions, the oldest any later query can
+see. Its storage is at most W + slack positions (slack = min(W, 128)); when the slack
+is used up, the last W - 1 positions move to a fresh buffer, a copy of W - 1 positions
+every ``slack`` tokens or so. Memory stays O(W) however long the sequence.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ class KVCache:
     def __init__(self) -> None:
         self._keys: dict[int, Tensor] = {}  # layer -> (B, Hkv, C, Dh)
         self._values: dict[int, Tensor] = {}
-        self._lengths: dict[int, int] = {}
+        self._lengths: dict[int, int] = {}  # layer -> positions seen (absolute end)
+        self._starts: dict[int, int] = {}  # layer -> absolute position of storage index 0
+        self._windows: dict[int, int | None] = {}
         self._cross: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (B, Hkv, S, Dh) each
 
     # ------------------------------------------------------------------ reading
@@ -61,12 +69,18 @@ class KVCache:
         return None
 
     def keys(self, layer: int) -> Tensor:
-        """The cached keys of ``layer``: (B, Hkv, L, Dh)."""
-        return self._keys[layer][:, :, : self._lengths[layer]]
+        """The cached keys of ``layer``: (B, Hkv, L', Dh), positions ``first_position(layer)``
+        to ``length - 1`` (L' = L unless the layer has a sliding window)."""
+        return self._keys[layer][:, :, : self._lengths[layer] - self._starts[layer]]
 
     def values(self, layer: int) -> Tensor:
-        """The cached values of ``layer``: (B, Hkv, L, Dh)."""
-        return self._values[layer][:, :, : self._lengths[layer]]
+        """The cached values of ``layer``: (B, Hkv, L', Dh), as :meth:`keys`."""
+        return self._values[layer][:, :, : self._lengths[layer] - self._starts[layer]]
+
+    def first_position(self, layer: int) -> int:
+        """The absolute position of ``keys(layer)[:, :, 0]``: 0 unless a sliding window
+        has dropped older positions."""
+        return self._starts[layer]
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor] | None:
         """Cached cross-attention (keys, values) of ``layer``, or None before the first step."""
@@ -74,32 +88,49 @@ class KVCache:
 
     # ------------------------------------------------------------------ writing (called by attention)
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``k``, ``v`` (B, Hkv, T, Dh) to ``layer``; return all keys and values (B, Hkv, L+T, Dh)."""
+    def update(self, layer: int, k: Tensor, v: Tensor, window: int | None = None) -> tuple[Tensor, Tensor]:
+        """Append ``k``, ``v`` (B, Hkv, T, Dh) to ``layer``; return the keys and values the new
+        queries attend to (B, Hkv, S, Dh): all L + T positions, or with a sliding ``window``
+        W the positions from max(0, L - (W - 1)) on (the oldest the first new query sees)."""
+        t = k.shape[2]
         old = self._lengths.get(layer, 0)
-        new = old + k.shape[2]
-        buf_k = self._keys.get(layer)
-        if buf_k is None or buf_k.shape[2] < new:
-            capacity = max(new, 2 * (buf_k.shape[2] if buf_k is not None else 0), 16)
-            buf_k = self._grow(self._keys.get(layer), k, capacity, old)
-            buf_v = self._grow(self._values.get(layer), v, capacity, old)
-            self._keys[layer], self._values[layer] = buf_k, buf_v
-        buf_v = self._values[layer]
-        buf_k[:, :, old:new] = k
-        buf_v[:, :, old:new] = v
-        self._lengths[layer] = new
-        return buf_k[:, :, :new], buf_v[:, :, :new]
+        start = self._starts.get(layer, 0)
+        first = start if window is None else max(start, old - (window - 1))
+        buf_k, buf_v = self._keys.get(layer), self._values.get(layer)
+        if buf_k is None or buf_k.shape[2] < old + t - start:
+            if window is None:
+                capacity = max(old + t - start, 2 * (buf_k.shape[2] if buf_k is not None else 0), 16)
+            else:  # keep only what the new queries see, plus room to append
+                capacity = old + t - first + _slack(window)
+            buf_k = self._grow(buf_k, k, capacity, first - start, old - start)
+            buf_v = self._grow(buf_v, v, capacity, first - start, old - start)
+            start = first
+        buf_k[:, :, old - start : old + t - start] = k
+        buf_v[:, :, old - start : old + t - start] = v
+        seen_k, seen_v = buf_k[:, :, first - start : old + t - start], buf_v[:, :, first - start : old + t - start]
+        if window is not None and old + t - start > window - 1 + _slack(window):
+            # more than the window is stored (a long prompt, or the slack used up): later
+            # queries see only the last W - 1 of these, so move them into a fresh buffer
+            keep = min(window - 1, old + t - start)
+            capacity = window - 1 + _slack(window)
+            buf_k = self._grow(buf_k, k, capacity, old + t - start - keep, old + t - start)
+            buf_v = self._grow(buf_v, v, capacity, old + t - start - keep, old + t - start)
+            start = old + t - keep
+        self._keys[layer], self._values[layer] = buf_k, buf_v
+        self._lengths[layer], self._starts[layer], self._windows[layer] = old + t, start, window
+        return seen_k, seen_v
 
     def set_cross(self, layer: int, k: Tensor, v: Tensor) -> None:
         """Store the cross-attention keys and values (B, Hkv, S, Dh) of ``layer``."""
         self._cross[layer] = (k, v)
 
     @staticmethod
-    def _grow(old: Tensor | None, like: Tensor, capacity: int, used: int) -> Tensor:
+    def _grow(old: Tensor | None, like: Tensor, capacity: int, begin: int, end: int) -> Tensor:
+        """A new (B, Hkv, capacity, Dh) buffer starting with ``old[:, :, begin:end]``."""
         b, h, _, d = like.shape
         buf = like.new_empty(b, h, capacity, d)
-        if old is not None and used:
-            buf[:, :, :used] = old[:, :, :used]
+        if old is not None and end > begin:
+            buf[:, :, : end - begin] = old[:, :, begin:end]
         return buf
 
     # ------------------------------------------------------------------ editing between steps
@@ -108,6 +139,13 @@ class KVCache:
         """Forget every position from ``length`` on (rewind after a rejected draft)."""
         if length < 0 or length > self.length:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        for layer, window in self._windows.items():
+            if window is not None and max(0, length - (window - 1)) < self._starts[layer]:
+                raise ValueError(
+                    f"cannot crop to {length}: layer {layer} has a sliding window of {window} and "
+                    f"keeps positions from {self._starts[layer]} on, but a query at {length} sees "
+                    f"positions from {length - (window - 1)} on"
+                )
         for layer in self._lengths:
             self._lengths[layer] = min(self._lengths[layer], length)
 
@@ -130,3 +168,8 @@ class KVCache:
 
     def __repr__(self) -> str:
         return f"KVCache(length={self.length}, layers={self.n_layers}, cross={len(self._cross)})"
+
+
+def _slack(window: int) -> int:
+    """Room a sliding-window buffer keeps beyond its W - 1 positions before it compacts."""
+    return min(window, 128)

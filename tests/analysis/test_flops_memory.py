@@ -12,6 +12,7 @@ from specformer.analysis import (
     cross_kv_cache_bytes_per_source_token,
     dtype_bytes,
     flops_per_token,
+    kv_cache_bytes,
     kv_cache_bytes_per_token,
     mean_attended_keys,
     memory_estimate,
@@ -132,6 +133,19 @@ def test_kv_cache_published_sizes() -> None:
     assert kv_cache_bytes_per_token(load_spec(LLAMA2_70B), "fp16") == 320 * 1024
     assert kv_cache_bytes_per_token(load_spec("llama2-7b"), "fp32") == 1024 * 1024
     assert kv_cache_bytes_per_token(load_spec("llama2-7b"), "fp8") == 256 * 1024
+
+
+def test_kv_cache_at_a_length_caps_sliding_window_layers() -> None:
+    llama = load_spec("llama2-7b")
+    assert kv_cache_bytes(llama, seq_len=4096, batch=2) == 2 * 4096 * 512 * 1024  # 4 GiB
+    # Mistral-style window 512: every layer's rolling buffer holds 512 positions
+    windowed = load_spec("llama2-7b", overrides=["decoder.attention.sliding_window=512"])
+    assert kv_cache_bytes(windowed, seq_len=4096, batch=2) == 2 * 512 * 512 * 1024
+    assert kv_cache_bytes(windowed, seq_len=100) == 100 * 512 * 1024  # shorter than the window
+    # window on half the layers: 16 layers × 4096 + 16 layers × 512 positions, 16 KiB each
+    half = load_spec("llama2-7b", overrides=["decoder.overrides=[{layers: '0-15', attention: {sliding_window: 512}}]"])
+    assert kv_cache_bytes(half, seq_len=4096) == 16 * 16 * 1024 * (4096 + 512)
+    assert kv_cache_bytes(load_spec("bert-base"), seq_len=512) == 0
 
 
 def test_kv_cache_encoder_and_cross() -> None:

@@ -139,3 +139,65 @@ def test_a_mask_that_does_not_cover_the_cache_is_a_readable_error(tiny: Tiny) ->
         out = model(torch.randint(0, 61, (1, 4)), use_cache=True)
         with pytest.raises(ValueError, match="covers 1 positions but there are 5 keys"):
             model(torch.randint(0, 61, (1, 1)), attention_mask=torch.ones(1, 1), cache=out.cache)
+
+
+@pytest.mark.parametrize("positional", REGISTRY.names("positional"))
+def test_sliding_window_cache_is_a_rolling_buffer(tiny: Tiny, positional: str) -> None:
+    # window 3: slack 3, storage at most W + slack = 6 positions; a 9-token prompt, a chunk of 4 and
+    # 26 single steps cross the compaction point many times
+    spec = tiny(positional={"type": positional}, stack={"attention": {"sliding_window": 3}}, max_seq_len=64)
+    model = build_model(spec).eval()
+    ids = torch.randint(0, spec.vocab_size, (2, 39))
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :9], use_cache=True)
+        steps, cache = [out.logits], out.cache
+        steps.append(model(ids[:, 9:13], cache=cache).logits)
+        for t in range(13, 39):
+            steps.append(model(ids[:, t : t + 1], cache=cache).logits)
+            stored = cache.keys(0)
+            assert cache.first_position(0) == t + 1 - stored.shape[2]
+            assert 2 <= stored.shape[2] <= 5  # at least the W - 1 the next query needs
+            b, hkv, _, dh = stored.shape
+            assert stored.untyped_storage().nbytes() <= b * hkv * 6 * dh * 4  # fp32
+    assert cache.length == 39
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+def test_sliding_window_layers_beside_full_layers_with_left_padding(tiny: Tiny) -> None:
+    spec = tiny(
+        positional={"type": "rope"},
+        stack={"n_layers": 3, "overrides": [{"layers": [0, 2], "attention": {"sliding_window": 4}}]},
+    )
+    model = build_model(spec).eval()
+    a = torch.randint(1, spec.vocab_size, (1, 10))
+    b = torch.randint(1, spec.vocab_size, (1, 7))
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], dim=1)])
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    nxt = torch.randint(1, spec.vocab_size, (2, 12))
+    with torch.no_grad():
+        out = model(batch, attention_mask=mask, use_cache=True)
+        for i in range(12):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            step = model(nxt[:, i : i + 1], attention_mask=mask, cache=out.cache).logits
+        assert out.cache.keys(1).shape[2] == 22  # the full-attention layer keeps everything
+        assert out.cache.keys(0).shape[2] < 22
+        alone_a = model(torch.cat([a, nxt[:1]], dim=1)).logits[:, -1]
+        alone_b = model(torch.cat([b, nxt[1:]], dim=1)).logits[:, -1]
+    assert torch.allclose(step[0, -1], alone_a[0], atol=1e-5)
+    assert torch.allclose(step[1, -1], alone_b[0], atol=1e-5)
+
+
+def test_crop_within_a_sliding_window_and_beyond_it(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"attention": {"sliding_window": 4}})).eval()
+    ids = torch.randint(0, 61, (1, 20))
+    with torch.no_grad():
+        out = model(ids[:, :18], use_cache=True)  # keeps positions 15, 16, 17
+        model(torch.randint(0, 61, (1, 2)), cache=out.cache)  # a rejected draft: 18, 19
+        out.cache.crop(18)
+        resumed = model(ids[:, 18:], cache=out.cache).logits
+        full = model(ids).logits
+        assert torch.allclose(resumed, full[:, 18:], atol=1e-5)
+        with pytest.raises(ValueError, match="sliding window of 4 and keeps positions from"):
+            out.cache.crop(3)

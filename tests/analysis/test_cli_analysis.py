@@ -47,6 +47,7 @@ def test_show_json_has_stable_keys() -> None:
     assert data["flops_per_token"]["forward"] == flops_per_token(spec, 2048).forward
     assert data["flops_per_token"]["training"] == 3 * data["flops_per_token"]["forward"]
     assert data["kv_cache_bytes_per_token"] == kv_cache_bytes_per_token(spec, "bf16") == 524_288
+    assert data["kv_cache_bytes"] == 524_288 * 2048 * 2  # 2 GiB: no window caps it
     assert data["memory"]["batch"] == 2 and data["memory"]["seq_len"] == 2048
     assert data["memory"]["total"] == sum(
         data["memory"][k] for k in ("weights", "gradients", "optimizer", "weight_casts", "activations")

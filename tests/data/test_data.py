@@ -243,3 +243,76 @@ def test_hugging_face_data_without_datasets_says_what_to_install(monkeypatch: py
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     with pytest.raises(DataError, match="pip install datasets"):
         hf_corpus(HFDataSpec(name="wikitext", config="wikitext-2-raw-v1"))
+
+
+def _write_local_dataset(root: Path) -> Path:
+    """A dataset folder as `datasets.load_dataset(folder)` reads it: one JSON-lines file per split."""
+    import json
+
+    root.mkdir()
+    train = [{"text": f"train document {i}", "id": i} for i in range(6)] + [{"text": "   ", "id": 6}]
+    val = [{"text": "validation document", "id": 0}]
+    for split, rows in (("train", train), ("validation", val)):
+        (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.fixture
+def offline_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when datasets is first imported
+    datasets = pytest.importorskip("datasets")  # the [hf] extra
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    return datasets
+
+
+def test_hugging_face_dataset_is_read_by_its_splits(offline_datasets, tmp_path: Path) -> None:
+    from specformer.data.corpus import hf_corpus
+    from specformer.specs.training import HFDataSpec
+
+    folder = _write_local_dataset(tmp_path / "ds")
+    corpus = hf_corpus(HFDataSpec(name=str(folder)))
+    assert corpus.train == [f"train document {i}" for i in range(6)]  # the blank one is dropped
+    assert corpus.val == ["validation document"]
+    assert corpus.name == f"hf:{folder}"
+    capped = hf_corpus(HFDataSpec(name=str(folder), max_documents=2))
+    assert capped.train == ["train document 0", "train document 1"]
+    assert capped.fingerprint != corpus.fingerprint
+    assert hf_corpus(HFDataSpec(name=str(folder))).fingerprint == corpus.fingerprint
+    with pytest.raises(DataError, match="has no column 'body'; columns: text, id"):
+        hf_corpus(HFDataSpec(name=str(folder), text_field="body"))
+    with pytest.raises(DataError, match="could not load dataset .* split 'test'"):
+        hf_corpus(HFDataSpec(name=str(folder), val_split="test"))
+
+
+def test_training_on_a_hugging_face_dataset(offline_datasets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specformer import load_spec
+    from specformer.training.run import train
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path / "cache"))
+    folder = _write_local_dataset(tmp_path / "ds")
+    spec = load_spec(
+        {
+            "name": "tiny-hf-data",
+            "kind": "decoder",
+            "vocab_size": 300,
+            "d_model": 16,
+            "max_seq_len": 16,
+            "decoder": {"n_layers": 1, "attention": {"n_heads": 2}, "ffn": {"d_ff": 32}},
+            "training": {
+                "data": {"type": "hf", "name": str(folder)},
+                "tokenizer": {"type": "byte"},
+                "batch_size": 2,
+                "seq_len": 8,
+                "max_steps": 3,
+                "val_interval": 3,
+                "val_batches": 1,
+                "num_workers": 0,
+                "accelerator": "cpu",
+                "out_dir": str(tmp_path / "runs"),
+                "cache_dir": str(tmp_path / "cache"),
+            },
+        }
+    )
+    result = train(spec, progress=False)
+    assert result.steps == 3 and result.val_loss is not None and result.val_loss == result.val_loss

@@ -82,3 +82,24 @@ def test_compile_keeps_state_dict_names() -> None:
     assert set(module.state_dict()) == names
     assert all(n.startswith("model.") for n in names)
     assert load_spec("gpt-nano").training.compile is False
+
+
+def test_tensorboard_logs_the_same_metrics_as_the_csv(tiny) -> None:
+    pytest.importorskip("tensorboard")  # the [dev] extra
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    spec = load_spec(tiny("decoder", max_steps=8, val_interval=4, log_interval=2))
+    result = train(spec, progress=False)
+    run = Path(result.run_dir)
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "val/loss"} <= tags
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for tag in ("train/loss", "val/loss"):
+        csv_points = {int(r["step"]): float(r[tag]) for r in rows if r.get(tag)}
+        tb_points = {e.step: e.value for e in events.Scalars(tag)}
+        assert tb_points.keys() == csv_points.keys() and len(tb_points) >= 2
+        for step, value in tb_points.items():
+            assert value == pytest.approx(csv_points[step], rel=1e-6)

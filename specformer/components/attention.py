@@ -58,6 +58,8 @@ def sdpa_attention(
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention through torch's fused ``scaled_dot_product_attention``; returns (out, None)."""
+    if mask is not None and mask.requires_grad:
+        return _learned_bias_attention(q, k, v, mask, scale=scale, dropout=dropout), None
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and mask is not None and q.device.type != "cpu":
         # the fused accelerator kernels that take a mask do not take GQA (torch would fall
@@ -75,6 +77,22 @@ def sdpa_attention(
         enable_gqa=groups > 1,
     )  # (B, H, T, Dh)
     return out, None
+
+
+def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float, dropout: float) -> Tensor:
+    """softmax(Q K^T * scale + bias) V for an additive bias that is being trained (T5's
+    relative-position table). torch's fused kernels give no gradient for ``attn_mask``, so
+    SDPA would run its math kernel here anyway; this is the same math without that
+    kernel's fully-masked-row guards (a masked entry here is the dtype's finite minimum,
+    never -inf, and every query keeps its own position). (B, H, T, Dh)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
+    if scale != 1.0:
+        q = q * scale
+    weights = (torch.matmul(q, k.transpose(-2, -1)) + bias).softmax(dim=-1)  # (B, H, T, S)
+    if dropout > 0.0:
+        weights = F.dropout(weights, p=dropout)
+    return torch.matmul(weights.to(v.dtype), v)
 
 
 def eager_attention(

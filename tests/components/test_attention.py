@@ -178,3 +178,31 @@ def test_an_all_ones_mask_keeps_the_unmaterialised_causal_path(tiny: Tiny) -> No
     assert seen[0] == (None, True)
     assert seen[1][0] is not None and seen[1][0].shape == (2, 1, 6, 6) and seen[1][1] is False
     assert torch.allclose(a, model(ids).logits)
+
+
+@pytest.mark.parametrize("n_kv_heads,scale", [(4, 1.0), (2, 0.3)])
+def test_a_trained_bias_gets_the_gradients_of_torch_sdpa(n_kv_heads: int, scale: float) -> None:
+    # a bias that requires grad (T5's table) takes specformer's own math path; torch's
+    # SDPA (its math kernel) is the reference for the output and every gradient
+    from torch.nn import functional as F
+
+    from specformer.components.attention import repeat_kv, sdpa_attention
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, n_kv_heads, 9, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, n_kv_heads, 9, 8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(1, 4, 6, 9, dtype=torch.float64, requires_grad=True)
+    allowed = torch.rand(2, 1, 6, 9) > 0.3
+    allowed[..., 0] = True
+    masked = torch.where(allowed, bias, torch.finfo(torch.float64).min)  # as LayerInputs builds it
+    g = torch.randn(2, 4, 6, 8, dtype=torch.float64)
+    out, _ = sdpa_attention(q, k, v, mask=masked, is_causal=False, scale=scale, dropout=0.0)
+    grads = torch.autograd.grad(out, (q, k, v, bias), g, retain_graph=True)
+    groups = 4 // n_kv_heads
+    ref = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=masked, scale=scale)
+    ref_grads = torch.autograd.grad(ref, (q, k, v, bias), g)
+    assert torch.allclose(out, ref, atol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-10)
+    assert bias.requires_grad and grads[3].abs().sum() > 0  # the table learns

@@ -6,8 +6,8 @@ Shape legend: N rows (tokens), D features, V vocabulary.
 ``F.cross_entropy((x @ weight.T + bias).float(), labels, ignore_index=-100)`` and its
 gradients, but never holds the (N, V) logits: rows are taken ``chunk`` at a time, and
 each chunk's gradients with respect to ``x``, ``weight`` and ``bias`` are computed right
-after its loss, from its softmax made in place of its log-softmax (the approach of Liger
-Kernel's fused linear cross-entropy, Hsu et al. 2024). The matrix products are the three
+after its loss, from its softmax made in place in the chunk's float32 logits (the
+approach of Liger Kernel's fused linear cross-entropy, Hsu et al. 2024). The matrix products are the three
 a plain forward and backward run (logits, and the two gradient products), so the work is
 unchanged; what goes is the (N, V) logits, their float32 copy, the log-softmax kept for
 backward and its gradient: four (N, V) tensors, the largest activations of a small
@@ -86,24 +86,37 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, step):
                 rows = slice(start, min(start + step, n))
                 xs, ys = xc[rows], labels[rows]
-                # (n, V) float32 logits -> log-softmax -> softmax, in place: two (n, V)
-                # buffers at most, where autograd's cross-entropy and its backward take four
-                logp = torch.log_softmax(F.linear(xs, wc, bc).to(acc), dim=-1)
                 valid = ys != IGNORE_INDEX
                 target = ys.clamp(min=0).unsqueeze(1)  # ignored rows: any index, zeroed below
-                rows_loss = -logp.gather(1, target).squeeze(1)
-                if smoothing:
-                    rows_loss = (1.0 - smoothing) * rows_loss - smoothing * logp.mean(dim=-1)
-                total += rows_loss.masked_fill(~valid, 0.0).sum()
+                weight_rows = (valid.to(acc) * scale).unsqueeze(1)  # (n, 1): 1/count, or 0
+                if low is not None:  # the product writes straight into the kept buffer
+                    logits = low[rows]
+                    if bc is None:
+                        torch.mm(xs, wc.t(), out=logits)
+                    else:
+                        torch.addmm(bc, xs, wc.t(), out=logits)
+                else:
+                    logits = F.linear(xs, wc, bc)
+                # the float32 logits become the softmax in place (no second (n, V) buffer):
+                # z = logits - max, loss = log(sum exp z) - z[target],
                 # d loss / d logits = (softmax - (1 - s) onehot - s / V) / count, labelled rows
-                grad = logp.exp_()
-                grad.scatter_add_(1, target, grad.new_full(target.shape, smoothing - 1.0))
+                z = logits.to(acc)
+                z.sub_(z.amax(dim=-1, keepdim=True))
+                z_target = z.gather(1, target)
+                z_mean = z.mean(dim=-1, keepdim=True) if smoothing else None
+                z.exp_()
+                sum_exp = z.sum(dim=-1, keepdim=True)
+                log_sum = sum_exp.log()
+                rows_loss = log_sum - z_target  # (n, 1)
                 if smoothing:
-                    grad.sub_(smoothing / weight.shape[0])
-                grad.mul_((valid.to(acc) * scale).unsqueeze(1))
+                    rows_loss = (1.0 - smoothing) * rows_loss - smoothing * (z_mean - log_sum)
+                total += rows_loss.masked_fill(~valid.unsqueeze(1), 0.0).sum()
+                grad = z.mul_(weight_rows / sum_exp)
+                grad.scatter_add_(1, target, weight_rows * (smoothing - 1.0))
+                if smoothing:
+                    grad.sub_(weight_rows * (smoothing / weight.shape[0]))
                 if low is not None:
-                    g = low[rows]  # the weight gradient is one product after the loop
-                    g.copy_(grad)
+                    g = logits.copy_(grad)  # the weight gradient is one product after the loop
                 else:
                     g = grad.to(dtype)
                 if need_x:
@@ -117,7 +130,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                         grad_w += g.t() @ xs
                 if need_b:
                     grad_b = grad.sum(0) if grad_b is None else grad_b.add_(grad.sum(0))
-                del logp, grad, g
+                del logits, z, grad, g
             if low is not None:
                 grad_w = low.t() @ xc
                 del low

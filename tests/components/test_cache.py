@@ -201,3 +201,16 @@ def test_crop_within_a_sliding_window_and_beyond_it(tiny: Tiny) -> None:
         assert torch.allclose(resumed, full[:, 18:], atol=1e-5)
         with pytest.raises(ValueError, match="sliding window of 4 and keeps positions from"):
             out.cache.crop(3)
+
+
+def test_attention_weights_of_a_window_layer_cover_the_keys_it_holds(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"attention": {"sliding_window": 4}})).eval()
+    ids = torch.randint(0, 61, (1, 12))
+    with torch.no_grad():
+        out = model(ids[:, :11], use_cache=True)
+        step = model(ids[:, 11:], cache=out.cache, output_attentions=True)
+        full = model(ids, output_attentions=True)
+    weights = step.attentions[0]  # (B, H, 1, 4): positions 8..11
+    assert weights.shape[-2:] == (1, 4)
+    assert torch.allclose(weights[..., 0, :], full.attentions[0][..., 11, 8:], atol=1e-6)
+    assert torch.allclose(full.attentions[0][..., 11, :8], torch.zeros(1), atol=0)  # outside the window

@@ -64,23 +64,35 @@ def test_incremental_decoding_equals_full_forward_encoder_decoder(
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
 
-def test_left_padded_batch_decodes_like_each_sequence_alone(tiny: Tiny) -> None:
-    spec = tiny(positional={"type": "rope"})
+@pytest.mark.parametrize(
+    "stack,new_tokens",
+    [
+        ({}, 1),
+        # sliding windows on layers 0 and 2 beside a full-attention layer, past the window
+        ({"n_layers": 3, "overrides": [{"layers": [0, 2], "attention": {"sliding_window": 4}}]}, 12),
+    ],
+)
+def test_left_padded_batch_decodes_like_each_sequence_alone(tiny: Tiny, stack: dict, new_tokens: int) -> None:
+    spec = tiny(positional={"type": "rope"}, stack=stack)
     model = build_model(spec).eval()
-    a = torch.randint(1, spec.vocab_size, (1, 6))
-    b = torch.randint(1, spec.vocab_size, (1, 3))
+    a = torch.randint(1, spec.vocab_size, (1, 10))
+    b = torch.randint(1, spec.vocab_size, (1, 7))
     batch = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], dim=1)])
-    mask = torch.ones(2, 6, dtype=torch.long)
+    mask = torch.ones(2, 10, dtype=torch.long)
     mask[1, :3] = 0
-    nxt = torch.randint(1, spec.vocab_size, (2, 1))
+    nxt = torch.randint(1, spec.vocab_size, (2, new_tokens))
     with torch.no_grad():
         out = model(batch, attention_mask=mask, use_cache=True)
-        mask2 = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-        step = model(nxt, attention_mask=mask2, cache=out.cache).logits
+        for i in range(new_tokens):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            step = model(nxt[:, i : i + 1], attention_mask=mask, cache=out.cache).logits
         alone_a = model(torch.cat([a, nxt[:1]], dim=1)).logits[:, -1]
         alone_b = model(torch.cat([b, nxt[1:]], dim=1)).logits[:, -1]
     assert torch.allclose(step[0, -1], alone_a[0], atol=1e-5)
     assert torch.allclose(step[1, -1], alone_b[0], atol=1e-5)
+    if stack:
+        assert out.cache.keys(1).shape[2] == 10 + new_tokens  # the full-attention layer keeps everything
+        assert out.cache.keys(0).shape[2] < 10 + new_tokens
 
 
 def test_cache_grows_crops_and_reorders() -> None:
@@ -162,31 +174,6 @@ def test_sliding_window_cache_is_a_rolling_buffer(tiny: Tiny, positional: str) -
             assert stored.untyped_storage().nbytes() <= b * hkv * 6 * dh * 4  # fp32
     assert cache.length == 39
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
-
-
-def test_sliding_window_layers_beside_full_layers_with_left_padding(tiny: Tiny) -> None:
-    spec = tiny(
-        positional={"type": "rope"},
-        stack={"n_layers": 3, "overrides": [{"layers": [0, 2], "attention": {"sliding_window": 4}}]},
-    )
-    model = build_model(spec).eval()
-    a = torch.randint(1, spec.vocab_size, (1, 10))
-    b = torch.randint(1, spec.vocab_size, (1, 7))
-    batch = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], dim=1)])
-    mask = torch.ones(2, 10, dtype=torch.long)
-    mask[1, :3] = 0
-    nxt = torch.randint(1, spec.vocab_size, (2, 12))
-    with torch.no_grad():
-        out = model(batch, attention_mask=mask, use_cache=True)
-        for i in range(12):
-            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-            step = model(nxt[:, i : i + 1], attention_mask=mask, cache=out.cache).logits
-        assert out.cache.keys(1).shape[2] == 22  # the full-attention layer keeps everything
-        assert out.cache.keys(0).shape[2] < 22
-        alone_a = model(torch.cat([a, nxt[:1]], dim=1)).logits[:, -1]
-        alone_b = model(torch.cat([b, nxt[1:]], dim=1)).logits[:, -1]
-    assert torch.allclose(step[0, -1], alone_a[0], atol=1e-5)
-    assert torch.allclose(step[1, -1], alone_b[0], atol=1e-5)
 
 
 def test_crop_within_a_sliding_window_and_beyond_it(tiny: Tiny) -> None:

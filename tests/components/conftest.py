@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from specformer.specs.merge import deep_merge
 from specformer.specs.schema import ModelSpec
 
 
@@ -24,26 +25,15 @@ def make_tiny(kind: str = "decoder", **changes: Any) -> ModelSpec:
     data: dict[str, Any] = {"kind": kind, "vocab_size": 61, "d_model": 32, "max_seq_len": 64}
     data["positional"] = {"type": "rope"}
     stack_changes = changes.pop("stack", {})
-    stack = _merge(stack, stack_changes)
+    stack = deep_merge(stack, stack_changes)
     if kind in ("decoder", "encoder-decoder"):
         data["decoder"] = copy.deepcopy(stack)
     if kind in ("encoder", "encoder-decoder"):
         data["encoder"] = copy.deepcopy(stack)
     if kind == "encoder":
         data["head"] = {"type": "lm"}
-    data = _merge(data, changes)
+    data = deep_merge(data, changes)
     return ModelSpec.model_validate(data)
-
-
-def _merge(base: Any, over: Any) -> Any:
-    if isinstance(base, dict) and isinstance(over, dict):
-        if "type" in over and "type" in base and over["type"] != base["type"]:
-            return copy.deepcopy(over)
-        out = copy.deepcopy(base)
-        for k, v in over.items():
-            out[k] = _merge(out[k], v) if k in out else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(over)
 
 
 @pytest.fixture(autouse=True)

@@ -52,6 +52,14 @@ class _TiedOutput(nn.Module):
         """The token embedding matrix (V, D) this head projects with when tied, else None."""
         return self._tied.weight if self._tied is not None else None
 
+    def _projection(self) -> tuple[Tensor, Tensor | None]:
+        """(weight (V, D), bias (V,) or None) of the vocabulary product: the head's own
+        ``proj`` or the tied embedding, with whichever bias the head has."""
+        proj = self.proj
+        if proj is None:
+            return self._tied.weight, self.bias
+        return proj.weight, proj.bias if proj.bias is not None else self.bias
+
 
 class LMHead(_TiedOutput):
     """Language-model head: logits = x W^T (+ b), with W the token embeddings when tied
@@ -75,18 +83,15 @@ class LMHead(_TiedOutput):
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale
-        if self.proj is not None:
-            return self.proj(x)  # (B, T, V)
-        return F.linear(x, self._tied.weight, self.bias)  # (B, T, V)
+        return F.linear(x, *self._projection())  # (B, T, V)
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the logits ``forward(x)`` would give against labels (B, T)."""
         _check_labels(x, labels)
         if self.input_scale is not None:
             x = x * self.input_scale
-        weight, bias = (self.proj.weight, self.proj.bias) if self.proj is not None else (self._tied.weight, self.bias)
         return linear_cross_entropy(
-            x.reshape(-1, x.shape[-1]), weight, bias, labels.reshape(-1), label_smoothing=label_smoothing
+            x.reshape(-1, x.shape[-1]), *self._projection(), labels.reshape(-1), label_smoothing=label_smoothing
         )
 
     def init_parameters(self, std: float) -> None:
@@ -123,9 +128,7 @@ class MLMHead(_TiedOutput):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if spec.bias else None
 
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        h = self.transform(x)  # (B, T, D)
-        weight = self.proj.weight if self.proj is not None else self._tied.weight
-        return F.linear(h, weight, self.bias)  # (B, T, V)
+        return F.linear(self.transform(x), *self._projection())  # (B, T, V)
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy against labels (B, T), computed on the labelled positions
@@ -134,8 +137,7 @@ class MLMHead(_TiedOutput):
         flat = labels.reshape(-1)
         keep = flat != IGNORE_INDEX
         h = self.transform(x.reshape(-1, x.shape[-1])[keep])  # (n, D)
-        weight = self.proj.weight if self.proj is not None else self._tied.weight
-        return linear_cross_entropy(h, weight, self.bias, flat[keep], label_smoothing=label_smoothing)
+        return linear_cross_entropy(h, *self._projection(), flat[keep], label_smoothing=label_smoothing)
 
     def init_parameters(self, std: float) -> None:
         if self.bias is not None:

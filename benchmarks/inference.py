@@ -5,16 +5,28 @@ specformer against transformers and x-transformers (eval mode, no grad).
 Decoding loops are written the same way for every library: one prompt pass, then one
 token per call through the library's own cache; only the decoding steps are timed.
 
+Decoding at a small batch is bound by memory, not arithmetic: each step reads every
+weight of the decoder and its head, and the KV cache, once. So each decoding row also
+reports the machine's floor for that work, measured in the same run: the bytes one
+step reads (recorded from specformer's decoding: every operation's tensor inputs, and of
+a lookup table such as the embedding only the rows it returns) and the time ``torch.sum``
+takes to read as many bytes, re-read every time as decoding re-reads its weights.
+``of floor`` is that floor over the library's time: 100% would be decoding at the
+speed of reading the weights.
+
     python -m benchmarks.inference [--quick] [--shapes ...] [--out inference.json]
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from benchmarks.common import (
     Adapter,
@@ -33,12 +45,67 @@ from benchmarks.common import (
     write_json,
 )
 
-__all__ = ["main"]
+__all__ = ["main", "decode_bytes", "timed_read"]
+
+_FLOOR = "read the same bytes"
+
+
+class _BytesRead(TorchDispatchMode):
+    """Sums the bytes of every tensor an operation reads: its tensor inputs (a view counts
+    the elements it spans); for a lookup (embedding, indexing) the rows it returns rather
+    than its whole table; for a copy its source only; nothing for operations that read no
+    data (views, ``empty``-likes, fills)."""
+
+    _LOOKUPS = {torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
+                torch.ops.aten.index_select.default, torch.ops.aten.gather.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.__name__
+        if func in self._LOOKUPS:
+            inputs: Any = out
+        elif func.is_view or name.startswith(("_unsafe_view", "empty", "new_empty", "resize_", "fill_")):
+            inputs = ()
+        else:
+            inputs = args[1:] if name.startswith("copy_") else (*args, *kwargs.values())
+        self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
+        return out
+
+
+def decode_bytes(a: Adapter, batch: Any, n: int, *, bf16: bool, dev: torch.device) -> float:
+    """Bytes one decoding step of ``a`` reads, averaged over ``n`` steps after ``batch``'s
+    prompt: the bytes read by ``a.decode(batch, n)`` less those of ``a.decode(batch, 0)``
+    (the same prompt pass, no step)."""
+    totals = []
+    for steps in (0, n):
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16), _BytesRead() as rec:
+            a.decode(batch, steps)
+        totals.append(rec.bytes)
+    return (totals[1] - totals[0]) / n
+
+
+def timed_read(nbytes: float, n: int, dev: torch.device) -> Callable[[], float]:
+    """A callable timing ``n`` reads of ``nbytes`` of float32 by ``torch.sum``, the same
+    buffer each time (as decoding re-reads its weights every step); returns seconds."""
+    buf = torch.ones(max(1, int(nbytes) // 4), device=dev)
+
+    def run() -> float:
+        sync(dev)
+        start = time.perf_counter()
+        for _ in range(n):
+            buf.sum()
+        sync(dev)
+        return time.perf_counter() - start
+
+    return run
 
 
 def _timed_prefill(a: Adapter, batch: Any, dev: torch.device, bf16: bool):  # type: ignore[no-untyped-def]
-    import time
-
     def run() -> float:
         sync(dev)
         start = time.perf_counter()
@@ -95,9 +162,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"{shape.name}: a prompt of {prompt} leaves no room below max_seq_len")
             for b in args.decode_batches:
                 prompt_batch = make_batch(shape, dev, batch=b, seq_len=prompt, seed=1)
-                times = alternate({a.library: _timed_decode(a, prompt_batch, n, dev, bf16) for a in decoders},
-                                  warmup=warmup, repeat=repeat)
-                rows += _rows(shape.name, precision, f"decode b{b}", b, b * n, decoders, times, check)
+                step_bytes = decode_bytes(decoders[0], prompt_batch, n, bf16=bf16, dev=dev)
+                runs = {a.library: _timed_decode(a, prompt_batch, n, dev, bf16) for a in decoders}
+                # the floor is timed in the same rounds, so load hits it as it hits the libraries
+                times = alternate({**runs, _FLOOR: timed_read(step_bytes, n, dev)}, warmup=warmup, repeat=repeat)
+                floor = median(times.pop(_FLOOR))
+                rows += _rows(shape.name, precision, f"decode b{b}", b, b * n, decoders, times, check,
+                              floor=(step_bytes, floor))
         del adapters
         gc.collect()
     payload = {"benchmark": "inference", "machine": machine_info(dev), "libraries": libraries,
@@ -107,16 +178,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                "results": rows}
     print_table(
         f"Inference on {dev} (prompt {prompt}, {new} new tokens per decode run)",
-        ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×"],
+        ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×", "MB/step",
+         "floor ms", "of floor"],
         [[r["shape"], r["task"], r["precision"], r["library"], r["batch"], r["ms"], r["tokens_per_s"],
-          r["speedup_of_specformer"]] for r in rows],
+          r["speedup_of_specformer"], _mb(r["bytes_per_step"]), r["floor_ms"],
+          None if r["fraction_of_floor"] is None else f"{100 * r['fraction_of_floor']:.0f}%"] for r in rows],
     )
     write_json(args.out, payload)
     return payload
 
 
+def _mb(nbytes: float | None) -> str | None:
+    return None if nbytes is None else f"{nbytes / 1e6:.1f}"
+
+
 def _rows(shape: str, precision: str, task: str, batch: int, tokens: int, adapters: Sequence[Adapter],
-          times: dict[str, list[float]], check: float) -> list[dict[str, Any]]:
+          times: dict[str, list[float]], check: float,
+          floor: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+    """One row per library; ``floor`` is (bytes one decoding step reads, seconds to read
+    them for the whole run) on decoding rows."""
     ours = median(times["specformer"])
     out = []
     for a in adapters:
@@ -125,6 +205,9 @@ def _rows(shape: str, precision: str, task: str, batch: int, tokens: int, adapte
                     "batch": batch, "tokens": tokens, "ms": 1e3 * t, "times_s": times[a.library],
                     "tokens_per_s": tokens / t,
                     "speedup_of_specformer": t / ours if a.library != "specformer" else None,
+                    "bytes_per_step": floor[0] if floor else None,
+                    "floor_ms": 1e3 * floor[1] if floor else None,
+                    "fraction_of_floor": floor[1] / t if floor else None,
                     "logits_max_diff_vs_specformer": check if a.library == "transformers" else None,
                     "notes": a.notes})
     return out

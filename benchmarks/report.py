@@ -25,6 +25,13 @@ def _n(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
 
+def _floor(r: dict[str, Any]) -> list[str]:
+    """The decoding floor's columns (files written before it existed have none)."""
+    if r.get("floor_ms") is None:
+        return ["–", "–", "–"]
+    return [f"{r['bytes_per_step'] / 1e6:.1f}", _n(r["floor_ms"]), f"{100 * r['fraction_of_floor']:.0f}%"]
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -44,9 +51,10 @@ def render(data: dict[str, Any]) -> str:
         )
     if kind == "inference":
         return _table(
-            ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×"],
+            ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×", "MB/step",
+             "floor ms", "of floor"],
             [[r["shape"], r["task"], r["precision"], r["library"], str(r["batch"]), _n(r["ms"]),
-              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"])] for r in rows],
+              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"]), *_floor(r)] for r in rows],
         )
     if kind == "memory":
         return _table(

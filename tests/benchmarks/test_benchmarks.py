@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
 
-from benchmarks import cli, inference, memory, report, run_all, train  # noqa: E402
+from benchmarks import cli, common, inference, memory, report, run_all, train  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     QUICK_SHAPES,
     available_libraries,
@@ -131,8 +131,32 @@ def test_inference_quick(tmp_path: Path) -> None:
         assert r["tokens_per_s"] > 0
         if r["task"] == "decode b8":
             assert r["tokens"] == 8 * 2
+        if r["task"].startswith("decode"):
+            assert r["bytes_per_step"] > 0 and r["floor_ms"] > 0
+            assert r["fraction_of_floor"] == pytest.approx(r["floor_ms"] / r["ms"])
+        else:
+            assert r["floor_ms"] is None
     assert "| llama-style | decode b1 |" in report.render(_load(out))
     assert "| llama-style | decode b1 | fp32 | transformers |" in report.ratios([("run", _load(out))])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_decode_bytes_are_the_weights_and_the_kv_cache_a_step_reads(kind: str) -> None:
+    # every weight but the embedding tables (one row of them is read), plus the keys and
+    # values of every position up to the new one; activations add about 1% at this size
+    d, layers, kv_heads, vocab, prompt, steps = 256, 2, 2, 1024, 24, 4
+    spec = (common.llama_style(d, layers, 4, kv_heads, 512, vocab, 64) if kind == "llama"
+            else common.gpt2_style(d, layers, 4, vocab, 64))
+    shape = common.Shape(kind, spec, batch=1, seq_len=64)
+    adapter = common.build_single(shape, CPU, "specformer")
+    adapter.model.eval()
+    batch = make_batch(shape, CPU, batch=1, seq_len=prompt, seed=1)
+    weights = sum(p.numel() * 4 for n, p in adapter.model.named_parameters()
+                  if not n.startswith("embed.") or (kind == "gpt2" and n == "embed.tokens.weight"))
+    heads_kv = kv_heads if kind == "llama" else 4
+    kv = 2 * layers * heads_kv * (d // 4) * 4 * sum(prompt + 1 + i for i in range(steps)) / steps
+    got = inference.decode_bytes(adapter, batch, steps, bf16=False, dev=CPU)
+    assert weights + kv <= got <= 1.02 * (weights + kv)
 
 
 @pytest.mark.slow

@@ -110,7 +110,8 @@ def eager_attention(
     (out, weights (B, H, T, S))."""
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale  # (B, H, T, S)
+    scores = torch.matmul(q, k.transpose(-2, -1))  # (B, H, T, S)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # softmax in >= float32
     if is_causal:
         t, s = scores.shape[-2:]
         causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
@@ -119,7 +120,7 @@ def eager_attention(
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
-            scores = scores + mask.float()
+            scores = scores + mask.to(scores.dtype)
     weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S)
     weights = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
     return torch.matmul(weights, v), weights  # (B, H, T, Dh)

@@ -175,14 +175,23 @@ def linear_cross_entropy(
             f"linear_cross_entropy: expected x (N, D) and labels (N,), got x {tuple(x.shape)} "
             f"and labels {tuple(labels.shape)}"
         )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be integer class indices (or {IGNORE_INDEX}: no label), got {labels.dtype}")
     labels = labels.long()
+    vocab = weight.shape[0]
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))
+    if bool(bad.any()):
+        raise ValueError(
+            f"labels must be class indices in [0, {vocab}) or {IGNORE_INDEX} (no label); "
+            f"found {int(labels[bad][0])}"
+        )
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return _LinearCrossEntropy.apply(x, weight, bias, labels, float(label_smoothing))
     dtype = _compute_dtype(x)
     acc = _loss_dtype(dtype)
-    n, vocab = x.shape[0], weight.shape[0]
+    n = x.shape[0]
     count = (labels != IGNORE_INDEX).sum()
     total = torch.zeros((), dtype=acc, device=x.device)
     with torch.autocast(x.device.type, enabled=False):

@@ -38,6 +38,21 @@ def default_position_ids(attention_mask: Tensor | None, past: int, length: int, 
     return positions[:, -length:].clamp(min=0)  # (B, T)
 
 
+def _check_ids(ids: Tensor, mask: Tensor | None, past: int, *, name: str, mask_name: str) -> None:
+    """Clear errors for token ids that are not (B, T) integers and for a mask (B, past + T)
+    that does not cover them, before any embedding or broadcasting error could."""
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be (batch, length), got shape {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got {ids.dtype}")
+    if mask is not None and tuple(mask.shape) != (ids.shape[0], past + ids.shape[1]):
+        covers = f"the {past} cached and {ids.shape[1]} new" if past else f"the {ids.shape[1]}"
+        raise ValueError(
+            f"{mask_name} must be (batch, length) = ({ids.shape[0]}, {past + ids.shape[1]}), covering "
+            f"{covers} positions of {name}; got shape {tuple(mask.shape)}"
+        )
+
+
 def _head(
     head: nn.Module,
     h: Tensor,
@@ -98,8 +113,9 @@ class DecoderModel(_Model):
         ``labels`` (B, T), shifted: the loss instead of the logits (module docstring)."""
         if use_cache and cache is None:
             cache = KVCache()
-        t = input_ids.shape[1]
         past = cache.length if cache is not None else 0
+        _check_ids(input_ids, attention_mask, past, name="input_ids", mask_name="attention_mask")
+        t = input_ids.shape[1]
         n_positions = past + t
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, past, t, input_ids.device)
@@ -139,6 +155,7 @@ class EncoderModel(_Model):
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V) for mlm/lm heads, (B, C) for classification.
         ``labels`` ((B, T), or (B,) for classification): the loss (module docstring)."""
+        _check_ids(input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask")
         t = input_ids.shape[1]
         n_positions = t
         if position_ids is None:
@@ -180,6 +197,7 @@ class EncoderDecoderModel(_Model):
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """input_ids (B, S) -> encoder output (B, S, D), after the encoder's final norm."""
+        _check_ids(input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask")
         s = input_ids.shape[1]
         position_ids = torch.arange(s, device=input_ids.device)[None]  # (1, S)
         x = self.embed(input_ids, position_ids=position_ids, n_positions=s)
@@ -216,8 +234,10 @@ class EncoderDecoderModel(_Model):
             encoder_hidden_states = self.encode(input_ids, attention_mask)
         if use_cache and cache is None:
             cache = KVCache()
-        t = decoder_input_ids.shape[1]
         past = cache.length if cache is not None else 0
+        _check_ids(decoder_input_ids, decoder_attention_mask, past, name="decoder_input_ids",
+                   mask_name="decoder_attention_mask")
+        t = decoder_input_ids.shape[1]
         n_positions = past + t
         if decoder_position_ids is None:
             decoder_position_ids = default_position_ids(

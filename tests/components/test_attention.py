@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from specformer.builder import build_model
-from specformer.components.attention import Attention
+from specformer.components.attention import Attention, eager_attention
 from specformer.specs.schema import AttentionSpec, ModelSpec
 
 Tiny = Callable[..., ModelSpec]
@@ -101,6 +101,25 @@ def test_sdpa_equals_eager(tiny: Tiny, positional: str, kind: str, masked: bool)
         a = sdpa(ids, **kwargs).logits
         b = eager(ids, **kwargs).logits
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_eager_attention_computes_in_float64_when_given_float64(tiny: Tiny) -> None:
+    # the softmax runs in at least float32, never below the input's precision
+    q, k, v = (3 * torch.randn(1, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    exact = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1) @ v
+    out, weights = eager_attention(q, k, v, mask=None, is_causal=False, scale=8**-0.5, dropout=0.0)
+    assert out.dtype == weights.dtype == torch.float64
+    torch.testing.assert_close(out, exact, rtol=0, atol=1e-12)
+    sdpa = build_model(tiny(stack={"attention": {"backend": "sdpa"}}), dtype=torch.float64).eval()
+    eager = build_model(tiny(stack={"attention": {"backend": "eager"}}), dtype=torch.float64).eval()
+    with torch.no_grad():
+        for p in sdpa.parameters():
+            p.mul_(8)  # large scores: float32 scores would differ by ~1e-5
+        eager.load_state_dict(sdpa.state_dict())
+        ids = torch.randint(0, 61, (2, 9))
+        a = sdpa(ids).logits
+        torch.testing.assert_close(eager(ids).logits, a, rtol=0, atol=1e-10)
+        torch.testing.assert_close(sdpa(ids, output_attentions=True).logits, a, rtol=0, atol=1e-10)
 
 
 def test_output_attentions_returns_rows_that_sum_to_one_and_respect_causality(tiny: Tiny) -> None:

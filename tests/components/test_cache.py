@@ -149,7 +149,8 @@ def test_a_mask_that_does_not_cover_the_cache_is_a_readable_error(tiny: Tiny) ->
     model = build_model(tiny()).eval()
     with torch.no_grad():
         out = model(torch.randint(0, 61, (1, 4)), use_cache=True)
-        with pytest.raises(ValueError, match="covers 1 positions but there are 5 keys"):
+        with pytest.raises(ValueError, match=r"attention_mask must be \(batch, length\) = \(1, 5\), covering the 4 cached and 1 new "
+                           r"positions of input_ids; got shape \(1, 1\)"):
             model(torch.randint(0, 61, (1, 1)), attention_mask=torch.ones(1, 1), cache=out.cache)
 
 

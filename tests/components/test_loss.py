@@ -161,6 +161,24 @@ def test_mismatched_labels_are_a_clear_error(tiny: Tiny) -> None:
         linear_cross_entropy(x, w, b, y[:-1])
 
 
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("label", [-1, -101, 61])
+def test_labels_outside_the_vocabulary_are_a_clear_error(tiny: Tiny, grad: bool, label: int) -> None:
+    # a label below 0 (other than -100) or >= V must not be scored as some class
+    model = build_model(tiny())
+    ids, labels = torch.randint(0, 61, (2, 8)), torch.randint(0, 61, (2, 8))
+    labels[1, 3] = label
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match=rf"\[0, 61\) or -100 .*found {label}"):
+        model(ids, labels=labels)
+
+
+def test_float_labels_are_a_clear_error(tiny: Tiny) -> None:
+    model = build_model(tiny())
+    ids = torch.randint(0, 61, (2, 8))
+    with pytest.raises(TypeError, match="labels must be integer class indices.*torch.float32"):
+        model(ids, labels=torch.randint(0, 61, (2, 8)).float())
+
+
 def test_int32_labels_are_accepted(tiny: Tiny) -> None:
     model = build_model(tiny())
     ids, labels = torch.randint(0, 61, (2, 8)), torch.randint(0, 61, (2, 8))

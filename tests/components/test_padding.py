@@ -79,3 +79,21 @@ def test_encoder_decoder_source_padding_invariance(tiny: Tiny) -> None:
         for i in range(2):
             alone = model(srcs[i][None], decoder_input_ids=tgts[i][None]).logits[0]
             assert torch.allclose(batched.logits[i, : len(tgts[i])], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])
+def test_bad_ids_and_masks_are_clear_errors(tiny: Tiny, positional: str, kind: str) -> None:
+    # caught before the embedding, whatever the positional scheme
+    model = build_model(tiny(kind, positional={"type": positional})).eval()
+    ids = torch.randint(1, 61, (1, 5))
+    extra = {"decoder_input_ids": ids} if kind == "encoder-decoder" else {}
+    with pytest.raises(ValueError, match=r"attention_mask must be \(batch, length\) = \(1, 5\).*got shape \(1, 4\)"):
+        model(ids, attention_mask=torch.ones(1, 4), **extra)
+    with pytest.raises(ValueError, match=r"input_ids must be \(batch, length\), got shape \(5,\)"):
+        model(ids[0], **extra)
+    with pytest.raises(TypeError, match="input_ids must hold integer token ids, got torch.float32"):
+        model(ids.float(), **extra)
+    if kind == "encoder-decoder":
+        with pytest.raises(ValueError, match=r"decoder_attention_mask must be \(batch, length\) = \(1, 5\)"):
+            model(ids, decoder_input_ids=ids, decoder_attention_mask=torch.ones(1, 6))

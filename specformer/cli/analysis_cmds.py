@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from specformer.cli.app import app, console, err_console
+from specformer.cli.app import app, console, print_error
 from specformer.cli.spec_cmds import SetOption, load_or_exit
 
 __all__ = ["show", "diff", "Section", "render_markdown", "human_count", "human_bytes", "human_flops"]
@@ -148,7 +148,7 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
 
 def _check_format(output_format: str) -> None:
     if output_format not in FORMATS:
-        err_console.print(f"[bold red]error:[/] --format must be one of {', '.join(FORMATS)}, got {output_format!r}")
+        print_error(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
         raise typer.Exit(2)
 
 
@@ -158,7 +158,7 @@ def _analysis_errors(fn: Any) -> Any:
     try:
         return fn()
     except ValueError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        print_error(str(exc))
         raise typer.Exit(1) from None
 
 
@@ -422,7 +422,7 @@ def _build_meta(spec: Any) -> Any:
     try:
         from specformer.builder import build_model
     except ImportError as exc:
-        err_console.print(f"[bold red]error:[/] the module tree needs the torch builder, which failed to import: {exc}")
+        print_error(f"the module tree needs the torch builder, which failed to import: {exc}")
         raise typer.Exit(1) from None
     return build_model(spec, device="meta")
 
@@ -613,7 +613,7 @@ def diff(
     """
     _check_format(output_format)
     if len(specs) < 2:
-        err_console.print(f"[bold red]error:[/] diff needs at least two specs, got {len(specs)}")
+        print_error(f"diff needs at least two specs, got {len(specs)}")
         raise typer.Exit(2)
     from specformer.analysis import diff_specs
 

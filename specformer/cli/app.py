@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-__all__ = ["app", "console", "err_console"]
+__all__ = ["app", "console", "err_console", "print_error"]
 
 app = typer.Typer(
     name="specformer",
@@ -20,3 +21,11 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+
+def print_error(message: str, hint: str = "", *, label: str = "[bold red]error:[/]") -> None:
+    """``error: message`` (and a dim hint) on stderr, the text shown exactly as written:
+    square brackets in a user's value or path are not read as rich markup."""
+    err_console.print(f"{label} {escape(message)}", highlight=False, soft_wrap=True)
+    if hint:
+        err_console.print(f"  [dim]{escape(hint)}[/]", highlight=False, soft_wrap=True)

@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from specformer.cli.app import app, console, err_console
+from specformer.cli.app import app, console, print_error
 
 __all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
 
 
 def _fail(message: str) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    print_error(message)
     return typer.Exit(1)
 
 
@@ -90,7 +91,7 @@ def import_hf_cmd(
     output.write_text(compact_spec_yaml(spec, header))
     total = count_parameters(spec).total
     console.print(
-        f"wrote [bold]{output}[/]: {spec.kind} {spec.name!r}, {total:,} parameters", highlight=False
+        f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters", highlight=False
     )
     if weights is not None:
         from safetensors.torch import save_file
@@ -98,7 +99,7 @@ def import_hf_cmd(
         assert state is not None and report is not None
         weights.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in state.items()}, str(weights), metadata={"format": "pt"})
-        console.print(f"wrote [bold]{weights}[/]: {len(state)} tensors", highlight=False)
+        console.print(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors", highlight=False)
         if report.tied:
             console.print(f"  tied copies checked and dropped: {', '.join(report.tied)}", highlight=False)
         if report.ignored:
@@ -141,13 +142,14 @@ def export_hf_cmd(
     except HFConversionError as exc:
         raise _fail(str(exc)) from None
     for warning in warnings:
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        print_error(warning, label="[yellow]warning:[/]")
     import json
 
     model_type = json.loads((output / "config.json").read_text())["model_type"]
     console.print(
-        f"wrote [bold]{output}[/]: Hugging Face {model_type} config.json + model.safetensors "
-        f"({spec.name!r}); load it with transformers.{_auto_name(spec)}.from_pretrained({str(output)!r})",
+        f"wrote [bold]{escape(str(output))}[/]: Hugging Face {model_type} config.json + model.safetensors "
+        f"({escape(repr(spec.name))}); load it with transformers.{_auto_name(spec)}"
+        f".from_pretrained({escape(repr(str(output)))})",
         highlight=False,
     )
 

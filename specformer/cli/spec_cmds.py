@@ -9,10 +9,11 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from specformer.cli.app import app, console, err_console
+from specformer.cli.app import app, console, err_console, print_error
 from specformer.specs.errors import SpecError
 
 __all__ = ["load_or_exit", "print_problems", "SetOption"]
@@ -34,11 +35,11 @@ def print_problems(error: SpecError) -> None:
     n = len(error.problems)
     err_console.print(f"[bold red]error:[/] {n} problem{'s' if n != 1 else ''} in the spec", highlight=False)
     for problem in error.problems:
-        where = f"[bold]{problem.position}[/]: " if problem.position else ""
-        field = f"[cyan]{problem.path}[/]: " if problem.path else ""
-        err_console.print(f"  {where}{field}{problem.message}", highlight=False, markup=True, soft_wrap=True)
+        where = f"[bold]{escape(str(problem.position))}[/]: " if problem.position else ""
+        field = f"[cyan]{escape(str(problem.path))}[/]: " if problem.path else ""
+        err_console.print(f"  {where}{field}{escape(problem.message)}", highlight=False, soft_wrap=True)
         if problem.hint:
-            err_console.print(f"      [dim]{problem.hint}[/]", highlight=False, soft_wrap=True)
+            err_console.print(f"      [dim]{escape(problem.hint)}[/]", highlight=False, soft_wrap=True)
 
 
 def load_or_exit(source: str, overrides: list[str] | None = None):
@@ -116,7 +117,7 @@ def validate(
         specformer validate my.yaml --set decoder.n_layers=4 --set positional.type=rope
     """
     if output_format not in ("yaml", "json"):
-        err_console.print(f"[bold red]error:[/] --format must be yaml or json, got {output_format!r}")
+        print_error(f"--format must be yaml or json, got {output_format!r}")
         raise typer.Exit(2)
     resolved = load_or_exit(spec, set_)
     if quiet:

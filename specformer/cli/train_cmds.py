@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from specformer.cli.app import app, console, err_console
+from specformer.cli.app import app, console, err_console, print_error
 from specformer.cli.spec_cmds import SetOption, print_problems
 from specformer.specs.errors import SpecError
 
@@ -25,9 +26,7 @@ DEBUG_ENV = "SPECFORMER_DEBUG"
 
 
 def _fail(message: str, hint: str = "") -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    if hint:
-        err_console.print(f"  [dim]{hint}[/]", highlight=False, soft_wrap=True)
+    print_error(message, hint)
     return typer.Exit(1)
 
 
@@ -187,7 +186,7 @@ def train_cmd(
             spec_obj = _load_spec(spec, training, set_)
         from specformer.training.run import train
 
-        console.print(f"[bold]training[/] {spec_obj.name} ({spec_obj.kind}) — preparing data…", highlight=False)
+        console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
         result = train(spec_obj, resume=resume, progress=progress, console=err_console)
     console.print(_summary_table(result))
 

@@ -234,8 +234,9 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
+            what = f"{path} is a directory, not a YAML file" if path.is_dir() else f"file not found: {path}"
             raise SpecError(
-                [SpecProblem(f"file not found: {path}", path="extends" if position else "", position=position)]
+                [SpecProblem(what, path="extends" if position else "", position=position)]
             )
         return path.resolve()
     if ref in preset_names():

@@ -87,3 +87,23 @@ def test_docs_field_reference_is_current():
     assert generated == "\n" + field_reference(), (
         "docs/spec.md is stale: run `python -m specformer.specs.reference docs/spec.md`"
     )
+
+
+def test_errors_show_the_users_text_as_written(tmp_path):
+    # square brackets in a path, a value or a --set are not rich markup
+    path = tmp_path / "[red]my.yaml"
+    path.write_text('kind: "[bold]decodr"\nvocab_size: 10\nd_model: 8\n')
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert f"{path}:1:1: kind: '[bold]decodr' is not allowed" in result.stderr
+    result = runner.invoke(app, ["validate", "gpt2-small", "--set", "training.optimizer.betas=[a, b]"])
+    assert result.exit_code == 1
+    assert "--set training.optimizer.betas=[a, b]: training.optimizer.betas.0" in result.stderr
+
+
+def test_a_directory_is_not_reported_as_missing(tmp_path):
+    folder = tmp_path / "specs.yaml"
+    folder.mkdir()
+    result = runner.invoke(app, ["validate", str(folder)])
+    assert result.exit_code == 1
+    assert f"{folder} is a directory, not a YAML file" in result.stderr

@@ -314,11 +314,11 @@ def show(
 
     Examples:
 
-        specformer show gpt2-small
-
-        specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown
-
-        specformer show my.yaml --tree
+    ```
+    specformer show gpt2-small
+    specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown
+    specformer show my.yaml --tree
+    ```
     """
     _check_format(output_format)
     resolved = load_or_exit(spec, set_)
@@ -607,9 +607,10 @@ def diff(
 
     Examples:
 
-        specformer diff gpt2-small my-variant.yaml
-
-        specformer diff gpt2-small gpt2-medium gpt2-large --format markdown
+    ```
+    specformer diff gpt2-small my-variant.yaml
+    specformer diff gpt2-small gpt2-medium gpt2-large --format markdown
+    ```
     """
     _check_format(output_format)
     if len(specs) < 2:

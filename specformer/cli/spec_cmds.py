@@ -9,6 +9,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
@@ -63,10 +64,14 @@ def list_presets() -> None:
     from specformer.analysis import count_parameters
     from specformer.specs.loader import load_spec, preset_names
 
+    names = preset_names()
     table = Table(title="specformer presets", header_style="bold")
     for column in ("name", "kind", "layers", "d_model", "heads", "positional", "norm", "ffn", "params"):
         table.add_column(column, justify="right" if column in ("layers", "d_model", "heads", "params") else "left")
-    for name in preset_names():
+    # names are what the user types next: never shortened, however narrow the terminal
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = max(map(len, names))
+    for name in names:
         spec = load_spec(name)
         stacks = list(spec.stacks())
         _, first = stacks[0]
@@ -86,7 +91,8 @@ def list_presets() -> None:
             ffn_text,
             _human(count_parameters(spec).total),
         )
-    console.print(table)
+    # piped or redirected: a wide table rather than one cut to 80 columns
+    (console if console.is_terminal else Console(width=160, soft_wrap=False)).print(table)
 
 
 def _human(n: int) -> str:
@@ -112,9 +118,10 @@ def validate(
 
     Examples:
 
-        specformer validate gpt2-small
-
-        specformer validate my.yaml --set decoder.n_layers=4 --set positional.type=rope
+    ```
+    specformer validate gpt2-small
+    specformer validate my.yaml --set decoder.n_layers=4 --set positional.type=rope
+    ```
     """
     if output_format not in ("yaml", "json"):
         print_error(f"--format must be yaml or json, got {output_format!r}")
@@ -136,9 +143,10 @@ def schema() -> None:
 
     Save it and point yaml-language-server at it with a first line in your spec:
 
-        specformer schema > specformer.schema.json
-
-        # yaml-language-server: $schema=specformer.schema.json
+    ```
+    specformer schema > specformer.schema.json
+    # yaml-language-server: $schema=specformer.schema.json
+    ```
     """
     from specformer.specs.jsonschema import spec_json_schema
 

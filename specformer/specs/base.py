@@ -16,7 +16,7 @@ class Spec(BaseModel):
     silently ignored setting, and a validated spec can be hashed and shared.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
 
 def family_union(family: str, default: str | None = None) -> Any:

@@ -16,6 +16,7 @@ other type). Chains work; a cycle is an error.
 from __future__ import annotations
 
 import copy
+import re
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
@@ -62,7 +63,17 @@ TYPE_HINTS = {
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader; positions are read from the composed node tree."""
+    """PyYAML's safe loader; positions are read from the composed node tree.
+
+    Floats follow YAML 1.2 as well as 1.1: ``1e-6`` is a number (PyYAML's YAML 1.1
+    resolver wants a dot, ``1.0e-6``, and would read a string), as users write it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 _PLAIN_TAGS = {
@@ -360,6 +371,11 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
         if not isinstance(node, dict):
             raise TypeError(f"{_dotted(parts[:i])} is {_type_name(node)}, not a mapping")
         if node.get(part) is None:
+            if isinstance(parts[i + 1], int):  # an item of a list the spec does not have
+                raise IndexError(
+                    f"no item {parts[i + 1]}: the spec has no {_dotted(parts[: i + 1])} list; set the whole "
+                    f"list, e.g. --set '{_dotted(parts[: i + 1])}=[...]'"
+                )
             node[part] = {}
         node = node[part]
     last = parts[-1]

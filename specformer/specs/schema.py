@@ -348,6 +348,7 @@ class LayerOverride(Spec):
     """
 
     layers: tuple[NonNegativeInt, ...] = Field(
+        strict=False,  # a YAML list is a tuple here (its items stay strict)
         description='Layer indices: a list [0, 2], a single index, or a range "0-5" (inclusive).'
     )
     attention: AttentionFamily | None = None
@@ -375,7 +376,7 @@ class LayerOverride(Spec):
             except ValueError:
                 raise PydanticCustomError(
                     "layer_range",
-                    'expected a layer index, a list of indices or a range like "0-5", got {value!r}',
+                    'expected a layer index, a list of indices or a range like "0-5" (low to high)',
                     {"value": value},
                 ) from None
         return value
@@ -398,7 +399,7 @@ class StackSpec(Spec):
         0.0, description="Dropout on the stack's output, after the final norm (T5 applies its dropout rate there)."
     )
     overrides: tuple[LayerOverride, ...] = Field(
-        (), description="Per-layer settings for heterogeneous stacks; later entries win."
+        (), strict=False, description="Per-layer settings for heterogeneous stacks; later entries win."
     )
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from pydantic import (
     PositiveInt,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from specformer.registry import REGISTRY, register
 from specformer.specs.base import Spec, family_union
@@ -132,7 +133,7 @@ class FilesDataSpec(Spec):
     """Local text files: paths or globs (``**`` recurses), one document per file."""
 
     type: Literal["files"] = "files"
-    paths: tuple[str, ...] = Field(description="Files, directories or globs, e.g. ['data/**/*.txt'].")
+    paths: tuple[str, ...] = Field(strict=False, description="Files, directories or globs, e.g. ['data/**/*.txt'].")
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
         0.05, description="Fraction of files held out for validation (chosen by a hash of the path)."
     )
@@ -219,7 +220,7 @@ class AdamWSpec(Spec):
 
     type: Literal["adamw"] = "adamw"
     lr: PositiveFloat = Field(3e-4, description="Peak learning rate (the inverse-sqrt schedule sets its own).")
-    betas: tuple[Probability, Probability] = Field((0.9, 0.95), description="Adam's beta1, beta2.")
+    betas: tuple[Probability, Probability] = Field((0.9, 0.95), strict=False, description="Adam's beta1, beta2.")
     eps: PositiveFloat = Field(1e-8, description="Adam's epsilon.")
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.1, description="Decoupled weight decay of matrices.")
 
@@ -345,9 +346,22 @@ class TrainingSpec(Spec):
     compile: bool = Field(False, description="Compile the model with torch.compile.")
     strategy: str = Field("auto", description="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ...")
     accelerator: str = Field("auto", description="Lightning accelerator: auto, cpu, gpu, cuda, mps, tpu.")
-    devices: PositiveInt | tuple[NonNegativeInt, ...] | Literal["auto"] = Field(
+    devices: PositiveInt | Annotated[tuple[NonNegativeInt, ...], Field(strict=False)] | Literal["auto"] = Field(
         "auto", description="Devices per node: a count, a list of indices or auto."
     )
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, value: Any) -> Any:
+        # one clear message instead of one per member of the union
+        def index(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+        if value == "auto" or (index(value) and value > 0) or (isinstance(value, list | tuple) and all(map(index, value))):
+            return value
+        raise PydanticCustomError(
+            "devices", "expected a device count (1, 2, ...), a list of device indices ([0, 1]) or 'auto'"
+        )
     num_nodes: PositiveInt = Field(1, description="Machines taking part.")
     num_workers: NonNegativeInt | None = Field(
         None, description="DataLoader worker processes; default a small number that fits the machine."

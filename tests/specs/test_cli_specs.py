@@ -107,3 +107,21 @@ def test_a_directory_is_not_reported_as_missing(tmp_path):
     result = runner.invoke(app, ["validate", str(folder)])
     assert result.exit_code == 1
     assert f"{folder} is a directory, not a YAML file" in result.stderr
+
+
+def test_list_never_shortens_a_preset_name():
+    # piped or in a narrow terminal, the names a user types next stay whole
+    from specformer.specs.loader import preset_names
+
+    result = runner.invoke(app, ["list"], env={"COLUMNS": "60"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    for name in preset_names():
+        assert f" {name} " in result.stdout
+
+
+def test_help_examples_are_shown_verbatim():
+    result = runner.invoke(app, ["schema", "--help"], env={"COLUMNS": "120"})
+    assert "# yaml-language-server: $schema=specformer.schema.json" in result.stdout
+    result = runner.invoke(app, ["show", "--help"], env={"COLUMNS": "120"})
+    assert "specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown" in result.stdout

@@ -63,6 +63,17 @@ BAD_INPUTS = [
     ("extends-unknown-preset", "extends: gpt2-smal\n", 1, "extends", ["did you mean 'gpt2-small'"]),
     ("extends-not-string", "extends: [gpt-nano]\n", 1, "extends", ["preset name or a path"]),
     ("empty-file", "\n", 1, "", ["empty"]),
+    # sizes are integers and switches booleans: 64.0, "128", true or "false" are not coerced
+    ("float-size", "extends: gpt-nano\nd_model: 64.0\n", 2, "d_model", ["valid integer", "64.0"]),
+    ("string-size", "extends: gpt-nano\nd_model: '128'\n", 2, "d_model", ["valid integer", "'128'"]),
+    ("bool-size", "extends: gpt-nano\ndecoder: {n_layers: true}\n", 2, "decoder.n_layers", ["valid integer", "True"]),
+    ("string-bool", "extends: gpt-nano\nembedding: {tie_output: 'false'}\n", 2, "embedding.tie_output",
+     ["valid boolean", "'false'"]),
+    ("int-bool", "extends: gpt-nano\nembedding: {tie_output: 1}\n", 2, "embedding.tie_output", ["valid boolean"]),
+    ("override-reversed-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '3-1', ffn: {d_ff: 8}}\n",
+     4, "decoder.overrides.0.layers", ['range like "0-5" (low to high), got \'3-1\'']),
+    ("bad-devices", "extends: gpt-nano\ntraining: {devices: [cpu]}\n", 2, "training.devices",
+     ["a device count (1, 2, ...), a list of device indices ([0, 1]) or 'auto'"]),
     ("embedding-norm-placement", "extends: bert-nano\nembedding:\n  norm: {type: layernorm, placement: post}\n", 3,
      "embedding.norm", ["no meaning"]),
 ]
@@ -155,3 +166,20 @@ def test_no_file_is_executed_by_yaml_tags(tmp_path):
     )
     assert not marker.exists()
     assert "not allowed" in problems[0].message
+
+
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    # YAML 1.1 (PyYAML) reads 1e-6 as a string; specs read it as users mean it
+    path = tmp_path / "spec.yaml"
+    path.write_text("extends: gpt-nano\ndecoder:\n  norm: {eps: 1e-6}\n")
+    assert load_spec(path).decoder.norm.eps == 1e-6
+    assert load_spec("gpt-nano", overrides=["decoder.norm.eps=2E-5"]).decoder.norm.eps == 2e-5
+    assert load_spec("gpt-nano", overrides=["name=1e5x"]).name == "1e5x"
+
+
+def test_setting_an_item_of_a_missing_list_says_so():
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt2-small", overrides=["decoder.overrides.0.layers=2"])
+    (problem,) = info.value.problems
+    assert "no item 0: the spec has no decoder.overrides list" in str(problem)
+    assert "--set 'decoder.overrides=[...]'" in str(problem)

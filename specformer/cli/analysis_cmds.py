@@ -327,6 +327,7 @@ def show(
         return
     from specformer.analysis import analyze
 
+    _warn_past_learned_table(resolved, seq_len)
     report = _analysis_errors(lambda: analyze(resolved, batch=batch, seq_len=seq_len, dtype=dtype))
     if output_format == "json":
         typer.echo(json.dumps(report.to_dict(), indent=2))
@@ -334,13 +335,28 @@ def show(
     _emit(_show_sections(report), _show_heading(report), output_format)
 
 
+def _warn_past_learned_table(spec: Any, seq_len: int | None) -> None:
+    """A learned position table has a fixed length: past it the model cannot run (the
+    other schemes extend), so say so rather than print costs of an impossible length."""
+    pos = spec.positional
+    if seq_len is None or pos.type != "learned":
+        return
+    rows = (pos.max_positions - pos.offset) if pos.max_positions is not None else spec.max_seq_len
+    if seq_len > rows:
+        print_error(
+            f"--seq-len {seq_len:,} is past this spec's learned position table ({rows:,} positions): "
+            "the model cannot run at that length; the numbers below are what it would cost",
+            label="[yellow]warning:[/]",
+        )
+
+
 # --------------------------------------------------------------------------- show --tree
 
 
 def module_tree(model: Any) -> dict[str, Any]:
     """A nested description of ``model``: name, type, parameter count, own parameter shapes
-    and children. Consecutive children with the same structure (the layers of a stack) are
-    collapsed into one entry with ``repeat``; ``params`` is then per copy. A tied parameter
+    and children. Consecutive numbered children with the same structure (the layers of a
+    stack) are collapsed into one entry with ``repeat``; ``params`` is then per copy. A tied parameter
     is counted where it first appears and listed elsewhere with ``tied_to``."""
     first_owner: dict[int, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -365,7 +381,9 @@ def _node(name: str, module: Any, prefix: str, first_owner: dict[int, str]) -> d
     i = 0
     while i < len(kids):
         j = i + 1
-        while j < len(kids) and _structure(kids[j]) == _structure(kids[i]):
+        # only numbered siblings (the layers of a stack) collapse into a range: gate_proj and
+        # up_proj stay two entries even when their shapes agree
+        while j < len(kids) and kids[i]["name"].isdigit() and kids[j]["name"].isdigit() and _structure(kids[j]) == _structure(kids[i]):
             j += 1
         node = kids[i]
         if j - i > 1:

@@ -155,6 +155,8 @@ def test_show_tree() -> None:
     assert head["params"] == 0 and head["parameters"][0]["tied_to"] == "embed.tokens.weight"
     md = _ok(["show", "t5-nano", "--tree", "-f", "markdown"]).stdout
     assert md.startswith("### t5-nano module tree") and "rel_bias" in md
+    llama = _ok(["show", "llama2-7b", "--tree"]).stdout  # named siblings of equal shape stay apart
+    assert "gate_proj (Linear)" in llama and "up_proj (Linear)" in llama and "gate_proj–up_proj" not in llama
 
 
 @pytest.mark.parametrize("name", ["bert-base", "t5-small", "transformer-base", "gpt-nano"])
@@ -166,3 +168,12 @@ def test_show_every_kind_in_every_format(name: str, fmt: str) -> None:
         assert json.loads(out)["params"]["total"] == total
     else:
         assert f"{total:,}" in out
+
+
+def test_show_warns_past_a_learned_position_table():
+    result = runner.invoke(app, ["show", "gpt2-small", "--seq-len", "4096"])
+    assert result.exit_code == 0, result.output
+    assert "--seq-len 4,096 is past this spec's learned position table (1,024 positions)" in result.stderr
+    for ok in (["gpt2-small", "--seq-len", "1024"], ["llama2-7b", "--seq-len", "8192"]):  # rope extends
+        result = runner.invoke(app, ["show", *ok])
+        assert result.exit_code == 0 and "warning" not in result.stderr

@@ -6,6 +6,8 @@ plain safetensors (``pytorch_model.bin`` is read with ``torch.load(weights_only=
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,12 +74,17 @@ def import_hf_cmd(
     converted weights reproduces the original's outputs.
     """
     from specformer.analysis import count_parameters
-    from specformer.interop.hf import HFConversionError, import_hf, read_hf_config
+    from specformer.interop.hf import HFConversionError, import_hf, read_hf_config, save_safetensors
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")
     if weights is not None and weights.suffix != ".safetensors":
         raise _fail(f"--weights {weights}: the converted weights are written as safetensors; use a .safetensors name")
+    _check_output_file(output, "--output")
+    if weights is not None:
+        _check_output_file(weights, "--weights")
+        if weights.resolve() == output.resolve():
+            raise _fail(f"--output and --weights are the same file ({output})")
     try:
         config = read_hf_config(source)
         spec, state, report = import_hf(source, weights=weights is not None, name=name)
@@ -87,18 +94,18 @@ def import_hf_cmd(
         f"# Imported by `specformer import-hf` from the Hugging Face {config.get('model_type')} model at\n"
         f"# {source.resolve()}\n"
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(compact_spec_yaml(spec, header))
+    text = compact_spec_yaml(spec, header)
+    writers: dict[Path, Callable[[Path], None]] = {output: lambda path: path.write_text(text, encoding="utf-8")}
+    if weights is not None:
+        assert state is not None
+        writers[weights] = lambda path: save_safetensors(state, path)
+    _write_or_fail(writers)
     total = count_parameters(spec).total
     console.print(
         f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters", highlight=False
     )
     if weights is not None:
-        from safetensors.torch import save_file
-
         assert state is not None and report is not None
-        weights.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in state.items()}, str(weights), metadata={"format": "pt"})
         console.print(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors", highlight=False)
         if report.tied:
             console.print(f"  tied copies checked and dropped: {', '.join(report.tied)}", highlight=False)
@@ -129,29 +136,69 @@ def export_hf_cmd(
     The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral or GPT-NeoX;
     a field with no equivalent there is named in the error. Dropout and init settings
     that the family cannot express are reported and left out (they do not change a
-    trained model's outputs).
+    trained model's outputs). A checkpoint's tokenizer is written too (tokenizer.json,
+    for `AutoTokenizer.from_pretrained(OUTPUT)`) and gives config.json its bos/eos/pad
+    token ids; without one they are null.
     """
     from specformer.interop.hf import HFConversionError, save_hf
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")
-    spec, state = _read_source(source, spec_source)
+    if output.exists() and not output.is_dir():
+        raise _fail(f"--output {output}: is a file; export-hf writes a folder (config.json + model.safetensors)")
+    _check_output_file(output / "config.json", "--output")
+    spec, state, tokenizer = _read_source(source, spec_source)
     warnings: list[str] = []
     try:
-        save_hf(state, spec, output, warnings=warnings)
+        save_hf(state, spec, output, warnings=warnings, tokenizer=tokenizer)
     except HFConversionError as exc:
         raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(_write_error(exc)) from None
     for warning in warnings:
         print_error(warning, label="[yellow]warning:[/]")
     import json
 
     model_type = json.loads((output / "config.json").read_text())["model_type"]
+    files = "config.json + model.safetensors" + (" + tokenizer.json" if tokenizer is not None else "")
     console.print(
-        f"wrote [bold]{escape(str(output))}[/]: Hugging Face {model_type} config.json + model.safetensors "
+        f"wrote [bold]{escape(str(output))}[/]: Hugging Face {model_type} {files} "
         f"({escape(repr(spec.name))}); load it with transformers.{_auto_name(spec)}"
         f".from_pretrained({escape(repr(str(output)))})",
         highlight=False,
     )
+    if tokenizer is None:
+        console.print(
+            "  no tokenizer (the source carries none): bos/eos/pad token ids are null in config.json",
+            highlight=False,
+        )
+
+
+def _check_output_file(path: Path, option: str) -> None:
+    """Fail before any work if ``path`` cannot be a file we write: it is a folder, or a
+    part of its folder path is a file, or that folder is not writable."""
+    if path.is_dir():
+        raise _fail(f"{option} {path}: is a folder; give the name of the file to write")
+    existing = next((p for p in path.parents if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise _fail(f"{option} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _fail(f"{option} {path}: the folder {existing} is not writable")
+
+
+def _write_error(exc: OSError) -> str:
+    return f"{exc.filename or 'output'}: cannot write ({exc.strerror or exc}); nothing was written"
+
+
+def _write_or_fail(writers: dict[Path, Callable[[Path], None]]) -> None:
+    """Write all the files or none (:func:`~specformer.interop.hf.write_files`); an I/O
+    error is a one-line error, not a traceback."""
+    from specformer.interop.hf import write_files
+
+    try:
+        write_files(writers)
+    except OSError as exc:
+        raise _fail(_write_error(exc)) from None
 
 
 def _auto_name(spec: Any) -> str:
@@ -159,8 +206,8 @@ def _auto_name(spec: Any) -> str:
             "encoder-decoder": "AutoModelForSeq2SeqLM"}[spec.kind]
 
 
-def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, Any]]:
-    """(spec, specformer state dict) of a checkpoint, or of weights + --spec."""
+def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, Any], Any]:
+    """(spec, specformer state dict, tokenizer or None) of a checkpoint, or of weights + --spec."""
     from specformer.cli.spec_cmds import load_or_exit
 
     if source.suffix == ".safetensors":
@@ -171,7 +218,7 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
 
         spec = load_or_exit(spec_source)
         try:
-            return spec, load_file(str(source))
+            return spec, load_file(str(source)), None
         except (SafetensorError, OSError) as exc:
             raise _fail(f"{source}: not a readable safetensors file ({exc})") from None
     from specformer.specs.errors import SpecError
@@ -194,4 +241,12 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
     state = raw.get("state_dict")
     if not isinstance(state, dict):
         raise _fail(f"{source}: the checkpoint has no weights (no state_dict)")
-    return spec, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    tokenizer = None
+    if meta.get("tokenizer"):
+        from specformer.data.tokenizers import tokenizer_from_state
+
+        try:
+            tokenizer = tokenizer_from_state(meta["tokenizer"])
+        except Exception as exc:  # DataError, or `tokenizers`' bare Exception on a bad tokenizer.json
+            raise _fail(f"{source}: the checkpoint's tokenizer cannot be rebuilt ({exc})") from None
+    return spec, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, tokenizer

@@ -6,8 +6,8 @@
   output layer when the checkpoint's is not tied;
 * :func:`hf_config_from_spec` / :func:`hf_state_dict` — the other direction, as plain
   data; :func:`save_hf` writes ``config.json`` + ``model.safetensors`` that
-  ``transformers.AutoModel*.from_pretrained`` loads; :func:`to_hf` returns the live
-  ``transformers`` model.
+  ``transformers.AutoModel*.from_pretrained`` loads (with the tokenizer, when given, as
+  ``tokenizer.json``); :func:`to_hf` returns the live ``transformers`` model.
 
 Supported families: GPT-2, BERT, RoBERTa, T5 (v1.0 and v1.1), BART, Llama (and Mistral),
 GPT-NeoX. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` extra).
@@ -15,8 +15,11 @@ GPT-NeoX. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` ext
 
 from __future__ import annotations
 
+import errno
 import json
-from collections.abc import Mapping
+import os
+import secrets
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,8 @@ __all__ = [
     "import_hf",
     "hf_state_dict",
     "save_hf",
+    "write_files",
+    "save_safetensors",
     "to_hf",
     "hf_auto_class",
 ]
@@ -78,8 +83,14 @@ def read_hf_state_dict(source: str | Path) -> dict[str, Tensor]:
     if not path.is_file():
         raise HFConversionError(f"{path}: no such file")
     if path.name.endswith(".index.json"):
-        index = json.loads(path.read_text())
-        shards = sorted(set(index.get("weight_map", {}).values()))
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise HFConversionError(f"{path}: not a weights index (not UTF-8 JSON text)") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise HFConversionError(f"{path}: not a weights index (no \"weight_map\" object)")
+        shards = sorted(set(map(str, weight_map.values())))
         if not shards:
             raise HFConversionError(f"{path}: the index has an empty weight_map")
         out: dict[str, Tensor] = {}
@@ -87,9 +98,13 @@ def read_hf_state_dict(source: str | Path) -> dict[str, Tensor]:
             out.update(read_hf_state_dict(path.parent / shard))
         return out
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError) as exc:
+            raise HFConversionError(f"{path}: not a readable safetensors file ({exc})") from None
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle errors come in many types
@@ -222,28 +237,79 @@ def save_hf(
     out_dir: str | Path,
     *,
     warnings: list[str] | None = None,
+    tokenizer: Any = None,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` that ``transformers`` loads with
-    ``AutoModel*.from_pretrained(out_dir)``. Needs no ``transformers``."""
-    from safetensors.torch import save_file
+    ``AutoModel*.from_pretrained(out_dir)``. Needs no ``transformers``.
+
+    ``tokenizer`` (a specformer tokenizer, e.g. a checkpoint's) gives the config its
+    bos/eos/pad token ids and is written as ``tokenizer.json`` + ``tokenizer_config.json``
+    for ``AutoTokenizer.from_pretrained(out_dir)``; without it those ids are None. The
+    files are written under temporary names and renamed into place once all are written.
+    """
+    from specformer.interop.hf_tokenizer import hf_tokenizer_files, special_token_ids
 
     if spec is None:
         spec = getattr(model, "spec", None)
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
-    config = hf_config_from_spec(spec, warnings=warnings)
+    token_ids = special_token_ids(tokenizer) if tokenizer is not None else None
+    config = hf_config_from_spec(spec, warnings=warnings, token_ids=token_ids)
     tensors = hf_state_dict(model, spec)
     # tied copies are left out, as transformers' save_pretrained does; loading re-ties them
     family = _FAMILIES[config["model_type"]]
     tensors = {k: v for k, v in tensors.items() if k not in family.tied_copies or _needed(k, spec)}
     dtype = next(iter(tensors.values())).dtype
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    texts = {"config.json": json.dumps(config, indent=2) + "\n"}
+    if tokenizer is not None:
+        texts.update(hf_tokenizer_files(tokenizer.state(), max_length=spec.max_seq_len))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    writers: dict[Path, Callable[[Path], None]] = {
+        out / name: (lambda path, text=text: path.write_text(text, encoding="utf-8")) for name, text in texts.items()
+    }
+    writers[out / "model.safetensors"] = lambda path: save_safetensors(tensors, path)
+    write_files(writers)
     return out
+
+
+def save_safetensors(tensors: Mapping[str, Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file``, its I/O errors raised as ``OSError`` naming ``path``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path),
+                  metadata={"format": "pt"})
+    except SafetensorError as exc:
+        raise OSError(errno.EIO, str(exc), str(path)) from None
+
+
+def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
+    """Write several files all or nothing: ``writers[path](tmp)`` writes each to a temporary
+    file beside ``path``; once every one is written they are renamed into place. On an
+    error (an ``OSError`` is raised) no temporary file is left and no target is replaced
+    by a partial file."""
+    for path in writers:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, write in writers.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+            staged.append((tmp, path))
+            try:
+                write(tmp)
+            except OSError as exc:
+                if exc.filename in (str(tmp), None):  # name the file the caller asked for
+                    raise OSError(exc.errno, exc.strerror, str(path)) from None
+                raise
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
 
 
 def _needed(name: str, spec: ModelSpec) -> bool:

@@ -420,7 +420,14 @@ def read_hf_config(source: Any) -> dict[str, Any]:
     if not path.is_file():
         raise HFConversionError(f"{path}: no such file; give a config.json or a directory holding one")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise HFConversionError(
+            f"{path}: not a config.json (not UTF-8 JSON text); give a Hugging Face config.json "
+            "or the folder holding one"
+        ) from None
+    except OSError as exc:
+        raise HFConversionError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
         raise HFConversionError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     if not isinstance(data, dict):
@@ -677,12 +684,23 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
 _TRAINING_ONLY = ("dropout", "init.")
 
 
-def hf_config_from_spec(spec: ModelSpec, *, warnings: list[str] | None = None) -> dict[str, Any]:
+def hf_config_from_spec(
+    spec: ModelSpec,
+    *,
+    warnings: list[str] | None = None,
+    token_ids: Mapping[str, int | None] | None = None,
+) -> dict[str, Any]:
     """The Hugging Face ``config.json`` dict of a spec that maps onto a supported family.
 
     Raises :class:`HFConversionError` naming every spec field that the family cannot
     express. Dropout and initialisation settings the family cannot express are appended
     to ``warnings`` (they do not change a trained model's outputs).
+
+    ``token_ids`` (``bos_token_id``, ``eos_token_id``, ``pad_token_id``) are those of the
+    model's tokenizer; the config says None for any not given, never the family's
+    defaults (GPT-2's 50256 lies outside most specformer vocabularies). An
+    encoder-decoder's ``decoder_start_token_id`` is its bos: specformer's decoder starts
+    from bos.
     """
     model_type = hf_family(spec)
     try:
@@ -706,7 +724,38 @@ def hf_config_from_spec(spec: ModelSpec, *, warnings: list[str] | None = None) -
         )
     if warnings is not None:
         warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
+    _set_token_ids(config, spec, token_ids or {}, notes=warnings)
     return config
+
+
+_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _set_token_ids(
+    config: dict[str, Any], spec: ModelSpec, token_ids: Mapping[str, int | None], *, notes: list[str] | None
+) -> None:
+    unknown = sorted(set(token_ids) - set(_TOKEN_KEYS))
+    if unknown:
+        raise HFConversionError(f"token_ids: unknown keys {', '.join(unknown)}; allowed: {', '.join(_TOKEN_KEYS)}")
+    ids: dict[str, int | None] = {key: token_ids.get(key) for key in _TOKEN_KEYS}
+    if spec.kind == "encoder-decoder":
+        ids["decoder_start_token_id"] = ids["bos_token_id"]
+    if config["model_type"] == "bart":
+        ids["forced_eos_token_id"] = None  # BartConfig's default (2) would force a token at max length
+    for key, value in ids.items():
+        if value is not None and not (isinstance(value, int) and 0 <= value < spec.vocab_size):
+            raise HFConversionError(
+                f"{key} = {value!r} is not a token of the model (vocab_size {spec.vocab_size})"
+            )
+        if key in config and config[key] != value:
+            # RoBERTa's pad_token_id also places its positions (offset = pad + 1): the spec's wins
+            if value is not None and notes is not None:
+                notes.append(
+                    f"{config['model_type']} {key} is {config[key]} (it sets the position offset); "
+                    f"the tokenizer's {value} is not written"
+                )
+            continue
+        config[key] = value
 
 
 def _differences(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:

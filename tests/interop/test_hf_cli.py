@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +119,148 @@ def test_import_then_export_round_trip_through_the_command_line(tmp_path) -> Non
     back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=ids).logits, hf(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- what a user gets wrong
+
+
+def _clean_error(result, *words: str) -> None:
+    """Exit status 1 from an error message naming ``words``: no exception escaped."""
+    assert result.exit_code == 1, result.output
+    assert type(result.exception) is SystemExit, repr(result.exception)  # not a traceback
+    assert "Traceback" not in result.output
+    assert result.stderr.startswith("error: ")
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+def _hf_folder(tmp_path) -> str:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(_gpt2_config()))
+    return str(tmp_path / "hf")
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        ("binary", ["garbage.ckpt", "not a config.json", "not UTF-8 JSON"]),
+        ("missing", ["nope", "no such file or folder"]),
+        ("no_config", ["empty/config.json", "no such file"]),
+        ("bad_json", ["bad.json:1:2", "not valid JSON"]),
+        ("json_list", ["list.json", "a config.json holds a JSON object, found list"]),
+    ],
+)
+def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make: str, words: list[str]) -> None:
+    source = {
+        "binary": tmp_path / "garbage.ckpt",
+        "missing": tmp_path / "nope",
+        "no_config": tmp_path / "empty",
+        "bad_json": tmp_path / "bad.json",
+        "json_list": tmp_path / "list.json",
+    }[make]
+    if make == "binary":  # a checkpoint given by mistake: not UTF-8 (0xff never starts a character)
+        source.write_bytes(b"\xff\xfe\x80" + bytes(range(256)) * 2)
+    elif make == "no_config":
+        source.mkdir()
+    elif make == "bad_json":
+        source.write_text("{model_type: gpt2}")
+    elif make == "json_list":
+        source.write_text("[1, 2]")
+    out = tmp_path / "out" / "x.yaml"
+    _clean_error(runner.invoke(app, ["import-hf", str(source), "-o", str(out)]), *words)
+    assert not out.exists() and not out.parent.exists()
+
+
+def test_import_to_an_existing_folder_is_a_clean_error(tmp_path) -> None:
+    source = _hf_folder(tmp_path)
+    (tmp_path / "adir.yaml").mkdir()
+    _clean_error(runner.invoke(app, ["import-hf", source, "-o", str(tmp_path / "adir.yaml")]),
+                 "--output", "adir.yaml", "is a folder")
+    assert list((tmp_path / "adir.yaml").iterdir()) == []
+    (tmp_path / "w.safetensors").mkdir()
+    result = runner.invoke(app, ["import-hf", source, "-o", str(tmp_path / "x.yaml"), "-w", str(tmp_path / "w.safetensors")])
+    _clean_error(result, "--weights", "w.safetensors", "is a folder")
+    assert not (tmp_path / "x.yaml").exists()  # checked before anything is written
+
+
+def test_import_into_a_path_through_a_file_is_a_clean_error(tmp_path) -> None:
+    source = _hf_folder(tmp_path)
+    (tmp_path / "afile").write_text("")
+    _clean_error(runner.invoke(app, ["import-hf", source, "-o", str(tmp_path / "afile" / "x.yaml")]),
+                 "afile is a file, not a folder")
+
+
+def test_import_into_a_folder_that_is_not_writable_is_a_clean_error(tmp_path, monkeypatch) -> None:
+    import os
+
+    source = _hf_folder(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    # chmod does not stop root (CI containers), so the check itself is made to see it
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked and access(path, mode, **kw))
+    _clean_error(runner.invoke(app, ["import-hf", source, "-o", str(locked / "x.yaml")]),
+                 f"the folder {locked} is not writable")
+    assert list(locked.iterdir()) == []
+
+
+def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch) -> None:
+    """The spec and the weights are written together or not at all (e.g. a full disk)."""
+    import errno
+
+    import specformer.interop.hf as hf
+
+    torch.manual_seed(0)
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+    source = hf.save_hf(build_model(spec), spec, tmp_path / "hf")
+    out = tmp_path / "out"
+
+    def disk_full(tensors, path) -> None:
+        path.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(hf, "save_safetensors", disk_full)
+    result = runner.invoke(app, ["import-hf", str(source), "-o", str(out / "x.yaml"), "-w", str(out / "x.safetensors")])
+    _clean_error(result, str(out / "x.safetensors"), "No space left on device", "nothing was written")
+    assert list(out.iterdir()) == []  # neither the spec nor a temporary file
+
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in build_model(spec).state_dict().items()},
+                "specformer": {"format": 1, "spec": spec.to_dict()}}, ckpt)
+    result = runner.invoke(app, ["export-hf", str(ckpt), "-o", str(out / "hf")])
+    _clean_error(result, "model.safetensors", "No space left on device")
+    assert list((out / "hf").iterdir()) == []  # no config.json without its weights
+
+
+def test_export_to_a_bad_output_is_a_clean_error(tmp_path, monkeypatch) -> None:
+    import os
+
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in build_model(spec).state_dict().items()},
+                "specformer": {"format": 1, "spec": spec.to_dict()}}, ckpt)
+    (tmp_path / "afile").write_text("")
+    _clean_error(runner.invoke(app, ["export-hf", str(ckpt), "-o", str(tmp_path / "afile")]),
+                 "afile: is a file; export-hf writes a folder")
+    (tmp_path / "out" / "config.json").mkdir(parents=True)
+    _clean_error(runner.invoke(app, ["export-hf", str(ckpt), "-o", str(tmp_path / "out")]),
+                 "out/config.json: is a folder")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["config.json"]
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked and access(path, mode, **kw))
+    _clean_error(runner.invoke(app, ["export-hf", str(ckpt), "-o", str(locked / "hf")]),
+                 f"the folder {locked} is not writable")
+    assert list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("make", ["binary", "missing", "folder_without_checkpoint"])
+def test_export_of_a_source_that_is_not_a_checkpoint_is_a_clean_error(tmp_path, make: str) -> None:
+    source = tmp_path / "src"
+    if make == "binary":
+        source.write_bytes(bytes(range(256)) * 2)
+    elif make == "folder_without_checkpoint":
+        source.mkdir()
+    _clean_error(runner.invoke(app, ["export-hf", str(source), "-o", str(tmp_path / "hf")]), str(source))
+    assert not (tmp_path / "hf").exists()

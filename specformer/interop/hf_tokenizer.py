@@ -1,0 +1,98 @@
+"""A checkpoint's tokenizer as Hugging Face files: ``tokenizer.json`` + ``tokenizer_config.json``.
+
+A specformer checkpoint stores its tokenizer as plain data (``Tokenizer.state()``):
+a trained BPE or a loaded ``tokenizer.json`` is kept verbatim, and the byte and task
+tokenizers are rebuilt here as ``tokenizers`` pipelines with the same ids:
+
+* ``byte``: GPT-2's byte-level alphabet with no merges (one token per UTF-8 byte, in
+  byte order), then ``<|endoftext|>``, ``<pad>``, ``<mask>``;
+* ``task``: one token per symbol of the synthetic tasks after the five specials, unknown
+  characters to ``<unk>``.
+
+``transformers.AutoTokenizer.from_pretrained(folder)`` loads the files as a
+``PreTrainedTokenizerFast`` that encodes text to the ids specformer's tokenizer gives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["special_token_ids", "hf_tokenizer_json", "hf_tokenizer_files"]
+
+
+def special_token_ids(tokenizer: Any) -> dict[str, int | None]:
+    """``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of a specformer tokenizer
+    (None where it has no such token)."""
+    return {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+
+
+def _byte_chars() -> list[str]:
+    """The printable stand-in of each byte 0-255 in GPT-2's byte-level alphabet (what the
+    ``ByteLevel`` pre-tokenizer turns a byte into)."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    out, shifted = [], 0
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + shifted))
+            shifted += 1
+    return out
+
+
+def hf_tokenizer_json(state: Mapping[str, Any]) -> str:
+    """The ``tokenizer.json`` text of a tokenizer stored as ``state`` (``Tokenizer.state()``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from specformer.data.tokenizers import EOT, MASK, PAD
+    from specformer.specs.training import TASK_SPECIALS, TASK_SYMBOLS
+
+    kind = state.get("type")
+    if kind == "hf" and isinstance(state.get("json"), str):
+        return state["json"]
+    if kind == "byte":
+        tok = Tokenizer(models.BPE(vocab={c: b for b, c in enumerate(_byte_chars())}, merges=[]))
+        # no regex split and no prefix space: the text's bytes, one token each, nothing added
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([EOT, PAD, MASK])  # 256, 257, 258
+    elif kind == "task":
+        tokens = [*TASK_SPECIALS, *TASK_SYMBOLS]
+        # BPE without merges and without a pre-tokenizer: one token per character
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], unk_token="<unk>"))
+        tok.decoder = decoders.Fuse()
+        tok.add_special_tokens(list(TASK_SPECIALS))
+    else:
+        raise ValueError(f"no Hugging Face tokenizer for tokenizer state of type {kind!r}")
+    return tok.to_str()
+
+
+def hf_tokenizer_files(state: Mapping[str, Any], *, max_length: int | None = None) -> dict[str, str]:
+    """``{file name: text}``: ``tokenizer.json`` and a ``tokenizer_config.json`` naming the
+    special tokens, for the tokenizer stored as ``state``."""
+    from tokenizers import Tokenizer
+
+    from specformer.data.tokenizers import tokenizer_from_state
+
+    text = hf_tokenizer_json(state)
+    ours = tokenizer_from_state(dict(state))
+    theirs = Tokenizer.from_str(text)
+
+    def token(i: int | None) -> str | None:
+        return None if i is None else theirs.id_to_token(i)
+
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": token(ours.bos_id),
+        "eos_token": token(ours.eos_id),
+        "pad_token": token(ours.pad_id),
+        "mask_token": token(ours.mask_id),
+        "unk_token": token(getattr(ours, "unk_id", None)),
+        "clean_up_tokenization_spaces": False,
+    }
+    if max_length is not None:
+        config["model_max_length"] = max_length
+    config = {k: v for k, v in config.items() if v is not None}
+    return {"tokenizer.json": text, "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}

@@ -7,6 +7,7 @@ and prints. torch and Lightning are imported inside the commands.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,11 +31,15 @@ def _fail(message: str, hint: str = "") -> typer.Exit:
     return typer.Exit(1)
 
 
+INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2)
+
+
 @contextmanager
-def _errors_for_people(resume_hint: Callable[[], str | None] | None = None) -> Iterator[None]:
-    """Turn the errors a run can meet into one clear message and exit status 1."""
+def _errors_for_people(interrupt_hint: Callable[[], str] | None = None) -> Iterator[None]:
+    """Turn the errors a run can meet into one clear message and exit status 1 (130 for Ctrl-C)."""
     from specformer.data.corpus import DataError
     from specformer.training.checkpoint import CheckpointError
+    from specformer.training.run import TrainingInterrupted
 
     try:
         yield
@@ -45,10 +50,15 @@ def _errors_for_people(resume_hint: Callable[[], str | None] | None = None) -> I
         raise typer.Exit(1) from None
     except (DataError, CheckpointError) as exc:
         raise _fail(str(exc)) from None
+    except TrainingInterrupted as exc:
+        if exc.checkpoint:
+            print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}")
+        else:
+            print_error(str(exc), interrupt_hint() if interrupt_hint else "")
+        raise typer.Exit(INTERRUPTED) from None
     except KeyboardInterrupt:
-        where = resume_hint() if resume_hint else None
-        hint = f"continue with --resume {where}" if where else ""
-        raise _fail("interrupted", hint) from None
+        print_error("interrupted before training started; nothing was written to resume from")
+        raise typer.Exit(INTERRUPTED) from None
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
         if os.environ.get(DEBUG_ENV):
             raise
@@ -59,26 +69,50 @@ def _errors_for_people(resume_hint: Callable[[], str | None] | None = None) -> I
 def load_training_file(path: str) -> dict[str, Any]:
     """The ``training:`` section in a YAML file: the section itself, or a spec-like file
     with a top-level ``training:`` key."""
+    return _read_training_file(path)[0]
+
+
+def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
+    """:func:`load_training_file` and the file position of every key in the section
+    (keys relative to the section), for errors that point into the file."""
     from specformer.specs.errors import Position, SpecProblem
     from specformer.specs.loader import parse_yaml
 
     file = Path(path)
     if not file.is_file():
         raise SpecError([SpecProblem(f"file not found: {file}", position=Position(str(file)))])
-    data, _ = parse_yaml(file.read_text(encoding="utf-8"), str(file))
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([SpecProblem(f"not UTF-8 text: {exc}", position=Position(str(file)))]) from None
+    except OSError as exc:
+        raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(str(file)))]) from None
+    data, positions = parse_yaml(text, str(file))
     if not isinstance(data, dict):
         raise SpecError([SpecProblem("a training file is a YAML mapping", position=Position(str(file), 1, 1))])
     if set(data) == {"training"} and isinstance(data["training"], dict):
         data = data["training"]
+        positions = {p[1:]: pos for p, pos in positions.items() if p[:1] == ("training",)}
+    return data, positions
+
+
+def _with_training_file(data: dict[str, Any], positions: dict, training_file: str) -> dict[str, Any]:
+    """``data`` with the file's training section merged in; ``positions`` gains the file's."""
+    from specformer.specs.loader import apply_overrides
+
+    section, where = _read_training_file(training_file)
+    data = apply_overrides(data, [("training", section)])
+    positions.update({("training", *p): pos for p, pos in where.items()})
     return data
 
 
-def _load_spec(source: str, training_file: str | None, overrides: list[str] | None) -> Any:
+def _load_spec(source: str | dict[str, Any], training_file: str | None, overrides: list[str] | None) -> Any:
+    """A spec (preset, file, or the dict a checkpoint holds), then --training, then --set."""
     from specformer.specs.loader import apply_overrides, load_spec_data
 
     data, positions = load_spec_data(source)
     if training_file:
-        data = apply_overrides(data, [("training", load_training_file(training_file))], positions)
+        data = _with_training_file(data, positions, training_file)
     data = apply_overrides(data, overrides or [], positions) if overrides else data
     return _validate(data, positions)
 
@@ -155,33 +189,30 @@ def train_cmd(
 
     Examples:
 
-        specformer train gpt-nano
-
-        specformer train bert-nano --set training.max_steps=200
-
-        specformer train t5-nano --set training.data.task=sort
-
-        specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
-
-        specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
+    ```
+    specformer train gpt-nano
+    specformer train bert-nano --set training.max_steps=200
+    specformer train t5-nano --set training.data.task=sort
+    specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
+    specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
+    ```
     """
     from specformer.training.checkpoint import read_checkpoint
 
-    def resume_hint() -> str | None:
-        from specformer.training.run import RUN_DIR_ENV
+    spec_obj: Any = None
 
-        folder = os.environ.get(RUN_DIR_ENV)
-        last = Path(folder) / "checkpoints" / "last.ckpt" if folder else None
-        return str(last) if last is not None and last.is_file() else None
+    def interrupt_hint() -> str:
+        every = spec_obj.training.checkpoint_every if spec_obj is not None else None
+        return f"nothing to resume from: the first checkpoint comes at step {every}" if every else ""
 
-    with _errors_for_people(resume_hint):
+    with _errors_for_people(interrupt_hint):
         if spec is None:
             if resume is None:
                 raise _fail("give a SPEC to train (a preset name or a YAML file), or --resume CHECKPOINT")
             meta = read_checkpoint(resume).get("specformer")
             if not isinstance(meta, dict) or "spec" not in meta:
                 raise _fail(f"{resume}: not a specformer checkpoint (it has no spec)")
-            spec_obj = _load_spec_dict(meta["spec"], training, set_)
+            spec_obj = _load_spec(meta["spec"], training, set_)
         else:
             spec_obj = _load_spec(spec, training, set_)
         from specformer.training.run import train
@@ -189,14 +220,6 @@ def train_cmd(
         console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
         result = train(spec_obj, resume=resume, progress=progress, console=err_console)
     console.print(_summary_table(result))
-
-
-def _load_spec_dict(data: dict[str, Any], training_file: str | None, overrides: list[str] | None) -> Any:
-    from specformer.specs.loader import apply_overrides, load_spec
-
-    if training_file:
-        data = apply_overrides(data, [("training", load_training_file(training_file))])
-    return load_spec(data, overrides or [])
 
 
 def _load_checkpoint(path: str) -> Any:
@@ -223,11 +246,11 @@ def generate_cmd(
 
     Examples:
 
-        specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def " --max-new-tokens 100
-
-        specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
-
-        specformer generate runs/t5-nano/<timestamp> --prompt "hello"
+    ```
+    specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def " --max-new-tokens 100
+    specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
+    specformer generate runs/t5-nano/<timestamp> --prompt "hello"
+    ```
     """
     import torch
 
@@ -288,9 +311,10 @@ def eval_cmd(
 
     Examples:
 
-        specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
-
-        specformer eval CKPT --batches 50
+    ```
+    specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
+    specformer eval CKPT --batches 50
+    ```
     """
     import lightning as L
 
@@ -341,16 +365,17 @@ def _precision(precision: str) -> str:
 @app.command("fill-mask")
 def fill_mask_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint of an encoder (masked LM).")],
-    text: Annotated[str, typer.Argument(help="Text with one or more <mask> (or [MASK]) placeholders.")],
+    text: Annotated[str, typer.Argument(help="Text with one or more `<mask>` (or `[MASK]`) placeholders.")],
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Candidates shown per mask.")] = 5,
 ) -> None:
     """Predict the tokens behind `<mask>` placeholders with a masked-LM encoder.
 
     Examples:
 
-        specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"
-
-        specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10
+    ```
+    specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"
+    specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10
+    ```
     """
     import torch
 

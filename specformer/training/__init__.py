@@ -6,11 +6,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["train", "TrainResult", "generate", "generate_seq2seq", "load_checkpoint", "CheckpointError"]
+__all__ = ["train", "TrainResult", "TrainingInterrupted", "generate", "generate_seq2seq", "load_checkpoint", "CheckpointError"]
 
 _LAZY = {
     "train": "specformer.training.run",
     "TrainResult": "specformer.training.run",
+    "TrainingInterrupted": "specformer.training.run",
     "generate": "specformer.training.generate",
     "generate_seq2seq": "specformer.training.generate",
     "load_checkpoint": "specformer.training.checkpoint",

@@ -1,12 +1,15 @@
-"""Lightning callbacks of ``specformer train``: a rich progress bar and periodic checkpoints."""
+"""Lightning callbacks of ``specformer train``: a rich progress bar, periodic checkpoints, and
+what keeps a resumed run's logs and summary those of an uninterrupted run."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from rich.console import Console
 from rich.progress import (
@@ -19,7 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["SpecProgressBar", "PeriodicCheckpoint", "format_count"]
+__all__ = ["SpecProgressBar", "PeriodicCheckpoint", "TrainLossWindow", "LogGlobalStep", "format_count"]
 
 
 def format_count(n: float) -> str:
@@ -145,31 +148,112 @@ class PeriodicCheckpoint(Callback):
     """Save ``last.ckpt`` every ``every`` optimizer steps and at the last step, atomically.
 
     Saving happens right after an optimizer step, so the data position in the
-    checkpoint is exactly ``global_step × accumulate`` micro-batches.
+    checkpoint is exactly ``global_step × accumulate`` micro-batches. When a
+    validation runs at that step, the checkpoint is written after it, so a run
+    resumed from it has that validation in its history, as an uninterrupted run does.
     """
 
     def __init__(self, dirpath: str | Path, *, every: int, keep_steps: bool = False) -> None:
         self.dirpath, self.every, self.keep_steps = Path(dirpath), every, keep_steps
         self.last_path: Path | None = None
+        self.last_step: int | None = None  # the step of last_path
         self._saved_step = -1
+        self._pending: int | None = None  # a step whose checkpoint waits for its validation
+        self._defer = True
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        if self._pending is not None and self._pending != step:
+            # the validation that was due did not run (no validation batches): save at once from now on
+            self._pending, self._defer = None, False
         if step == self._saved_step or step == 0:
             return
         at_end = trainer.max_steps > 0 and step >= trainer.max_steps
         if step % self.every and not at_end:
             return
-        self._saved_step = step
+        if self._defer and _validates_after_this_batch(trainer):
+            self._pending = step
+            return
+        self._save(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending is not None and self._pending == trainer.global_step and trainer.state.fn == "fit":
+            self._save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending is not None and self._pending == trainer.global_step:
+            self._save(trainer)
+
+    def _save(self, trainer: L.Trainer) -> None:
+        step = trainer.global_step
+        self._saved_step, self._pending = step, None
         if self.keep_steps:
             trainer.save_checkpoint(self.dirpath / f"step-{step:07d}.ckpt")
         self.last_path = self.dirpath / "last.ckpt"
         trainer.save_checkpoint(self.last_path)
+        self.last_step = step
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved_step": self._saved_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved_step = int(state_dict.get("saved_step", -1))
+
+
+def _validates_after_this_batch(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after the current training batch.
+
+    Lightning decides in ``on_advance_end``, after ``on_train_batch_end``; this asks
+    the same question of its training loop (a private method, so a failure reads as no).
+    """
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher)) and not loop._skip_next_val
+    except Exception:
+        return False
+
+
+class TrainLossWindow(Callback):
+    """Carries the module's window of recent training losses (``recent_losses``, the
+    summary's "mean of the last steps") through checkpoints, so a resumed run averages
+    the same steps as an uninterrupted one."""
+
+    def __init__(self) -> None:
+        self._module: L.LightningModule | None = None
+        self._restored: list[float] = []
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._module = pl_module
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        window = getattr(pl_module, "recent_losses", None)
+        if self._restored and isinstance(window, deque):
+            window.extendleft(torch.tensor(x, dtype=torch.float64) for x in reversed(self._restored))
+        self._restored = []
+
+    def state_dict(self) -> dict[str, Any]:
+        window = getattr(self._module, "recent_losses", None) or []
+        return {"recent_losses": [float(x) for x in window]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = [float(x) for x in state_dict.get("recent_losses", [])]
+
+
+class LogGlobalStep(Callback):
+    """Log ``step`` = optimizer steps taken, which Lightning's loggers use as the x-axis.
+
+    Without it Lightning writes a training step's metrics and an in-loop validation
+    at ``global_step - 1`` but a validation after ``fit`` at ``global_step``; with it
+    ``metrics.csv`` and TensorBoard number steps as ``summary.json``, the progress bar
+    and ``val_interval`` do: validation after 3 steps is step 3.
+    """
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        pl_module.log("step", float(trainer.global_step), on_step=True, on_epoch=False)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.log("step", float(trainer.global_step), on_step=False, on_epoch=True, rank_zero_only=True)

@@ -14,7 +14,9 @@ checkpoint or the new one, never a torn file.
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "model_spec_differences",
+    "check_resumable",
 ]
 
 FORMAT_VERSION = 1
@@ -76,29 +79,72 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
         if not candidate.is_file():
             raise CheckpointError(f"{path} is a folder with no last.ckpt (expected a run folder or a .ckpt file)")
         path = candidate
+    if path.suffix.lower() in (".yaml", ".yml"):
+        raise CheckpointError(
+            f"{path} is a spec, not a checkpoint: eval, generate, fill-mask and train --resume take a "
+            f"checkpoint (a .ckpt file or a run folder) written by `specformer train`, e.g. specformer train {path}"
+        )
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (an interrupted copy?)")
+    if not zipfile.is_zipfile(path):
+        # torch.save writes a zip archive; anything else is not one of ours (or lost its end)
+        with open(path, "rb") as f:
+            zip_start = f.read(4) == b"PK\x03\x04"
+        what = (
+            "the zip archive is truncated or damaged (an interrupted copy or download?)" if zip_start
+            else "it is not a torch zip file (truncated or not a checkpoint)"
+        )
+        raise CheckpointError(f"{path} is not a specformer checkpoint: {what}")
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
-    except (zipfile.BadZipFile, EOFError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{path}: not a readable checkpoint (corrupt or truncated: {_short(exc)})"
-        ) from None
-    except Exception as exc:  # unpickling refused: the file holds more than tensors and plain data
+    except pickle.UnpicklingError as exc:
+        if "\x00" in str(exc):  # a "global" made of zero bytes: the pickle itself is damaged
+            raise CheckpointError(f"{path} is not a readable checkpoint: its data is corrupt") from None
         if "Unsupported global" in str(exc) or "GLOBAL" in str(exc):
             raise CheckpointError(
                 f"{path}: the file holds Python objects other than tensors and plain data, so it is "
                 "not loaded (loading could run arbitrary code)"
             ) from None
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_short(exc)})") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint: its data could not be read ({_short(exc)})") from None
+    except (zipfile.BadZipFile, EOFError, RuntimeError) as exc:
+        if "inline_container" in str(exc) or "PytorchStreamReader" in str(exc):
+            what = f"a zip archive, but not one torch.save wrote ({_short(exc)})"
+        else:
+            what = f"corrupt or truncated ({_short(exc)})"
+        raise CheckpointError(f"{path} is not a specformer checkpoint: {what}") from None
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({_short(exc)})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a specformer checkpoint (found {type(data).__name__}, expected a mapping)")
     return data
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+    """The first sentence of an error, without torch's advice to load unsafely."""
+    lines = [
+        line.strip() for line in str(exc).strip().splitlines()
+        if line.strip() and "weights_only" not in line and "Weights only load failed" not in line
+    ]
+    text = re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", lines[0]) if lines else ""
+    first = text.split(". ")[0].rstrip(".")
+    if not first:
+        return type(exc).__name__
+    return first[:160] + ("…" if len(first) > 160 else "")
+
+
+def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
+    """Refuse to resume ``spec`` from the checkpoint ``raw`` (read from ``source``) when it
+    is not a specformer checkpoint or holds a different model; training settings may differ."""
+    meta = raw.get("specformer")
+    if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict):
+        raise CheckpointError(f"{source}: not a specformer checkpoint (it has no 'specformer' entry with a spec)")
+    differences = model_spec_differences(meta["spec"], spec.to_dict())
+    if differences:
+        shown = "\n  ".join(differences[:12])
+        raise CheckpointError(
+            f"{source}: the checkpoint was trained with a different model than this spec describes:\n  "
+            f"{shown}\nresume with the spec the checkpoint was written with (training settings may change)"
+        )
 
 
 @dataclass

@@ -11,9 +11,11 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,10 +28,15 @@ from rich.console import Console
 
 from specformer.builder.lightning import SpecModule
 from specformer.data.module import SpecDataModule
-from specformer.training.callbacks import PeriodicCheckpoint, SpecProgressBar
-from specformer.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
+from specformer.training.callbacks import (
+    LogGlobalStep,
+    PeriodicCheckpoint,
+    SpecProgressBar,
+    TrainLossWindow,
+)
+from specformer.training.checkpoint import AtomicCheckpointIO, check_resumable, read_checkpoint
 
-__all__ = ["TrainResult", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
+__all__ = ["TrainResult", "TrainingInterrupted", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
 
 RUN_DIR_ENV = "SPECFORMER_RUN_DIR"
 
@@ -54,6 +61,20 @@ class TrainResult:
     data: str
     resumed_from: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was stopped by Ctrl-C (SIGINT): at which step, and the checkpoint to resume from.
+
+    A ``KeyboardInterrupt``, so code that stops on Ctrl-C still does. ``checkpoint`` is
+    the last one written (or the one the run resumed from), ``None`` when there is none
+    yet; ``checkpoint_step`` is the step it holds.
+    """
+
+    def __init__(self, step: int, checkpoint: str | None, checkpoint_step: int | None, run_dir: str) -> None:
+        self.step, self.checkpoint, self.checkpoint_step, self.run_dir = step, checkpoint, checkpoint_step, run_dir
+        where = f"; the last checkpoint (step {checkpoint_step}) is {checkpoint}" if checkpoint else "; no checkpoint yet"
+        super().__init__(f"interrupted at step {step}{where}")
 
 
 def lightning_precision(precision: str) -> str:
@@ -122,7 +143,11 @@ def build_trainer(
 ) -> L.Trainer:
     """A ``Trainer`` configured from ``spec.training``; ``trainer_kwargs`` override anything."""
     t = spec.training
-    own: list[Callback] = [PeriodicCheckpoint(run_dir / "checkpoints", every=t.checkpoint_every)]
+    own: list[Callback] = [
+        LogGlobalStep(),
+        TrainLossWindow(),
+        PeriodicCheckpoint(run_dir / "checkpoints", every=t.checkpoint_every),
+    ]
     if progress:
         own.insert(0, SpecProgressBar(console))
     settings: dict[str, Any] = dict(
@@ -175,7 +200,8 @@ def train(
 
     ``resume`` continues from a checkpoint exactly (step, optimizer, scheduler, data
     position, random state). Extra callbacks, loggers and ``Trainer`` keyword
-    arguments are passed through to Lightning.
+    arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
+    (a ``KeyboardInterrupt``) naming the checkpoint to resume from.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
@@ -184,10 +210,13 @@ def train(
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     t = spec.training
     quiet_lightning()
+    resumed_step: int | None = None
     if resume is not None:
-        raw = read_checkpoint(resume)  # a clear error now rather than deep inside Lightning
-        if "specformer" not in raw:
-            raise CheckpointError(f"{resume}: not a specformer checkpoint (it has no 'specformer' entry)")
+        # a clear error now, before the data is prepared, rather than deep inside Lightning
+        raw = read_checkpoint(resume)
+        check_resumable(raw, spec, source=str(resume))
+        resumed_step = int(raw.get("global_step", 0))
+        del raw
         resume = _checkpoint_file(Path(resume))
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)
@@ -197,19 +226,33 @@ def train(
     module.tokenizer = module.tokenizer or dm.data.tokenizer
     max_steps = _total_steps(spec, dm)
     run_dir = make_run_dir(t.out_dir, spec.name)
-    (run_dir / "spec.yaml").write_text(spec.to_yaml())
-    trainer = build_trainer(
-        spec, run_dir, max_steps=max_steps, callbacks=callbacks, loggers=loggers, progress=progress,
-        console=console, **trainer_kwargs,
-    )
-    trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True)
-    train_seconds = time.perf_counter() - (module.train_started or started)
-    if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
-        trainer.validate(module, datamodule=dm, verbose=False)
+    try:
+        (run_dir / "spec.yaml").write_text(spec.to_yaml())
+        trainer = build_trainer(
+            spec, run_dir, max_steps=max_steps, callbacks=callbacks, loggers=loggers, progress=progress,
+            console=console, **trainer_kwargs,
+        )
+        periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
+
+        def interrupted() -> TrainingInterrupted:
+            if periodic is not None and periodic.last_path is not None:
+                ckpt, at = str(periodic.last_path), periodic.last_step
+            else:
+                ckpt, at = (str(resume), resumed_step) if resume else (None, None)
+            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir))
+
+        _interruptible(trainer, interrupted, lambda: trainer.fit(
+            module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
+        ))
+        train_seconds = time.perf_counter() - (module.train_started or started)
+        if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
+            _interruptible(trainer, interrupted, lambda: trainer.validate(module, datamodule=dm, verbose=False))
+    finally:
+        os.environ.pop(RUN_DIR_ENV, None)
     history = module.val_history
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     last = history[-1] if history else {}
-    ckpt = next((c.last_path for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
+    ckpt = periodic.last_path if periodic is not None else None
     losses = [float(x) for x in module.recent_losses]
     tokens_run = (module.tokens_seen - module.tokens_at_start) * trainer.world_size
     result = TrainResult(
@@ -232,8 +275,27 @@ def train(
     )
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=1))
-    os.environ.pop(RUN_DIR_ENV, None)
     return result
+
+
+def _interruptible(trainer: L.Trainer, interrupted: Callable[[], TrainingInterrupted], run: Callable[[], Any]) -> None:
+    """Run ``trainer.fit`` / ``validate``, turning Ctrl-C into :class:`TrainingInterrupted`.
+
+    Lightning catches ``KeyboardInterrupt`` itself: it tears the run down, ignores
+    SIGINT from then on and calls ``sys.exit(1)``. Here that exit becomes an exception
+    that says where the run stopped, and SIGINT is handled as before again.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        run()
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        raise interrupted() from None
+    finally:
+        if main and previous is not None and signal.getsignal(signal.SIGINT) != previous:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _checkpoint_file(path: Path) -> Path:

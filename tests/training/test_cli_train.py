@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +100,103 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     "args,message",
     [
         (["generate", "missing.ckpt"], "no such checkpoint"),
-        (["eval", "garbage.ckpt"], "not a readable checkpoint"),
+        (["eval", "garbage.ckpt"], "garbage.ckpt is not a specformer checkpoint: it is not a torch zip file"),
+        (["eval", "my-variant.yaml"], "my-variant.yaml is a spec, not a checkpoint"),
+        (["generate", "my-variant.yml"], "written by `specformer train`"),
         (["train"], "give a SPEC"),
         (["train", "gpt-nano", "--set", "training.precision=8"], "'8' is not allowed"),
         (["train", "gpt-nano", "--set", "training.objective.type=seq2seq"], "does not train a decoder"),
-        (["train", "gpt-nano", "--resume", "garbage.ckpt"], "not a readable checkpoint"),
+        (["train", "gpt-nano", "--resume", "garbage.ckpt"], "not a specformer checkpoint"),
+        (["eval", "random.ckpt"], "it is not a torch zip file (truncated or not a checkpoint)"),
+        (["eval", "truncated.ckpt"], "the zip archive is truncated or damaged"),
     ],
 )
 def test_errors_are_one_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
+    import torch
+
     (tmp_path / "garbage.ckpt").write_bytes(b"\x00" * 100)
+    (tmp_path / "random.ckpt").write_bytes(os.urandom(4096))
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, tmp_path / "whole.ckpt")
+    (tmp_path / "truncated.ckpt").write_bytes((tmp_path / "whole.ckpt").read_bytes()[:3000])
+    (tmp_path / "my-variant.yaml").write_text("extends: gpt-nano\nd_model: 64\n")
+    (tmp_path / "my-variant.yml").write_text("extends: gpt-nano\n")
     result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+    # torch's advice to load without weights_only is unsafe, and its message is cut mid-sentence here
+    assert "weights_only" not in result.output and "Re-running" not in result.output
+
+
+def test_a_training_file_error_points_into_the_file(tiny: Any, tmp_path: Path) -> None:
+    (tmp_path / "tr.yaml").write_text("max_steps: 3\nbatch_sise: 4\n")
+    result = runner.invoke(app, ["train", "gpt-nano", "--training", "tr.yaml"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "tr.yaml:2:1: training.batch_sise: unknown field" in result.output
+    assert "did you mean 'batch_size'?" in result.output
+
+    # the same with the section under a top-level training: key, nested, and with --resume
+    (tmp_path / "nested.yaml").write_text("training:\n  optimizer:\n    lr: 0.1\n    bettas: [0.9, 0.95]\n")
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    for args in (["gpt-nano"], ["--resume", str(ckpt)]):
+        result = runner.invoke(app, ["train", *args, "-t", "nested.yaml"], env={"COLUMNS": "200"})
+        assert result.exit_code == 1, result.output
+        assert "nested.yaml:4:5: training.optimizer.bettas: unknown field" in result.output
+        assert "did you mean 'betas'?" in result.output
+
+    (tmp_path / "latin1.yaml").write_bytes("max_steps: 3  # réglage\n".encode("latin-1"))
+    result = runner.invoke(app, ["train", "gpt-nano", "--training", "latin1.yaml"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "latin1.yaml: not UTF-8 text" in result.output
+    assert "UnicodeDecodeError" not in result.output and "Traceback" not in result.output
+
+
+def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path) -> None:
+    from specformer.training.checkpoint import load_checkpoint
+
+    # a run that would go on for a long time, checkpointing every 2 steps
+    spec = _write(tmp_path, tiny("decoder", max_steps=100_000, val_interval=4, checkpoint_interval=2))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specformer", "train", str(spec), "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a child inherits an ignored SIGINT (as Lightning leaves it after a Ctrl-C); start from the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "runs").glob("*/*/checkpoints/last.ckpt")):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    assert "error: interrupted at step " in err
+    assert f") is {ckpt}" in err
+    assert f"resume with: specformer train --resume {ckpt}" in err
+    assert not list(ckpt.parent.glob("*.tmp"))  # nothing half-written
+    step = load_checkpoint(ckpt).step
+    assert step >= 2 and step % 2 == 0
+    assert f"last checkpoint (step {step})" in err
+
+    out = _train(["--resume", str(ckpt), "--set", f"training.max_steps={step + 2}"]).output
+    assert "resumed from" in out and f" {step + 2} " in out
+
+
+def test_help_shows_placeholders_and_examples_verbatim() -> None:
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    out = CliRunner().invoke(app, ["fill-mask", "--help"], env={"COLUMNS": "160"}).stdout
+    assert "Text with one or more <mask> (or [MASK]) placeholders" in out
+    assert 'specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"' in out
+    assert 'specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10' in out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +23,7 @@ from specformer.training.checkpoint import (
     load_checkpoint,
     read_checkpoint,
 )
-from specformer.training.run import train
+from specformer.training.run import TrainingInterrupted, train
 
 
 class LossRecorder(L.Callback):
@@ -124,13 +126,27 @@ def test_corrupt_truncated_and_foreign_checkpoints_give_clear_errors(tiny: Any, 
 
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+    with pytest.raises(CheckpointError, match=r"truncated.ckpt is not a specformer checkpoint: the zip archive is truncated"):
         load_checkpoint(truncated)
 
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(os.urandom(4096))
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"garbage.ckpt is not a specformer checkpoint: it is not a torch zip file") as info:
         load_checkpoint(garbage)
+    assert "weights_only" not in str(info.value)  # never advise an unsafe load
+
+    spec_file = tmp_path / "my-variant.yaml"
+    spec_file.write_text(spec.to_yaml())
+    with pytest.raises(CheckpointError, match=r"my-variant.yaml is a spec, not a checkpoint"):
+        load_checkpoint(spec_file)
+
+    import zipfile
+
+    other_zip = tmp_path / "other.ckpt"
+    with zipfile.ZipFile(other_zip, "w") as z:
+        z.writestr("notes.txt", "hello")
+    with pytest.raises(CheckpointError, match=r"a zip archive, but not one torch.save wrote"):
+        load_checkpoint(other_zip)
 
     empty = tmp_path / "empty.ckpt"
     empty.write_bytes(b"")
@@ -155,10 +171,15 @@ def test_corrupt_truncated_and_foreign_checkpoints_give_clear_errors(tiny: Any, 
         load_checkpoint(unsafe)
 
 
-def test_resuming_with_a_different_model_names_the_differences(tiny: Any) -> None:
+def test_resuming_with_a_different_model_names_the_differences(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
     ckpt = train(spec, progress=False).checkpoint
     other = load_spec({**tiny("decoder", max_steps=4, val_interval=2), "d_model": 48})
+
+    def no_data(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the data was prepared before the checkpoint was checked")
+
+    monkeypatch.setattr("specformer.training.run.SpecDataModule", no_data)
     with pytest.raises(CheckpointError, match=r"different model[\s\S]*d_model: checkpoint 32, spec 48"):
         train(other, resume=ckpt, progress=False)
 
@@ -193,3 +214,48 @@ def test_a_resumed_run_may_train_longer_on_the_new_schedule(tiny: Any) -> None:
     # linear decay over 8 steps, not over the first run's 4: step 4 runs at half the peak
     assert seen[4] == pytest.approx(3e-3 * 0.5)
     assert seen[7] == pytest.approx(3e-3 * 1 / 8)
+
+
+class InterruptAt(L.Callback):
+    """Ctrl-C as Lightning meets it: a KeyboardInterrupt in the middle of training."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def _metrics(run_dir: str, column: str) -> dict[int, float]:
+    with open(Path(run_dir) / "metrics.csv") as f:
+        return {int(r["step"]): float(r[column]) for r in csv.DictReader(f) if r.get(column)}
+
+
+def test_an_interrupted_and_resumed_run_reports_what_an_uninterrupted_run_does(tiny: Any) -> None:
+    data = tiny("decoder", max_steps=9, val_interval=3, checkpoint_interval=3, log_interval=1)
+    data["embedding"] = {"dropout": 0.1}
+    spec = load_spec(data)
+    full = train(spec, progress=False)
+    with pytest.raises(TrainingInterrupted) as info:
+        train(spec, progress=False, callbacks=[InterruptAt(7)])
+    stopped = info.value
+    assert isinstance(stopped, KeyboardInterrupt)  # code that stops on Ctrl-C still does
+    assert (stopped.step, stopped.checkpoint_step) == (7, 6)
+    assert stopped.checkpoint is not None and read_checkpoint(stopped.checkpoint)["global_step"] == 6
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Lightning's SIG_IGN is undone
+
+    resumed = train(spec, resume=stopped.checkpoint, progress=False)
+    expected = json.loads((Path(full.run_dir) / "summary.json").read_text())
+    got = json.loads((Path(resumed.run_dir) / "summary.json").read_text())
+    assert [h["step"] for h in expected["history"]] == [3, 6, 9]
+    assert got["history"] == expected["history"]  # the validation at step 6 included
+    assert got["train_loss"] == expected["train_loss"]  # the mean over the same steps
+    assert got["steps"] == expected["steps"] == 9
+
+    # metrics.csv numbers steps as summary.json does: validation after 3 steps is step 3
+    assert sorted(_metrics(full.run_dir, "val/loss")) == [3, 6, 9]
+    assert _metrics(full.run_dir, "val/loss") == pytest.approx({h["step"]: h["val/loss"] for h in expected["history"]})
+    assert sorted(_metrics(full.run_dir, "train/loss")) == list(range(1, 10))
+    assert _metrics(resumed.run_dir, "train/loss") == {k: v for k, v in _metrics(full.run_dir, "train/loss").items() if k > 6}
+    assert sorted(_metrics(resumed.run_dir, "val/loss")) == [9]

@@ -239,6 +239,7 @@ def generate_cmd(
     top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
+    stop_at_eot: Annotated[bool, typer.Option("--stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document) instead of going on into a new one.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
 ) -> None:
@@ -263,7 +264,12 @@ def generate_cmd(
             raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
         if spec.kind == "encoder":
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
+        if top_p is not None and top_p <= 0.0:
+            raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
         temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
+        # a tokenizer smaller than the model's vocabulary (a BPE trained on little text) has no text for the rest
+        candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
+        learned = spec.positional.type == "learned"
         generator = torch.Generator().manual_seed(seed)
         ids = tok.encode(prompt)
         if spec.kind == "decoder":
@@ -276,16 +282,21 @@ def generate_cmd(
                 shown = prompt
             out = generate(
                 model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
-                top_p=top_p, eos_id=None, use_cache=cache, max_seq_len=spec.max_seq_len, generator=generator,
+                top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache, max_seq_len=spec.max_seq_len,
+                generator=generator, n_candidates=candidates,
             )
             text = tok.decode(out[0, len(ids):].tolist())
             console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
             return
         if not ids:
             raise _fail("give a --prompt to decode")
+        if learned and len(ids) > spec.max_seq_len:
+            raise _fail(f"the prompt is {len(ids)} tokens; this model's encoder reads at most "
+                        f"max_seq_len={spec.max_seq_len} (learned positions)")
         out = generate_seq2seq(
             model, torch.tensor([ids]), bos_id=tok.bos_id, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
             temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
+            n_candidates=candidates, max_len=spec.max_seq_len if learned else None,
         )
         row = out[0].tolist()
         if tok.eos_id is not None and tok.eos_id in row:
@@ -326,7 +337,14 @@ def eval_cmd(
     with _errors_for_people():
         loaded = _load_checkpoint(checkpoint)
         overrides = list(set_ or [])
+        model_fields = [o.partition("=")[0] for o in overrides if not o.partition("=")[0].strip().startswith("training.")]
+        if model_fields:
+            raise _fail(f"--set {', '.join(model_fields)}: eval runs the checkpoint's own model; only training.* "
+                        "can change (what is evaluated, e.g. training.data)")
         if batches is not None:
+            if loaded.spec.training.data is not None and loaded.spec.training.data.type == "synthetic":
+                raise _fail("--batches does not apply to a synthetic task: it is always evaluated on its whole "
+                            "held-out set (exact match needs every example)")
             overrides.append(f"training.val_batches={batches}")
         spec = load_spec(loaded.spec.to_dict(), overrides) if overrides else loaded.spec
         quiet_lightning()
@@ -411,11 +429,19 @@ def _encode_with_masks(tok: Any, text: str) -> list[int]:
     """Encode ``text``, turning every ``<mask>`` / ``[MASK]`` into the mask id."""
     import re
 
+    from specformer.data.tokenizers import HFTokenizer
+
     pieces = re.split(r"(<mask>|\[MASK\])", text)
+    # a BPE word carries its leading space, and a masked word was masked with it: the mask
+    # absorbs the space before it (RoBERTa's lstrip), else the model sees a lone " " token
+    absorb = isinstance(tok, HFTokenizer)
     ids: list[int] = []
-    for piece in pieces:
+    for n, piece in enumerate(pieces):
         if piece in ("<mask>", "[MASK]"):
             ids.append(tok.mask_id)
         elif piece:
-            ids.extend(tok.encode(piece))
+            if absorb and n + 1 < len(pieces) and piece.endswith(" "):
+                piece = piece[:-1]
+            if piece:
+                ids.extend(tok.encode(piece))
     return ids

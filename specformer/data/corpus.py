@@ -3,7 +3,9 @@
 
 A file goes to validation when a hash of its relative path falls below
 ``val_fraction``, so the split is the same on every machine and does not move
-when a file is added or removed elsewhere.
+when a file is added or removed elsewhere. A corpus of a single document (one
+``input.txt``) is split inside it instead: its last ``val_fraction`` of lines is
+held out.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Corpus:
     fingerprint: str
     train_ids: list[str] = field(default_factory=list)
     val_ids: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # files left out: not UTF-8 text, or unreadable
 
     @property
     def n_bytes(self) -> int:
@@ -79,23 +82,36 @@ def _cap(items: list[tuple[str, Path]], max_mb: float | None) -> list[tuple[str,
     return sorted(chosen)
 
 
-def _read_files(name: str, items: list[tuple[str, Path]], val_fraction: float, settings: dict) -> Corpus:
+def _read_files(
+    name: str, items: list[tuple[str, Path]], val_fraction: float, settings: dict, *, report: bool = True
+) -> Corpus:
+    """Read ``items`` (key, path) as UTF-8 text and split them; files that are not UTF-8
+    text are left out (listed in ``skipped`` when ``report``) and empty ones dropped."""
     texts: list[str] = []
     keys: list[str] = []
     digests: list[bytes] = []
+    skipped: list[str] = []
     for key, path in items:
         try:
             raw = path.read_bytes()
             text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError):
-            continue  # a few stdlib test files are deliberately not UTF-8
+            if report:  # (a few stdlib test files are deliberately not UTF-8)
+                skipped.append(key)
+            continue
         if not text.strip():
             continue
         texts.append(text)
         keys.append(key)
         digests.append(key.encode() + hashlib.sha1(raw).digest())
+    # a single document is split by lines, not by file: its cached tokens differ
+    fingerprint = content_hash(name, {**settings, "split": "lines"} if len(texts) == 1 else settings, chunks=digests)
+    if len(texts) == 1:
+        train_text, val_text = _split_document(texts[0], val_fraction)
+        return Corpus(name=name, train=[train_text] if train_text.strip() else [],
+                      val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
+                      train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped)
     train_idx, val_idx = split_by_path(keys, val_fraction)
-    fingerprint = content_hash(name, settings, chunks=digests)
     return Corpus(
         name=name,
         train=[texts[i] for i in train_idx],
@@ -103,7 +119,19 @@ def _read_files(name: str, items: list[tuple[str, Path]], val_fraction: float, s
         fingerprint=fingerprint,
         train_ids=[keys[i] for i in train_idx],
         val_ids=[keys[i] for i in val_idx],
+        skipped=skipped,
     )
+
+
+def _split_document(text: str, val_fraction: float) -> tuple[str, str]:
+    """(train, validation) of one document: its last ``val_fraction`` of lines (at least
+    one line) held out; a single line is cut at that fraction of its characters."""
+    lines = text.splitlines(keepends=True)
+    if len(lines) >= 2:
+        n_val = min(len(lines) - 1, max(1, round(len(lines) * val_fraction)))
+        return "".join(lines[:-n_val]), "".join(lines[-n_val:])
+    cut = min(len(text) - 1, max(1, round(len(text) * (1 - val_fraction))))
+    return text[:cut], text[cut:]
 
 
 def stdlib_corpus(spec: StdlibDataSpec) -> Corpus:
@@ -125,42 +153,66 @@ def stdlib_corpus(spec: StdlibDataSpec) -> Corpus:
             "--set 'training.data={type: files, paths: [\"docs/**/*.md\"]}'"
         )
     items = _cap(items, spec.max_mb)
-    return _read_files("stdlib", items, spec.val_fraction, spec.model_dump())
+    return _read_files("stdlib", items, spec.val_fraction, spec.model_dump(), report=False)
 
 
 def files_corpus(spec: FilesDataSpec) -> Corpus:
-    """Local files, directories (all files below) or globs."""
-    items: dict[str, Path] = {}
+    """Local files, directories (all files below, hidden ones excepted) or globs.
+
+    A file's key (what the split hashes, and what validation lists) is its path relative
+    to the fixed part of the pattern that found it (``data/**/*.txt`` -> below ``data``;
+    a directory -> below it; a file -> its name), so it does not change when other
+    paths are added."""
+    items: dict[str, tuple[str, Path]] = {}
     missing = []
     for pattern in spec.paths:
         expanded = str(Path(pattern).expanduser())
         matches = [Path(p) for p in glob.glob(expanded, recursive=True)]
         if not matches:
             missing.append(pattern)
+        base = _fixed_part(expanded)
         for match in matches:
-            files = sorted(p for p in match.rglob("*") if p.is_file()) if match.is_dir() else [match]
+            if match.is_dir():
+                files = sorted(p for p in match.rglob("*") if p.is_file() and not _hidden(p.relative_to(match)))
+            else:
+                files = [match]
             for f in files:
-                items[f.resolve().as_posix()] = f
+                key = (f.relative_to(base) if base is not None and f.is_relative_to(base) else Path(f.name)).as_posix()
+                items.setdefault(f.resolve().as_posix(), (key, f))
     if missing:
         raise DataError(f"training.data.paths: nothing matches {', '.join(map(repr, missing))}")
     if not items:
         raise DataError("training.data.paths: no files found")
-    common = Path(_common_root(list(items)))
-    keyed = sorted((Path(k).relative_to(common).as_posix() if common != Path(k) else Path(k).name, p)
-                   for k, p in items.items())
-    keyed = _cap(keyed, spec.max_mb)
+    keyed = _cap(sorted(items.values()), spec.max_mb)
     corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths"}))
     if not corpus.train:
-        raise DataError("training.data.paths: no readable UTF-8 text in the given files")
+        found = f"; left out as not UTF-8 text: {_names(corpus.skipped)}" if corpus.skipped else ""
+        raise DataError(f"training.data.paths: no readable UTF-8 text in the given files{found}")
     return corpus
 
 
-def _common_root(paths: list[str]) -> str:
-    import os.path
+def _fixed_part(pattern: str) -> Path | None:
+    """The directory a pattern's keys are relative to: a directory itself, a file's
+    folder, or a glob's leading parts without wildcards."""
+    path = Path(pattern)
+    if not glob.has_magic(pattern):
+        return path if path.is_dir() else path.parent
+    fixed = []
+    for part in path.parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path(".")
 
-    if len(paths) == 1:
-        return str(Path(paths[0]).parent)
-    return os.path.commonpath(paths)
+
+def _hidden(rel: Path) -> bool:
+    """A dot-file or anything below a dot-directory (.git, .venv, .cache)."""
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def _names(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def hf_corpus(spec: HFDataSpec) -> Corpus:

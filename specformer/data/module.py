@@ -93,6 +93,10 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         f"{corpus.name}: {n_docs} documents ({len(corpus.val)} held out), "
         f"{corpus.n_bytes / 1e6:.1f} MB → {len(arrays.train) / 1e6:.2f}M train / {len(arrays.val) / 1e6:.2f}M val tokens"
     )
+    if getattr(corpus, "skipped", None):
+        from specformer.data.corpus import _names
+
+        description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
     return PreparedData(
         tokenizer=tokenizer,
         train=train,

@@ -386,6 +386,10 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
     elif isinstance(node, dict):
         if isinstance(value, dict) and isinstance(node.get(last), dict):
             node[last] = deep_merge(node[last], value)
+        elif last == "type" and "type" in node and node["type"] != value:
+            # another type: the old one's fields do not belong to it (as with extends)
+            node.clear()
+            node["type"] = value
         else:
             node[last] = value
     else:

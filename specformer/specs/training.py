@@ -225,7 +225,7 @@ class AdamWSpec(Spec):
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.1, description="Decoupled weight decay of matrices.")
 
 
-_WARMUP = "Linear warmup from 0 over this many steps."
+_WARMUP = "Linear warmup over this many steps: step k (from 0) runs at (k + 1) / warmup_steps of lr."
 
 
 class ConstantScheduleSpec(Spec):

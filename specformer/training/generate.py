@@ -29,12 +29,18 @@ def sample_next(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    n_candidates: int | None = None,
 ) -> Tensor:
     """Next token ids (B,) from logits (B, V). ``temperature=0`` is greedy (argmax).
 
     top-k keeps the k most likely tokens; top-p (Holtzman et al. 2020) keeps the
     smallest set whose probability reaches p. Both filters apply before sampling.
+    ``n_candidates`` < V keeps ids below it only: a tokenizer smaller than the model's
+    vocabulary has no text for the rest.
     """
+    if n_candidates is not None and n_candidates < logits.shape[-1]:
+        logits = logits.clone()
+        logits[..., n_candidates:] = float("-inf")
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -83,9 +89,10 @@ def generate(
     use_cache: bool = True,
     max_seq_len: int | None = None,
     generator: torch.Generator | None = None,
+    n_candidates: int | None = None,
 ) -> Tensor:
     """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
-    (fewer when every row has produced ``eos_id``)."""
+    (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`."""
     seq = input_ids
     done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
     cache: Any = None
@@ -100,7 +107,8 @@ def generate(
                 cache, logits = out.cache, out.logits  # (B, T, V)
             if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
                 cache = None  # full: the next step re-reads the last max_seq_len tokens
-            nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                              n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
             seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
             if bool(done.all()):
@@ -122,9 +130,15 @@ def generate_seq2seq(
     top_p: float | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    n_candidates: int | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
-    generated ids (B, N) without the start token."""
+    generated ids (B, N) without the start token. ``max_len`` caps the decoder sequence,
+    start token included (a learned position table ends there); ``n_candidates``: see
+    :func:`sample_next`."""
+    if max_len is not None:
+        max_new_tokens = min(max_new_tokens, max_len - 1)
     b = input_ids.shape[0]
     with _eval_mode(model):
         encoded = model.encode(input_ids, attention_mask)  # (B, S, D)
@@ -144,7 +158,8 @@ def generate_seq2seq(
                 use_cache=use_cache,
             )
             cache = out.cache
-            nxt = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            nxt = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                              n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
             if bool(done.all()):

@@ -225,6 +225,13 @@ def train(
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
     max_steps = _total_steps(spec, dm)
+    warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
+    if warmup >= max_steps and console is not None:
+        console.print(
+            f"[yellow]warning:[/] training.schedule.warmup_steps={warmup} is not below the run's {max_steps} steps: "
+            f"the learning rate never reaches training.lr (it ends at {max_steps / warmup:.2g} of it)",
+            highlight=False, soft_wrap=True,
+        )
     run_dir = make_run_dir(t.out_dir, spec.name)
     try:
         (run_dir / "spec.yaml").write_text(spec.to_yaml())

@@ -30,7 +30,8 @@ class Schedule:
             return (step + 1) / self.warmup
         if self.shape == "constant":
             return 1.0
-        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        # steps run 0 .. total - 1: the last one is at the end of the decay
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - 1 - self.warmup))
         if self.shape == "linear":
             return 1.0 - (1.0 - self.min_ratio) * progress
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

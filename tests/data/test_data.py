@@ -75,6 +75,51 @@ def test_files_corpus_globs_and_errors(tmp_path: Path) -> None:
         files_corpus(FilesDataSpec(paths=("nope/*.txt",)))
 
 
+def test_files_split_does_not_move_when_other_paths_are_added(tmp_path: Path) -> None:
+    # keys are relative to the pattern that found each file, not to a root of all files
+    (tmp_path / "corpus" / "sub").mkdir(parents=True)
+    for i in range(12):
+        (tmp_path / "corpus" / "sub" / f"f{i}.txt").write_text(f"document {i}\n" * 20)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "g.txt").write_text("elsewhere\n" * 20)
+    alone = files_corpus(FilesDataSpec(paths=(str(tmp_path / "corpus" / "sub" / "*.txt"),), val_fraction=0.3))
+    more = files_corpus(FilesDataSpec(paths=(str(tmp_path / "corpus" / "sub" / "*.txt"), str(tmp_path / "other" / "g.txt")),
+                                      val_fraction=0.3))
+    assert set(alone.val_ids) == set(more.val_ids) - {"g.txt"}
+    assert set(alone.train_ids) == set(more.train_ids) - {"g.txt"}
+    # the same files found through their directory or a ** glob have the same keys
+    by_dir = files_corpus(FilesDataSpec(paths=(str(tmp_path / "corpus"),), val_fraction=0.3))
+    by_glob = files_corpus(FilesDataSpec(paths=(str(tmp_path / "corpus" / "**" / "*.txt"),), val_fraction=0.3))
+    assert by_dir.val_ids == by_glob.val_ids and "sub/f0.txt" in by_dir.train_ids + by_dir.val_ids
+
+
+def test_a_directory_leaves_out_hidden_files_and_reports_non_utf8_ones(tmp_path: Path) -> None:
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text(f"{name} text\n" * 20)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / ".notes.txt").write_text("private\n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    (tmp_path / "empty.txt").write_text("")
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),), val_fraction=0.3))
+    assert sorted(corpus.train_ids + corpus.val_ids) == ["a.txt", "b.txt", "c.txt"]
+    assert corpus.skipped == ["latin1.txt"]
+    (tmp_path / "a.txt").unlink(), (tmp_path / "b.txt").unlink(), (tmp_path / "c.txt").unlink()
+    with pytest.raises(DataError, match="no readable UTF-8 text.*left out as not UTF-8 text: latin1.txt"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+
+
+def test_a_single_file_is_split_inside_it(tmp_path: Path) -> None:
+    lines = [f"line {i}\n" for i in range(100)]
+    (tmp_path / "input.txt").write_text("".join(lines))
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / "input.txt"),), val_fraction=0.1))
+    assert corpus.train == ["".join(lines[:90])] and corpus.val == ["".join(lines[90:])]
+    assert corpus.val_ids == ["input.txt (last lines)"]
+    (tmp_path / "one-line.txt").write_text("x" * 1000)
+    one = files_corpus(FilesDataSpec(paths=(str(tmp_path / "one-line.txt"),), val_fraction=0.2))
+    assert one.train == ["x" * 800] and one.val == ["x" * 200]
+
+
 # --------------------------------------------------------------------------- tokenizers
 
 

@@ -126,6 +126,15 @@ def test_overrides_are_typed_like_yaml():
     assert spec.decoder.attention.n_kv_heads == 3 and spec.decoder.attention.n_heads == 12
 
 
+def test_setting_another_type_drops_the_old_types_fields():
+    # cosine's min_lr_ratio does not belong to inverse_sqrt: --set ...type= works as extends does
+    spec = load_spec("gpt-nano", overrides=["training.schedule.type=inverse_sqrt"])
+    assert spec.training.schedule.type == "inverse_sqrt"
+    same = load_spec("gpt-nano", overrides=["training.schedule.type=cosine"])
+    assert same.training.schedule == load_spec("gpt-nano").training.schedule  # same type: fields kept
+    assert apply_overrides({"n": {"type": "a", "x": 1}}, ["n.type=b"]) == {"n": {"type": "b"}}
+
+
 def test_override_forms():
     data = {"a": {"b": 1}, "l": [{"x": 1}]}
     assert apply_overrides(data, ["a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}, "l": [{"x": 1}]}

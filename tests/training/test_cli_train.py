@@ -53,6 +53,10 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
 
     sampled = runner.invoke(app, ["generate", str(ckpt.parent.parent), "-p", "import", "--top-k", "5", "--top-p", "0.9"])
     assert sampled.exit_code == 0, sampled.output
+    zero = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "--top-p", "0"])
+    assert zero.exit_code == 1 and "--top-p must be above 0" in zero.stderr and "--greedy" in zero.stderr
+    eot = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "-n", "200", "--stop-at-eot", "--seed", "1"])
+    assert eot.exit_code == 0, eot.output
 
     ev = runner.invoke(app, ["eval", str(ckpt), "--batches", "2"], env={"COLUMNS": "200"})
     assert ev.exit_code == 0, ev.output
@@ -200,3 +204,34 @@ def test_help_shows_placeholders_and_examples_verbatim() -> None:
     assert "Text with one or more <mask> (or [MASK]) placeholders" in out
     assert 'specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"' in out
     assert 'specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10' in out
+
+
+def test_a_mask_absorbs_the_space_before_it_with_a_bpe_tokenizer(tmp_path: Path) -> None:
+    from specformer.cli.train_cmds import _encode_with_masks
+    from specformer.data.corpus import Corpus
+    from specformer.data.tokenizers import bpe_tokenizer
+    from specformer.specs.training import BPETokenizerSpec
+
+    text = "the quick brown fox jumps over the lazy dog\n" * 200
+    corpus = Corpus(name="t", train=[text], val=[], fingerprint="mask-space-test")
+    tok = bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
+    ids = _encode_with_masks(tok, "the quick <mask> fox")
+    plain = tok.encode("the quick brown fox")
+    assert ids == [*tok.encode("the quick"), tok.mask_id, *tok.encode(" fox")]
+    assert len(ids) == len(plain)  # the mask stands where " brown" stood, no lone " " token
+
+
+def test_a_warmup_longer_than_the_run_is_pointed_out(tiny: Any, tmp_path: Path) -> None:
+    spec = _write(tmp_path, tiny("decoder", max_steps=3, val_interval=3))
+    result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", "training.schedule={type: linear, warmup_steps: 6}"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "warmup_steps=6 is not below the run's 3 steps" in result.stderr and "0.5 of it" in result.stderr
+
+
+def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: Path) -> None:
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec)])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    result = runner.invoke(app, ["eval", str(ckpt), "--set", "d_model=64"])
+    assert result.exit_code == 1 and "--set d_model: eval runs the checkpoint's own model" in result.stderr

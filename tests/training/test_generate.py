@@ -76,3 +76,19 @@ def test_generation_stops_at_the_end_token(tiny: Any) -> None:
     first = generate(model, prompt, max_new_tokens=1, temperature=0.0)[0, -1].item()
     out = generate(model, prompt, max_new_tokens=10, temperature=0.0, eos_id=first)
     assert out.shape == (1, 5)
+
+
+def test_ids_past_the_tokenizer_are_never_sampled() -> None:
+    # a BPE smaller than the model's vocabulary: ids >= n_candidates have no text
+    logits = torch.tensor([[0.0, 1.0, 3.0, 9.0, 8.0]]).repeat(300, 1)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample_next(logits, temperature=0.0, n_candidates=3).tolist()) == {2}
+    assert set(sample_next(logits, temperature=5.0, generator=g, n_candidates=3).tolist()) <= {0, 1, 2}
+    assert set(sample_next(logits, temperature=0.0, n_candidates=5).tolist()) == {3}
+
+
+def test_seq2seq_output_ends_at_a_learned_position_table(tiny: Any) -> None:
+    spec, model = _model(tiny, "encoder-decoder", positional={"type": "learned"}, max_seq_len=16)
+    src = torch.randint(5, 40, (1, 7))
+    out = generate_seq2seq(model, src, bos_id=1, eos_id=None, max_new_tokens=40, max_len=spec.max_seq_len)
+    assert out.shape == (1, 15)  # 16 decoder positions, the start token included

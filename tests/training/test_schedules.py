@@ -37,13 +37,16 @@ def test_inverse_sqrt_is_the_original_papers_formula() -> None:
 
 
 def test_warmup_then_cosine_and_linear_decay() -> None:
-    c = cosine(CosineScheduleSpec(warmup_steps=10, min_lr_ratio=0.1), total=110)
+    # steps 0 .. total - 1: the last step (total - 1) runs at min_lr_ratio * lr
+    c = cosine(CosineScheduleSpec(warmup_steps=10, min_lr_ratio=0.1), total=111)
     assert c(0) == pytest.approx(0.1) and c(9) == pytest.approx(1.0)
     assert c(10) == pytest.approx(1.0)
     assert c(60) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way down the cosine
     assert c(110) == pytest.approx(0.1) and c(500) == pytest.approx(0.1)
-    lin = linear(LinearScheduleSpec(warmup_steps=0, min_lr_ratio=0.0), total=100)
+    lin = linear(LinearScheduleSpec(warmup_steps=0, min_lr_ratio=0.0), total=101)
     assert [lin(s) for s in (0, 25, 50, 100)] == pytest.approx([1.0, 0.75, 0.5, 0.0])
+    short = linear(LinearScheduleSpec(warmup_steps=2, min_lr_ratio=0.1), total=6)
+    assert [short(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.7, 0.4, 0.1])
     const = REGISTRY.build("schedule", ConstantScheduleSpec(warmup_steps=4), total=100)
     assert [const(s) for s in (0, 3, 50)] == pytest.approx([0.25, 1.0, 1.0])
 
@@ -60,8 +63,8 @@ def test_lr_follows_the_schedule_in_a_run(tiny: Any) -> None:
 
     rows = list(csv.DictReader(open(Path(result.run_dir) / "metrics.csv")))
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
-    # lr of steps 1..8: warmup 1/4..4/4 of 3e-3, then linear decay to 0 at step 8
-    expected = [3e-3 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 0.5, 0.25)]
+    # lr of steps 1..8: warmup 1/4..4/4 of 3e-3, then linear decay reaching 0 at the last step
+    expected = [3e-3 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 2 / 3, 1 / 3, 0.0)]
     assert lrs == pytest.approx(expected)
 
 

@@ -163,6 +163,8 @@ class SpecModule(L.LightningModule):
             "rng": rng_state(),
             "tokens_seen": int(self.tokens_seen),
             "val_history": [dict(h) for h in self.val_history],
+            # the summary's "mean of the last steps": a resumed run averages the same steps
+            "recent_losses": [float(x) for x in self.recent_losses],
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -187,4 +189,6 @@ class SpecModule(L.LightningModule):
                 scheduler["lr_lambdas"] = [None] * len(scheduler["lr_lambdas"])
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.val_history = list(meta.get("val_history", []))
+        self.recent_losses.clear()
+        self.recent_losses.extend(torch.tensor(x) for x in meta.get("recent_losses", []))
         self._pending_rng = meta.get("rng")

@@ -4,12 +4,10 @@ what keeps a resumed run's logs and summary those of an uninterrupted run."""
 from __future__ import annotations
 
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from rich.console import Console
 from rich.progress import (
@@ -22,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["SpecProgressBar", "PeriodicCheckpoint", "TrainLossWindow", "LogGlobalStep", "format_count"]
+__all__ = ["SpecProgressBar", "PeriodicCheckpoint", "LogGlobalStep", "format_count"]
 
 
 def format_count(n: float) -> str:
@@ -213,32 +211,6 @@ def _validates_after_this_batch(trainer: L.Trainer) -> bool:
         return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher)) and not loop._skip_next_val
     except Exception:
         return False
-
-
-class TrainLossWindow(Callback):
-    """Carries the module's window of recent training losses (``recent_losses``, the
-    summary's "mean of the last steps") through checkpoints, so a resumed run averages
-    the same steps as an uninterrupted one."""
-
-    def __init__(self) -> None:
-        self._module: L.LightningModule | None = None
-        self._restored: list[float] = []
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._module = pl_module
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        window = getattr(pl_module, "recent_losses", None)
-        if self._restored and isinstance(window, deque):
-            window.extendleft(torch.tensor(x, dtype=torch.float64) for x in reversed(self._restored))
-        self._restored = []
-
-    def state_dict(self) -> dict[str, Any]:
-        window = getattr(self._module, "recent_losses", None) or []
-        return {"recent_losses": [float(x) for x in window]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = [float(x) for x in state_dict.get("recent_losses", [])]
 
 
 class LogGlobalStep(Callback):

@@ -32,7 +32,6 @@ from specformer.training.callbacks import (
     LogGlobalStep,
     PeriodicCheckpoint,
     SpecProgressBar,
-    TrainLossWindow,
 )
 from specformer.training.checkpoint import AtomicCheckpointIO, check_resumable, read_checkpoint
 
@@ -145,7 +144,6 @@ def build_trainer(
     t = spec.training
     own: list[Callback] = [
         LogGlobalStep(),
-        TrainLossWindow(),
         PeriodicCheckpoint(run_dir / "checkpoints", every=t.checkpoint_every),
     ]
     if progress:

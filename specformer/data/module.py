@@ -93,6 +93,10 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         f"{corpus.name}: {n_docs} documents ({len(corpus.val)} held out), "
         f"{corpus.n_bytes / 1e6:.1f} MB → {len(arrays.train) / 1e6:.2f}M train / {len(arrays.val) / 1e6:.2f}M val tokens"
     )
+    asked = getattr(t.tokenizer, "vocab_size", None)
+    if asked is not None and tokenizer.vocab_size < asked:
+        description += (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
+                        f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
     if getattr(corpus, "skipped", None):
         from specformer.data.corpus import _names
 

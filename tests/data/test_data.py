@@ -361,3 +361,18 @@ def test_training_on_a_hugging_face_dataset(offline_datasets, tmp_path: Path, mo
     )
     result = train(spec, progress=False)
     assert result.steps == 3 and result.val_loss is not None and result.val_loss == result.val_loss
+
+
+def test_a_bpe_smaller_than_asked_is_pointed_out(tmp_path: Path) -> None:
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 400)
+    (tmp_path / "b.txt").write_text("the dog sat on the log\n" * 400)
+    spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: ['{tmp_path}/*.txt'], val_fraction: 0.5}}",
+                                  "training.seq_len=16", f"training.cache_dir={tmp_path / 'cache'}"])
+    data = prepare(spec)
+    assert data.tokenizer.vocab_size < 512
+    n = data.tokenizer.vocab_size
+    assert f"the BPE reached {n} of the 512 tokens asked for" in data.description
+    assert f"ids {n}–511 stay unused" in data.description

@@ -486,8 +486,11 @@ def _changes_section(d: Any) -> Section:
     for ch in d.changes:
         path = ch.path + (" (derived)" if ch.derived else "")
         s.rows.append([path] + [_fmt_value(v) for v in ch.values])
-    s.notes.append("— : the field does not exist in that spec (its type differs). Compared after "
-                   "resolving extends, overrides and defaults; derived sizes included.")
+    from specformer.analysis import ABSENT
+
+    absent = any(v is ABSENT for ch in d.changes for v in ch.values)
+    s.notes.append(("— : the field does not exist in that spec (its type differs). " if absent else "")
+                   + "Compared after resolving extends, overrides and defaults; derived sizes included.")
     return s
 
 
@@ -558,6 +561,13 @@ def _group_keys(keys: list[str]) -> list[str]:
     return [f"{g} (×{n})" if n > 1 else g for g, n in groups.items()]
 
 
+def _first(groups: list[str], n: int = 4) -> str:
+    """The first ``n`` groups, and how many more there are (the JSON output lists all)."""
+    rest = len(groups) - n
+    more = f", … {rest} more group{'s' if rest > 1 else ''}" if rest > 0 else ""
+    return ", ".join(groups[:n]) + more
+
+
 def _compat_section(d: Any) -> Section:
     s = Section("checkpoint compatibility (load_state_dict strict)", ["checkpoint of", "loads into", "result"])
     for c in d.compatibility:
@@ -566,17 +576,17 @@ def _compat_section(d: Any) -> Section:
         else:
             parts = []
             if c.missing:
-                parts.append(f"{len(c.missing)} missing: " + ", ".join(_group_keys(c.missing)[:4]))
+                parts.append(f"{len(c.missing)} missing: " + _first(_group_keys(c.missing)))
             if c.unexpected:
-                parts.append(f"{len(c.unexpected)} unexpected: " + ", ".join(_group_keys(c.unexpected)[:4]))
+                parts.append(f"{len(c.unexpected)} unexpected: " + _first(_group_keys(c.unexpected)))
             if c.mismatched:
                 mism = {}
                 for key, a, b in c.mismatched:
                     g = re.sub(r"\.layers\.\d+\.", ".layers.*.", key)
                     mism.setdefault(g, (a, b, 0))
                     mism[g] = (a, b, mism[g][2] + 1)
-                shown = [f"{g} {list(a)}→{list(b)}" + (f" (×{n})" if n > 1 else "") for g, (a, b, n) in list(mism.items())[:4]]
-                parts.append(f"{len(c.mismatched)} shape mismatches: " + ", ".join(shown))
+                shown = [f"{g} {list(a)}→{list(b)}" + (f" (×{n})" if n > 1 else "") for g, (a, b, n) in mism.items()]
+                parts.append(f"{len(c.mismatched)} shape mismatches: " + _first(shown))
             result = "no: " + "; ".join(parts)
         s.rows.append([c.source, c.target, result])
     methods = sorted({c.method for c in d.compatibility})

@@ -89,8 +89,8 @@ def field_reference() -> str:
         doc = " ".join((model.__doc__ or "").split())
         lines += [f"### {title}", "", doc, "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
-            if name == "type" and isinstance(field.default, str):
-                continue
+            if name == "type" and len(typing.get_args(field.annotation)) == 1:
+                continue  # a registry entry's own name: the table's title says it
             desc = " ".join((field.description or "").split()).replace("|", "\\|")
             lines.append(f"| `{name}` | {_type_text(field.annotation)} | {_default_text(field)} | {desc} |")
         lines.append("")

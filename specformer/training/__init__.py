@@ -12,8 +12,6 @@ _LAZY = {
     "train": "specformer.training.run",
     "TrainResult": "specformer.training.run",
     "TrainingInterrupted": "specformer.training.run",
-    "generate": "specformer.training.generate",
-    "generate_seq2seq": "specformer.training.generate",
     "load_checkpoint": "specformer.training.checkpoint",
     "CheckpointError": "specformer.training.checkpoint",
 }
@@ -23,3 +21,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'specformer.training' has no attribute {name!r}")
+
+
+# eager, not lazy: the submodule ``generate`` has the function's name, and importing a
+# submodule binds it on the package, which would hand out the module instead
+from specformer.training.generate import generate, generate_seq2seq  # noqa: E402

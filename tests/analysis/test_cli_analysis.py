@@ -177,3 +177,15 @@ def test_show_warns_past_a_learned_position_table():
     for ok in (["gpt2-small", "--seq-len", "1024"], ["llama2-7b", "--seq-len", "8192"]):  # rope extends
         result = runner.invoke(app, ["show", *ok])
         assert result.exit_code == 0 and "warning" not in result.stderr
+
+
+def test_diff_says_how_many_key_groups_it_leaves_out_and_explains_only_what_is_shown(tmp_path) -> None:
+    variant = tmp_path / "v.yaml"
+    variant.write_text("extends: gpt2-small\ndecoder:\n  norm: {type: rmsnorm}\n  ffn: {type: glu, activation: silu}\n")
+    out = runner.invoke(app, ["diff", "gpt2-small", str(variant)], env={"COLUMNS": "400"}).stdout
+    assert "49 missing:" in out and "… 1 more group;" in out
+    assert "— : the field does not exist" in out  # the mlp's fields are absent from a glu
+    same_type = tmp_path / "w.yaml"
+    same_type.write_text("extends: gpt2-small\ndecoder: {n_layers: 6}\n")
+    out = runner.invoke(app, ["diff", "gpt2-small", str(same_type)], env={"COLUMNS": "400"}).stdout
+    assert "— : the field does not exist" not in out and "Compared after resolving extends" in out

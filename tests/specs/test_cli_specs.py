@@ -125,3 +125,11 @@ def test_help_examples_are_shown_verbatim():
     assert "# yaml-language-server: $schema=specformer.schema.json" in result.stdout
     result = runner.invoke(app, ["show", "--help"], env={"COLUMNS": "120"})
     assert "specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown" in result.stdout
+
+
+def test_field_reference_lists_the_choices_of_a_type_field():
+    from specformer.specs.reference import field_reference
+
+    ref = field_reference()
+    assert "| `type` | `sequential` \\| `parallel` | `sequential` |" in ref  # residual: one model, two choices
+    assert "| `type` | `rope`" not in ref  # a registry entry's name is its table's title

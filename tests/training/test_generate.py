@@ -92,3 +92,14 @@ def test_seq2seq_output_ends_at_a_learned_position_table(tiny: Any) -> None:
     src = torch.randint(5, 40, (1, 7))
     out = generate_seq2seq(model, src, bos_id=1, eos_id=None, max_new_tokens=40, max_len=spec.max_seq_len)
     assert out.shape == (1, 15)  # 16 decoder positions, the start token included
+
+
+@pytest.mark.parametrize("first", ["", "import specformer.training.generate; "])
+def test_the_package_exports_the_generate_function_not_its_module(first: str) -> None:
+    import subprocess
+    import sys
+
+    code = (f"{first}from specformer.training import generate, generate_seq2seq, load_checkpoint; "
+            "assert callable(generate) and generate.__name__ == 'generate', generate; "
+            "assert generate_seq2seq.__name__ == 'generate_seq2seq'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,8 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from specformer.registry import REGISTRY
 from specformer.training.checkpoint import (
     FORMAT_VERSION,
-    CheckpointError,
-    model_spec_differences,
+    check_resumable,
     rng_state,
     set_rng_state,
 )
@@ -168,16 +167,8 @@ class SpecModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        meta = checkpoint.get("specformer")
-        if not isinstance(meta, dict) or "spec" not in meta:
-            raise CheckpointError("not a specformer checkpoint (it has no 'specformer' entry with a spec)")
-        differences = model_spec_differences(meta["spec"], self.spec.to_dict())
-        if differences:
-            shown = "\n  ".join(differences[:12])
-            raise CheckpointError(
-                "the checkpoint was trained with a different model than this spec describes:\n  "
-                f"{shown}\nresume with the spec the checkpoint was written with (training settings may change)"
-            )
+        check_resumable(checkpoint, self.spec, source="the checkpoint")
+        meta = checkpoint["specformer"]
         if self.tokenizer is None and meta.get("tokenizer"):
             from specformer.data.tokenizers import tokenizer_from_state
 

@@ -209,14 +209,21 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q = self.q_norm(q)
         else:
-            q, k, v = self.qkv_proj(x).split(self._sizes, dim=-1)
-            q = self._heads(q, self.n_heads)  # (B, H, T, Dh)
-            k = self._heads(k, self.n_kv_heads)  # (B, Hkv, T, Dh)
-            v = self._heads(v, self.n_kv_heads)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            if rope is not None:
-                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            h, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+            qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) Dh)
+            if rope is not None and self.q_norm is None:
+                # queries and keys rotate together: one rotation over their H + Hkv heads
+                qk, v = qkv.split((self._sizes[0] + self._sizes[1], self._sizes[2]), dim=-1)
+                q, k = apply_rotary(qk.view(b, t, h + hkv, dh), *rope).split((h, hkv), dim=2)
+            else:
+                q, k, v = qkv.split(self._sizes, dim=-1)
+                q, k = q.view(b, t, h, dh), k.view(b, t, hkv, dh)  # (B, T, H|Hkv, Dh)
+                if self.q_norm is not None:
+                    q, k = self.q_norm(q), self.k_norm(k)
+                if rope is not None:
+                    q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Dh), (B, Hkv, T, Dh)
+            v = self._heads(v, hkv)
             if v.requires_grad and (rope is not None or self.q_norm is not None):
                 # q and k are new tensors now; a view of v would keep the whole fused
                 # projection (H + 2 Hkv) Dh alive for backward instead of its Hkv Dh rows

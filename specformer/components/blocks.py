@@ -123,21 +123,25 @@ class Block(nn.Module):
         self.ffn = ffn
         self.dropout = nn.Dropout(dropout)
 
+    def _drop(self, x: Tensor) -> Tensor:
+        # called only when it acts: a no-op module call costs microseconds per token in decoding
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x
+
     def _self(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
         mask, is_causal = s.self_mask(self.self_attn.sliding_window)
         out, weights = self.self_attn(
             h, mask=mask, is_causal=is_causal, rope=s.rope, cache=s.cache, need_weights=s.need_weights
         )
-        return self.dropout(out), weights
+        return self._drop(out), weights
 
     def _cross(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
         out, weights = self.cross_attn(
             h, context=s.context, mask=s.context_mask, cache=s.cache, need_weights=s.need_weights
         )
-        return self.dropout(out), weights
+        return self._drop(out), weights
 
     def _ffn(self, h: Tensor) -> Tensor:
-        return self.dropout(self.ffn(h))
+        return self._drop(self.ffn(h))
 
     def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D) -> (x (B, T, D), self-attention weights, cross-attention weights)."""

@@ -77,4 +77,4 @@ class Embedding(nn.Module):
             x = x + (self.segments(token_type_ids) if token_type_ids is not None else self.segments.weight[0])
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x

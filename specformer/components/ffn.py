@@ -26,6 +26,11 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def _drop(dropout: nn.Dropout, x: Tensor, training: bool) -> Tensor:
+    """``dropout(x)``, skipping the call where it would do nothing (eval, or p = 0)."""
+    return dropout(x) if training and dropout.p > 0 else x
+
+
 def _require_d_ff(d_ff: int | None) -> None:
     if d_ff is None:
         raise ValueError(
@@ -48,7 +53,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(spec.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.dropout(self.act(self.up_proj(x))))  # (B, T, D)
+        return self.down_proj(_drop(self.dropout, self.act(self.up_proj(x)), self.training))  # (B, T, D)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation}"
@@ -71,7 +76,7 @@ class GLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.act(self.gate_proj(x)) * self.up_proj(x)  # (B, T, F)
-        return self.down_proj(self.dropout(h))  # (B, T, D)
+        return self.down_proj(_drop(self.dropout, h, self.training))  # (B, T, D)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation}"

@@ -8,8 +8,8 @@ three (the defaults do nothing), so model code calls the hooks unconditionally a
 never asks which scheme it holds:
 
 * ``embed(x, position_ids, n_positions)``: add to the token embeddings (sinusoidal, learned);
-* ``rotation(position_ids, n_positions, dtype=...)``: a (cos, sin) pair that attention applies to
-  queries and keys (rotary), or None;
+* ``rotation(position_ids, n_positions, dtype=...)``: a (cos, sin) pair, each (B|1, T, 1, R),
+  that attention applies to queries and keys laid out (B, T, heads, Dh) (rotary), or None;
 * ``bias(q_index, k_index, dtype=...)``: an additive attention bias (1, H, T, Tk)
   shared by every layer of a stack (ALiBi, T5), or None.
 
@@ -75,7 +75,8 @@ class Positional(nn.Module):
     def rotation(
         self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor] | None:
-        """(cos, sin), each (B|1, 1, T, R), to rotate queries and keys with; None for no rotation."""
+        """(cos, sin), each (B|1, T, 1, R), to rotate queries and keys (B, T, heads, Dh) with
+        :func:`apply_rotary`; None for no rotation."""
         return None
 
     def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor | None:
@@ -139,11 +140,12 @@ class SinusoidalPositional(Positional):
         self._tables: dict[_Key, Tensor] = {}
 
     def table(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The (P >= n_positions, D) table on ``device`` in ``dtype``, cached."""
+        """The (P >= n_positions, D) table on ``device`` in ``dtype``, cached; it covers
+        ``max_seq_len`` positions and at least doubles when a sequence runs past them."""
         key = (device, dtype)
         table = self._tables.get(key)
         if table is None or table.shape[0] < n_positions:
-            rows = max(n_positions, self.max_seq_len)
+            rows = max(n_positions, self.max_seq_len, 2 * table.shape[0] if table is not None else 0)
             table = sinusoidal_table(rows, self.d_model, self.base).to(device=device, dtype=dtype)
             self._tables[key] = table
         return table
@@ -201,21 +203,22 @@ class LearnedPositional(Positional):
 # --------------------------------------------------------------------------- rotary
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first R features of x (B, H, T, Dh) by (cos, sin) (B|1, 1, T, R).
+    """Rotate the first R features of x (..., Dh) by ``(cos, sin)`` (..., R), as
+    :meth:`Rotary.rotation` returns them (broadcasting over heads: x (B, T, heads, Dh),
+    tables (B|1, T, 1, R)).
 
-    Rotate-half convention (GPT-NeoX, Hugging Face Llama): feature i pairs with i + R/2.
+    Rotate-half convention (GPT-NeoX, Hugging Face Llama): feature i pairs with i + R/2,
+    x_i cos - x_{i+R/2} sin and x_{i+R/2} cos + x_i sin. ``sin`` carries the sign of
+    each half (its first half negated), so the pairing is one ``roll`` of x by R/2 and
+    the rotation is x cos + roll(x) sin: three operations instead of the six of
+    slicing, negating and concatenating halves.
     """
     rot = cos.shape[-1]
     if rot == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
+        return torch.addcmul(x * cos, x.roll(rot // 2, -1), sin)
     x_rot, x_pass = x[..., :rot], x[..., rot:]
-    return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
+    return torch.cat((torch.addcmul(x_rot * cos, x_rot.roll(rot // 2, -1), sin), x_pass), dim=-1)
 
 
 class Rotary(Positional):
@@ -242,17 +245,24 @@ class Rotary(Positional):
         self._tables: dict[_Key, tuple[Tensor, Tensor]] = {}
 
     def tables(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each (P >= n_positions, R), cached per device and dtype."""
+        """(cos, signed sin), each (P >= n_positions, R), cached per device and dtype.
+
+        Row p holds cos(p θ_i) and sin(p θ_i) for the frequencies θ_i = base^(-2i/R),
+        each repeated over the two halves; the sine's first half is negated (see
+        :func:`apply_rotary`). The table covers ``max_seq_len`` positions and at least
+        doubles when a sequence runs past it, so decoding long sequences recomputes it
+        O(log n) times, not at every step.
+        """
         key = (device, dtype)
         cached = self._tables.get(key)
         if cached is None or cached[0].shape[0] < n_positions:
-            rows = max(n_positions, self.max_seq_len)
+            rows = max(n_positions, self.max_seq_len, 2 * cached[0].shape[0] if cached is not None else 0)
             half = torch.arange(0, self.rot_dim, 2, dtype=torch.float32, device=device)
             inv_freq = 1.0 / self.base ** (half / self.rot_dim)  # (R/2,)
             t = torch.arange(rows, dtype=torch.float32, device=device)
             freqs = torch.outer(t, inv_freq)  # (P, R/2)
-            emb = torch.cat((freqs, freqs), dim=-1)  # (P, R)
-            cached = (emb.cos().to(dtype), emb.sin().to(dtype))
+            cos, sin = freqs.cos(), freqs.sin()
+            cached = (torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype))
             self._tables[key] = cached
         return cached
 
@@ -260,7 +270,7 @@ class Rotary(Positional):
         self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         cos, sin = self.tables(n_positions, position_ids.device, dtype)
-        return cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)  # (B|1, 1, T, R)
+        return cos[position_ids].unsqueeze(2), sin[position_ids].unsqueeze(2)  # (B|1, T, 1, R)
 
     def extra_repr(self) -> str:
         return f"rot_dim={self.rot_dim}/{self.head_dim}, base={self.base:g}"

@@ -154,7 +154,8 @@ def test_qk_norm_normalises_queries_and_keys_per_head(qk_norm: str) -> None:
             if getattr(norm, "bias", None) is not None:
                 norm.bias.zero_()
     attn(torch.randn(2, 5, D) * 10)
-    assert seen["q"].shape == (2, 4, 5, 8) and seen["k"].shape == (2, 4, 5, 8)
+    # the norms see (B, T, heads, Dh) and normalise each head's Dh features
+    assert seen["q"].shape == (2, 5, 4, 8) and seen["k"].shape == (2, 5, 4, 8)
     rms = seen["q"].pow(2).mean(-1).sqrt()
     assert torch.allclose(rms, torch.ones_like(rms), atol=1e-3)
     state = attn.state_dict()

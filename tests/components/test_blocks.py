@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -87,8 +88,20 @@ def test_parallel_residual_is_neox_style(tiny: Tiny) -> None:
     assert torch.allclose(seen["block"][1], expected, atol=1e-6)
 
 
-def test_residual_dropout_is_active_only_in_training(tiny: Tiny) -> None:
-    model = build_model(tiny(stack={"residual": {"dropout": 0.5}}))
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"stack": {"residual": {"dropout": 0.5}}},
+        {"stack": {"ffn": {"dropout": 0.5}}},
+        {"stack": {"ffn": {"type": "glu", "activation": "silu", "dropout": 0.5}}},
+        {"embedding": {"dropout": 0.5}},
+    ],
+    ids=["residual", "mlp", "glu", "embedding"],
+)
+def test_dropout_is_active_only_in_training(tiny: Tiny, changes: dict[str, Any]) -> None:
+    # dropout modules are skipped where they would do nothing (eval, p = 0): they must
+    # still act in training with p > 0
+    model = build_model(tiny(**changes))
     ids = torch.randint(0, 61, (2, 7))
     model.eval()
     assert torch.equal(model(ids).logits, model(ids).logits)

@@ -124,9 +124,43 @@ def test_rope_scores_depend_only_on_relative_position(fraction: float) -> None:
     assert score(3, 9) != pytest.approx(score(3, 7), abs=1e-3)  # but it does depend on n - m
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_rope_rotates_each_feature_pair_by_its_angle(fraction: float) -> None:
+    # RoFormer in the rotate-half convention: feature i pairs with i + R/2, and at
+    # position p the pair turns by p * base^(-2i/R): (a, b) -> (a cos - b sin, b cos + a sin)
+    head_dim, base = 16, 10000.0
+    rot = int(head_dim * fraction)
+    rope = Rotary(RopeSpec(fraction=fraction, base=base), max_seq_len=8, head_dim=head_dim)
+    positions = [0, 3, 11]  # 11 is past max_seq_len
+    x = torch.randn(2, len(positions), 3, head_dim, dtype=torch.float64)  # (B, T, heads, Dh)
+    cos, sin = rope.rotation(torch.tensor([positions]), 12, dtype=torch.float64)
+    y = apply_rotary(x, cos, sin)
+    for t, p in enumerate(positions):
+        for i in range(rot // 2):
+            angle = p * base ** (-2 * i / rot)
+            a, b = x[:, t, :, i], x[:, t, :, i + rot // 2]
+            torch.testing.assert_close(y[:, t, :, i], a * math.cos(angle) - b * math.sin(angle), atol=1e-6, rtol=0)
+            torch.testing.assert_close(y[:, t, :, i + rot // 2], b * math.cos(angle) + a * math.sin(angle),
+                                       atol=1e-6, rtol=0)
+    assert torch.equal(y[..., rot:], x[..., rot:])
+
+
+def test_rope_table_doubles_when_decoding_past_max_seq_len() -> None:
+    # one position at a time, as decoding asks: the table is rebuilt O(log n) times
+    rope = Rotary(RopeSpec(), max_seq_len=8, head_dim=8)
+    sizes, table = [], None
+    for n in range(1, 200):
+        rope.rotation(torch.tensor([[n - 1]]), n, dtype=torch.float32)
+        current = rope._tables[(torch.device("cpu"), torch.float32)][0]
+        if current is not table:
+            sizes.append(current.shape[0])
+        table = current
+    assert sizes == [8, 16, 32, 64, 128, 256]
+
+
 def test_partial_rope_leaves_the_rest_untouched() -> None:
     rope = Rotary(RopeSpec(fraction=0.25), max_seq_len=8, head_dim=16)
-    x = torch.randn(1, 2, 3, 16)
+    x = torch.randn(1, 3, 2, 16)  # (B, T, heads, Dh)
     cos, sin = rope.rotation(torch.tensor([[1, 2, 3]]), 8, dtype=torch.float32)
     y = apply_rotary(x, cos, sin)
     assert torch.equal(y[..., 4:], x[..., 4:])

@@ -210,20 +210,21 @@ class Attention(nn.Module):
                 q = self.q_norm(q)
         else:
             h, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-            qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) Dh)
-            if rope is not None and self.q_norm is None:
-                # queries and keys rotate together: one rotation over their H + Hkv heads
-                qk, v = qkv.split((self._sizes[0] + self._sizes[1], self._sizes[2]), dim=-1)
-                q, k = apply_rotary(qk.view(b, t, h + hkv, dh), *rope).split((h, hkv), dim=2)
-            else:
-                q, k, v = qkv.split(self._sizes, dim=-1)
-                q, k = q.view(b, t, h, dh), k.view(b, t, hkv, dh)  # (B, T, H|Hkv, Dh)
-                if self.q_norm is not None:
-                    q, k = self.q_norm(q), self.k_norm(k)
+            qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)  # (B, T, H + 2 Hkv, Dh)
+            if self.q_norm is not None:
+                q, k, v = qkv.split((h, hkv, hkv), dim=2)
+                q, k = self.q_norm(q), self.k_norm(k)
                 if rope is not None:
                     q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Dh), (B, Hkv, T, Dh)
-            v = self._heads(v, hkv)
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            elif rope is not None:
+                # queries and keys rotate together: one rotation over their H + Hkv heads
+                qk, v = qkv.split((h + hkv, hkv), dim=2)
+                q, k = apply_rotary(qk, *rope).transpose(1, 2).split((h, hkv), dim=1)
+                v = v.transpose(1, 2)
+            else:
+                q, k, v = qkv.transpose(1, 2).split((h, hkv, hkv), dim=1)
+            # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
             if v.requires_grad and (rope is not None or self.q_norm is not None):
                 # q and k are new tensors now; a view of v would keep the whole fused
                 # projection (H + 2 Hkv) Dh alive for backward instead of its Hkv Dh rows

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specformer.analysis.params import AnalysisError, parameter_shapes
@@ -353,17 +353,21 @@ def diff_specs(
     t = seq_len if seq_len is not None else resolved[0].max_seq_len
     changes = _changes(resolved)
     out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype) for s in resolved] if reports else []
+    if labels is not None and len(labels) != len(resolved):
+        raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
+    names = list(labels) if labels is not None else [s.name for s in resolved]
     compat: list[Compatibility] = []
     if checkpoints:
         cache: dict[int, tuple[dict[str, tuple[int, ...]], str]] = {}
         first = resolved[0]
-        for other in resolved[1:]:
-            compat.append(checkpoint_compatibility(first, other, method=checkpoint_method, shapes=cache))
-            compat.append(checkpoint_compatibility(other, first, method=checkpoint_method, shapes=cache))
-    if labels is not None and len(labels) != len(resolved):
-        raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
+        for other, name in zip(resolved[1:], names[1:], strict=True):
+            # named by the labels, as in the tables: two specs may share a `name`
+            there = checkpoint_compatibility(first, other, method=checkpoint_method, shapes=cache)
+            back = checkpoint_compatibility(other, first, method=checkpoint_method, shapes=cache)
+            compat.append(replace(there, source=names[0], target=name))
+            compat.append(replace(back, source=name, target=names[0]))
     return SpecDiff(
-        names=list(labels) if labels is not None else [s.name for s in resolved],
+        names=names,
         changes=changes,
         reports=out_reports,
         compatibility=compat,

@@ -99,11 +99,12 @@ class Section:
     bold_rows: set[int] = field(default_factory=set)
 
     def to_rich(self) -> Table:
-        table = Table(title=self.title, title_justify="left", header_style="bold", title_style="bold")
+        # Text, not markup: a spec's name or value such as "gpt[/]" is shown as written
+        table = Table(title=Text(self.title), title_justify="left", header_style="bold", title_style="bold")
         for i, c in enumerate(self.columns):
-            table.add_column(c, justify="right" if i in self.right else "left", overflow="fold")
+            table.add_column(Text(c), justify="right" if i in self.right else "left", overflow="fold")
         for i, row in enumerate(self.rows):
-            table.add_row(*row, style="bold" if i in self.bold_rows else None)
+            table.add_row(*map(Text, row), style="bold" if i in self.bold_rows else None)
         return table
 
 
@@ -137,7 +138,7 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
         return
     out = console if console.is_terminal else Console(width=160, soft_wrap=False)
     if heading:
-        out.print(heading, style="bold", highlight=False)
+        out.print(heading, style="bold", highlight=False, markup=False)
     for s in sections:
         if s.columns:
             out.print(s.to_rich())
@@ -552,13 +553,17 @@ def _consequences_section(d: Any) -> Section:
     return s
 
 
+def _layer_group(key: str) -> str:
+    return re.sub(r"\.layers\.\d+\.", ".layers.*.", key)
+
+
 def _group_keys(keys: list[str]) -> list[str]:
-    """Collapse layer indices: decoder.layers.3.ffn.gate_proj.weight -> decoder.layers.*.ffn.gate_proj.weight (×N)."""
-    groups: dict[str, int] = {}
+    """Collapse layer indices: decoder.layers.3.ffn.gate_proj.weight -> decoder.layers.*.ffn.gate_proj.weight (×N).
+    A key of one layer only keeps its index: a `*` would read as every layer."""
+    groups: dict[str, list[str]] = {}
     for k in keys:
-        g = re.sub(r"\.layers\.\d+\.", ".layers.*.", k)
-        groups[g] = groups.get(g, 0) + 1
-    return [f"{g} (×{n})" if n > 1 else g for g, n in groups.items()]
+        groups.setdefault(_layer_group(k), []).append(k)
+    return [f"{g} (×{len(ks)})" if len(ks) > 1 else ks[0] for g, ks in groups.items()]
 
 
 def _first(groups: list[str], n: int = 4) -> str:
@@ -580,12 +585,11 @@ def _compat_section(d: Any) -> Section:
             if c.unexpected:
                 parts.append(f"{len(c.unexpected)} unexpected: " + _first(_group_keys(c.unexpected)))
             if c.mismatched:
-                mism = {}
+                mism: dict[tuple, list[str]] = {}
                 for key, a, b in c.mismatched:
-                    g = re.sub(r"\.layers\.\d+\.", ".layers.*.", key)
-                    mism.setdefault(g, (a, b, 0))
-                    mism[g] = (a, b, mism[g][2] + 1)
-                shown = [f"{g} {list(a)}→{list(b)}" + (f" (×{n})" if n > 1 else "") for g, (a, b, n) in mism.items()]
+                    mism.setdefault((_layer_group(key), tuple(a), tuple(b)), []).append(key)
+                shown = [f"{g if len(ks) > 1 else ks[0]} {list(a)}→{list(b)}" + (f" (×{len(ks)})" if len(ks) > 1 else "")
+                         for (g, a, b), ks in mism.items()]
                 parts.append(f"{len(c.mismatched)} shape mismatches: " + _first(shown))
             result = "no: " + "; ".join(parts)
         s.rows.append([c.source, c.target, result])

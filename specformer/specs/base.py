@@ -13,10 +13,13 @@ class Spec(BaseModel):
     """A frozen pydantic model that refuses unknown keys.
 
     Every node of a specformer spec derives from this: a typo is an error, never a
-    silently ignored setting, and a validated spec can be hashed and shared.
+    silently ignored setting, and a validated spec can be hashed and shared. Numbers
+    are finite: ``std: .inf`` (or ``eps: 1e400``) is an error, not a model of NaNs.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
+    )
 
 
 def family_union(family: str, default: str | None = None) -> Any:

@@ -153,10 +153,15 @@ def _construct(
         )
         return None
     if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)
+        try:
+            merged = _flatten(loader, node)
+        except yaml.MarkedYAMLError as exc:
+            problems.append(SpecProblem(f"bad merge key (<<): {exc.problem}", path=dotted, position=where))
+            return None
         out: dict[str, Any] = {}
         first_seen: dict[Any, Position] = {}
-        for key_node, value_node in node.value:
+        own_keys: set[str] = set()
+        for index, (key_node, value_node) in enumerate(node.value):
             key_pos = _pos(source, key_node.start_mark)
             if not isinstance(key_node, yaml.ScalarNode):
                 problems.append(SpecProblem("a key must be a plain name", path=dotted, position=key_pos))
@@ -164,6 +169,15 @@ def _construct(
             key = loader.construct_object(key_node)
             if not isinstance(key, str):
                 key = str(key)
+            if index >= merged:
+                if key in first_seen and key not in own_keys:
+                    # a key of the mapping itself overrides one merged in with `<<: *base`
+                    for p in [p for p in positions if p[: len(path) + 1] == path + (key,)]:
+                        del positions[p]
+                    del first_seen[key]
+                own_keys.add(key)
+            elif key in first_seen:  # two merged mappings set it: the later one wins, as in PyYAML
+                del first_seen[key]
             if key in first_seen:
                 problems.append(
                     SpecProblem(
@@ -189,6 +203,17 @@ def _construct(
     except yaml.YAMLError as exc:
         problems.append(SpecProblem(f"bad value: {exc}", path=dotted, position=where))
         return None
+
+
+def _flatten(loader: _Loader, node: yaml.MappingNode) -> int:
+    """Resolve the merge keys (``<<: *base``) of ``node`` in place; return how many of its
+    pairs, at the front, came from merged mappings (the mapping's own keys override those).
+    An aliased node is visited again: its count is kept on it."""
+    if not hasattr(node, "merged_pairs"):
+        own = sum(k.tag != "tag:yaml.org,2002:merge" for k, _ in node.value)
+        loader.flatten_mapping(node)
+        node.merged_pairs = len(node.value) - own
+    return node.merged_pairs
 
 
 def _dotted(path: Sequence[str | int]) -> str:
@@ -295,7 +320,21 @@ def _load_file(
     parent_path = _resolve_source(parent_ref, path.parent, where)
     parent, parent_positions = _load_file(parent_path, chain + (path,), where)
     merged = deep_merge(parent, data)
-    return merged, {**parent_positions, **positions}
+    # a parent's value the child replaced (`positional: rope` over a mapping) is gone, and
+    # so are its positions: an error there must point at the child's line
+    kept = {p: pos for p, pos in parent_positions.items() if _exists(merged, p)}
+    return merged, {**kept, **positions}
+
+
+def _exists(data: Any, path: Path_) -> bool:
+    for part in path:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return False
+    return True
 
 
 def _type_name(value: Any) -> str:
@@ -465,8 +504,21 @@ def problems_from_validation(
             problems.append(
                 SpecProblem(message, path=_dotted(path), position=_nearest(positions, path), hint=hint)
             )
+    problems = [p for p in problems if not _copied_to_cross_attention(p, problems, positions)]
     problems.sort(key=_order)
     return problems
+
+
+def _copied_to_cross_attention(
+    problem: SpecProblem, problems: list[SpecProblem], positions: Mapping[Path_, Position]
+) -> bool:
+    """Whether ``problem`` is a self-attention problem again in the cross-attention derived from
+    it: the user wrote it once, and no cross_attention (which the error would blame)."""
+    stack, sep, rest = problem.path.partition(".cross_attention.")
+    written = tuple(_split(stack)) + ("cross_attention",)
+    if not sep or any(p[: len(written)] == written for p in positions):
+        return False
+    return any(q.path == f"{stack}.attention.{rest}" and q.message == problem.message for q in problems)
 
 
 def _order(p: SpecProblem) -> tuple:
@@ -508,7 +560,11 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = _tags(annotation)
-        tag = ctx.get("tag", value.get("type") if isinstance(value, dict) else None)
+        if not isinstance(value, dict):  # `positional: rope`, or nothing, where a mapping belongs
+            example = (did_you_mean(value, tags) if isinstance(value, str) else None) or (tags or ["..."])[0]
+            return [(path, f"expected a mapping with a type: field, got {value!r}",
+                     f"write {{type: {example}}}; allowed types: {', '.join(tags)}")]
+        tag = ctx.get("tag", value.get("type"))
         hint_parts = []
         if isinstance(tag, str) and tag.lower() in TYPE_HINTS:
             hint_parts.append(TYPE_HINTS[tag.lower()] + ".")

@@ -170,7 +170,10 @@ class AttentionSpec(Spec):
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    # trial division up to sqrt(n), and no further than 10^6: a mistyped d_model of 10^20
+    # must not hang validation (past 10^12 the list, a hint, may then miss some divisors)
+    small = [d for d in range(1, min(math.isqrt(n), 10**6) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 # --------------------------------------------------------------------------- ffn
@@ -592,11 +595,13 @@ class ModelSpec(Spec):
                             f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
                         )
             if self.kind != "encoder-decoder" or role == "encoder":
-                if stack.cross_attention is not None or any(
-                    ov.cross_attention is not None for ov in stack.overrides
-                ):
+                # at the field that sets it: the stack's own, or a per-layer override's
+                wheres = ["cross_attention"] if stack.cross_attention is not None else []
+                wheres += [f"overrides.{i}.cross_attention" for i, ov in enumerate(stack.overrides)
+                           if ov.cross_attention is not None]
+                for where in wheres:
                     yield (
-                        f"{role}.cross_attention",
+                        f"{role}.{where}",
                         "cross-attention exists only in the decoder of an encoder-decoder",
                     )
             residuals = [("residual", stack.residual)] + [

@@ -182,10 +182,44 @@ def test_show_warns_past_a_learned_position_table():
 def test_diff_says_how_many_key_groups_it_leaves_out_and_explains_only_what_is_shown(tmp_path) -> None:
     variant = tmp_path / "v.yaml"
     variant.write_text("extends: gpt2-small\ndecoder:\n  norm: {type: rmsnorm}\n  ffn: {type: glu, activation: silu}\n")
-    out = runner.invoke(app, ["diff", "gpt2-small", str(variant)], env={"COLUMNS": "400"}).stdout
+    out = runner.invoke(app, ["diff", "gpt2-small", str(variant), "--format", "markdown"]).stdout
     assert "49 missing:" in out and "… 1 more group;" in out
     assert "— : the field does not exist" in out  # the mlp's fields are absent from a glu
     same_type = tmp_path / "w.yaml"
     same_type.write_text("extends: gpt2-small\ndecoder: {n_layers: 6}\n")
     out = runner.invoke(app, ["diff", "gpt2-small", str(same_type)], env={"COLUMNS": "400"}).stdout
     assert "— : the field does not exist" not in out and "Compared after resolving extends" in out
+
+
+def test_diff_names_the_layer_of_a_one_layer_mismatch_and_each_layers_shapes(tmp_path) -> None:
+    variant = tmp_path / "v.yaml"
+    variant.write_text(
+        "extends: gpt-nano\ndecoder:\n  overrides:\n"
+        "    - {layers: 1, ffn: {d_ff: 256}}\n    - {layers: [2, 3], ffn: {d_ff: 1024}}\n"
+    )
+    out = runner.invoke(app, ["diff", "gpt-nano", str(variant), "--format", "markdown"]).stdout
+    # one layer: its index, not a `*` that reads as every layer
+    assert "decoder.layers.1.ffn.up_proj.weight [512, 128]→[256, 128]" in out
+    assert "decoder.layers.*.ffn.up_proj.weight [512, 128]→[256, 128]" not in out
+    # layers with other shapes are listed with their own shapes
+    assert "decoder.layers.*.ffn.up_proj.weight [512, 128]→[1024, 128] (×2)" in out
+
+
+def test_diff_names_checkpoints_by_the_labels_of_specs_that_share_a_name(tmp_path) -> None:
+    variant = tmp_path / "v.yaml"
+    variant.write_text("extends: gpt-nano\ndecoder: {n_layers: 2}\n")  # still name: gpt-nano
+    out = runner.invoke(app, ["diff", "gpt-nano", str(variant), "--format", "markdown"]).stdout
+    assert f"| gpt-nano | {variant} | no: " in out and f"| {variant} | gpt-nano | no: " in out
+    data = json.loads(_ok(["diff", "gpt-nano", str(variant), "--format", "json"]).stdout)
+    assert [(c["source"], c["target"]) for c in data["compatibility"]] == [
+        ("gpt-nano", str(variant)), (str(variant), "gpt-nano")
+    ]
+
+
+def test_show_and_diff_print_a_name_with_brackets_as_written(tmp_path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text('extends: gpt-nano\nname: "nano[/] [bold]x[/bold]"\n')  # rich markup would fail or eat it
+    for args in (["show", str(spec)], ["diff", str(spec), "gpt-nano"]):
+        result = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "nano[/] [bold]x[/bold]" in result.stdout

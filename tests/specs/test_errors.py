@@ -76,6 +76,24 @@ BAD_INPUTS = [
      ["a device count (1, 2, ...), a list of device indices ([0, 1]) or 'auto'"]),
     ("embedding-norm-placement", "extends: bert-nano\nembedding:\n  norm: {type: layernorm, placement: post}\n", 3,
      "embedding.norm", ["no meaning"]),
+    # a scalar where a typed mapping belongs; the error is on this file's line, not the parent's
+    ("scalar-for-typed-mapping", "extends: gpt-nano\npositional: rope\n", 2, "positional",
+     ["expected a mapping with a type: field, got 'rope'", "write {type: rope}", "sinusoidal, learned, rope"]),
+    ("empty-typed-mapping", "extends: gpt-nano\ndecoder:\n  ffn:\n", 3, "decoder.ffn",
+     ["got None", "allowed types: mlp, glu"]),
+    ("cross-attn-in-an-override", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 1, cross_attention: {}}\n",
+     4, "decoder.overrides.0.cross_attention", ["only in the decoder of an encoder-decoder"]),
+    # the cross-attention derived from a bad self-attention is not a second problem in the preset
+    ("derived-cross-attention", "extends: t5-nano\ndecoder:\n  attention: {n_kv_heads: 3}\n", 3,
+     "decoder.attention.n_kv_heads", ["must divide"]),
+    # a number is finite: an infinite std or eps builds a model of NaNs (and is not JSON)
+    ("infinite-float", "extends: gpt-nano\ninit: {std: .inf}\n", 2, "init.std", ["finite number", "inf"]),
+    ("overflowing-float", "extends: gpt-nano\ndecoder:\n  norm: {eps: 1e400}\n", 3, "decoder.norm.eps",
+     ["finite number"]),
+    # the allowed n_heads are listed without trying every number up to d_model
+    ("huge-d-model-heads", "kind: decoder\nvocab_size: 8\nd_model: 1000000007\ndecoder: {n_layers: 1}\n", 4,
+     "decoder.attention.n_heads",
+     ["not divisible", "choose n_heads from 1, 1000000007"]),
 ]
 
 
@@ -183,3 +201,21 @@ def test_setting_an_item_of_a_missing_list_says_so():
     (problem,) = info.value.problems
     assert "no item 0: the spec has no decoder.overrides list" in str(problem)
     assert "--set 'decoder.overrides=[...]'" in str(problem)
+
+
+def test_yaml_merge_keys_let_a_mapping_override_what_it_merges(tmp_path):
+    # `<<: *enc` then `n_layers: 4` is plain YAML (PyYAML's own loader gives 4), not a duplicate key
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "kind: encoder-decoder\nvocab_size: 64\nd_model: 32\n"
+        "encoder: &enc\n  n_layers: 6\n  attention: {n_heads: 4}\n"
+        "decoder:\n  <<: *enc\n  n_layers: 4\n"
+    )
+    spec = load_spec(path)
+    assert (spec.encoder.n_layers, spec.decoder.n_layers, spec.decoder.attention.n_heads) == (6, 4, 4)
+    path.write_text(path.read_text() + "  n_layers: 5\n")  # the mapping's own keys are still checked
+    problems = _problems(tmp_path, path.read_text())
+    assert [(p.path, p.position.line) for p in problems] == [("decoder.n_layers", 10)]
+    assert "duplicate key 'n_layers' (first set at line 9)" in problems[0].message
+    problems = _problems(tmp_path, "kind: decoder\ndecoder: {<<: 3}\n")  # a refused merge, not a traceback
+    assert "bad merge key" in problems[0].message and problems[0].position.line == 2

@@ -197,9 +197,13 @@ def train_cmd(
     specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
     ```
     """
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     from specformer.training.checkpoint import read_checkpoint
 
     spec_obj: Any = None
+    # a multi-process run starts this command again in each other process: only rank 0 reports
+    report = rank_zero_only.rank == 0
 
     def interrupt_hint() -> str:
         every = spec_obj.training.checkpoint_every if spec_obj is not None else None
@@ -217,9 +221,11 @@ def train_cmd(
             spec_obj = _load_spec(spec, training, set_)
         from specformer.training.run import train
 
-        console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
+        if report:
+            console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
         result = train(spec_obj, resume=resume, progress=progress, console=err_console)
-    console.print(_summary_table(result))
+    if report:
+        console.print(_summary_table(result))
 
 
 def _load_checkpoint(path: str) -> Any:
@@ -410,7 +416,8 @@ def fill_mask_cmd(
             raise _fail("the text has no <mask> placeholder", 'e.g. specformer fill-mask CKPT "import <mask>"')
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]  # (T, V)
-        probs = logits[positions].float().softmax(-1)  # (M, V)
+        # ids past the tokenizer's (a BPE that ended below vocab_size) have no text: never candidates
+        probs = logits[positions, : tok.vocab_size].float().softmax(-1)  # (M, V)
         best = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     filled = list(ids)
     for n, pos in enumerate(positions):

@@ -258,9 +258,10 @@ class SpecDataModule(L.LightningDataModule):
         sampler = EvalBatchSampler(len(self.data.val), t.batch_size, n_batches=n_batches, rank=rank, world_size=world)
         return self._loader(self.data.val, sampler, rank, t.seed + 1)
 
-    def batches_per_pass(self) -> int:
-        """Global batches in one pass over the training split."""
+    def batches_per_pass(self, world_size: int | None = None) -> int:
+        """Global batches in one pass over the training split, with ``world_size`` processes
+        (default: the trainer's, else 1)."""
         self.setup()
         assert self.data is not None
-        world = self.trainer.world_size if self.trainer is not None else 1
+        world = world_size or (self.trainer.world_size if self.trainer is not None else 1)
         return max(1, int(np.ceil(len(self.data.train) / (self.spec.training.batch_size * world))))

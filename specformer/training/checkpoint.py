@@ -17,7 +17,7 @@ import os
 import pickle
 import random
 import re
-import tempfile
+import secrets
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +54,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        # not mkstemp, whose files are private (0600): the umask applies, as for torch.save
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(checkpoint, f)

@@ -24,6 +24,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from rich.console import Console
 
 from specformer.builder.lightning import SpecModule
@@ -175,12 +176,12 @@ def build_trainer(
     return L.Trainer(**settings)
 
 
-def _total_steps(spec: Any, dm: SpecDataModule) -> int:
+def _total_steps(spec: Any, dm: SpecDataModule, world_size: int = 1) -> int:
     t = spec.training
     if t.max_steps is not None:
         return t.max_steps
     assert t.max_epochs is not None
-    return max(1, math.ceil(t.max_epochs * dm.batches_per_pass() / t.accumulate))
+    return max(1, math.ceil(t.max_epochs * dm.batches_per_pass(world_size) / t.accumulate))
 
 
 def train(
@@ -222,21 +223,24 @@ def train(
     dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
-    max_steps = _total_steps(spec, dm)
-    warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
-    if warmup >= max_steps and console is not None:
-        console.print(
-            f"[yellow]warning:[/] training.schedule.warmup_steps={warmup} is not below the run's {max_steps} steps: "
-            f"the learning rate never reaches training.lr (it ends at {max_steps / warmup:.2g} of it)",
-            highlight=False, soft_wrap=True,
-        )
     run_dir = make_run_dir(t.out_dir, spec.name)
     try:
         (run_dir / "spec.yaml").write_text(spec.to_yaml())
+        settings = {"max_steps": t.max_steps if t.max_steps is not None else -1, **trainer_kwargs}
         trainer = build_trainer(
-            spec, run_dir, max_steps=max_steps, callbacks=callbacks, loggers=loggers, progress=progress,
-            console=console, **trainer_kwargs,
+            spec, run_dir, callbacks=callbacks, loggers=loggers, progress=progress, console=console, **settings
         )
+        if "max_steps" not in trainer_kwargs:
+            # an epoch's steps depend on how many processes share each global batch: known once the trainer is
+            trainer.fit_loop.epoch_loop.max_steps = _total_steps(spec, dm, trainer.world_size)
+        max_steps = trainer.max_steps
+        warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
+        if 0 < max_steps <= warmup and console is not None and rank_zero_only.rank == 0:
+            console.print(
+                f"[yellow]warning:[/] training.schedule.warmup_steps={warmup} is not below the run's {max_steps} steps: "
+                f"the learning rate never reaches training.lr (it ends at {max_steps / warmup:.2g} of it)",
+                highlight=False, soft_wrap=True,
+            )
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
 
         def interrupted() -> TrainingInterrupted:

@@ -100,6 +100,18 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     assert wrong.exit_code == 1 and "needs an encoder" in wrong.output
 
 
+def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) -> None:
+    import re
+
+    # the byte tokenizer has 259 ids, the model's vocabulary 300: ids 259-299 have no text
+    _train([str(_write(tmp_path, tiny("encoder", max_steps=1, val_interval=1, val_batches=1), "enc.yaml"))])
+    ckpt = _checkpoint(tmp_path, "tiny-encoder")
+    result = runner.invoke(app, ["fill-mask", str(ckpt), "import <mask>", "-k", "1000"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    ranks = [int(r) for r in re.findall(r"^│\s+(\d+) │", result.output, flags=re.MULTILINE)]
+    assert ranks == list(range(1, 260))
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -61,3 +61,21 @@ def test_two_process_ddp_ends_with_identical_weights(tiny: Any, tmp_path: Path) 
     assert any(not torch.equal(initial[k], r0["state"][k]) for k in initial)
     ckpts = list((tmp_path / "runs" / spec["name"]).glob("*/checkpoints/last.ckpt"))
     assert len(ckpts) == 1  # both ranks wrote into one run folder, rank 0 saved
+
+
+@pytest.mark.slow
+def test_a_two_process_run_from_the_command_line_reports_once(tiny: Any, tmp_path: Path) -> None:
+    import yaml
+
+    spec = tiny("decoder", max_steps=2, val_interval=2, strategy="ddp", devices=2, accelerator="cpu")
+    spec["training"]["schedule"] = {"type": "linear", "warmup_steps": 4}  # longer than the run: a warning
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specformer", "train", "spec.yaml", "--no-progress"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the second process runs the command too; only rank 0 prints
+    assert proc.stdout.count("preparing data") == 1 and proc.stdout.count("trained tiny-decoder") == 1, proc.stdout
+    assert proc.stderr.count("warmup_steps=4 is not below") == 1, proc.stderr

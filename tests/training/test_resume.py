@@ -201,6 +201,17 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
+def test_a_checkpoint_gets_the_permissions_torch_save_would_give(tmp_path: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 1}, tmp_path / "last.ckpt")
+        torch.save({"global_step": 1}, tmp_path / "plain.ckpt")
+    finally:
+        os.umask(previous)
+    mode = (tmp_path / "last.ckpt").stat().st_mode & 0o777
+    assert mode == (tmp_path / "plain.ckpt").stat().st_mode & 0o777 == 0o644  # readable by others, not private
+
+
 def test_a_resumed_run_may_train_longer_on_the_new_schedule(tiny: Any) -> None:
     first = train(load_spec(tiny("decoder", max_steps=4, val_interval=4, schedule={"type": "linear"})), progress=False)
     longer = load_spec(tiny("decoder", max_steps=8, val_interval=8, schedule={"type": "linear"}))

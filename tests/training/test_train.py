@@ -58,6 +58,32 @@ def test_max_epochs_sets_the_number_of_steps(tiny) -> None:
     assert result.steps == 25
 
 
+def test_trainer_keyword_arguments_override_the_spec_max_steps_included(tiny) -> None:
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
+    result = train(spec, progress=False, max_steps=3, limit_val_batches=1)
+    assert result.steps == 3
+
+
+def test_max_epochs_counts_the_batches_of_every_process(tiny, monkeypatch) -> None:
+    from specformer.training import run
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def instead_of_fit(trainer, interrupted, fit) -> None:  # no processes launched
+        seen.update(world=trainer.world_size, max_steps=trainer.max_steps)
+        raise Stop
+
+    monkeypatch.setattr(run, "_interruptible", instead_of_fit)
+    spec = load_spec(tiny("encoder-decoder", max_steps=None, max_epochs=0.1, strategy="ddp", devices=2))
+    with pytest.raises(Stop):
+        train(spec, progress=False)
+    # 2000 examples / (batch 8 × 2 processes) = 125 global batches per pass; a tenth of a pass
+    assert seen == {"world": 2, "max_steps": 13}
+
+
 def test_accumulation_and_clipping_are_applied(tiny) -> None:
     spec = load_spec(tiny("decoder", max_steps=4, accumulate=2, grad_clip=0.5, val_interval=4))
     result = train(spec, progress=False)

@@ -10,12 +10,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["default_cache_dir", "resolve_cache_dir", "content_hash", "atomic_write_bytes", "atomic_write_text"]
+__all__ = [
+    "default_cache_dir",
+    "resolve_cache_dir",
+    "content_hash",
+    "atomic_file",
+    "atomic_write_bytes",
+    "atomic_write_text",
+]
 
 
 def default_cache_dir() -> Path:
@@ -44,21 +52,32 @@ def content_hash(*parts: Any, chunks: Iterable[bytes] = ()) -> str:
     return h.hexdigest()[:20]
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over
-    ``path``: a reader sees the old file or the new one, never a torn one."""
+@contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A new file beside ``path`` to write to; when the block ends without an error it is
+    fsynced and renamed over ``path`` (a reader sees the old file or the new one, never a
+    torn one), otherwise removed. It gets the permissions a plain ``open`` gives (the
+    umask applies), not ``mkstemp``'s owner-only 0600: a shared run folder or cache stays
+    readable by the group."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

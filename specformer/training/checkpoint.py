@@ -17,7 +17,6 @@ import os
 import pickle
 import random
 import re
-import secrets
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ import numpy as np
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
+
+from specformer.data.cache import atomic_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -52,20 +53,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint I/O, with atomic writes and ``weights_only`` reads."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        # not mkstemp, whose files are private (0600): the umask applies, as for torch.save
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as f:
+            torch.save(checkpoint, f)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return read_checkpoint(path, map_location=map_location or "cpu")

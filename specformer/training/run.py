@@ -34,7 +34,12 @@ from specformer.training.callbacks import (
     PeriodicCheckpoint,
     SpecProgressBar,
 )
-from specformer.training.checkpoint import AtomicCheckpointIO, check_resumable, read_checkpoint
+from specformer.training.checkpoint import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_resumable,
+    read_checkpoint,
+)
 
 __all__ = ["TrainResult", "TrainingInterrupted", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
 
@@ -216,6 +221,13 @@ def train(
         check_resumable(raw, spec, source=str(resume))
         resumed_step = int(raw.get("global_step", 0))
         del raw
+        limit = trainer_kwargs.get("max_steps", t.max_steps)
+        if limit is not None and 0 < limit <= resumed_step:
+            raise CheckpointError(
+                f"{resume}: the checkpoint is at step {resumed_step} and training.max_steps is {limit}, so "
+                f"there is nothing left to train; resume with more steps, e.g. "
+                f"--set training.max_steps={resumed_step + max(limit, 1)}"
+            )
         resume = _checkpoint_file(Path(resume))
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)

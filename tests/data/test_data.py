@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -376,3 +377,19 @@ def test_a_bpe_smaller_than_asked_is_pointed_out(tmp_path: Path) -> None:
     n = data.tokenizer.vocab_size
     assert f"the BPE reached {n} of the 512 tokens asked for" in data.description
     assert f"ids {n}–511 stay unused" in data.description
+
+
+def test_cache_files_are_written_whole_with_the_umask_permissions(tmp_path: Path) -> None:
+    from specformer.data.cache import atomic_file, atomic_write_text
+
+    previous = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "meta.json", "{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "meta.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+    with pytest.raises(RuntimeError), atomic_file(tmp_path / "meta.json") as f:
+        f.write(b'{"half')
+        raise RuntimeError("interrupted")
+    assert (tmp_path / "meta.json").read_text() == "{}"  # the old file, and no temporary left
+    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]

@@ -184,6 +184,20 @@ def test_resuming_with_a_different_model_names_the_differences(tiny: Any, monkey
         train(other, resume=ckpt, progress=False)
 
 
+def test_resuming_at_or_past_max_steps_says_nothing_is_left_to_train(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = train(load_spec(tiny("decoder", max_steps=4, val_interval=4)), progress=False).checkpoint
+
+    def no_data(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the data was prepared before the step limit was checked")
+
+    monkeypatch.setattr("specformer.training.run.SpecDataModule", no_data)
+    for limit in (3, 4):
+        with pytest.raises(CheckpointError, match=rf"at step 4 and training.max_steps is {limit}[\s\S]*max_steps="):
+            train(load_spec(tiny("decoder", max_steps=limit, val_interval=4)), resume=ckpt, progress=False)
+
+
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"

@@ -82,6 +82,7 @@ def generate(
     input_ids: Tensor,
     *,
     max_new_tokens: int,
+    attention_mask: Tensor | None = None,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -92,25 +93,46 @@ def generate(
     n_candidates: int | None = None,
 ) -> Tensor:
     """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
-    (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`."""
+    (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`.
+
+    Prompts of different lengths go in one batch left-padded, with ``attention_mask``
+    (B, T) (1 for real tokens, 0 for padding, as Hugging Face's): each row then decodes
+    as it would alone, its positions counted from its first real token."""
     seq = input_ids
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"attention_mask must have the prompts' shape {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if bool((attention_mask[:, -1] == 0).any()):
+            raise ValueError(
+                "attention_mask ends in padding: pad prompts on the left, so that every row's "
+                "new tokens follow its last real token"
+            )
+    mask = attention_mask
     done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
     cache: Any = None
     with _eval_mode(model):
         for _ in range(max_new_tokens):
             too_long = max_seq_len is not None and seq.shape[1] > max_seq_len
             if use_cache and cache is not None and not too_long:
-                logits = model(seq[:, -1:], cache=cache).logits  # (B, 1, V)
+                logits = model(seq[:, -1:], attention_mask=mask, cache=cache).logits  # (B, 1, V)
             else:
                 context = seq[:, -max_seq_len:] if max_seq_len is not None else seq
-                out = model(context, use_cache=use_cache)
+                window = mask[:, -context.shape[1]:] if mask is not None else None
+                out = model(context, attention_mask=window, use_cache=use_cache)
                 cache, logits = out.cache, out.logits  # (B, T, V)
+                if mask is not None:
+                    mask = window  # the cache covers the window only
             if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
                 cache = None  # full: the next step re-reads the last max_seq_len tokens
             nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                               n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
             seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             if bool(done.all()):
                 break
     return seq

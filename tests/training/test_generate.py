@@ -32,6 +32,34 @@ def test_greedy_decoding_is_identical_with_and_without_the_cache(tiny: Any, posi
     assert torch.equal(with_cache[:, :5], prompt)
 
 
+@pytest.mark.parametrize("positional", ["learned", "rope", "alibi", "sinusoidal"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_left_padded_prompts_decode_as_each_would_alone(tiny: Any, positional: str, use_cache: bool) -> None:
+    spec, model = _model(tiny, "decoder", positional={"type": positional})
+    short, long = torch.randint(3, 256, (1, 4)), torch.randint(3, 256, (1, 7))
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], dim=1), long])  # (2, 7)
+    mask = torch.ones_like(batch)
+    mask[0, :3] = 0
+    both = generate(model, batch, attention_mask=mask, max_new_tokens=12, temperature=0.0, use_cache=use_cache)
+    for row, prompt in enumerate((short, long)):
+        alone = generate(model, prompt, max_new_tokens=12, temperature=0.0, use_cache=use_cache)
+        assert torch.equal(both[row, 7:], alone[0, prompt.shape[1]:])
+    # the padding matters unless masked: read as tokens, it changes the short row's next-token scores
+    with torch.no_grad():
+        assert not torch.allclose(model(batch).logits[0, -1], model(short).logits[0, -1], atol=1e-4)
+
+
+def test_a_mask_must_fit_the_prompts_and_pad_on_the_left(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+    prompt = torch.randint(3, 256, (2, 5))
+    with pytest.raises(ValueError, match="shape"):
+        generate(model, prompt, attention_mask=torch.ones(2, 4, dtype=torch.long), max_new_tokens=2)
+    right = torch.ones(2, 5, dtype=torch.long)
+    right[1, 3:] = 0
+    with pytest.raises(ValueError, match="pad prompts on the left"):
+        generate(model, prompt, attention_mask=right, max_new_tokens=2)
+
+
 def test_generation_slides_past_max_seq_len_the_same_way_with_and_without_cache(tiny: Any) -> None:
     spec, model = _model(tiny, "decoder", max_seq_len=16)
     prompt = torch.randint(0, 256, (1, 10))

@@ -558,6 +558,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         )
         return [(path, f"unknown field {name!r}", hint)]
 
+    if kind == "model_type" and not isinstance(value, dict):
+        # a section with one type (training.optimizer: adamw): say what to write, not the class
+        tags = _tags(annotation)
+        if tags:
+            return [(path, f"expected a mapping with a type: field, got {value!r}",
+                     f"write {{type: {tags[0]}}}; allowed types: {', '.join(tags)}")]
+        return [(path, f"expected a mapping of fields, got {value!r}", "")]
+
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = _tags(annotation)
         if not isinstance(value, dict):  # `positional: rope`, or nothing, where a mapping belongs

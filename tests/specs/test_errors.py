@@ -81,6 +81,10 @@ BAD_INPUTS = [
      ["expected a mapping with a type: field, got 'rope'", "write {type: rope}", "sinusoidal, learned, rope"]),
     ("empty-typed-mapping", "extends: gpt-nano\ndecoder:\n  ffn:\n", 3, "decoder.ffn",
      ["got None", "allowed types: mlp, glu"]),
+    # a family with one type says what to write, never the name of a Python class
+    ("scalar-for-one-type-section", "extends: gpt-nano\ntraining:\n  optimizer: adamw\n", 3, "training.optimizer",
+     ["expected a mapping with a type: field, got 'adamw'", "write {type: adamw}"]),
+    ("scalar-for-a-section", "extends: gpt-nano\ndecoder: 3\n", 2, "decoder", ["expected a mapping of fields, got 3"]),
     ("cross-attn-in-an-override", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 1, cross_attention: {}}\n",
      4, "decoder.overrides.0.cross_attention", ["only in the decoder of an encoder-decoder"]),
     # the cross-attention derived from a bad self-attention is not a second problem in the preset

@@ -147,10 +147,18 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
         out.print()
 
 
-def _check_format(output_format: str) -> None:
+def _check_options(output_format: str, dtype: str) -> None:
+    """A bad option value is a usage error, exit status 2, as click gives its own."""
+    from specformer.analysis.memory import precision
+
     if output_format not in FORMATS:
         print_error(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
         raise typer.Exit(2)
+    try:
+        precision(dtype)
+    except ValueError as exc:
+        print_error(f"--dtype: {exc}")
+        raise typer.Exit(2) from None
 
 
 def _analysis_errors(fn: Any) -> Any:
@@ -321,7 +329,7 @@ def show(
     specformer show my.yaml --tree
     ```
     """
-    _check_format(output_format)
+    _check_options(output_format, dtype)
     resolved = load_or_exit(spec, set_)
     if tree:
         _show_tree(resolved, output_format)
@@ -644,7 +652,7 @@ def diff(
     specformer diff gpt2-small gpt2-medium gpt2-large --format markdown
     ```
     """
-    _check_format(output_format)
+    _check_options(output_format, dtype)
     if len(specs) < 2:
         print_error(f"diff needs at least two specs, got {len(specs)}")
         raise typer.Exit(2)

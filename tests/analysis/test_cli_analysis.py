@@ -81,9 +81,11 @@ def test_show_bad_spec_exits_1_without_traceback(tmp_path: Path) -> None:
 def test_bad_options_are_reported() -> None:
     result = runner.invoke(app, ["show", "gpt2-small", "--format", "html"])
     assert result.exit_code == 2 and "rich, markdown, json" in result.stderr
-    result = runner.invoke(app, ["show", "gpt2-small", "--dtype", "fp12"])
-    assert result.exit_code == 1 and "unknown precision 'fp12'" in result.stderr
-    assert "Traceback" not in result.output
+    for command in (["show", "gpt2-small"], ["diff", "gpt2-small", "gpt2-medium"]):
+        # a bad option value is a usage error (2), like a bad --format
+        result = runner.invoke(app, [*command, "--dtype", "fp12"])
+        assert result.exit_code == 2 and "--dtype: unknown precision 'fp12'" in result.stderr
+        assert "Traceback" not in result.output
     result = runner.invoke(app, ["diff", "gpt2-small"])
     assert result.exit_code == 2 and "at least two" in result.stderr
 

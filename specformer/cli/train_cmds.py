@@ -145,7 +145,9 @@ def _summary_table(result: Any) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("data", result.data)
-    table.add_row("steps", str(result.steps) + (f"  (resumed from {result.resumed_from})" if result.resumed_from else ""))
+    start = (f"  (resumed from {result.resumed_from})" if result.resumed_from
+             else f"  (from the weights of {result.initialized_from})" if result.initialized_from else "")
+    table.add_row("steps", str(result.steps) + start)
     table.add_row("train loss", _fmt(result.train_loss) + "  (mean of the last steps)")
     table.add_row("val loss", _fmt(result.val_loss))
     table.add_row("val perplexity", _fmt(result.val_ppl, 2))
@@ -179,6 +181,14 @@ def train_cmd(
     resume: Annotated[
         str | None, typer.Option("--resume", "-r", help="Continue exactly from this checkpoint (or run folder).")
     ] = None,
+    init_from: Annotated[
+        str | None,
+        typer.Option(
+            "--init-from",
+            help="Start from these weights (fine-tuning): a .safetensors file from `import-hf --weights`, "
+            "or a checkpoint / run folder. A new run: step 0, a fresh optimizer.",
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
 ) -> None:
     """Train a model on built-in or your own data, as the spec's `training:` section says.
@@ -195,7 +205,14 @@ def train_cmd(
     specformer train t5-nano --set training.data.task=sort
     specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
     specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
+    specformer train gpt2.yaml --init-from gpt2.safetensors --set training.max_steps=200
     ```
+
+    `--resume` continues a run where it stopped; `--init-from` starts a new run from
+    weights (those of `specformer import-hf MODEL_DIR -o gpt2.yaml --weights
+    gpt2.safetensors`, or of another run). For imported weights, train with the model's
+    own tokenizer: `--set training.tokenizer.type=file --set
+    training.tokenizer.path=MODEL_DIR/tokenizer.json`.
     """
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -210,6 +227,11 @@ def train_cmd(
         return f"nothing to resume from: the first checkpoint comes at step {every}" if every else ""
 
     with _errors_for_people(interrupt_hint):
+        if resume is not None and init_from is not None:
+            raise _fail(
+                "give --resume or --init-from, not both",
+                "--resume continues a run (weights, optimizer, step); --init-from starts a new run from weights",
+            )
         if spec is None:
             if resume is None:
                 raise _fail("give a SPEC to train (a preset name or a YAML file), or --resume CHECKPOINT")
@@ -223,7 +245,7 @@ def train_cmd(
 
         if report:
             console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
-        result = train(spec_obj, resume=resume, progress=progress, console=err_console)
+        result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console)
     if report:
         console.print(_summary_table(result))
 

@@ -40,6 +40,8 @@ __all__ = [
     "set_rng_state",
     "model_spec_differences",
     "check_resumable",
+    "read_weights",
+    "load_weights",
 ]
 
 FORMAT_VERSION = 1
@@ -181,6 +183,26 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     model.eval()
     tokenizer = tokenizer_from_state(meta["tokenizer"]) if meta.get("tokenizer") else None
     return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=int(raw.get("global_step", 0)), path=path, raw=raw)
+
+
+def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """A model's weights, by specformer names: a ``.safetensors`` file (as ``import-hf
+    --weights`` writes), or a specformer checkpoint (a ``.ckpt`` or a run folder)."""
+    path = Path(path)
+    if path.suffix.lower() != ".safetensors":
+        state = read_checkpoint(path).get("state_dict")
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{path}: the checkpoint has no weights (no state_dict)")
+        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such weights file")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
 
 
 def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source: str) -> None:

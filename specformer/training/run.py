@@ -38,7 +38,9 @@ from specformer.training.checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
     check_resumable,
+    load_weights,
     read_checkpoint,
+    read_weights,
 )
 
 __all__ = ["TrainResult", "TrainingInterrupted", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
@@ -65,6 +67,7 @@ class TrainResult:
     wall_seconds: float
     data: str
     resumed_from: str | None = None
+    initialized_from: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -193,6 +196,7 @@ def train(
     spec: Any,
     *,
     resume: str | Path | None = None,
+    init_from: str | Path | None = None,
     callbacks: Sequence[Callback] = (),
     loggers: Sequence[Logger] | Logger | bool | None = None,
     progress: bool = True,
@@ -203,13 +207,20 @@ def train(
     """Train ``spec`` (a ModelSpec, preset name, path or dict) as its ``training:`` section says.
 
     ``resume`` continues from a checkpoint exactly (step, optimizer, scheduler, data
-    position, random state). Extra callbacks, loggers and ``Trainer`` keyword
+    position, random state). ``init_from`` starts a new run (step 0, a fresh optimizer)
+    from the weights of a ``.safetensors`` file (``import-hf --weights``) or a checkpoint:
+    fine-tuning; they must fit the spec's model exactly. Extra callbacks, loggers and ``Trainer`` keyword
     arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
     (a ``KeyboardInterrupt``) naming the checkpoint to resume from.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
 
+    if resume is not None and init_from is not None:
+        raise ValueError(
+            "give resume or init_from, not both: resume continues a run (weights, optimizer, step), "
+            "init_from starts a new one from weights"
+        )
     started = time.perf_counter()
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     t = spec.training
@@ -231,6 +242,9 @@ def train(
         resume = _checkpoint_file(Path(resume))
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)
+    if init_from is not None:
+        # before the data is prepared: weights that do not fit are an error at once
+        load_weights(module.model, read_weights(init_from), source=str(init_from))
     dm = datamodule or SpecDataModule(spec)
     dm.setup("fit")
     assert dm.data is not None
@@ -292,6 +306,7 @@ def train(
         wall_seconds=time.perf_counter() - started,
         data=dm.data.description,
         resumed_from=str(resume) if resume else None,
+        initialized_from=str(init_from) if init_from is not None else None,
         history=[dict(h) for h in history],
     )
     if trainer.is_global_zero:

@@ -83,6 +83,16 @@ def test_resume_from_the_command_line_without_a_spec(tiny: Any, tmp_path: Path) 
     assert "resumed from" in out and " 6 " in out
 
 
+def test_init_from_on_the_command_line_and_not_with_resume(tiny: Any, tmp_path: Path) -> None:
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec)])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    out = _train([str(spec), "--init-from", str(ckpt)]).output
+    assert "resumed from" not in out and "from the weights of" in out
+    both = runner.invoke(app, ["train", str(spec), "--init-from", str(ckpt), "--resume", str(ckpt)])
+    assert both.exit_code == 1 and "give --resume or --init-from, not both" in both.stderr
+
+
 def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     _train([str(_write(tmp_path, tiny("encoder", max_steps=4, val_interval=4), "enc.yaml"))])
     ckpt = _checkpoint(tmp_path, "tiny-encoder")

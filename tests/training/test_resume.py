@@ -285,3 +285,52 @@ def test_an_interrupted_and_resumed_run_reports_what_an_uninterrupted_run_does(t
     assert sorted(_metrics(full.run_dir, "train/loss")) == list(range(1, 10))
     assert _metrics(resumed.run_dir, "train/loss") == {k: v for k, v in _metrics(full.run_dir, "train/loss").items() if k > 6}
     assert sorted(_metrics(resumed.run_dir, "val/loss")) == [9]
+
+
+class FirstWeights(L.Callback):
+    """The model's weights when training starts, and the step it starts at."""
+
+    def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
+        self.step = trainer.global_step
+        self.weights = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(tiny: Any) -> None:
+    first = train(load_spec(tiny("decoder", max_steps=3, val_interval=3)), progress=False)
+    seen = FirstWeights()
+    second = train(load_spec(tiny("decoder", max_steps=2, val_interval=2)), init_from=first.checkpoint,
+                   progress=False, callbacks=[seen])
+    trained = load_checkpoint(first.checkpoint).model.state_dict()
+    assert seen.step == 0 and second.steps == 2  # a new run: step 0, its own max_steps
+    assert seen.weights.keys() == trained.keys()
+    assert all(torch.equal(seen.weights[k], trained[k]) for k in trained)
+
+
+def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import save_file
+
+    from specformer.builder import build_model
+
+    spec = load_spec(tiny("decoder", max_steps=1, val_interval=1))
+    torch.manual_seed(123)
+    source = build_model(spec).state_dict()
+    save_file({k: v.contiguous() for k, v in source.items()}, tmp_path / "w.safetensors")
+    seen = FirstWeights()
+    train(spec, init_from=tmp_path / "w.safetensors", progress=False, callbacks=[seen])
+    assert all(torch.equal(seen.weights[k], source[k]) for k in source)
+
+    wider = load_spec({**tiny("decoder", max_steps=1, val_interval=1), "d_model": 48})
+
+    def no_data(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the data was prepared before the weights were checked")
+
+    monkeypatch.setattr("specformer.training.run.SpecDataModule", no_data)
+    with pytest.raises(CheckpointError, match=r"w.safetensors: the weights do not fit the model[\s\S]*different shapes"):
+        train(wider, init_from=tmp_path / "w.safetensors", progress=False)
+    (tmp_path / "bad.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        train(spec, init_from=tmp_path / "bad.safetensors", progress=False)
+    with pytest.raises(ValueError, match="resume or init_from, not both"):
+        train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)

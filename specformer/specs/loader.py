@@ -269,12 +269,13 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
         path = Path(ref).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        if not path.is_file():
+        if not path.exists() or path.is_dir():
             what = f"{path} is a directory, not a YAML file" if path.is_dir() else f"file not found: {path}"
             raise SpecError(
                 [SpecProblem(what, path="extends" if position else "", position=position)]
             )
-        return path.resolve()
+        # a pipe (/dev/stdin, a shell's <(...)) is read as it is: resolved, it names no file
+        return path.resolve() if path.is_file() else path
     if ref in preset_names():
         return preset_path(ref)
     local = (base_dir or Path.cwd()) / ref

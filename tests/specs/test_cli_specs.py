@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from importlib import resources
 
 import yaml
@@ -10,6 +12,7 @@ from typer.testing import CliRunner
 
 from specformer.cli import app
 from specformer.specs.jsonschema import spec_json_schema
+from specformer.specs.loader import load_spec
 
 runner = CliRunner()
 
@@ -133,3 +136,21 @@ def test_field_reference_lists_the_choices_of_a_type_field():
     ref = field_reference()
     assert "| `type` | `sequential` \\| `parallel` | `sequential` |" in ref  # residual: one model, two choices
     assert "| `type` | `rope`" not in ref  # a registry entry's name is its table's title
+
+
+def test_a_spec_can_come_through_a_pipe(tmp_path):
+    # `... | specformer validate /dev/stdin`, or a shell's <(...): a pipe, not a regular file
+    fifo = tmp_path / "spec.pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("extends: gpt-nano\nd_model: 256\n"))
+    writer.start()
+    try:
+        spec = load_spec(str(fifo))
+    finally:
+        writer.join(timeout=5)
+        if writer.is_alive():  # the pipe was never read: read it, so the writer ends and the test fails
+            fifo.read_text()
+            writer.join()
+    assert spec.d_model == 256 and spec.decoder.n_layers == 4
+    result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 1 and "file not found" in result.output + result.stderr

@@ -175,14 +175,18 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     except SpecError as exc:
         raise CheckpointError(f"{path}: the spec stored in the checkpoint is not valid here:\n{exc}") from None
     model = build_model(spec)
-    state = raw.get("state_dict")
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: the checkpoint has no weights (no state_dict)")
-    weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    load_weights(model, weights, source=str(path))
+    load_weights(model, _model_weights(raw, path), source=str(path))
     model.eval()
     tokenizer = tokenizer_from_state(meta["tokenizer"]) if meta.get("tokenizer") else None
     return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=int(raw.get("global_step", 0)), path=path, raw=raw)
+
+
+def _model_weights(raw: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
+    """The model's weights in a Lightning checkpoint, without the module's ``model.`` prefix."""
+    state = raw.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: the checkpoint has no weights (no state_dict)")
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
 def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -190,10 +194,7 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     --weights`` writes), or a specformer checkpoint (a ``.ckpt`` or a run folder)."""
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
-        state = read_checkpoint(path).get("state_dict")
-        if not isinstance(state, dict):
-            raise CheckpointError(f"{path}: the checkpoint has no weights (no state_dict)")
-        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        return _model_weights(read_checkpoint(path), path)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

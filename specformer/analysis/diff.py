@@ -51,11 +51,17 @@ ABSENT: Any = _Absent()
 
 @dataclass(frozen=True)
 class Change:
-    """One field whose value differs between specs; ``values`` has one entry per spec."""
+    """One field whose value differs between specs; ``values`` has one entry per spec.
+
+    ``kept`` marks a per-layer path whose values are equal: its stack's field changed,
+    but an override keeps these layers as they were (``decoder.ffn.d_ff`` 1024 → 2048,
+    ``decoder.layers.2.ffn.d_ff`` 1024 in both).
+    """
 
     path: str
     values: tuple[Any, ...]
     derived: bool = False
+    kept: bool = False
 
     @property
     def left(self) -> Any:
@@ -76,6 +82,7 @@ class Change:
             "values": [plain(v) for v in self.values],
             "present": [v is not ABSENT for v in self.values],
             "derived": self.derived,
+            "kept": self.kept,
         }
 
 
@@ -233,12 +240,20 @@ def _changes(specs: list[Any]) -> list[Change]:
             order.insert(at, path)
             seen.add(path)
             at += 1
+    values = {
+        path: tuple(_value_at(spec, flat, path) for spec, (flat, _) in zip(specs, flats, strict=True))
+        for path in order
+    }
+    changed = {path for path, vs in values.items() if any(not _same(vs[0], v) for v in vs[1:])}
     changes = []
     for path in order:
-        values = tuple(_value_at(spec, flat, path) for spec, (flat, _) in zip(specs, flats, strict=True))
-        first = values[0]
-        if any(not _same(first, v) for v in values[1:]):
-            changes.append(Change(path, values, path in derived))
+        if path in changed:
+            changes.append(Change(path, values[path], path in derived))
+            continue
+        # a layer that an override keeps as it was while its stack's field changed
+        m = _LAYER_PATH.match(path)
+        if m is not None and f"{m.group(1)}.{m.group(3)}" in changed:
+            changes.append(Change(path, values[path], path in derived, kept=True))
     return _merge_layer_ranges(changes)
 
 
@@ -256,7 +271,7 @@ def _merge_layer_ranges(changes: list[Change]) -> list[Change]:
         run = open_runs.get(key)
         if run is not None and run[2] == index - 1:
             pos, first, _ = run
-            out[pos] = Change(f"{role}.layers.{first}-{index}.{rest}", ch.values, ch.derived)
+            out[pos] = replace(ch, path=f"{role}.layers.{first}-{index}.{rest}")
             open_runs[key] = (pos, first, index)
         else:
             open_runs[key] = (len(out), index, index)

@@ -493,12 +493,15 @@ def _changes_section(d: Any) -> Section:
     )
     s = Section(title, columns)
     for ch in d.changes:
-        path = ch.path + (" (derived)" if ch.derived else "")
+        path = ch.path + (" (derived)" if ch.derived else "") + (" (kept)" if ch.kept else "")
         s.rows.append([path] + [_fmt_value(v) for v in ch.values])
     from specformer.analysis import ABSENT
 
     absent = any(v is ABSENT for ch in d.changes for v in ch.values)
+    kept = any(ch.kept for ch in d.changes)
     s.notes.append(("— : the field does not exist in that spec (its type differs). " if absent else "")
+                   + ("(kept): an override keeps these layers as they were while the stack's field changed. "
+                      if kept else "")
                    + "Compared after resolving extends, overrides and defaults; derived sizes included.")
     return s
 

@@ -225,3 +225,12 @@ def test_show_and_diff_print_a_name_with_brackets_as_written(tmp_path) -> None:
         result = runner.invoke(app, args, env={"COLUMNS": "200"})
         assert result.exit_code == 0, result.output
         assert "nano[/] [bold]x[/bold]" in result.stdout
+
+
+def test_diff_marks_a_layer_an_override_keeps(tmp_path: Path) -> None:
+    variant = tmp_path / "wider.yaml"
+    variant.write_text("extends: gpt-nano\ndecoder:\n  ffn: {d_ff: 1024}\n"
+                       "  overrides:\n    - layers: [2]\n      ffn: {d_ff: 512}\n")
+    out = _ok(["diff", "gpt-nano", str(variant), "--format", "markdown"]).stdout
+    assert "decoder.layers.2.ffn.d_ff (kept)" in out
+    assert "(kept): an override keeps these layers as they were" in out

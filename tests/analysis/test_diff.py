@@ -133,4 +133,34 @@ def test_overrides_are_compared_by_their_effect_on_layers() -> None:
         {"layers": "0-3", "attention": {"sliding_window": 32}}]}})
     stack_level = load_spec("gpt-nano", overrides=["decoder.attention.sliding_window=32"])
     changes = diff_specs(everywhere, stack_level, reports=False, checkpoints=False).changes
-    assert [(c.path, c.left, c.right) for c in changes] == [("decoder.attention.sliding_window", None, 32)]
+    assert [(c.path, c.left, c.right, c.kept) for c in changes] == [
+        ("decoder.attention.sliding_window", None, 32, False),
+        ("decoder.layers.0-3.attention.sliding_window", 32, 32, True),
+    ]
+
+
+def test_a_layer_an_override_keeps_is_listed_under_its_stacks_change() -> None:
+    # the stack's d_ff changes, but an override keeps layer 2 (and only it) at the old size
+    wider = load_spec({"extends": "gpt-nano", "decoder": {
+        "ffn": {"d_ff": 1024}, "overrides": [{"layers": [2], "ffn": {"d_ff": 512}}]}})
+    d = diff_specs("gpt-nano", wider, reports=False, checkpoints=False)
+    assert [(c.path, c.values, c.kept) for c in d.changes] == [
+        ("decoder.ffn.d_ff", (512, 1024), False),
+        ("decoder.layers.2.ffn.d_ff", (512, 512), True),
+    ]
+    assert d.to_dict()["changes"][1]["kept"] is True
+    # both sides keep layer 2 at 256 while the stack changes: still kept
+    a = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [{"layers": [2], "ffn": {"d_ff": 256}}]}})
+    b = load_spec({"extends": "gpt-nano", "decoder": {
+        "ffn": {"d_ff": 1024}, "overrides": [{"layers": [2], "ffn": {"d_ff": 256}}]}})
+    changes = diff_specs(a, b, reports=False, checkpoints=False).changes
+    assert [(c.path, c.values, c.kept) for c in changes] == [
+        ("decoder.ffn.d_ff", (512, 1024), False),
+        ("decoder.layers.2.ffn.d_ff", (256, 256), True),
+    ]
+    # an override on another field is not listed when the stack's d_ff changes
+    other = load_spec({"extends": "gpt-nano", "decoder": {
+        "ffn": {"d_ff": 1024}, "overrides": [{"layers": [2], "attention": {"sliding_window": 8}}]}})
+    changes = diff_specs("gpt-nano", other, reports=False, checkpoints=False).changes
+    assert [(c.path, c.kept) for c in changes] == [
+        ("decoder.ffn.d_ff", False), ("decoder.layers.2.attention.sliding_window", False)]

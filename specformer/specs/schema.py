@@ -385,10 +385,16 @@ class LayerOverride(Spec):
         return value
 
 
+# The deepest published Transformers have about 1,000 layers (DeepNet, Wang et al. 2022).
+# Analysis and building are linear in the layers, so a typo such as 1e11 is refused
+# here instead of running for hours.
+MAX_LAYERS = 10_000
+
+
 class StackSpec(Spec):
     """A stack of identical (or overridden) layers: an encoder or a decoder."""
 
-    n_layers: PositiveInt = Field(description="Number of layers.")
+    n_layers: PositiveInt = Field(le=MAX_LAYERS, description=f"Number of layers (at most {MAX_LAYERS:,}).")
     attention: AttentionFamily = Field(default_factory=AttentionSpec, description="Self-attention.")
     cross_attention: AttentionFamily | None = Field(
         None,

@@ -51,6 +51,8 @@ BAD_INPUTS = [
     ("kind-extra-stack", "extends: gpt-nano\nencoder: {n_layers: 2}\n", 2, "encoder", ["has no encoder stack"]),
     ("cross-attn-in-decoder-only", "extends: gpt-nano\ndecoder:\n  cross_attention: {n_heads: 4}\n", 3,
      "decoder.cross_attention", ["only in the decoder of an encoder-decoder"]),
+    ("absurdly-deep", "extends: gpt-nano\ndecoder:\n  n_layers: 100000000000\n", 3, "decoder.n_layers",
+     ["less than or equal to 10000"]),
     ("override-out-of-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 7, attention: {sliding_window: 8}}\n",
      4, "decoder.overrides.0.layers", ["out of range", "0-3"]),
     ("override-bad-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 'five', ffn: {d_ff: 8}}\n",

@@ -80,7 +80,10 @@ class Positional(nn.Module):
         return None
 
     def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor | None:
-        """An additive attention bias (1, H, T, Tk) for absolute indices; None for no bias."""
+        """An additive attention bias (1, H, T, Tk) for absolute indices; None for no bias.
+
+        ``q_index`` and ``k_index`` are consecutive positions (``arange``s), as the
+        stacks pass them."""
         return None
 
 
@@ -379,15 +382,21 @@ class T5RelativeBias(Positional):
         self.weight = nn.Parameter(torch.empty(spec.num_buckets, n_heads))  # (buckets, H)
 
     def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor:
-        rel = k_index[None, :] - q_index[:, None]  # (T, Tk)
+        # The bias depends on k - q only, and consecutive indices give T + Tk - 1 distinct
+        # distances: look those up (L,) and lay them out as a Toeplitz matrix. Row i of
+        # table.unfold is distances (j - (T - 1 - i)), so rows come in reverse: flip them.
+        # Looking up all T x Tk pairs instead made backward scatter T*Tk rows into a few
+        # buckets, ~7x slower at T = 256; unfold's backward sums the diagonals directly.
+        t, tk = q_index.shape[0], k_index.shape[0]
+        distances = torch.arange(-(t - 1), tk, device=q_index.device) + (k_index[0] - q_index[0])  # (L,)
         buckets = t5_relative_buckets(
-            rel,
+            distances,
             bidirectional=self.bidirectional,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        values = nn.functional.embedding(buckets, self.weight)  # (T, Tk, H)
-        return values.permute(2, 0, 1).unsqueeze(0).to(dtype)  # (1, H, T, Tk)
+        table = nn.functional.embedding(buckets, self.weight).to(dtype).t()  # (H, L)
+        return table.unfold(1, tk, 1).flip(1).unsqueeze(0)  # (1, H, T, Tk)
 
     def init_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=std)

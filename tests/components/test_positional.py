@@ -18,7 +18,7 @@ from specformer.components.positional import (
     t5_relative_buckets,
 )
 from specformer.registry import REGISTRY
-from specformer.specs.schema import ModelSpec, RopeSpec, SinusoidalSpec
+from specformer.specs.schema import ModelSpec, RopeSpec, SinusoidalSpec, T5BiasSpec
 
 Tiny = Callable[..., ModelSpec]
 
@@ -96,6 +96,28 @@ def test_t5_buckets_equal_the_reference(bidirectional: bool, num_buckets: int, m
         for r in DISTANCES
     ]
     assert got == want
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("past", "t"), [(0, 40), (0, 1), (17, 1), (9, 6), (150, 3)])
+def test_t5_bias_and_its_gradient_equal_the_pairwise_definition(causal: bool, past: int, t: int) -> None:
+    # bias[h, i, j] = weight[bucket(k_j - q_i), h] for every query/key pair, and the
+    # weight's gradient is the sum of the bias gradient over the pairs of each bucket
+    torch.manual_seed(0)
+    mod = REGISTRY.build("positional", T5BiasSpec(num_buckets=16, max_distance=40), n_heads=3, causal=causal)
+    mod.init_parameters(1.0)
+    q_index, k_index = torch.arange(past, past + t), torch.arange(past + t)
+    bias = mod.bias(q_index, k_index, dtype=torch.float64)
+    assert bias.shape == (1, 3, t, past + t)
+    buckets = t5_relative_buckets(k_index[None, :] - q_index[:, None], bidirectional=not causal,
+                                  num_buckets=16, max_distance=40)  # (T, Tk)
+    want = mod.weight.double()[buckets].permute(2, 0, 1)
+    assert torch.equal(bias[0], want)
+    grad = torch.randn(1, 3, t, past + t, dtype=torch.float64)
+    (got,) = torch.autograd.grad(bias, mod.weight, grad)
+    expected = torch.zeros(16, 3, dtype=torch.float64).index_add_(0, buckets.reshape(-1),
+                                                                   grad[0].permute(1, 2, 0).reshape(-1, 3))
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_t5_bias_is_shared_by_the_layers_of_a_stack(tiny: Tiny) -> None:

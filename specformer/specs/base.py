@@ -6,7 +6,10 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag
 
-__all__ = ["Spec", "family_union"]
+__all__ = ["Spec", "family_union", "FAMILY_DEFAULTS"]
+
+# family -> the type a mapping without ``type:`` is (filled in by family_union)
+FAMILY_DEFAULTS: dict[str, str] = {}
 
 
 class Spec(BaseModel):
@@ -31,9 +34,10 @@ def family_union(family: str, default: str | None = None) -> Any:
     from specformer.registry import REGISTRY
 
     entries = REGISTRY.entries(family)
+    fallback = default if default is not None else next(iter(entries))
+    FAMILY_DEFAULTS[family] = fallback
     if len(entries) == 1:
         return next(iter(entries.values())).spec
-    fallback = default if default is not None else next(iter(entries))
 
     def pick(value: Any) -> Any:
         if isinstance(value, dict):

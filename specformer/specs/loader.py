@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from specformer.specs.errors import Position, SpecError, SpecProblem, did_you_mean
-from specformer.specs.merge import deep_merge
+from specformer.specs.merge import deep_merge, implicit_type
 
 __all__ = [
     "load_spec",
@@ -425,8 +425,8 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
         node[last] = value
     elif isinstance(node, dict):
         if isinstance(value, dict) and isinstance(node.get(last), dict):
-            node[last] = deep_merge(node[last], value)
-        elif last == "type" and "type" in node and node["type"] != value:
+            node[last] = deep_merge(node[last], value, last)
+        elif last == "type" and implicit_type(node, parts[-2] if len(parts) > 1 else None) not in (None, value):
             # another type: the old one's fields do not belong to it (as with extends)
             node.clear()
             node["type"] = value

@@ -5,18 +5,47 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["deep_merge"]
+__all__ = ["deep_merge", "implicit_type"]
 
 
-def deep_merge(base: Any, over: Any) -> Any:
-    """Merge ``over`` onto ``base``: mappings merge recursively, anything else replaces;
-    a mapping with a different ``type:`` replaces the base mapping whole (the base's
-    fields belong to the other type). Neither input is modified."""
+# the spec keys whose value is a family's mapping, selected by ``type`` (the families
+# whose default does not depend on the model's kind)
+_FAMILY_OF_KEY = {
+    "positional": "positional",
+    "attention": "attention",
+    "cross_attention": "attention",
+    "ffn": "ffn",
+    "norm": "norm",
+    "head": "head",
+    "optimizer": "optimizer",
+    "schedule": "schedule",
+}
+
+
+def implicit_type(mapping: dict[str, Any], key: Any) -> Any:
+    """The ``type`` of ``mapping``, the value of spec key ``key``: its own ``type:``, or
+    for a family's mapping without one, the family's default (``ffn: {d_ff: 64}`` is an
+    mlp); None when unknown."""
+    if "type" in mapping:
+        return mapping["type"]
+    from specformer.specs.base import FAMILY_DEFAULTS
+
+    family = _FAMILY_OF_KEY.get(key) if isinstance(key, str) else None
+    return FAMILY_DEFAULTS.get(family) if family is not None else None
+
+
+def deep_merge(base: Any, over: Any, key: Any = None) -> Any:
+    """Merge ``over`` onto ``base`` (the value of spec key ``key``): mappings merge
+    recursively, anything else replaces; a mapping with a different ``type:`` replaces
+    the base mapping whole (the base's fields belong to the other type). A base without
+    ``type:`` is its family's default type (``ffn: {activation: gelu}`` is an mlp, so
+    ``ffn: {type: glu}`` over it does not inherit the gelu). Neither input is modified."""
     if isinstance(base, dict) and isinstance(over, dict):
-        if "type" in over and "type" in base and over["type"] != base["type"]:
+        base_type = implicit_type(base, key)
+        if "type" in over and base_type is not None and over["type"] != base_type:
             return copy.deepcopy(over)
         out = copy.deepcopy(base)
-        for key, value in over.items():
-            out[key] = deep_merge(out[key], value) if key in out else copy.deepcopy(value)
+        for k, value in over.items():
+            out[k] = deep_merge(out[k], value, k) if k in out else copy.deepcopy(value)
         return out
     return copy.deepcopy(over)

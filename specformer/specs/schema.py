@@ -721,7 +721,13 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
                 continue
             for key in parts:
                 if isinstance(ov.get(key), dict) and isinstance(original.get(key), dict):
-                    ov[key] = deep_merge(original[key], ov[key])
+                    ov[key] = deep_merge(original[key], ov[key], key)
+            norm, stack_norm = ov.get("norm"), original.get("norm")
+            if isinstance(norm, dict) and isinstance(stack_norm, dict):
+                # placement and final are the stack's: a norm of another type keeps them
+                for field in ("placement", "final"):
+                    if field in stack_norm:
+                        norm.setdefault(field, stack_norm[field])
             targets.append(ov)
     placement = stack["norm"].get("placement", "pre") if isinstance(stack["norm"], dict) else "pre"
     for target in targets:

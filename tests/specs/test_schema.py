@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import textwrap
 
 import pydantic
 import pytest
+import yaml
 
 from specformer import load_spec, preset_names
 from specformer.registry import REGISTRY
@@ -89,6 +91,40 @@ def test_deep_merge_semantics():
     assert deep_merge(base, {"ffn": {"type": "glu"}})["ffn"] == {"type": "glu"}
     assert deep_merge(base, {"a": None})["a"] is None
     assert base["a"]["y"] == [1, 2]  # inputs untouched
+
+
+def test_a_mapping_without_type_is_its_default_type_when_another_type_is_merged_over_it(tmp_path):
+    # `ffn: {activation: gelu}` is an mlp: a glu over it must not inherit the mlp's gelu,
+    # exactly as when the mlp is written with `type: mlp` (extends, --set and overrides)
+    implicit = {"kind": "decoder", "vocab_size": 50, "d_model": 64,
+                "decoder": {"n_layers": 2, "ffn": {"activation": "gelu", "d_ff": 100}, "norm": {"bias": False}}}
+    explicit = copy.deepcopy(implicit)
+    explicit["decoder"]["ffn"]["type"] = "mlp"
+    explicit["decoder"]["norm"]["type"] = "layernorm"
+    glu = {"type": "glu", "activation": "silu", "d_ff": 192, "bias": False, "dropout": 0.0}
+    for base in (implicit, explicit):
+        over = load_spec(base, overrides=["decoder.ffn={type: glu}"]).decoder.ffn
+        assert over.model_dump() == glu
+        assert load_spec(base, overrides=["decoder.ffn.type=glu"]).decoder.ffn.model_dump() == glu
+        layered = copy.deepcopy(base)
+        layered["decoder"]["overrides"] = [{"layers": [1], "ffn": {"type": "glu"}, "norm": {"type": "rmsnorm"}}]
+        spec = load_spec(layered)
+        assert spec.decoder.layer(1).ffn.model_dump() == glu
+        assert spec.decoder.layer(1).norm.type == "rmsnorm"  # no layernorm `bias` carried over
+        assert spec.decoder.layer(0).ffn.activation == "gelu" and spec.decoder.layer(0).norm.bias is False
+        parent = tmp_path / "parent.yaml"
+        parent.write_text(yaml.safe_dump(base))
+        child = tmp_path / "child.yaml"
+        child.write_text("extends: parent.yaml\ndecoder:\n  ffn: {type: glu}\n")
+        assert load_spec(child).decoder.ffn.model_dump() == glu
+    # an override's norm of another type keeps the stack's placement (a stack-wide setting)
+    post = load_spec({"kind": "decoder", "vocab_size": 50, "d_model": 64, "decoder": {
+        "n_layers": 2, "norm": {"placement": "post"}, "overrides": [{"layers": [1], "norm": {"type": "rmsnorm"}}]}})
+    assert (post.decoder.layer(1).norm.type, post.decoder.layer(1).norm.placement) == ("rmsnorm", "post")
+    # without a type on either side the mapping still merges field by field
+    assert load_spec(implicit, overrides=["decoder.ffn.d_ff=7"]).decoder.ffn.activation == "gelu"
+    assert deep_merge({"ffn": {"activation": "gelu"}}, {"ffn": {"type": "mlp", "d_ff": 8}}) == {
+        "ffn": {"activation": "gelu", "type": "mlp", "d_ff": 8}}
 
 
 def test_extends_by_path_and_chain(tmp_path):

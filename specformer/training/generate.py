@@ -77,6 +77,12 @@ def _finish(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, T
 
 
 @torch.no_grad()
+def _spec_max_seq_len(model: nn.Module) -> int | None:
+    spec = getattr(model, "spec", None)
+    value = getattr(spec, "max_seq_len", None)
+    return value if isinstance(value, int) else None
+
+
 def generate(
     model: nn.Module,
     input_ids: Tensor,
@@ -97,7 +103,13 @@ def generate(
 
     Prompts of different lengths go in one batch left-padded, with ``attention_mask``
     (B, T) (1 for real tokens, 0 for padding, as Hugging Face's): each row then decodes
-    as it would alone, its positions counted from its first real token."""
+    as it would alone, its positions counted from its first real token.
+
+    ``max_seq_len`` (default: the model's ``spec.max_seq_len``) is where the context
+    slides; pass a larger number to let a model without a position table (RoPE, ALiBi)
+    run past it."""
+    if max_seq_len is None:
+        max_seq_len = _spec_max_seq_len(model)
     seq = input_ids
     if attention_mask is not None:
         if tuple(attention_mask.shape) != tuple(input_ids.shape):

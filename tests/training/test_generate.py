@@ -68,6 +68,18 @@ def test_generation_slides_past_max_seq_len_the_same_way_with_and_without_cache(
     assert a.shape == (1, 25) and torch.equal(a, b)
 
 
+def test_generation_slides_at_the_models_own_max_seq_len_by_default(tiny: Any) -> None:
+    # a learned position table ends at max_seq_len: without max_seq_len= the context
+    # slides there (the model's spec), rather than running past the table
+    spec, model = _model(tiny, "decoder", positional={"type": "learned"}, max_seq_len=16)
+    prompt = torch.randint(0, 256, (1, 10))
+    default = generate(model, prompt, max_new_tokens=15, temperature=0.0)
+    explicit = generate(model, prompt, max_new_tokens=15, temperature=0.0, max_seq_len=16)
+    assert default.shape == (1, 25) and torch.equal(default, explicit)
+    with pytest.raises(ValueError, match="past the learned position table"):
+        generate(model, prompt, max_new_tokens=15, temperature=0.0, max_seq_len=64)
+
+
 def test_seq2seq_greedy_is_identical_with_and_without_the_cache(tiny: Any) -> None:
     spec, model = _model(tiny, "encoder-decoder", positional={"type": "t5"})
     src = torch.randint(5, 40, (3, 7))

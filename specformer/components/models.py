@@ -159,7 +159,7 @@ class EncoderModel(_Model):
         t = input_ids.shape[1]
         n_positions = t
         if position_ids is None:
-            position_ids = torch.arange(t, device=input_ids.device)[None]  # (1, T)
+            position_ids = default_position_ids(attention_mask, 0, t, input_ids.device)  # (B|1, T)
         else:
             n_positions = int(position_ids.max()) + 1
         x = self.embed(
@@ -199,7 +199,7 @@ class EncoderDecoderModel(_Model):
         """input_ids (B, S) -> encoder output (B, S, D), after the encoder's final norm."""
         _check_ids(input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask")
         s = input_ids.shape[1]
-        position_ids = torch.arange(s, device=input_ids.device)[None]  # (1, S)
+        position_ids = default_position_ids(attention_mask, 0, s, input_ids.device)  # (B|1, S)
         x = self.embed(input_ids, position_ids=position_ids, n_positions=s)
         h, _, _ = self.encoder(x, position_ids=position_ids, n_positions=s, attention_mask=attention_mask)
         return h

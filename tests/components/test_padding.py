@@ -40,18 +40,20 @@ def test_decoder_padding_invariance(tiny: Tiny, positional: str, left: bool) -> 
             assert torch.allclose(real, alone, atol=1e-5), i
 
 
-@pytest.mark.parametrize("positional", ["learned", "t5", "alibi"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "t5", "alibi"])
 @pytest.mark.parametrize("head", ["mlm", "lm"])
-def test_encoder_padding_invariance(tiny: Tiny, positional: str, head: str) -> None:
+@pytest.mark.parametrize("left", [False, True])
+def test_encoder_padding_invariance(tiny: Tiny, positional: str, head: str, left: bool) -> None:
+    # positions count real tokens, so left padding does not shift them either
     spec = tiny("encoder", positional={"type": positional}, head={"type": head})
     model = build_model(spec).eval()
     seqs = [torch.randint(1, 61, (n,)) for n in (7, 3)]
-    ids, mask = _batch(seqs, left=False)
+    ids, mask = _batch(seqs, left=left)
     with torch.no_grad():
         batched = model(ids, attention_mask=mask).logits
         for i, s in enumerate(seqs):
             alone = model(s[None]).logits[0]
-            assert torch.allclose(batched[i, : len(s)], alone, atol=1e-5)
+            assert torch.allclose(batched[i][mask[i].bool()], alone, atol=1e-5)
 
 
 @pytest.mark.parametrize("pooling", ["first", "mean", "last"])
@@ -67,12 +69,14 @@ def test_classification_pooling_ignores_padding(tiny: Tiny, pooling: str) -> Non
             assert torch.allclose(batched[i], model(s[None]).logits[0], atol=1e-5)
 
 
-def test_encoder_decoder_source_padding_invariance(tiny: Tiny) -> None:
-    spec = tiny("encoder-decoder", positional={"type": "t5"})
+@pytest.mark.parametrize("positional", ["t5", "learned", "sinusoidal"])
+@pytest.mark.parametrize("left", [False, True])
+def test_encoder_decoder_source_padding_invariance(tiny: Tiny, positional: str, left: bool) -> None:
+    spec = tiny("encoder-decoder", positional={"type": positional})
     model = build_model(spec).eval()
     srcs = [torch.randint(1, 61, (n,)) for n in (9, 4)]
     tgts = [torch.randint(1, 61, (n,)) for n in (5, 3)]
-    src, src_mask = _batch(srcs, left=False)
+    src, src_mask = _batch(srcs, left=left)
     tgt, tgt_mask = _batch(tgts, left=False)
     with torch.no_grad():
         batched = model(src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask)

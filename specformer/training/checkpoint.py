@@ -41,6 +41,8 @@ __all__ = [
     "model_spec_differences",
     "check_resumable",
     "read_weights",
+    "read_weights_and_tokenizer",
+    "checkpoint_tokenizer",
     "load_weights",
 ]
 
@@ -156,7 +158,6 @@ class LoadedCheckpoint:
 def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> LoadedCheckpoint:
     """Rebuild the model of a checkpoint from the spec it carries and load its weights."""
     from specformer.builder import build_model
-    from specformer.data.tokenizers import tokenizer_from_state
     from specformer.specs.errors import SpecError
     from specformer.specs.loader import load_spec
 
@@ -177,7 +178,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     model = build_model(spec)
     load_weights(model, _model_weights(raw, path), source=str(path))
     model.eval()
-    tokenizer = tokenizer_from_state(meta["tokenizer"]) if meta.get("tokenizer") else None
+    tokenizer = checkpoint_tokenizer(raw)
     return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=int(raw.get("global_step", 0)), path=path, raw=raw)
 
 
@@ -189,19 +190,36 @@ def _model_weights(raw: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
+def checkpoint_tokenizer(raw: dict[str, Any]) -> Any:
+    """The tokenizer a checkpoint (read with :func:`read_checkpoint`) was trained with,
+    or None when it carries none."""
+    from specformer.data.tokenizers import tokenizer_from_state
+
+    meta = raw.get("specformer")
+    state = meta.get("tokenizer") if isinstance(meta, dict) else None
+    return tokenizer_from_state(state) if state else None
+
+
 def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """A model's weights, by specformer names: a ``.safetensors`` file (as ``import-hf
     --weights`` writes), or a specformer checkpoint (a ``.ckpt`` or a run folder)."""
+    return read_weights_and_tokenizer(path)[0]
+
+
+def read_weights_and_tokenizer(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Any]:
+    """:func:`read_weights`, and the checkpoint's tokenizer (None for a ``.safetensors``
+    file, or a checkpoint without one): weights fit the token ids they were trained on."""
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
-        return _model_weights(read_checkpoint(path), path)
+        raw = read_checkpoint(path)
+        return _model_weights(raw, path), checkpoint_tokenizer(raw)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise CheckpointError(f"{path}: no such weights file")
     try:
-        return load_file(path)
+        return load_file(path), None
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
 

@@ -38,9 +38,10 @@ from specformer.training.checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
     check_resumable,
+    checkpoint_tokenizer,
     load_weights,
     read_checkpoint,
-    read_weights,
+    read_weights_and_tokenizer,
 )
 
 __all__ = ["TrainResult", "TrainingInterrupted", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
@@ -226,11 +227,13 @@ def train(
     t = spec.training
     quiet_lightning()
     resumed_step: int | None = None
+    tokenizer = None
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
         raw = read_checkpoint(resume)
         check_resumable(raw, spec, source=str(resume))
         resumed_step = int(raw.get("global_step", 0))
+        tokenizer = checkpoint_tokenizer(raw)
         del raw
         limit = trainer_kwargs.get("max_steps", t.max_steps)
         if limit is not None and 0 < limit <= resumed_step:
@@ -244,8 +247,12 @@ def train(
     module = SpecModule(spec)
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
-        load_weights(module.model, read_weights(init_from), source=str(init_from))
-    dm = datamodule or SpecDataModule(spec)
+        weights, tokenizer = read_weights_and_tokenizer(init_from)
+        load_weights(module.model, weights, source=str(init_from))
+        del weights
+    # a checkpoint's weights fit the token ids of its own tokenizer: the data is
+    # tokenized with it, not with a tokenizer trained afresh on this run's data
+    dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)
     dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer

@@ -306,6 +306,26 @@ def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(tiny: Any) -> 
     assert all(torch.equal(seen.weights[k], trained[k]) for k in trained)
 
 
+def test_init_from_a_checkpoint_tokenizes_the_new_data_with_the_checkpoints_tokenizer(
+    tiny: Any, tmp_path: Path
+) -> None:
+    # the weights fit the ids of the tokenizer they were trained with: fine-tuning on other
+    # text must not train a new BPE (whose ids would mean other strings)
+    (tmp_path / "a.txt").write_text("def add(a, b):\n    return a + b\n" * 400)
+    (tmp_path / "b.txt").write_text("zebra quartz jumps over the wavy fjord, quickly\n" * 400)
+    bpe = {"type": "bpe", "vocab_size": 300}
+    first = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer=bpe,
+                                 data={"type": "files", "paths": [str(tmp_path / "a.txt")]})), progress=False)
+    other = {"type": "files", "paths": [str(tmp_path / "b.txt")]}
+    second = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer=bpe, data=other)),
+                   init_from=first.checkpoint, progress=False)
+    fresh = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer=bpe, data=other)), progress=False)
+    text = "def zebra(a, b): return a + b"
+    ids = load_checkpoint(first.checkpoint).tokenizer.encode(text)
+    assert load_checkpoint(second.checkpoint).tokenizer.encode(text) == ids
+    assert load_checkpoint(fresh.checkpoint).tokenizer.encode(text) != ids  # the test can tell them apart
+
+
 def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
     tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,8 @@ import json
 import logging
 import math
 import os
+import re
+import shutil
 import signal
 import threading
 import time
@@ -90,6 +92,13 @@ def lightning_precision(precision: str) -> str:
     return {"32": "32-true", "64": "64-true"}.get(precision, precision)
 
 
+def run_folder_name(name: str) -> str:
+    """``name`` as one folder name: a spec's name cannot lead its runs out of ``out_dir``
+    (``../x`` or ``a/b`` become ``..-x`` and ``a-b``)."""
+    folder = re.sub(r"[/\\\x00]", "-", name).strip()
+    return "run" if folder in ("", ".", "..") else folder
+
+
 def make_run_dir(out_dir: str | Path, name: str) -> Path:
     """``<out_dir>/<name>/<timestamp>``, shared by every process of a multi-process run."""
     env = os.environ.get(RUN_DIR_ENV)
@@ -98,7 +107,7 @@ def make_run_dir(out_dir: str | Path, name: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         return path
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(out_dir) / name
+    base = Path(out_dir) / run_folder_name(name)
     path, n = base / stamp, 1
     while path.exists():
         n += 1
@@ -260,9 +269,14 @@ def train(
     try:
         (run_dir / "spec.yaml").write_text(spec.to_yaml())
         settings = {"max_steps": t.max_steps if t.max_steps is not None else -1, **trainer_kwargs}
-        trainer = build_trainer(
-            spec, run_dir, callbacks=callbacks, loggers=loggers, progress=progress, console=console, **settings
-        )
+        try:
+            trainer = build_trainer(
+                spec, run_dir, callbacks=callbacks, loggers=loggers, progress=progress, console=console, **settings
+            )
+        except BaseException:
+            # a setting the Trainer refuses (strategy, accelerator): nothing ran, leave no run behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         if "max_steps" not in trainer_kwargs:
             # an epoch's steps depend on how many processes share each global batch: known once the trainer is
             trainer.fit_loop.epoch_loop.max_steps = _total_steps(spec, dm, trainer.world_size)

@@ -51,6 +51,21 @@ def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path)
     assert result.tokens_per_second > 0 and result.wall_seconds >= result.train_seconds > 0
 
 
+def test_a_spec_name_cannot_lead_its_run_folder_out_of_out_dir(tiny, tmp_path: Path) -> None:
+    spec = load_spec({**tiny("decoder", max_steps=1, val_interval=1), "name": "../../escaped/x"})
+    result = train(spec, progress=False)
+    runs = (tmp_path / "runs").resolve()
+    assert Path(result.run_dir).resolve().parent == runs / "..-..-escaped-x"
+    assert not (tmp_path.parent / "escaped").exists()
+
+
+def test_a_setting_the_trainer_refuses_leaves_no_run_folder(tiny, tmp_path: Path) -> None:
+    spec = load_spec(tiny("decoder", max_steps=1, val_interval=1, strategy="bogus"))
+    with pytest.raises(ValueError, match="strategy"):
+        train(spec, progress=False)
+    assert not list((tmp_path / "runs").glob("*/*"))
+
+
 def test_max_epochs_sets_the_number_of_steps(tiny) -> None:
     spec = load_spec(tiny("encoder-decoder", max_steps=None, max_epochs=0.1, val_interval=1000))
     result = train(spec, progress=False)

@@ -285,6 +285,12 @@ def save_safetensors(tensors: Mapping[str, Tensor], path: Path) -> None:
         raise OSError(errno.EIO, str(exc), str(path)) from None
 
 
+def _umask_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     """Write several files all or nothing: ``writers[path](tmp)`` writes each to a temporary
     file beside ``path``; once every one is written they are renamed into place. On an
@@ -305,7 +311,11 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
                 if exc.filename in (str(tmp), None):  # name the file the caller asked for
                     raise OSError(exc.errno, exc.strerror, str(path)) from None
                 raise
+        mode = _umask_mode()
         for tmp, path in staged:
+            # safetensors writes owner-only (0600) files: give them what a plain open
+            # gives (the umask applies), like every other file written here
+            os.chmod(tmp, mode)
             os.replace(tmp, path)
     finally:
         for tmp, _ in staged:

@@ -264,3 +264,22 @@ def test_export_of_a_source_that_is_not_a_checkpoint_is_a_clean_error(tmp_path, 
         source.mkdir()
     _clean_error(runner.invoke(app, ["export-hf", str(source), "-o", str(tmp_path / "hf")]), str(source))
     assert not (tmp_path / "hf").exists()
+
+
+def test_written_weights_get_the_umasks_permissions_like_the_other_files(tmp_path) -> None:
+    # safetensors creates owner-only files; a shared folder must stay readable
+    import os
+
+    import specformer.interop.hf as hf
+
+    old = os.umask(0o022)
+    try:
+        spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+        source = hf.save_hf(build_model(spec), spec, tmp_path / "hf")
+        result = runner.invoke(app, ["import-hf", str(source), "-o", str(tmp_path / "x.yaml"),
+                                     "-w", str(tmp_path / "x.safetensors")])
+        assert result.exit_code == 0, result.output
+    finally:
+        os.umask(old)
+    for path in (source / "model.safetensors", source / "config.json", tmp_path / "x.safetensors", tmp_path / "x.yaml"):
+        assert path.stat().st_mode & 0o777 == 0o644, path

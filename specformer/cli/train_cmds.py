@@ -162,9 +162,14 @@ def _summary_table(result: Any) -> Table:
     table.add_row("tokens", format_count(result.tokens))
     table.add_row("tokens/s", format_count(result.tokens_per_second))
     table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)})")
-    table.add_row("checkpoint", str(result.checkpoint))
-    table.add_row("logs", str(Path(result.run_dir) / "metrics.csv"))
     return table
+
+
+def _print_summary(result: Any) -> None:
+    console.print(_summary_table(result))
+    # the paths are what one copies next: on lines of their own, never cut to the width
+    for label, path in (("checkpoint", result.checkpoint), ("logs", Path(result.run_dir) / "metrics.csv")):
+        console.print(f"[bold]{label:<10}[/] {escape(str(path))}", highlight=False, soft_wrap=True)
 
 
 @app.command("train")
@@ -247,7 +252,7 @@ def train_cmd(
             console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
         result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console)
     if report:
-        console.print(_summary_table(result))
+        _print_summary(result)
 
 
 def _load_checkpoint(path: str) -> Any:

@@ -44,6 +44,9 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
         assert label in out
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
     assert "steps" in out and " 12 " in out
+    # the paths one copies next are printed whole, however narrow the output
+    assert f"checkpoint {ckpt}" in out.replace("\n", " ") and str(ckpt) in out.splitlines()[-2]
+    assert out.splitlines()[-1].endswith("metrics.csv")
 
     gen = runner.invoke(app, ["generate", str(ckpt), "--prompt", "def ", "-n", "20", "--greedy"])
     assert gen.exit_code == 0, gen.output

@@ -244,7 +244,15 @@ def _changes(specs: list[Any]) -> list[Change]:
         path: tuple(_value_at(spec, flat, path) for spec, (flat, _) in zip(specs, flats, strict=True))
         for path in order
     }
-    changed = {path for path, vs in values.items() if any(not _same(vs[0], v) for v in vs[1:])}
+    # a section that is null in one spec and has fields in another (`encoder` of a
+    # decoder-only model and of an encoder-decoder) is shown by its fields, each absent
+    # in the first: a row `encoder: null | —` would say the section does not exist in a
+    # spec that has one
+    prefixes = {path[: i] for path in order for i, ch in enumerate(path) if ch == "."}
+    sections = {path for path, vs in values.items()
+                if path in prefixes and all(v is None or v is ABSENT for v in vs)}
+    changed = {path for path, vs in values.items()
+               if path not in sections and any(not _same(vs[0], v) for v in vs[1:])}
     changes = []
     for path in order:
         if path in changed:

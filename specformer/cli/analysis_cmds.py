@@ -499,7 +499,7 @@ def _changes_section(d: Any) -> Section:
 
     absent = any(v is ABSENT for ch in d.changes for v in ch.values)
     kept = any(ch.kept for ch in d.changes)
-    s.notes.append(("— : the field does not exist in that spec (its type differs). " if absent else "")
+    s.notes.append(("— : the field does not exist in that spec (its type differs, or its section is absent). " if absent else "")
                    + ("(kept): an override keeps these layers as they were while the stack's field changed. "
                       if kept else "")
                    + "Compared after resolving extends, overrides and defaults; derived sizes included.")

@@ -164,3 +164,15 @@ def test_a_layer_an_override_keeps_is_listed_under_its_stacks_change() -> None:
     changes = diff_specs("gpt-nano", other, reports=False, checkpoints=False).changes
     assert [(c.path, c.kept) for c in changes] == [
         ("decoder.ffn.d_ff", False), ("decoder.layers.2.attention.sliding_window", False)]
+
+
+def test_a_section_null_in_one_spec_is_shown_by_its_fields_not_as_a_null_row() -> None:
+    # gpt-nano has no encoder (null); t5-nano has one: each encoder field is absent on the
+    # left, and no `encoder: null | absent` row claims t5-nano has no encoder
+    d = diff_specs("gpt-nano", "t5-nano", reports=False, checkpoints=False)
+    paths = {c.path: c for c in d.changes}
+    assert "encoder" not in paths and "decoder.cross_attention" not in paths
+    assert paths["encoder.n_layers"].values == (ABSENT, 2)
+    assert paths["decoder.cross_attention.n_heads"].values == (ABSENT, 4)
+    # a field that is null in the only spec that has its section is still a row
+    assert paths["encoder.cross_attention"].values == (ABSENT, None)

@@ -344,16 +344,20 @@ def show(
     _emit(_show_sections(report), _show_heading(report), output_format)
 
 
-def _warn_past_learned_table(spec: Any, seq_len: int | None) -> None:
+def _warn_past_learned_table(spec: Any, seq_len: int | None, *, name: str | None = None,
+                             given: bool = True) -> None:
     """A learned position table has a fixed length: past it the model cannot run (the
-    other schemes extend), so say so rather than print costs of an impossible length."""
+    other schemes extend), so say so rather than print costs of an impossible length.
+    ``name`` names the spec (diff); ``given``: the length came from --seq-len."""
     pos = spec.positional
     if seq_len is None or pos.type != "learned":
         return
     rows = (pos.max_positions - pos.offset) if pos.max_positions is not None else spec.max_seq_len
     if seq_len > rows:
+        length = f"--seq-len {seq_len:,}" if given else f"seq_len {seq_len:,} (the first spec's max_seq_len)"
+        whose = f"{name}'s" if name is not None else "this spec's"
         print_error(
-            f"--seq-len {seq_len:,} is past this spec's learned position table ({rows:,} positions): "
+            f"{length} is past {whose} learned position table ({rows:,} positions): "
             "the model cannot run at that length; the numbers below are what it would cost",
             label="[yellow]warning:[/]",
         )
@@ -663,6 +667,9 @@ def diff(
 
     resolved = [load_or_exit(s) for s in specs]
     labels = _labels(specs, resolved)
+    for spec_obj, label in zip(resolved, labels, strict=True):
+        _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,
+                                 name=label, given=seq_len is not None)
     result = _analysis_errors(
         lambda: diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
                            checkpoint_method="meta" if meta else "analytic", labels=labels)

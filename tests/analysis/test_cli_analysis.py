@@ -234,3 +234,14 @@ def test_diff_marks_a_layer_an_override_keeps(tmp_path: Path) -> None:
     out = _ok(["diff", "gpt-nano", str(variant), "--format", "markdown"]).stdout
     assert "decoder.layers.2.ffn.d_ff (kept)" in out
     assert "(kept): an override keeps these layers as they were" in out
+
+
+def test_diff_warns_for_each_spec_evaluated_past_its_learned_position_table() -> None:
+    # the default length is the first spec's max_seq_len (256); bert-nano's table has 128
+    result = runner.invoke(app, ["diff", "gpt-nano", "bert-nano"])
+    assert result.exit_code == 0, result.output
+    assert ("seq_len 256 (the first spec's max_seq_len) is past bert-nano's learned position table "
+            "(128 positions)") in result.stderr
+    assert "gpt-nano's" not in result.stderr
+    quiet = runner.invoke(app, ["diff", "gpt-nano", "bert-nano", "--seq-len", "128"])
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr

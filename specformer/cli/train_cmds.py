@@ -79,7 +79,9 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
     from specformer.specs.loader import parse_yaml
 
     file = Path(path)
-    if not file.is_file():
+    if file.is_dir():
+        raise SpecError([SpecProblem("a folder, not a YAML file", position=Position(str(file)))])
+    if not file.exists():  # a pipe (/dev/stdin, <(...)) exists and is read as it is
         raise SpecError([SpecProblem(f"file not found: {file}", position=Position(str(file)))])
     try:
         text = file.read_text(encoding="utf-8")
@@ -89,8 +91,11 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(str(file)))]) from None
     data, positions = parse_yaml(text, str(file))
     if not isinstance(data, dict):
-        raise SpecError([SpecProblem("a training file is a YAML mapping", position=Position(str(file), 1, 1))])
-    if set(data) == {"training"} and isinstance(data["training"], dict):
+        found = "the file is empty" if data is None else f"found {type(data).__name__}"
+        raise SpecError([SpecProblem(f"a training file is a YAML mapping ({found})",
+                                     position=Position(str(file), 1, 1))])
+    if isinstance(data.get("training"), dict):
+        # a spec-like file (a whole spec, say): its training section, the rest left alone
         data = data["training"]
         positions = {p[1:]: pos for p, pos in positions.items() if p[:1] == ("training",)}
     return data, positions

@@ -180,6 +180,15 @@ def test_a_training_file_error_points_into_the_file(tiny: Any, tmp_path: Path) -
     assert "latin1.yaml: not UTF-8 text" in result.output
     assert "UnicodeDecodeError" not in result.output and "Traceback" not in result.output
 
+    # a whole spec as the training file: its training section is taken, the rest left alone
+    (tmp_path / "whole.yaml").write_text("extends: gpt-nano\nname: other\ntraining:\n  max_steps: 2\n  lr_typo: 1\n")
+    result = runner.invoke(app, ["train", "gpt-nano", "--training", "whole.yaml"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "whole.yaml:5:3: training.lr_typo: unknown field" in result.output
+    assert "extends" not in result.output and "training.name" not in result.output
+    result = runner.invoke(app, ["train", "gpt-nano", "--training", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "a folder, not a YAML file" in result.output
+
 
 def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path) -> None:
     from specformer.training.checkpoint import load_checkpoint

@@ -318,7 +318,10 @@ def _load_file(
             [SpecProblem(f"extends must be a preset name or a path, found {_type_name(parent_ref)}",
                          path="extends", position=where)]
         )
-    parent_path = _resolve_source(parent_ref, path.parent, where)
+    # relative to the file that says it; a pipe (/dev/stdin, /dev/fd/N) has no folder of
+    # its own, so from there relative to the working directory
+    base = path.parent if path.is_file() else Path.cwd()
+    parent_path = _resolve_source(parent_ref, base, where)
     parent, parent_positions = _load_file(parent_path, chain + (path,), where)
     merged = deep_merge(parent, data)
     # a parent's value the child replaced (`positional: rope` over a mapping) is gone, and

@@ -154,3 +154,22 @@ def test_a_spec_can_come_through_a_pipe(tmp_path):
     assert spec.d_model == 256 and spec.decoder.n_layers == 4
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 1 and "file not found" in result.output + result.stderr
+
+
+def test_a_piped_spec_extends_a_relative_path_from_the_working_directory(tmp_path, monkeypatch):
+    # a pipe has no folder of its own (/dev/stdin would resolve ./variant.yaml in /dev)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "variant.yaml").write_text("extends: gpt-nano\nd_model: 256\n")
+    (tmp_path / "pipes").mkdir()
+    fifo = tmp_path / "pipes" / "spec.pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("extends: ./variant.yaml\nname: z\n"))
+    writer.start()
+    try:
+        spec = load_spec(str(fifo))
+    finally:
+        writer.join(timeout=5)
+        if writer.is_alive():
+            fifo.read_text()
+            writer.join()
+    assert (spec.name, spec.d_model) == ("z", 256)

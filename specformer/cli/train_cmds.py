@@ -439,7 +439,7 @@ def fill_mask_cmd(
         loaded = _load_checkpoint(checkpoint)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if spec.kind != "encoder":
-            raise _fail(f"fill-mask needs an encoder (masked LM); this checkpoint is a {spec.kind}; use `specformer generate`")
+            raise _fail(f"fill-mask needs an encoder (masked LM); this checkpoint is {'an' if spec.kind.startswith('e') else 'a'} {spec.kind}; use `specformer generate`")
         if tok is None or tok.mask_id is None:
             raise _fail("the checkpoint's tokenizer has no mask token")
         ids = _encode_with_masks(tok, text)

@@ -76,7 +76,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
         path = candidate
     if path.suffix.lower() in (".yaml", ".yml"):
         raise CheckpointError(
-            f"{path} is a spec, not a checkpoint: eval, generate, fill-mask and train --resume take a "
+            f"{path} is a spec, not a checkpoint: eval, generate, fill-mask, train --resume and --init-from take a "
             f"checkpoint (a .ckpt file or a run folder) written by `specformer train`, e.g. specformer train {path}"
         )
     if path.stat().st_size == 0:

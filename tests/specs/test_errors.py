@@ -225,3 +225,12 @@ def test_yaml_merge_keys_let_a_mapping_override_what_it_merges(tmp_path):
     assert "duplicate key 'n_layers' (first set at line 9)" in problems[0].message
     problems = _problems(tmp_path, "kind: decoder\ndecoder: {<<: 3}\n")  # a refused merge, not a traceback
     assert "bad merge key" in problems[0].message and problems[0].position.line == 2
+
+
+def test_did_you_mean_prefers_the_one_choice_a_word_begins() -> None:
+    from specformer.specs.errors import did_you_mean
+
+    assert did_you_mean("llama2", ["gpt2-xl", "llama2-7b", "t5-small"]) == "llama2-7b"
+    assert did_you_mean("bert-n", ["bert-base", "bert-large", "bert-nano"]) == "bert-nano"
+    assert did_you_mean("batch_sise", ["batch_size", "seq_len"]) == "batch_size"  # edit distance still
+    assert did_you_mean("zz", ["batch_size"]) is None

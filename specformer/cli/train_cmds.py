@@ -310,6 +310,7 @@ def generate_cmd(
         learned = spec.positional.type == "learned"
         generator = torch.Generator().manual_seed(seed)
         ids = tok.encode(prompt)
+        _warn_unknown_symbols(tok, prompt)
         if spec.kind == "decoder":
             if not ids:
                 if tok.eot_id is None:
@@ -340,6 +341,20 @@ def generate_cmd(
         if tok.eos_id is not None and tok.eos_id in row:
             row = row[: row.index(tok.eos_id)]
         console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
+
+
+def _warn_unknown_symbols(tok: Any, text: str) -> None:
+    """A tokenizer with a fixed alphabet (the synthetic tasks') reads what it lacks as
+    <unk>: say which characters, rather than decode a prompt of unknowns in silence."""
+    index = getattr(tok, "index", None)
+    if not isinstance(index, dict) or getattr(tok, "unk_id", None) is None:
+        return
+    unknown = sorted({ch for ch in text if ch not in index})
+    if unknown:
+        shown = ", ".join(repr(ch) for ch in unknown[:12]) + (" …" if len(unknown) > 12 else "")
+        known = "".join(t for t in index if len(t) == 1)
+        print_error(f"the prompt has characters this tokenizer does not have, read as <unk>: {shown} "
+                    f"(it has: {known})", label="[yellow]warning:[/]")
 
 
 def _escape(text: str) -> str:

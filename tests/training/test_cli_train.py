@@ -109,8 +109,14 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     s2s = _checkpoint(tmp_path, "tiny-encoder-decoder")
     out = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "8"])
     assert out.exit_code == 0, out.output
+    assert "warning" not in out.stderr
+    # the task alphabet is a-z: other characters read as <unk>, which is said, not silent
+    odd = runner.invoke(app, ["generate", str(s2s), "--prompt", "aBC!", "-n", "8"], env={"COLUMNS": "200"})
+    assert odd.exit_code == 0, odd.output
+    assert "characters this tokenizer does not have, read as <unk>: '!', 'B', 'C'" in odd.stderr
     wrong = runner.invoke(app, ["fill-mask", str(s2s), "a <mask>"])
     assert wrong.exit_code == 1 and "needs an encoder" in wrong.output
+    assert "this checkpoint is an encoder-decoder" in wrong.output
 
 
 def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) -> None:

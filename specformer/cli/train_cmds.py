@@ -37,9 +37,13 @@ INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2
 @contextmanager
 def _errors_for_people(interrupt_hint: Callable[[], str] | None = None) -> Iterator[None]:
     """Turn the errors a run can meet into one clear message and exit status 1 (130 for Ctrl-C)."""
-    from specformer.data.corpus import DataError
-    from specformer.training.checkpoint import CheckpointError
-    from specformer.training.run import TrainingInterrupted
+    try:  # torch and Lightning load here, for seconds: Ctrl-C may come now
+        from specformer.data.corpus import DataError
+        from specformer.training.checkpoint import CheckpointError
+        from specformer.training.run import TrainingInterrupted
+    except KeyboardInterrupt:
+        print_error("interrupted while starting; nothing was written")
+        raise typer.Exit(INTERRUPTED) from None
 
     try:
         yield

@@ -92,9 +92,12 @@ def _tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
     return torch.empty_strided(shape, stride, dtype=dtype, device=dev).normal_()
 
 
-def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: int = 3) -> dict[str, float]:
-    """Time each distinct product alone (median of ``repeat``); FLOP/s of the whole set
-    weighted by how often the step runs each one."""
+def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: int = 3,
+                      min_seconds: float = 0.02) -> dict[str, float]:
+    """Time each distinct product on its own, run back to back as a step runs them
+    (enough calls to take ``min_seconds``; median of ``repeat`` such runs, per call);
+    FLOP/s of the whole set weighted by how often the step runs each one. One call timed
+    alone would also time the wake-up of idle threads, which a step does not pay."""
     ops = {"mm": torch.mm, "addmm": torch.addmm, "bmm": torch.bmm, "baddbmm": torch.baddbmm}
     total_flops = total_time = 0.0
     for sig, count in calls.items():
@@ -102,13 +105,19 @@ def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: i
         args = [_tensor(s, st, dtype, dev) for s, st in tensors]
         op = ops[name]
         op(*args)
+        sync(dev)
+        t = time.perf_counter()
+        op(*args)
+        sync(dev)
+        n = max(1, min(1000, int(min_seconds / max(time.perf_counter() - t, 1e-7))))
         times = []
         for _ in range(repeat):
             sync(dev)
             t = time.perf_counter()
-            op(*args)
+            for _ in range(n):
+                op(*args)
             sync(dev)
-            times.append(time.perf_counter() - t)
+            times.append((time.perf_counter() - t) / n)
         total_time += count * median(times)
         total_flops += count * _flops(sig)
     return {"flops": total_flops, "seconds": total_time, "flops_per_s": total_flops / total_time}

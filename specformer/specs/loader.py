@@ -389,18 +389,36 @@ def apply_overrides(
         if parts[0] == "extends":
             problems.append(SpecProblem("extends cannot be overridden; load that spec instead", position=Position(label)))
             continue
+        retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
         try:
             _set_path(data, parts, value)
         except (KeyError, IndexError, TypeError) as exc:
             problems.append(SpecProblem(str(exc.args[0]), path=key, position=Position(label)))
             continue
         if positions is not None:
-            for p in [p for p in positions if p[: len(parts)] == tuple(parts)]:
+            # setting another `type` makes the whole mapping the override's (a field the
+            # new type misses is the override's doing, not the file's)
+            owned = tuple(parts[:-1]) if retyped else tuple(parts)
+            for p in [p for p in positions if p[: len(owned)] == owned]:
                 del positions[p]
+            positions[owned] = Position(label)
             positions[tuple(parts)] = Position(label)
     if problems:
         raise SpecError(problems)
     return data
+
+
+def _type_at(data: Any, parts: list[str | int]) -> Any:
+    """The (implicit) ``type`` of the mapping at ``parts``, or None if there is none."""
+    node = data
+    for part in parts:
+        if isinstance(node, dict) and isinstance(part, str):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return None
+    return implicit_type(node, parts[-1]) if isinstance(node, dict) and parts else None
 
 
 def _set_path(data: Any, parts: list[str | int], value: Any) -> None:

@@ -168,6 +168,17 @@ def test_override_errors_name_the_override(tmp_path):
     problems = info.value.problems
     assert {p.path for p in problems} == {"decoder.n_layers", "positional.type"}
     assert all(str(p.position).startswith("--set ") for p in problems)
+    # a field the new type needs is missing because of the --set, not of the preset
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.tokenizer.type=file"])
+    (problem,) = info.value.problems
+    assert problem.path == "training.tokenizer.path" and str(problem.position) == "--set training.tokenizer.type=file"
+    # the same type again keeps the file's positions for the mapping's other fields
+    with pytest.raises(SpecError) as info:
+        load_spec({"extends": "gpt-nano", "training": {"optimizer": {"type": "adamw", "lr": "fast"}}},
+                  overrides=["training.optimizer.type=adamw"])
+    (problem,) = info.value.problems
+    assert problem.path == "training.optimizer.lr" and not str(problem.position).startswith("--set")
 
 
 def test_malformed_override_is_explained():

@@ -138,19 +138,23 @@ def test_field_reference_lists_the_choices_of_a_type_field():
     assert "| `type` | `rope`" not in ref  # a registry entry's name is its table's title
 
 
-def test_a_spec_can_come_through_a_pipe(tmp_path):
-    # `... | specformer validate /dev/stdin`, or a shell's <(...): a pipe, not a regular file
-    fifo = tmp_path / "spec.pipe"
+def _load_through_a_pipe(fifo, text):
+    """load_spec of a FIFO that a thread writes ``text`` into."""
     os.mkfifo(fifo)
-    writer = threading.Thread(target=lambda: fifo.write_text("extends: gpt-nano\nd_model: 256\n"))
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
     writer.start()
     try:
-        spec = load_spec(str(fifo))
+        return load_spec(str(fifo))
     finally:
         writer.join(timeout=5)
         if writer.is_alive():  # the pipe was never read: read it, so the writer ends and the test fails
             fifo.read_text()
             writer.join()
+
+
+def test_a_spec_can_come_through_a_pipe(tmp_path):
+    # `... | specformer validate /dev/stdin`, or a shell's <(...): a pipe, not a regular file
+    spec = _load_through_a_pipe(tmp_path / "spec.pipe", "extends: gpt-nano\nd_model: 256\n")
     assert spec.d_model == 256 and spec.decoder.n_layers == 4
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 1 and "file not found" in result.output + result.stderr
@@ -161,15 +165,5 @@ def test_a_piped_spec_extends_a_relative_path_from_the_working_directory(tmp_pat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "variant.yaml").write_text("extends: gpt-nano\nd_model: 256\n")
     (tmp_path / "pipes").mkdir()
-    fifo = tmp_path / "pipes" / "spec.pipe"
-    os.mkfifo(fifo)
-    writer = threading.Thread(target=lambda: fifo.write_text("extends: ./variant.yaml\nname: z\n"))
-    writer.start()
-    try:
-        spec = load_spec(str(fifo))
-    finally:
-        writer.join(timeout=5)
-        if writer.is_alive():
-            fifo.read_text()
-            writer.join()
+    spec = _load_through_a_pipe(tmp_path / "pipes" / "spec.pipe", "extends: ./variant.yaml\nname: z\n")
     assert (spec.name, spec.d_model) == ("z", 256)

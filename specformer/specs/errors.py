@@ -54,8 +54,8 @@ class SpecError(ValueError):
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """The closest of ``choices`` to a misspelt ``word``, if any is close."""
     choices = list(choices)
-    # a prefix of exactly one choice is what was meant (`gpt2` -> `gpt2-small` is not
-    # closer by edit distance than `gpt2-xl`, but a prefix of several is ambiguous)
+    # a word that begins exactly one choice means that one (`bert-n` -> `bert-nano`),
+    # whatever the edit distance says; the start of several is left to it
     prefixed = [c for c in choices if c.startswith(word) and c != word] if len(word) >= 3 else []
     if len(prefixed) == 1:
         return prefixed[0]

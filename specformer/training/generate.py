@@ -76,13 +76,13 @@ def _finish(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, T
     return tokens, done | (tokens == eos_id)
 
 
-@torch.no_grad()
 def _spec_max_seq_len(model: nn.Module) -> int | None:
     spec = getattr(model, "spec", None)
     value = getattr(spec, "max_seq_len", None)
     return value if isinstance(value, int) else None
 
 
+@torch.no_grad()
 def generate(
     model: nn.Module,
     input_ids: Tensor,

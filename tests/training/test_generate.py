@@ -68,6 +68,16 @@ def test_generation_slides_past_max_seq_len_the_same_way_with_and_without_cache(
     assert a.shape == (1, 25) and torch.equal(a, b)
 
 
+def test_generation_builds_no_autograd_graph(tiny: Any) -> None:
+    # generate runs without gradients, whatever the caller's grad mode
+    spec, model = _model(tiny, "decoder")
+    seen: list[bool] = []
+    model.register_forward_hook(lambda module, args, out: seen.append(torch.is_grad_enabled()))
+    assert torch.is_grad_enabled()
+    generate(model, torch.randint(0, 256, (1, 4)), max_new_tokens=3, temperature=0.0)
+    assert seen and not any(seen)
+
+
 def test_generation_slides_at_the_models_own_max_seq_len_by_default(tiny: Any) -> None:
     # a learned position table ends at max_seq_len: without max_seq_len= the context
     # slides there (the model's spec), rather than running past the table

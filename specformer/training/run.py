@@ -265,6 +265,7 @@ def train(
     dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
+    created = not os.environ.get(RUN_DIR_ENV)  # not a folder another process of this run made
     run_dir = make_run_dir(t.out_dir, spec.name)
     try:
         (run_dir / "spec.yaml").write_text(spec.to_yaml())
@@ -275,7 +276,8 @@ def train(
             )
         except BaseException:
             # a setting the Trainer refuses (strategy, accelerator): nothing ran, leave no run behind
-            shutil.rmtree(run_dir, ignore_errors=True)
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
             raise
         if "max_steps" not in trainer_kwargs:
             # an epoch's steps depend on how many processes share each global batch: known once the trainer is

@@ -391,6 +391,7 @@ def apply_overrides(
             continue
         retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
         try:
+            _materialize_default_list(data, parts)
             _set_path(data, parts, value)
         except (KeyError, IndexError, TypeError) as exc:
             problems.append(SpecProblem(str(exc.args[0]), path=key, position=Position(label)))
@@ -406,6 +407,37 @@ def apply_overrides(
     if problems:
         raise SpecError(problems)
     return data
+
+
+def _materialize_default_list(data: dict[str, Any], parts: list[str | int]) -> None:
+    """For a path into a list the spec does not write (``training.optimizer.betas.1``,
+    a default), write the resolved default list first, so one item can be set."""
+    at = next((i for i in range(1, len(parts)) if isinstance(parts[i], int)), None)
+    if at is None:
+        return
+    node: Any = data
+    for part in parts[:at]:
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return  # the spec writes it: nothing to fill in
+    from specformer.specs.schema import ModelSpec
+
+    try:
+        resolved: Any = ModelSpec.model_validate(copy.deepcopy(data)).to_dict()
+    except ValidationError:
+        return  # other problems first; the plain message stands
+    for part in parts[:at]:
+        if not isinstance(resolved, dict) or part not in resolved:
+            return
+        resolved = resolved[part]
+    index = parts[at]
+    if isinstance(resolved, list) and resolved and isinstance(index, int):
+        if index >= len(resolved):
+            raise IndexError(f"no item {index}: {_dotted(parts[:at])} is {resolved} by default "
+                             f"(items 0-{len(resolved) - 1}); set the whole list to change its length")
+        _set_path(data, parts[:at], list(resolved))
 
 
 def _type_at(data: Any, parts: list[str | int]) -> Any:

@@ -245,3 +245,11 @@ def test_did_you_mean_prefers_the_one_choice_a_word_begins() -> None:
     assert did_you_mean("bert-n", ["bert-base", "bert-large", "bert-nano"]) == "bert-nano"
     assert did_you_mean("batch_sise", ["batch_size", "seq_len"]) == "batch_size"  # edit distance still
     assert did_you_mean("zz", ["batch_size"]) is None
+
+
+def test_an_override_may_set_one_item_of_a_default_list():
+    # the spec does not write betas (a default): --set betas.1 changes that item alone
+    spec = load_spec("gpt-nano", overrides=["training.optimizer.betas.1=0.99"])
+    assert spec.training.optimizer.betas == (0.9, 0.99)
+    with pytest.raises(SpecError, match=r"no item 5: training.optimizer.betas is \[0.9, 0.95\] by default"):
+        load_spec("gpt-nano", overrides=["training.optimizer.betas.5=0.99"])

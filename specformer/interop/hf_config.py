@@ -713,15 +713,21 @@ def hf_config_from_spec(
         back = spec_from_hf_config(config, name=spec.name)
     except HFConversionError as exc:
         raise HFConversionError(f"the spec does not map onto Hugging Face {model_type}: {exc}") from None
-    problems, notes = [], []
+    problems, notes, fixes = [], [], []
     for path, ours, theirs in _differences(spec.to_dict(), back.to_dict()):
         line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
-        (notes if any(t in path for t in _TRAINING_ONLY) else problems).append(line)
+        if any(t in path for t in _TRAINING_ONLY):
+            notes.append(line)
+        else:
+            problems.append(line)
+            fixes.append((path, theirs))
     if problems:
-        raise HFConversionError(
-            f"the spec has no Hugging Face {model_type} equivalent; these fields differ from "
-            f"what {model_type} can express:\n  " + "\n  ".join(problems)
-        )
+        message = (f"the spec has no Hugging Face {model_type} equivalent; these fields differ from "
+                   f"what {model_type} can express:\n  " + "\n  ".join(problems))
+        if all(isinstance(v, bool | int | float | str) or v is None for _, v in fixes):
+            sets = " ".join(f"--set {path}={json.dumps(v)}" for path, v in fixes)
+            message += f"\na model trained with {model_type}'s values from the start exports: {sets}"
+        raise HFConversionError(message)
     if warnings is not None:
         warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
     _set_token_ids(config, spec, token_ids or {}, notes=warnings)

@@ -399,7 +399,7 @@ class StackSpec(Spec):
     cross_attention: AttentionFamily | None = Field(
         None,
         description="Decoder of an encoder-decoder only: attention over the encoder output; "
-        "defaults to the self-attention settings without a sliding window.",
+        "the self-attention settings without a sliding window, changed by the fields written here.",
     )
     ffn: FFNSpec = Field(default_factory=MLPSpec, description="Position-wise feed-forward network.")
     norm: NormSpec = Field(default_factory=LayerNormSpec, description="Norm of every sublayer, with its placement.")
@@ -706,10 +706,16 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
     stack.setdefault("attention", {})
     stack.setdefault("ffn", {})
     stack.setdefault("norm", {})
-    if cross and stack.get("cross_attention") is None and isinstance(stack["attention"], dict):
+    if cross and isinstance(stack["attention"], dict):
+        # cross-attention follows the self-attention's settings (without its sliding
+        # window); what the spec writes for it changes those field by field
         ca = copy.deepcopy(stack["attention"])
         ca.pop("sliding_window", None)
-        stack["cross_attention"] = ca
+        given = stack.get("cross_attention")
+        if given is None:
+            stack["cross_attention"] = ca
+        elif isinstance(given, dict):
+            stack["cross_attention"] = deep_merge(ca, given, "cross_attention")
     # overrides merge onto the stack's settings as written, then everything is derived
     original = copy.deepcopy(stack)
     parts = ("attention", "cross_attention", "ffn", "norm", "residual")

@@ -69,6 +69,12 @@ def test_export_refuses_a_spec_without_a_hugging_face_family(tmp_path) -> None:
     result = runner.invoke(app, ["export-hf", str(weights), "--spec", "t5-nano", "-o", str(tmp_path / "hf")])
     assert result.exit_code == 1
     assert "encoder.attention.scale = None (Hugging Face t5 has 1.0)" in result.stderr
+    # what to train instead, and that it does export
+    fix = "--set encoder.attention.scale=1.0 --set decoder.attention.scale=1.0 --set decoder.cross_attention.scale=1.0"
+    assert fix in " ".join(result.stderr.split())
+    from specformer.interop.hf_config import hf_config_from_spec
+
+    assert hf_config_from_spec(load_spec("t5-nano", fix.replace("--set ", "").split()))["model_type"] == "t5"
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["export-hf", str(weights), "-o", str(tmp_path / "hf")])
     assert result.exit_code == 1 and "--spec" in result.stderr

@@ -76,6 +76,13 @@ def test_encoder_decoder_cross_attention_defaults_to_self_attention_settings():
     assert cross is not None and cross.scale == 1.0 and cross.head_dim == 64
     assert cross.sliding_window is None
     assert spec.encoder.cross_attention is None
+    # a partial cross_attention changes those settings field by field; the rest still
+    # follow the self-attention (not the attention defaults: 8 heads, a bias)
+    t5_nano = load_spec("t5-nano")
+    partial = load_spec("t5-nano", overrides=["decoder.cross_attention.scale=1.0"]).decoder.cross_attention
+    assert partial.scale == 1.0
+    assert partial.model_dump(exclude={"scale"}) == t5_nano.decoder.cross_attention.model_dump(exclude={"scale"})
+    assert (partial.n_heads, partial.bias) == (t5_nano.decoder.attention.n_heads, t5_nano.decoder.attention.bias)
 
 
 def test_mapping_without_type_is_the_family_default():

@@ -13,8 +13,11 @@ GQA, gated FFNs, qk-norm, cross-attention and the two attention backends: ``sdpa
 (fused kernels keep Q, K, V, the output and a log-sum-exp, never the T × T scores)
 and ``eager`` (keeps the softmax probabilities, and the dropout mask and dropped
 probabilities when attention dropout is on). Dropout masks are 1 byte per element.
-The output head keeps its logits and the cross-entropy's log-probabilities
-(in fp32 under mixed precision, where autocast runs the loss in fp32).
+The output head trains through the fused loss (``model(..., labels=)``, as ``specformer
+train`` does): its forward computes and keeps the gradients of the head's input
+(N × D) and weight (V × D), never the N × V logits; a masked-LM head runs on the
+labelled rows only (``mask_prob`` of them). T5's trained position bias has no fused
+attention kernel, so its self-attention keeps the probabilities as ``eager`` does.
 The sum of all parts is an upper bound on the peak: activations and gradients never
 reach their maxima together.
 """
@@ -132,11 +135,13 @@ def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16") -> int
 # --------------------------------------------------------------------------- activations
 
 
-def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | None = None) -> float:
+def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | None = None,
+                     learned_bias: bool = False) -> float:
     """Bytes autograd keeps per query token for one attention sublayer (projections included).
 
     ``kv_len`` set means cross-attention: K and V belong to the source and are counted
-    by the caller; only the query side is counted here.
+    by the caller; only the query side is counted here. ``learned_bias``: a trained
+    additive bias (T5's) has no fused kernel, so the probabilities are kept as in eager.
     """
     h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
     keys = seq_len if kv_len is None else kv_len
@@ -146,7 +151,7 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
         elems += h * dh + (hkv * dh if kv_len is None else 0)  # inputs of the q/k norms
     elems += 2 * h * dh  # attention output, and its reshaped copy fed to o_proj
     extra = 0.0
-    if att.backend == "eager":
+    if att.backend == "eager" or learned_bias:
         elems += h * keys  # softmax probabilities
         if att.dropout > 0:
             elems += h * keys  # dropped probabilities, input of A V
@@ -183,7 +188,7 @@ def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-
         for layer in stack.layers():
             res_drop = layer.residual.dropout > 0
             n_norms = 2
-            tok = _attention_saved(layer.attention, d, t, act)
+            tok = _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5")
             if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
                 n_norms += 1
                 ca = layer.cross_attention
@@ -199,14 +204,20 @@ def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-
     if spec.kind == "encoder-decoder":
         per_seq += t * d * act  # the encoder output, input of every kv_proj (kept once)
     head = spec.head
+    per_step = 0.0
     if head.type in ("lm", "mlm"):
+        # training runs the head through the fused loss (model(..., labels=)): its forward
+        # computes the gradients of the head's input (N x D) and weight (V x D) and keeps
+        # those, never the (N x V) logits; a masked-LM head runs on the labelled rows only
+        rows = t
         if head.type == "mlm":
-            per_seq += t * 3 * d * act  # dense input, activation input, norm input
-        per_seq += t * d * act  # input of the vocabulary projection
-        per_seq += t * v * (act + p.loss)  # logits and log-probabilities
+            rows = t * getattr(spec.training.objective, "mask_prob", 1.0)
+            per_seq += rows * 3 * d * act  # dense input, activation input, norm input
+        per_seq += rows * d * p.weight  # gradient of the head's input, residual-stream dtype
+        per_step += v * d * p.weight + (v * p.weight if head.bias else 0)  # weight (and bias) gradient
     else:
         per_seq += 2 * d * act
-    return int(round(batch * per_seq))
+    return int(round(batch * per_seq + per_step))
 
 
 @dataclass(frozen=True)

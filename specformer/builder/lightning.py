@@ -132,6 +132,25 @@ class SpecModule(L.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _resume_optimizer_settings(self, checkpoint: dict[str, Any]) -> None:
+        """The optimizer's settings (lr, betas, eps, weight decay) are this spec's, not the
+        checkpoint's: Lightning restores each group's saved hyperparameters with its
+        moments, and the scheduler's base learning rates, so a resumed run that changed
+        ``training.optimizer`` would otherwise go on with the old ones."""
+        t = self.spec.training
+        fresh = REGISTRY.build("optimizer", t.optimizer, model=self.model, precision=str(t.precision))
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in fresh.param_groups]
+        for state in checkpoint.get("optimizer_states", []):
+            groups = state.get("param_groups", []) if isinstance(state, dict) else []
+            if len(groups) != len(settings):
+                continue
+            for saved, new in zip(groups, settings, strict=True):
+                saved.update(new)
+                saved["initial_lr"] = new["lr"]
+        for scheduler in checkpoint.get("lr_schedulers", []):
+            if isinstance(scheduler, dict) and len(scheduler.get("base_lrs", [])) == len(settings):
+                scheduler["base_lrs"] = [new["lr"] for new in settings]
+
     def on_train_start(self) -> None:
         self.train_started = time.perf_counter()
         self.tokens_at_start = self.tokens_seen
@@ -178,6 +197,7 @@ class SpecModule(L.LightningModule):
         for scheduler in checkpoint.get("lr_schedulers", []):
             if isinstance(scheduler, dict) and "lr_lambdas" in scheduler:
                 scheduler["lr_lambdas"] = [None] * len(scheduler["lr_lambdas"])
+        self._resume_optimizer_settings(checkpoint)
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.val_history = list(meta.get("val_history", []))
         self.recent_losses.clear()

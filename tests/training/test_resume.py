@@ -242,6 +242,37 @@ def test_a_resumed_run_may_train_longer_on_the_new_schedule(tiny: Any) -> None:
     assert seen[7] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_resumed_run_takes_this_specs_optimizer_settings(tiny: Any) -> None:
+    # Lightning restores the saved groups' hyperparameters with the moments: the new
+    # spec's lr, betas, eps and weight decay must win, and inverse_sqrt stays its formula
+    first = train(load_spec(tiny("decoder", max_steps=4, val_interval=4)), progress=False)
+    changed = {"type": "adamw", "lr": 5e-4, "betas": [0.5, 0.6], "eps": 1e-6, "weight_decay": 0.5}
+    seen: dict[int, list[dict[str, Any]]] = {}
+
+    class Groups(L.Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, idx: int) -> None:
+            seen[trainer.global_step] = [dict(g, params=None) for g in trainer.optimizers[0].param_groups]
+
+    train(load_spec(tiny("decoder", max_steps=6, val_interval=6, optimizer=changed)),
+          resume=first.checkpoint, progress=False, callbacks=[Groups()])
+    for group in seen[4]:
+        assert group["lr"] == pytest.approx(5e-4) and group["initial_lr"] == pytest.approx(5e-4)
+        assert group["betas"] == (0.5, 0.6) and group["eps"] == 1e-6
+    assert {g["weight_decay"] for g in seen[4]} <= {0.5, 0.0} and 0.5 in {g["weight_decay"] for g in seen[4]}
+
+    sqrt = {"type": "inverse_sqrt", "warmup_steps": 2}
+    base = train(load_spec(tiny("decoder", max_steps=4, val_interval=4, schedule=sqrt)), progress=False)
+    seen.clear()
+    train(load_spec(tiny("decoder", max_steps=6, val_interval=6, schedule=sqrt, optimizer=changed)),
+          resume=base.checkpoint, progress=False, callbacks=[Groups()])
+    fresh: dict[int, list[dict[str, Any]]] = {}
+    seen, kept = fresh, seen
+    train(load_spec(tiny("decoder", max_steps=6, val_interval=6, schedule=sqrt, optimizer=changed)),
+          progress=False, callbacks=[Groups()])
+    # inverse_sqrt sets the rate from d_model and the step alone: resumed = uninterrupted
+    assert kept[4][0]["lr"] == pytest.approx(fresh[4][0]["lr"])
+
+
 class InterruptAt(L.Callback):
     """Ctrl-C as Lightning meets it: a KeyboardInterrupt in the middle of training."""
 

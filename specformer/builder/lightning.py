@@ -90,7 +90,9 @@ class SpecModule(L.LightningModule):
         self._val_sums = {"loss": 0.0, "tokens": 0.0, "correct": 0.0, "examples": 0.0}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        out = self.objective(self, batch)
+        # validation reports the model's negative log-likelihood (the loss behind val/ppl
+        # and the unigram comparison): label smoothing is a training regulariser only
+        out = self.objective(self._unsmoothed, batch)
         self._val_sums["loss"] += float(out.loss) * out.n_predicted
         self._val_sums["tokens"] += out.n_predicted
         exact = getattr(self.objective, "exact_match", None)
@@ -98,6 +100,11 @@ class SpecModule(L.LightningModule):
             correct, total = exact(self.model, batch, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id)
             self._val_sums["correct"] += correct
             self._val_sums["examples"] += total
+
+    def _unsmoothed(self, *args: Any, **kwargs: Any) -> Any:
+        if "label_smoothing" in kwargs:
+            kwargs["label_smoothing"] = 0.0
+        return self(*args, **kwargs)
 
     def on_validation_epoch_end(self) -> None:
         sums = torch.tensor(

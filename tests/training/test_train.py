@@ -51,6 +51,35 @@ def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path)
     assert result.tokens_per_second > 0 and result.wall_seconds >= result.train_seconds > 0
 
 
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_validation_loss_is_the_likelihood_whatever_the_label_smoothing(tiny, kind: str) -> None:
+    # the same weights and data, trained 0 steps: val/loss is the model's NLL, not the
+    # smoothed training loss (which is larger), so perplexity means what it says
+    import lightning as L
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    losses = []
+    for smoothing in (0.0, 0.3):
+        spec = load_spec(tiny(kind, max_steps=1, val_interval=1,
+                              objective={"type": "causal_lm" if kind == "decoder" else "seq2seq",
+                                         "label_smoothing": smoothing}))
+        L.seed_everything(0, verbose=False)
+        module, data = SpecModule(spec), SpecDataModule(spec)
+        trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                            enable_checkpointing=False, limit_val_batches=2, enable_model_summary=False)
+        trainer.validate(module, datamodule=data, verbose=False)
+        losses.append(module.val_history[-1]["val/loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    # the training loss does include the smoothing (another number on the same batch)
+    batch = next(iter(data.val_dataloader()))
+    with torch.no_grad():
+        smoothed = float(module.objective(module, batch).loss)
+        plain = float(module.objective(module._unsmoothed, batch).loss)
+    assert abs(smoothed - plain) > 1e-4
+
+
 def test_a_spec_name_cannot_lead_its_run_folder_out_of_out_dir(tiny, tmp_path: Path) -> None:
     spec = load_spec({**tiny("decoder", max_steps=1, val_interval=1), "name": "../../escaped/x"})
     result = train(spec, progress=False)

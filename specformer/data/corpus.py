@@ -42,6 +42,7 @@ class Corpus:
 
     @property
     def n_bytes(self) -> int:
+        """Characters of text (the size in bytes for ASCII text)."""
         return sum(len(t) for t in self.train) + sum(len(t) for t in self.val)
 
 

@@ -99,7 +99,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     n_docs = len(corpus.train) + len(corpus.val)
     description = (
         f"{corpus.name}: {n_docs} documents ({len(corpus.val)} held out), "
-        f"{_count(corpus.n_bytes)}B → {_count(len(arrays.train))} train / {_count(len(arrays.val))} val tokens"
+        f"{_count(corpus.n_bytes)} characters → {_count(len(arrays.train))} train / {_count(len(arrays.val))} val tokens"
     )
     asked = getattr(t.tokenizer, "vocab_size", None)
     if asked is not None and tokenizer.vocab_size < asked:

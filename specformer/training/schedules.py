@@ -30,8 +30,10 @@ class Schedule:
             return (step + 1) / self.warmup
         if self.shape == "constant":
             return 1.0
-        # steps run 0 .. total - 1: the last one is at the end of the decay
-        progress = min(1.0, (step - self.warmup) / max(1, self.total - 1 - self.warmup))
+        # steps run 0 .. total - 1: the last one is at the end of the decay (with one step
+        # left after warmup, that step is the end)
+        span = self.total - 1 - self.warmup
+        progress = 1.0 if span <= 0 else min(1.0, (step - self.warmup) / span)
         if self.shape == "linear":
             return 1.0 - (1.0 - self.min_ratio) * progress
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -47,6 +47,9 @@ def test_warmup_then_cosine_and_linear_decay() -> None:
     assert [lin(s) for s in (0, 25, 50, 100)] == pytest.approx([1.0, 0.75, 0.5, 0.0])
     short = linear(LinearScheduleSpec(warmup_steps=2, min_lr_ratio=0.1), total=6)
     assert [short(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.7, 0.4, 0.1])
+    # one step left after warmup: it is the end of the decay, not a second peak
+    last = cosine(CosineScheduleSpec(warmup_steps=4, min_lr_ratio=0.1), total=5)
+    assert [last(s) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.1])
     const = REGISTRY.build("schedule", ConstantScheduleSpec(warmup_steps=4), total=100)
     assert [const(s) for s in (0, 3, 50)] == pytest.approx([0.25, 1.0, 1.0])
 

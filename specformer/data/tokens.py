@@ -54,7 +54,13 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     """The corpus tokenised, from the cache when it is there."""
     if tokenizer.eot_id is None:
         raise DataError("the tokenizer has no end-of-text token to separate documents")
-    key = content_hash("tokens", corpus.fingerprint, tokenizer.fingerprint())
+    # the library that encodes is part of the key: another tokenizers (or specformer)
+    # release may split the same text differently
+    import tokenizers
+
+    from specformer import __version__
+
+    key = content_hash("tokens", corpus.fingerprint, tokenizer.fingerprint(), tokenizers.__version__, __version__)
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     meta_path = folder / "meta.json"
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)

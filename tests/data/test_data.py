@@ -172,6 +172,17 @@ def test_token_arrays_are_tokenised_once_and_memory_mapped(tmp_path: Path) -> No
     assert np.array_equal(again.train, arrays.train)
 
 
+def test_another_tokenizers_release_tokenises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the library that encodes is part of the cache key: its next release may split differently
+    import tokenizers
+
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    token_arrays(corpus, ByteTokenizer(), tmp_path)
+    monkeypatch.setattr(tokenizers, "__version__", "999.0.0")
+    token_arrays(corpus, ByteTokenizer(), tmp_path)
+    assert len(list((tmp_path / "tokens").iterdir())) == 2
+
+
 def test_unigram_cross_entropy_matches_its_definition() -> None:
     train = np.array([0, 0, 0, 1, 1, 2])
     val = np.array([0, 1, 3])

@@ -146,7 +146,9 @@ class SpecModule(L.LightningModule):
         ``training.optimizer`` would otherwise go on with the old ones."""
         t = self.spec.training
         fresh = REGISTRY.build("optimizer", t.optimizer, model=self.model, precision=str(t.precision))
-        settings = [{k: v for k, v in group.items() if k != "params"} for group in fresh.param_groups]
+        # the hyperparameters only: implementation flags (fused, foreach) stay the live optimizer's
+        keys = ("lr", "betas", "eps", "weight_decay")
+        settings = [{k: group[k] for k in keys if k in group} for group in fresh.param_groups]
         for state in checkpoint.get("optimizer_states", []):
             groups = state.get("param_groups", []) if isinstance(state, dict) else []
             if len(groups) != len(settings):

@@ -58,14 +58,6 @@ def default_num_workers() -> int:
     return 0 if cpus <= 4 else min(4, cpus // 4)
 
 
-def _count(n: float) -> str:
-    """1234567 -> '1.23M', 2100 -> '2.1k', 512 -> '512'."""
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
-
-
 def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokenizer | None = None) -> PreparedData:
     """Everything :class:`SpecDataModule` serves, for a validated ``ModelSpec``.
 
@@ -96,10 +88,12 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
             f"the {split} split has fewer than seq_len={seq_len} tokens "
             f"({len(arrays.train) if split == 'training' else len(arrays.val)}); add data or lower training.seq_len"
         )
+    from specformer.training.callbacks import format_count as count
+
     n_docs = len(corpus.train) + len(corpus.val)
     description = (
         f"{corpus.name}: {n_docs} documents ({len(corpus.val)} held out), "
-        f"{_count(corpus.n_bytes)} characters → {_count(len(arrays.train))} train / {_count(len(arrays.val))} val tokens"
+        f"{count(corpus.n_bytes)} characters → {count(len(arrays.train))} train / {count(len(arrays.val))} val tokens"
     )
     asked = getattr(t.tokenizer, "vocab_size", None)
     if asked is not None and tokenizer.vocab_size < asked:

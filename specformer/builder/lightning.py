@@ -93,6 +93,8 @@ class SpecModule(L.LightningModule):
         # validation reports the model's negative log-likelihood (the loss behind val/ppl
         # and the unigram comparison): label smoothing is a training regulariser only
         out = self.objective(self._unsmoothed, batch)
+        if out.n_predicted == 0:  # a batch of filler rows only (several processes, a short split)
+            return
         self._val_sums["loss"] += float(out.loss) * out.n_predicted
         self._val_sums["tokens"] += out.n_predicted
         exact = getattr(self.objective, "exact_match", None)

@@ -136,7 +136,7 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
         )
 
     def encode(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-        return [(tokenizer.encode(src), tokenizer.encode(tgt)) for src, tgt in pairs]
+        return [(tokenizer.encode(src, specials=False), tokenizer.encode(tgt, specials=False)) for src, tgt in pairs]
 
     train, val = encode(task.split("train")), encode(task.split("val"))
     d = t.data
@@ -227,12 +227,13 @@ class SpecDataModule(L.LightningDataModule):
             raise DataError("sequence-to-sequence training needs a tokenizer with pad, start and end tokens")
         return Seq2SeqCollator(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
 
-    def _loader(self, dataset: Dataset, sampler: Any, rank: int, seed: int) -> DataLoader:
+    def _loader(self, dataset: Dataset, sampler: Any, rank: int, seed: int, *, evaluation: bool = False) -> DataLoader:
         workers = self.num_workers
+        collate = self._collator(rank)
         return DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=self._collator(rank),
+            collate_fn=EvalCollator(collate, sampler) if evaluation else collate,
             num_workers=workers,
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),

@@ -13,12 +13,15 @@ same on resume.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-__all__ = ["StreamBatchSampler", "EvalBatchSampler"]
+from specformer.data.collate import IGNORE_INDEX
+
+__all__ = ["StreamBatchSampler", "EvalBatchSampler", "EvalCollator"]
 
 
 class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
@@ -69,7 +72,14 @@ class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
 
 
 class EvalBatchSampler(Sampler[list[tuple[int, int]]]):
-    """The first ``n_batches`` global batches of a split, in order, sharded by rank."""
+    """The first ``n_batches`` global batches of a split, in order, sharded by rank.
+
+    Batch ``b`` is yielded with position ``-1 - b``. With several processes every rank
+    must run the same number of equal batches, so the last global batch is filled up by
+    wrapping round to the start of the split; :meth:`n_real` says how many leading rows of
+    a batch are real, and :class:`EvalCollator` hides the filler rows from the loss, so
+    that no example counts twice.
+    """
 
     def __init__(
         self, n_items: int, batch_size: int, *, n_batches: int | None = None, rank: int = 0, world_size: int = 1
@@ -82,11 +92,34 @@ class EvalBatchSampler(Sampler[list[tuple[int, int]]]):
     def __len__(self) -> int:
         return self.n_batches
 
+    def _first(self, b: int) -> int:
+        return (b * self.world_size + self.rank) * self.batch_size
+
+    def n_real(self, position: int) -> int:
+        """How many leading rows of the batch at ``position`` are items of the split (the
+        rest fill the last batch up to an equal size on every rank)."""
+        return max(0, min(self.batch_size, self.n_items - self._first(-1 - position)))
+
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         for b in range(self.n_batches):
-            first = (b * self.world_size + self.rank) * self.batch_size
+            first = self._first(b)
             if self.world_size == 1:
                 yield [(-1 - b, k) for k in range(first, min(first + self.batch_size, self.n_items))]
             else:
-                # the last batch wraps around so every rank has a full, equal batch
                 yield [(-1 - b, k % self.n_items) for k in range(first, first + self.batch_size)]
+
+
+class EvalCollator:
+    """A collator for :class:`EvalBatchSampler`'s batches: the rows that only fill the
+    last batch up get no labels (``-100``), so they add nothing to the loss or to the
+    count of predicted tokens."""
+
+    def __init__(self, collate: Callable[[Sequence[Any]], dict[str, Any]], sampler: EvalBatchSampler) -> None:
+        self.collate, self.sampler = collate, sampler
+
+    def __call__(self, items: Sequence[tuple[int, Any]]) -> dict[str, Any]:
+        batch = self.collate(items)
+        real = self.sampler.n_real(items[0][0])
+        if real < len(items):
+            batch["labels"][real:] = IGNORE_INDEX
+        return batch

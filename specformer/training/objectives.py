@@ -123,9 +123,12 @@ class Seq2Seq(Objective):
             max_new_tokens=labels.shape[1],
             temperature=0.0,
         )  # (B, <= L+1)
-        correct = 0
+        correct = total = 0
         for row, target in zip(out, labels, strict=True):
             want = target[target != IGNORE_INDEX].tolist()
+            if not want:  # a row that only fills the last batch up (see EvalCollator)
+                continue
             got = row.tolist()[: len(want)]
             correct += int(got == want)
-        return correct, labels.shape[0]
+            total += 1
+        return correct, total

@@ -258,6 +258,26 @@ def test_eval_sampler_is_fixed_and_covers_the_split() -> None:
     assert len(EvalBatchSampler(100, 4, n_batches=3)) == 3
 
 
+def test_eval_sampler_on_several_ranks_fills_the_last_batch_and_says_so() -> None:
+    from specformer.data.collate import CausalLMCollator
+    from specformer.data.sampler import EvalCollator
+
+    blocks = [np.full(5, i, dtype=np.int64) for i in range(10)]  # item i is all i
+    labelled = []
+    for rank in range(2):
+        sampler = EvalBatchSampler(10, 4, rank=rank, world_size=2)
+        collate = EvalCollator(CausalLMCollator(), sampler)
+        batches = list(sampler)
+        assert len(batches) == 2 and all(len(b) == 4 for b in batches)  # equal on every rank
+        for b in batches:
+            out = collate([(p, blocks[i]) for p, i in b])
+            rows = out["labels"][:, 0]
+            labelled += [int(r) for r in rows if r != -100]
+    assert sorted(labelled) == list(range(10))  # every item once; the 6 filler rows unlabelled
+    assert EvalBatchSampler(10, 4, rank=1, world_size=2).n_real(-2) == 0
+    assert EvalBatchSampler(10, 4, rank=0, world_size=2).n_real(-2) == 2
+
+
 # --------------------------------------------------------------------------- synthetic tasks
 
 

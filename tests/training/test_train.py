@@ -80,6 +80,44 @@ def test_validation_loss_is_the_likelihood_whatever_the_label_smoothing(tiny, ki
     assert abs(smoothed - plain) > 1e-4
 
 
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_validation_on_two_processes_counts_each_example_once(tiny, monkeypatch, kind: str) -> None:
+    # 50 held-out examples at batch 8 on 2 processes: the last global batch has 2 real rows
+    # (rank 0) and 14 that only fill it up, 6 of them rank 1's whole batch. Summed over the
+    # ranks, validation must equal one process over the same examples.
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    if kind == "decoder":
+        spec = load_spec(tiny(kind, val_batches=None))
+    else:
+        spec = load_spec(tiny(kind))
+        spec = load_spec(spec.to_dict(), ["training.data.n_val=50"])
+    torch.manual_seed(0)
+    module = SpecModule(spec)
+
+    def sums(rank: int, world: int) -> tuple[dict[str, float], int]:
+        data = SpecDataModule(spec)
+        data.setup()
+        monkeypatch.setattr(data, "_placement", lambda: (rank, world, 0))
+        module.tokenizer = data.tokenizer
+        module.on_validation_epoch_start()
+        with torch.no_grad():
+            for i, batch in enumerate(data.val_dataloader()):
+                module.validation_step(batch, i)
+        return module._val_sums, len(data.data.val)
+
+    one, n = sums(0, 1)
+    assert n % 16 not in (0, 8)  # the last global batch is short of rank 1's share
+    r0, _ = sums(0, 2)
+    r1, _ = sums(1, 2)
+    assert r0["tokens"] + r1["tokens"] == one["tokens"]
+    assert r0["loss"] + r1["loss"] == pytest.approx(one["loss"], rel=1e-6)
+    if kind == "encoder-decoder":
+        assert one["examples"] == 50 and r0["examples"] + r1["examples"] == 50
+        assert r0["correct"] + r1["correct"] == one["correct"]
+
+
 def test_a_spec_name_cannot_lead_its_run_folder_out_of_out_dir(tiny, tmp_path: Path) -> None:
     spec = load_spec({**tiny("decoder", max_steps=1, val_interval=1), "name": "../../escaped/x"})
     result = train(spec, progress=False)

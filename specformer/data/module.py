@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator
 from specformer.data.corpus import DataError
 from specformer.data.datasets import PackedBlocks, PairDataset
-from specformer.data.sampler import EvalBatchSampler, StreamBatchSampler
+from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
 from specformer.data.tokenizers import Tokenizer
 from specformer.data.tokens import token_arrays, unigram_cross_entropy
@@ -259,7 +259,7 @@ class SpecDataModule(L.LightningDataModule):
         rank, world, _ = self._placement()
         n_batches = None if self.data.task is not None else t.val_batches
         sampler = EvalBatchSampler(len(self.data.val), t.batch_size, n_batches=n_batches, rank=rank, world_size=world)
-        return self._loader(self.data.val, sampler, rank, t.seed + 1)
+        return self._loader(self.data.val, sampler, rank, t.seed + 1, evaluation=True)
 
     def batches_per_pass(self, world_size: int | None = None) -> int:
         """Global batches in one pass over the training split, with ``world_size`` processes

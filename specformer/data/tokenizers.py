@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,11 @@ class Tokenizer(ABC):
     eos_id: int | None = None
 
     @abstractmethod
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        """``text``'s ids. With ``specials`` (a prompt) the strings of special tokens, such as
+        ``<|endoftext|>`` or ``<mask>``, become their ids; without (training data) they are
+        text like any other, so a corpus that quotes one does not split documents or hide
+        tokens from the masked-LM objective."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -71,8 +76,8 @@ class Tokenizer(ABC):
     def state(self) -> dict[str, Any]:
         """Plain data (str, int, lists, dicts) that :func:`tokenizer_from_state` rebuilds from."""
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+    def encode_batch(self, texts: Sequence[str], *, specials: bool = True) -> list[list[int]]:
+        return [self.encode(t, specials=specials) for t in texts]
 
     @property
     def special_ids(self) -> set[int]:
@@ -90,8 +95,8 @@ class ByteTokenizer(Tokenizer):
         self.eot_id, self.pad_id, self.mask_id = 256, 257, 258
         self.eos_id = self.eot_id
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))  # always bytes: special ids come only from the data pipeline
 
     def decode(self, ids: Sequence[int]) -> str:
         out = bytearray()
@@ -117,8 +122,8 @@ class TaskTokenizer(Tokenizer):
         self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id = range(5)
         self.eot_id = self.eos_id
 
-    def encode(self, text: str) -> list[int]:
-        return [self.index.get(ch, self.unk_id) for ch in text]
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        return [self.index.get(ch, self.unk_id) for ch in text]  # one symbol per character
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.tokens[int(i)] for i in ids if int(i) >= len(TASK_SPECIALS) and int(i) < self.vocab_size)
@@ -153,18 +158,32 @@ class HFTokenizer(Tokenizer):
 
         return cls(_Tok.from_str(text))
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        with _literal_specials(self.tok, not specials):
+            return self.tok.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str], *, specials: bool = True) -> list[list[int]]:
         fast = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
-        return [e.ids for e in fast(list(texts), add_special_tokens=False)]
+        with _literal_specials(self.tok, not specials):
+            return [e.ids for e in fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def state(self) -> dict[str, Any]:
         return {"type": "hf", "json": self.tok.to_str()}
+
+
+@contextmanager
+def _literal_specials(tok: Any, literal: bool) -> Iterator[None]:
+    """Within the block, ``tok`` encodes special-token strings as plain text (the
+    ``tokenizers`` switch ``encode_special_tokens``)."""
+    before = tok.encode_special_tokens
+    tok.encode_special_tokens = literal
+    try:
+        yield
+    finally:
+        tok.encode_special_tokens = before
 
 
 def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Path | None = None) -> HFTokenizer:
@@ -182,7 +201,7 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
             break
         texts.append(text)
         total += len(text)
-    key = content_hash("bpe", corpus.fingerprint, spec.model_dump(), tokenizers.__version__)
+    key = content_hash("bpe", "literal-specials", corpus.fingerprint, spec.model_dump(), tokenizers.__version__)
     path = resolve_cache_dir(cache_dir) / "tokenizers" / f"bpe-{key}.json"
     if path.is_file():
         try:
@@ -199,7 +218,8 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    with _literal_specials(tok, True):  # learn the merges from the text as encode() will read it
+        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     atomic_write_text(path, tok.to_str())
     return HFTokenizer(tok)
 

@@ -38,7 +38,7 @@ def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, e
     parts: list[np.ndarray] = []
     eot = np.array([eot_id], dtype=dtype)
     for start in range(0, len(texts), CHUNK_DOCS):
-        for ids in tokenizer.encode_batch(texts[start : start + CHUNK_DOCS]):
+        for ids in tokenizer.encode_batch(texts[start : start + CHUNK_DOCS], specials=False):
             parts.append(np.asarray(ids, dtype=dtype))
             parts.append(eot)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
@@ -60,7 +60,7 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
 
     from specformer import __version__
 
-    key = content_hash("tokens", corpus.fingerprint, tokenizer.fingerprint(), tokenizers.__version__, __version__)
+    key = content_hash("tokens", "literal-specials", corpus.fingerprint, tokenizer.fingerprint(), tokenizers.__version__, __version__)
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     meta_path = folder / "meta.json"
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)

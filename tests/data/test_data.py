@@ -153,6 +153,31 @@ def test_bpe_is_trained_once_and_cached_by_content(tmp_path: Path) -> None:
     assert tokenizer_from_state(tok.state()).encode(text) == ids
 
 
+def test_special_token_strings_in_training_text_stay_text(tmp_path: Path) -> None:
+    # a corpus that quotes the special tokens (docs about tokenizers, GPT-2 dumps)
+    docs = [f"doc {i}: the model ends with <|endoftext|> and hides words as <mask>, pads <pad>.\n" * 20
+            for i in range(30)]
+    (tmp_path / "docs").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "docs" / f"{i:02d}.txt").write_text(d)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / "docs" / "*.txt"),), val_fraction=0.2))
+    tok = bpe_tokenizer(BPETokenizerSpec(vocab_size=320), corpus=corpus, cache_dir=tmp_path / "cache")
+    assert tok.mask_id is not None and tok.eot_id is not None and tok.pad_id is not None
+    arrays = token_arrays(corpus, tok, cache_dir=tmp_path / "cache")
+    stream = np.asarray(arrays.train)
+    # the only special ids are the separators between documents, one per document
+    assert int((stream == tok.eot_id).sum()) == len(corpus.train)
+    assert not np.isin(stream, [tok.mask_id, tok.pad_id]).any()
+    first = stream[: int(np.argmax(stream == tok.eot_id))]
+    assert tok.decode(first.tolist()) == corpus.train[0]
+    # a prompt still names them: what `generate` and `fill-mask` read
+    assert tok.mask_id in tok.encode("import <mask>")
+    assert tok.mask_id not in tok.encode("import <mask>", specials=False)
+    reloaded = tokenizer_from_state(tok.state())
+    assert reloaded.encode("a <mask>") == tok.encode("a <mask>")
+    assert reloaded.encode("a <mask>", specials=False) == tok.encode("a <mask>", specials=False)
+
+
 # --------------------------------------------------------------------------- token cache
 
 

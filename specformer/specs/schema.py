@@ -118,8 +118,22 @@ class T5BiasSpec(Spec):
     shared by its layers; bidirectional buckets in encoders, causal in decoders."""
 
     type: Literal["t5"] = "t5"
-    num_buckets: PositiveInt = Field(32, description="Number of relative-distance buckets.")
-    max_distance: PositiveInt = Field(128, description="Distance beyond which buckets saturate.")
+    num_buckets: int = Field(32, ge=4, description="Relative-distance buckets, at least 4 (an encoder splits them between the two directions).")
+    max_distance: PositiveInt = Field(128, description="Distance beyond which buckets saturate; above num_buckets // 2.")
+
+    @model_validator(mode="after")
+    def _log_range(self) -> T5BiasSpec:
+        # half the buckets (a quarter per direction in an encoder) hold the exact distances
+        # below num_buckets // 2; the rest spread logarithmically from there to max_distance,
+        # which must therefore lie beyond it
+        if self.max_distance <= self.num_buckets // 2:
+            raise _issue(
+                "max_distance",
+                f"max_distance={self.max_distance} must exceed num_buckets // 2 = {self.num_buckets // 2}: "
+                f"the distances below that have a bucket each, the logarithmic buckets cover the rest "
+                f"up to max_distance (allowed: {self.num_buckets // 2 + 1} or more; T5 uses 128 with 32 buckets)",
+            )
+        return self
 
 
 class NoPositionalSpec(Spec):

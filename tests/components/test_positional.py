@@ -99,25 +99,45 @@ def test_t5_buckets_equal_the_reference(bidirectional: bool, num_buckets: int, m
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("past", "t"), [(0, 40), (0, 1), (17, 1), (9, 6), (150, 3)])
-def test_t5_bias_and_its_gradient_equal_the_pairwise_definition(causal: bool, past: int, t: int) -> None:
+@pytest.mark.parametrize(("past", "t"), [(0, 40), (0, 1), (17, 1), (9, 6), (150, 3), (299, 2)])
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(16, 40), (32, 128), (4, 3), (9, 5)])
+def test_t5_bias_and_its_gradient_equal_the_pairwise_definition(
+    causal: bool, past: int, t: int, num_buckets: int, max_distance: int
+) -> None:
     # bias[h, i, j] = weight[bucket(k_j - q_i), h] for every query/key pair, and the
     # weight's gradient is the sum of the bias gradient over the pairs of each bucket
     torch.manual_seed(0)
-    mod = REGISTRY.build("positional", T5BiasSpec(num_buckets=16, max_distance=40), n_heads=3, causal=causal)
+    spec = T5BiasSpec(num_buckets=num_buckets, max_distance=max_distance)
+    mod = REGISTRY.build("positional", spec, n_heads=3, causal=causal)
     mod.init_parameters(1.0)
     q_index, k_index = torch.arange(past, past + t), torch.arange(past + t)
     bias = mod.bias(q_index, k_index, dtype=torch.float64)
     assert bias.shape == (1, 3, t, past + t)
     buckets = t5_relative_buckets(k_index[None, :] - q_index[:, None], bidirectional=not causal,
-                                  num_buckets=16, max_distance=40)  # (T, Tk)
+                                  num_buckets=num_buckets, max_distance=max_distance)  # (T, Tk)
+    assert 0 <= int(buckets.min()) and int(buckets.max()) < num_buckets
     want = mod.weight.double()[buckets].permute(2, 0, 1)
     assert torch.equal(bias[0], want)
     grad = torch.randn(1, 3, t, past + t, dtype=torch.float64)
     (got,) = torch.autograd.grad(bias, mod.weight, grad)
-    expected = torch.zeros(16, 3, dtype=torch.float64).index_add_(0, buckets.reshape(-1),
-                                                                   grad[0].permute(1, 2, 0).reshape(-1, 3))
+    expected = torch.zeros(num_buckets, 3, dtype=torch.float64).index_add_(
+        0, buckets.reshape(-1), grad[0].permute(1, 2, 0).reshape(-1, 3))
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("num_buckets", "max_distance", "field"), [(32, 16, "max_distance"), (32, 8, "max_distance"),
+                                                                 (2, 16, "num_buckets")])
+def test_t5_bias_settings_without_a_logarithmic_range_are_refused(num_buckets: int, max_distance: int,
+                                                                  field: str) -> None:
+    # below num_buckets // 2 the buckets went negative (an index error deep in the model)
+    # or divided by log(1) = 0
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        T5BiasSpec(num_buckets=num_buckets, max_distance=max_distance)
+    error = info.value.errors()[0]
+    assert (error.get("ctx") or {}).get("field", error["loc"][-1] if error["loc"] else None) == field
+    assert "allowed: 17 or more" in str(info.value) if field == "max_distance" else "4" in error["msg"]
 
 
 def test_t5_bias_is_shared_by_the_layers_of_a_stack(tiny: Tiny) -> None:

@@ -380,6 +380,22 @@ class T5RelativeBias(Positional):
         self.max_distance = spec.max_distance
         self.bidirectional = not causal
         self.weight = nn.Parameter(torch.empty(spec.num_buckets, n_heads))  # (buckets, H)
+        self._buckets: dict[torch.device, Tensor] = {}
+
+    def bucket_table(self, device: torch.device) -> Tensor:
+        """The bucket of every distance in [-max_distance, max_distance] (index d + max_distance).
+        Past max_distance the bucket no longer changes, so a clamped distance finds any other's."""
+        table = self._buckets.get(device)
+        if table is None:
+            m = self.max_distance
+            table = t5_relative_buckets(
+                torch.arange(-m, m + 1, device=device),
+                bidirectional=self.bidirectional,
+                num_buckets=self.num_buckets,
+                max_distance=m,
+            )
+            self._buckets[device] = table
+        return table
 
     def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor:
         # The bias depends on k - q only, and consecutive indices give T + Tk - 1 distinct
@@ -387,14 +403,12 @@ class T5RelativeBias(Positional):
         # table.unfold is distances (j - (T - 1 - i)), so rows come in reverse: flip them.
         # Looking up all T x Tk pairs instead made backward scatter T*Tk rows into a few
         # buckets, ~7x slower at T = 256; unfold's backward sums the diagonals directly.
+        # The buckets come from a table made once (a decoding step would otherwise spend
+        # a dozen small operations on them).
         t, tk = q_index.shape[0], k_index.shape[0]
         distances = torch.arange(-(t - 1), tk, device=q_index.device) + (k_index[0] - q_index[0])  # (L,)
-        buckets = t5_relative_buckets(
-            distances,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )
+        m = self.max_distance
+        buckets = self.bucket_table(q_index.device)[distances.clamp(-m, m) + m]
         table = nn.functional.embedding(buckets, self.weight).to(dtype).t()  # (H, L)
         return table.unfold(1, tk, 1).flip(1).unsqueeze(0)  # (1, H, T, Tk)
 

@@ -258,7 +258,7 @@ def save_hf(
     tensors = hf_state_dict(model, spec)
     # tied copies are left out, as transformers' save_pretrained does; loading re-ties them
     family = _FAMILIES[config["model_type"]]
-    tensors = {k: v for k, v in tensors.items() if k not in family.tied_copies or _needed(k, spec)}
+    tensors = _unshared({k: v for k, v in tensors.items() if k not in family.tied_copies or _needed(k, spec)})
     dtype = next(iter(tensors.values())).dtype
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     texts = {"config.json": json.dumps(config, indent=2) + "\n"}
@@ -323,8 +323,22 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
 
 
 def _needed(name: str, spec: ModelSpec) -> bool:
-    # an untied output layer is its own tensor, not a copy
-    return not spec.embedding.tie_output and not name.endswith(("embed_tokens.weight", "decoder.bias"))
+    # With an untied output layer transformers 5 re-ties none of the copies on loading: a
+    # BART stack's embed_tokens and a BERT/RoBERTa decoder's bias are then tensors of their
+    # own, which the file must hold (4.x made them one tensor; the values agree either way)
+    return not spec.embedding.tie_output
+
+
+def _unshared(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` with a copy of every tensor that an earlier name already holds (a tied
+    copy is the same tensor, and safetensors refuses to write one tensor under two names)."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, tensor in tensors.items():
+        key = (tensor.data_ptr(), tensor.numel())
+        out[name] = tensor.clone() if key in seen else tensor
+        seen.add(key)
+    return out
 
 
 _AUTO = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",

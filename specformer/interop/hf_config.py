@@ -332,8 +332,16 @@ def _llama(c: _Config) -> dict[str, Any]:
     if overrides:
         stack["overrides"] = overrides
     rope = c.rope()
-    if rope["fraction"] == 1.0:
-        rope.pop("fraction")
+    fraction = rope.pop("fraction")
+    if fraction != 1.0:
+        # transformers 5's Llama and Mistral rotate every feature whatever this says, while
+        # 4.x rotated only this share: the weights fit one of two models, and the config
+        # cannot tell which
+        raise c.refuse(
+            f"partial_rotary_factor={fraction}",
+            "transformers 5 ignores it for this family and 4.x honoured it, so the model it "
+            "describes depends on the release that trained it",
+        )
     return {
         "kind": "decoder",
         "vocab_size": c("vocab_size", 32000),
@@ -714,7 +722,7 @@ def hf_config_from_spec(
     except HFConversionError as exc:
         raise HFConversionError(f"the spec does not map onto Hugging Face {model_type}: {exc}") from None
     problems, notes, fixes = [], [], []
-    for path, ours, theirs in _differences(spec.to_dict(), back.to_dict()):
+    for path, ours, theirs in _differences(_resolved(spec.to_dict()), _resolved(back.to_dict())):
         line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
         if any(t in path for t in _TRAINING_ONLY):
             notes.append(line)
@@ -762,6 +770,15 @@ def _set_token_ids(
                 )
             continue
         config[key] = value
+
+
+def _resolved(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec dict with the defaults that depend on other fields written out, so that a
+    field left to its default compares equal to the same value given."""
+    pos = spec.get("positional") or {}
+    if pos.get("type") == "learned" and pos.get("max_positions") is None:
+        pos["max_positions"] = spec["max_seq_len"] + pos.get("offset", 0)
+    return spec
 
 
 def _differences(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:

@@ -357,7 +357,7 @@ def hf_to_specformer(
     """
     model_type = model_type or hf_family(spec)
     family = _FAMILIES[model_type]
-    theirs = _normalise(state_dict, family)
+    theirs, unused = _live_tensors(_normalise(state_dict, family), model_type, spec)
     rules = rules_for(spec, model_type)
     out: dict[str, Tensor] = {}
     missing: list[str] = []
@@ -373,7 +373,7 @@ def hf_to_specformer(
         raise HFConversionError(
             f"the {model_type} checkpoint lacks {len(missing)} tensor(s) the spec needs: {_short_list(missing)}"
         )
-    report = WeightReport(ignored=[], tied=[])
+    report = WeightReport(ignored=unused, tied=[])
     unexpected = []
     for name in theirs:
         if name in used:
@@ -382,6 +382,11 @@ def hf_to_specformer(
         copy_of = _copy_of(name, family, spec, out) if name in family.tied_copies else None
         if copy_of is not None:
             if tensor.shape != copy_of.shape or not torch.equal(tensor.to(copy_of.dtype), copy_of):
+                if name.endswith("embed_tokens.weight"):
+                    raise HFConversionError(
+                        f"{name} differs from the shared token table; specformer's encoder and "
+                        "decoder read one table"
+                    )
                 raise HFConversionError(
                     f"{name} differs from the token embeddings, so this checkpoint's output layer is "
                     "not tied; use a spec with embedding.tie_output: false"
@@ -403,6 +408,47 @@ def hf_to_specformer(
             f"{_short_list(unexpected)}"
         )
     return out, report
+
+
+def _live_tensors(
+    theirs: dict[str, Tensor], model_type: str, spec: ModelSpec
+) -> tuple[dict[str, Tensor], list[str]]:
+    """``theirs`` with the tensors that transformers computes with under the names the rules
+    read, and the names of the tensors it then leaves unused.
+
+    With an untied output layer, transformers 5 gives a BERT/RoBERTa head's decoder its own
+    bias (the head's ``bias`` is then unused) and each BART stack its own token table
+    (``shared`` is then unused); 4.x held one tensor for each pair, so either name served.
+    """
+    unused: list[str] = []
+    if spec.embedding.tie_output:
+        return theirs, unused
+    theirs = dict(theirs)
+
+    def take(live_name: str, read_name: str) -> None:
+        live = theirs.pop(live_name)
+        old = theirs.get(read_name)
+        if old is not None and not torch.equal(old, live):
+            unused.append(read_name)
+        theirs[read_name] = live
+
+    if model_type in ("bert", "roberta") and spec.head.type == "mlm" and spec.head.bias:
+        h = "cls.predictions" if model_type == "bert" else "lm_head"
+        if f"{h}.decoder.bias" in theirs:
+            take(f"{h}.decoder.bias", f"{h}.bias")
+    if model_type == "bart":
+        enc, dec = theirs.get("model.encoder.embed_tokens.weight"), theirs.get("model.decoder.embed_tokens.weight")
+        if enc is not None and dec is not None:
+            if enc.shape != dec.shape or not torch.equal(enc, dec):
+                raise HFConversionError(
+                    "model.encoder.embed_tokens.weight and model.decoder.embed_tokens.weight differ: with "
+                    "tie_word_embeddings=false, transformers 5 gives each BART stack its own token table, "
+                    "and specformer's encoder and decoder read one"
+                )
+            theirs["model.encoder.embed_tokens.weight"] = enc
+            take("model.decoder.embed_tokens.weight", "model.shared.weight")
+            theirs["model.decoder.embed_tokens.weight"] = dec
+    return theirs, unused
 
 
 def _copy_of(name: str, family: _Family, spec: ModelSpec, ours: Mapping[str, Tensor]) -> Tensor | None:

@@ -201,6 +201,11 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**PUBLISHED["bert-base"], "position_embedding_type": "relative_key"}, ["relative_key"]),
         ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, ["llama3", "rope scaling"]),
         ({**PUBLISHED["llama2-7b"], "hidden_act": "quick_gelu"}, ["quick_gelu", "silu"]),
+        # transformers 5's Llama/Mistral ignore it (4.x honoured it): which model is unknown
+        ({**PUBLISHED["llama2-7b"], "partial_rotary_factor": 0.5}, ["partial_rotary_factor=0.5", "ignores"]),
+        ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                         "partial_rotary_factor": 0.25}},
+         ["partial_rotary_factor=0.25"]),
         ({"model_type": "qwen2", "hidden_size": 64}, ["qwen2", "bias on the q, k and v", "llama"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2"]),
         ({"hidden_size": 64}, ["model_type"]),
@@ -267,6 +272,16 @@ def test_export_refuses_fields_with_no_equivalent(preset: str, overrides: list[s
         hf_config_from_spec(spec)
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["roberta-base", "bart-base"])
+def test_export_takes_a_learned_table_left_to_its_default_size(name: str) -> None:
+    # max_positions: null means max_seq_len + offset, which is what the family has
+    spec = spec_from_hf_config(OTHERS[name])
+    data = spec.to_dict()
+    data["positional"]["max_positions"] = None
+    config = hf_config_from_spec(load_spec(data))
+    assert config["max_position_embeddings"] == OTHERS[name]["max_position_embeddings"]
 
 
 def test_export_warns_about_training_only_differences() -> None:

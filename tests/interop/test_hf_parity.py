@@ -37,6 +37,12 @@ TINY: dict[str, dict[str, Any]] = {
     "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
     "bert": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 64, "max_position_embeddings": 64},
+    # untied, transformers 5 computes with the decoder's own bias (the head's `bias` is unused)
+    "bert-untied": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                    "intermediate_size": 64, "max_position_embeddings": 64, "tie_word_embeddings": False},
+    "roberta-untied": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                       "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
+                       "layer_norm_eps": 1e-5, "pad_token_id": 1, "tie_word_embeddings": False},
     "roberta": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
                 "layer_norm_eps": 1e-5, "pad_token_id": 1},
@@ -52,6 +58,11 @@ TINY: dict[str, dict[str, Any]] = {
                     "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
                     "max_position_embeddings": 64, "activation_function": "relu", "scale_embedding": True,
                     "forced_eos_token_id": None, "decoder_start_token_id": 2},
+    # untied, transformers 5 gives each stack a token table of its own (`shared` is unused)
+    "bart-untied": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 4,
+                    "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                    "max_position_embeddings": 64, "forced_eos_token_id": None, "decoder_start_token_id": 2,
+                    "tie_word_embeddings": False},
     "llama": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
               "rope_theta": 500.0, "rms_norm_eps": 1e-5},
@@ -83,6 +94,8 @@ def _hf_model(family: str, seed: int = 0) -> Any:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
+        if family == "bart-untied":  # one table read by both stacks, as specformer has
+            model.model.decoder.embed_tokens.weight.copy_(model.model.encoder.embed_tokens.weight)
     return model
 
 
@@ -238,9 +251,11 @@ def test_state_dict_conversion_round_trips_exactly(family: str) -> None:
     hf = _hf_model(family)
     spec, _ = _imported(hf)
     theirs = hf.state_dict()
-    ours, _ = hf_to_specformer(theirs, spec)
+    ours, report = hf_to_specformer(theirs, spec)
     back = specformer_to_hf(ours, spec)
     for name, tensor in back.items():
+        if name in report.ignored:  # a tensor transformers does not compute with (untied BERT, BART)
+            continue
         assert torch.equal(tensor, theirs[name]), name
     persistent = {n for n in theirs if n in dict(hf.named_parameters(remove_duplicate=False))}
     assert persistent <= set(back)
@@ -320,6 +335,28 @@ def test_untied_checkpoint_gets_an_untied_spec() -> None:
     tied_spec, _, _ = import_hf(config, weights=False)
     with pytest.raises(HFConversionError, match="lm_head.weight differs from the token embeddings"):
         load_hf_weights(build_model(tied_spec), sd)
+
+
+def test_untied_bart_with_a_table_per_stack_is_refused_by_name() -> None:
+    hf = _hf_model("bart-untied")
+    sd = dict(hf.state_dict())
+    sd["model.decoder.embed_tokens.weight"] = sd["model.decoder.embed_tokens.weight"] + 1.0
+    with pytest.raises(HFConversionError, match="embed_tokens.weight differ: with tie_word_embeddings=false"):
+        import_hf(hf.config, state_dict=sd)
+
+
+@pytest.mark.parametrize("family", ["bert-untied", "roberta-untied", "bart-untied"])
+def test_untied_imports_read_the_tensors_transformers_computes_with(family: str) -> None:
+    hf = _hf_model(family)
+    _, state, report = import_hf(hf.config, state_dict=hf.state_dict())
+    sd = hf.state_dict()
+    if family == "bart-untied":
+        assert torch.equal(state["embed.tokens.weight"], sd["model.encoder.embed_tokens.weight"])
+        assert "model.shared.weight" in report.ignored
+    else:
+        h = "cls.predictions" if family.startswith("bert") else "lm_head"
+        assert torch.equal(state["head.bias"], sd[f"{h}.decoder.bias"])
+        assert report.ignored == [f"{h}.bias"]
 
 
 def test_missing_and_unexpected_tensors_are_named() -> None:

@@ -282,7 +282,7 @@ def generate_cmd(
     top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
     stop_at_eot: Annotated[bool, typer.Option("--stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document) instead of going on into a new one.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
@@ -398,6 +398,11 @@ def eval_cmd(
         if model_fields:
             raise _fail(f"--set {', '.join(model_fields)}: eval runs the checkpoint's own model; only training.* "
                         "can change (what is evaluated, e.g. training.data)")
+        tokenizer_fields = [o.partition("=")[0].strip() for o in overrides
+                            if o.partition("=")[0].strip().startswith("training.tokenizer")]
+        if tokenizer_fields:
+            raise _fail(f"--set {', '.join(tokenizer_fields)}: eval reads the data with the checkpoint's own "
+                        "tokenizer (its weights fit those ids); it cannot change")
         if batches is not None:
             if loaded.spec.training.data is not None and loaded.spec.training.data.type == "synthetic":
                 raise _fail("--batches does not apply to a synthetic task: it is always evaluated on its whole "
@@ -465,6 +470,10 @@ def fill_mask_cmd(
         positions = [i for i, t in enumerate(ids) if t == tok.mask_id]
         if not positions:
             raise _fail("the text has no <mask> placeholder", 'e.g. specformer fill-mask CKPT "import <mask>"')
+        limit = _position_limit(spec)
+        if limit is not None and len(ids) > limit:
+            raise _fail(f"the text is {len(ids)} tokens long and the model reads at most {limit} "
+                        f"(its learned position table); shorten the text around the <mask>")
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]  # (T, V)
         # ids past the tokenizer's (a BPE that ended below vocab_size) have no text: never candidates
@@ -481,6 +490,16 @@ def fill_mask_cmd(
         filled[pos] = int(best.indices[n, 0])
         console.print(table)
     console.print("[bold]filled:[/] " + _escape(tok.decode(filled)), highlight=False, soft_wrap=True)
+
+
+def _position_limit(spec: Any) -> int | None:
+    """The most tokens an encoder reads at once: a learned position table ends; other
+    positional schemes extend (quality past max_seq_len is another matter)."""
+    pos = spec.positional
+    if pos.type != "learned":
+        return None
+    rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
+    return rows - pos.offset
 
 
 def _encode_with_masks(tok: Any, text: str) -> list[int]:

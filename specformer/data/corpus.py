@@ -39,6 +39,15 @@ class Corpus:
     train_ids: list[str] = field(default_factory=list)
     val_ids: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # files left out: not UTF-8 text, or unreadable
+    split_by_lines: bool = False  # one document, split into its first and last lines
+
+    @property
+    def documents(self) -> str:
+        """How many documents, and how they were split, in words."""
+        if self.split_by_lines:
+            return "1 document (its last lines held out)"
+        n = len(self.train) + len(self.val)
+        return f"{n} document{'s' if n != 1 else ''} ({len(self.val)} held out)"
 
     @property
     def n_bytes(self) -> int:
@@ -111,7 +120,8 @@ def _read_files(
         train_text, val_text = _split_document(texts[0], val_fraction)
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
-                      train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped)
+                      train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped,
+                      split_by_lines=True)
     train_idx, val_idx = split_by_path(keys, val_fraction)
     return Corpus(
         name=name,

@@ -90,9 +90,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         )
     from specformer.training.callbacks import format_count as count
 
-    n_docs = len(corpus.train) + len(corpus.val)
     description = (
-        f"{corpus.name}: {n_docs} documents ({len(corpus.val)} held out), "
+        f"{corpus.name}: {corpus.documents}, "
         f"{count(corpus.n_bytes)} characters → {count(len(arrays.train))} train / {count(len(arrays.val))} val tokens"
     )
     asked = getattr(t.tokenizer, "vocab_size", None)

@@ -43,6 +43,7 @@ __all__ = [
     "read_weights",
     "read_weights_and_tokenizer",
     "checkpoint_tokenizer",
+    "checkpoint_tokenizer_spec",
     "load_weights",
 ]
 
@@ -200,26 +201,39 @@ def checkpoint_tokenizer(raw: dict[str, Any]) -> Any:
     return tokenizer_from_state(state) if state else None
 
 
+def checkpoint_tokenizer_spec(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``training.tokenizer`` settings of the spec stored in a checkpoint, or None."""
+    meta = raw.get("specformer")
+    spec = meta.get("spec") if isinstance(meta, dict) else None
+    training = spec.get("training") if isinstance(spec, dict) else None
+    tokenizer = training.get("tokenizer") if isinstance(training, dict) else None
+    return tokenizer if isinstance(tokenizer, dict) else None
+
+
 def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """A model's weights, by specformer names: a ``.safetensors`` file (as ``import-hf
     --weights`` writes), or a specformer checkpoint (a ``.ckpt`` or a run folder)."""
     return read_weights_and_tokenizer(path)[0]
 
 
-def read_weights_and_tokenizer(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Any]:
-    """:func:`read_weights`, and the checkpoint's tokenizer (None for a ``.safetensors``
-    file, or a checkpoint without one): weights fit the token ids they were trained on."""
+def read_weights_and_tokenizer(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, torch.Tensor], Any, dict[str, Any] | None]:
+    """:func:`read_weights`, the checkpoint's tokenizer and its ``training.tokenizer``
+    settings (None, None for a ``.safetensors`` file): weights fit the token ids they
+    were trained on."""
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
         raw = read_checkpoint(path)
-        return _model_weights(raw, path), checkpoint_tokenizer(raw)
+        tokenizer = checkpoint_tokenizer(raw)
+        return _model_weights(raw, path), tokenizer, checkpoint_tokenizer_spec(raw) if tokenizer else None
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise CheckpointError(f"{path}: no such weights file")
     try:
-        return load_file(path), None
+        return load_file(path), None, None
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
 

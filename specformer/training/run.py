@@ -41,6 +41,7 @@ from specformer.training.checkpoint import (
     CheckpointError,
     check_resumable,
     checkpoint_tokenizer,
+    checkpoint_tokenizer_spec,
     load_weights,
     read_checkpoint,
     read_weights_and_tokenizer,
@@ -234,15 +235,17 @@ def train(
     started = time.perf_counter()
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     t = spec.training
+    _check_before_data(spec)
     quiet_lightning()
     resumed_step: int | None = None
-    tokenizer = None
+    tokenizer = tokenizer_spec = None
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
         raw = read_checkpoint(resume)
         check_resumable(raw, spec, source=str(resume))
         resumed_step = int(raw.get("global_step", 0))
         tokenizer = checkpoint_tokenizer(raw)
+        tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
         del raw
         limit = trainer_kwargs.get("max_steps", t.max_steps)
         if limit is not None and 0 < limit <= resumed_step:
@@ -252,11 +255,16 @@ def train(
                 f"--set training.max_steps={resumed_step + max(limit, 1)}"
             )
         resume = _checkpoint_file(Path(resume))
-    L.seed_everything(t.seed, workers=True, verbose=False)
-    module = SpecModule(spec)
+    weights = None
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
-        weights, tokenizer = read_weights_and_tokenizer(init_from)
+        weights, tokenizer, tokenizer_spec = read_weights_and_tokenizer(init_from)
+    if tokenizer_spec is not None:
+        spec = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume or init_from), console)
+        t = spec.training
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    module = SpecModule(spec)
+    if weights is not None:
         load_weights(module.model, weights, source=str(init_from))
         del weights
     # a checkpoint's weights fit the token ids of its own tokenizer: the data is
@@ -284,11 +292,11 @@ def train(
             trainer.fit_loop.epoch_loop.max_steps = _total_steps(spec, dm, trainer.world_size)
         max_steps = trainer.max_steps
         warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
-        if 0 < max_steps <= warmup and console is not None and rank_zero_only.rank == 0:
-            console.print(
-                f"[yellow]warning:[/] training.schedule.warmup_steps={warmup} is not below the run's {max_steps} steps: "
-                f"the learning rate never reaches training.lr (it ends at {max_steps / warmup:.2g} of it)",
-                highlight=False, soft_wrap=True,
+        if 0 < max_steps <= warmup:
+            _warn(
+                console,
+                f"training.schedule.warmup_steps={warmup} is not below the run's {max_steps} steps: the "
+                f"learning rate never reaches training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
             )
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
 
@@ -335,6 +343,60 @@ def train(
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=1))
     return result
+
+
+def _check_before_data(spec: Any) -> None:
+    """Settings that would otherwise fail only once the data is prepared (minutes, for a
+    large corpus), each named with what to do instead."""
+    from specformer.data.cache import default_cache_dir
+    from specformer.data.corpus import DataError
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    if spec.head is not None and spec.head.type == "classification":
+        raise SpecError([SpecProblem(
+            "no training objective trains a classification head (causal_lm and seq2seq train an lm head, "
+            "masked_lm an mlm head); build the model with specformer.build_model and train it in your own loop",
+            path="head.type",
+        )])
+    t = spec.training
+    folders = {"training.out_dir": Path(t.out_dir).expanduser(),
+               "training.cache_dir": Path(t.cache_dir).expanduser() if t.cache_dir else default_cache_dir()}
+    for name, folder in folders.items():
+        if folder.exists() and not folder.is_dir():
+            raise DataError(f"{name}: {folder} is a file, not a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(f"{name}: cannot create the folder {folder} ({exc.strerror or exc})") from None
+
+
+def _warn(console: Console | None, message: str) -> None:
+    """A warning, printed once (by the first process) on the console the run reports on."""
+    if console is not None and rank_zero_only.rank == 0:
+        console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def _with_checkpoint_tokenizer(spec: Any, tokenizer_spec: dict[str, Any], source: str, console: Console | None) -> Any:
+    """``spec`` with the ``training.tokenizer`` of the checkpoint it starts from: the
+    weights fit that tokenizer's ids, so the run uses it and its spec.yaml says so."""
+    from specformer.specs.loader import load_spec
+
+    ours = spec.training.tokenizer.model_dump(mode="json") if spec.training.tokenizer is not None else None
+    data = spec.to_dict()
+    data["training"]["tokenizer"] = tokenizer_spec
+    adopted = load_spec(data)
+    theirs = adopted.training.tokenizer.model_dump(mode="json") if adopted.training.tokenizer is not None else None
+    if ours != theirs and ours is not None:
+        _warn(
+            console,
+            f"training.tokenizer ({_short(ours)}) is not used: the weights of {source} fit the tokenizer they "
+            f"were trained with ({_short(theirs)}), which this run uses and records in its spec.yaml",
+        )
+    return adopted
+
+
+def _short(settings: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (settings or {}).items() if v is not None)
 
 
 def _interruptible(trainer: L.Trainer, interrupted: Callable[[], TrainingInterrupted], run: Callable[[], Any]) -> None:

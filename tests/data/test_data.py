@@ -105,6 +105,7 @@ def test_a_directory_leaves_out_hidden_files_and_reports_non_utf8_ones(tmp_path:
     corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),), val_fraction=0.3))
     assert sorted(corpus.train_ids + corpus.val_ids) == ["a.txt", "b.txt", "c.txt"]
     assert corpus.skipped == ["latin1.txt"]
+    assert corpus.documents == f"3 documents ({len(corpus.val)} held out)"
     (tmp_path / "a.txt").unlink(), (tmp_path / "b.txt").unlink(), (tmp_path / "c.txt").unlink()
     with pytest.raises(DataError, match="no readable UTF-8 text.*left out as not UTF-8 text: latin1.txt"):
         files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
@@ -116,6 +117,7 @@ def test_a_single_file_is_split_inside_it(tmp_path: Path) -> None:
     corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / "input.txt"),), val_fraction=0.1))
     assert corpus.train == ["".join(lines[:90])] and corpus.val == ["".join(lines[90:])]
     assert corpus.val_ids == ["input.txt (last lines)"]
+    assert corpus.documents == "1 document (its last lines held out)"  # what the data line says
     (tmp_path / "one-line.txt").write_text("x" * 1000)
     one = files_corpus(FilesDataSpec(paths=(str(tmp_path / "one-line.txt"),), val_fraction=0.2))
     assert one.train == ["x" * 800] and one.val == ["x" * 200]

@@ -104,11 +104,16 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     assert "<mask> 1 of 1" in result.output and "filled:" in result.output
     no_mask = runner.invoke(app, ["fill-mask", str(ckpt), "no placeholder"])
     assert no_mask.exit_code == 1 and "no <mask>" in no_mask.output
+    # the tiny model's learned table has 64 positions; the byte tokenizer reads 100 bytes as 100 tokens
+    long = runner.invoke(app, ["fill-mask", str(ckpt), "x" * 100 + " <mask>"], env={"COLUMNS": "200"})
+    assert long.exit_code == 1 and "tokens long and the model reads at most 64" in long.output, long.output
 
     _train([str(_write(tmp_path, tiny("encoder-decoder", max_steps=4, val_interval=4), "s2s.yaml"))])
     s2s = _checkpoint(tmp_path, "tiny-encoder-decoder")
     out = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "8"])
     assert out.exit_code == 0, out.output
+    huge = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "--seed", "99999999999999999999"])
+    assert huge.exit_code == 2 and "--seed" in huge.output  # a usage error, not a traceback
     assert "warning" not in out.stderr
     # the task alphabet is a-z: other characters read as <unk>, which is said, not silent
     odd = runner.invoke(app, ["generate", str(s2s), "--prompt", "aBC!", "-n", "8"], env={"COLUMNS": "200"})
@@ -275,3 +280,5 @@ def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: P
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
     result = runner.invoke(app, ["eval", str(ckpt), "--set", "d_model=64"])
     assert result.exit_code == 1 and "--set d_model: eval runs the checkpoint's own model" in result.stderr
+    result = runner.invoke(app, ["eval", str(ckpt), "--set", "training.tokenizer.type=bpe"])
+    assert result.exit_code == 1 and "eval reads the data with the checkpoint's own tokenizer" in result.stderr

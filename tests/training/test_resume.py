@@ -357,6 +357,29 @@ def test_init_from_a_checkpoint_tokenizes_the_new_data_with_the_checkpoints_toke
     assert load_checkpoint(fresh.checkpoint).tokenizer.encode(text) != ids  # the test can tell them apart
 
 
+def test_a_tokenizer_setting_the_checkpoint_overrides_is_reported_and_not_recorded(tiny: Any) -> None:
+    # the run reads the data with the checkpoint's tokenizer, so its spec.yaml (and its
+    # checkpoint's spec) must say so, and a different setting asked for is pointed out
+    from io import StringIO
+
+    from rich.console import Console
+
+    bpe = {"type": "bpe", "vocab_size": 300}
+    first = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer=bpe)), progress=False)
+    out = StringIO()
+    second = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer={"type": "byte"})),
+                   init_from=first.checkpoint, progress=False, console=Console(file=out, width=300))
+    assert "training.tokenizer (type=byte) is not used" in out.getvalue()
+    recorded = load_spec(str(Path(second.run_dir) / "spec.yaml"))
+    assert recorded.training.tokenizer.type == "bpe" and recorded.training.tokenizer.vocab_size == 300
+    assert load_checkpoint(second.checkpoint).spec.training.tokenizer.type == "bpe"
+    # the same settings: nothing to say
+    out = StringIO()
+    train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer=bpe)), init_from=first.checkpoint,
+          progress=False, console=Console(file=out, width=300))
+    assert "not used" not in out.getvalue()
+
+
 def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
     tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

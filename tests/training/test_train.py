@@ -126,6 +126,26 @@ def test_a_spec_name_cannot_lead_its_run_folder_out_of_out_dir(tiny, tmp_path: P
     assert not (tmp_path.parent / "escaped").exists()
 
 
+def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_path: Path, monkeypatch) -> None:
+    from specformer.data import module as data_module
+    from specformer.data.corpus import DataError
+    from specformer.specs.errors import SpecError
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was prepared")
+
+    monkeypatch.setattr(data_module.SpecDataModule, "setup", no_data)
+    (tmp_path / "f").write_text("")
+    with pytest.raises(DataError, match=r"training.out_dir: .*/f is a file, not a folder"):
+        train(load_spec(tiny("decoder", out_dir=str(tmp_path / "f"))), progress=False)
+    with pytest.raises(DataError, match=r"training.out_dir: cannot create the folder .*f/x"):
+        train(load_spec(tiny("decoder", out_dir=str(tmp_path / "f" / "x"))), progress=False)
+    with pytest.raises(DataError, match=r"training.cache_dir: .*/f is a file, not a folder"):
+        train(load_spec(tiny("decoder", cache_dir=str(tmp_path / "f"))), progress=False)
+    with pytest.raises(SpecError, match="no training objective trains a classification head"):
+        train(load_spec({**tiny("encoder"), "head": {"type": "classification", "n_classes": 2}}), progress=False)
+
+
 def test_a_setting_the_trainer_refuses_leaves_no_run_folder(tiny, tmp_path: Path) -> None:
     spec = load_spec(tiny("decoder", max_steps=1, val_interval=1, strategy="bogus"))
     with pytest.raises(ValueError, match="strategy"):

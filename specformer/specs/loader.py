@@ -10,7 +10,8 @@ parent's replaces the parent's mapping whole (the parent's fields belong to the
 other type). Chains work; a cycle is an error.
 
 ``--set a.b.c=value`` overrides are applied last; the value is parsed as YAML, so
-``4`` is an int, ``true`` a bool and ``{type: rope}`` a mapping.
+``4`` is an int, ``true`` a bool and ``{type: rope}`` a mapping. Files and ``--set``
+read plain values by YAML 1.2's rules: ``010`` is 10, ``yes`` and ``1:30`` are strings.
 """
 
 from __future__ import annotations
@@ -63,17 +64,91 @@ TYPE_HINTS = {
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader; positions are read from the composed node tree.
+    """PyYAML's safe loader reading plain scalars as YAML 1.2's core schema does; positions
+    are read from the composed node tree.
 
-    Floats follow YAML 1.2 as well as 1.1: ``1e-6`` is a number (PyYAML's YAML 1.1
-    resolver wants a dot, ``1.0e-6``, and would read a string), as users write it."""
+    PyYAML implements YAML 1.1, whose plain scalars change values behind the user's back:
+    ``010`` is 8 (octal), ``1:30`` is 90 (base 60), ``yes``/``no``/``on``/``off`` are
+    booleans and ``2024-01-01`` a date. Under 1.2 those are 10 and strings, so a spec says
+    what it reads as, and a string where a number or a switch belongs is a type error that
+    names the field. ``1e-6`` is a number (1.1 wants a dot, ``1.0e-6``), as users write it.
+    """
+
+    # a table of its own, not a copy of SafeLoader's: the 1.1 entries must not match at all
+    # (and SafeLoader's table, shared by every PyYAML user in the process, stays as it is)
+    yaml_implicit_resolvers: dict[str | None, list[tuple[str, re.Pattern[str]]]] = {}
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+# `_` between digits groups them (max_steps: 100_000), as in Python: unambiguous, and 1.1 read it too
+_INT_12 = re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT_12 = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
+_BOOL_12 = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+
+# The order within a first character matters: `10` matches the float pattern too.
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT_12, list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+.0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""])
+# not in the 1.2 core schema, but documented: `<<: *base` shares settings inside a file
+_Loader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+
+
+def _scalar_error(node: yaml.ScalarNode, what: str, allowed: str) -> yaml.constructor.ConstructorError:
+    return yaml.constructor.ConstructorError(
+        None, None, f"{node.value!r} is not {what} ({allowed})", node.start_mark
+    )
+
+
+# SafeLoader's constructors read 1.1 forms too (`!!int 010` is 8, `!!float 1:30` is 90):
+# an explicit tag is read by the same 1.2 rules as a plain scalar.
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    if not _INT_12.match(text):
+        raise _scalar_error(node, "an integer", "decimal digits (100_000 groups them), 0o17 octal or 0x1F hex")
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+def _construct_float(loader: _Loader, node: yaml.ScalarNode) -> float:
+    text = loader.construct_scalar(node)
+    if not _FLOAT_12.match(text):
+        raise _scalar_error(node, "a number", "e.g. 3, 0.5, 1e-6, .inf")
+    body = text.lstrip("+-").lower()
+    sign = -1.0 if text.startswith("-") else 1.0
+    if body == ".inf":
+        return sign * float("inf")
+    if body == ".nan":
+        return float("nan")
+    return float(text)
+
+
+def _construct_bool(loader: _Loader, node: yaml.ScalarNode) -> bool:
+    text = loader.construct_scalar(node)
+    if text not in _BOOL_12:
+        raise _scalar_error(node, "a boolean", "true or false")
+    return _BOOL_12[text]
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+_Loader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper that also quotes a string YAML 1.2 reads as something else
+    (``0o17``, ``1e5``), so what we write reads back the same here and in YAML 1.1 tools."""
+
+    yaml_implicit_resolvers = {
+        first: list(resolvers) for first, resolvers in yaml.SafeDumper.yaml_implicit_resolvers.items()
+    }
+
+
+for _first, _resolvers in _Loader.yaml_implicit_resolvers.items():
+    _Dumper.yaml_implicit_resolvers.setdefault(_first, []).extend(_resolvers)
 
 
 _PLAIN_TAGS = {
@@ -201,7 +276,8 @@ def _construct(
     try:
         return loader.construct_object(node)
     except yaml.YAMLError as exc:
-        problems.append(SpecProblem(f"bad value: {exc}", path=dotted, position=where))
+        problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) and exc.problem else exc
+        problems.append(SpecProblem(f"bad value: {problem}", path=dotted, position=where))
         return None
 
 
@@ -222,7 +298,7 @@ def _dotted(path: Sequence[str | int]) -> str:
 
 def dump_yaml(data: Mapping[str, Any], *, modeline: bool = False) -> str:
     """YAML text of plain ``data`` in key order (what ``ModelSpec.to_yaml`` writes)."""
-    text = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    text = yaml.dump(dict(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return (SCHEMA_MODELINE + "\n" + text) if modeline else text
 
 
@@ -269,10 +345,11 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
         path = Path(ref).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        if not path.exists() or path.is_dir():
-            what = f"{path} is a directory, not a YAML file" if path.is_dir() else f"file not found: {path}"
+        if path.is_dir():
+            raise SpecError([_directory_problem(path, position)])
+        if not path.exists():
             raise SpecError(
-                [SpecProblem(what, path="extends" if position else "", position=position)]
+                [SpecProblem(f"file not found: {path}", path="extends" if position else "", position=position)]
             )
         # a pipe (/dev/stdin, a shell's <(...)) is read as it is: resolved, it names no file
         return path.resolve() if path.is_file() else path
@@ -281,7 +358,20 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
     local = (base_dir or Path.cwd()) / ref
     if local.is_file():
         return local.resolve()
+    if local.is_dir():
+        # it exists: "no preset or file named" would send the user looking for a typo
+        raise SpecError([_directory_problem(Path(ref) if base_dir is None else local, position)])
     raise SpecError([_unknown_source_problem(ref, position)])
+
+
+def _directory_problem(path: Path, position: Position | None) -> SpecProblem:
+    spec = path / "spec.yaml"
+    hint = "a spec is a preset name or a YAML file"
+    if spec.is_file():  # a run folder: the spec it ran is in it
+        hint += f"; this folder holds {spec}"
+    return SpecProblem(
+        f"{path} is a directory, not a YAML file", path="extends" if position else "", position=position, hint=hint
+    )
 
 
 def _display(path: Path) -> str:
@@ -390,11 +480,13 @@ def apply_overrides(
             problems.append(SpecProblem("extends cannot be overridden; load that spec instead", position=Position(label)))
             continue
         retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
+        # the containers on the way that the spec does not write: the override makes them
+        created = [tuple(parts[:k]) for k in range(1, len(parts)) if not _written(data, parts[:k])]
         try:
             _materialize_default_list(data, parts)
             _set_path(data, parts, value)
-        except (KeyError, IndexError, TypeError) as exc:
-            problems.append(SpecProblem(str(exc.args[0]), path=key, position=Position(label)))
+        except _OverrideError as exc:
+            problems.append(SpecProblem(exc.message, path=key, position=Position(label), hint=exc.hint))
             continue
         if positions is not None:
             # setting another `type` makes the whole mapping the override's (a field the
@@ -402,6 +494,10 @@ def apply_overrides(
             owned = tuple(parts[:-1]) if retyped else tuple(parts)
             for p in [p for p in positions if p[: len(owned)] == owned]:
                 del positions[p]
+            # so is a mapping it made: `foo.bar=1` makes `foo`, and an unknown `foo` is this
+            # override's error, not the file's (whose root would be the nearest position)
+            for p in created:
+                positions[p] = Position(label)
             positions[owned] = Position(label)
             positions[tuple(parts)] = Position(label)
     if problems:
@@ -409,35 +505,69 @@ def apply_overrides(
     return data
 
 
+class _OverrideError(Exception):
+    """A path an override cannot follow; ``apply_overrides`` reports it at the override."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def _written(data: Any, parts: Sequence[str | int]) -> bool:
+    """Whether the spec writes a value (not null) at ``parts``."""
+    node = data
+    for part in parts:
+        if isinstance(node, dict) and node.get(part) is not None:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return False
+    return True
+
+
+def _bad_index(list_path: Sequence[str | int], index: str | int, items: list, *, default: bool) -> _OverrideError:
+    """The error for ``index`` into the list at ``list_path``: out of range, or not a number."""
+    where = _dotted(list_path)
+    what = f"{where} is {items} by default" if default else f"{where} is a list of {len(items)}"
+    whole = f"set the whole list, e.g. --set '{where}=[...]'"
+    indices = f"items 0-{len(items) - 1}" if len(items) > 1 else "item 0" if items else "empty"
+    if isinstance(index, int):
+        return _OverrideError(f"no item {index}: {what} ({indices}); set the whole list to change its length")
+    allowed = f"allowed: {indices.split()[1]}; or {whole}" if items else f"it is empty: {whole}"
+    return _OverrideError(f"{index!r} is not a list index: {what}", allowed)
+
+
 def _materialize_default_list(data: dict[str, Any], parts: list[str | int]) -> None:
     """For a path into a list the spec does not write (``training.optimizer.betas.1``,
-    a default), write the resolved default list first, so one item can be set."""
-    at = next((i for i in range(1, len(parts)) if isinstance(parts[i], int)), None)
-    if at is None:
-        return
-    node: Any = data
-    for part in parts[:at]:
-        if not isinstance(node, dict) or part not in node:
-            break
-        node = node[part]
-    else:
-        return  # the spec writes it: nothing to fill in
+    a default), write the resolved default list first, so one item can be set. A name
+    where that list wants an index (``betas.x``) is an error here: ``_set_path`` would
+    make a mapping in the list's place, and pydantic blame the file's line for it."""
+    missing = next((k for k in range(1, len(parts)) if not _written(data, parts[:k])), None)
+    if missing is None:
+        return  # the spec writes every container on the way: _set_path checks them
     from specformer.specs.schema import ModelSpec
 
     try:
         resolved: Any = ModelSpec.model_validate(copy.deepcopy(data)).to_dict()
     except ValidationError:
         return  # other problems first; the plain message stands
-    for part in parts[:at]:
-        if not isinstance(resolved, dict) or part not in resolved:
+    for k, part in enumerate(parts[:-1]):
+        if isinstance(resolved, dict) and part in resolved:
+            resolved = resolved[part]
+        elif isinstance(resolved, list) and isinstance(part, int) and part < len(resolved):
+            resolved = resolved[part]
+        else:
             return
-        resolved = resolved[part]
-    index = parts[at]
-    if isinstance(resolved, list) and resolved and isinstance(index, int):
-        if index >= len(resolved):
-            raise IndexError(f"no item {index}: {_dotted(parts[:at])} is {resolved} by default "
-                             f"(items 0-{len(resolved) - 1}); set the whole list to change its length")
-        _set_path(data, parts[:at], list(resolved))
+        if isinstance(resolved, list) and k + 1 >= missing:  # a default list, not the spec's
+            index = parts[k + 1]
+            if isinstance(index, int) and not resolved:
+                return  # _set_path says the spec has no such list
+            if not isinstance(index, int) or index >= len(resolved):
+                raise _bad_index(parts[: k + 1], index, resolved, default=True)
+            _set_path(data, parts[: k + 1], list(resolved))
+            return
 
 
 def _type_at(data: Any, parts: list[str | int]) -> Any:
@@ -458,14 +588,14 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
     for i, part in enumerate(parts[:-1]):
         if isinstance(node, list):
             if not isinstance(part, int) or part >= len(node):
-                raise IndexError(f"{_dotted(parts[: i + 1])}: no item {part} in a list of {len(node)}")
+                raise _bad_index(parts[:i], part, node, default=False)
             node = node[part]
             continue
         if not isinstance(node, dict):
-            raise TypeError(f"{_dotted(parts[:i])} is {_type_name(node)}, not a mapping")
+            raise _OverrideError(f"{_dotted(parts[:i])} is {_type_name(node)}, not a mapping")
         if node.get(part) is None:
             if isinstance(parts[i + 1], int):  # an item of a list the spec does not have
-                raise IndexError(
+                raise _OverrideError(
                     f"no item {parts[i + 1]}: the spec has no {_dotted(parts[: i + 1])} list; set the whole "
                     f"list, e.g. --set '{_dotted(parts[: i + 1])}=[...]'"
                 )
@@ -474,7 +604,7 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
     last = parts[-1]
     if isinstance(node, list):
         if not isinstance(last, int) or last >= len(node):
-            raise IndexError(f"no item {last} in a list of {len(node)}")
+            raise _bad_index(parts[:-1], last, node, default=False)
         node[last] = value
     elif isinstance(node, dict):
         if isinstance(value, dict) and isinstance(node.get(last), dict):
@@ -486,7 +616,7 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
         else:
             node[last] = value
     else:
-        raise TypeError(f"{_dotted(parts[:-1])} is {_type_name(node)}, not a mapping")
+        raise _OverrideError(f"{_dotted(parts[:-1])} is {_type_name(node)}, not a mapping")
 
 
 # --------------------------------------------------------------------------- load_spec

@@ -112,6 +112,22 @@ def test_a_directory_is_not_reported_as_missing(tmp_path):
     assert f"{folder} is a directory, not a YAML file" in result.stderr
 
 
+def test_a_directory_named_bare_is_not_reported_as_missing(tmp_path, monkeypatch):
+    # `validate x` for a folder x: not "no preset or file named 'x'", which sends one looking for a typo
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    result = runner.invoke(app, ["validate", "run"])
+    assert result.exit_code == 1
+    assert "run is a directory, not a YAML file" in result.stderr and "no preset" not in result.stderr
+    assert "a spec is a preset name or a YAML file" in result.stderr
+    (tmp_path / "run" / "spec.yaml").write_text("extends: gpt-nano\n")  # a run folder: say where its spec is
+    result = runner.invoke(app, ["validate", "run"])
+    assert "this folder holds run/spec.yaml" in result.stderr
+    (tmp_path / "child.yaml").write_text("extends: run\n")
+    result = runner.invoke(app, ["validate", "child.yaml"])
+    assert f"child.yaml:1:1: extends: {tmp_path / 'run'} is a directory" in result.stderr
+
+
 def test_list_never_shortens_a_preset_name():
     # piped or in a narrow terminal, the names a user types next stay whole
     from specformer.specs.loader import preset_names

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specformer import SpecError, load_spec
 
@@ -75,7 +76,7 @@ BAD_INPUTS = [
     ("override-reversed-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '3-1', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ['range like "0-5" (low to high), got \'3-1\'']),
     ("bad-devices", "extends: gpt-nano\ntraining: {devices: [cpu]}\n", 2, "training.devices",
-     ["a device count (1, 2, ...), a list of device indices ([0, 1]) or 'auto'"]),
+     ["a device count (1, 2, ...), a non-empty list of device indices ([0, 1]) or 'auto'"]),
     ("embedding-norm-placement", "extends: bert-nano\nembedding:\n  norm: {type: layernorm, placement: post}\n", 3,
      "embedding.norm", ["no meaning"]),
     # a scalar where a typed mapping belongs; the error is on this file's line, not the parent's
@@ -210,6 +211,75 @@ def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
     assert load_spec(path).decoder.norm.eps == 1e-6
     assert load_spec("gpt-nano", overrides=["decoder.norm.eps=2E-5"]).decoder.norm.eps == 2e-5
     assert load_spec("gpt-nano", overrides=["name=1e5x"]).name == "1e5x"
+
+
+# YAML 1.1 (PyYAML) reads each of these as something else: 8, 90, True, False, a date
+YAML_12_SCALARS = [
+    ("010", 10), ("0o17", 15), ("0x1F", 31), ("-7", -7), ("1.", 1.0), ("1e-5", 1e-5), (".5", 0.5),
+    ("1:30", "1:30"), ("yes", "yes"), ("no", "no"), ("on", "on"), ("off", "off"), ("y", "y"), ("n", "n"),
+    ("True", True), ("FALSE", False), ("tRUE", "tRUE"), ("~", None), ("Null", None), ("", None),
+    ("2024-01-01", "2024-01-01"), ("1_000", 1000), ("1__0", "1__0"), ("_10", "_10"), ("=", "="),
+]
+
+
+@pytest.mark.parametrize(("text", "value"), YAML_12_SCALARS, ids=[t or "empty" for t, _ in YAML_12_SCALARS])
+def test_plain_scalars_are_read_as_yaml_1_2(text, value):
+    from specformer.specs.loader import apply_overrides, dump_yaml, parse_yaml
+
+    # in a file and in a --set alike; what is written reads back the same
+    for read in (parse_yaml(f"x: {text}\n")[0]["x"], apply_overrides({}, [f"x={text}"])["x"]):
+        assert read == value and type(read) is type(value)
+    assert parse_yaml(dump_yaml({"x": text}))[0]["x"] == text
+    assert yaml.safe_load(dump_yaml({"x": text}))["x"] == text  # and in YAML 1.1 tools
+
+
+def test_no_value_changes_silently_in_a_file_or_a_set(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("extends: gpt-nano\ndecoder: {n_layers: 010}\n")
+    assert load_spec(path).decoder.n_layers == 10
+    assert load_spec("gpt-nano", overrides=["decoder.n_layers=010"]).decoder.n_layers == 10
+    assert load_spec("gpt-nano", overrides=["name=no"]).name == "no"
+    # a word where a switch or a number belongs is an error naming the field, not a guess
+    problems = _problems(tmp_path, "extends: gpt-nano\ntraining:\n  compile: yes\n")
+    assert [(p.path, p.position.line) for p in problems] == [("training.compile", 3)]
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["embedding.tie_output=off", "max_seq_len=1:30"])
+    assert [(p.path, str(p.position)) for p in info.value.problems] == [
+        ("embedding.tie_output", "--set embedding.tie_output=off"), ("max_seq_len", "--set max_seq_len=1:30")]
+    assert "got 'off'" in str(info.value) and "got '1:30'" in str(info.value)
+    # an explicit tag is read by the same rules
+    problems = _problems(tmp_path, "extends: gpt-nano\nd_model: !!int 1:30\n")
+    assert problems[0].path == "d_model" and "'1:30' is not an integer" in problems[0].message
+
+
+def test_the_loaders_yaml_rules_are_its_own():
+    # PyYAML's SafeLoader, shared with every other user in the process, keeps YAML 1.1
+    from specformer.specs.loader import parse_yaml
+
+    parse_yaml("x: 1\n")
+    assert yaml.safe_load("a: yes\nb: 010\n") == {"a": True, "b": 8}
+
+
+def test_an_override_that_makes_a_mapping_is_where_its_errors_are():
+    # `foo.bar=1` makes `foo`: the unknown field is the --set's, not the preset's first line
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["foo.bar=1", "training.nope.deeper=2"])
+    assert [(p.path, str(p.position)) for p in info.value.problems] == [
+        ("foo", "--set foo.bar=1"), ("training.nope", "--set training.nope.deeper=2")]
+
+
+@pytest.mark.parametrize("overrides", [[], ["training.optimizer.betas=[0.9, 0.9]"]], ids=["default", "written"])
+def test_a_name_where_a_list_index_belongs_is_an_error_at_the_override(overrides):
+    # betas is a list (the default, or the spec's own): `betas.x` must not turn it into a mapping
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=[*overrides, "training.optimizer.betas.x=0.9"])
+    (problem,) = info.value.problems
+    assert str(problem.position) == "--set training.optimizer.betas.x=0.9"
+    assert problem.path == "training.optimizer.betas.x"
+    assert "'x' is not a list index: training.optimizer.betas is" in problem.message
+    assert problem.hint.startswith("allowed: 0-1")
+    with pytest.raises(SpecError, match="'layers' is not a list index: decoder.overrides is"):
+        load_spec("gpt-nano", overrides=["decoder.overrides.layers=2"])
 
 
 def test_setting_an_item_of_a_missing_list_says_so():

@@ -183,7 +183,8 @@ def test_override_forms():
     assert apply_overrides(data, ["a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}, "l": [{"x": 1}]}
     assert apply_overrides(data, [("a.b", 5)])["a"]["b"] == 5
     assert apply_overrides(data, {"l.0.x": 9})["l"][0]["x"] == 9
-    assert apply_overrides(data, ["new.deep.key=yes"])["new"] == {"deep": {"key": True}}
+    assert apply_overrides(data, ["new.deep.key=true"])["new"] == {"deep": {"key": True}}
+    assert apply_overrides(data, ["new.deep.key=yes"])["new"] == {"deep": {"key": "yes"}}  # YAML 1.2
     assert apply_overrides(data, ["a.b="])["a"]["b"] is None
 
 

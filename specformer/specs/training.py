@@ -345,8 +345,10 @@ class TrainingSpec(Spec):
     precision: Precision = Field("32", description="32, bf16-mixed, 16-mixed (GPU), bf16-true or 64.")
     compile: bool = Field(False, description="Compile the model with torch.compile.")
     strategy: str = Field("auto", description="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ...")
-    accelerator: str = Field("auto", description="Lightning accelerator: auto, cpu, gpu, cuda, mps, tpu.")
-    devices: PositiveInt | Annotated[tuple[NonNegativeInt, ...], Field(strict=False)] | Literal["auto"] = Field(
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
+        "auto", description="Lightning accelerator: auto, cpu, gpu, cuda, mps, tpu."
+    )
+    devices: PositiveInt | Annotated[tuple[NonNegativeInt, ...], Field(strict=False, min_length=1)] | Literal["auto"] = Field(
         "auto", description="Devices per node: a count, a list of indices or auto."
     )
 
@@ -357,10 +359,12 @@ class TrainingSpec(Spec):
         def index(x: Any) -> bool:
             return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
-        if value == "auto" or (index(value) and value > 0) or (isinstance(value, list | tuple) and all(map(index, value))):
+        if value == "auto" or (index(value) and value > 0) or (
+            isinstance(value, list | tuple) and value and all(map(index, value))
+        ):
             return value
         raise PydanticCustomError(
-            "devices", "expected a device count (1, 2, ...), a list of device indices ([0, 1]) or 'auto'"
+            "devices", "expected a device count (1, 2, ...), a non-empty list of device indices ([0, 1]) or 'auto'"
         )
     num_nodes: PositiveInt = Field(1, description="Machines taking part.")
     num_workers: NonNegativeInt | None = Field(

@@ -144,6 +144,9 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
         train(load_spec(tiny("decoder", cache_dir=str(tmp_path / "f"))), progress=False)
     with pytest.raises(SpecError, match="no training objective trains a classification head"):
         train(load_spec({**tiny("encoder"), "head": {"type": "classification", "n_classes": 2}}), progress=False)
+    for field, value in (("accelerator", "banana"), ("devices", [])):
+        with pytest.raises(SpecError, match=f"training.{field}"):
+            load_spec(tiny("decoder", **{field: value}))
 
 
 def test_a_setting_the_trainer_refuses_leaves_no_run_folder(tiny, tmp_path: Path) -> None:

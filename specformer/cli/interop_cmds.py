@@ -202,8 +202,9 @@ def _write_or_fail(writers: dict[Path, Callable[[Path], None]]) -> None:
 
 
 def _auto_name(spec: Any) -> str:
-    return {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
-            "encoder-decoder": "AutoModelForSeq2SeqLM"}[spec.kind]
+    from specformer.interop.hf import hf_auto_name
+
+    return hf_auto_name(spec)
 
 
 def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, Any], Any]:

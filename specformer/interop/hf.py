@@ -59,6 +59,7 @@ __all__ = [
     "save_safetensors",
     "to_hf",
     "hf_auto_class",
+    "hf_auto_name",
 ]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -345,11 +346,19 @@ _AUTO = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
          "encoder-decoder": "AutoModelForSeq2SeqLM"}
 
 
+def hf_auto_name(spec: ModelSpec) -> str:
+    """The name of the ``transformers`` Auto class with the task head that matches ``spec``
+    (needs no ``transformers``)."""
+    if spec.head.type == "classification":
+        return "AutoModelForSequenceClassification"
+    return _AUTO[spec.kind]
+
+
 def hf_auto_class(spec: ModelSpec) -> Any:
     """The ``transformers`` Auto class with the task head that matches ``spec``."""
     import transformers
 
-    return getattr(transformers, _AUTO[spec.kind])
+    return getattr(transformers, hf_auto_name(spec))
 
 
 def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:

@@ -4,7 +4,8 @@ Import reads a plain dict (a ``config.json``, or ``PretrainedConfig.to_dict()``)
 needs no ``transformers``; every option of a supported family is either mapped to a spec
 field or refused with :class:`HFConversionError` naming the option, so an import never
 yields a silently different model. Defaults of absent keys are those of the Hugging Face
-config classes.
+config classes. The config's ``architectures`` (the model class) picks the head: the
+family's own, BERT's and RoBERTa's sequence classification, or a refusal naming the class.
 
 Export picks the family from the spec's structure, writes its config dict and re-imports
 it: any field whose value does not come back equal has no equivalent in that family and
@@ -415,6 +416,129 @@ _NEAR_MISSES = {
 }
 
 
+# --------------------------------------------------------------------------- architectures: which head
+
+
+# The model classes of each family whose outputs specformer's spec reproduces, and the
+# head each puts on the base model: the family's own (``lm`` for decoders and
+# encoder-decoders, ``mlm`` for encoders), ``classification``, or ``base``: the bare
+# model, imported only where the family's head holds no weights of its own (an LM head
+# tied to the token embeddings), since its checkpoint has none.
+_ARCHITECTURES: dict[str, dict[str, str]] = {
+    "gpt2": {"GPT2LMHeadModel": "lm", "GPT2Model": "base"},
+    # BertForPreTraining: the masked-LM head and next-sentence prediction (left out)
+    "bert": {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
+             "BertForSequenceClassification": "classification", "BertModel": "base"},
+    "roberta": {"RobertaForMaskedLM": "mlm", "RobertaForSequenceClassification": "classification",
+                "RobertaModel": "base"},
+    "t5": {"T5ForConditionalGeneration": "lm", "T5WithLMHeadModel": "lm", "T5Model": "base"},
+    "bart": {"BartForConditionalGeneration": "lm", "BartModel": "base"},
+    "llama": {"LlamaForCausalLM": "lm", "LlamaModel": "base"},
+    "mistral": {"MistralForCausalLM": "lm", "MistralModel": "base"},
+    "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
+}
+
+# Why transformers' other task classes are refused, by class-name suffix
+_OTHER_HEADS: tuple[tuple[str, str], ...] = (
+    ("ForTokenClassification", "specformer has no token-classification head"),
+    ("ForQuestionAnswering", "specformer has no question-answering head"),
+    ("ForMultipleChoice", "specformer has no multiple-choice head"),
+    ("ForNextSentencePrediction", "specformer has no next-sentence-prediction head"),
+    ("DoubleHeadsModel", "specformer has no multiple-choice head (this class has one beside its LM head)"),
+    ("EncoderModel", "it is the encoder alone, and specformer imports {family} as the encoder-decoder "
+                     "with its LM head"),
+    ("ForCausalLM", "it is a causal language model, and specformer imports {family} as a masked-LM encoder"),
+    ("LMHeadModel", "it is a causal language model, and specformer imports {family} as a masked-LM encoder"),
+    ("ForMaskedLM", "specformer imports {family} with a language-model head, not a masked-LM one"),
+)
+
+# Why a decoder's or an encoder-decoder's *ForSequenceClassification is not specformer's
+# classification head
+_CLASSIFIER_MISMATCH = {
+    "decoder": "it scores the last token that is not pad_token_id with a linear layer without "
+               "bias (score), and specformer's classifier has a bias",
+    "encoder-decoder": "it classifies the decoder's state at the last end-of-sequence token, and "
+                       "specformer's classification head pools the output of one stack",
+}
+
+# The checkpoint tensors of each family's own head, to say what a bare model lacks
+_HEAD_TENSORS = {"bert": "cls.predictions.*", "roberta": "lm_head.*"}
+
+
+def _head_from_architectures(c: _Config, raw: dict[str, Any]) -> dict[str, Any]:
+    """The spec's head for the model class the config's ``architectures`` names (the
+    family's own head when it names none). A class whose head specformer does not have,
+    or whose checkpoint cannot give the head's weights, is refused by name."""
+    names = c("architectures", [])
+    names = [names] if isinstance(names, str) else [str(n) for n in names]
+    if not names:
+        return raw["head"]
+    own = raw["head"]
+    weightless = own["type"] == "lm" and raw["embedding"]["tie_output"] and not own.get("bias")
+    known = _ARCHITECTURES[c.family]
+    supported = ", ".join(n for n, h in known.items() if h != "base" or weightless)
+    listed = f"architectures {names}"
+    heads = []
+    for name in names:
+        head = known.get(name)
+        if head is None:
+            raise _unsupported_class(c.family, raw["kind"], name, listed, supported)
+        if head == "base" and not weightless:
+            what = "masked-LM head" if own["type"] == "mlm" else "LM head (untied: tie_word_embeddings is false)"
+            raise HFConversionError(
+                f"{listed}: {name} is the bare {c.family} {raw['kind']}, without the {what} that "
+                f"specformer's {c.family} spec ends in ({_HEAD_TENSORS.get(c.family, 'lm_head.weight')}); "
+                "its checkpoint has no weights for that head, and a spec cannot leave the head out. "
+                f"Supported {c.family} architectures: {supported}"
+            )
+        heads.append(own["type"] if head == "base" else head)
+    if len(set(heads)) > 1:
+        raise HFConversionError(
+            f"{listed}: these classes put different heads on the model; give a config that names "
+            "the class of its checkpoint (its \"architectures\" key)"
+        )
+    return _classification_head(c) if heads[0] == "classification" else own
+
+
+def _unsupported_class(family: str, kind: str, name: str, listed: str, supported: str) -> HFConversionError:
+    tail = f"; supported {family} architectures: {supported}"
+    if name.endswith("ForSequenceClassification") and kind in _CLASSIFIER_MISMATCH:
+        return HFConversionError(
+            f"{listed}: {name} is not specformer's classification head: {_CLASSIFIER_MISMATCH[kind]}{tail}"
+        )
+    why = next((w for suffix, w in _OTHER_HEADS if name.endswith(suffix)), None)
+    if why is None:
+        return HFConversionError(
+            f"{listed}: {name} is not a {family} class specformer knows the head of{tail} (a config "
+            "naming a class of its own can name the one its checkpoint matches instead)"
+        )
+    return HFConversionError(f"{listed}: {why.format(family=family)}{tail}")
+
+
+def _classification_head(c: _Config) -> dict[str, Any]:
+    """BERT's and RoBERTa's sequence classification: the first token's state through a
+    dense + tanh pooler, dropout, then a linear classifier to ``num_labels`` classes,
+    trained with softmax cross-entropy."""
+    labels = c("id2label")
+    n_classes = len(labels) if isinstance(labels, Mapping) and labels else c("num_labels", 2)
+    problem = c("problem_type")
+    if problem is None and n_classes == 1:
+        problem = "regression"  # what transformers trains a single label as
+    if problem != "single_label_classification" and problem is not None:
+        raise c.refuse(
+            f"problem_type={problem!r}" + (" (num_labels=1)" if n_classes == 1 else ""),
+            "specformer's classification head is trained with softmax cross-entropy over the "
+            "classes, transformers' problem_type 'single_label_classification'",
+        )
+    return {
+        "type": "classification",
+        "n_classes": n_classes,
+        "pooling": "first",
+        "pooler": True,
+        "dropout": _dropout(c("classifier_dropout", c("hidden_dropout_prob", 0.1))),
+    }
+
+
 def read_hf_config(source: Any) -> dict[str, Any]:
     """A config as a plain dict, from a ``PretrainedConfig``, a mapping, a ``config.json``
     path or a model directory holding one."""
@@ -464,7 +588,9 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
                 f"cannot express; supported model types: {supported}"
             )
         raise HFConversionError(f"model_type {model_type!r} is not supported; supported: {supported}")
-    raw = importer(_Config(data, model_type))
+    c = _Config(data, model_type)
+    raw = importer(c)
+    raw["head"] = _head_from_architectures(c, raw)
     raw["name"] = name or _default_name(data)
     raw = {"name": raw.pop("name"), **raw}
     try:
@@ -544,8 +670,9 @@ def _export_gpt2(spec: ModelSpec) -> dict[str, Any]:
 def _export_bert(spec: ModelSpec, roberta: bool) -> dict[str, Any]:
     s = spec.encoder
     assert s is not None
-    out = {
-        "architectures": ["RobertaForMaskedLM" if roberta else "BertForMaskedLM"],
+    family = "Roberta" if roberta else "Bert"
+    out: dict[str, Any] = {
+        "architectures": [f"{family}ForMaskedLM"],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "num_hidden_layers": s.n_layers,
@@ -565,6 +692,14 @@ def _export_bert(spec: ModelSpec, roberta: bool) -> dict[str, Any]:
         offset = spec.positional.offset
         out["pad_token_id"] = offset - 1
         out["max_position_embeddings"] = spec.positional.max_positions or spec.max_seq_len + offset
+    head = spec.head
+    if head.type == "classification":
+        out["architectures"] = [f"{family}ForSequenceClassification"]
+        # the spec has no label names; transformers' defaults, as a config without them gets
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(head.n_classes)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(head.n_classes)}
+        out["classifier_dropout"] = head.dropout
+        out["problem_type"] = "single_label_classification"  # softmax cross-entropy, as specformer trains
     return out
 
 
@@ -711,6 +846,7 @@ def hf_config_from_spec(
     from bos.
     """
     model_type = hf_family(spec)
+    _check_head_exports(spec, model_type)
     try:
         config = {"model_type": model_type, **_EXPORTERS[model_type](spec)}
     except (KeyError, AttributeError) as exc:
@@ -723,6 +859,8 @@ def hf_config_from_spec(
         raise HFConversionError(f"the spec does not map onto Hugging Face {model_type}: {exc}") from None
     problems, notes, fixes = [], [], []
     for path, ours, theirs in _differences(_resolved(spec.to_dict()), _resolved(back.to_dict())):
+        if path.startswith("head.") and path != "head.type" and spec.head.type != back.head.type:
+            continue  # another kind of head: its type says it, not each field the two do not share
         line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
         if any(t in path for t in _TRAINING_ONLY):
             notes.append(line)
@@ -736,10 +874,25 @@ def hf_config_from_spec(
             sets = " ".join(f"--set {path}={json.dumps(v)}" for path, v in fixes)
             message += f"\na model trained with {model_type}'s values from the start exports: {sets}"
         raise HFConversionError(message)
+    if model_type == "roberta" and spec.head.type == "classification" and spec.head.dropout:
+        notes.append(f"head.dropout = {spec.head.dropout!r} (Hugging Face roberta's classification head "
+                     "applies classifier_dropout before its dense layer too)")
     if warnings is not None:
         warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
     _set_token_ids(config, spec, token_ids or {}, notes=warnings)
     return config
+
+
+def _check_head_exports(spec: ModelSpec, model_type: str) -> None:
+    """Refuse a classification head on a family whose sequence classifier is another one."""
+    if spec.head.type != "classification" or model_type in ("bert", "roberta"):
+        return
+    why = _CLASSIFIER_MISMATCH.get(spec.kind, "")
+    raise HFConversionError(
+        f"head: classification has no Hugging Face {model_type} equivalent: its ForSequenceClassification "
+        f"model is another head ({why}); a classification head exports on a BERT or RoBERTa encoder "
+        "(BertForSequenceClassification, RobertaForSequenceClassification: pooling first, pooler true)"
+    )
 
 
 _TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")

@@ -9,8 +9,9 @@ returns the same tensors.
 
 Conversions need no ``transformers``: they work on plain ``{name: Tensor}`` dicts.
 Names follow the ``*For{CausalLM,MaskedLM,ConditionalGeneration}`` classes of
-transformers; checkpoints saved from the bare model (``GPT2Model``, ``BertModel``, ...)
-are recognised by their missing prefix.
+transformers (and ``{Bert,Roberta}ForSequenceClassification`` for a classification
+head); checkpoints saved from the bare model (``GPT2Model``, ``BertModel``, ...) are
+recognised by their missing prefix.
 """
 
 from __future__ import annotations
@@ -204,6 +205,19 @@ def _bert_like(spec: ModelSpec, base: str) -> Iterator[Rule]:
             yield Rule("head.bias", (f"{h}.bias",))
         if not spec.embedding.tie_output:
             yield Rule("head.proj.weight", (f"{h}.decoder.weight",))
+    elif spec.head.type == "classification":
+        head = spec.head
+        if head.pooling != "first" or not head.pooler:
+            raise HFConversionError(
+                f"a classification head with pooling {head.pooling!r} and pooler {head.pooler} has no "
+                f"{base} counterpart ({base.capitalize()}ForSequenceClassification pools the first token "
+                "through a dense + tanh pooler)"
+            )
+        # BERT's pooler belongs to the base model; RoBERTa's classifier holds its own
+        pooler, classifier = ("bert.pooler.dense", "classifier") if base == "bert" else (
+            "classifier.dense", "classifier.out_proj")
+        yield from _linear("head.pooler", pooler, True)
+        yield from _linear("head.classifier", classifier, True)
 
 
 def _t5(spec: ModelSpec) -> Iterator[Rule]:
@@ -370,8 +384,14 @@ def hf_to_specformer(
         used.update(rule.theirs)
         out[rule.ours] = rule.to_ours([theirs[n] for n in rule.theirs])
     if missing:
+        head = {n for r in rules if r.ours.startswith("head.") for n in r.theirs}
+        why = ""
+        if set(missing) <= head:
+            why = (f"; it has no weights for the spec's {spec.head.type} head: it was saved from a model "
+                   "without that head (the bare base model, or one with another task's head)")
         raise HFConversionError(
-            f"the {model_type} checkpoint lacks {len(missing)} tensor(s) the spec needs: {_short_list(missing)}"
+            f"the {model_type} checkpoint lacks {len(missing)} tensor(s) the spec needs: "
+            f"{_short_list(missing)}{why}"
         )
     report = WeightReport(ignored=unused, tied=[])
     unexpected = []
@@ -403,9 +423,13 @@ def hf_to_specformer(
         else:
             unexpected.append(name)
     if unexpected:
+        why = ""
+        if family.prefix and not any(n.startswith(family.prefix) for n in unexpected):
+            why = (f"; they are a task head's, not the spec's {spec.head.type} head: the config should "
+                   "name the checkpoint's model class in \"architectures\"")
         raise HFConversionError(
             f"the {model_type} checkpoint has {len(unexpected)} tensor(s) the spec has no place for: "
-            f"{_short_list(unexpected)}"
+            f"{_short_list(unexpected)}{why}"
         )
     return out, report
 
@@ -454,7 +478,7 @@ def _live_tensors(
 def _copy_of(name: str, family: _Family, spec: ModelSpec, ours: Mapping[str, Tensor]) -> Tensor | None:
     """The specformer tensor that the HF tied copy ``name`` must equal, or None when
     ``name`` is not a copy for this spec."""
-    if name not in family.tied_copies:
+    if name not in family.tied_copies or spec.head.type == "classification":
         return None
     if name.endswith("decoder.bias"):  # BERT/RoBERTa: the decoder's bias is the head bias
         return ours.get("head.bias")

@@ -289,3 +289,53 @@ def test_written_weights_get_the_umasks_permissions_like_the_other_files(tmp_pat
         os.umask(old)
     for path in (source / "model.safetensors", source / "config.json", tmp_path / "x.safetensors", tmp_path / "x.yaml"):
         assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+# --------------------------------------------------------------------------- task heads
+
+
+def test_sequence_classifier_imports_as_a_classification_head_and_exports_back(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=101, max_position_embeddings=64,
+                                     num_labels=3)
+    hf = transformers.BertForSequenceClassification(config).eval()
+    hf.save_pretrained(tmp_path / "cls")
+    spec_path, weights = tmp_path / "cls.yaml", tmp_path / "cls.safetensors"
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "cls"), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(spec_path)
+    assert (spec.head.type, spec.head.n_classes) == ("classification", 3)
+    assert "type: classification" in spec_path.read_text()
+    model = build_model(spec).eval()
+    model.load_state_dict(load_file(str(weights)))
+    ids, mask = torch.randint(0, 101, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask).logits  # (2, 3)
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected, atol=1e-4, rtol=0)
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    back = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    assert type(back).__name__ == "BertForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        ("BertModel", ["BertModel is the bare bert encoder", "cls.predictions.*", "BertForSequenceClassification"]),
+        ("BertForQuestionAnswering", ["specformer has no question-answering head", "BertForMaskedLM"]),
+    ],
+)
+def test_a_head_specformer_does_not_have_is_refused_by_name(tmp_path, make: str, words: list[str]) -> None:
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=101, max_position_embeddings=64)
+    getattr(transformers, make)(config).save_pretrained(tmp_path / "hf")
+    for extra in ([], ["-w", str(tmp_path / "w.safetensors")]):
+        result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "-o", str(tmp_path / "x.yaml"), *extra])
+        _clean_error(result, f"architectures ['{make}']", *words)
+        assert not (tmp_path / "x.yaml").exists()

@@ -291,3 +291,137 @@ def test_export_warns_about_training_only_differences() -> None:
     assert config["model_type"] == "bert"
     assert any("encoder.ffn.dropout" in w for w in warnings)
     assert any("init.scaled_residual" in w for w in warnings)
+
+
+# --------------------------------------------------------------------------- architectures: which head
+
+_TINY_BERT = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "intermediate_size": 64, "vocab_size": 101}
+_TINY_GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 4, "vocab_size": 101}
+_TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+               "intermediate_size": 64, "vocab_size": 101}
+
+
+def _with(config: dict[str, Any], *architectures: str, **extra: Any) -> dict[str, Any]:
+    return {**config, "architectures": list(architectures), **extra}
+
+
+@pytest.mark.parametrize(
+    ("config", "head"),
+    [
+        (_TINY_BERT, "mlm"),  # no architectures: the family's own head
+        (_with(_TINY_BERT, "BertForMaskedLM"), "mlm"),
+        (_with(_TINY_BERT, "BertForPreTraining"), "mlm"),  # + next-sentence prediction, left out
+        (_with(_TINY_GPT2, "GPT2LMHeadModel"), "lm"),
+        # bare models whose LM head is the tied token embeddings: the checkpoint has every weight
+        (_with(_TINY_GPT2, "GPT2Model"), "lm"),
+        (_with(_TINY_LLAMA, "LlamaModel", tie_word_embeddings=True), "lm"),
+        (_with(OTHERS["bart-base"], "BartModel"), "lm"),
+        (_with(PUBLISHED["t5-small"], "T5Model"), "lm"),
+        (_with(_TINY_BERT, "BertForSequenceClassification"), "classification"),
+        (_with({**OTHERS["roberta-base"], "architectures": []}, "RobertaForSequenceClassification"),
+         "classification"),
+    ],
+)
+def test_architectures_pick_a_head_specformer_has(config: dict[str, Any], head: str) -> None:
+    assert spec_from_hf_config(config).head.type == head
+
+
+def test_sequence_classification_is_the_classification_head() -> None:
+    config = _with(_TINY_BERT, "BertForSequenceClassification", id2label={"0": "neg", "1": "neu", "2": "pos"},
+                   hidden_dropout_prob=0.3)
+    head = spec_from_hf_config(config).head
+    # the first token through BertPooler (dense + tanh), dropout, then the classifier
+    assert (head.n_classes, head.pooling, head.pooler, head.dropout) == (3, "first", True, 0.3)
+    head = spec_from_hf_config({**config, "classifier_dropout": 0.05, "id2label": None, "num_labels": 5}).head
+    assert (head.n_classes, head.dropout) == (5, 0.05)
+    head = spec_from_hf_config({**config, "problem_type": "single_label_classification"}).head
+    assert head.n_classes == 3
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (_with(_TINY_BERT, "BertForQuestionAnswering"),
+         ["['BertForQuestionAnswering']", "specformer has no question-answering head",
+          "supported bert architectures: BertForMaskedLM, BertForPreTraining, BertForSequenceClassification"]),
+        (_with(_TINY_BERT, "BertForTokenClassification"), ["no token-classification head"]),
+        (_with(_TINY_BERT, "BertForMultipleChoice"), ["no multiple-choice head"]),
+        (_with(_TINY_BERT, "BertForNextSentencePrediction"), ["no next-sentence-prediction head"]),
+        (_with(_TINY_BERT, "BertLMHeadModel"), ["causal language model", "masked-LM encoder"]),
+        (_with(OTHERS["roberta-base"], "RobertaForTokenClassification"),
+         ["no token-classification head", "RobertaForSequenceClassification"]),
+        (_with(_TINY_GPT2, "GPT2DoubleHeadsModel"), ["no multiple-choice head"]),
+        (_with(PUBLISHED["t5-small"], "T5EncoderModel"), ["the encoder alone", "T5ForConditionalGeneration"]),
+        # other families' sequence classifiers are other heads
+        (_with(_TINY_GPT2, "GPT2ForSequenceClassification"),
+         ["GPT2ForSequenceClassification is not specformer's classification head", "without bias",
+          "GPT2LMHeadModel, GPT2Model"]),
+        (_with(_TINY_LLAMA, "LlamaForSequenceClassification"), ["without bias", "LlamaForCausalLM"]),
+        (_with(OTHERS["bart-base"], "BartForSequenceClassification"), ["end-of-sequence token"]),
+        # bare models whose head has weights of its own, which their checkpoints lack
+        (_with(_TINY_BERT, "BertModel"), ["BertModel is the bare bert encoder", "masked-LM head",
+                                          "cls.predictions.*", "BertForMaskedLM"]),
+        (_with(OTHERS["roberta-base"], "RobertaModel"), ["bare roberta encoder", "lm_head.*"]),
+        (_with(_TINY_LLAMA, "LlamaModel"), ["bare llama decoder", "tie_word_embeddings is false",
+                                            "lm_head.weight", "llama architectures: LlamaForCausalLM"]),
+        (_with(OTHERS["t5-v1_1-small"], "T5Model"), ["bare t5 encoder-decoder", "lm_head.weight"]),
+        (_with(_TINY_BERT, "MyBertClassifier"), ["MyBertClassifier is not a bert class specformer knows"]),
+        (_with(_TINY_BERT, "BertForMaskedLM", "BertForSequenceClassification"), ["different heads"]),
+        # specformer trains a classification head with softmax cross-entropy
+        (_with(_TINY_BERT, "BertForSequenceClassification", num_labels=1, id2label=None),
+         ["problem_type='regression' (num_labels=1)", "softmax cross-entropy"]),
+        (_with(_TINY_BERT, "BertForSequenceClassification", problem_type="multi_label_classification"),
+         ["problem_type='multi_label_classification'"]),
+    ],
+)
+def test_heads_specformer_does_not_have_are_refused_by_name(config: dict[str, Any], words: list[str]) -> None:
+    with pytest.raises(HFConversionError) as info:
+        spec_from_hf_config(config)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize("base", ["bert-nano", "roberta-base"])
+def test_export_of_a_classification_head_round_trips(base: str) -> None:
+    spec = spec_from_hf_config(OTHERS[base]) if base in OTHERS else load_spec(base)
+    spec = load_spec({**spec.to_dict(), "head": {"type": "classification", "n_classes": 4, "dropout": 0.1}})
+    config = hf_config_from_spec(spec, warnings=[])
+    family = "Bert" if base.startswith("bert") else "Roberta"
+    assert config["architectures"] == [f"{family}ForSequenceClassification"]
+    assert len(config["id2label"]) == 4 and config["problem_type"] == "single_label_classification"
+    assert config["classifier_dropout"] == 0.1
+    back = spec_from_hf_config(config, name=spec.name)
+    assert back.model_copy(update={"training": spec.training}) == spec  # training is not part of it
+
+
+def test_export_warns_that_roberta_classifier_drops_out_twice() -> None:
+    spec = spec_from_hf_config(_with(OTHERS["roberta-base"], "RobertaForSequenceClassification"))
+    warnings: list[str] = []
+    hf_config_from_spec(spec, warnings=warnings)
+    assert any("head.dropout = 0.1" in w and "before its dense layer" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "words", "absent"),
+    [
+        ("gpt-nano", ["head.type=classification", "head.pooling=last", "head.pooler=false"],
+         ["head: classification has no Hugging Face gpt2 equivalent", "without bias",
+          "BertForSequenceClassification"], ["--set"]),
+        ("t5-small", ["head.type=classification"], ["no Hugging Face t5 equivalent", "end-of-sequence"], []),
+        ("bert-nano", ["head.type=classification", "head.pooling=mean"],
+         ["head.pooling = 'mean' (Hugging Face bert has 'first')"], ["head.n_classes"]),
+        # another kind of head is named by its type, not by each field the two heads do not share
+        ("bert-nano", ["head.type=lm"], ["head.type = 'lm' (Hugging Face bert has 'mlm')"],
+         ["head.activation", "head.scale_input"]),
+    ],
+)
+def test_export_of_a_head_the_family_lacks_is_refused_by_name(
+    preset: str, overrides: list[str], words: list[str], absent: list[str]
+) -> None:
+    with pytest.raises(HFConversionError) as info:
+        hf_config_from_spec(load_spec(preset, overrides))
+    for word in words:
+        assert word in str(info.value)
+    for word in absent:
+        assert word not in str(info.value)

@@ -7,6 +7,7 @@ generation with the KV cache, and that an export loads back into transformers.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -46,6 +47,14 @@ TINY: dict[str, dict[str, Any]] = {
     "roberta": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
                 "layer_norm_eps": 1e-5, "pad_token_id": 1},
+    # sequence classification (`-cls`): BERT's pooler + classifier, RoBERTa's classifier.dense + out_proj
+    "bert-cls": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "intermediate_size": 64, "max_position_embeddings": 64, "num_labels": 3,
+                 "classifier_dropout": 0.2},
+    "roberta-cls": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                    "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
+                    "layer_norm_eps": 1e-5, "pad_token_id": 1,
+                    "id2label": {0: "negative", 1: "neutral", 2: "positive", 3: "mixed"}},
     "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
            "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16},
     "t5-v1_1": {"d_model": 32, "d_kv": 16, "d_ff": 48, "num_layers": 2, "num_heads": 3,
@@ -89,8 +98,11 @@ def _hf_model(family: str, seed: int = 0) -> Any:
         "bert": transformers.AutoModelForMaskedLM,
         "roberta": transformers.AutoModelForMaskedLM,
     }.get(model_type, transformers.AutoModelForCausalLM)
+    if family.endswith("-cls"):
+        auto = transformers.AutoModelForSequenceClassification
     torch.manual_seed(seed)
     model = auto.from_config(config).eval()
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -145,6 +157,8 @@ def test_logits_match_transformers(family: str, padded: bool) -> None:
             theirs = hf(input_ids=ids, attention_mask=mask)
             ours = model(ids, attention_mask=mask)
     assert ours.logits.shape == theirs.logits.shape
+    if ours.logits.dim() == 2:  # a classification head: one row of class logits per sequence
+        real = slice(None)
     torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=1e-4, rtol=0)
     assert (ours.logits[real] - theirs.logits[real]).abs().max() < 1e-4
     assert theirs.logits[real].std() > 0.1  # the comparison is not between near-zero outputs
@@ -375,6 +389,50 @@ def test_missing_and_unexpected_tensors_are_named() -> None:
         load_hf_weights(model, sd)
 
 
+def test_bare_model_with_a_tied_lm_head_imports_from_its_own_folder(tmp_path) -> None:
+    hf = _hf_model("gpt2")
+    hf.transformer.save_pretrained(tmp_path)  # a GPT2Model: config.json says architectures ["GPT2Model"]
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["GPT2Model"]
+    spec, state, _ = import_hf(tmp_path)
+    model = build_model(spec).eval()
+    model.load_state_dict(state)
+    ids, mask = _inputs()
+    with torch.no_grad():  # the LM head is the token embeddings, which the bare model has
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits[mask.bool()],
+                                   hf(input_ids=ids, attention_mask=mask).logits[mask.bool()], atol=1e-4, rtol=0)
+
+
+def test_bare_bert_folder_is_refused_naming_the_missing_head(tmp_path) -> None:
+    hf = _hf_model("bert")
+    hf.bert.save_pretrained(tmp_path)  # a BertModel: no masked-LM head
+    with pytest.raises(HFConversionError, match=r"BertModel is the bare bert encoder.*cls\.predictions"):
+        import_hf(tmp_path)
+    with pytest.raises(HFConversionError, match=r"BertModel is the bare bert encoder"):
+        import_hf(tmp_path, weights=False)
+
+
+def test_checkpoint_without_the_spec_head_says_so() -> None:
+    # a config that names no class: the family's own head, which these checkpoints lack
+    hf = _hf_model("bert")
+    config = hf.config.to_dict() | {"architectures": None}
+    with pytest.raises(HFConversionError, match=r"lacks 5 tensor\(s\).*no weights for the spec's mlm head"):
+        import_hf(config, state_dict=hf.bert.state_dict())
+    cls = _hf_model("bert-cls")
+    with pytest.raises(HFConversionError, match=r"no weights for the spec's mlm head"):
+        import_hf(config, state_dict=cls.state_dict())
+    gpt2 = transformers.GPT2ForSequenceClassification(_hf_model("gpt2").config)
+    with pytest.raises(HFConversionError, match=r"no place for: score\.weight; they are a task head's"):
+        import_hf(gpt2.config.to_dict() | {"architectures": None}, state_dict=gpt2.state_dict())
+
+
+def test_classification_weights_need_the_bert_pooling() -> None:
+    hf = _hf_model("bert-cls")
+    spec, _, _ = import_hf(hf.config, weights=False)
+    mean = spec.model_copy(update={"head": spec.head.model_copy(update={"pooling": "mean"})})
+    with pytest.raises(HFConversionError, match="pooling 'mean' and pooler True has no bert counterpart"):
+        hf_to_specformer(hf.state_dict(), mean)
+
+
 def test_load_hf_weights_reproduces_the_reference() -> None:
     hf = _hf_model("t5-v1_1")
     spec, _, _ = import_hf(hf.config, weights=False)
@@ -389,7 +447,9 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 
 
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
-                 "bart": "### BART", "llama": "### Llama", "gpt_neox": "### GPT-NeoX"}
+                 "bart": "### BART", "llama": "### Llama", "gpt_neox": "### GPT-NeoX",
+                 "bert-cls": "### BERT sequence classification",
+                 "roberta-cls": "### RoBERTa sequence classification"}
 
 
 @pytest.mark.parametrize("family", sorted(_DOC_SECTIONS))

@@ -66,7 +66,9 @@ def valid_specs(draw) -> dict:
         if draw(st.booleans()):
             positional["max_positions"] = max_seq_len + positional["offset"] + draw(st.integers(0, 3))
     if pos_type == "t5":
-        positional["num_buckets"] = draw(st.integers(2, 8))
+        positional["num_buckets"] = draw(st.integers(4, 8))
+        # the logarithmic buckets need room beyond the exact ones (num_buckets // 2)
+        positional["max_distance"] = draw(st.integers(positional["num_buckets"] // 2 + 1, 16))
     spec: dict = {
         "name": "generated",
         "kind": kind,

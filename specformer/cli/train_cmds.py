@@ -203,7 +203,7 @@ def train_cmd(
             "or a checkpoint / run folder. A new run: step 0, a fresh optimizer.",
         ),
     ] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar (each validation prints its line either way).")] = True,
 ) -> None:
     """Train a model on built-in or your own data, as the spec's `training:` section says.
 

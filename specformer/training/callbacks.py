@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["SpecProgressBar", "PeriodicCheckpoint", "LogGlobalStep", "format_count"]
+__all__ = ["SpecProgressBar", "ValidationLines", "PeriodicCheckpoint", "LogGlobalStep", "format_count", "validation_line"]
 
 
 def format_count(n: float) -> str:
@@ -29,6 +29,27 @@ def format_count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
     return f"{n:.0f}"
+
+
+def validation_line(h: dict[str, Any]) -> str:
+    """One validation's line: step, loss, perplexity (and exact match)."""
+    text = f"step {h['step']:>6}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
+    if "val/exact_match" in h:
+        text += f"  exact match {100 * h['val/exact_match']:.1f}%"
+    return text
+
+
+class ValidationLines(L.Callback):
+    """Without a progress bar (``--no-progress``), the line each validation leaves, as
+    the bar prints it: a log that keeps the run's curve."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        history = getattr(pl_module, "val_history", [])
+        if trainer.is_global_zero and not trainer.sanity_checking and history:
+            self.console.print(validation_line(history[-1]), highlight=False)
 
 
 class SpecProgressBar(ProgressBar):
@@ -120,11 +141,7 @@ class SpecProgressBar(ProgressBar):
         self._val_task = None
         history = getattr(pl_module, "val_history", [])
         if history:
-            h = history[-1]
-            text = f"step {h['step']:>6}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
-            if "val/exact_match" in h:
-                text += f"  exact match {100 * h['val/exact_match']:.1f}%"
-            self._progress.console.print(text, highlight=False)
+            self._progress.console.print(validation_line(history[-1]), highlight=False)
 
     def _stop(self) -> None:
         if self._progress is not None:

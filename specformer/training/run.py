@@ -35,6 +35,7 @@ from specformer.training.callbacks import (
     LogGlobalStep,
     PeriodicCheckpoint,
     SpecProgressBar,
+    ValidationLines,
 )
 from specformer.training.checkpoint import (
     AtomicCheckpointIO,
@@ -168,6 +169,8 @@ def build_trainer(
     ]
     if progress:
         own.insert(0, SpecProgressBar(console))
+    elif console is not None:
+        own.insert(0, ValidationLines(console))
     settings: dict[str, Any] = dict(
         max_steps=max_steps,
         max_epochs=-1,

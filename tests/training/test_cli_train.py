@@ -39,7 +39,11 @@ def _checkpoint(tmp_path: Path, name: str) -> Path:
 
 def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> None:
     spec = _write(tmp_path, tiny("decoder", max_steps=10, val_interval=5))
-    out = _train([str(spec), "--set", "training.max_steps=12"]).output
+    result = _train([str(spec), "--set", "training.max_steps=12"])
+    out = result.output
+    # without the bar, each validation still leaves its line (steps 5, 10 and the last, 12)
+    assert [line.split("val loss")[0].split() for line in result.stderr.splitlines() if "val loss" in line] == [
+        ["step", "5"], ["step", "10"], ["step", "12"]]
     for label in ("val loss", "val perplexity", "unigram baseline", "tokens/s", "wall time", "checkpoint"):
         assert label in out
     ckpt = _checkpoint(tmp_path, "tiny-decoder")

@@ -164,8 +164,14 @@ def _check_options(output_format: str, dtype: str) -> None:
 def _analysis_errors(fn: Any) -> Any:
     """Run ``fn``; turn a ValueError (unknown dtype, plugin type without analytic counts) into
     a message and exit status 1."""
+    from specformer.analysis.params import AnalysisError
+
     try:
         return fn()
+    except AnalysisError as exc:
+        print_error(str(exc), "a plugin type has no analytic counts; build_model(spec, device='meta') "
+                    "counts its parameters, and diff_specs(..., reports=False) compares such specs")
+        raise typer.Exit(1) from None
     except ValueError as exc:
         print_error(str(exc))
         raise typer.Exit(1) from None

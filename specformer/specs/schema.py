@@ -90,7 +90,7 @@ class LearnedSpec(Spec):
 
     type: Literal["learned"] = "learned"
     max_positions: PositiveInt | None = Field(
-        None, description="Rows of the table; defaults to max_seq_len and must cover it."
+        None, description="Rows of the table; default max_seq_len + offset, and at least that."
     )
     offset: NonNegativeInt = Field(
         0, description="Rows skipped before position 0 (RoBERTa reserves 2)."

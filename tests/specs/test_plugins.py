@@ -98,3 +98,15 @@ def test_registry_refuses_silent_replacement():
     assert registry.get("ffn", "mlp").target == "x:z"
     with pytest.raises(LookupError, match="registered: mlp"):
         registry.get("ffn", "moe")
+
+
+def test_show_of_a_plugin_type_says_what_works_instead(plugin_path, tmp_path):
+    # no analytic count for a plugin type: a clear error naming it, and the way to count it
+    spec = tmp_path / "p.yaml"
+    spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
+    env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert "no analytic parameter count for ffn type 'relu2'" in result.stderr
+    assert "build_model(spec, device='meta')" in result.stderr and "Traceback" not in result.stderr

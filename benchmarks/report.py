@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,12 +94,19 @@ def ratios(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = list(argv if argv is not None else sys.argv[1:])
-    if args and args[0] == "--ratios":
-        runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in args[1:]]
+    parser = argparse.ArgumentParser(description="Render benchmark JSON files as Markdown tables.")
+    parser.add_argument("files", nargs="+", help="JSON files written by the benchmarks' --out")
+    parser.add_argument("--ratios", action="store_true",
+                        help="one table of each specformer × ratio across the files (run to run)")
+    args = parser.parse_args(argv)
+    missing = [p for p in args.files if not Path(p).is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
+    if args.ratios:
+        runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in args.files]
         print(ratios(runs))
         return
-    for path in args:
+    for path in args.files:
         data = json.loads(Path(path).read_text())
         m = data["machine"]
         print(f"### {data['benchmark']} — `{path}`\n")

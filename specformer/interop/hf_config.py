@@ -530,13 +530,34 @@ def _classification_head(c: _Config) -> dict[str, Any]:
             "specformer's classification head is trained with softmax cross-entropy over the "
             "classes, transformers' problem_type 'single_label_classification'",
         )
-    return {
+    head: dict[str, Any] = {
         "type": "classification",
         "n_classes": n_classes,
         "pooling": "first",
         "pooler": True,
         "dropout": _dropout(c("classifier_dropout", c("hidden_dropout_prob", 0.1))),
     }
+    names = _label_names(labels, n_classes)
+    if names is not None:
+        head["labels"] = names
+    return head
+
+
+def _label_names(id2label: Any, n_classes: int) -> list[str] | None:
+    """The class names of a config's ``id2label`` in class order, or None when they are
+    transformers' defaults (``LABEL_0`` ...) or do not name each class once."""
+    if not isinstance(id2label, Mapping):
+        return None
+    try:
+        by_id = {int(k): str(v) for k, v in id2label.items()}
+    except (TypeError, ValueError):
+        return None
+    if sorted(by_id) != list(range(n_classes)):
+        return None
+    names = [by_id[i] for i in range(n_classes)]
+    if names == [f"LABEL_{i}" for i in range(n_classes)] or len(set(names)) != n_classes:
+        return None
+    return names
 
 
 def read_hf_config(source: Any) -> dict[str, Any]:
@@ -695,9 +716,10 @@ def _export_bert(spec: ModelSpec, roberta: bool) -> dict[str, Any]:
     head = spec.head
     if head.type == "classification":
         out["architectures"] = [f"{family}ForSequenceClassification"]
-        # the spec has no label names; transformers' defaults, as a config without them gets
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(head.n_classes)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(head.n_classes)}
+        # the spec's class names, else transformers' defaults (what a config without them gets)
+        names = head.labels or [f"LABEL_{i}" for i in range(head.n_classes)]
+        out["id2label"] = {str(i): name for i, name in enumerate(names)}
+        out["label2id"] = {name: i for i, name in enumerate(names)}
         out["classifier_dropout"] = head.dropout
         out["problem_type"] = "single_label_classification"  # softmax cross-entropy, as specformer trains
     return out

@@ -283,6 +283,19 @@ class ClassificationHeadSpec(Spec):
     )
     pooler: bool = Field(True, description="A dense + tanh layer before the classifier (BERT's pooler).")
     dropout: Dropout = Field(0.0, description="Dropout before the classifier.")
+    labels: Annotated[tuple[str, ...], Field(strict=False)] | None = Field(
+        None, description="Class names in class order (a Hugging Face id2label); default LABEL_0, LABEL_1, ..."
+    )
+
+    @model_validator(mode="after")
+    def _labels(self) -> ClassificationHeadSpec:
+        if self.labels is not None:
+            if len(self.labels) != self.n_classes:
+                raise _issue("labels", f"{len(self.labels)} labels for n_classes={self.n_classes}: give one name per class")
+            repeated = sorted({x for x in self.labels if self.labels.count(x) > 1})
+            if repeated:
+                raise _issue("labels", f"repeated label names: {', '.join(map(repr, repeated))}; each class needs its own")
+        return self
 
 
 # --------------------------------------------------------------------------- registry

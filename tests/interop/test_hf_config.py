@@ -337,6 +337,23 @@ def test_sequence_classification_is_the_classification_head() -> None:
     assert (head.n_classes, head.dropout) == (5, 0.05)
     head = spec_from_hf_config({**config, "problem_type": "single_label_classification"}).head
     assert head.n_classes == 3
+    # class names come along (transformers' LABEL_i defaults are left out), and go back out
+    assert spec_from_hf_config(config).head.labels == ("neg", "neu", "pos")
+    default = {str(i): f"LABEL_{i}" for i in range(3)}
+    assert spec_from_hf_config({**config, "id2label": default}).head.labels is None
+    exported = hf_config_from_spec(spec_from_hf_config(config), warnings=[])
+    assert exported["id2label"] == {"0": "neg", "1": "neu", "2": "pos"}
+    assert exported["label2id"] == {"neg": 0, "neu": 1, "pos": 2}
+
+
+@pytest.mark.parametrize(("labels", "words"), [(["a", "b"], "2 labels for n_classes=3"),
+                                                (["a", "b", "a"], "repeated label names: 'a'")])
+def test_classification_labels_name_each_class_once(labels: list[str], words: str) -> None:
+    from specformer.specs.errors import SpecError
+
+    with pytest.raises(SpecError, match=words):
+        load_spec({**load_spec("bert-nano").to_dict(), "head": {"type": "classification", "n_classes": 3,
+                                                                 "labels": labels}})
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specformer.analysis.params import AnalysisError, parameter_shapes
+from specformer.analysis.params import AnalysisError, as_spec, parameter_shapes
 from specformer.analysis.report import SpecReport, analyze
 
 __all__ = [
@@ -359,7 +359,7 @@ def diff_specs(
     checkpoint_method: str = "analytic",
     labels: list[str] | None = None,
 ) -> SpecDiff:
-    """Compare resolved specs (``ModelSpec`` objects, preset names or YAML paths).
+    """Compare resolved specs (``ModelSpec`` objects, preset names, YAML paths or dicts).
 
     ``changes`` lists every differing field; ``reports`` holds each spec's parameters,
     FLOPs, KV cache and memory at the same ``batch``, ``seq_len`` (default: the first
@@ -370,9 +370,7 @@ def diff_specs(
     """
     if len(specs) < 2:
         raise ValueError(f"diff needs at least two specs, got {len(specs)}")
-    from specformer.specs.loader import load_spec
-
-    resolved = [load_spec(s) if isinstance(s, str) or hasattr(s, "__fspath__") else s for s in specs]
+    resolved = [as_spec(s) for s in specs]
     t = seq_len if seq_len is not None else resolved[0].max_seq_len
     changes = _changes(resolved)
     out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype) for s in resolved] if reports else []

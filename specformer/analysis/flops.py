@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from specformer.analysis.params import AnalysisError
+from specformer.analysis.params import AnalysisError, as_spec
 
 __all__ = ["FlopCounts", "flops_per_token", "mean_attended_keys", "TRAINING_MULTIPLIER"]
 
@@ -113,6 +113,7 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
 
     See the module docstring for what is counted.
     """
+    spec = as_spec(spec)
     if count not in ("needed", "executed"):
         raise ValueError(f"count must be 'needed' or 'executed', got {count!r}")
     t = seq_len if seq_len is not None else spec.max_seq_len

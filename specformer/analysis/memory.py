@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specformer.analysis.params import count_parameters
+from specformer.analysis.params import as_spec, count_parameters
 
 __all__ = [
     "Precision",
@@ -98,6 +98,7 @@ def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16") -> int:
     ``2 · n_kv_heads · head_dim`` elements per layer; 0 for an encoder-only model. A
     layer with a sliding window W never holds more than W tokens.
     """
+    spec = as_spec(spec)
     b = dtype_bytes(dtype)
     if spec.decoder is None:
         return 0
@@ -109,6 +110,9 @@ def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf1
     sequences of ``seq_len`` tokens: each layer holds ``min(seq_len, W)`` positions when
     it has a sliding window W (its cache is a rolling buffer), else ``seq_len``.
     """
+    spec = as_spec(spec)
+    if seq_len < 0 or batch < 0:
+        raise ValueError(f"seq_len and batch must be >= 0, got seq_len={seq_len}, batch={batch}")
     b = dtype_bytes(dtype)
     if spec.decoder is None:
         return 0
@@ -122,6 +126,7 @@ def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf1
 
 def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16") -> int:
     """Bytes of cross-attention K and V cached per source token (encoder-decoder only)."""
+    spec = as_spec(spec)
     b = dtype_bytes(dtype)
     if spec.kind != "encoder-decoder" or spec.decoder is None:
         return 0
@@ -256,6 +261,7 @@ def memory_estimate(
     spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
 ) -> MemoryEstimate:
     """Memory of one AdamW training step of ``spec`` at ``batch`` × ``seq_len`` in ``dtype``."""
+    spec = as_spec(spec)
     if batch <= 0:
         raise ValueError(f"batch must be positive, got {batch}")
     t = seq_len if seq_len is not None else spec.max_seq_len

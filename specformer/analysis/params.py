@@ -185,12 +185,27 @@ def _head(spec: Any) -> Iterator[tuple[str, Shape]]:
         raise AnalysisError(f"head: no analytic parameter count for head type {head.type!r}")
 
 
+def as_spec(spec: Any) -> Any:
+    """``spec`` as a validated :class:`ModelSpec`: one already, or a preset name, a YAML
+    path or a dict, loaded as ``load_spec`` loads them (as ``build_model`` accepts)."""
+    from pydantic import BaseModel
+
+    if isinstance(spec, BaseModel) and hasattr(spec, "stacks"):
+        return spec
+    if isinstance(spec, str | dict) or hasattr(spec, "__fspath__"):
+        from specformer.specs.loader import load_spec
+
+        return load_spec(spec)
+    raise TypeError(f"expected a spec (a ModelSpec, preset name, YAML path or dict), got {type(spec).__name__}")
+
+
 def parameter_shapes(spec: Any) -> dict[str, Shape]:
     """Every trainable parameter of the built model, by state-dict name, in model order.
 
     Tied weights appear once (under the token embedding), as in
     ``dict(model.named_parameters())``.
     """
+    spec = as_spec(spec)
     out: dict[str, Shape] = {}
     out.update(_embedding("embed", spec))
     if spec.kind == "encoder-decoder" and not spec.embedding.share_encoder_decoder:
@@ -262,6 +277,7 @@ def count_parameters(spec: Any) -> ParamCounts:
     >>> count_parameters(load_spec("gpt2-small")).total
     124439808
     """
+    spec = as_spec(spec)
     shapes = parameter_shapes(spec)
     components: dict[str, int] = {}
     per_layer: dict[str, list[dict[str, int]]] = {

@@ -628,6 +628,8 @@ def load_spec_data(
 ) -> tuple[dict[str, Any], dict[Path_, Position]]:
     """Resolve ``extends`` and overrides: the plain dict that pydantic validates, and
     the position of every value in it."""
+    if isinstance(overrides, str):  # one "path=value", not a sequence of characters
+        overrides = [overrides]
     if isinstance(source, BaseModel):
         data, positions = source.model_dump(mode="json"), {}
     elif isinstance(source, Mapping):

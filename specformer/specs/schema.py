@@ -277,7 +277,9 @@ class ClassificationHeadSpec(Spec):
     """Sequence classification: pool the sequence, optional dense + tanh, then project."""
 
     type: Literal["classification"] = "classification"
-    n_classes: PositiveInt = Field(2, description="Number of labels.")
+    n_classes: int = Field(
+        2, ge=2, description="Number of classes, at least 2 (softmax cross-entropy: one class always has loss 0)."
+    )
     pooling: Literal["first", "mean", "last"] = Field(
         "first", description="first ([CLS], BERT), mean over real tokens, or last real token (GPT)."
     )

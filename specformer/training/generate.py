@@ -38,6 +38,7 @@ def sample_next(
     ``n_candidates`` < V keeps ids below it only: a tokenizer smaller than the model's
     vocabulary has no text for the rest.
     """
+    _check_sampling(temperature, top_k, top_p)
     if n_candidates is not None and n_candidates < logits.shape[-1]:
         logits = logits.clone()
         logits[..., n_candidates:] = float("-inf")
@@ -56,6 +57,36 @@ def sample_next(
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Settings outside their range are errors, not a silently different sampler."""
+    if temperature < 0.0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (1 is greedy), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
+def _check_call(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, kind: str, name: str) -> None:
+    """The model's kind and the ids' shape, checked before anything runs."""
+    model_kind = getattr(getattr(model, "spec", None), "kind", None)
+    if model_kind is not None and model_kind != kind:
+        other = {"decoder": "generate", "encoder-decoder": "generate_seq2seq"}.get(model_kind)
+        instead = f"; use {other}" if other else " (an encoder predicts masked tokens: see fill-mask)"
+        raise ValueError(f"{name} is for {_a(kind)} model, and this one is {_a(model_kind)}{instead}")
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be an integer tensor (B, T), got {shape}; one prompt is ids[None]")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids has no tokens: give each prompt at least one (e.g. the end-of-text id)")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 
 
 @contextmanager
@@ -108,6 +139,8 @@ def generate(
     ``max_seq_len`` (default: the model's ``spec.max_seq_len``) is where the context
     slides; pass a larger number to let a model without a position table (RoPE, ALiBi)
     run past it."""
+    _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
+    _check_sampling(temperature, top_k, top_p)
     if max_seq_len is None:
         max_seq_len = _spec_max_seq_len(model)
     seq = input_ids
@@ -168,9 +201,13 @@ def generate_seq2seq(
     max_len: int | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
-    generated ids (B, N) without the start token. ``max_len`` caps the decoder sequence,
-    start token included (a learned position table ends there); ``n_candidates``: see
-    :func:`sample_next`."""
+    generated ids (B, N) without the start token. ``max_len`` (default: the model's
+    ``spec.max_seq_len``) caps the decoder sequence, start token included (a learned
+    position table ends there); ``n_candidates``: see :func:`sample_next`."""
+    _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
+    _check_sampling(temperature, top_k, top_p)
+    if max_len is None:
+        max_len = _spec_max_seq_len(model)
     if max_len is not None:
         max_new_tokens = min(max_new_tokens, max_len - 1)
     b = input_ids.shape[0]

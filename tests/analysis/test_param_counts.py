@@ -64,3 +64,23 @@ def test_separate_encoder_decoder_embeddings() -> None:
     separate = count_parameters(load_spec("t5-small", overrides=["embedding.share_encoder_decoder=false"]))
     assert separate.total - shared.total == 32128 * 512
     assert separate.components["decoder_embedding"] == 32128 * 512
+
+
+def test_analysis_functions_take_what_build_model_takes() -> None:
+    # a preset name, a dict or a ModelSpec alike; other objects and negative sizes are errors
+    from specformer import load_spec
+    from specformer.analysis import count_parameters, diff_specs, flops_per_token
+    from specformer.analysis.memory import kv_cache_bytes, kv_cache_bytes_per_token, memory_estimate
+
+    spec = load_spec("gpt-nano")
+    data = spec.to_dict()
+    for fn in (count_parameters, kv_cache_bytes_per_token):
+        assert fn("gpt-nano") == fn(data) == fn(spec)
+    assert flops_per_token("gpt-nano").forward == flops_per_token(spec).forward
+    assert memory_estimate("gpt-nano").total == memory_estimate(spec).total
+    changed = diff_specs("gpt-nano", {**data, "decoder": {**data["decoder"], "n_layers": 2}}, reports=False)
+    assert [c.path for c in changed.changes] == ["decoder.n_layers"]
+    with pytest.raises(TypeError, match="expected a spec"):
+        count_parameters(42)
+    with pytest.raises(ValueError, match="seq_len and batch must be >= 0"):
+        kv_cache_bytes(spec, seq_len=-1)

@@ -186,6 +186,18 @@ def test_override_forms():
     assert apply_overrides(data, ["new.deep.key=true"])["new"] == {"deep": {"key": True}}
     assert apply_overrides(data, ["new.deep.key=yes"])["new"] == {"deep": {"key": "yes"}}  # YAML 1.2
     assert apply_overrides(data, ["a.b="])["a"]["b"] is None
+    # one override as a plain string is that override, not its characters
+    from specformer import load_spec
+
+    assert load_spec("gpt-nano", overrides="decoder.n_layers=2").decoder.n_layers == 2
+
+
+def test_a_classifier_has_at_least_two_classes():
+    # with one class, softmax cross-entropy is always 0: nothing would train
+    from specformer import SpecError, load_spec
+
+    with pytest.raises(SpecError, match="head.n_classes"):
+        load_spec({**load_spec("bert-nano").to_dict(), "head": {"type": "classification", "n_classes": 1}})
 
 
 def test_per_layer_overrides_resolve_per_layer():

@@ -153,3 +153,35 @@ def test_the_package_exports_the_generate_function_not_its_module(first: str) ->
             "assert callable(generate) and generate.__name__ == 'generate', generate; "
             "assert generate_seq2seq.__name__ == 'generate_seq2seq'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sampling_settings_out_of_range_are_errors() -> None:
+    logits = torch.randn(2, 10)
+    for kwargs, words in (({"top_p": 0.0}, "top_p must be in (0, 1]"), ({"top_p": 1.5}, "top_p"),
+                          ({"top_k": 0}, "top_k must be at least 1"), ({"temperature": -1.0}, "temperature")):
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("]", r"\]")):
+            sample_next(logits, **kwargs)
+    assert sample_next(logits, top_p=1.0, top_k=50).shape == (2,)  # the edges that keep everything
+
+
+def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
+    _, gpt = _model(tiny, "decoder")
+    _, t5 = _model(tiny, "encoder-decoder")
+    with pytest.raises(ValueError, match=r"input_ids must be an integer tensor \(B, T\), got \(3,\)"):
+        generate(gpt, torch.tensor([5, 6, 7]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="input_ids has no tokens"):
+        generate(gpt, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="generate is for a decoder model, and this one is an encoder-decoder; "
+                                         "use generate_seq2seq"):
+        generate(t5, torch.tensor([[5, 6]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="generate_seq2seq is for an encoder-decoder model, and this one is a "
+                                         "decoder; use generate"):
+        generate_seq2seq(gpt, torch.tensor([[5, 6]]), bos_id=1, eos_id=2, max_new_tokens=2)
+    assert generate(gpt, torch.tensor([[5, 6]]), max_new_tokens=0).shape == (1, 2)
+
+
+def test_seq2seq_generation_stops_at_the_learned_table_by_default(tiny: Any) -> None:
+    # a learned decoder table of max_seq_len rows: decoding past it used to raise mid-way
+    spec, t5 = _model(tiny, "encoder-decoder", max_seq_len=8, positional={"type": "learned"})
+    out = generate_seq2seq(t5, torch.tensor([[5, 6, 7]]), bos_id=1, eos_id=None, max_new_tokens=20)
+    assert out.shape == (1, spec.max_seq_len - 1)  # the start token takes the first position

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,13 @@ class Corpus:
 
 def _unit(key: str) -> float:
     """A stable number in [0, 1) from a string."""
-    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big") / 2**64
+    return int.from_bytes(hashlib.sha1(_key_bytes(key)).digest()[:8], "big") / 2**64
+
+
+def _key_bytes(key: str) -> bytes:
+    """A key as bytes, file names that are not UTF-8 included (Python reads their odd
+    bytes as surrogates, which plain ``encode()`` refuses)."""
+    return key.encode("utf-8", "surrogateescape")
 
 
 def split_by_path(keys: list[str], val_fraction: float) -> tuple[list[int], list[int]]:
@@ -113,7 +120,7 @@ def _read_files(
             continue
         texts.append(text)
         keys.append(key)
-        digests.append(key.encode() + hashlib.sha1(raw).digest())
+        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
     # a single document is split by lines, not by file: its cached tokens differ
     fingerprint = content_hash(name, {**settings, "split": "lines"} if len(texts) == 1 else settings, chunks=digests)
     if len(texts) == 1:
@@ -178,13 +185,14 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     missing = []
     for pattern in spec.paths:
         expanded = str(Path(pattern).expanduser())
-        matches = [Path(p) for p in glob.glob(expanded, recursive=True)]
+        literal = Path(expanded).exists()  # `notes [v2]` is that folder, not a character class
+        matches = [Path(expanded)] if literal else [Path(p) for p in glob.glob(expanded, recursive=True)]
         if not matches:
             missing.append(pattern)
-        base = _fixed_part(expanded)
+        base = _fixed_part(expanded, literal=literal)
         for match in matches:
             if match.is_dir():
-                files = sorted(p for p in match.rglob("*") if p.is_file() and not _hidden(p.relative_to(match)))
+                files = _files_below(match)
             else:
                 files = [match]
             for f in files:
@@ -202,11 +210,27 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     return corpus
 
 
-def _fixed_part(pattern: str) -> Path | None:
+def _files_below(folder: Path) -> list[Path]:
+    """The files below ``folder``, hidden ones excepted, following symbolic links to
+    folders as a ``**`` glob does (each real folder once: a link cycle ends)."""
+    seen: set[str] = set()
+    found = []
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(Path(root) / n for n in names if not n.startswith(".") and (Path(root) / n).is_file())
+    return sorted(found)
+
+
+def _fixed_part(pattern: str, *, literal: bool = False) -> Path | None:
     """The directory a pattern's keys are relative to: a directory itself, a file's
     folder, or a glob's leading parts without wildcards."""
     path = Path(pattern)
-    if not glob.has_magic(pattern):
+    if literal or not glob.has_magic(pattern):
         return path if path.is_dir() else path.parent
     fixed = []
     for part in path.parts:
@@ -249,5 +273,7 @@ def hf_corpus(spec: HFDataSpec) -> Corpus:
         return texts[: spec.max_documents] if spec.max_documents else texts
 
     train, val = load(spec.train_split), load(spec.val_split)
-    fingerprint = content_hash("hf", spec.model_dump(), chunks=(t.encode() for t in train + val))
+    # the number of training documents marks where the split falls: a document moved from
+    # one split to the other gives another key
+    fingerprint = content_hash("hf", spec.model_dump(), len(train), chunks=(t.encode() for t in train + val))
     return Corpus(name=f"hf:{spec.name}", train=train, val=val, fingerprint=fingerprint)

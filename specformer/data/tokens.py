@@ -2,8 +2,9 @@
 
 Each document is followed by the end-of-text id, so packing is slicing. Arrays are
 ``uint16`` when the vocabulary fits, else ``uint32``; they are written to a
-temporary file and renamed, and ``meta.json`` is written last, so an entry exists
-only when complete. Training then never waits on tokenisation: a batch is a slice
+temporary file, synced and renamed, and ``meta.json`` is written last, so an entry
+exists only when complete; a reader checks each array's size against ``meta.json``
+and makes a damaged entry again. Training then never waits on tokenisation: a batch is a slice
 of a memory-mapped file.
 """
 
@@ -46,8 +47,25 @@ def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, e
 
 def _write_array(path: Path, array: np.ndarray) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    array.tofile(tmp)
+    with open(tmp, "wb") as f:
+        array.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before meta.json says the entry is complete
     os.replace(tmp, path)
+
+
+def _complete(folder: Path) -> dict | None:
+    """The entry's meta.json when the entry is whole (meta readable, each array of the
+    size it records), else None: a damaged entry is made again, never read."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        for split in ("train", "val"):
+            if (folder / f"{split}.bin").stat().st_size != int(meta["n_tokens"][split]) * itemsize:
+                return None
+        return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> TokenArrays:
@@ -64,7 +82,9 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     meta_path = folder / "meta.json"
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
-    if not meta_path.is_file():
+    meta = _complete(folder) if meta_path.is_file() else None
+    if meta is None:
+        meta_path.unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
         folder.mkdir(parents=True, exist_ok=True)
         counts = {}
         for split, texts in (("train", corpus.train), ("val", corpus.val)):
@@ -75,7 +95,6 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
         atomic_write_text(meta_path, json.dumps(meta, indent=1))
         # the tokenizers library warns when a process forks after using its thread pool
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    meta = json.loads(meta_path.read_text())
     arrays = {}
     for split in ("train", "val"):
         n = meta["n_tokens"][split]

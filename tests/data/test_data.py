@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import sysconfig
 from pathlib import Path
@@ -197,6 +198,21 @@ def test_token_arrays_are_tokenised_once_and_memory_mapped(tmp_path: Path) -> No
 
     again = token_arrays(corpus, Refuse(), tmp_path)
     assert np.array_equal(again.train, arrays.train)
+
+
+@pytest.mark.parametrize("damage", ["truncated train.bin", "missing val.bin", "garbled meta.json"])
+def test_a_damaged_token_cache_entry_is_made_again(tmp_path: Path, damage: str) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    first = np.array(token_arrays(corpus, ByteTokenizer(), tmp_path).train)
+    (entry,) = (tmp_path / "tokens").iterdir()
+    if damage == "truncated train.bin":
+        os.truncate(entry / "train.bin", 1000)
+    elif damage == "missing val.bin":
+        (entry / "val.bin").unlink()
+    else:
+        (entry / "meta.json").write_text('{"dtype": "uint16", "corp')
+    again = token_arrays(corpus, ByteTokenizer(), tmp_path)  # not an mmap or JSON error
+    assert np.array_equal(np.array(again.train), first)
 
 
 def test_another_tokenizers_release_tokenises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -451,3 +467,46 @@ def test_cache_files_are_written_whole_with_the_umask_permissions(tmp_path: Path
         raise RuntimeError("interrupted")
     assert (tmp_path / "meta.json").read_text() == "{}"  # the old file, and no temporary left
     assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]
+
+
+def test_files_paths_literal_brackets_odd_names_and_linked_folders(tmp_path: Path) -> None:
+    # a folder named with [ ] is itself, not a character class
+    notes = tmp_path / "notes [v2]"
+    notes.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (notes / name).write_text(f"text of {name}\n" * 50)
+    corpus = files_corpus(FilesDataSpec(paths=(str(notes),), val_fraction=0.3))
+    assert sorted(corpus.train_ids + corpus.val_ids) == ["a.txt", "b.txt", "c.txt"]
+    # a file name that is not UTF-8 is read like any other
+    (notes / os.fsdecode(b"caf\xe9.txt")).write_text("hello\n" * 50)
+    odd = files_corpus(FilesDataSpec(paths=(str(notes),)))
+    assert len(odd.train_ids + odd.val_ids) == 4
+    # a folder reached through a link counts, as a ** glob counts it; a link cycle ends
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "d.txt").write_text("linked\n" * 50)
+    (notes / "linked").symlink_to(real)
+    (real / "loop").symlink_to(real)
+    below = files_corpus(FilesDataSpec(paths=(str(notes),)))
+    globbed = files_corpus(FilesDataSpec(paths=(glob.escape(str(notes)) + "/**/*.txt",)))
+    assert "linked/d.txt" in below.train_ids + below.val_ids
+    # (the glob's keys are relative to its fixed part, the folder above `notes [v2]`)
+    assert sorted(below.train_ids + below.val_ids) == sorted(
+        k.removeprefix("notes [v2]/") for k in globbed.train_ids + globbed.val_ids)
+
+
+def test_a_document_moved_between_hf_splits_changes_the_cache_key(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    import json
+
+    from specformer.data.corpus import hf_corpus
+    from specformer.specs.training import HFDataSpec
+
+    docs = [f"document number {i} " * 20 for i in range(12)]
+
+    def write(train: list[str], val: list[str]) -> str:
+        for split, texts in (("train", train), ("validation", val)):
+            (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        return hf_corpus(HFDataSpec(name=str(tmp_path))).fingerprint
+
+    assert write(docs[:10], docs[10:]) != write(docs[:9], docs[9:])

@@ -249,6 +249,7 @@ def train(
         resumed_step = int(raw.get("global_step", 0))
         tokenizer = checkpoint_tokenizer(raw)
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
+        moved = _batch_changes(raw, spec)
         del raw
         limit = trainer_kwargs.get("max_steps", t.max_steps)
         if limit is not None and 0 < limit <= resumed_step:
@@ -258,6 +259,10 @@ def train(
                 f"--set training.max_steps={resumed_step + max(limit, 1)}"
             )
         resume = _checkpoint_file(Path(resume))
+        if moved:
+            _warn(console, f"{moved} changed since the checkpoint: the data position is counted in batches "
+                           f"(step × accumulate), so this run reads on from another place in the stream and some "
+                           f"examples of the current pass are skipped or seen twice")
     weights = None
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
@@ -294,6 +299,15 @@ def train(
             # an epoch's steps depend on how many processes share each global batch: known once the trainer is
             trainer.fit_loop.epoch_loop.max_steps = _total_steps(spec, dm, trainer.world_size)
         max_steps = trainer.max_steps
+        if resumed_step is not None and 0 < max_steps <= resumed_step:
+            # training.max_epochs: its steps are known only now, with the data
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise CheckpointError(
+                f"{resume}: the checkpoint is at step {resumed_step} and the run's {max_steps} steps "
+                f"(training.max_epochs={t.max_epochs}) are done, so there is nothing left to train; resume "
+                f"with more, e.g. --set training.max_epochs={2 * t.max_epochs:g}"
+            )
         warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
         if 0 < max_steps <= warmup:
             _warn(
@@ -371,6 +385,20 @@ def _check_before_data(spec: Any) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DataError(f"{name}: cannot create the folder {folder} ({exc.strerror or exc})") from None
+
+
+def _batch_changes(raw: dict[str, Any], spec: Any) -> str:
+    """The batch settings a resumed run changes ("training.batch_size 2 → 4"), or ""."""
+    meta = raw.get("specformer")
+    saved = meta.get("spec", {}).get("training") if isinstance(meta, dict) else None
+    if not isinstance(saved, dict):
+        return ""
+    changes = []
+    for name in ("batch_size", "accumulate"):
+        old, new = saved.get(name), getattr(spec.training, name)
+        if old is not None and old != new:
+            changes.append(f"training.{name} {old} → {new}")
+    return ", ".join(changes)
 
 
 def _warn(console: Console | None, message: str) -> None:

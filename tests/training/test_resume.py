@@ -198,6 +198,25 @@ def test_resuming_at_or_past_max_steps_says_nothing_is_left_to_train(
             train(load_spec(tiny("decoder", max_steps=limit, val_interval=4)), resume=ckpt, progress=False)
 
 
+def test_resuming_a_finished_epoch_run_or_with_another_batch_size_is_said(tiny: Any, tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    # 2000 examples at batch 8: a tenth of a pass is 25 steps
+    spec = tiny("encoder-decoder", max_steps=None, max_epochs=0.1, val_interval=1000)
+    ckpt = train(load_spec(spec), progress=False).checkpoint
+    with pytest.raises(CheckpointError, match=r"at step 25 and the run's 25 steps \(training.max_epochs=0.1\) "
+                                              r"are done[\s\S]*--set training.max_epochs=0.2"):
+        train(load_spec(spec), resume=ckpt, progress=False)
+    assert len(list((tmp_path / "runs" / "tiny-encoder-decoder").iterdir())) == 1  # no empty run left behind
+    out = StringIO()
+    result = train(load_spec({**spec, "training": {**spec["training"], "batch_size": 4, "max_epochs": 0.2}}),
+                   resume=ckpt, progress=False, console=Console(file=out, width=300))
+    assert result.steps > 25
+    assert "training.batch_size 8 → 4 changed since the checkpoint" in out.getvalue()
+
+
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"

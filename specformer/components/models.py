@@ -38,18 +38,103 @@ def default_position_ids(attention_mask: Tensor | None, past: int, length: int, 
     return positions[:, -length:].clamp(min=0)  # (B, T)
 
 
-def _check_ids(ids: Tensor, mask: Tensor | None, past: int, *, name: str, mask_name: str) -> None:
-    """Clear errors for token ids that are not (B, T) integers and for a mask (B, past + T)
-    that does not cover them, before any embedding or broadcasting error could."""
+def _check_ids(
+    ids: Tensor, mask: Tensor | None, past: int, *, name: str, mask_name: str, vocab_size: int
+) -> Tensor:
+    """Clear errors for token ids that are not (B, T) integers in [0, vocab_size) and for a
+    mask (B, past + T) that does not cover them, before any embedding or broadcasting error
+    could. Returns the ids as int64 (any integer dtype is accepted, as for labels)."""
     if ids.dim() != 2:
         raise ValueError(f"{name} must be (batch, length), got shape {tuple(ids.shape)}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+    if not _is_integer(ids):
         raise TypeError(f"{name} must hold integer token ids, got {ids.dtype}")
     if mask is not None and tuple(mask.shape) != (ids.shape[0], past + ids.shape[1]):
         covers = f"the {past} cached and {ids.shape[1]} new" if past else f"the {ids.shape[1]}"
         raise ValueError(
             f"{mask_name} must be (batch, length) = ({ids.shape[0]}, {past + ids.shape[1]}), covering "
             f"{covers} positions of {name}; got shape {tuple(mask.shape)}"
+        )
+    ids = ids.long()  # nn.Embedding takes int64 (and int32) only; a no-op for int64
+    # an id outside the table is an IndexError on the CPU and, on CUDA, a device-side
+    # assert that leaves the context unusable: worth one min/max reduction, read on the
+    # host (a device sync; generation syncs once per token anyway, for its stop test).
+    # Skipped while torch.compile traces, where reading a value breaks the graph.
+    if not torch.compiler.is_compiling():
+        _check_range(ids, 0, vocab_size, name=name, allowed=f"token ids in [0, vocab_size) = [0, {vocab_size})")
+    return ids
+
+
+def _is_integer(t: Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _value_range(t: Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty integer tensor, read on the host: one reduction and, on
+    a GPU, one sync (the second read has nothing left to wait for)."""
+    lo, hi = torch.aminmax(t)
+    return int(lo), int(hi)
+
+
+def _check_range(t: Tensor, low: int, high: int | None, *, name: str, allowed: str) -> tuple[int, int] | None:
+    """Refuse values of t outside [low, high) (high None: no upper bound), naming the first
+    bad value and where it is; returns (min, max), or None for an empty t."""
+    if t.numel() == 0:
+        return None
+    lo, hi = _value_range(t)
+    if lo < low or (high is not None and hi >= high):
+        bad = (t < low) if high is None else (t < low) | (t >= high)
+        where = [int(i) for i in bad.nonzero()[0]]
+        raise ValueError(f"{name} must be {allowed}; found {int(t[tuple(where)])} at {name}{where}")
+    return lo, hi
+
+
+def _check_positions(position_ids: Tensor, ids: Tensor, *, name: str, ids_name: str) -> tuple[Tensor, int]:
+    """Position ids (B|1, T) of non-negative integers for ids (B, T); returns them as int64
+    and n_positions, an exclusive upper bound of them."""
+    b, t = ids.shape
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, b) or position_ids.shape[1] != t:
+        raise ValueError(
+            f"{name} must be (batch, length) = ({b}, {t}) or (1, {t}), one position per token of "
+            f"{ids_name}; got shape {tuple(position_ids.shape)}"
+        )
+    if not _is_integer(position_ids):
+        raise TypeError(f"{name} must hold integer positions, got {position_ids.dtype}")
+    position_ids = position_ids.long()
+    bounds = _check_range(position_ids, 0, None, name=name, allowed="positions >= 0")
+    return position_ids, (bounds[1] + 1 if bounds is not None else 0)
+
+
+def _check_class_labels(logits: Tensor, labels: Tensor) -> Tensor:
+    """Labels for a head without a ``loss`` (a classification head): one integer class in
+    [0, C) or -100 per row of the logits (B, C) (or position of (B, T, C)), the checks
+    the vocabulary heads' loss makes; returns them as int64, as cross_entropy needs."""
+    want, n_classes = tuple(logits.shape[:-1]), logits.shape[-1]
+    if tuple(labels.shape) != want:
+        dims = ", ".join(("batch", "length")[: len(want)]) + ("," if len(want) == 1 else "")
+        per = "sequence" if len(want) == 1 else "position"
+        raise ValueError(
+            f"labels must be ({dims}) = {want}, one class index per {per} of the head's logits "
+            f"{tuple(logits.shape)}; got shape {tuple(labels.shape)}"
+        )
+    if not _is_integer(labels):
+        raise TypeError(f"labels must be integer class indices (or {IGNORE_INDEX}: no label), got {labels.dtype}")
+    labels = labels.long()
+    if labels.numel() and not torch.compiler.is_compiling():
+        bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= n_classes))
+        if bool(bad.any()):
+            raise ValueError(
+                f"labels must be class indices in [0, {n_classes}) or {IGNORE_INDEX} (no label); "
+                f"found {int(labels[bad][0])}"
+            )
+    return labels
+
+
+def _check_cache(cache: KVCache | None, ids: Tensor, *, name: str) -> None:
+    batch = cache.batch_size if cache is not None else None
+    if batch is not None and batch != ids.shape[0]:
+        raise ValueError(
+            f"the cache holds a batch of {batch} sequences but {name} has a batch of {ids.shape[0]}; "
+            "pass the next tokens of every cached sequence (cache.reorder selects rows)"
         )
 
 
@@ -67,6 +152,7 @@ def _head(
         if loss is not None:
             return None, loss(h, labels, label_smoothing=smoothing)
         logits = head(h, mask)
+        labels = _check_class_labels(logits, labels)
         flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, logits.shape[-1])
         return logits, F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=smoothing)
     if keep > 0:
@@ -114,13 +200,19 @@ class DecoderModel(_Model):
         if use_cache and cache is None:
             cache = KVCache()
         past = cache.length if cache is not None else 0
-        _check_ids(input_ids, attention_mask, past, name="input_ids", mask_name="attention_mask")
+        input_ids = _check_ids(
+            input_ids, attention_mask, past, name="input_ids", mask_name="attention_mask",
+            vocab_size=self.embed.weight.shape[0],
+        )
+        _check_cache(cache, input_ids, name="input_ids")
         t = input_ids.shape[1]
         n_positions = past + t
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, past, t, input_ids.device)
         else:
-            n_positions = int(position_ids.max()) + 1
+            position_ids, n_positions = _check_positions(
+                position_ids, input_ids, name="position_ids", ids_name="input_ids"
+            )
         x = self.embed(input_ids, position_ids=position_ids, n_positions=n_positions)
         h, attentions, _ = self.decoder(
             x,
@@ -155,13 +247,20 @@ class EncoderModel(_Model):
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V) for mlm/lm heads, (B, C) for classification.
         ``labels`` ((B, T), or (B,) for classification): the loss (module docstring)."""
-        _check_ids(input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask")
+        input_ids = _check_ids(
+            input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask",
+            vocab_size=self.embed.weight.shape[0],
+        )
         t = input_ids.shape[1]
         n_positions = t
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, 0, t, input_ids.device)  # (B|1, T)
         else:
-            n_positions = int(position_ids.max()) + 1
+            position_ids, n_positions = _check_positions(
+                position_ids, input_ids, name="position_ids", ids_name="input_ids"
+            )
+        if token_type_ids is not None:
+            token_type_ids = self._check_token_types(token_type_ids, input_ids)
         x = self.embed(
             input_ids, position_ids=position_ids, n_positions=n_positions, token_type_ids=token_type_ids
         )
@@ -174,6 +273,28 @@ class EncoderModel(_Model):
         )
         logits, loss = _head(self.head, h, attention_mask, 0, labels, label_smoothing)
         return ModelOutput(logits=logits, hidden_states=h, attentions=attentions, loss=loss)
+
+    def _check_token_types(self, token_type_ids: Tensor, input_ids: Tensor) -> Tensor:
+        """Token types (B|1, T) in [0, segments) for input_ids (B, T), as int64. A model
+        without segment embeddings treats every token as segment 0, so only 0 is allowed."""
+        b, t = input_ids.shape
+        if token_type_ids.dim() != 2 or token_type_ids.shape[0] not in (1, b) or token_type_ids.shape[1] != t:
+            raise ValueError(
+                f"token_type_ids must be (batch, length) = ({b}, {t}) or (1, {t}), one segment per "
+                f"token of input_ids; got shape {tuple(token_type_ids.shape)}"
+            )
+        if not _is_integer(token_type_ids):
+            raise TypeError(f"token_type_ids must hold integer segment ids, got {token_type_ids.dtype}")
+        token_type_ids = token_type_ids.long()
+        segments = self.embed.segments
+        n = segments.num_embeddings if segments is not None else 1
+        allowed = (
+            f"segment ids in [0, {n}) (the segment embeddings' size)" if segments is not None
+            else "0 (this model has no segment embeddings: every token is segment 0)"
+        )
+        if not torch.compiler.is_compiling():
+            _check_range(token_type_ids, 0, n, name="token_type_ids", allowed=allowed)
+        return token_type_ids
 
 
 class EncoderDecoderModel(_Model):
@@ -197,7 +318,10 @@ class EncoderDecoderModel(_Model):
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """input_ids (B, S) -> encoder output (B, S, D), after the encoder's final norm."""
-        _check_ids(input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask")
+        input_ids = _check_ids(
+            input_ids, attention_mask, 0, name="input_ids", mask_name="attention_mask",
+            vocab_size=self.embed.weight.shape[0],
+        )
         s = input_ids.shape[1]
         position_ids = default_position_ids(attention_mask, 0, s, input_ids.device)  # (B|1, S)
         x = self.embed(input_ids, position_ids=position_ids, n_positions=s)
@@ -228,15 +352,18 @@ class EncoderDecoderModel(_Model):
         ``logits_to_keep=k`` > 0 computes logits for the last k positions only.
         ``labels`` (B, T), aligned with ``decoder_input_ids``: the loss (module docstring).
         """
-        if encoder_hidden_states is None:
-            if input_ids is None:
-                raise ValueError("give input_ids or encoder_hidden_states")
-            encoder_hidden_states = self.encode(input_ids, attention_mask)
+        if encoder_hidden_states is None and input_ids is None:
+            raise ValueError("give input_ids or encoder_hidden_states")
         if use_cache and cache is None:
             cache = KVCache()
         past = cache.length if cache is not None else 0
-        _check_ids(decoder_input_ids, decoder_attention_mask, past, name="decoder_input_ids",
-                   mask_name="decoder_attention_mask")
+        # every decoder-side check before the encoder runs
+        embed = self.decoder_embed if self.decoder_embed is not None else self.embed
+        decoder_input_ids = _check_ids(
+            decoder_input_ids, decoder_attention_mask, past, name="decoder_input_ids",
+            mask_name="decoder_attention_mask", vocab_size=embed.weight.shape[0],
+        )
+        _check_cache(cache, decoder_input_ids, name="decoder_input_ids")
         t = decoder_input_ids.shape[1]
         n_positions = past + t
         if decoder_position_ids is None:
@@ -244,8 +371,19 @@ class EncoderDecoderModel(_Model):
                 decoder_attention_mask, past, t, decoder_input_ids.device
             )
         else:
-            n_positions = int(decoder_position_ids.max()) + 1
-        embed = self.decoder_embed if self.decoder_embed is not None else self.embed
+            decoder_position_ids, n_positions = _check_positions(
+                decoder_position_ids, decoder_input_ids, name="decoder_position_ids", ids_name="decoder_input_ids"
+            )
+        b = decoder_input_ids.shape[0]
+        if encoder_hidden_states is None:
+            if input_ids.dim() == 2 and input_ids.shape[0] != b:
+                raise ValueError(
+                    f"input_ids has a batch of {input_ids.shape[0]} sources but decoder_input_ids has "
+                    f"a batch of {b}; give one source per target"
+                )
+            encoder_hidden_states = self.encode(input_ids, attention_mask)
+        else:
+            self._check_encoder_output(encoder_hidden_states, attention_mask, b)
         x = embed(decoder_input_ids, position_ids=decoder_position_ids, n_positions=n_positions)
         h, attentions, cross = self.decoder(
             x,
@@ -268,3 +406,21 @@ class EncoderDecoderModel(_Model):
             encoder_hidden_states=encoder_hidden_states,
             cross_attentions=cross,
         )
+
+    def _check_encoder_output(self, hidden: Tensor, mask: Tensor | None, batch: int) -> None:
+        """A given encoder output must be (B, S, D) with the decoder's batch, and its mask (B, S):
+        a mismatch would otherwise broadcast (one row's padding applied to every row) or fail
+        inside cross-attention."""
+        d = self.embed.weight.shape[1]
+        if hidden.dim() != 3 or hidden.shape[0] != batch or hidden.shape[2] != d:
+            raise ValueError(
+                f"encoder_hidden_states must be (batch, source length, d_model) = ({batch}, S, {d}), "
+                f"with the batch of decoder_input_ids; got shape {tuple(hidden.shape)}"
+            )
+        if not hidden.is_floating_point():
+            raise TypeError(f"encoder_hidden_states must be a floating-point tensor, got {hidden.dtype}")
+        if mask is not None and tuple(mask.shape) != tuple(hidden.shape[:2]):
+            raise ValueError(
+                f"attention_mask must be (batch, source length) = {tuple(hidden.shape[:2])}, covering "
+                f"the positions of encoder_hidden_states {tuple(hidden.shape)}; got shape {tuple(mask.shape)}"
+            )

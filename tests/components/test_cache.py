@@ -202,3 +202,22 @@ def test_attention_weights_of_a_window_layer_cover_the_keys_it_holds(tiny: Tiny)
     assert weights.shape[-2:] == (1, 4)
     assert torch.allclose(weights[..., 0, :], full.attentions[0][..., 11, 8:], atol=1e-6)
     assert torch.allclose(full.attentions[0][..., 11, :8], torch.zeros(1), atol=0)  # outside the window
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_a_cache_of_another_batch_is_a_readable_error(tiny: Tiny, kind: str) -> None:
+    model = build_model(tiny(kind)).eval()
+    ids = torch.randint(0, 61, (2, 4))
+    name = "decoder_input_ids" if kind == "encoder-decoder" else "input_ids"
+    with torch.no_grad():
+        if kind == "encoder-decoder":
+            enc = model.encode(ids)
+            cache = model(decoder_input_ids=ids, encoder_hidden_states=enc, use_cache=True).cache
+            step = {"decoder_input_ids": ids[:1, :1], "encoder_hidden_states": enc[:1]}
+        else:
+            cache = model(ids, use_cache=True).cache
+            step = {"input_ids": ids[:1, :1]}
+        with pytest.raises(ValueError, match=rf"^the cache holds a batch of 2 sequences but {name} has a batch of 1"):
+            model(**step, cache=cache)
+        cache.reorder(torch.tensor([1]))  # keep one row: now batch 1 is right
+        assert model(**step, cache=cache).logits.shape[:2] == (1, 1)

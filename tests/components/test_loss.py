@@ -192,3 +192,21 @@ def test_second_derivative_is_refused_not_silently_partial() -> None:
     (gx,) = torch.autograd.grad(s * linear_cross_entropy(x, w, b, y), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()
+
+
+def test_classification_labels_are_checked_like_token_labels(tiny: Tiny) -> None:
+    # the logits fallback gets the vocabulary heads' checks: any integer dtype, -100 ignored
+    model = build_model(tiny("encoder", head={"type": "classification", "n_classes": 3})).eval()
+    ids, labels = torch.randint(0, 61, (4, 6)), torch.tensor([0, 2, -100, 1])
+    out = model(ids, labels=labels)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels))
+    for dtype in (torch.int32, torch.uint8):
+        torch.testing.assert_close(model(ids[:2], labels=labels[:2].to(dtype)).loss, model(ids[:2], labels=labels[:2]).loss)
+    for bad in (3, 5, -1):
+        with pytest.raises(ValueError, match=rf"^labels must be class indices in \[0, 3\) or -100 \(no label\); found {bad}$"):
+            model(ids, labels=torch.tensor([0, bad, 1, 2]))
+    with pytest.raises(TypeError, match=r"^labels must be integer class indices \(or -100: no label\), got torch.float32$"):
+        model(ids, labels=labels.float())
+    with pytest.raises(ValueError, match=r"^labels must be \(batch,\) = \(4,\), one class index per sequence of the "
+                       r"head's logits \(4, 3\); got shape \(4, 6\)$"):
+        model(ids, labels=torch.zeros(4, 6, dtype=torch.long))

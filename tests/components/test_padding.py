@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -101,3 +102,105 @@ def test_bad_ids_and_masks_are_clear_errors(tiny: Tiny, positional: str, kind: s
     if kind == "encoder-decoder":
         with pytest.raises(ValueError, match=r"decoder_attention_mask must be \(batch, length\) = \(1, 5\)"):
             model(ids, decoder_input_ids=ids, decoder_attention_mask=torch.ones(1, 6))
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])
+def test_any_integer_dtype_of_ids_is_accepted(tiny: Tiny, kind: str) -> None:
+    # uint8 passes "integer" but nn.Embedding takes int64/int32 only: converted, as labels are
+    model = build_model(tiny(kind)).eval()
+    ids = torch.randint(1, 61, (2, 5))
+    with torch.no_grad():
+        for dtype in (torch.uint8, torch.int16, torch.int32):
+            extra = {"decoder_input_ids": ids.to(dtype)} if kind == "encoder-decoder" else {}
+            want = model(ids, **({"decoder_input_ids": ids} if extra else {})).logits
+            assert torch.equal(model(ids.to(dtype), **extra).logits, want), dtype
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])
+@pytest.mark.parametrize("bad", [61, 600, -1])
+def test_ids_outside_the_vocabulary_are_a_clear_error(tiny: Tiny, kind: str, bad: int) -> None:
+    model = build_model(tiny(kind)).eval()  # vocab_size 61
+    ids = torch.randint(1, 61, (2, 5))
+    wrong = ids.clone()
+    wrong[1, 3] = bad
+    allowed = r"input_ids must be token ids in \[0, vocab_size\) = \[0, 61\)"
+    extra = {"decoder_input_ids": ids} if kind == "encoder-decoder" else {}
+    with pytest.raises(ValueError, match=rf"^{allowed}; found {bad} at input_ids\[1, 3\]$"):
+        model(wrong, **extra)
+    if kind == "encoder-decoder":
+        with pytest.raises(ValueError, match=rf"^decoder_{allowed}; found {bad} at decoder_input_ids\[1, 3\]$"):
+            model(ids, decoder_input_ids=wrong)
+        with pytest.raises(ValueError, match=rf"found {bad} at input_ids\[1, 3\]"):
+            model.encode(wrong)
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])
+def test_bad_position_ids_are_clear_errors(tiny: Tiny, kind: str) -> None:
+    model = build_model(tiny(kind, positional={"type": "learned"})).eval()
+    ids = torch.randint(1, 61, (2, 6))
+    if kind == "encoder-decoder":
+        def call(pos: torch.Tensor) -> object:
+            return model(ids, decoder_input_ids=ids, decoder_position_ids=pos)
+        name = "decoder_position_ids"
+    else:
+        def call(pos: torch.Tensor) -> object:
+            return model(ids, position_ids=pos)
+        name = "position_ids"
+    with torch.no_grad():
+        torch.testing.assert_close(call(torch.arange(6)[None].int()).logits, call(torch.arange(6)[None]).logits)
+        assert call(torch.arange(6).expand(2, 6)).logits.shape[:2] == (2, 6)
+    with pytest.raises(ValueError, match=rf"^{name} must be \(batch, length\) = \(2, 6\) or \(1, 6\).*got shape \(1, 5\)$"):
+        call(torch.arange(5)[None])
+    with pytest.raises(ValueError, match=rf"{name} must be .*got shape \(6,\)$"):
+        call(torch.arange(6))
+    with pytest.raises(TypeError, match=rf"^{name} must hold integer positions, got torch.float32$"):
+        call(torch.arange(6.0)[None])
+    with pytest.raises(ValueError, match=rf"^{name} must be positions >= 0; found -2 at {name}\[0, 4\]$"):
+        call(torch.tensor([[0, 1, 2, 3, -2, 5]]))
+
+
+def test_bad_token_type_ids_are_clear_errors(tiny: Tiny) -> None:
+    model = build_model(tiny("encoder", embedding={"segment_vocab_size": 2})).eval()
+    ids = torch.randint(1, 61, (2, 6))
+    types = torch.zeros(2, 6, dtype=torch.long)
+    types[:, 3:] = 1
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, token_type_ids=types.to(torch.uint8)).logits,
+                                   model(ids, token_type_ids=types).logits)
+    wrong = types.clone()
+    wrong[1, 2] = 5
+    with pytest.raises(ValueError, match=r"^token_type_ids must be segment ids in \[0, 2\).*found 5 at token_type_ids\[1, 2\]$"):
+        model(ids, token_type_ids=wrong)
+    with pytest.raises(ValueError, match=r"^token_type_ids must be \(batch, length\) = \(2, 6\) or \(1, 6\).*got shape \(2, 3\)$"):
+        model(ids, token_type_ids=types[:, :3])
+    with pytest.raises(TypeError, match="^token_type_ids must hold integer segment ids, got torch.float32$"):
+        model(ids, token_type_ids=types.float())
+    # no segment embeddings: every token is segment 0, so any other type would be silently dropped
+    plain = build_model(tiny("encoder")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids, token_type_ids=torch.zeros_like(ids)).logits, plain(ids).logits)
+    with pytest.raises(ValueError, match=r"^token_type_ids must be 0 \(this model has no segment embeddings"):
+        plain(ids, token_type_ids=types)
+
+
+def test_encoder_outputs_and_masks_that_do_not_match_are_clear_errors(tiny: Tiny) -> None:
+    model = build_model(tiny("encoder-decoder")).eval()
+    src, tgt = torch.randint(1, 61, (2, 10)), torch.randint(1, 61, (2, 5))
+    with torch.no_grad():
+        enc = model.encode(src)  # (2, 10, 32)
+    want = r"encoder_hidden_states must be \(batch, source length, d_model\) = \(2, S, 32\), with the batch of "
+    for bad in (enc[:1], enc[0], enc[..., :16]):
+        with pytest.raises(ValueError, match=rf"^{want}decoder_input_ids; got shape {re.escape(str(tuple(bad.shape)))}$"):
+            model(decoder_input_ids=tgt, encoder_hidden_states=bad)
+    mask = torch.ones(1, 10)
+    mask[0, 4:] = 0  # batch 1 for batch 2 would apply row 0's padding to every row
+    for bad in (mask, torch.ones(2, 3)):
+        with pytest.raises(ValueError, match=rf"^attention_mask must be \(batch, source length\) = \(2, 10\), covering "
+                           rf"the positions of encoder_hidden_states \(2, 10, 32\); got shape {re.escape(str(tuple(bad.shape)))}$"):
+            model(attention_mask=bad, decoder_input_ids=tgt, encoder_hidden_states=enc)
+        with pytest.raises(ValueError, match=r"^attention_mask must be \(batch, length\) = \(2, 10\)"):
+            model(src, attention_mask=bad, decoder_input_ids=tgt)
+    with pytest.raises(ValueError, match="^input_ids has a batch of 1 sources but decoder_input_ids has a batch of 2"):
+        model(src[:1], decoder_input_ids=tgt)
+    with pytest.raises(TypeError, match="^encoder_hidden_states must be a floating-point tensor, got torch.int64$"):
+        model(decoder_input_ids=tgt, encoder_hidden_states=enc.long())

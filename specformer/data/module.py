@@ -107,7 +107,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         train=train,
         val=val,
         description=description,
-        unigram_loss=unigram_cross_entropy(arrays.train, arrays.val, tokenizer.vocab_size),
+        unigram_loss=unigram_cross_entropy(arrays.train, _scored(arrays.val, val, t), tokenizer.vocab_size),
         n_train_tokens=len(arrays.train),
         n_val_tokens=len(arrays.val),
         extra={"token_cache": str(arrays.path)},
@@ -120,6 +120,15 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}; "
             f"set vocab_size >= {tokenizer.vocab_size} or use a smaller tokenizer"
         )
+
+
+def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any) -> np.ndarray:
+    """The validation tokens that validation scores: the targets of the blocks its
+    ``val_batches`` cover (all of them when null), so that the unigram baseline and the
+    validation loss are measured on the same text."""
+    n = len(blocks) if t.val_batches is None else min(len(blocks), t.val_batches * t.batch_size)
+    first = blocks.overlap  # a causal block's first token is input only
+    return tokens[first : n * blocks.length + blocks.overlap]
 
 
 def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:

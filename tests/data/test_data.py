@@ -235,6 +235,28 @@ def test_unigram_cross_entropy_matches_its_definition() -> None:
     assert unigram_cross_entropy(train, val, 4) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("objective", ["causal_lm", "masked_lm"])
+def test_the_unigram_baseline_is_measured_on_the_tokens_validation_scores(tmp_path: Path, objective: str) -> None:
+    # validation reads val_batches x batch_size blocks; the baseline it is compared with
+    # must cover those tokens, not the whole held-out split
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    kind, preset = ("decoder", "gpt-nano") if objective == "causal_lm" else ("encoder", "bert-nano")
+    spec = load_spec(preset, [f"training.cache_dir={tmp_path}", "training.tokenizer={type: byte}",
+                              "vocab_size=259", "training.batch_size=2", "training.seq_len=32",
+                              "training.val_batches=3", f"training.data={{type: files, paths: ['{JSON_GLOB}']}}"])
+    data = prepare(spec)
+    assert spec.kind == kind and len(data.val) > 6
+    blocks = [data.val[(-1, i)][1] for i in range(6)]  # the 3 batches of 2 that validation reads
+    shift = 1 if objective == "causal_lm" else 0
+    scored = np.concatenate([b[shift:] for b in blocks])
+    assert data.unigram_loss == pytest.approx(
+        unigram_cross_entropy(data.train.tokens, scored, data.tokenizer.vocab_size))
+    assert data.unigram_loss != pytest.approx(
+        unigram_cross_entropy(data.train.tokens, data.val.tokens, data.tokenizer.vocab_size))
+
+
 # --------------------------------------------------------------------------- collators
 
 

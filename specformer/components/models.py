@@ -88,18 +88,23 @@ def _check_range(t: Tensor, low: int, high: int | None, *, name: str, allowed: s
     return lo, hi
 
 
+def _per_token(x: Tensor, ids: Tensor, *, name: str, ids_name: str, what: str) -> Tensor:
+    """``x`` (B|1, T) of integers, one ``what`` per token of ``ids`` (B, T), as int64."""
+    b, t = ids.shape
+    if x.dim() != 2 or x.shape[0] not in (1, b) or x.shape[1] != t:
+        raise ValueError(
+            f"{name} must be (batch, length) = ({b}, {t}) or (1, {t}), one {what} per token of "
+            f"{ids_name}; got shape {tuple(x.shape)}"
+        )
+    if not _is_integer(x):
+        raise TypeError(f"{name} must hold integer {what}s, got {x.dtype}")
+    return x.long()
+
+
 def _check_positions(position_ids: Tensor, ids: Tensor, *, name: str, ids_name: str) -> tuple[Tensor, int]:
     """Position ids (B|1, T) of non-negative integers for ids (B, T); returns them as int64
     and n_positions, an exclusive upper bound of them."""
-    b, t = ids.shape
-    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, b) or position_ids.shape[1] != t:
-        raise ValueError(
-            f"{name} must be (batch, length) = ({b}, {t}) or (1, {t}), one position per token of "
-            f"{ids_name}; got shape {tuple(position_ids.shape)}"
-        )
-    if not _is_integer(position_ids):
-        raise TypeError(f"{name} must hold integer positions, got {position_ids.dtype}")
-    position_ids = position_ids.long()
+    position_ids = _per_token(position_ids, ids, name=name, ids_name=ids_name, what="position")
     bounds = _check_range(position_ids, 0, None, name=name, allowed="positions >= 0")
     return position_ids, (bounds[1] + 1 if bounds is not None else 0)
 
@@ -277,15 +282,8 @@ class EncoderModel(_Model):
     def _check_token_types(self, token_type_ids: Tensor, input_ids: Tensor) -> Tensor:
         """Token types (B|1, T) in [0, segments) for input_ids (B, T), as int64. A model
         without segment embeddings treats every token as segment 0, so only 0 is allowed."""
-        b, t = input_ids.shape
-        if token_type_ids.dim() != 2 or token_type_ids.shape[0] not in (1, b) or token_type_ids.shape[1] != t:
-            raise ValueError(
-                f"token_type_ids must be (batch, length) = ({b}, {t}) or (1, {t}), one segment per "
-                f"token of input_ids; got shape {tuple(token_type_ids.shape)}"
-            )
-        if not _is_integer(token_type_ids):
-            raise TypeError(f"token_type_ids must hold integer segment ids, got {token_type_ids.dtype}")
-        token_type_ids = token_type_ids.long()
+        token_type_ids = _per_token(token_type_ids, input_ids, name="token_type_ids", ids_name="input_ids",
+                                    what="segment id")
         segments = self.embed.segments
         n = segments.num_embeddings if segments is not None else 1
         allowed = (

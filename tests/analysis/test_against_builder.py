@@ -119,7 +119,7 @@ def valid_specs(draw) -> dict:
     elif head == "mlm":
         spec["head"] = {"type": "mlm", "bias": draw(st.booleans())}
     elif head == "classification":
-        spec["head"] = {"type": "classification", "pooler": draw(st.booleans()), "n_classes": draw(st.integers(1, 5))}
+        spec["head"] = {"type": "classification", "pooler": draw(st.booleans()), "n_classes": draw(st.integers(2, 5))}
     return spec
 
 

@@ -84,7 +84,12 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
 
     file = Path(path)
     if file.is_dir():
-        raise SpecError([SpecProblem("a folder, not a YAML file", position=Position(str(file)))])
+        inside = file / "spec.yaml"
+        hint = f"this folder holds {inside}: --training {inside}" if inside.is_file() else ""
+        raise SpecError([SpecProblem(
+            "a folder, not a YAML file: --training takes a file with a training: section (or the section alone)",
+            position=Position(str(file)), hint=hint,
+        )])
     if not file.exists():  # a pipe (/dev/stdin, <(...)) exists and is read as it is
         raise SpecError([SpecProblem(f"file not found: {file}", position=Position(str(file)))])
     try:

@@ -420,9 +420,10 @@ def _load_file(
     return merged, {**kept, **positions}
 
 
-def _exists(data: Any, path: Path_) -> bool:
+def _exists(data: Any, path: Path_, *, null: bool = True) -> bool:
+    """Whether ``data`` has a value at ``path`` (with ``null=False``: a value other than null)."""
     for part in path:
-        if isinstance(data, dict) and part in data:
+        if isinstance(data, dict) and part in data and (null or data[part] is not None):
             data = data[part]
         elif isinstance(data, list) and isinstance(part, int) and part < len(data):
             data = data[part]
@@ -481,7 +482,7 @@ def apply_overrides(
             continue
         retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
         # the containers on the way that the spec does not write: the override makes them
-        created = [tuple(parts[:k]) for k in range(1, len(parts)) if not _written(data, parts[:k])]
+        created = [tuple(parts[:k]) for k in range(1, len(parts)) if not _exists(data, tuple(parts[:k]), null=False)]
         try:
             _materialize_default_list(data, parts)
             _set_path(data, parts, value)
@@ -514,19 +515,6 @@ class _OverrideError(Exception):
         self.hint = hint
 
 
-def _written(data: Any, parts: Sequence[str | int]) -> bool:
-    """Whether the spec writes a value (not null) at ``parts``."""
-    node = data
-    for part in parts:
-        if isinstance(node, dict) and node.get(part) is not None:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            return False
-    return True
-
-
 def _bad_index(list_path: Sequence[str | int], index: str | int, items: list, *, default: bool) -> _OverrideError:
     """The error for ``index`` into the list at ``list_path``: out of range, or not a number."""
     where = _dotted(list_path)
@@ -544,7 +532,7 @@ def _materialize_default_list(data: dict[str, Any], parts: list[str | int]) -> N
     a default), write the resolved default list first, so one item can be set. A name
     where that list wants an index (``betas.x``) is an error here: ``_set_path`` would
     make a mapping in the list's place, and pydantic blame the file's line for it."""
-    missing = next((k for k in range(1, len(parts)) if not _written(data, parts[:k])), None)
+    missing = next((k for k in range(1, len(parts)) if not _exists(data, tuple(parts[:k]), null=False)), None)
     if missing is None:
         return  # the spec writes every container on the way: _set_path checks them
     from specformer.specs.schema import ModelSpec

@@ -5,6 +5,9 @@ loop progress) plus a ``"specformer"`` entry holding the resolved spec as plain
 data, the tokenizer's state, the random-number-generator states and the data
 position. Everything in it is tensors and plain Python values, so it loads with
 ``torch.load(weights_only=True)``: opening a checkpoint never runs code from it.
+Before it is loaded, every entry of the archive is checked against the CRC-32 that
+``torch.save`` stored with it, so a flipped bit on disk or in a copy is reported as
+a damaged file instead of loading as silently wrong weights.
 
 Writes go to a temporary file in the same folder, are flushed to disk and then
 renamed over the target (``os.replace``): a crash or SIGKILL leaves either the old
@@ -91,6 +94,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             else "it is not a torch zip file (truncated or not a checkpoint)"
         )
         raise CheckpointError(f"{path} is not a specformer checkpoint: {what}")
+    _check_crc(path)
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -113,6 +117,37 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a specformer checkpoint (found {type(data).__name__}, expected a mapping)")
     return data
+
+
+_CHECKED: dict[tuple[str, int, int], None] = {}
+
+
+def _check_crc(path: Path) -> None:
+    """Read every entry of the zip archive at ``path`` and compare it with its stored CRC-32
+    (``torch.load`` does not); raise CheckpointError naming the first that differs. An
+    unchanged file (same path, size and modification time) is checked once per process:
+    a resume reads its checkpoint twice."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _CHECKED:
+        return
+    entry_name = "?"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 and info.file_size:  # written with torch.serialization.set_crc32_options(False)
+                    continue
+                entry_name = info.filename
+                with archive.open(info) as entry:  # raises at the end of an entry whose CRC differs
+                    while entry.read(1 << 24):
+                        pass
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
+        what = "its bytes do not match the checksum stored with them" if "CRC" in str(exc) else _short(exc)
+        raise CheckpointError(
+            f"{path} is damaged: the archive entry {entry_name!r} is corrupt ({what}; a disk error or an "
+            "interrupted copy?). Use another checkpoint of the run, or copy this one again"
+        ) from None
+    _CHECKED[key] = None
 
 
 def _short(exc: BaseException) -> str:

@@ -171,6 +171,48 @@ def test_corrupt_truncated_and_foreign_checkpoints_give_clear_errors(tiny: Any, 
         load_checkpoint(unsafe)
 
 
+def _flip_inside(data: bytes, archive: Path, entry_suffix: str) -> bytes:
+    """``data`` (the bytes of the zip ``archive``) with one byte flipped in the middle of
+    the stored bytes of its largest entry whose name ends with ``entry_suffix``."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(archive) as z:
+        info = max((i for i in z.infolist() if i.filename.endswith(entry_suffix)), key=lambda i: i.file_size)
+    header = data[info.header_offset:info.header_offset + 30]
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    out = bytearray(data)
+    out[at] ^= 0x01
+    return bytes(out)
+
+
+def test_a_flipped_byte_inside_a_checkpoint_is_reported_not_loaded(tiny: Any, tmp_path: Path) -> None:
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
+    good = Path(train(spec, progress=False).checkpoint)
+    data = good.read_bytes()
+    assert load_checkpoint(good).step == 2
+
+    for suffix, entry in (("data.pkl", r"data\.pkl"), ("/data/0", r"data/0")):
+        bad = tmp_path / f"flipped-{suffix.strip('/').replace('/', '-')}.ckpt"
+        bad.write_bytes(_flip_inside(data, good, suffix))
+        # without the check, the weights tensor loads as silently different numbers
+        with pytest.raises(CheckpointError, match=rf"{bad.name} is damaged: the archive entry '[^']*{entry}' is corrupt"):
+            load_checkpoint(bad)
+        with pytest.raises(CheckpointError, match=rf"{bad.name} is damaged"):
+            train(spec, progress=False, resume=bad)
+
+    # archives written without checksums (torch.serialization.set_crc32_options(False)) still load
+    raw = read_checkpoint(good)
+    unchecked = tmp_path / "no-crc.ckpt"
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(raw, unchecked)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert load_checkpoint(unchecked).step == 2
+
+
 def test_resuming_with_a_different_model_names_the_differences(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
     ckpt = train(spec, progress=False).checkpoint

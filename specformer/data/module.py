@@ -167,9 +167,11 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
 class SpecDataModule(L.LightningDataModule):
     """The data a spec trains on, as a Lightning data module.
 
-    Training batches come from an endless stream that starts at the trainer's
-    position (``global_step × accumulate``), so a resumed run sees exactly the
-    batches an uninterrupted one would. Validation uses the first
+    Training batches come from an endless stream that starts at the items already
+    consumed (kept in the checkpoint by :meth:`state_dict`), so a resumed run sees
+    exactly the batches an uninterrupted one would, and one resumed with another
+    batch size, accumulation or number of processes reads on from the same item.
+    Validation uses the first
     ``training.val_batches`` batches of the held-out split, always the same.
     """
 
@@ -193,6 +195,8 @@ class SpecDataModule(L.LightningDataModule):
         )
         self._tokenizer = tokenizer
         self.data: PreparedData | None = None
+        # (global step, items consumed) of the checkpoint this run resumed from
+        self._resumed_at: tuple[int, int] | None = None
 
     # ---- Lightning hooks
 
@@ -217,6 +221,26 @@ class SpecDataModule(L.LightningDataModule):
         if trainer is None:
             return 0, 1, 0
         return trainer.global_rank, trainer.world_size, trainer.global_step * trainer.accumulate_grad_batches
+
+    def items_consumed(self) -> int:
+        """Training items (all processes) read before the trainer's current step. A run
+        resumed from a checkpoint that did not record them counts its steps in this
+        run's batches."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0
+        per_step = trainer.accumulate_grad_batches * self.spec.training.batch_size * trainer.world_size
+        step, items = self._resumed_at or (0, 0)
+        return items + (trainer.global_step - step) * per_step
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.trainer is None:
+            return {}
+        return {"step": int(self.trainer.global_step), "items": self.items_consumed()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "items" in state_dict and "step" in state_dict:
+            self._resumed_at = (int(state_dict["step"]), int(state_dict["items"]))
 
     def _collator(self, rank: int) -> Any:
         assert self.data is not None
@@ -256,7 +280,8 @@ class SpecDataModule(L.LightningDataModule):
         t = self.spec.training
         rank, world, start = self._placement()
         sampler = StreamBatchSampler(
-            len(self.data.train), t.batch_size, seed=t.seed, rank=rank, world_size=world, start=start
+            len(self.data.train), t.batch_size, seed=t.seed, rank=rank, world_size=world, start=start,
+            offset=self.items_consumed(),
         )
         return self._loader(self.data.train, sampler, rank, t.seed)
 

@@ -3,8 +3,10 @@
 Training sees one endless epoch: pass ``p`` over the items is a permutation seeded
 by ``(seed, p)``, and global batch ``b`` is items ``[b·B·W, (b+1)·B·W)`` of the
 concatenated passes, rank ``r`` taking its own ``B``. So the data position is one
-integer, the number of batches consumed, and resuming is starting from it: the
-same batches follow as in an uninterrupted run, on any number of workers.
+integer, the number of items consumed, and resuming is starting from it: the
+same batches follow as in an uninterrupted run, on any number of workers. A run
+resumed with another batch size, accumulation or number of processes reads on
+from the same item, in batches of its own size.
 
 Each item is yielded as ``(batch_position, index)`` so that random choices made in
 the collator (masked-LM masking) can be seeded by the batch position and stay the
@@ -25,7 +27,9 @@ __all__ = ["StreamBatchSampler", "EvalBatchSampler", "EvalCollator"]
 
 
 class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Batches of ``(position, index)`` pairs; see the module docstring."""
+    """Batches of ``(position, index)`` pairs; see the module docstring. ``start`` is the
+    position of the first batch (micro-batches consumed), ``offset`` the item it begins
+    at (default ``start × batch_size × world_size``)."""
 
     def __init__(
         self,
@@ -36,6 +40,7 @@ class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
         rank: int = 0,
         world_size: int = 1,
         start: int = 0,
+        offset: int | None = None,
         shuffle: bool = True,
     ) -> None:
         if n_items <= 0:
@@ -43,6 +48,8 @@ class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
         self.n_items, self.batch_size = n_items, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.start, self.shuffle = start, shuffle
+        # the item global batch ``start`` begins at (the run's items consumed)
+        self.offset = start * batch_size * world_size if offset is None else offset
         self._pass, self._order = -1, np.arange(0)
 
     def _order_of(self, p: int) -> np.ndarray:
@@ -57,7 +64,7 @@ class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
 
     def batch(self, b: int) -> list[tuple[int, int]]:
         """Global batch ``b``'s share for this rank."""
-        first = (b * self.world_size + self.rank) * self.batch_size
+        first = self.offset + ((b - self.start) * self.world_size + self.rank) * self.batch_size
         out = []
         for k in range(first, first + self.batch_size):
             p, i = divmod(k, self.n_items)

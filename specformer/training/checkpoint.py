@@ -1,9 +1,10 @@
 """Checkpoints: written atomically, loaded safely, self-describing.
 
 A specformer checkpoint is a Lightning checkpoint (weights, optimizer, scheduler,
-loop progress) plus a ``"specformer"`` entry holding the resolved spec as plain
-data, the tokenizer's state, the random-number-generator states and the data
-position. Everything in it is tensors and plain Python values, so it loads with
+loop progress, and under ``"SpecDataModule"`` the data position: the step and the
+training examples read by then) plus a ``"specformer"`` entry holding the resolved
+spec as plain data, the tokenizer's state, the random-number-generator states and
+the tokens seen. Everything in it is tensors and plain Python values, so it loads with
 ``torch.load(weights_only=True)``: opening a checkpoint never runs code from it.
 Before it is loaded, every entry of the archive is checked against the CRC-32 that
 ``torch.save`` stored with it, so a flipped bit on disk or in a copy is reported as

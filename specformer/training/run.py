@@ -198,12 +198,28 @@ def build_trainer(
     return L.Trainer(**settings)
 
 
-def _total_steps(spec: Any, dm: SpecDataModule, world_size: int = 1) -> int:
+def _total_steps(spec: Any, dm: SpecDataModule, world_size: int = 1, resumed: tuple[int, int] | None = None) -> int:
+    """The run's last step. With ``training.max_epochs`` and a run resumed at ``(step,
+    items consumed)``, the steps left are counted in this run's global batches, which may
+    differ from the checkpoint's."""
     t = spec.training
     if t.max_steps is not None:
         return t.max_steps
     assert t.max_epochs is not None
-    return max(1, math.ceil(t.max_epochs * dm.batches_per_pass(world_size) / t.accumulate))
+    if resumed is None:
+        return max(1, math.ceil(t.max_epochs * dm.batches_per_pass(world_size) / t.accumulate))
+    step, items = resumed
+    per_step = t.batch_size * world_size * t.accumulate
+    target = t.max_epochs * dm.batches_per_pass(world_size) * t.batch_size * world_size
+    return step + max(0, math.ceil((target - items) / per_step - 1e-9))
+
+
+def _resumed_position(raw: dict[str, Any]) -> tuple[int, int] | None:
+    """(step, items consumed) a checkpoint records for its data, or None (an older one)."""
+    position = raw.get(SpecDataModule.__qualname__)
+    if isinstance(position, dict) and isinstance(position.get("items"), int) and isinstance(position.get("step"), int):
+        return position["step"], position["items"]
+    return None
 
 
 def train(
@@ -241,6 +257,7 @@ def train(
     _check_before_data(spec)
     quiet_lightning()
     resumed_step: int | None = None
+    position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
     tokenizer = tokenizer_spec = None
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
@@ -250,6 +267,7 @@ def train(
         tokenizer = checkpoint_tokenizer(raw)
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
         moved = _batch_changes(raw, spec)
+        position = _resumed_position(raw)
         del raw
         limit = trainer_kwargs.get("max_steps", t.max_steps)
         if limit is not None and 0 < limit <= resumed_step:
@@ -260,9 +278,10 @@ def train(
             )
         resume = _checkpoint_file(Path(resume))
         if moved:
-            _warn(console, f"{moved} changed since the checkpoint: the data position is counted in batches "
-                           f"(step × accumulate), so this run reads on from another place in the stream and some "
-                           f"examples of the current pass are skipped or seen twice")
+            _warn(console, f"{moved} changed since the checkpoint, which records its data position in batches "
+                           f"(step × accumulate; it was written by an older specformer), so this run reads on "
+                           f"from another place in the stream and some examples of the current pass are skipped "
+                           f"or seen twice")
     weights = None
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
@@ -297,7 +316,7 @@ def train(
             raise
         if "max_steps" not in trainer_kwargs:
             # an epoch's steps depend on how many processes share each global batch: known once the trainer is
-            trainer.fit_loop.epoch_loop.max_steps = _total_steps(spec, dm, trainer.world_size)
+            trainer.fit_loop.epoch_loop.max_steps = _total_steps(spec, dm, trainer.world_size, position)
         max_steps = trainer.max_steps
         if resumed_step is not None and 0 < max_steps <= resumed_step:
             # training.max_epochs: its steps are known only now, with the data
@@ -388,7 +407,10 @@ def _check_before_data(spec: Any) -> None:
 
 
 def _batch_changes(raw: dict[str, Any], spec: Any) -> str:
-    """The batch settings a resumed run changes ("training.batch_size 2 → 4"), or ""."""
+    """The batch settings a resumed run changes ("training.batch_size 2 → 4") when the
+    checkpoint does not record its data position in items (older checkpoints), else ""."""
+    if _resumed_position(raw) is not None:
+        return ""  # the stream reads on from the same item whatever the batch
     meta = raw.get("specformer")
     saved = meta.get("spec", {}).get("training") if isinstance(meta, dict) else None
     if not isinstance(saved, dict):

@@ -317,6 +317,18 @@ def test_stream_sampler_resumes_exactly_and_shards_ranks() -> None:
     assert {p for p, _ in r0 + r1} == {7}
 
 
+def test_stream_sampler_reads_on_from_the_same_item_with_another_batch_or_world() -> None:
+    stream = [i for batch in (StreamBatchSampler(10, 1, seed=3).batch(b) for b in range(40)) for _, i in batch]
+    # 3 global batches of 4 (12 items), then batches of 2 on 3 processes from position 3
+    before = [i for b in range(3) for _, i in StreamBatchSampler(10, 4, seed=3).batch(b)]
+    ranks = [StreamBatchSampler(10, 2, seed=3, rank=r, world_size=3, start=3, offset=12) for r in range(3)]
+    after = [i for b in range(3, 6) for r in ranks for _, i in r.batch(b)]
+    assert before + after == stream[:30]
+    assert {p for p, _ in ranks[1].batch(4)} == {4}  # positions still count batches
+    # without an offset, the start is in batches of the current size, as before
+    assert StreamBatchSampler(10, 4, seed=3, start=2).batch(2) == StreamBatchSampler(10, 4, seed=3).batch(2)
+
+
 def test_eval_sampler_is_fixed_and_covers_the_split() -> None:
     batches = list(EvalBatchSampler(10, 4))
     assert [[i for _, i in b] for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

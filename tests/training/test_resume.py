@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specformer import load_spec
+from specformer.data.sampler import StreamBatchSampler
 from specformer.training.checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -240,7 +241,7 @@ def test_resuming_at_or_past_max_steps_says_nothing_is_left_to_train(
             train(load_spec(tiny("decoder", max_steps=limit, val_interval=4)), resume=ckpt, progress=False)
 
 
-def test_resuming_a_finished_epoch_run_or_with_another_batch_size_is_said(tiny: Any, tmp_path: Path) -> None:
+def test_resuming_a_finished_epoch_run_is_refused_and_another_batch_size_reads_on(tiny: Any, tmp_path: Path) -> None:
     from io import StringIO
 
     from rich.console import Console
@@ -252,10 +253,29 @@ def test_resuming_a_finished_epoch_run_or_with_another_batch_size_is_said(tiny: 
                                               r"are done[\s\S]*--set training.max_epochs=0.2"):
         train(load_spec(spec), resume=ckpt, progress=False)
     assert len(list((tmp_path / "runs" / "tiny-encoder-decoder").iterdir())) == 1  # no empty run left behind
+    assert read_checkpoint(ckpt)["SpecDataModule"] == {"step": 25, "items": 200}
+
+    class FirstItems(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
+            sampler = trainer.train_dataloader.batch_sampler
+            self.items = [i for _, i in sampler.batch(sampler.start)]
+
+    # another batch size reads on from item 200, where the checkpoint stopped
+    out, first = StringIO(), FirstItems()
+    smaller = load_spec({**spec, "training": {**spec["training"], "batch_size": 4, "max_epochs": 0.2}})
+    result = train(smaller, resume=ckpt, progress=False, console=Console(file=out, width=300), callbacks=[first])
+    assert result.steps == 25 + 50  # 0.2 of 2000 examples: 400, of which 200 were read in batches of 8
+    assert first.items == [i for _, i in StreamBatchSampler(2000, 4, seed=smaller.training.seed).batch(50)]
+    assert "changed since the checkpoint" not in out.getvalue()
+    assert read_checkpoint(result.checkpoint)["SpecDataModule"] == {"step": result.steps, "items": 200 + 4 * (result.steps - 25)}
+
+    # a checkpoint that does not record its position in items (an older one): the run warns
+    legacy = tmp_path / "legacy.ckpt"
+    raw = read_checkpoint(ckpt)
+    del raw["SpecDataModule"]
+    torch.save(raw, legacy)
     out = StringIO()
-    result = train(load_spec({**spec, "training": {**spec["training"], "batch_size": 4, "max_epochs": 0.2}}),
-                   resume=ckpt, progress=False, console=Console(file=out, width=300))
-    assert result.steps > 25
+    train(smaller, resume=legacy, progress=False, console=Console(file=out, width=300))
     assert "training.batch_size 8 → 4 changed since the checkpoint" in out.getvalue()
 
 

@@ -461,7 +461,14 @@ def _build_meta(spec: Any) -> Any:
     except ImportError as exc:
         print_error(f"the module tree needs the torch builder, which failed to import: {exc}")
         raise typer.Exit(1) from None
-    return build_model(spec, device="meta")
+    from specformer.builder import BuildError
+
+    try:
+        return build_model(spec, device="meta")
+    except (BuildError, OverflowError, RuntimeError) as exc:
+        # a spec that validates but no module can be made of (a plugin's own check, sizes past int64)
+        print_error(f"{spec.name}: the model cannot be built: {exc}")
+        raise typer.Exit(1) from None
 
 
 def _show_tree(spec: Any, output_format: str) -> None:

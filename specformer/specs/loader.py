@@ -162,6 +162,10 @@ _PLAIN_TAGS = {
 }
 
 
+# keys and list items one spec file may hold after its aliases are expanded
+MAX_VALUES = 50_000
+
+
 def _pos(source: str, mark: Any) -> Position:
     return Position(source, mark.line + 1, mark.column + 1)
 
@@ -172,10 +176,15 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Po
     Raises :class:`SpecError` listing every duplicate key and refused tag, or the
     syntax error (YAML stops at the first).
     """
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # its reader refuses control characters at once
+    except yaml.reader.ReaderError as exc:
+        raise SpecError([_reader_problem(exc, source, text)]) from None
     try:
         try:
             node = loader.get_single_node()
+        except yaml.reader.ReaderError as exc:
+            raise SpecError([_reader_problem(exc, source, text)]) from None
         except yaml.MarkedYAMLError as exc:
             raise SpecError([_syntax_problem(exc, source, text)]) from None
         except yaml.YAMLError as exc:
@@ -190,6 +199,19 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Po
         return data, positions
     finally:
         loader.dispose()
+
+
+def _reader_problem(exc: yaml.reader.ReaderError, source: str, text: str) -> SpecProblem:
+    """A character YAML does not allow in a document (a control character, U+FFFE, ...)."""
+    before = text[: exc.position]
+    line = before.count("\n") + 1
+    column = exc.position - (before.rfind("\n") + 1) + 1
+    char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+    return SpecProblem(
+        f"the character U+{ord(char):04X} is not allowed in YAML",
+        position=Position(source, line, column),
+        hint="remove it (YAML text may not hold control characters other than tab and newline)",
+    )
 
 
 def _syntax_problem(exc: yaml.MarkedYAMLError, source: str, text: str) -> SpecProblem:
@@ -217,6 +239,13 @@ def _construct(
 ) -> Any:
     where = _pos(source, node.start_mark)
     dotted = _dotted(path)
+    if len(positions) > MAX_VALUES:
+        # aliases (*name) repeat what they point to: a few lines can expand without bound
+        raise SpecError([SpecProblem(
+            f"the spec expands to more than {MAX_VALUES:,} keys and list items (through aliases: *name)",
+            path=dotted, position=where,
+            hint="a spec is a few hundred values; check the aliases that repeat large parts of it",
+        )])
     if node.tag not in _PLAIN_TAGS:
         problems.append(
             SpecProblem(

@@ -77,6 +77,15 @@ def _issue(field: str, message: str) -> PydanticCustomError:
 # --------------------------------------------------------------------------- positional
 
 
+# upper bounds far past any real model, so that a typo (an extra digit group) is an error
+# here rather than an overflow in torch: widths (d_model, heads, head_dim, T5 buckets)
+# up to 2^20, an FFN's hidden size up to 2^24, counts of ids (vocab_size, positions,
+# max_seq_len) up to 2^31 - 1
+MAX_WIDTH = 2**20
+MAX_HIDDEN = 2**24
+MAX_INDEX = 2**31 - 1
+
+
 class SinusoidalSpec(Spec):
     """Fixed sinusoids added to the embeddings (Vaswani et al. 2017, section 3.5):
     PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d))."""
@@ -90,10 +99,10 @@ class LearnedSpec(Spec):
 
     type: Literal["learned"] = "learned"
     max_positions: PositiveInt | None = Field(
-        None, description="Rows of the table; default max_seq_len + offset, and at least that."
+        None, le=MAX_INDEX, description="Rows of the table; default max_seq_len + offset, and at least that."
     )
     offset: NonNegativeInt = Field(
-        0, description="Rows skipped before position 0 (RoBERTa reserves 2)."
+        0, le=MAX_INDEX, description="Rows skipped before position 0 (RoBERTa reserves 2)."
     )
 
 
@@ -118,8 +127,8 @@ class T5BiasSpec(Spec):
     shared by its layers; bidirectional buckets in encoders, causal in decoders."""
 
     type: Literal["t5"] = "t5"
-    num_buckets: int = Field(32, ge=4, description="Relative-distance buckets, at least 4 (an encoder splits them between the two directions).")
-    max_distance: PositiveInt = Field(128, description="Distance beyond which buckets saturate; above num_buckets // 2.")
+    num_buckets: int = Field(32, ge=4, le=MAX_WIDTH, description="Relative-distance buckets, at least 4 (an encoder splits them between the two directions).")
+    max_distance: PositiveInt = Field(128, le=MAX_WIDTH, description="Distance beyond which buckets saturate; above num_buckets // 2.")
 
     @model_validator(mode="after")
     def _log_range(self) -> T5BiasSpec:
@@ -150,11 +159,11 @@ class AttentionSpec(Spec):
     (Vaswani et al. 2017; Ainslie et al. 2023 for GQA; Shazeer 2019 for MQA)."""
 
     type: Literal["mha"] = "mha"
-    n_heads: PositiveInt = Field(8, description="Query heads.")
+    n_heads: PositiveInt = Field(8, le=MAX_WIDTH, description="Query heads.")
     n_kv_heads: PositiveInt | None = Field(
-        None, description="Key/value heads: n_heads (MHA, default), 1 (MQA), or a divisor (GQA)."
+        None, le=MAX_WIDTH, description="Key/value heads: n_heads (MHA, default), 1 (MQA), or a divisor (GQA)."
     )
-    head_dim: PositiveInt | None = Field(None, description="Per-head size; default d_model / n_heads.")
+    head_dim: PositiveInt | None = Field(None, le=MAX_WIDTH, description="Per-head size; default d_model / n_heads.")
     bias: bool = Field(True, description="Bias on the q, k, v and output projections.")
     dropout: Dropout = Field(0.0, description="Dropout on the attention probabilities.")
     scale: PositiveFloat | None = Field(
@@ -197,7 +206,7 @@ class MLPSpec(Spec):
     """Position-wise feed-forward network: down(act(up(x))) (Vaswani et al. 2017)."""
 
     type: Literal["mlp"] = "mlp"
-    d_ff: PositiveInt | None = Field(None, description="Hidden size; default 4 * d_model.")
+    d_ff: PositiveInt | None = Field(None, le=MAX_HIDDEN, description="Hidden size; default 4 * d_model.")
     activation: Activation = Field("relu", description="relu | gelu | gelu_tanh | silu.")
     bias: bool = Field(True, description="Bias on both projections.")
     dropout: Dropout = Field(0.0, description="Dropout after the activation.")
@@ -209,7 +218,7 @@ class GLUSpec(Spec):
 
     type: Literal["glu"] = "glu"
     d_ff: PositiveInt | None = Field(
-        None, description="Hidden size; default 8/3 * d_model rounded up to a multiple of 64."
+        None, le=MAX_HIDDEN, description="Hidden size; default 8/3 * d_model rounded up to a multiple of 64."
     )
     activation: Activation = Field("silu", description="silu (SwiGLU) | gelu (GeGLU) | relu (ReGLU) | gelu_tanh.")
     bias: bool = Field(False, description="Bias on the three projections.")
@@ -503,7 +512,7 @@ class EmbeddingSpec(Spec):
         "segments and embedding norm; false gives it its own (BART). Encoder-decoder only.",
     )
     segment_vocab_size: NonNegativeInt = Field(
-        0, description="Segment (token-type) embeddings, as BERT's 2; 0 for none."
+        0, le=MAX_INDEX, description="Segment (token-type) embeddings, as BERT's 2; 0 for none."
     )
     norm: NormSpec | None = Field(None, description="A norm after the embeddings (BERT has one).")
 
@@ -535,9 +544,9 @@ class ModelSpec(Spec):
 
     name: str = Field("unnamed", description="A name for tables, run folders and checkpoints.")
     kind: Kind = Field(description="encoder (BERT-like) | decoder (GPT-like) | encoder-decoder (T5-like).")
-    vocab_size: PositiveInt = Field(description="Token vocabulary size.")
-    d_model: PositiveInt = Field(description="Width of the residual stream.")
-    max_seq_len: PositiveInt = Field(1024, description="Longest sequence the model is built for.")
+    vocab_size: PositiveInt = Field(le=MAX_INDEX, description="Token vocabulary size.")
+    d_model: PositiveInt = Field(le=MAX_WIDTH, description="Width of the residual stream.")
+    max_seq_len: PositiveInt = Field(1024, le=MAX_INDEX, description="Longest sequence the model is built for.")
     positional: PositionalSpec = Field(
         default_factory=SinusoidalSpec, description="How positions enter the model (shared by all stacks)."
     )
@@ -597,11 +606,13 @@ class ModelSpec(Spec):
                 yield "kind", f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}})"
             if has[role] and not need[role]:
                 yield role, f"kind {self.kind!r} has no {role} stack; remove it or change kind"
-        if not self.embedding.share_positions and self.kind != "encoder-decoder":
-            yield (
-                "embedding.share_positions",
-                f"a {self.kind} model has one embedding; share_positions applies to encoder-decoders only",
-            )
+        for field in ("share_positions", "share_encoder_decoder"):
+            if not getattr(self.embedding, field) and self.kind != "encoder-decoder":
+                yield (
+                    f"embedding.{field}",
+                    f"{'an' if self.kind == 'encoder' else 'a'} {self.kind} model has one embedding; "
+                    f"{field} applies to encoder-decoders only",
+                )
         pos = self.positional
         if isinstance(pos, LearnedSpec) and pos.max_positions is not None:
             if pos.max_positions - pos.offset < self.max_seq_len:
@@ -621,7 +632,14 @@ class ModelSpec(Spec):
                         f"{', '.join(str(d) for d in _divisors(self.d_model))}",
                     )
                     continue
-                if isinstance(pos, RopeSpec) and not where.startswith("cross"):
+                cross = where.startswith("cross") or ".cross" in where
+                if cross and att.sliding_window is not None:
+                    yield (
+                        f"{path}.sliding_window",
+                        "cross-attention attends to the whole encoder output; a sliding window applies "
+                        "to self-attention only (set it under attention:)",
+                    )
+                if isinstance(pos, RopeSpec) and not cross:
                     rot = int(att.head_dim * pos.fraction)
                     if rot % 2 or rot == 0:
                         yield (
@@ -629,6 +647,17 @@ class ModelSpec(Spec):
                             f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim} "
                             f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
                         )
+            # positions built once per stack, for the stack's own attention sizes
+            shared = {RopeSpec: "head_dim", AlibiSpec: "n_heads", T5BiasSpec: "n_heads"}.get(type(pos))
+            base = getattr(stack.attention, shared) if shared else None
+            for i, ov in enumerate(stack.overrides):
+                value = getattr(ov.attention, shared) if shared and ov.attention is not None else base
+                if base is not None and value is not None and value != base:
+                    yield (
+                        f"{role}.overrides.{i}.attention.{shared}",
+                        f"{pos.type} positions are built once for the whole stack, for its attention's "
+                        f"{shared}={base}, but this override gives {shared}={value}; every layer must share it",
+                    )
             if self.kind != "encoder-decoder" or role == "encoder":
                 # at the field that sets it: the stack's own, or a per-layer override's
                 wheres = ["cross_attention"] if stack.cross_attention is not None else []
@@ -710,19 +739,25 @@ def _plain(value: Any) -> Any:
     return copy.copy(value)
 
 
+def _size(value: Any) -> bool:
+    """Whether ``value`` is a width a spec may hold: derived sizes are made from valid ones
+    only, so that an error is reported once, at the field that was written."""
+    return _is_int(value) and 0 < value <= MAX_WIDTH
+
+
 def _fill_attention(att: Any, d_model: Any) -> None:
     if not isinstance(att, dict):
         return
     n_heads = att.get("n_heads", AttentionSpec.model_fields["n_heads"].default)
-    if att.get("n_kv_heads") is None and _is_int(n_heads):
+    if att.get("n_kv_heads") is None and _size(n_heads):
         att["n_kv_heads"] = n_heads
-    if att.get("head_dim") is None and _is_int(n_heads) and _is_int(d_model) and n_heads > 0:
+    if att.get("head_dim") is None and _size(n_heads) and _size(d_model):
         if d_model % n_heads == 0:
             att["head_dim"] = d_model // n_heads
 
 
 def _fill_ffn(ffn: Any, d_model: Any) -> None:
-    if not isinstance(ffn, dict) or ffn.get("d_ff") is not None or not _is_int(d_model):
+    if not isinstance(ffn, dict) or ffn.get("d_ff") is not None or not _size(d_model):
         return
     kind = ffn.get("type", "mlp")
     if kind == "mlp":

@@ -98,10 +98,33 @@ BAD_INPUTS = [
     ("overflowing-float", "extends: gpt-nano\ndecoder:\n  norm: {eps: 1e400}\n", 3, "decoder.norm.eps",
      ["finite number"]),
     # the allowed n_heads are listed without trying every number up to d_model
-    ("huge-d-model-heads", "kind: decoder\nvocab_size: 8\nd_model: 1000000007\ndecoder: {n_layers: 1}\n", 4,
+    ("huge-d-model-heads", "kind: decoder\nvocab_size: 8\nd_model: 1048573\ndecoder: {n_layers: 1}\n", 4,
      "decoder.attention.n_heads",
-     ["not divisible", "choose n_heads from 1, 1000000007"]),
+     ["not divisible", "choose n_heads from 1, 1048573"]),
+    ("control-character", "extends: gpt-nano\nname: a\x01b\n", 2, "", ["U+0001", "not allowed"]),
+    ("absurd-size", "extends: gpt-nano\nvocab_size: 100_000_000_000_000_000_000_000\n", 2, "vocab_size",
+     ["less than or equal to 2147483647"]),
+    # the derived sizes made from a bad one are not reported as well
+    ("zero-heads", "extends: gpt-nano\ndecoder:\n  attention: {n_heads: 0}\n", 3, "decoder.attention.n_heads",
+     ["greater than 0"]),
+    ("t5-heads-override", "extends: t5-nano\ndecoder: {overrides: [{layers: [1], attention: {n_heads: 8}}]}\n", 2,
+     "decoder.overrides.0.attention.n_heads", ["t5 positions are built once for the whole stack", "n_heads=4"]),
+    ("rope-head-dim-override", "extends: gpt-nano\npositional: {type: rope}\n"
+     "decoder: {overrides: [{layers: [1], attention: {n_heads: 8}}]}\n", 3,
+     "decoder.overrides.0.attention.head_dim", ["rope positions", "head_dim=32", "head_dim=16"]),
+    ("cross-sliding-window", "extends: t5-nano\ndecoder: {cross_attention: {sliding_window: 4}}\n", 2,
+     "decoder.cross_attention.sliding_window", ["self-attention only"]),
+    ("encoder-share-embedding", "extends: bert-nano\nembedding: {share_encoder_decoder: false}\n", 2,
+     "embedding.share_encoder_decoder", ["an encoder model has one embedding"]),
 ]
+
+
+def test_aliases_cannot_expand_a_small_file_without_bound(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]  # 10^9 values
+    problems = _problems(tmp_path, "\n".join(lines) + "\n")
+    assert len(problems) == 1 and "expands to more than 50,000" in str(problems[0])
+    assert problems[0].position.source.endswith("spec.yaml")
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])

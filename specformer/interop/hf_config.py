@@ -296,42 +296,41 @@ def _bart(c: _Config) -> dict[str, Any]:
     }
 
 
-def _llama(c: _Config) -> dict[str, Any]:
-    c.refuse_if("layer_types", lambda v: v is not None and set(v) - {"full_attention", "sliding_attention"},
-                "per-layer attention kinds other than full and sliding")
+# defaults of transformers' LlamaConfig and MistralConfig for the keys a config may omit
+# (save_pretrained writes only the values that differ from them)
+_LLAMA_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None}
+_MISTRAL_DEFAULTS = {"intermediate_size": 14336, "max_position_embeddings": 4096 * 32, "num_key_value_heads": 8}
+
+
+def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
+    """Llama and Mistral. transformers' Llama has no sliding window (a ``sliding_window``
+    key is ignored); its Mistral windows every layer by ``sliding_window`` (4096 when the
+    key is absent, none when it is null) and ignores ``use_sliding_window`` and
+    ``layer_types``, and has no biases. The import computes what transformers computes."""
+    mistral = family == "mistral"
+    defaults = _MISTRAL_DEFAULTS if mistral else _LLAMA_DEFAULTS
     d = c("hidden_size", 4096)
     n_heads = c("num_attention_heads", 32)
-    sliding = c("sliding_window") if c("use_sliding_window", True) else None
     att: dict[str, Any] = {
         "n_heads": n_heads,
-        "n_kv_heads": c("num_key_value_heads", n_heads),
+        "n_kv_heads": c("num_key_value_heads", defaults["num_key_value_heads"] or n_heads),
         "head_dim": c("head_dim", d // n_heads),
-        "bias": bool(c("attention_bias", False)),
+        "bias": bool(c("attention_bias", False)) and not mistral,
         "dropout": _dropout(c("attention_dropout", 0.0)),
     }
-    overrides: list[dict[str, Any]] = []
-    layer_types = c("layer_types")
-    if sliding is not None and layer_types is not None:
-        windowed = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
-        if len(windowed) == len(layer_types):
-            att["sliding_window"] = sliding
-        elif windowed:
-            overrides.append({"layers": windowed, "attention": {"sliding_window": sliding}})
-    elif sliding is not None:
-        att["sliding_window"] = sliding
+    if mistral:
+        att["sliding_window"] = c.data.get("sliding_window", 4096)  # null: no window
     stack: dict[str, Any] = {
         "n_layers": c("num_hidden_layers", 32),
         "attention": att,
         "ffn": {
             "type": "glu",
             "activation": c.activation("hidden_act", "silu"),
-            "d_ff": c("intermediate_size", 11008),
-            "bias": bool(c("mlp_bias", False)),
+            "d_ff": c("intermediate_size", defaults["intermediate_size"]),
+            "bias": bool(c("mlp_bias", False)) and not mistral,
         },
         "norm": {"type": "rmsnorm", "placement": "pre", "eps": c("rms_norm_eps", 1e-6)},
     }
-    if overrides:
-        stack["overrides"] = overrides
     rope = c.rope()
     fraction = rope.pop("fraction")
     if fraction != 1.0:
@@ -347,7 +346,7 @@ def _llama(c: _Config) -> dict[str, Any]:
         "kind": "decoder",
         "vocab_size": c("vocab_size", 32000),
         "d_model": d,
-        "max_seq_len": c("max_position_embeddings", 2048),
+        "max_seq_len": c("max_position_embeddings", defaults["max_position_embeddings"]),
         "positional": rope,
         "decoder": stack,
         "embedding": {"tie_output": bool(c("tie_word_embeddings", False))},
@@ -397,7 +396,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "t5": _t5,
     "bart": _bart,
     "llama": _llama,
-    "mistral": _llama,
+    "mistral": lambda c: _llama(c, "mistral"),
     "gpt_neox": _gpt_neox,
 }
 

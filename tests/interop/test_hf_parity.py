@@ -26,6 +26,7 @@ from specformer.interop.hf import (  # noqa: E402
     save_hf,
     to_hf,
 )
+from specformer.interop.hf_config import spec_from_hf_config  # noqa: E402
 from specformer.interop.hf_weights import hf_to_specformer, specformer_to_hf  # noqa: E402
 
 pytestmark = pytest.mark.reference
@@ -471,3 +472,47 @@ def test_documented_weight_names_exist_on_both_sides(family: str) -> None:
         for name in theirs_cell.split("(")[0].split(","):
             name = name.strip().strip("`").replace("{i}", "0")
             assert any(n.startswith(name + ".") or n == name for n in theirs), name
+
+
+_SMALL_DECODER = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, initializer_range=0.5)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "windows"),
+    [
+        ("mistral", {"sliding_window": 3}, [3, 3]),
+        ("mistral", {"sliding_window": None}, [None, None]),
+        ("llama", {"sliding_window": 3}, [None, None]),  # Llama has no window in transformers
+        ("mistral", {"sliding_window": 3, "use_sliding_window": False}, [3, 3]),  # a Qwen2 key Mistral ignores
+        ("mistral", {"sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"]}, [3, 3]),
+    ],
+    ids=["mistral", "mistral-no-window", "llama-window-key", "use-sliding-window", "layer-types"],
+)
+def test_llama_and_mistral_windows_are_what_transformers_computes(model_type: str, extra: dict, windows: list) -> None:
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(model_type, **_SMALL_DECODER, **extra)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    spec, state, _ = import_hf(hf.config, state_dict=hf.state_dict())
+    assert [layer.attention.sliding_window for layer in spec.decoder.layers()] == windows
+    model = build_model(spec).eval()
+    model.load_state_dict(state)
+    ids = torch.randint(0, 101, (1, 12))  # longer than the window
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_keys_a_mistral_config_omits_take_mistral_defaults() -> None:
+    # save_pretrained writes only what differs from the config class's defaults
+    minimal = {"model_type": "mistral", "vocab_size": 100, "hidden_size": 64, "num_attention_heads": 8,
+               "num_hidden_layers": 2}
+    hf = transformers.AutoConfig.for_model(**minimal)
+    spec = spec_from_hf_config(minimal)
+    att = spec.decoder.attention
+    assert (att.sliding_window, att.n_kv_heads, spec.decoder.ffn.d_ff, spec.max_seq_len) == (
+        hf.sliding_window, hf.num_key_value_heads, hf.intermediate_size, hf.max_position_embeddings)
+    llama = {**minimal, "model_type": "llama"}
+    hf = transformers.AutoConfig.for_model(**llama)
+    spec = spec_from_hf_config(llama)
+    assert (spec.decoder.attention.n_kv_heads, spec.decoder.ffn.d_ff, spec.max_seq_len) == (
+        hf.num_key_value_heads, hf.intermediate_size, hf.max_position_embeddings)

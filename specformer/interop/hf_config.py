@@ -16,6 +16,7 @@ model computes, are reported as warnings instead).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -868,6 +869,7 @@ def hf_config_from_spec(
     """
     model_type = hf_family(spec)
     _check_head_exports(spec, model_type)
+    spec = _without_equivalents(spec)
     try:
         config = {"model_type": model_type, **_EXPORTERS[model_type](spec)}
     except (KeyError, AttributeError) as exc:
@@ -902,6 +904,30 @@ def hf_config_from_spec(
         warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
     _set_token_ids(config, spec, token_ids or {}, notes=warnings)
     return config
+
+
+def _without_equivalents(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with the settings that compute the same outputs as the defaults written as
+    the defaults: every attention ``backend`` (eager equals sdpa), and a ``scale`` equal to
+    1/sqrt(head_dim). The export then neither refuses nor writes them."""
+    def walk(node: Any) -> bool:
+        changed = False
+        if isinstance(node, dict):
+            if "n_heads" in node and "backend" in node:
+                if node["backend"] != "sdpa":
+                    node["backend"], changed = "sdpa", True
+                scale, head_dim = node.get("scale"), node.get("head_dim")
+                if scale is not None and isinstance(head_dim, int) and math.isclose(scale, head_dim ** -0.5, rel_tol=1e-9):
+                    node["scale"], changed = None, True
+            for value in node.values():
+                changed = walk(value) or changed
+        elif isinstance(node, list):
+            for value in node:
+                changed = walk(value) or changed
+        return changed
+
+    data = spec.to_dict()
+    return ModelSpec.model_validate(data) if walk(data) else spec
 
 
 def _check_head_exports(spec: ModelSpec, model_type: str) -> None:

@@ -442,3 +442,18 @@ def test_export_of_a_head_the_family_lacks_is_refused_by_name(
         assert word in str(info.value)
     for word in absent:
         assert word not in str(info.value)
+
+
+@pytest.mark.parametrize("preset", ["gpt-nano", "bert-nano", "t5-small"])
+def test_settings_that_compute_the_same_export_as_the_defaults(preset: str) -> None:
+    spec = load_spec(preset)
+    stack = "decoder" if spec.kind == "decoder" else "encoder"
+    head_dim = getattr(spec, stack).attention.head_dim
+    same = load_spec(preset, overrides=[f"{stack}.attention.backend=eager",
+                                        f"{stack}.attention.scale={head_dim ** -0.5!r}"])
+    if spec.kind == "encoder-decoder":  # t5 has scale 1.0 (no scaling) of its own: only the backend
+        same = load_spec(preset, overrides=["encoder.attention.backend=eager", "decoder.attention.backend=eager"])
+    assert hf_config_from_spec(same) == hf_config_from_spec(spec)
+    other = load_spec(preset, overrides=[f"{stack}.attention.scale=0.3"])
+    with pytest.raises(HFConversionError, match=rf"{stack}.attention.scale"):
+        hf_config_from_spec(other)

@@ -177,9 +177,45 @@ def _layer_flat(layer: Any) -> dict[str, Any]:
     return flat
 
 
+_DERIVABLE = re.compile(
+    r"^(?P<at>(?:encoder|decoder)(?:\.layers\.[\d-]+)?)\.(?:(?P<att>attention|cross_attention)\.(?P<size>head_dim|n_kv_heads)"
+    r"|ffn\.d_ff|norm\.final)$"
+)
+
+
+def _follows_from_others(spec: Any, flat: dict[str, Any], path: str) -> bool:
+    """Whether the value at ``path`` (``head_dim``, ``n_kv_heads``, ``d_ff``, the final
+    norm) is the one the spec derives from its other fields."""
+    from specformer.specs.schema import default_glu_d_ff
+
+    m = _DERIVABLE.match(path)
+    if m is None or path not in flat:
+        return False
+    prefix, value = m.group("at"), flat[path]
+    if ".layers." in path and not m.group("att"):
+        return False  # a layer's d_ff differs from its stack's only where an override writes it
+    if m.group("att"):
+        n_heads = flat.get(f"{prefix}.{m.group('att')}.n_heads", flat.get(f"{prefix.split('.')[0]}.{m.group('att')}.n_heads"))
+        if not isinstance(n_heads, int) or n_heads <= 0:
+            return False
+        if m.group("size") == "n_kv_heads":
+            return value == n_heads
+        return spec.d_model % n_heads == 0 and value == spec.d_model // n_heads
+    if path.endswith("ffn.d_ff"):
+        kind = _value_or_stack(flat, prefix, "ffn.type")
+        return value == (4 * spec.d_model if kind == "mlp" else default_glu_d_ff(spec.d_model) if kind == "glu" else None)
+    return value == (_value_or_stack(flat, prefix, "norm.placement") == "pre")
+
+
+def _value_or_stack(flat: dict[str, Any], prefix: str, field: str) -> Any:
+    """A layer's field, or its stack's when no override changes it."""
+    return flat.get(f"{prefix}.{field}", flat.get(f"{prefix.split('.')[0]}.{field}"))
+
+
 def flatten_spec(spec: Any) -> tuple[dict[str, Any], set[str]]:
     """Dotted path -> value for every field of the resolved spec, plus the set of paths
-    derived here (``kv_groups``).
+    whose value follows from others (``kv_groups``, and ``head_dim``, ``n_kv_heads``,
+    ``d_ff`` and the final norm where they equal what the spec derives).
 
     Lists of mappings are indexed, other lists are values. A stack's ``overrides`` are
     replaced by their effect: ``{stack}.layers.{i}.{field}`` for each field where layer
@@ -205,6 +241,7 @@ def flatten_spec(spec: Any) -> tuple[dict[str, Any], set[str]]:
     flat.update(derived)
     flat.update(layer_paths)
     derived_paths = set(derived) | {p for p in layer_paths if p.endswith(".kv_groups")}
+    derived_paths |= {p for p in flat if _follows_from_others(spec, flat, p)}
     return flat, derived_paths
 
 
@@ -229,9 +266,7 @@ def _changes(specs: list[Any]) -> list[Change]:
     # path that precedes it in that spec, so changes read in spec order
     order: list[str] = []
     seen: set[str] = set()
-    derived: set[str] = set()
-    for flat, d in flats:
-        derived |= d
+    for flat, _ in flats:
         at = 0
         for path in flat:
             if path in seen:
@@ -244,6 +279,8 @@ def _changes(specs: list[Any]) -> list[Change]:
         path: tuple(_value_at(spec, flat, path) for spec, (flat, _) in zip(specs, flats, strict=True))
         for path in order
     }
+    # derived: the value follows from the other fields in every spec that has it
+    derived = {path for path in order if all(path in d for flat, d in flats if path in flat)}
     # a section that is null in one spec and has fields in another (`encoder` of a
     # decoder-only model and of an encoder-decoder) is shown by its fields, each absent
     # in the first: a row `encoder: null | —` would say the section does not exist in a

@@ -496,7 +496,8 @@ def _fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:g}"
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)  # 1000001.0 is not 1e+06
     if isinstance(value, list):
         return "[" + ", ".join(_fmt_value(v) for v in value) + "]"
     return str(value)

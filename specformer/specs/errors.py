@@ -54,13 +54,13 @@ class SpecError(ValueError):
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """The closest of ``choices`` to a misspelt ``word``, if any is close."""
     choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    if word.lower() in lowered:  # only the case differs (`Decoder`)
+        return lowered[word.lower()]
     # a word that begins exactly one choice means that one (`bert-n` -> `bert-nano`),
     # whatever the edit distance says; the start of several is left to it
     prefixed = [c for c in choices if c.startswith(word) and c != word] if len(word) >= 3 else []
     if len(prefixed) == 1:
         return prefixed[0]
     match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    if match:
-        return match[0]
-    lowered = {c.lower(): c for c in choices}
-    return lowered.get(word.lower())
+    return match[0] if match else None

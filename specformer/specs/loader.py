@@ -57,6 +57,8 @@ TYPE_HINTS = {
     "rms_norm": "RMSNorm is `type: rmsnorm`",
     "gqa": "grouped-query attention is `type: mha` with `n_kv_heads` < `n_heads`",
     "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
+    "swish": "Swish (SiLU) is `activation: silu`",
+    "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",
 }
 
 
@@ -220,10 +222,17 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, source: str, text: str) -> SpecPr
     problem = exc.problem or str(exc)
     line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
     if "\t" in problem or "'\\t'" in problem or (mark is not None and "\t" in line[: mark.column + 1]):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent or mark is None:
+            return SpecProblem(
+                "a tab character; YAML indentation must use spaces",
+                position=position,
+                hint="replace the tab with spaces (2 per level is usual)",
+            )
         return SpecProblem(
-            "a tab character; YAML indentation must use spaces",
+            "a tab character between values; spec files separate values with spaces",
             position=position,
-            hint="replace the tab with spaces (2 per level is usual)",
+            hint="replace the tab with a space",
         )
     context = f" ({exc.context})" if exc.context else ""
     return SpecProblem(f"YAML syntax error: {problem}{context}", position=position)
@@ -420,7 +429,14 @@ def _load_file(
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError([SpecProblem(f"not UTF-8 text: {exc}", position=Position(source))]) from None
+        raw = exc.object[: exc.start]
+        line = raw.count(b"\n") + 1
+        column = len(raw[raw.rfind(b"\n") + 1:].decode("utf-8", errors="replace")) + 1
+        raise SpecError([SpecProblem(
+            f"not UTF-8 text: the byte 0x{exc.object[exc.start]:02x} is not valid UTF-8",
+            position=Position(source, line, column),
+            hint="save the file as UTF-8 (a Latin-1 or Windows-1252 editor setting writes such bytes)",
+        )]) from None
     except OSError as exc:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(source))]) from None
     data, positions = parse_yaml(text, source)
@@ -777,9 +793,10 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
                      f"write {{type: {example}}}; allowed types: {', '.join(tags)}")]
         tag = ctx.get("tag", value.get("type"))
         hint_parts = []
-        if isinstance(tag, str) and tag.lower() in TYPE_HINTS:
+        known = isinstance(tag, str) and tag.lower() in TYPE_HINTS
+        if known:
             hint_parts.append(TYPE_HINTS[tag.lower()] + ".")
-        guess = did_you_mean(str(tag), tags) if tag is not None else None
+        guess = did_you_mean(str(tag), tags) if tag is not None and not known else None
         if guess:
             hint_parts.append(f"did you mean {guess!r}?")
         hint_parts.append(f"allowed: {', '.join(tags)}")
@@ -788,6 +805,9 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         choices = [c.strip().strip("'\"") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
+        if isinstance(value, str) and value.lower() in TYPE_HINTS:
+            # a name from another tool: say what it is here rather than the nearest spelling
+            return [(path, f"{value!r} is not allowed", f"{TYPE_HINTS[value.lower()]}. allowed: {', '.join(choices)}")]
         guess = did_you_mean(str(value), choices) if isinstance(value, str) else None
         hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
         return [(path, f"{value!r} is not allowed", hint)]

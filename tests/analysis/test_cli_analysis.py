@@ -245,3 +245,26 @@ def test_diff_warns_for_each_spec_evaluated_past_its_learned_position_table() ->
     assert "gpt-nano's" not in result.stderr
     quiet = runner.invoke(app, ["diff", "gpt-nano", "bert-nano", "--seq-len", "128"])
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_diff_marks_the_sizes_that_follow_from_other_fields(tmp_path: Path) -> None:
+    variant = tmp_path / "h8.yaml"
+    variant.write_text("extends: gpt2-small\ndecoder:\n  attention: {n_heads: 8}\n  norm: {placement: post}\n")
+    data = json.loads(_ok(["diff", "gpt2-small", str(variant), "--format", "json"]).stdout)
+    derived = {c["path"]: c["derived"] for c in data["changes"]}
+    assert derived == {
+        "decoder.attention.n_heads": False, "decoder.attention.n_kv_heads": True,
+        "decoder.attention.head_dim": True, "decoder.norm.placement": False, "decoder.norm.final": True,
+    }
+    # a size one spec writes (here 128, not 768 / 8 = 96) is not derived
+    written = tmp_path / "h8-128.yaml"
+    written.write_text("extends: gpt2-small\ndecoder:\n  attention: {n_heads: 8, head_dim: 128}\n")
+    data = json.loads(_ok(["diff", "gpt2-small", str(written), "--format", "json"]).stdout)
+    assert {c["path"]: c["derived"] for c in data["changes"]}["decoder.attention.head_dim"] is False
+
+
+def test_diff_shows_floats_that_differ_past_six_digits_apart(tmp_path: Path) -> None:
+    for name, base in (("r1", 1_000_000), ("r2", 1_000_001)):
+        (tmp_path / f"{name}.yaml").write_text(f"extends: gpt-nano\nname: {name}\npositional: {{type: rope, base: {base}}}\n")
+    out = _ok(["diff", str(tmp_path / "r1.yaml"), str(tmp_path / "r2.yaml"), "--format", "markdown"]).stdout
+    assert "| positional.base | 1e+06 | 1000001.0 |" in out

@@ -101,6 +101,12 @@ BAD_INPUTS = [
     ("huge-d-model-heads", "kind: decoder\nvocab_size: 8\nd_model: 1048573\ndecoder: {n_layers: 1}\n", 4,
      "decoder.attention.n_heads",
      ["not divisible", "choose n_heads from 1, 1048573"]),
+    ("tab-separator", "extends: gpt-nano\nname:\tx\n", 2, "", ["tab character between values", "with a space"]),
+    ("case-only-enum", "extends: gpt-nano\nkind: Decoder\n", 2, "kind", ["did you mean 'decoder'"]),
+    ("mqa-name", "extends: gpt-nano\ndecoder:\n  attention: {type: mqa}\n", 3, "decoder.attention.type",
+     ["multi-query attention is `type: mha` with `n_kv_heads: 1`"]),
+    ("swish-name", "extends: gpt-nano\ndecoder:\n  ffn: {activation: swish}\n", 3, "decoder.ffn.activation",
+     ["`activation: silu`"]),
     ("control-character", "extends: gpt-nano\nname: a\x01b\n", 2, "", ["U+0001", "not allowed"]),
     ("absurd-size", "extends: gpt-nano\nvocab_size: 100_000_000_000_000_000_000_000\n", 2, "vocab_size",
      ["less than or equal to 2147483647"]),
@@ -346,3 +352,13 @@ def test_an_override_may_set_one_item_of_a_default_list():
     assert spec.training.optimizer.betas == (0.9, 0.99)
     with pytest.raises(SpecError, match=r"no item 5: training.optimizer.betas is \[0.9, 0.95\] by default"):
         load_spec("gpt-nano", overrides=["training.optimizer.betas.5=0.99"])
+
+
+def test_a_file_that_is_not_utf8_is_reported_at_its_line_and_column(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("extends: gpt-nano\nname: café\n".encode("latin-1"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    (problem,) = info.value.problems
+    assert (problem.position.line, problem.position.column) == (2, 10)
+    assert "byte 0xe9 is not valid UTF-8" in str(problem) and "save the file as UTF-8" in str(problem)

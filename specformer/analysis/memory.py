@@ -56,26 +56,29 @@ class Precision:
     weight_cast: int  # autocast's cached low-precision weight copy (0 without autocast)
 
 
+# Named as Lightning names them (and as ``training.precision`` takes them): ``bf16`` and
+# ``16`` are the mixed settings, the pure ones are ``bf16-true`` and ``16-true``.
 PRECISIONS: dict[str, Precision] = {
     "fp32": Precision("fp32", 4, 4, 4, 4, 4, 0),
-    "bf16": Precision("bf16", 2, 2, 2, 2, 2, 0),
-    "fp16": Precision("fp16", 2, 2, 2, 2, 2, 0),
+    "bf16-true": Precision("bf16-true", 2, 2, 2, 2, 2, 0),
+    "16-true": Precision("16-true", 2, 2, 2, 2, 2, 0),
     "bf16-mixed": Precision("bf16-mixed", 4, 4, 4, 2, 4, 2),
     "16-mixed": Precision("16-mixed", 4, 4, 4, 2, 4, 2),
 }
 _ALIASES = {
     "float32": "fp32", "32": "fp32", "32-true": "fp32", "float": "fp32",
-    "bfloat16": "bf16", "bf16-true": "bf16",
-    "float16": "fp16", "half": "fp16", "16": "fp16", "16-true": "fp16", "fp16-true": "fp16",
-    "fp16-mixed": "16-mixed",
+    "bf16": "bf16-mixed", "bfloat16": "bf16-true",
+    "16": "16-mixed", "fp16-mixed": "16-mixed",
+    "fp16": "16-true", "float16": "16-true", "half": "16-true", "fp16-true": "16-true",
 }
 # storage-only formats, valid for a KV cache but not as a training precision
 _CACHE_ONLY = {"fp8": 1, "float8": 1, "int8": 1}
 
 
 def precision(name: str) -> Precision:
-    """The :class:`Precision` called ``name`` (``fp32``, ``bf16``, ``fp16``, ``bf16-mixed``,
-    ``16-mixed``, or an alias such as ``bfloat16`` / ``32-true``)."""
+    """The :class:`Precision` called ``name`` (``fp32``, ``bf16-mixed``, ``16-mixed``,
+    ``bf16-true``, ``16-true``, or an alias: ``bf16`` and ``16`` are the mixed ones, as in
+    Lightning and ``training.precision``; ``fp16``, ``bfloat16`` the pure ones)."""
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in PRECISIONS:

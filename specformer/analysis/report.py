@@ -60,8 +60,9 @@ def analyze(
 ) -> SpecReport:
     """Parameters, FLOPs/token, KV cache/token and training memory of ``spec``.
 
-    ``dtype`` is the training precision (``fp32``, ``bf16``, ``fp16``, ``bf16-mixed``,
-    ``16-mixed``); the KV cache is counted in its activation dtype.
+    ``dtype`` is the training precision (``fp32``, ``bf16-mixed``, ``16-mixed``,
+    ``bf16-true``, ``16-true``; ``bf16`` and ``16`` are the mixed ones, as in Lightning);
+    the KV cache is counted in its activation dtype.
     """
     p = precision(dtype)
     memory = memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name)

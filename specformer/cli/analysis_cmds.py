@@ -36,8 +36,9 @@ SeqLenOption = Annotated[
 ]
 DtypeOption = Annotated[
     str,
-    typer.Option("--dtype", "-d", help="Training precision: fp32, bf16, fp16, bf16-mixed, 16-mixed "
-                 "(the KV cache uses the compute dtype)."),
+    typer.Option("--dtype", "-d", help="Training precision, named as training.precision names it: "
+                 "fp32, bf16-mixed (or bf16), 16-mixed (or 16), or pure low precision bf16-true, 16-true "
+                 "(or fp16). The KV cache uses the compute dtype."),
 ]
 
 

@@ -35,7 +35,7 @@ _ALSO_ACCEPTED: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"type": "string", "pattern": r"^\s*[0-9]+\s*(-\s*[0-9]+\s*)?$"},
     ],
     # TrainingSpec._precision: Lightning's integer and short spellings
-    ("TrainingSpec", "precision"): [{"enum": [32, 16, 64, "32-true", "fp32", "bf16"]}],
+    ("TrainingSpec", "precision"): [{"enum": [32, 16, 64, "32-true", "fp32", "bf16", "16"]}],
     # fill_training (in ModelSpec._fill_derived): null is the default section
     ("ModelSpec", "training"): [{"type": "null"}],
 }

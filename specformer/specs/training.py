@@ -342,7 +342,9 @@ class TrainingSpec(Spec):
     )
     log_interval: PositiveInt = Field(10, description="Log training metrics every this many steps.")
     seed: NonNegativeInt = Field(0, description="Seed of weights, data order, masking and dropout.")
-    precision: Precision = Field("32", description="32, bf16-mixed, 16-mixed (GPU), bf16-true or 64.")
+    precision: Precision = Field(
+        "32", description="32 (or fp32), bf16-mixed (or bf16), 16-mixed (or 16; GPU), bf16-true or 64."
+    )
     compile: bool = Field(False, description="Compile the model with torch.compile.")
     strategy: str = Field("auto", description="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ...")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
@@ -384,6 +386,8 @@ class TrainingSpec(Spec):
             return "32"
         if value == "bf16":
             return "bf16-mixed"
+        if value == "16":
+            return "16-mixed"
         return value
 
     @property

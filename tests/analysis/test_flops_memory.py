@@ -159,8 +159,17 @@ def test_kv_cache_encoder_and_cross() -> None:
 def test_unknown_dtype_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown precision 'fp12'.*bf16-mixed"):
         dtype_bytes("fp12")
-    assert precision("bfloat16").name == "bf16"
+    assert precision("bfloat16").name == "bf16-true"
     assert precision("32-true").name == "fp32"
+
+
+def test_precision_names_mean_what_training_precision_means() -> None:
+    from specformer.specs.training import TrainingSpec
+
+    for name in ("bf16", "16", "bf16-mixed", "16-mixed", "bf16-true", "32", "fp32"):
+        trained = TrainingSpec.model_validate({"precision": name}).precision
+        assert precision(name).name == precision(trained).name, name
+    assert precision("bf16").weight_cast == 2 and precision("bf16-true").weight == 2
 
 
 # --------------------------------------------------------------------------- training memory
@@ -173,7 +182,7 @@ def test_memory_states_follow_precision() -> None:
     assert (fp32.weights, fp32.gradients, fp32.optimizer, fp32.weight_casts) == (4 * n, 4 * n, 8 * n, 0)
     mixed = memory_estimate(spec, batch=2, seq_len=128, dtype="bf16-mixed")
     assert (mixed.weights, mixed.gradients, mixed.optimizer, mixed.weight_casts) == (4 * n, 4 * n, 8 * n, 2 * n)
-    true_bf16 = memory_estimate(spec, batch=2, seq_len=128, dtype="bf16")
+    true_bf16 = memory_estimate(spec, batch=2, seq_len=128, dtype="bf16-true")
     assert true_bf16.weights == 2 * n and true_bf16.optimizer == 4 * n
     assert mixed.total == mixed.weights + mixed.gradients + mixed.optimizer + mixed.weight_casts + mixed.activations
 
@@ -199,7 +208,7 @@ def test_activations_close_to_korthikanti() -> None:
     spec = load_spec("gpt2-small", overrides=["decoder.attention.backend=eager"])
     s, b, h, a, n_layers = 1024, 1, 768, 12, 12
     korthikanti = n_layers * s * b * h * (34 + 5 * a * s / h)
-    ours = memory_estimate(spec, batch=b, seq_len=s, dtype="bf16").activations
+    ours = memory_estimate(spec, batch=b, seq_len=s, dtype="bf16-true").activations
     # final norm input; the fused loss's gradients of the head input (s·b·h) and weight (V·h)
     head = s * b * h * 2 + s * b * h * 2 + 50257 * h * 2
     assert math.isclose(ours - head, korthikanti, rel_tol=0.10)

@@ -275,6 +275,17 @@ def _changes(specs: list[Any]) -> list[Change]:
             order.insert(at, path)
             seen.add(path)
             at += 1
+    # per-layer rows in layer order, in the places the layer rows took
+    slots = [i for i, path in enumerate(order) if _LAYER_PATH.match(path)]
+    rank = {"encoder": 0, "decoder": 1}
+
+    def layer_key(i: int) -> tuple[int, int, int]:
+        m = _LAYER_PATH.match(order[i])
+        assert m is not None
+        return rank[m.group(1)], int(m.group(2)), i
+
+    for i, path in zip(slots, [order[j] for j in sorted(slots, key=layer_key)], strict=True):
+        order[i] = path
     values = {
         path: tuple(_value_at(spec, flat, path) for spec, (flat, _) in zip(specs, flats, strict=True))
         for path in order

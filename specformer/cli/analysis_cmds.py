@@ -583,17 +583,37 @@ def _consequences_section(d: Any) -> Section:
     return s
 
 
+_LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
 def _layer_group(key: str) -> str:
-    return re.sub(r"\.layers\.\d+\.", ".layers.*.", key)
+    return _LAYER_INDEX.sub(".layers.*.", key, count=1)
+
+
+def _with_layers(group: str, keys: list[str]) -> str:
+    """``group`` with its ``*`` replaced by the layers ``keys`` come from, as ranges
+    (``decoder.layers.0-1,3.ffn.up_proj.weight``): a ``*`` would read as every layer."""
+    found = [_LAYER_INDEX.search(k) for k in keys]
+    indices = sorted({int(m.group(1)) for m in found if m is not None})
+    if not indices or "*" not in group:
+        return keys[0]
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    label = ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return group.replace(".layers.*.", f".layers.{label}.", 1)
 
 
 def _group_keys(keys: list[str]) -> list[str]:
-    """Collapse layer indices: decoder.layers.3.ffn.gate_proj.weight -> decoder.layers.*.ffn.gate_proj.weight (×N).
-    A key of one layer only keeps its index: a `*` would read as every layer."""
+    """Collapse layer indices: the keys of layers 0, 1 and 3 that differ only there are one
+    ``decoder.layers.0-1,3.ffn.gate_proj.weight`` (×3)."""
     groups: dict[str, list[str]] = {}
     for k in keys:
         groups.setdefault(_layer_group(k), []).append(k)
-    return [f"{g} (×{len(ks)})" if len(ks) > 1 else ks[0] for g, ks in groups.items()]
+    return [f"{_with_layers(g, ks)} (×{len(ks)})" if len(ks) > 1 else ks[0] for g, ks in groups.items()]
 
 
 def _first(groups: list[str], n: int = 4) -> str:
@@ -618,7 +638,7 @@ def _compat_section(d: Any) -> Section:
                 mism: dict[tuple, list[str]] = {}
                 for key, a, b in c.mismatched:
                     mism.setdefault((_layer_group(key), tuple(a), tuple(b)), []).append(key)
-                shown = [f"{g if len(ks) > 1 else ks[0]} {list(a)}→{list(b)}" + (f" (×{len(ks)})" if len(ks) > 1 else "")
+                shown = [f"{_with_layers(g, ks)} {list(a)}→{list(b)}" + (f" (×{len(ks)})" if len(ks) > 1 else "")
                          for (g, a, b), ks in mism.items()]
                 parts.append(f"{len(c.mismatched)} shape mismatches: " + _first(shown))
             result = "no: " + "; ".join(parts)

@@ -204,7 +204,24 @@ def test_diff_names_the_layer_of_a_one_layer_mismatch_and_each_layers_shapes(tmp
     assert "decoder.layers.1.ffn.up_proj.weight [512, 128]→[256, 128]" in out
     assert "decoder.layers.*.ffn.up_proj.weight [512, 128]→[256, 128]" not in out
     # layers with other shapes are listed with their own shapes
-    assert "decoder.layers.*.ffn.up_proj.weight [512, 128]→[1024, 128] (×2)" in out
+    assert "decoder.layers.2-3.ffn.up_proj.weight [512, 128]→[1024, 128] (×2)" in out
+    # layers apart are named apart, not as a `*`
+    gapped = tmp_path / "gapped.yaml"
+    gapped.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0, 1, 3], ffn: {d_ff: 1024}}\n")
+    out = runner.invoke(app, ["diff", "gpt-nano", str(gapped), "--format", "markdown"]).stdout
+    assert "decoder.layers.0-1,3.ffn.up_proj.weight [512, 128]→[1024, 128] (×3)" in out
+
+
+def test_diff_lists_per_layer_rows_in_layer_order(tmp_path) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0, 1], ffn: {d_ff: 256}}\n"
+                    "    - {layers: [3], attention: {sliding_window: 8}}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0], ffn: {d_ff: 256}}\n"
+                     "    - {layers: [2], ffn: {d_ff: 1024}}\n")
+    data = json.loads(_ok(["diff", str(base), str(child), "--format", "json"]).stdout)
+    layers = [int(c["path"].split(".")[2].split("-")[0]) for c in data["changes"] if ".layers." in c["path"]]
+    assert layers == sorted(layers) and len(layers) >= 3, data["changes"]
 
 
 def test_diff_names_checkpoints_by_the_labels_of_specs_that_share_a_name(tmp_path) -> None:

@@ -724,8 +724,24 @@ def problems_from_validation(
                 SpecProblem(message, path=_dotted(path), position=_nearest(positions, path), hint=hint)
             )
     problems = [p for p in problems if not _copied_to_cross_attention(p, problems, positions)]
+    problems = [_inherited(p, positions.get(())) for p in problems]
     problems.sort(key=_order)
     return problems
+
+
+def _inherited(problem: SpecProblem, root: Position | None) -> SpecProblem:
+    """``problem`` with a hint saying where to change it when it sits in a file the spec
+    extends (a preset, which the user cannot edit), not in the spec itself."""
+    pos = problem.position
+    if root is None or pos is None or pos.source == root.source or pos.source.startswith("--set"):
+        return problem
+    origin = Path(pos.source)
+    parent = f"the preset {origin.stem}" if origin.parent == Path(str(_preset_dir())) else pos.source
+    advice = f"{problem.path or 'it'} comes from {parent}, which {root.source} extends: override it in {root.source}"
+    if problem.path and "." not in problem.path and "remove it" in problem.message:
+        advice += f" (`{problem.path}: null` drops an inherited section)"
+    hint = f"{problem.hint}; {advice}" if problem.hint else advice
+    return SpecProblem(problem.message, path=problem.path, position=pos, hint=hint)
 
 
 def _copied_to_cross_attention(

@@ -362,3 +362,15 @@ def test_a_file_that_is_not_utf8_is_reported_at_its_line_and_column(tmp_path):
     (problem,) = info.value.problems
     assert (problem.position.line, problem.position.column) == (2, 10)
     assert "byte 0xe9 is not valid UTF-8" in str(problem) and "save the file as UTF-8" in str(problem)
+
+
+def test_a_problem_in_an_extended_preset_says_where_to_change_it(tmp_path):
+    problems = _problems(tmp_path, "extends: gpt-nano\nkind: encoder\n", name="mine.yaml")
+    inherited = next(p for p in problems if p.path == "decoder")
+    assert inherited.position.source.endswith("gpt-nano.yaml")
+    assert "comes from the preset gpt-nano, which mine.yaml extends: override it in mine.yaml" in inherited.hint
+    assert "`decoder: null` drops an inherited section" in inherited.hint
+    own = next(p for p in problems if p.path == "kind")
+    assert "comes from" not in own.hint
+    (heads,) = _problems(tmp_path, "extends: gpt-nano\nd_model: 130\n", name="wide.yaml")
+    assert "override it in wide.yaml" in heads.hint and "null" not in heads.hint

@@ -736,7 +736,7 @@ def _inherited(problem: SpecProblem, root: Position | None) -> SpecProblem:
     if root is None or pos is None or pos.source == root.source or pos.source.startswith("--set"):
         return problem
     origin = Path(pos.source)
-    parent = f"the preset {origin.stem}" if origin.parent == Path(str(_preset_dir())) else pos.source
+    parent = f"the preset {origin.stem}" if origin.resolve().parent == Path(str(_preset_dir())).resolve() else pos.source
     advice = f"{problem.path or 'it'} comes from {parent}, which {root.source} extends: override it in {root.source}"
     if problem.path and "." not in problem.path and "remove it" in problem.message:
         advice += f" (`{problem.path}: null` drops an inherited section)"

@@ -80,7 +80,7 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
     """:func:`load_training_file` and the file position of every key in the section
     (keys relative to the section), for errors that point into the file."""
     from specformer.specs.errors import Position, SpecProblem
-    from specformer.specs.loader import parse_yaml
+    from specformer.specs.loader import not_utf8_problem, parse_yaml
 
     file = Path(path)
     if file.is_dir():
@@ -95,7 +95,7 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError([SpecProblem(f"not UTF-8 text: {exc}", position=Position(str(file)))]) from None
+        raise SpecError([not_utf8_problem(exc, str(file))]) from None
     except OSError as exc:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(str(file)))]) from None
     data, positions = parse_yaml(text, str(file))

@@ -203,6 +203,18 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Po
         loader.dispose()
 
 
+def not_utf8_problem(exc: UnicodeDecodeError, source: str) -> SpecProblem:
+    """The first byte of a file that is not UTF-8, at its line and column."""
+    raw = exc.object[: exc.start]
+    line = raw.count(b"\n") + 1
+    column = len(raw[raw.rfind(b"\n") + 1:].decode("utf-8", errors="replace")) + 1
+    return SpecProblem(
+        f"not UTF-8 text: the byte 0x{exc.object[exc.start]:02x} is not valid UTF-8",
+        position=Position(source, line, column),
+        hint="save the file as UTF-8 (a Latin-1 or Windows-1252 editor setting writes such bytes)",
+    )
+
+
 def _reader_problem(exc: yaml.reader.ReaderError, source: str, text: str) -> SpecProblem:
     """A character YAML does not allow in a document (a control character, U+FFFE, ...)."""
     before = text[: exc.position]
@@ -429,14 +441,7 @@ def _load_file(
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raw = exc.object[: exc.start]
-        line = raw.count(b"\n") + 1
-        column = len(raw[raw.rfind(b"\n") + 1:].decode("utf-8", errors="replace")) + 1
-        raise SpecError([SpecProblem(
-            f"not UTF-8 text: the byte 0x{exc.object[exc.start]:02x} is not valid UTF-8",
-            position=Position(source, line, column),
-            hint="save the file as UTF-8 (a Latin-1 or Windows-1252 editor setting writes such bytes)",
-        )]) from None
+        raise SpecError([not_utf8_problem(exc, source)]) from None
     except OSError as exc:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(source))]) from None
     data, positions = parse_yaml(text, source)

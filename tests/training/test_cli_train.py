@@ -192,7 +192,7 @@ def test_a_training_file_error_points_into_the_file(tiny: Any, tmp_path: Path) -
     (tmp_path / "latin1.yaml").write_bytes("max_steps: 3  # réglage\n".encode("latin-1"))
     result = runner.invoke(app, ["train", "gpt-nano", "--training", "latin1.yaml"], env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output
-    assert "latin1.yaml: not UTF-8 text" in result.output
+    assert "latin1.yaml:1:18: not UTF-8 text" in result.output
     assert "UnicodeDecodeError" not in result.output and "Traceback" not in result.output
 
     # a whole spec as the training file: its training section is taken, the rest left alone

@@ -35,8 +35,12 @@ INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2
 
 
 @contextmanager
-def _errors_for_people(interrupt_hint: Callable[[], str] | None = None) -> Iterator[None]:
-    """Turn the errors a run can meet into one clear message and exit status 1 (130 for Ctrl-C)."""
+def _errors_for_people(
+    interrupt_hint: Callable[[], str] | None = None,
+    stopped: str = "interrupted before training started; nothing was written to resume from",
+) -> Iterator[None]:
+    """Turn the errors a run can meet into one clear message and exit status 1 (130 for
+    Ctrl-C, reported as ``stopped`` unless a run was under way)."""
     try:  # torch and Lightning load here, for seconds: Ctrl-C may come now
         from specformer.data.corpus import DataError
         from specformer.training.checkpoint import CheckpointError
@@ -61,7 +65,7 @@ def _errors_for_people(interrupt_hint: Callable[[], str] | None = None) -> Itera
             print_error(str(exc), interrupt_hint() if interrupt_hint else "")
         raise typer.Exit(INTERRUPTED) from None
     except KeyboardInterrupt:
-        print_error("interrupted before training started; nothing was written to resume from")
+        print_error(stopped)
         raise typer.Exit(INTERRUPTED) from None
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
         if os.environ.get(DEBUG_ENV):
@@ -242,8 +246,11 @@ def train_cmd(
     report = rank_zero_only.rank == 0
 
     def interrupt_hint() -> str:
-        every = spec_obj.training.checkpoint_every if spec_obj is not None else None
-        return f"nothing to resume from: the first checkpoint comes at step {every}" if every else ""
+        if spec_obj is None:
+            return ""
+        t = spec_obj.training
+        first = min(t.checkpoint_every, t.max_steps) if t.max_steps is not None else t.checkpoint_every
+        return f"nothing to resume from: the first checkpoint comes at step {first}"
 
     with _errors_for_people(interrupt_hint):
         if resume is not None and init_from is not None:
@@ -304,7 +311,7 @@ def generate_cmd(
 
     from specformer.training.generate import generate, generate_seq2seq
 
-    with _errors_for_people():
+    with _errors_for_people(stopped="interrupted; nothing more is generated"):
         loaded = _load_checkpoint(checkpoint)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if tok is None:
@@ -394,9 +401,9 @@ def eval_cmd(
     from specformer.builder.lightning import SpecModule
     from specformer.data.module import SpecDataModule
     from specformer.specs.loader import load_spec
-    from specformer.training.run import quiet_lightning
+    from specformer.training.run import _interruptible, check_folders, quiet_lightning
 
-    with _errors_for_people():
+    with _errors_for_people(stopped="interrupted; nothing was evaluated"):
         loaded = _load_checkpoint(checkpoint)
         overrides = list(set_ or [])
         model_fields = [o.partition("=")[0] for o in overrides if not o.partition("=")[0].strip().startswith("training.")]
@@ -415,6 +422,7 @@ def eval_cmd(
             overrides.append(f"training.val_batches={batches}")
         spec = load_spec(loaded.spec.to_dict(), overrides) if overrides else loaded.spec
         quiet_lightning()
+        check_folders(spec.training, cache=True, out=False)
         module = SpecModule(spec, tokenizer=loaded.tokenizer)
         module.model.load_state_dict(loaded.model.state_dict())
         dm = SpecDataModule(spec, tokenizer=loaded.tokenizer)
@@ -423,7 +431,7 @@ def eval_cmd(
             accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=False,
             enable_model_summary=False, precision=_precision(spec.training.precision),
         )
-        trainer.validate(module, datamodule=dm, verbose=False)
+        _interruptible(trainer, KeyboardInterrupt, lambda: trainer.validate(module, datamodule=dm, verbose=False))
         if not module.val_history:
             raise _fail("the validation split gave no batches")
         h = module.val_history[-1]
@@ -464,7 +472,7 @@ def fill_mask_cmd(
     """
     import torch
 
-    with _errors_for_people():
+    with _errors_for_people(stopped="interrupted; nothing was predicted"):
         loaded = _load_checkpoint(checkpoint)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if spec.kind != "encoder":

@@ -738,11 +738,14 @@ def _inherited(problem: SpecProblem, root: Position | None) -> SpecProblem:
     """``problem`` with a hint saying where to change it when it sits in a file the spec
     extends (a preset, which the user cannot edit), not in the spec itself."""
     pos = problem.position
-    if root is None or pos is None or pos.source == root.source or pos.source.startswith("--set"):
+    if root is None or pos is None or pos.source == root.source:
         return problem
+    presets = Path(str(_preset_dir())).resolve()
     origin = Path(pos.source)
-    parent = f"the preset {origin.stem}" if origin.resolve().parent == Path(str(_preset_dir())).resolve() else pos.source
-    advice = f"{problem.path or 'it'} comes from {parent}, which {root.source} extends: override it in {root.source}"
+    if origin.resolve().parent != presets or Path(root.source).resolve().parent == presets:
+        return problem  # not a preset under the user's own file
+    advice = (f"{problem.path or 'it'} comes from the preset {origin.stem}, which {root.source} extends: "
+              f"override it in {root.source}")
     if problem.path and "." not in problem.path and "remove it" in problem.message:
         advice += f" (`{problem.path}: null` drops an inherited section)"
     hint = f"{problem.hint}; {advice}" if problem.hint else advice

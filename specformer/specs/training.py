@@ -333,7 +333,8 @@ class TrainingSpec(Spec):
     grad_clip: Annotated[float, Field(ge=0.0)] = Field(1.0, description="Clip the gradient norm to this; 0 disables.")
     max_steps: PositiveInt | None = Field(1000, description="Optimizer steps to train for.")
     max_epochs: PositiveFloat | None = Field(
-        None, description="Passes over the training data; used when max_steps is null."
+        None, description="Passes over the training data, instead of max_steps (a section that gives "
+        "max_epochs and no max_steps trains by epochs; the two together are an error)."
     )
     val_interval: PositiveInt = Field(100, description="Validate every this many optimizer steps (and at the end).")
     val_batches: PositiveInt | None = Field(20, description="Batches per validation; null for the whole split.")
@@ -424,6 +425,9 @@ def fill_training(data: dict[str, Any]) -> None:
     if isinstance(tok, dict) and tok.get("type", "bpe") == "bpe" and tok.get("vocab_size") is None:
         if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > 0:
             tok["vocab_size"] = data["vocab_size"]
+    if training.get("max_epochs") is not None and "max_steps" not in training:
+        # a section that says how many epochs, and not how many steps, trains by epochs
+        training["max_steps"] = None
     if training.get("seq_len") is None and isinstance(data.get("max_seq_len"), int) and data["max_seq_len"] > 0:
         training["seq_len"] = data["max_seq_len"]
     if training.get("seq_len") is None and data.get("max_seq_len") is None:
@@ -490,6 +494,13 @@ def training_issues(
         )
     if training.max_steps is None and training.max_epochs is None:
         yield ("training.max_steps", "give max_steps or max_epochs")
+    if training.max_steps is not None and training.max_epochs is not None:
+        yield (
+            "training.max_epochs",
+            f"max_epochs={training.max_epochs:g} and max_steps={training.max_steps} are both set (max_steps "
+            "perhaps by the spec this one extends); a run has one length: to train by epochs also set "
+            "max_steps to null (--set training.max_steps=null), or remove max_epochs",
+        )
 
 
 def reference_models() -> list[tuple[str, type[Spec]]]:

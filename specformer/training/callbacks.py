@@ -24,9 +24,9 @@ __all__ = ["SpecProgressBar", "ValidationLines", "PeriodicCheckpoint", "LogGloba
 
 
 def format_count(n: float) -> str:
-    """1234567 -> '1.23M'."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
+    """1234567 -> '1.23M'; 999600 -> '1M' (rounded first, then given its unit)."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if float(f"{abs(n) / size:.3g}") >= 1:
             return f"{n / size:.3g}{unit}"
     return f"{n:.0f}"
 

@@ -77,6 +77,11 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     if path.is_dir():
         candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
         if not candidate.is_file():
+            if (path / "spec.yaml").is_file():
+                raise CheckpointError(
+                    f"{path} is a run folder with no checkpoint: the run stopped before its first one "
+                    "(training.checkpoint_interval), so there is nothing to load or resume from"
+                )
             raise CheckpointError(f"{path} is a folder with no last.ckpt (expected a run folder or a .ckpt file)")
         path = candidate
     if path.suffix.lower() in (".yaml", ".yml"):

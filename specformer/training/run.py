@@ -109,7 +109,7 @@ def make_run_dir(out_dir: str | Path, name: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         return path
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(out_dir) / run_folder_name(name)
+    base = Path(out_dir).expanduser() / run_folder_name(name)  # as the loggers expand it
     path, n = base / stamp, 1
     while path.exists():
         n += 1
@@ -254,8 +254,8 @@ def train(
     started = time.perf_counter()
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     t = spec.training
-    _check_before_data(spec)
     quiet_lightning()
+    _check_before_data(spec)
     resumed_step: int | None = None
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
     tokenizer = tokenizer_spec = None
@@ -384,8 +384,6 @@ def train(
 def _check_before_data(spec: Any) -> None:
     """Settings that would otherwise fail only once the data is prepared (minutes, for a
     large corpus), each named with what to do instead."""
-    from specformer.data.cache import default_cache_dir
-    from specformer.data.corpus import DataError
     from specformer.specs.errors import SpecError, SpecProblem
 
     if spec.head is not None and spec.head.type == "classification":
@@ -395,8 +393,20 @@ def _check_before_data(spec: Any) -> None:
             path="head.type",
         )])
     t = spec.training
-    folders = {"training.out_dir": Path(t.out_dir).expanduser(),
-               "training.cache_dir": Path(t.cache_dir).expanduser() if t.cache_dir else default_cache_dir()}
+    check_folders(t)
+    _check_hardware(t)
+
+
+def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
+    """``training.out_dir`` and ``training.cache_dir`` are folders, or can be made."""
+    from specformer.data.cache import default_cache_dir
+    from specformer.data.corpus import DataError
+
+    folders = {}
+    if out:
+        folders["training.out_dir"] = Path(t.out_dir).expanduser()
+    if cache:
+        folders["training.cache_dir"] = Path(t.cache_dir).expanduser() if t.cache_dir else default_cache_dir()
     for name, folder in folders.items():
         if folder.exists() and not folder.is_dir():
             raise DataError(f"{name}: {folder} is a file, not a folder")
@@ -404,6 +414,45 @@ def _check_before_data(spec: Any) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DataError(f"{name}: cannot create the folder {folder} ({exc.strerror or exc})") from None
+
+
+def _check_hardware(t: Any) -> None:
+    """The accelerator, devices, strategy and precision, as Lightning resolves them on this
+    machine: a GPU setting without a GPU, an unknown strategy, or fp16 on a CPU (which
+    Lightning would quietly run as bf16) is an error naming the field, before any data."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = L.Trainer(
+                accelerator=t.accelerator,
+                devices=list(t.devices) if isinstance(t.devices, tuple) else t.devices,
+                strategy=t.strategy, precision=lightning_precision(t.precision), logger=False,
+                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            )
+    except (MisconfigurationException, ValueError, ImportError, RuntimeError, TypeError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        field = next((f for f in ("strategy", "precision", "devices") if f in text.lower()), "accelerator")
+        value = getattr(t, field)
+        hints = {
+            "accelerator": "accelerator: auto picks the GPU when there is one, else the CPU",
+            "devices": "devices: auto uses every device of the accelerator",
+            "strategy": "strategy: auto picks one for the devices; ddp runs one process per device",
+            "precision": "allowed: 32, bf16-mixed, 16-mixed (GPU), bf16-true, 64",
+        }
+        raise SpecError([SpecProblem(f"{value!r} cannot run here: {text}", path=f"training.{field}",
+                                     hint=hints[field])]) from None
+    ran = str(probe.precision)
+    if lightning_precision(t.precision) != ran:
+        raise SpecError([SpecProblem(
+            f"{t.precision} cannot run on {type(probe.accelerator).__name__.removesuffix('Accelerator')}: "
+            f"Lightning would run {ran} instead",
+            path="training.precision",
+            hint=f"set training.precision={ran} (fp16 mixed precision needs a GPU)",
+        )])
 
 
 def _batch_changes(raw: dict[str, Any], spec: Any) -> str:
@@ -452,7 +501,7 @@ def _short(settings: dict[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (settings or {}).items() if v is not None)
 
 
-def _interruptible(trainer: L.Trainer, interrupted: Callable[[], TrainingInterrupted], run: Callable[[], Any]) -> None:
+def _interruptible(trainer: L.Trainer, interrupted: Callable[[], BaseException], run: Callable[[], Any]) -> None:
     """Run ``trainer.fit`` / ``validate``, turning Ctrl-C into :class:`TrainingInterrupted`.
 
     Lightning catches ``KeyboardInterrupt`` itself: it tears the run down, ignores

@@ -292,3 +292,27 @@ def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: P
     assert result.exit_code == 1 and "--set d_model: eval runs the checkpoint's own model" in result.stderr
     result = runner.invoke(app, ["eval", str(ckpt), "--set", "training.tokenizer.type=bpe"])
     assert result.exit_code == 1 and "eval reads the data with the checkpoint's own tokenizer" in result.stderr
+
+
+def test_ctrl_c_in_eval_exits_130_and_says_nothing_was_evaluated(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    from specformer.builder.lightning import SpecModule
+
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+
+    def ctrl_c(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # Lightning catches it, tears down and calls sys.exit(1)
+
+    monkeypatch.setattr(SpecModule, "validation_step", ctrl_c)
+    result = runner.invoke(app, ["eval", str(ckpt)], env={"COLUMNS": "200"})
+    assert result.exit_code == 130, result.output
+    assert "interrupted; nothing was evaluated" in result.output
+
+
+def test_eval_names_a_cache_dir_that_is_a_file(tiny: Any, tmp_path: Path) -> None:
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    (tmp_path / "afile").write_text("")
+    result = runner.invoke(app, ["eval", str(_checkpoint(tmp_path, "tiny-decoder")),
+                                 "--set", f"training.cache_dir={tmp_path / 'afile'}"], env={"COLUMNS": "300"})
+    assert result.exit_code == 1 and "training.cache_dir: " in result.output
+    assert "is a file, not a folder" in result.output and "FileExistsError" not in result.output

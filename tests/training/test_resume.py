@@ -157,6 +157,12 @@ def test_corrupt_truncated_and_foreign_checkpoints_give_clear_errors(tiny: Any, 
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "missing.ckpt")
 
+    early = tmp_path / "stopped-early"
+    early.mkdir()
+    (early / "spec.yaml").write_text(spec.to_yaml())
+    with pytest.raises(CheckpointError, match="is a run folder with no checkpoint: the run stopped before its first"):
+        load_checkpoint(early)
+
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
     with pytest.raises(CheckpointError, match="not a specformer checkpoint"):

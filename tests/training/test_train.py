@@ -147,9 +147,52 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
     for field, value in (("accelerator", "banana"), ("devices", [])):
         with pytest.raises(SpecError, match=f"training.{field}"):
             load_spec(tiny("decoder", **{field: value}))
+    # what Lightning refuses or changes on this machine, named by its field
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecError, match=r"training.accelerator: 'gpu' cannot run here"):
+            train(load_spec(tiny("decoder", accelerator="gpu")), progress=False)
+        with pytest.raises(SpecError, match=r"training.precision: 16-mixed cannot run on CPU: Lightning would run "
+                                            r"bf16-mixed[\s\S]*training.precision=bf16-mixed"):
+            train(load_spec(tiny("decoder", precision="16-mixed")), progress=False)
+    with pytest.raises(SpecError, match=r"training.strategy: 'bogus' cannot run here"):
+        train(load_spec(tiny("decoder", strategy="bogus")), progress=False)
+    assert not list((tmp_path / "runs").glob("*/*"))  # no run folder left behind
 
 
-def test_a_setting_the_trainer_refuses_leaves_no_run_folder(tiny, tmp_path: Path) -> None:
+def test_out_dir_with_a_tilde_is_one_folder_in_the_home(tiny, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    result = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, out_dir="~/myruns")), progress=False)
+    run_dir = Path(result.run_dir)
+    assert run_dir.parent.parent == tmp_path / "home" / "myruns"
+    assert (run_dir / "spec.yaml").is_file() and Path(result.checkpoint).is_relative_to(run_dir)
+    assert (run_dir / "metrics.csv").is_file()  # the loggers' files in the same folder
+    assert not (tmp_path / "~").exists()
+
+
+def test_counts_are_rounded_before_they_get_a_unit() -> None:
+    from specformer.training.callbacks import format_count
+
+    assert [format_count(n) for n in (12, 999.6, 1234, 999_400, 999_600, 1_234_567, 999_600_000, 1.5e12)] == [
+        "12", "1k", "1.23k", "999k", "1M", "1.23M", "1B", "1.5T"]
+
+
+def test_max_epochs_alone_trains_by_epochs_and_with_max_steps_is_an_error(tiny) -> None:
+    from specformer.specs.errors import SpecError
+
+    section = {k: v for k, v in tiny("decoder")["training"].items() if k != "max_steps"}
+    spec = load_spec({**tiny("decoder"), "training": {**section, "max_epochs": 0.5}})
+    assert (spec.training.max_steps, spec.training.max_epochs) == (None, 0.5)
+    with pytest.raises(SpecError, match=r"training.max_epochs: max_epochs=0.5 and max_steps=20 are both set"
+                                        r"[\s\S]*--set training.max_steps=null"):
+        load_spec(tiny("decoder"), overrides=["training.max_epochs=0.5"])
+
+
+def test_a_setting_the_trainer_refuses_leaves_no_run_folder(tiny, tmp_path: Path, monkeypatch) -> None:
+    import specformer.training.run as run
+
+    # a refusal only the real Trainer makes (the early check passes)
+    monkeypatch.setattr(run, "_check_hardware", lambda t: None)
     spec = load_spec(tiny("decoder", max_steps=1, val_interval=1, strategy="bogus"))
     with pytest.raises(ValueError, match="strategy"):
         train(spec, progress=False)

@@ -59,7 +59,9 @@ def _errors_for_people(
     except (DataError, CheckpointError) as exc:
         raise _fail(str(exc)) from None
     except TrainingInterrupted as exc:
-        if exc.checkpoint:
+        if exc.finished and exc.checkpoint:
+            print_error(str(exc), f"every step ran; evaluate it with: specformer eval {shlex.quote(exc.checkpoint)}")
+        elif exc.checkpoint:
             print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}")
         else:
             print_error(str(exc), interrupt_hint() if interrupt_hint else "")

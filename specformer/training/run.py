@@ -84,10 +84,14 @@ class TrainingInterrupted(KeyboardInterrupt):
     yet; ``checkpoint_step`` is the step it holds.
     """
 
-    def __init__(self, step: int, checkpoint: str | None, checkpoint_step: int | None, run_dir: str) -> None:
+    def __init__(
+        self, step: int, checkpoint: str | None, checkpoint_step: int | None, run_dir: str, *, finished: bool = False
+    ) -> None:
         self.step, self.checkpoint, self.checkpoint_step, self.run_dir = step, checkpoint, checkpoint_step, run_dir
+        self.finished = finished  # every step ran: only the closing validation was cut off
         where = f"; the last checkpoint (step {checkpoint_step}) is {checkpoint}" if checkpoint else "; no checkpoint yet"
-        super().__init__(f"interrupted at step {step}{where}")
+        when = f"in the closing validation, after the last step ({step})" if finished else f"at step {step}"
+        super().__init__(f"interrupted {when}{where}")
 
 
 def lightning_precision(precision: str) -> str:
@@ -336,19 +340,20 @@ def train(
             )
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
 
-        def interrupted() -> TrainingInterrupted:
+        def interrupted(finished: bool = False) -> TrainingInterrupted:
             if periodic is not None and periodic.last_path is not None:
                 ckpt, at = str(periodic.last_path), periodic.last_step
             else:
                 ckpt, at = (str(resume), resumed_step) if resume else (None, None)
-            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir))
+            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished)
 
         _interruptible(trainer, interrupted, lambda: trainer.fit(
             module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
         ))
         train_seconds = time.perf_counter() - (module.train_started or started)
         if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
-            _interruptible(trainer, interrupted, lambda: trainer.validate(module, datamodule=dm, verbose=False))
+            _interruptible(trainer, lambda: interrupted(finished=True),
+                           lambda: trainer.validate(module, datamodule=dm, verbose=False))
     finally:
         os.environ.pop(RUN_DIR_ENV, None)
     history = module.val_history

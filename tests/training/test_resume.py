@@ -495,3 +495,18 @@ def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
         train(spec, init_from=tmp_path / "bad.safetensors", progress=False)
     with pytest.raises(ValueError, match="resume or init_from, not both"):
         train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)
+
+
+def test_ctrl_c_in_the_closing_validation_says_training_finished(tiny: Any) -> None:
+    class CtrlCInClosingValidation(L.Callback):
+        def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+            if trainer.state.fn == "validate":  # the validation after fit, not one during it
+                raise KeyboardInterrupt
+
+    # 15 steps, validations at 10: the run's last step is validated after fit
+    spec = load_spec(tiny("decoder", max_steps=15, val_interval=10))
+    with pytest.raises(TrainingInterrupted) as info:
+        train(spec, progress=False, callbacks=[CtrlCInClosingValidation()])
+    exc = info.value
+    assert exc.finished and exc.step == 15 and exc.checkpoint_step == 15
+    assert str(exc).startswith("interrupted in the closing validation, after the last step (15)")

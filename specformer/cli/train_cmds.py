@@ -35,6 +35,16 @@ INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2
 
 
 @contextmanager
+def _starting() -> Iterator[None]:
+    """The imports of torch and Lightning (seconds): Ctrl-C there is said, not silent."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print_error("interrupted while starting; nothing was written")
+        raise typer.Exit(INTERRUPTED) from None
+
+
+@contextmanager
 def _errors_for_people(
     interrupt_hint: Callable[[], str] | None = None,
     stopped: str = "interrupted before training started; nothing was written to resume from",
@@ -239,9 +249,10 @@ def train_cmd(
     own tokenizer: `--set training.tokenizer.type=file --set
     training.tokenizer.path=MODEL_DIR/tokenizer.json`.
     """
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+    with _starting():
+        from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-    from specformer.training.checkpoint import read_checkpoint
+        from specformer.training.checkpoint import read_checkpoint
 
     spec_obj: Any = None
     # a multi-process run starts this command again in each other process: only rank 0 reports
@@ -309,9 +320,10 @@ def generate_cmd(
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     ```
     """
-    import torch
+    with _starting():
+        import torch
 
-    from specformer.training.generate import generate, generate_seq2seq
+        from specformer.training.generate import generate, generate_seq2seq
 
     with _errors_for_people(stopped="interrupted; nothing more is generated"):
         loaded = _load_checkpoint(checkpoint)
@@ -398,12 +410,13 @@ def eval_cmd(
     specformer eval CKPT --batches 50
     ```
     """
-    import lightning as L
+    with _starting():
+        import lightning as L
 
-    from specformer.builder.lightning import SpecModule
-    from specformer.data.module import SpecDataModule
-    from specformer.specs.loader import load_spec
-    from specformer.training.run import _interruptible, check_folders, quiet_lightning
+        from specformer.builder.lightning import SpecModule
+        from specformer.data.module import SpecDataModule
+        from specformer.specs.loader import load_spec
+        from specformer.training.run import _interruptible, check_folders, quiet_lightning
 
     with _errors_for_people(stopped="interrupted; nothing was evaluated"):
         loaded = _load_checkpoint(checkpoint)
@@ -472,7 +485,8 @@ def fill_mask_cmd(
     specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10
     ```
     """
-    import torch
+    with _starting():
+        import torch
 
     with _errors_for_people(stopped="interrupted; nothing was predicted"):
         loaded = _load_checkpoint(checkpoint)

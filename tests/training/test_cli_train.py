@@ -316,3 +316,14 @@ def test_eval_names_a_cache_dir_that_is_a_file(tiny: Any, tmp_path: Path) -> Non
                                  "--set", f"training.cache_dir={tmp_path / 'afile'}"], env={"COLUMNS": "300"})
     assert result.exit_code == 1 and "training.cache_dir: " in result.output
     assert "is a file, not a folder" in result.output and "FileExistsError" not in result.output
+
+
+def test_ctrl_c_while_the_libraries_load_is_said(capsys: Any) -> None:
+    import typer
+
+    from specformer.cli.train_cmds import _starting
+
+    with pytest.raises(typer.Exit) as info, _starting():
+        raise KeyboardInterrupt  # as during `import lightning`
+    assert info.value.exit_code == 130
+    assert "interrupted while starting; nothing was written" in capsys.readouterr().err

@@ -49,6 +49,7 @@ __all__ = [
     "checkpoint_tokenizer",
     "checkpoint_tokenizer_spec",
     "load_weights",
+    "check_weights",
 ]
 
 FORMAT_VERSION = 1
@@ -281,6 +282,13 @@ def read_weights_and_tokenizer(
 
 def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source: str) -> None:
     """Load a state dict, refusing (with a list of what differs) anything but an exact match."""
+    check_weights(model, weights, source=source)
+    model.load_state_dict(weights, strict=True)
+
+
+def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source: str) -> None:
+    """Refuse ``weights`` unless their keys and shapes are exactly ``model``'s (which may be
+    on the meta device: nothing is copied)."""
     own = model.state_dict()
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]
@@ -298,7 +306,6 @@ def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source: 
         if unexpected:
             lines.append(f"  not in the model: {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}")
         raise CheckpointError("\n".join(lines))
-    model.load_state_dict(weights, strict=True)
 
 
 def model_spec_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

@@ -29,6 +29,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from rich.console import Console
 
+from specformer.builder import build_model
 from specformer.builder.lightning import SpecModule
 from specformer.data.module import SpecDataModule
 from specformer.training.callbacks import (
@@ -41,6 +42,7 @@ from specformer.training.checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
     check_resumable,
+    check_weights,
     checkpoint_tokenizer,
     checkpoint_tokenizer_spec,
     load_weights,
@@ -290,6 +292,8 @@ def train(
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
         weights, tokenizer, tokenizer_spec = read_weights_and_tokenizer(init_from)
+        # the weights' shapes first: a checkpoint of another model is that, not a tokenizer problem
+        check_weights(build_model(spec, device="meta"), weights, source=str(init_from))
     if tokenizer_spec is not None:
         spec = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume or init_from), console)
         t = spec.training
@@ -486,12 +490,21 @@ def _warn(console: Console | None, message: str) -> None:
 def _with_checkpoint_tokenizer(spec: Any, tokenizer_spec: dict[str, Any], source: str, console: Console | None) -> Any:
     """``spec`` with the ``training.tokenizer`` of the checkpoint it starts from: the
     weights fit that tokenizer's ids, so the run uses it and its spec.yaml says so."""
+    from specformer.specs.errors import SpecError
     from specformer.specs.loader import load_spec
 
     ours = spec.training.tokenizer.model_dump(mode="json") if spec.training.tokenizer is not None else None
     data = spec.to_dict()
     data["training"]["tokenizer"] = tokenizer_spec
-    adopted = load_spec(data)
+    try:
+        adopted = load_spec(data)
+    except SpecError as exc:
+        problems = "\n  ".join(str(p) for p in exc.problems)
+        raise CheckpointError(
+            f"{source}: the tokenizer its weights were trained with ({_short(tokenizer_spec)}) does not fit "
+            f"this spec:\n  {problems}\nthe run would use that tokenizer (the weights fit its ids); start from "
+            "a checkpoint of this model, or change the spec to the checkpoint's"
+        ) from None
     theirs = adopted.training.tokenizer.model_dump(mode="json") if adopted.training.tokenizer is not None else None
     if ours != theirs and ours is not None:
         _warn(

@@ -423,6 +423,15 @@ def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(tiny: Any) -> 
     assert seen.weights.keys() == trained.keys()
     assert all(torch.equal(seen.weights[k], trained[k]) for k in trained)
 
+    # weights of another model are reported as weights, before the checkpoint's tokenizer is
+    # tried on the spec (its 300 tokens would not fit a 280-token model either)
+    bpe = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, tokenizer={"type": "bpe", "vocab_size": 300})),
+                progress=False)
+    smaller = {**tiny("decoder", max_steps=2, val_interval=2), "vocab_size": 280}
+    with pytest.raises(CheckpointError, match=r"the weights do not fit the model[\s\S]*embed.tokens.weight: "
+                                              r"checkpoint \(300, 32\), model \(280, 32\)"):
+        train(load_spec(smaller), init_from=bpe.checkpoint, progress=False)
+
 
 def test_init_from_a_checkpoint_tokenizes_the_new_data_with_the_checkpoints_tokenizer(
     tiny: Any, tmp_path: Path

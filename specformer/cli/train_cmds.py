@@ -175,8 +175,9 @@ def _summary_table(result: Any) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("data", result.data)
-    start = (f"  (resumed from {result.resumed_from})" if result.resumed_from
-             else f"  (from the weights of {result.initialized_from})" if result.initialized_from else "")
+    # the path it started from is printed on a line of its own, below
+    start = ("  (resumed: see below)" if result.resumed_from
+             else "  (from the weights below)" if result.initialized_from else "")
     table.add_row("steps", str(result.steps) + start)
     table.add_row("train loss", _fmt(result.train_loss) + "  (mean of the last steps)")
     table.add_row("val loss", _fmt(result.val_loss))
@@ -198,8 +199,11 @@ def _summary_table(result: Any) -> Table:
 def _print_summary(result: Any) -> None:
     console.print(_summary_table(result))
     # the paths are what one copies next: on lines of their own, never cut to the width
-    for label, path in (("checkpoint", result.checkpoint), ("logs", Path(result.run_dir) / "metrics.csv")):
-        console.print(f"[bold]{label:<10}[/] {escape(str(path))}", highlight=False, soft_wrap=True)
+    paths = [("resumed", result.resumed_from), ("weights", result.initialized_from),
+             ("checkpoint", result.checkpoint), ("logs", Path(result.run_dir) / "metrics.csv")]
+    for label, path in paths:
+        if path:
+            console.print(f"[bold]{label:<10}[/] {escape(str(path))}", highlight=False, soft_wrap=True)
 
 
 @app.command("train")

@@ -87,7 +87,8 @@ def test_resume_from_the_command_line_without_a_spec(tiny: Any, tmp_path: Path) 
     _train([str(spec)])
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
     out = _train(["--resume", str(ckpt), "--set", "training.max_steps=6"]).output
-    assert "resumed from" in out and " 6 " in out
+    assert "(resumed: see below)" in out and " 6 " in out
+    assert f"resumed    {ckpt}\n" in out  # the whole path, on its own line
 
 
 def test_init_from_on_the_command_line_and_not_with_resume(tiny: Any, tmp_path: Path) -> None:
@@ -95,7 +96,8 @@ def test_init_from_on_the_command_line_and_not_with_resume(tiny: Any, tmp_path: 
     _train([str(spec)])
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
     out = _train([str(spec), "--init-from", str(ckpt)]).output
-    assert "resumed from" not in out and "from the weights of" in out
+    assert "resumed" not in out and "(from the weights below)" in out
+    assert f"weights    {ckpt}\n" in out
     both = runner.invoke(app, ["train", str(spec), "--init-from", str(ckpt), "--resume", str(ckpt)])
     assert both.exit_code == 1 and "give --resume or --init-from, not both" in both.stderr
 
@@ -247,7 +249,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path) -> N
     assert f"last checkpoint (step {step})" in err
 
     out = _train(["--resume", str(ckpt), "--set", f"training.max_steps={step + 2}"]).output
-    assert "resumed from" in out and f" {step + 2} " in out
+    assert f"resumed    {ckpt}" in out and f" {step + 2} " in out
 
 
 def test_help_shows_placeholders_and_examples_verbatim() -> None:

@@ -261,7 +261,8 @@ def train(
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     t = spec.training
     quiet_lightning()
-    _check_before_data(spec)
+    # Trainer settings passed here replace the spec's: Lightning checks those itself
+    _check_before_data(spec, hardware=not {"accelerator", "devices", "strategy", "precision", "plugins"} & set(trainer_kwargs))
     resumed_step: int | None = None
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
     tokenizer = tokenizer_spec = None
@@ -390,7 +391,7 @@ def train(
     return result
 
 
-def _check_before_data(spec: Any) -> None:
+def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
     """Settings that would otherwise fail only once the data is prepared (minutes, for a
     large corpus), each named with what to do instead."""
     from specformer.specs.errors import SpecError, SpecProblem
@@ -403,7 +404,8 @@ def _check_before_data(spec: Any) -> None:
         )])
     t = spec.training
     check_folders(t)
-    _check_hardware(t)
+    if hardware:
+        _check_hardware(t)
 
 
 def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:

@@ -157,6 +157,11 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
     with pytest.raises(SpecError, match=r"training.strategy: 'bogus' cannot run here"):
         train(load_spec(tiny("decoder", strategy="bogus")), progress=False)
     assert not list((tmp_path / "runs").glob("*/*"))  # no run folder left behind
+    monkeypatch.undo()
+    # a Trainer setting passed to train() replaces the spec's: the spec's is not checked
+    done = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, strategy="bogus")), progress=False,
+                 strategy="auto")
+    assert done.steps == 1
 
 
 def test_out_dir_with_a_tilde_is_one_folder_in_the_home(tiny, tmp_path: Path, monkeypatch) -> None:

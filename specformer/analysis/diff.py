@@ -195,7 +195,7 @@ def _follows_from_others(spec: Any, flat: dict[str, Any], path: str) -> bool:
     if ".layers." in path and not m.group("att"):
         return False  # a layer's d_ff differs from its stack's only where an override writes it
     if m.group("att"):
-        n_heads = flat.get(f"{prefix}.{m.group('att')}.n_heads", flat.get(f"{prefix.split('.')[0]}.{m.group('att')}.n_heads"))
+        n_heads = _value_or_stack(flat, prefix, f"{m.group('att')}.n_heads")
         if not isinstance(n_heads, int) or n_heads <= 0:
             return False
         if m.group("size") == "n_kv_heads":

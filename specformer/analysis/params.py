@@ -133,8 +133,7 @@ def _embedding(prefix: str, spec: Any, *, tokens: bool = True) -> Iterator[tuple
         yield f"{prefix}.tokens.weight", (spec.vocab_size, d)
     pos = spec.positional
     if pos.type == "learned":
-        rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
-        yield f"{prefix}.positions.weight", (rows, d)
+        yield f"{prefix}.positions.weight", (pos.rows(spec.max_seq_len), d)
     elif pos.type not in ("sinusoidal", "rope", "alibi", "t5", "none"):
         raise AnalysisError(f"positional: no analytic parameter count for positional type {pos.type!r}")
     if spec.embedding.segment_vocab_size:

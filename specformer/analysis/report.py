@@ -82,8 +82,7 @@ def analyze(
 def _positional(spec: Any) -> str:
     pos = spec.positional
     if pos.type == "learned":
-        rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
-        return f"learned ({rows} rows)"
+        return f"learned ({pos.rows(spec.max_seq_len)} rows)"
     if pos.type == "rope":
         frac = "" if pos.fraction == 1.0 else f", {pos.fraction:g} of head_dim"
         return f"rope (base {pos.base:g}{frac})"

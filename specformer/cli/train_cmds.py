@@ -51,13 +51,10 @@ def _errors_for_people(
 ) -> Iterator[None]:
     """Turn the errors a run can meet into one clear message and exit status 1 (130 for
     Ctrl-C, reported as ``stopped`` unless a run was under way)."""
-    try:  # torch and Lightning load here, for seconds: Ctrl-C may come now
+    with _starting():
         from specformer.data.corpus import DataError
         from specformer.training.checkpoint import CheckpointError
         from specformer.training.run import TrainingInterrupted
-    except KeyboardInterrupt:
-        print_error("interrupted while starting; nothing was written")
-        raise typer.Exit(INTERRUPTED) from None
 
     try:
         yield
@@ -531,8 +528,7 @@ def _position_limit(spec: Any) -> int | None:
     pos = spec.positional
     if pos.type != "learned":
         return None
-    rows = pos.max_positions if pos.max_positions is not None else spec.max_seq_len + pos.offset
-    return rows - pos.offset
+    return pos.rows(spec.max_seq_len) - pos.offset
 
 
 def _encode_with_masks(tok: Any, text: str) -> list[int]:

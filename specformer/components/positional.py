@@ -182,8 +182,7 @@ class LearnedPositional(Positional):
     ) -> None:
         super().__init__()
         self.offset = spec.offset
-        rows = spec.max_positions if spec.max_positions is not None else max_seq_len + spec.offset
-        self.weight = nn.Parameter(torch.empty(rows, d_model))  # (P, D)
+        self.weight = nn.Parameter(torch.empty(spec.rows(max_seq_len), d_model))  # (P, D)
 
     def embed(self, x: Tensor, position_ids: Tensor, n_positions: int) -> Tensor:
         usable = self.weight.shape[0] - self.offset

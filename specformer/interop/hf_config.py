@@ -712,7 +712,7 @@ def _export_bert(spec: ModelSpec, roberta: bool) -> dict[str, Any]:
     if roberta:
         offset = spec.positional.offset
         out["pad_token_id"] = offset - 1
-        out["max_position_embeddings"] = spec.positional.max_positions or spec.max_seq_len + offset
+        out["max_position_embeddings"] = spec.positional.rows(spec.max_seq_len)
     head = spec.head
     if head.type == "classification":
         out["architectures"] = [f"{family}ForSequenceClassification"]

@@ -203,27 +203,26 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Po
         loader.dispose()
 
 
+def _at_end_of(source: str, before: str) -> Position:
+    """The position just after the text ``before`` (everything ahead of it in the file)."""
+    return Position(source, before.count("\n") + 1, len(before) - before.rfind("\n"))
+
+
 def not_utf8_problem(exc: UnicodeDecodeError, source: str) -> SpecProblem:
     """The first byte of a file that is not UTF-8, at its line and column."""
-    raw = exc.object[: exc.start]
-    line = raw.count(b"\n") + 1
-    column = len(raw[raw.rfind(b"\n") + 1:].decode("utf-8", errors="replace")) + 1
     return SpecProblem(
         f"not UTF-8 text: the byte 0x{exc.object[exc.start]:02x} is not valid UTF-8",
-        position=Position(source, line, column),
+        position=_at_end_of(source, exc.object[: exc.start].decode("utf-8", errors="replace")),
         hint="save the file as UTF-8 (a Latin-1 or Windows-1252 editor setting writes such bytes)",
     )
 
 
 def _reader_problem(exc: yaml.reader.ReaderError, source: str, text: str) -> SpecProblem:
     """A character YAML does not allow in a document (a control character, U+FFFE, ...)."""
-    before = text[: exc.position]
-    line = before.count("\n") + 1
-    column = exc.position - (before.rfind("\n") + 1) + 1
     char = exc.character if isinstance(exc.character, str) else chr(exc.character)
     return SpecProblem(
         f"the character U+{ord(char):04X} is not allowed in YAML",
-        position=Position(source, line, column),
+        position=_at_end_of(source, text[: exc.position]),
         hint="remove it (YAML text may not hold control characters other than tab and newline)",
     )
 

@@ -105,6 +105,10 @@ class LearnedSpec(Spec):
         0, le=MAX_INDEX, description="Rows skipped before position 0 (RoBERTa reserves 2)."
     )
 
+    def rows(self, max_seq_len: int) -> int:
+        """Rows of the table: ``max_positions``, or by default ``max_seq_len + offset``."""
+        return self.max_positions if self.max_positions is not None else max_seq_len + self.offset
+
 
 class RopeSpec(Spec):
     """Rotary position embedding applied to queries and keys (Su et al. 2021, RoFormer)."""

@@ -126,7 +126,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     return data
 
 
-_CHECKED: dict[tuple[str, int, int], None] = {}
+_CHECKED: set[tuple[str, int, int]] = set()
 
 
 def _check_crc(path: Path) -> None:
@@ -154,7 +154,7 @@ def _check_crc(path: Path) -> None:
             f"{path} is damaged: the archive entry {entry_name!r} is corrupt ({what}; a disk error or an "
             "interrupted copy?). Use another checkpoint of the run, or copy this one again"
         ) from None
-    _CHECKED[key] = None
+    _CHECKED.add(key)
 
 
 def _short(exc: BaseException) -> str:

@@ -45,7 +45,6 @@ from specformer.training.checkpoint import (
     check_weights,
     checkpoint_tokenizer,
     checkpoint_tokenizer_spec,
-    load_weights,
     read_checkpoint,
     read_weights_and_tokenizer,
 )
@@ -180,11 +179,8 @@ def build_trainer(
     settings: dict[str, Any] = dict(
         max_steps=max_steps,
         max_epochs=-1,
-        accelerator=t.accelerator,
-        devices=list(t.devices) if isinstance(t.devices, tuple) else t.devices,
-        strategy=t.strategy,
+        **_hardware(t),
         num_nodes=t.num_nodes,
-        precision=lightning_precision(t.precision),
         accumulate_grad_batches=t.accumulate,
         gradient_clip_val=t.grad_clip or None,
         val_check_interval=t.val_interval * t.accumulate,
@@ -301,7 +297,7 @@ def train(
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)
     if weights is not None:
-        load_weights(module.model, weights, source=str(init_from))
+        module.model.load_state_dict(weights, strict=True)  # keys and shapes checked above
         del weights
     # a checkpoint's weights fit the token ids of its own tokenizer: the data is
     # tokenized with it, not with a tokenizer trained afresh on this run's data
@@ -427,6 +423,16 @@ def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
             raise DataError(f"{name}: cannot create the folder {folder} ({exc.strerror or exc})") from None
 
 
+def _hardware(t: Any) -> dict[str, Any]:
+    """The Trainer's accelerator, devices, strategy and precision, from ``training``."""
+    return {
+        "accelerator": t.accelerator,
+        "devices": list(t.devices) if isinstance(t.devices, tuple) else t.devices,
+        "strategy": t.strategy,
+        "precision": lightning_precision(t.precision),
+    }
+
+
 def _check_hardware(t: Any) -> None:
     """The accelerator, devices, strategy and precision, as Lightning resolves them on this
     machine: a GPU setting without a GPU, an unknown strategy, or fp16 on a CPU (which
@@ -438,12 +444,8 @@ def _check_hardware(t: Any) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            probe = L.Trainer(
-                accelerator=t.accelerator,
-                devices=list(t.devices) if isinstance(t.devices, tuple) else t.devices,
-                strategy=t.strategy, precision=lightning_precision(t.precision), logger=False,
-                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            )
+            probe = L.Trainer(**_hardware(t), logger=False, enable_checkpointing=False,
+                              enable_progress_bar=False, enable_model_summary=False)
     except (MisconfigurationException, ValueError, ImportError, RuntimeError, TypeError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         field = next((f for f in ("strategy", "precision", "devices") if f in text.lower()), "accelerator")

@@ -19,6 +19,12 @@ from specformer.cli.app import app, console, print_error
 __all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
 
 
+def _say(text: str) -> None:
+    """One line of the report on stdout, never broken at the terminal's width: the paths
+    in it are what one copies next."""
+    console.print(text, highlight=False, soft_wrap=True)
+
+
 def _fail(message: str) -> typer.Exit:
     print_error(message)
     return typer.Exit(1)
@@ -101,19 +107,16 @@ def import_hf_cmd(
         writers[weights] = lambda path: save_safetensors(state, path)
     _write_or_fail(writers)
     total = count_parameters(spec).total
-    console.print(
-        f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters", highlight=False
-    )
+    _say(f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
     if weights is not None:
         assert state is not None and report is not None
-        console.print(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors", highlight=False)
+        _say(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors")
         if report.tied:
-            console.print(f"  tied copies checked and dropped: {', '.join(report.tied)}", highlight=False)
+            _say(f"  tied copies checked and dropped: {', '.join(report.tied)}")
         if report.ignored:
-            console.print(f"  left out (buffers, unused heads): {', '.join(report.ignored)}", highlight=False)
+            _say(f"  left out (buffers, unused heads): {', '.join(report.ignored)}")
         if not spec.embedding.tie_output and config.get("tie_word_embeddings", True) is not False:
-            console.print("  the checkpoint's output layer is not tied to its embeddings: tie_output: false",
-                          highlight=False)
+            _say("  the checkpoint's output layer is not tied to its embeddings: tie_output: false")
 
 
 @app.command("export-hf")
@@ -161,17 +164,13 @@ def export_hf_cmd(
 
     model_type = json.loads((output / "config.json").read_text())["model_type"]
     files = "config.json + model.safetensors" + (" + tokenizer.json" if tokenizer is not None else "")
-    console.print(
+    _say(
         f"wrote [bold]{escape(str(output))}[/]: Hugging Face {model_type} {files} "
         f"({escape(repr(spec.name))}); load it with transformers.{_auto_name(spec)}"
-        f".from_pretrained({escape(repr(str(output)))})",
-        highlight=False,
+        f".from_pretrained({escape(repr(str(output)))})"
     )
     if tokenizer is None:
-        console.print(
-            "  no tokenizer (the source carries none): bos/eos/pad token ids are null in config.json",
-            highlight=False,
-        )
+        _say("  no tokenizer (the source carries none): bos/eos/pad token ids are null in config.json")
 
 
 def _check_output_file(path: Path, option: str) -> None:

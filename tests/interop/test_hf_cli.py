@@ -339,3 +339,22 @@ def test_a_head_specformer_does_not_have_is_refused_by_name(tmp_path, make: str,
         result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "-o", str(tmp_path / "x.yaml"), *extra])
         _clean_error(result, f"architectures ['{make}']", *words)
         assert not (tmp_path / "x.yaml").exists()
+
+
+def test_the_paths_written_are_printed_whole_however_narrow_the_output(tmp_path) -> None:
+    # a path longer than the line is copied from the output next: never broken onto two lines
+    deep = tmp_path / ("a-folder-with-a-name-long-enough-to-pass-the-width-of-a-terminal" * 2)
+    deep.mkdir()
+    (deep / "config.json").write_text(json.dumps(_gpt2_config()))
+    spec_path = deep / "imported-spec-with-a-long-name.yaml"
+    result = runner.invoke(app, ["import-hf", str(deep), "-o", str(spec_path)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"wrote {spec_path}: decoder" in result.stdout
+    weights = deep / "weights.safetensors"
+    save_file(build_model(load_spec(spec_path)).state_dict(), str(weights))
+    out = deep / "exported"
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(out)],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: Hugging Face gpt2" in result.stdout
+    assert f".from_pretrained({str(out)!r})" in result.stdout

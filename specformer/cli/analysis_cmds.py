@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -101,7 +102,9 @@ class Section:
 
     def to_rich(self) -> Table:
         # Text, not markup: a spec's name or value such as "gpt[/]" is shown as written
-        table = Table(title=Text(self.title), title_justify="left", header_style="bold", title_style="bold")
+        # at least as wide as its title, which would otherwise wrap onto a second line
+        table = Table(title=Text(self.title), title_justify="left", header_style="bold", title_style="bold",
+                      min_width=cell_len(self.title))
         for i, c in enumerate(self.columns):
             table.add_column(Text(c), justify="right" if i in self.right else "left", overflow="fold")
         for i, row in enumerate(self.rows):

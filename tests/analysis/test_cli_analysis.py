@@ -285,3 +285,15 @@ def test_diff_shows_floats_that_differ_past_six_digits_apart(tmp_path: Path) -> 
         (tmp_path / f"{name}.yaml").write_text(f"extends: gpt-nano\nname: {name}\npositional: {{type: rope, base: {base}}}\n")
     out = _ok(["diff", str(tmp_path / "r1.yaml"), str(tmp_path / "r2.yaml"), "--format", "markdown"]).stdout
     assert "| positional.base | 1e+06 | 1000001.0 |" in out
+
+
+def test_a_table_narrower_than_its_title_keeps_the_title_on_one_line(tmp_path: Path) -> None:
+    # one changed field with short values makes a table narrower than "identical to ... except:"
+    variant = tmp_path / "t5.yaml"
+    variant.write_text("extends: t5-small\nname: t5\n")
+    out = _ok(["diff", "t5-small", str(variant), "--no-checkpoints"]).stdout
+    assert "identical to t5-small except:\n" in out
+    # the table below it is drawn as wide as the title
+    lines = out.splitlines()
+    start = lines.index("identical to t5-small except:")
+    assert len(lines[start + 1]) >= len("identical to t5-small except:")

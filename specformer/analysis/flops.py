@@ -75,11 +75,9 @@ def _attended_keys_total(seq_len: int, causal: bool, window: int | None) -> int:
     if causal:
         # query i attends keys max(0, i - w + 1) .. i
         return w * (w + 1) // 2 + (t - w) * w
-    # bidirectional window: keys j with |i - j| < w
-    total = 0
-    for i in range(t):
-        total += min(i + w - 1, t - 1) - max(i - w + 1, 0) + 1
-    return total
+    # bidirectional window: keys j with |i - j| < w, 2w - 1 of them less those past either
+    # end of the sequence: 1 + 2 + ... + (w - 1) at each end (w < t)
+    return t * (2 * w - 1) - w * (w - 1)
 
 
 def mean_attended_keys(seq_len: int, *, causal: bool, window: int | None = None) -> float:

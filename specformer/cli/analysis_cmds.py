@@ -99,6 +99,15 @@ class Section:
     notes: list[str] = field(default_factory=list)
     right: set[int] = field(default_factory=set)  # right-aligned column indices
     bold_rows: set[int] = field(default_factory=set)
+    # in a terminal too narrow for the table, print it turned (one row per column)
+    turn_when_narrow: bool = False
+
+    def turned(self) -> Section:
+        """The table with rows and columns swapped: the first column's cells head the
+        columns; a column that is empty in every row is left out."""
+        rows = [[c, *(row[i] for row in self.rows)] for i, c in enumerate(self.columns) if i > 0]
+        return Section(self.title, [self.columns[0], *(row[0] for row in self.rows)],
+                       [r for r in rows if any(r[1:])], list(self.notes))
 
     def to_rich(self) -> Table:
         # Text, not markup: a spec's name or value such as "gpt[/]" is shown as written
@@ -145,7 +154,11 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
         out.print(heading, style="bold", highlight=False, markup=False)
     for s in sections:
         if s.columns:
-            out.print(s.to_rich())
+            table = s.to_rich()
+            natural = out.measure(table, options=out.options.update(max_width=10_000)).maximum
+            if s.turn_when_narrow and natural > out.width:
+                table = s.turned().to_rich()
+            out.print(table)
         for note in s.notes:
             out.print(note, highlight=False, markup=False)
         out.print()
@@ -202,6 +215,7 @@ def _architecture_section(report: Any) -> Section:
         "architecture",
         ["stack", "layers", "d_model", "heads / kv", "head_dim", "d_ff", "ffn", "norm", "positional", "notes"],
         right={1, 2, 3, 4, 5},
+        turn_when_narrow=True,
     )
     for row in report.to_dict()["architecture"]:
         s.rows.append(

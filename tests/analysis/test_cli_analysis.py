@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,31 @@ def test_a_table_narrower_than_its_title_keeps_the_title_on_one_line(tmp_path: P
     lines = out.splitlines()
     start = lines.index("identical to t5-small except:")
     assert len(lines[start + 1]) >= len("identical to t5-small except:")
+
+
+@pytest.mark.parametrize("name", ["gpt2-small", "t5-small"])
+def test_show_in_an_80_column_terminal_turns_the_architecture_table(monkeypatch, name: str) -> None:
+    # one column per field does not fit 80 columns: one row per field does, with no
+    # header or value broken inside a word ("d_mod el", "decod er")
+    import io
+
+    from rich.console import Console
+
+    from specformer.cli import analysis_cmds
+
+    screen = io.StringIO()
+    monkeypatch.setattr(analysis_cmds, "console", Console(file=screen, width=80, force_terminal=True,
+                                                          color_system=None))
+    _ok(["show", name])
+    out = screen.getvalue()
+    assert max(map(len, out.splitlines())) <= 80
+    table = out.split("architecture", 1)[1].split("parameters", 1)[0]
+    spec = load_spec(name)
+    for role, stack in spec.stacks():
+        assert f" {role} " in table.splitlines()[2]  # a stack heads each column
+        for field, value in (("d_model", spec.d_model), ("head_dim", stack.attention.head_dim),
+                             ("d_ff", stack.ffn.d_ff)):
+            assert re.search(rf"│ {field} +│ {value} ", table), (field, table)
+    assert f"{spec.decoder.norm.type} ({spec.decoder.norm.placement})" in table
+    # a column that is empty throughout (no notes for gpt2-small) is left out
+    assert ("│ notes" in table) == (spec.kind == "encoder-decoder")

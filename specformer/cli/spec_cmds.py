@@ -132,7 +132,10 @@ def validate(
     if output_format == "json":
         console.print_json(json.dumps(resolved.to_dict()))
     elif console.is_terminal:
-        console.print(Syntax(resolved.to_yaml(), "yaml", theme="ansi_dark", background_color="default"))
+        # soft wrap: a value longer than the terminal (a data path) is wrapped by the
+        # terminal, never cut, so the YAML can be copied back whole
+        console.print(Syntax(resolved.to_yaml(), "yaml", theme="ansi_dark", background_color="default"),
+                      soft_wrap=True)
     else:
         typer.echo(resolved.to_yaml(), nl=False)
 

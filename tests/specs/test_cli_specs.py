@@ -183,3 +183,20 @@ def test_a_piped_spec_extends_a_relative_path_from_the_working_directory(tmp_pat
     (tmp_path / "pipes").mkdir()
     spec = _load_through_a_pipe(tmp_path / "pipes" / "spec.pipe", "extends: ./variant.yaml\nname: z\n")
     assert (spec.name, spec.d_model) == ("z", 256)
+
+
+def test_validate_in_a_terminal_never_cuts_a_long_value(monkeypatch):
+    # the resolved YAML is copied from the terminal: a path longer than the line is
+    # wrapped by the terminal, not cut at its edge
+    import io
+
+    from rich.console import Console
+
+    from specformer.cli import spec_cmds
+
+    screen = io.StringIO()
+    monkeypatch.setattr(spec_cmds, "console", Console(file=screen, width=80, force_terminal=True, color_system=None))
+    out_dir = "/data/experiments/" + "a-long-folder-name-for-one-sweep/" * 4 + "runs"
+    result = runner.invoke(app, ["validate", "gpt-nano", "--set", f"training.out_dir={out_dir}"])
+    assert result.exit_code == 0, result.output
+    assert f"out_dir: {out_dir}\n" in screen.getvalue()

@@ -418,6 +418,8 @@ def _directory_problem(path: Path, position: Position | None) -> SpecProblem:
     hint = "a spec is a preset name or a YAML file"
     if spec.is_file():  # a run folder: the spec it ran is in it
         hint += f"; this folder holds {spec}"
+    elif (path / "config.json").is_file():  # a Hugging Face model folder
+        hint += f"; the Hugging Face model here converts with: specformer import-hf {path} -o spec.yaml"
     return SpecProblem(
         f"{path} is a directory, not a YAML file", path="extends" if position else "", position=position, hint=hint
     )
@@ -448,6 +450,13 @@ def _load_file(
         raise SpecError(
             [SpecProblem(f"a spec is a YAML mapping, found {_type_name(data)}", position=positions[()])]
         )
+    if "model_type" in data and not {"kind", "extends"} & data.keys():
+        # a Hugging Face config.json (JSON is YAML): one problem, not one per key of it
+        raise SpecError([SpecProblem(
+            f"a Hugging Face config (model_type: {data['model_type']}), not a specformer spec",
+            position=positions.get(("model_type",), positions[()]),
+            hint=f"convert it to a spec with: specformer import-hf {source} -o spec.yaml",
+        )])
     parent_ref = data.pop("extends", None)
     if parent_ref is None:
         return data, positions

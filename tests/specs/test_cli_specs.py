@@ -200,3 +200,25 @@ def test_validate_in_a_terminal_never_cuts_a_long_value(monkeypatch):
     result = runner.invoke(app, ["validate", "gpt-nano", "--set", f"training.out_dir={out_dir}"])
     assert result.exit_code == 0, result.output
     assert f"out_dir: {out_dir}\n" in screen.getvalue()
+
+
+def test_a_hugging_face_config_is_named_as_one_with_the_command_that_converts_it(tmp_path):
+    # not one "unknown field" per key of the config: what it is, and what to run
+    config = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
+              "vocab_size": 101, "activation_function": "gelu_new", "attn_pdrop": 0.1}
+    (tmp_path / "config.json").write_text(json.dumps(config, indent=2))
+    for args in (["validate", str(tmp_path / "config.json")], ["show", str(tmp_path / "config.json")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1
+        assert "1 problem in the spec" in result.stderr
+        assert f"{tmp_path / 'config.json'}:2:3: a Hugging Face config (model_type: gpt2), not a specformer spec" \
+            in result.stderr
+        assert f"specformer import-hf {tmp_path / 'config.json'} -o spec.yaml" in result.stderr
+    # the model's folder, given where a spec goes
+    result = runner.invoke(app, ["show", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"specformer import-hf {tmp_path} -o spec.yaml" in result.stderr
+    # a spec that happens to carry a stray model_type key gets the usual field error
+    (tmp_path / "mine.yaml").write_text("extends: gpt-nano\nmodel_type: gpt2\n")
+    result = runner.invoke(app, ["validate", str(tmp_path / "mine.yaml")])
+    assert "unknown field 'model_type'" in result.stderr

@@ -440,11 +440,21 @@ def _load_file(
         raise SpecError([SpecProblem(f"extends cycle: {cycle}", path="extends", position=position)])
     source = _display(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError([not_utf8_problem(exc, source)]) from None
+        raw = path.read_bytes()
     except OSError as exc:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(source))]) from None
+    if b"\0" in raw[:8192] and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        # weights or a checkpoint given where a spec goes: no text encoding to fix
+        raise SpecError([SpecProblem(
+            "a binary file (model weights or a checkpoint?), not a YAML spec",
+            position=Position(source),
+            hint="a spec is a preset name or a YAML file; a checkpoint's spec is in its run folder "
+            "(spec.yaml), and export-hf takes weights with --spec",
+        )])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([not_utf8_problem(exc, source)]) from None
     data, positions = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(

@@ -364,6 +364,30 @@ def test_a_file_that_is_not_utf8_is_reported_at_its_line_and_column(tmp_path):
     assert "byte 0xe9 is not valid UTF-8" in str(problem) and "save the file as UTF-8" in str(problem)
 
 
+@pytest.mark.parametrize("make", ["safetensors", "torch.save"])
+def test_weights_or_a_checkpoint_given_as_a_spec_are_named_as_binary(tmp_path, make):
+    # not "save the file as UTF-8": no editor setting makes weights a spec
+    torch = pytest.importorskip("torch")
+    path = tmp_path / ("w.safetensors" if make == "safetensors" else "last.ckpt")
+    if make == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({"embed.tokens.weight": torch.ones(4, 2)}, str(path))
+    else:
+        torch.save({"state_dict": {"model.w": torch.ones(2)}}, path)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    (problem,) = info.value.problems
+    assert "a binary file (model weights or a checkpoint?), not a YAML spec" in problem.message
+    assert "UTF-8" not in str(problem)
+    # an extended file alike
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: {path}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(child)
+    assert "a binary file" in info.value.problems[0].message
+
+
 def test_a_problem_in_an_extended_preset_says_where_to_change_it(tmp_path):
     problems = _problems(tmp_path, "extends: gpt-nano\nkind: encoder\n", name="mine.yaml")
     inherited = next(p for p in problems if p.path == "decoder")

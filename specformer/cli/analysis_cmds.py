@@ -155,13 +155,17 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
     for s in sections:
         if s.columns:
             table = s.to_rich()
-            natural = out.measure(table, options=out.options.update(max_width=10_000)).maximum
-            if s.turn_when_narrow and natural > out.width:
+            if s.turn_when_narrow and _natural_width(out, table) > out.width:
                 table = s.turned().to_rich()
             out.print(table)
         for note in s.notes:
             out.print(note, highlight=False, markup=False)
         out.print()
+
+
+def _natural_width(out: Console, table: Table) -> int:
+    """The width ``table`` takes with no line to fit in."""
+    return out.measure(table, options=out.options.update(max_width=10_000)).maximum
 
 
 def _check_options(output_format: str, dtype: str) -> None:

@@ -210,6 +210,10 @@ def _at_end_of(source: str, before: str) -> Position:
 
 def not_utf8_problem(exc: UnicodeDecodeError, source: str) -> SpecProblem:
     """The first byte of a file that is not UTF-8, at its line and column."""
+    if exc.object.startswith((b"\xff\xfe", b"\xfe\xff")):
+        # Windows PowerShell's `>` and Notepad's "Unicode" write UTF-16
+        return SpecProblem("not UTF-8 text: the file is UTF-16 (it starts with a UTF-16 byte order mark)",
+                           position=Position(source, 1, 1), hint="save the file as UTF-8")
     return SpecProblem(
         f"not UTF-8 text: the byte 0x{exc.object[exc.start]:02x} is not valid UTF-8",
         position=_at_end_of(source, exc.object[: exc.start].decode("utf-8", errors="replace")),

@@ -364,6 +364,19 @@ def test_a_file_that_is_not_utf8_is_reported_at_its_line_and_column(tmp_path):
     assert "byte 0xe9 is not valid UTF-8" in str(problem) and "save the file as UTF-8" in str(problem)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_a_utf16_file_is_named_as_one(tmp_path, encoding):
+    # `specformer validate x > my.yaml` in Windows PowerShell writes UTF-16
+    path = tmp_path / "my.yaml"
+    data = "extends: gpt-nano\nname: mine\n".encode(encoding)
+    path.write_bytes(data if data.startswith((b"\xff\xfe", b"\xfe\xff")) else b"\xfe\xff" + data)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    (problem,) = info.value.problems
+    assert "the file is UTF-16" in problem.message and problem.hint == "save the file as UTF-8"
+    assert "Latin-1" not in str(problem) and "binary" not in str(problem)
+
+
 @pytest.mark.parametrize("make", ["safetensors", "torch.save"])
 def test_weights_or_a_checkpoint_given_as_a_spec_are_named_as_binary(tmp_path, make):
     # not "save the file as UTF-8": no editor setting makes weights a spec

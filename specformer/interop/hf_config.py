@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from specformer.specs.loader import problems_from_validation
 from specformer.specs.schema import ModelSpec
 
 __all__ = [
@@ -616,8 +619,10 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
     raw = {"name": raw.pop("name"), **raw}
     try:
         return ModelSpec.model_validate(raw)
-    except ValueError as exc:
-        raise HFConversionError(f"{model_type} config gives an invalid spec: {exc}") from None
+    except ValidationError as exc:
+        # the spec's field and what is wrong with it, without pydantic's input dump
+        lines = [f"{p.path}: {p.message}" if p.path else p.message for p in problems_from_validation(exc, {})]
+        raise HFConversionError(f"{model_type} config gives an invalid spec: {'; '.join(lines)}") from None
 
 
 def _default_name(data: Mapping[str, Any]) -> str:

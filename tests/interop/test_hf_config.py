@@ -454,3 +454,12 @@ def test_settings_that_compute_the_same_export_as_the_defaults(preset: str) -> N
     other = load_spec(preset, overrides=[f"{stack}.attention.scale=0.3"])
     with pytest.raises(HFConversionError, match=rf"{stack}.attention.scale"):
         hf_config_from_spec(other)
+
+
+def test_a_config_that_makes_an_invalid_spec_names_the_field_without_pydantics_dump() -> None:
+    config = {"model_type": "gpt2", "n_embd": 64, "n_head": 12, "n_layer": 2, "vocab_size": 100}
+    message = _refused(lambda: spec_from_hf_config(config), [
+        "gpt2 config gives an invalid spec: decoder.attention.n_heads:",
+        "d_model=64 is not divisible by n_heads=12",
+    ])
+    assert "input_value" not in message and "type=" not in message

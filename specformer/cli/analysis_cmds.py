@@ -32,7 +32,7 @@ FormatOption = Annotated[
 BatchOption = Annotated[int, typer.Option("--batch", "-b", min=1, help="Sequences per training step (memory).")]
 SeqLenOption = Annotated[
     int | None,
-    typer.Option("--seq-len", "-t", min=1, help="Tokens per sequence for FLOPs and memory; default: max_seq_len.",
+    typer.Option("--seq-len", "-t", min=1, help="Tokens per sequence for FLOPs and memory; default: the spec's max_seq_len (diff: the first spec's).",
                  show_default=False),
 ]
 DtypeOption = Annotated[

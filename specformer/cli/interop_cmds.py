@@ -84,6 +84,8 @@ def import_hf_cmd(
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")
+    if name is not None and not name.strip():
+        raise _fail("--name is empty; give a name, or leave --name out for the model's own")
     if weights is not None and weights.suffix != ".safetensors":
         raise _fail(f"--weights {weights}: the converted weights are written as safetensors; use a .safetensors name")
     _check_output_file(output, "--output")

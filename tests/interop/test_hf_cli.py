@@ -53,6 +53,14 @@ def test_unsupported_config_is_an_error_naming_the_feature(tmp_path) -> None:
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_name_is_refused_not_replaced_by_the_models(tmp_path, name: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_gpt2_config()))
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(tmp_path / "x.yaml"), "--name", name])
+    assert result.exit_code == 1 and "--name is empty" in result.stderr
+    assert not (tmp_path / "x.yaml").exists()
+
+
 def test_missing_source_and_weights_are_errors(tmp_path) -> None:
     result = runner.invoke(app, ["import-hf", str(tmp_path / "nope"), "-o", str(tmp_path / "x.yaml")])
     assert result.exit_code == 1 and "no such file or folder" in result.stderr

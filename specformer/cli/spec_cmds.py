@@ -64,14 +64,9 @@ def list_presets() -> None:
     from specformer.analysis import count_parameters
     from specformer.specs.loader import load_spec, preset_names
 
-    names = preset_names()
-    table = Table(title="specformer presets", header_style="bold")
-    for column in ("name", "kind", "layers", "d_model", "heads", "positional", "norm", "ffn", "params"):
-        table.add_column(column, justify="right" if column in ("layers", "d_model", "heads", "params") else "left")
-    # names are what the user types next: never shortened, however narrow the terminal
-    table.columns[0].no_wrap = True
-    table.columns[0].min_width = max(map(len, names))
-    for name in names:
+    columns = ("name", "kind", "layers", "d_model", "heads", "positional", "norm", "ffn", "params")
+    rows = []
+    for name in preset_names():
         spec = load_spec(name)
         stacks = list(spec.stacks())
         _, first = stacks[0]
@@ -80,19 +75,43 @@ def list_presets() -> None:
         ffn = first.ffn
         ffn_text = f"{ffn.type} {ffn.activation}" if hasattr(ffn, "activation") else ffn.type
         layers = "+".join(str(s.n_layers) for _, s in stacks)
-        table.add_row(
-            name,
-            spec.kind,
-            layers,
-            str(spec.d_model),
-            heads,
-            spec.positional.type,
-            f"{first.norm.type} ({first.norm.placement})",
-            ffn_text,
-            _human(count_parameters(spec).total),
-        )
-    # piped or redirected: a wide table rather than one cut to 80 columns
-    (console if console.is_terminal else Console(width=160, soft_wrap=False)).print(table)
+        rows.append((name, spec.kind, layers, str(spec.d_model), heads, spec.positional.type,
+                     f"{first.norm.type} ({first.norm.placement})", ffn_text, _human(count_parameters(spec).total)))
+    if not console.is_terminal:
+        # piped or redirected: a wide table rather than one cut to 80 columns
+        Console(width=160, soft_wrap=False).print(_presets_table(columns, rows))
+        return
+    # a terminal too narrow for every column loses the descriptive ones, rightmost first,
+    # rather than cutting every cell to "enco…" and a size to "1.5…"
+    shown, left_out = list(columns), []
+    for column in ("ffn", "norm", "positional", "heads"):
+        if _natural_width(_presets_table(shown, rows)) <= console.width:
+            break
+        shown.remove(column)
+        left_out.insert(0, column)
+    console.print(_presets_table(shown, rows))
+    if left_out:
+        console.print(f"[dim]{', '.join(left_out)} left out to fit {console.width} columns; "
+                      "`specformer list | cat` prints them all[/]", highlight=False)
+
+
+def _presets_table(columns: list[str] | tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """The presets table with ``columns`` of ``rows`` (whose cells follow ``list``'s columns)."""
+    all_columns = ("name", "kind", "layers", "d_model", "heads", "positional", "norm", "ffn", "params")
+    keep = [all_columns.index(c) for c in columns]
+    table = Table(title="specformer presets", header_style="bold")
+    for column in columns:
+        # names and sizes are what the user reads and types next: never shortened
+        table.add_column(column, justify="right" if column in ("layers", "d_model", "heads", "params") else "left",
+                         no_wrap=column in ("name", "params"), overflow="fold")
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table
+
+
+def _natural_width(table: Table) -> int:
+    """The width ``table`` takes with no line to fit in."""
+    return console.measure(table, options=console.options.update(max_width=10_000)).maximum
 
 
 def _human(n: int) -> str:

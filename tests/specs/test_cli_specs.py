@@ -7,6 +7,7 @@ import os
 import threading
 from importlib import resources
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -137,6 +138,27 @@ def test_list_never_shortens_a_preset_name():
     assert "…" not in result.stdout
     for name in preset_names():
         assert f" {name} " in result.stdout
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_list_in_a_narrow_terminal_leaves_columns_out_instead_of_cutting_cells(monkeypatch, width):
+    # every cell cut to "enco…", "lay… (po…" and a size to "1.5…" was no table to read
+    import io
+
+    from rich.console import Console
+
+    from specformer.cli import spec_cmds
+
+    screen = io.StringIO()
+    monkeypatch.setattr(spec_cmds, "console", Console(file=screen, width=width, force_terminal=True,
+                                                      color_system=None))
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    out = screen.getvalue()
+    table, note = out.split("┘", 1)[0], out.split("┘", 1)[1]
+    assert "…" not in table and max(map(len, table.splitlines())) <= width
+    assert " 1.56B " in table and " 6.74B " in table
+    assert "ffn" in note and "specformer list | cat" in note.replace("\n", " ")
 
 
 def test_help_examples_are_shown_verbatim():

@@ -23,12 +23,21 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["linear_cross_entropy", "IGNORE_INDEX"]
+__all__ = ["linear_cross_entropy", "check_label_smoothing", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
 
 # elements of one chunk's float32 logits (16 MiB)
 _CHUNK_ELEMENTS = 1 << 22
+
+
+def check_label_smoothing(value: float) -> float:
+    """``value`` as a float when it is a label smoothing in [0, 1], else a ValueError (torch
+    checks only the upper bound, and only on its no-gradient path)."""
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1] (0: none, 0.1: the usual), got {value:g}")
+    return value
 
 
 def _chunk_rows(n: int, vocab: int, d: int) -> int:
@@ -178,6 +187,7 @@ def linear_cross_entropy(
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise TypeError(f"labels must be integer class indices (or {IGNORE_INDEX}: no label), got {labels.dtype}")
     labels = labels.long()
+    label_smoothing = check_label_smoothing(label_smoothing)
     vocab = weight.shape[0]
     bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))
     if bool(bad.any()):
@@ -188,7 +198,7 @@ def linear_cross_entropy(
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
-        return _LinearCrossEntropy.apply(x, weight, bias, labels, float(label_smoothing))
+        return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing)
     dtype = _compute_dtype(x)
     acc = _loss_dtype(dtype)
     n = x.shape[0]

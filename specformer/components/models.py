@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from specformer.components.blocks import Stack
 from specformer.components.cache import KVCache
 from specformer.components.embedding import Embedding
-from specformer.components.loss import IGNORE_INDEX
+from specformer.components.loss import IGNORE_INDEX, check_label_smoothing
 from specformer.components.outputs import ModelOutput
 
 __all__ = ["EncoderModel", "DecoderModel", "EncoderDecoderModel", "default_position_ids"]
@@ -156,6 +156,7 @@ def _head(
         loss = getattr(head, "loss", None)
         if loss is not None:
             return None, loss(h, labels, label_smoothing=smoothing)
+        smoothing = check_label_smoothing(smoothing)
         logits = head(h, mask)
         labels = _check_class_labels(logits, labels)
         flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, logits.shape[-1])

@@ -210,3 +210,20 @@ def test_classification_labels_are_checked_like_token_labels(tiny: Tiny) -> None
     with pytest.raises(ValueError, match=r"^labels must be \(batch,\) = \(4,\), one class index per sequence of the "
                        r"head's logits \(4, 3\); got shape \(4, 6\)$"):
         model(ids, labels=torch.zeros(4, 6, dtype=torch.long))
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("smoothing", [1.5, -0.1, float("nan")])
+@pytest.mark.parametrize("head", [{"type": "lm"}, {"type": "mlm"}, {"type": "classification"}])
+def test_label_smoothing_outside_0_1_is_a_clear_error(tiny: Tiny, grad: bool, smoothing: float, head: dict) -> None:
+    # torch refuses only > 1, and only without gradients: a training step would go on with it
+    model = build_model(tiny("encoder", head=head))
+    ids = torch.randint(0, 61, (2, 8))
+    labels = ids if head["type"] != "classification" else torch.tensor([0, 1])
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match=r"^label_smoothing must be in \[0, 1\]"):
+        model(ids, labels=labels, label_smoothing=smoothing)
+    x, w, b, y = _inputs()
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match=r"^label_smoothing must be in \[0, 1\]"):
+        linear_cross_entropy(x, w, b, y, label_smoothing=smoothing)
+    for fine in (0.0, 1.0):
+        assert torch.isfinite(model(ids, labels=labels, label_smoothing=fine).loss)

@@ -166,8 +166,9 @@ def generate(
             else:
                 context = seq[:, -max_seq_len:] if max_seq_len is not None else seq
                 window = mask[:, -context.shape[1]:] if mask is not None else None
-                out = model(context, attention_mask=window, use_cache=use_cache)
-                cache, logits = out.cache, out.logits  # (B, T, V)
+                # only the last position's logits are sampled from: no (T, V) projection
+                out = model(context, attention_mask=window, use_cache=use_cache, logits_to_keep=1)
+                cache, logits = out.cache, out.logits  # (B, 1, V)
                 if mask is not None:
                     mask = window  # the cache covers the window only
             if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
@@ -227,7 +228,8 @@ def generate_seq2seq(
                 encoder_hidden_states=encoded,
                 cache=cache,
                 use_cache=use_cache,
-            )
+                logits_to_keep=1,
+            )  # logits (B, 1, V)
             cache = out.cache
             nxt = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                               n_candidates=n_candidates)

@@ -90,6 +90,32 @@ def test_generation_slides_at_the_models_own_max_seq_len_by_default(tiny: Any) -
         generate(model, prompt, max_new_tokens=15, temperature=0.0, max_seq_len=64)
 
 
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_only_the_last_position_goes_through_the_vocabulary_projection(tiny: Any, kind: str, use_cache: bool) -> None:
+    # sampling reads the last position's logits: a (T, V) projection of the prompt (or, without
+    # the cache, of the whole sequence at every step) is work and memory for nothing
+    spec, model = _model(tiny, kind)
+    rows: list[int] = []
+    model.head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    prompt = torch.randint(5, 40, (2, 9))
+    if kind == "decoder":
+        out = generate(model, prompt, max_new_tokens=6, temperature=0.0, use_cache=use_cache)
+    else:
+        out = generate_seq2seq(model, prompt, bos_id=1, eos_id=None, max_new_tokens=6, use_cache=use_cache)
+    assert len(rows) == 6 and set(rows) == {1}
+    # the tokens are those of the full logits' last row
+    with torch.no_grad():
+        for n in range(6):
+            if kind == "decoder":
+                logits = model(out[:, : 9 + n]).logits[:, -1]
+                assert torch.equal(out[:, 9 + n], logits.argmax(-1))
+            else:
+                start = torch.cat([torch.ones(2, 1, dtype=torch.long), out[:, :n]], dim=1)
+                logits = model(prompt, decoder_input_ids=start).logits[:, -1]
+                assert torch.equal(out[:, n], logits.argmax(-1))
+
 def test_seq2seq_greedy_is_identical_with_and_without_the_cache(tiny: Any) -> None:
     spec, model = _model(tiny, "encoder-decoder", positional={"type": "t5"})
     src = torch.randint(5, 40, (3, 7))

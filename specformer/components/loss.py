@@ -189,8 +189,10 @@ def linear_cross_entropy(
     labels = labels.long()
     label_smoothing = check_label_smoothing(label_smoothing)
     vocab = weight.shape[0]
+    # reading the check's result on the host is a graph break under torch.compile (and a
+    # device sync): skipped while tracing, as the models' id and class-label checks are
     bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))
-    if bool(bad.any()):
+    if not torch.compiler.is_compiling() and bool(bad.any()):
         raise ValueError(
             f"labels must be class indices in [0, {vocab}) or {IGNORE_INDEX} (no label); "
             f"found {int(labels[bad][0])}"

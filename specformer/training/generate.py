@@ -69,6 +69,19 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) 
         raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
 
 
+def _last_logits(logits: Tensor, model: nn.Module, name: str) -> Tensor:
+    """The last position's logits (B, V) of a forward's (B, T, V); a head that gives
+    anything else (a classifier's (B, C)) has no next token to sample."""
+    if logits.dim() != 3:
+        head = getattr(getattr(getattr(model, "spec", None), "head", None), "type", None)
+        which = f"its {head} head" if head else "its head"
+        raise ValueError(
+            f"{name} samples the next token from logits (batch, length, vocab), but {which} gives "
+            f"{tuple(logits.shape)}; generate from a model with a language-model head (head: {{type: lm}})"
+        )
+    return logits[:, -1]
+
+
 def _a(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
@@ -173,8 +186,8 @@ def generate(
                     mask = window  # the cache covers the window only
             if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
                 cache = None  # full: the next step re-reads the last max_seq_len tokens
-            nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
-                              n_candidates=n_candidates)
+            nxt = sample_next(_last_logits(logits, model, "generate"), temperature=temperature, top_k=top_k,
+                              top_p=top_p, generator=generator, n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
             seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
             if mask is not None:
@@ -231,8 +244,8 @@ def generate_seq2seq(
                 logits_to_keep=1,
             )  # logits (B, 1, V)
             cache = out.cache
-            nxt = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
-                              n_candidates=n_candidates)
+            nxt = sample_next(_last_logits(out.logits, model, "generate_seq2seq"), temperature=temperature,
+                              top_k=top_k, top_p=top_p, generator=generator, n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
             if bool(done.all()):

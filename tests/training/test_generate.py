@@ -211,3 +211,16 @@ def test_seq2seq_generation_stops_at_the_learned_table_by_default(tiny: Any) -> 
     spec, t5 = _model(tiny, "encoder-decoder", max_seq_len=8, positional={"type": "learned"})
     out = generate_seq2seq(t5, torch.tensor([[5, 6, 7]]), bos_id=1, eos_id=None, max_new_tokens=20)
     assert out.shape == (1, spec.max_seq_len - 1)  # the start token takes the first position
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_a_classification_head_has_no_next_token_to_sample(tiny: Any, kind: str) -> None:
+    _, model = _model(tiny, kind, head={"type": "classification", "n_classes": 3, "pooling": "last"})
+    name = "generate" if kind == "decoder" else "generate_seq2seq"
+    with pytest.raises(ValueError, match=rf"^{name} samples the next token from logits \(batch, length, vocab\), but "
+                                         r"its classification head gives \(2, 3\); generate from a model with a "
+                                         r"language-model head"):
+        if kind == "decoder":
+            generate(model, torch.tensor([[5, 6], [7, 8]]), max_new_tokens=2)
+        else:
+            generate_seq2seq(model, torch.tensor([[5, 6], [7, 8]]), bos_id=1, eos_id=2, max_new_tokens=2)

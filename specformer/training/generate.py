@@ -120,6 +120,16 @@ def _finish(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, T
     return tokens, done | (tokens == eos_id)
 
 
+def _learned_positions(model: nn.Module) -> int | None:
+    """Positions a learned table gives the model (``spec.max_seq_len`` unless the table has
+    other rows); ``None`` for every other positional scheme, which has no end."""
+    spec = getattr(model, "spec", None)
+    positional = getattr(spec, "positional", None)
+    if getattr(positional, "type", None) != "learned" or not isinstance(getattr(spec, "max_seq_len", None), int):
+        return None
+    return positional.rows(spec.max_seq_len) - positional.offset
+
+
 def _spec_max_seq_len(model: nn.Module) -> int | None:
     spec = getattr(model, "spec", None)
     value = getattr(spec, "max_seq_len", None)
@@ -215,13 +225,13 @@ def generate_seq2seq(
     max_len: int | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
-    generated ids (B, N) without the start token. ``max_len`` (default: the model's
-    ``spec.max_seq_len``) caps the decoder sequence, start token included (a learned
-    position table ends there); ``n_candidates``: see :func:`sample_next`."""
+    generated ids (B, N) without the start token. ``max_len`` caps the decoder sequence, start token included;
+    by default a learned position table's length (``spec.max_seq_len``), and no cap for
+    the other positional schemes; ``n_candidates``: see :func:`sample_next`."""
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
     _check_sampling(temperature, top_k, top_p)
     if max_len is None:
-        max_len = _spec_max_seq_len(model)
+        max_len = _learned_positions(model)
     if max_len is not None:
         max_new_tokens = min(max_new_tokens, max_len - 1)
     b = input_ids.shape[0]

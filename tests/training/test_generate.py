@@ -170,6 +170,15 @@ def test_seq2seq_output_ends_at_a_learned_position_table(tiny: Any) -> None:
     assert out.shape == (1, 15)  # 16 decoder positions, the start token included
 
 
+@pytest.mark.parametrize("positional", ["learned", "t5", "rope", "sinusoidal"])
+def test_seq2seq_output_is_capped_by_default_only_by_a_learned_table(tiny: Any, positional: str) -> None:
+    # every other scheme has no last position: -n 100 gives 100 tokens, not max_seq_len - 1
+    spec, model = _model(tiny, "encoder-decoder", positional={"type": positional}, max_seq_len=16)
+    src = torch.randint(5, 40, (1, 7))
+    out = generate_seq2seq(model, src, bos_id=1, eos_id=None, max_new_tokens=40)
+    assert out.shape == ((1, 15) if positional == "learned" else (1, 40))
+
+
 @pytest.mark.parametrize("first", ["", "import specformer.training.generate; "])
 def test_the_package_exports_the_generate_function_not_its_module(first: str) -> None:
     import subprocess

@@ -34,7 +34,9 @@ def _type_text(annotation: typing.Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         field = annotation.model_fields.get("type")
         if field is not None and isinstance(field.default, str):
-            return f"`{{type: {field.default}}}`"
+            # every choice the one model takes (residual: sequential or parallel), not its default alone
+            choices = typing.get_args(field.annotation) or (field.default,)
+            return " \\| ".join(f"`{{type: {choice}}}`" for choice in choices)
         return annotation.__name__
     if annotation is type(None):
         return "null"

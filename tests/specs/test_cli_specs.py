@@ -174,6 +174,8 @@ def test_field_reference_lists_the_choices_of_a_type_field():
     ref = field_reference()
     assert "| `type` | `sequential` \\| `parallel` | `sequential` |" in ref  # residual: one model, two choices
     assert "| `type` | `rope`" not in ref  # a registry entry's name is its table's title
+    # the stack's row names both residual wirings, not the default alone
+    assert "| `residual` | `{type: sequential}` \\| `{type: parallel}` | `{type: sequential}` |" in ref
 
 
 def _load_through_a_pipe(fifo, text):

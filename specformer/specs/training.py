@@ -456,7 +456,8 @@ def training_issues(
     if objective is not None and objective.type not in allowed:
         yield (
             "training.objective.type",
-            f"objective {objective.type!r} does not train a {kind} model (allowed: {', '.join(allowed)})",
+            f"objective {objective.type!r} does not train {'an' if kind.startswith('encoder') else 'a'} {kind} model "
+            f"(allowed: {', '.join(allowed)})",
         )
     synthetic = data is not None and data.type == "synthetic"
     if objective is not None and objective.type == "seq2seq" and data is not None and not synthetic:

@@ -412,3 +412,17 @@ def test_a_problem_in_an_extended_preset_says_where_to_change_it(tmp_path):
     assert "comes from" not in own.hint
     (heads,) = _problems(tmp_path, "extends: gpt-nano\nd_model: 130\n", name="wide.yaml")
     assert heads.hint.endswith("wide.yaml") and "override it in" in heads.hint and "null" not in heads.hint
+
+
+@pytest.mark.parametrize(
+    "preset,objective,message",
+    [
+        ("bert-nano", "causal_lm", "objective 'causal_lm' does not train an encoder model (allowed: masked_lm)"),
+        ("t5-nano", "masked_lm", "objective 'masked_lm' does not train an encoder-decoder model (allowed: seq2seq)"),
+        ("gpt-nano", "masked_lm", "objective 'masked_lm' does not train a decoder model (allowed: causal_lm)"),
+    ],
+)
+def test_an_objective_the_kind_cannot_train_names_the_kind(preset, objective, message):
+    with pytest.raises(SpecError) as info:
+        load_spec(preset, overrides=[f"training.objective.type={objective}"])
+    assert message in str(info.value)

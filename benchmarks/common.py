@@ -681,8 +681,10 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def base_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes; the description is the first paragraph of ``doc``
+    (a script's docstring), whole: its first line alone may end mid-sentence."""
+    p = argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true", help="tiny shapes and 1-2 iterations (smoke test)")
     p.add_argument("--shapes", nargs="*", default=None, help="shape names (default: all)")
     p.add_argument("--libraries", nargs="*", default=None, help=f"subset of {', '.join(LIBRARIES)}")

@@ -126,7 +126,7 @@ def _timed_decode(a: Adapter, batch: Any, n: int, dev: torch.device, bf16: bool)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    p = base_parser(__doc__.splitlines()[0])
+    p = base_parser(__doc__)
     p.add_argument("--precisions", nargs="*", default=["fp32"], choices=["fp32", "bf16"])
     p.add_argument("--prompt", type=int, default=None, help="prompt length for decoding (default 64; quick 8)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens decoded per run (default 64; quick 4)")

@@ -18,7 +18,7 @@ BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1-2 iterations")
     p.add_argument("--out-dir", default="benchmarks/results")
     p.add_argument("--only", nargs="*", choices=list(BENCHMARKS), default=list(BENCHMARKS))

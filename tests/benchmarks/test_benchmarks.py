@@ -267,3 +267,13 @@ def test_mlm_step_runs_the_head_on_labelled_positions_only() -> None:
     assert train.executed_flops(spec, shape, batch) == (
         needed.training * shape.tokens - 3 * needed.components["head"] * (shape.tokens - labelled)
     )
+
+
+@pytest.mark.parametrize("module", [train, inference, memory, cli, run_all], ids=lambda m: m.__name__.split(".")[-1])
+def test_help_describes_the_benchmark_in_whole_sentences(module, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    first_paragraph = " ".join(module.__doc__.split("\n\n")[0].split())
+    assert first_paragraph in text and first_paragraph.endswith(".")

@@ -375,7 +375,9 @@ class TrainingSpec(Spec):
     )
     out_dir: str = Field("runs", description="Runs are written to <out_dir>/<spec name>/<timestamp>/.")
     cache_dir: str | None = Field(
-        None, description="Tokenizers and token arrays; default $SPECFORMER_CACHE or ~/.cache/specformer."
+        None,
+        description="Tokenizers and token arrays; default $SPECFORMER_CACHE, else $XDG_CACHE_HOME/specformer, "
+        "else ~/.cache/specformer.",
     )
 
     @field_validator("precision", mode="before")

@@ -398,7 +398,7 @@ def _escape(text: str) -> str:
 def eval_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or a run folder.")],
     set_: SetOption = None,
-    batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches).")] = None,
+    batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always uses its whole held-out set.")] = None,
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence) on the validation split.
 

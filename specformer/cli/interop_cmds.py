@@ -70,7 +70,7 @@ def import_hf_cmd(
         Path | None,
         typer.Option("--weights", "-w", help="Also convert the weights and write them here (.safetensors)."),
     ] = None,
-    name: Annotated[str | None, typer.Option("--name", help="The spec's name (default: the model's).")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The spec's name (default: the config's _name_or_path, else the folder's name).")] = None,
 ) -> None:
     """Write the specformer spec of a Hugging Face model, and optionally its weights.
 
@@ -78,6 +78,14 @@ def import_hf_cmd(
     GPT-NeoX. Anything the spec language cannot express is refused by name; the
     result is the same model, never a look-alike. `build_model(spec)` plus the
     converted weights reproduces the original's outputs.
+
+    Examples:
+
+    ```
+    specformer import-hf path/to/model_dir -o my.yaml
+    specformer import-hf path/to/model_dir -o my.yaml --weights my.safetensors
+    specformer train my.yaml --init-from my.safetensors --set training.tokenizer.type=file --set training.tokenizer.path=path/to/model_dir/tokenizer.json
+    ```
     """
     from specformer.analysis import count_parameters
     from specformer.interop.hf import HFConversionError, import_hf, read_hf_config, save_safetensors
@@ -144,6 +152,13 @@ def export_hf_cmd(
     trained model's outputs). A checkpoint's tokenizer is written too (tokenizer.json,
     for `AutoTokenizer.from_pretrained(OUTPUT)`) and gives config.json its bos/eos/pad
     token ids; without one they are null.
+
+    Examples:
+
+    ```
+    specformer export-hf runs/gpt-nano/<timestamp> -o hf_out
+    specformer export-hf my.safetensors --spec my.yaml -o hf_out
+    ```
     """
     from specformer.interop.hf import HFConversionError, save_hf
 

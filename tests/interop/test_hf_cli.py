@@ -366,3 +366,17 @@ def test_the_paths_written_are_printed_whole_however_narrow_the_output(tmp_path)
     assert result.exit_code == 0, result.output
     assert f"wrote {out}: Hugging Face gpt2" in result.stdout
     assert f".from_pretrained({str(out)!r})" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command,example",
+    [
+        ("import-hf", "specformer import-hf path/to/model_dir -o my.yaml --weights my.safetensors"),
+        ("import-hf", "--set training.tokenizer.path=path/to/model_dir/tokenizer.json"),
+        ("export-hf", "specformer export-hf my.safetensors --spec my.yaml -o hf_out"),
+    ],
+)
+def test_help_shows_examples(command: str, example: str) -> None:
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0
+    assert example in result.stdout

@@ -188,6 +188,15 @@ def export_hf_cmd(
     )
     if tokenizer is None:
         _say("  no tokenizer (the source carries none): bos/eos/pad token ids are null in config.json")
+        # an earlier export's tokenizer files, which AutoTokenizer would still load beside these weights
+        stale = [name for name in ("tokenizer.json", "tokenizer_config.json") if (output / name).is_file()]
+        if stale:
+            print_error(
+                f"{output} still holds {' and '.join(stale)} from before, which this export did not write: "
+                "AutoTokenizer.from_pretrained would load them with these weights; remove them unless they "
+                "are these weights' tokenizer",
+                label="[yellow]warning:[/]",
+            )
 
 
 def _check_output_file(path: Path, option: str) -> None:

@@ -380,3 +380,21 @@ def test_help_shows_examples(command: str, example: str) -> None:
     result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
     assert example in result.stdout
+
+
+def test_export_without_a_tokenizer_names_an_earlier_exports_tokenizer_left_in_the_folder(tmp_path) -> None:
+    # weights alone write no tokenizer; one left by an earlier export would still be what AutoTokenizer loads
+    spec = load_spec("gpt-nano", ["d_model=32", "decoder.n_layers=1"])
+    weights = tmp_path / "w.safetensors"
+    save_file(build_model(spec).state_dict(), str(weights))
+    (tmp_path / "spec.yaml").write_text(spec.to_yaml())
+    out = tmp_path / "hf"
+    args = ["export-hf", str(weights), "--spec", str(tmp_path / "spec.yaml"), "-o", str(out)]
+    result = runner.invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "still holds" not in result.stderr  # a fresh folder: nothing to say
+    (out / "tokenizer.json").write_text("{}")
+    result = runner.invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert f"{out} still holds tokenizer.json from before, which this export did not write" in result.stderr
+    assert (out / "tokenizer.json").read_text() == "{}"  # the user's file is left alone

@@ -95,6 +95,10 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted {when}{where}")
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def lightning_precision(precision: str) -> str:
     return {"32": "32-true", "64": "64-true"}.get(precision, precision)
 
@@ -328,15 +332,15 @@ def train(
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise CheckpointError(
-                f"{resume}: the checkpoint is at step {resumed_step} and the run's {max_steps} steps "
-                f"(training.max_epochs={t.max_epochs}) are done, so there is nothing left to train; resume "
+                f"{resume}: the checkpoint is at step {resumed_step} and the run's {_steps(max_steps)} "
+                f"(training.max_epochs={t.max_epochs}) {'is' if max_steps == 1 else 'are'} done, so there is nothing left to train; resume "
                 f"with more, e.g. --set training.max_epochs={2 * t.max_epochs:g}"
             )
         warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
         if 0 < max_steps <= warmup:
             _warn(
                 console,
-                f"training.schedule.warmup_steps={warmup} is not below the run's {max_steps} steps: the "
+                f"training.schedule.warmup_steps={warmup} is not below the run's {_steps(max_steps)}: the "
                 f"learning rate never reaches training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
             )
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)

@@ -278,12 +278,15 @@ def test_a_mask_absorbs_the_space_before_it_with_a_bpe_tokenizer(tmp_path: Path)
     assert len(ids) == len(plain)  # the mask stands where " brown" stood, no lone " " token
 
 
-def test_a_warmup_longer_than_the_run_is_pointed_out(tiny: Any, tmp_path: Path) -> None:
-    spec = _write(tmp_path, tiny("decoder", max_steps=3, val_interval=3))
+@pytest.mark.parametrize("steps,says", [(3, "the run's 3 steps: the learning rate never reaches"),
+                                         (1, "the run's 1 step: the learning rate never reaches")])
+def test_a_warmup_longer_than_the_run_is_pointed_out(tiny: Any, tmp_path: Path, steps: int, says: str) -> None:
+    spec = _write(tmp_path, tiny("decoder", max_steps=steps, val_interval=steps))
     result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", "training.schedule={type: linear, warmup_steps: 6}"],
                            env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "warmup_steps=6 is not below the run's 3 steps" in result.stderr and "0.5 of it" in result.stderr
+    assert f"warmup_steps=6 is not below {says}" in result.stderr
+    assert f"{steps / 6:.2g} of it" in result.stderr
 
 
 def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ app = typer.Typer(
     name="specformer",
     help=(
         "Describe a Transformer in YAML; validate, build, train, analyse and diff it.\n\n"
-        "A SPEC argument is a preset name (see `specformer list`) or a path to a YAML file."
+        "A SPEC argument is a preset name (see `specformer list`), a path to a YAML file, or - for standard input."
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -394,6 +394,8 @@ def _looks_like_path(ref: str) -> bool:
 
 
 def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) -> Path:
+    if ref == "-" and position is None:
+        ref = "/dev/stdin"  # the command line's name for standard input
     if _looks_like_path(ref):
         path = Path(ref).expanduser()
         if not path.is_absolute() and base_dir is not None:

@@ -246,3 +246,16 @@ def test_a_hugging_face_config_is_named_as_one_with_the_command_that_converts_it
     (tmp_path / "mine.yaml").write_text("extends: gpt-nano\nmodel_type: gpt2\n")
     result = runner.invoke(app, ["validate", str(tmp_path / "mine.yaml")])
     assert "unknown field 'model_type'" in result.stderr
+
+
+def test_a_dash_reads_the_spec_from_standard_input():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "specformer", "validate", "-"], input="extends: gpt-nano\nd_model: 64\n",
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "d_model: 64" in run.stdout
+    run = subprocess.run([sys.executable, "-m", "specformer", "validate", "-"], input="extends: gpt-nano\nd_model: 6x\n",
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "/dev/stdin:2:1: d_model: input should be a valid integer" in run.stderr

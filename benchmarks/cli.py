@@ -58,7 +58,7 @@ def run_command(cmd: Sequence[str]) -> tuple[float, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, models=False)  # it runs commands, not models
     p.add_argument("--repeat", type=int, default=None, help="runs per command (default 5; quick 1)")
     p.add_argument("--spec", default=str(SPEC_70B), help="the large spec (default: Llama 2 70B)")
     args = p.parse_args(argv)

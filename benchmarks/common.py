@@ -681,15 +681,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def base_parser(doc: str) -> argparse.ArgumentParser:
+def base_parser(doc: str, *, models: bool = True) -> argparse.ArgumentParser:
     """The options every benchmark takes; the description is the first paragraph of ``doc``
-    (a script's docstring), whole: its first line alone may end mid-sentence."""
+    (a script's docstring), whole: its first line alone may end mid-sentence. ``models``:
+    the options of the benchmarks that run models (shapes, libraries, threads)."""
     p = argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true", help="tiny shapes and 1-2 iterations (smoke test)")
-    p.add_argument("--shapes", nargs="*", default=None, help="shape names (default: all)")
-    p.add_argument("--libraries", nargs="*", default=None, help=f"subset of {', '.join(LIBRARIES)}")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    if models:
+        p.add_argument("--shapes", nargs="*", default=None, help="shape names (default: all)")
+        p.add_argument("--libraries", nargs="*", default=None, help=f"subset of {', '.join(LIBRARIES)}")
+        p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     return p
 
 

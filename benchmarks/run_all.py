@@ -22,14 +22,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1-2 iterations")
     p.add_argument("--out-dir", default="benchmarks/results")
     p.add_argument("--only", nargs="*", choices=list(BENCHMARKS), default=list(BENCHMARKS))
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for the benchmarks that run models (all but cli)")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     durations = {}
     for name in args.only:
         start = time.perf_counter()
         extra = ["--quick"] if args.quick else []
-        if args.threads:
+        if args.threads and name != "cli":
             extra += ["--threads", str(args.threads)]
         BENCHMARKS[name]([*extra, "--out", str(out / f"{name}.json")])
         durations[name] = time.perf_counter() - start

@@ -190,8 +190,16 @@ def test_cli_rejects_a_failing_command() -> None:
 
 
 def test_run_all_writes_one_file_per_benchmark(tmp_path: Path) -> None:
-    run_all.main(["--quick", "--only", "cli", "--out-dir", str(tmp_path)])
+    # --threads goes to the benchmarks that run models; cli runs commands and has no such option
+    run_all.main(["--quick", "--only", "cli", "--threads", "1", "--out-dir", str(tmp_path)])
     assert _load(tmp_path / "cli.json")["benchmark"] == "cli"
+
+
+@pytest.mark.parametrize("option", [["--threads", "4"], ["--shapes", "llama-style"], ["--libraries", "transformers"]])
+def test_the_cli_benchmark_refuses_the_options_it_would_ignore(option: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--quick", *option])
+    assert info.value.code == 2
 
 
 def _saved_storages(adapter, batch, *, training_loss: bool = False) -> dict[int, tuple[int, tuple[int, ...]]]:

@@ -120,6 +120,10 @@ class SpecProgressBar(ProgressBar):
             self.tokens_per_second = rate if self.tokens_per_second == 0 else 0.8 * self.tokens_per_second + 0.2 * rate
         self._window = (now, getattr(pl_module, "tokens_seen", 0))
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and pl_module.automatic_optimization:
+            # Lightning hands on the loss divided by the micro-batches per step (the share
+            # its gradient adds): the micro-batch's own loss is that times accumulate
+            loss = float(loss) * trainer.accumulate_grad_batches
         stats = f"loss {float(loss):.3f}  {format_count(self.tokens_per_second)} tok/s" if loss is not None else ""
         self._progress.update(self._train_task, completed=trainer.global_step, stats=stats)
 

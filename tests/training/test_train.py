@@ -244,6 +244,21 @@ def test_accumulation_and_clipping_are_applied(tiny) -> None:
     assert result.tokens == 4 * 2 * 8 * 32  # two micro-batches per optimizer step
 
 
+def test_progress_bar_shows_the_loss_of_a_micro_batch_whatever_the_accumulation(tiny) -> None:
+    # Lightning hands callbacks the loss divided by accumulate; the bar shows the loss itself
+    import io
+    import re
+
+    from rich.console import Console
+
+    spec = load_spec(tiny("decoder", max_steps=3, accumulate=4, val_interval=3))
+    out = io.StringIO()
+    result = train(spec, progress=True, console=Console(file=out, width=200))
+    shown = [float(x) for x in re.findall(r"loss (\d+\.\d+)  ", out.getvalue())]
+    assert shown and result.train_loss is not None
+    assert shown[-1] == pytest.approx(result.train_loss, abs=0.3)  # not a quarter of it
+
+
 def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:
     spec = load_spec(tiny("decoder", max_steps=3, val_interval=3, precision="bf16-mixed"))
     result = train(spec, progress=False)

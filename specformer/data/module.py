@@ -78,6 +78,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
+    _check_specials(tokenizer, t.objective.type)
     arrays = token_arrays(corpus, tokenizer, cache_dir)
     seq_len = t.seq_len or spec.max_seq_len
     overlap = 1 if t.objective.type == "causal_lm" else 0
@@ -122,6 +123,16 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
         )
 
 
+def _check_specials(tokenizer: Tokenizer, objective: str) -> None:
+    """The special tokens the objective's collator places: refused now, before the data is
+    tokenised and a run folder made, rather than when the first batch is drawn."""
+    if objective == "masked_lm" and tokenizer.mask_id is None:
+        raise DataError("the masked-LM objective needs a tokenizer with a mask token (<mask> or [MASK]); "
+                        "this one has none: use training.tokenizer type bpe or byte, or a tokenizer.json with one")
+    if objective == "seq2seq" and None in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id):
+        raise DataError("sequence-to-sequence training needs a tokenizer with pad, start and end tokens")
+
+
 def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any) -> np.ndarray:
     """The validation tokens that validation scores: the targets of the blocks its
     ``val_batches`` cover (all of them when null), so that the unigram baseline and the
@@ -137,6 +148,7 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer)
     _check_vocab(tokenizer, spec.vocab_size)
+    _check_specials(tokenizer, t.objective.type)
     if task.max_source_len > spec.max_seq_len or task.max_target_len + 1 > spec.max_seq_len:
         raise DataError(
             f"the {t.data.task} task makes sequences of up to {max(task.max_source_len, task.max_target_len + 1)} "
@@ -246,17 +258,16 @@ class SpecDataModule(L.LightningDataModule):
         assert self.data is not None
         t, tok = self.spec.training, self.data.tokenizer
         kind = t.objective.type
+        _check_specials(tok, kind)
         if kind == "causal_lm":
             return CausalLMCollator()
         if kind == "masked_lm":
-            if tok.mask_id is None:
-                raise DataError("the masked-LM objective needs a tokenizer with a mask token (<mask> or [MASK])")
+            assert tok.mask_id is not None
             return MaskedLMCollator(
                 t.objective, mask_id=tok.mask_id, vocab_size=tok.vocab_size, special_ids=sorted(tok.special_ids),
                 seed=t.seed, rank=rank,
             )
-        if tok.pad_id is None or tok.bos_id is None or tok.eos_id is None:
-            raise DataError("sequence-to-sequence training needs a tokenizer with pad, start and end tokens")
+        assert tok.pad_id is not None and tok.bos_id is not None and tok.eos_id is not None
         return Seq2SeqCollator(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
 
     def _loader(self, dataset: Dataset, sampler: Any, rank: int, seed: int, *, evaluation: bool = False) -> DataLoader:

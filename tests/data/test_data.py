@@ -544,3 +544,24 @@ def test_a_document_moved_between_hf_splits_changes_the_cache_key(tmp_path: Path
         return hf_corpus(HFDataSpec(name=str(tmp_path))).fingerprint
 
     assert write(docs[:10], docs[10:]) != write(docs[:9], docs[9:])
+
+
+def test_a_tokenizer_without_the_objectives_special_tokens_is_refused_before_tokenising(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 200)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(tmp_path / "a.txt")], trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    spec = load_spec("bert-nano", [f"training.data={{type: files, paths: ['{tmp_path}/a.txt']}}",
+                                   f"training.tokenizer={{type: file, path: '{tmp_path}/tokenizer.json'}}",
+                                   "training.seq_len=16", f"training.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(DataError, match="masked-LM objective needs a tokenizer with a mask token"):
+        prepare(spec)
+    assert not (tmp_path / "cache" / "tokens").exists()  # nothing tokenised for a run that cannot start

@@ -205,8 +205,12 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     keyed = _cap(sorted(items.values()), spec.max_mb)
     corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths"}))
     if not corpus.train:
-        found = f"; left out as not UTF-8 text: {_names(corpus.skipped)}" if corpus.skipped else ""
-        raise DataError(f"training.data.paths: no readable UTF-8 text in the given files{found}")
+        read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
+        empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]
+        found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
+        found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
+        found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
+        raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
     return corpus
 
 

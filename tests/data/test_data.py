@@ -108,8 +108,22 @@ def test_a_directory_leaves_out_hidden_files_and_reports_non_utf8_ones(tmp_path:
     assert corpus.skipped == ["latin1.txt"]
     assert corpus.documents == f"3 documents ({len(corpus.val)} held out)"
     (tmp_path / "a.txt").unlink(), (tmp_path / "b.txt").unlink(), (tmp_path / "c.txt").unlink()
-    with pytest.raises(DataError, match="no readable UTF-8 text.*left out as not UTF-8 text: latin1.txt"):
+    with pytest.raises(DataError, match="no text to train on.*empty .*: empty.txt; left out as not UTF-8 text: latin1.txt"):
         files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+
+
+def test_empty_files_are_called_empty_not_unreadable(tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(DataError) as info:
+        files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    message = str(info.value)
+    assert "empty (or only whitespace): blank.txt, empty.txt" in message
+    assert "UTF-8" not in message  # both files are valid UTF-8: nothing was left out as unreadable
+    (tmp_path / "blank.txt").unlink()
+    (tmp_path / "one.txt").write_text("\n\n\nthe only line")  # one document: its last line is validation
+    with pytest.raises(DataError, match="one.txt has text only in its last lines"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "one.txt"),)))
 
 
 def test_a_single_file_is_split_inside_it(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator
-from specformer.data.corpus import DataError
+from specformer.data.corpus import DataError, _names
 from specformer.data.datasets import PackedBlocks, PairDataset
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
@@ -85,9 +85,15 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     train, val = PackedBlocks(arrays.train, seq_len, overlap=overlap), PackedBlocks(arrays.val, seq_len, overlap=overlap)
     if len(train) == 0 or len(val) == 0:
         split = "training" if len(train) == 0 else "validation"
+        ids = corpus.train_ids if split == "training" else corpus.val_ids
+        if corpus.split_by_lines:  # "a.txt (first lines)"
+            name, _, part = ids[0].rpartition(" (")
+            ids = [f"the {part.removesuffix(')')} of {name}"]
+        fraction = ", raise training.data.val_fraction" if split == "validation" and hasattr(t.data, "val_fraction") else ""
         raise DataError(
-            f"the {split} split has fewer than seq_len={seq_len} tokens "
-            f"({len(arrays.train) if split == 'training' else len(arrays.val)}); add data or lower training.seq_len"
+            f"the {split} split{f' ({_names(ids)})' if ids else ''} has fewer than seq_len={seq_len} tokens "
+            f"({len(arrays.train) if split == 'training' else len(arrays.val)}); add data{fraction} or lower "
+            "training.seq_len"
         )
     from specformer.training.callbacks import format_count as count
 
@@ -100,8 +106,6 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         description += (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
                         f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
     if getattr(corpus, "skipped", None):
-        from specformer.data.corpus import _names
-
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
     return PreparedData(
         tokenizer=tokenizer,

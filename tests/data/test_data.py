@@ -579,3 +579,18 @@ def test_a_tokenizer_without_the_objectives_special_tokens_is_refused_before_tok
     with pytest.raises(DataError, match="masked-LM objective needs a tokenizer with a mask token"):
         prepare(spec)
     assert not (tmp_path / "cache" / "tokens").exists()  # nothing tokenised for a run that cannot start
+
+
+def test_a_validation_split_too_short_for_one_sequence_names_its_files(tmp_path: Path) -> None:
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    split = split_by_path(["big.txt", "note.txt"], 0.05)
+    held, kept = ("note.txt", "big.txt") if split[1] == [1] else ("big.txt", "note.txt")
+    (tmp_path / kept).write_text("the cat sat on the mat\n" * 50)
+    (tmp_path / held).write_text("a note\n")
+    spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: ['{tmp_path}']}}", "training.tokenizer.type=byte",
+                                  "vocab_size=259", "training.seq_len=32", f"training.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len=32 tokens \(8\); "
+                                        r"add data, raise training.data.val_fraction or lower training.seq_len"):
+        prepare(spec)

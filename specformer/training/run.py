@@ -120,10 +120,13 @@ def make_run_dir(out_dir: str | Path, name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(out_dir).expanduser() / run_folder_name(name)  # as the loggers expand it
     path, n = base / stamp, 1
-    while path.exists():
-        n += 1
-        path = base / f"{stamp}-{n}"
-    path.mkdir(parents=True)
+    while True:
+        try:
+            path.mkdir(parents=True)  # the folder is this run's only if this call made it
+            break
+        except FileExistsError:  # a run started in the same second, here or in another process
+            n += 1
+            path = base / f"{stamp}-{n}"
     # processes that Lightning launches for other ranks inherit the environment
     os.environ[RUN_DIR_ENV] = str(path)
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -297,3 +298,23 @@ def test_tensorboard_logs_the_same_metrics_as_the_csv(tiny) -> None:
         assert tb_points.keys() == csv_points.keys() and len(tb_points) >= 2
         for step, value in tb_points.items():
             assert value == pytest.approx(csv_points[step], rel=1e-6)
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path, monkeypatch) -> None:
+    from specformer.training import run
+
+    class Frozen:
+        @staticmethod
+        def now() -> Any:
+            import datetime
+
+            return datetime.datetime(2025, 1, 1, 12, 0, 0)
+
+    monkeypatch.setattr(run, "datetime", Frozen)
+    first = run.make_run_dir(tmp_path, "m")
+    monkeypatch.delenv(run.RUN_DIR_ENV)
+    # another process makes the next folder between a check and this one's mkdir
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    second = run.make_run_dir(tmp_path, "m")
+    monkeypatch.delenv(run.RUN_DIR_ENV)
+    assert first.name == "20250101-120000" and second.name == "20250101-120000-2"

@@ -40,7 +40,7 @@ class CausalLMCollator:
 class MaskedLMCollator:
     """BERT's dynamic masking (Devlin et al. 2019): each batch draws new positions.
 
-    A ``mask_prob`` share of the non-special tokens is chosen; of those, ``mask_token``
+    A ``mask_prob`` share of the non-special tokens is chosen (at least one per row); of those, ``mask_token``
     become [MASK], ``random_token`` a uniformly random token and the rest stay as they
     are. Labels hold the original token at chosen positions and -100 elsewhere.
     """
@@ -69,6 +69,12 @@ class MaskedLMCollator:
         s = self.spec
         candidates = ~torch.isin(x, self.special)
         chosen = (torch.rand(x.shape, generator=g) < s.mask_prob) & candidates
+        # as BERT's data (max(1, round(T · mask_prob)) per sequence), every row predicts at
+        # least one token: a short block with none would leave a batch without a loss (NaN)
+        empty = ~chosen.any(-1) & candidates.any(-1)  # (B,)
+        if bool(empty.any()):
+            pick = torch.rand(x.shape, generator=g).masked_fill(~candidates, -1.0).argmax(-1)  # (B,)
+            chosen[empty, pick[empty]] = True
         labels = torch.where(chosen, x, torch.full_like(x, IGNORE_INDEX))
         action = torch.rand(x.shape, generator=g)
         to_mask = chosen & (action < s.mask_token)

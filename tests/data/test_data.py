@@ -304,6 +304,19 @@ def test_masked_lm_collator_follows_bert() -> None:
     assert not torch.equal(other["input_ids"], batch["input_ids"])
 
 
+def test_masked_lm_collator_predicts_at_least_one_token_of_every_row() -> None:
+    # short blocks (seq_len 4): at 15% most rows would have nothing to predict, and a batch
+    # of such rows no loss at all (NaN in the logs and the summary's train loss)
+    rng = np.random.default_rng(0)
+    x = [(p, rng.integers(10, 500, size=4)) for p in range(64)]
+    x[0][1][:] = 3  # a row of special tokens only has nothing to choose
+    collate = MaskedLMCollator(MaskedLMSpec(), mask_id=2, vocab_size=500, special_ids=[1, 2, 3], seed=0)
+    for position in range(8):
+        chosen = collate([(position, b) for _, b in x])["labels"] != IGNORE_INDEX  # (64, 4)
+        assert not chosen[0].any()
+        assert chosen[1:].any(-1).all()
+
+
 def test_seq2seq_collator_pads_and_teacher_forces() -> None:
     batch = Seq2SeqCollator(pad_id=0, bos_id=1, eos_id=2)([(0, ([5, 6, 7], [7, 6, 5])), (0, ([8], [8]))])
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]

@@ -133,11 +133,24 @@ class FilesDataSpec(Spec):
     """Local text files: paths or globs (``**`` recurses), one document per file."""
 
     type: Literal["files"] = "files"
-    paths: tuple[str, ...] = Field(strict=False, description="Files, directories or globs, e.g. ['data/**/*.txt'].")
+    paths: tuple[str, ...] = Field(
+        strict=False, min_length=1,
+        description="Files, directories or globs, e.g. ['data/**/*.txt'] (one may be given alone: data/).",
+    )
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
         0.05, description="Fraction of files held out for validation (chosen by a hash of the path)."
     )
     max_mb: PositiveFloat | None = Field(None, description="Use at most this many MB of files.")
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        # `paths: data/` means the one folder, as `paths: [data/]` does
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list | tuple) and not value:
+            raise PydanticCustomError("paths", "give at least one file, directory or glob, e.g. [data/]")
+        return value
 
 
 class HFDataSpec(Spec):

@@ -607,3 +607,13 @@ def test_a_validation_split_too_short_for_one_sequence_names_its_files(tmp_path:
     with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len=32 tokens \(8\); "
                                         r"add data, raise training.data.val_fraction or lower training.seq_len"):
         prepare(spec)
+
+
+def test_files_paths_take_one_path_alone_and_refuse_none() -> None:
+    from specformer import load_spec
+    from specformer.specs.errors import SpecError
+
+    spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: {JSON_GLOB}}}"])
+    assert spec.training.data.paths == (JSON_GLOB,)  # `paths: data/` is `paths: [data/]`
+    with pytest.raises(SpecError, match=r"training.data.paths: give at least one file, directory or glob"):
+        load_spec("gpt-nano", ["training.data={type: files, paths: []}"])

@@ -342,6 +342,11 @@ def generate_cmd(
         generator = torch.Generator().manual_seed(seed)
         ids = tok.encode(prompt)
         _warn_unknown_symbols(tok, prompt)
+        new: list[int] = []  # the tokens generated so far: shown, not lost, on Ctrl-C
+
+        def keep(nxt: Any) -> None:
+            new.append(int(nxt[0]))
+
         if spec.kind == "decoder":
             if not ids:
                 if tok.eot_id is None:
@@ -350,28 +355,48 @@ def generate_cmd(
                 shown = ""
             else:
                 shown = prompt
-            out = generate(
-                model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
-                top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache, max_seq_len=spec.max_seq_len,
-                generator=generator, n_candidates=candidates,
-            )
-            text = tok.decode(out[0, len(ids):].tolist())
-            console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
+
+            def show() -> None:
+                console.print(f"[dim]{_escape(shown)}[/]{_escape(tok.decode(new))}", highlight=False, soft_wrap=True)
+
+            with _shown_on_interrupt(new, max_new_tokens, show):
+                generate(
+                    model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
+                    top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
+                    max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates, on_token=keep,
+                )
+            show()
             return
         if not ids:
             raise _fail("give a --prompt to decode")
         if learned and len(ids) > spec.max_seq_len:
             raise _fail(f"the prompt is {len(ids)} tokens; this model's encoder reads at most "
                         f"max_seq_len={spec.max_seq_len} (learned positions)")
-        out = generate_seq2seq(
-            model, torch.tensor([ids]), bos_id=tok.bos_id, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
-            temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
-            n_candidates=candidates, max_len=spec.max_seq_len if learned else None,
-        )
-        row = out[0].tolist()
-        if tok.eos_id is not None and tok.eos_id in row:
-            row = row[: row.index(tok.eos_id)]
-        console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
+
+        def show_decoded() -> None:
+            row = new[: new.index(tok.eos_id)] if tok.eos_id is not None and tok.eos_id in new else new
+            console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
+
+        with _shown_on_interrupt(new, max_new_tokens, show_decoded):
+            generate_seq2seq(
+                model, torch.tensor([ids]), bos_id=tok.bos_id, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+                temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
+                n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
+            )
+        show_decoded()
+
+
+@contextmanager
+def _shown_on_interrupt(new: list[int], limit: int, show: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C while generating: the text of the tokens generated so far is printed, then said."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not new:
+            raise
+        show()
+        print_error(f"interrupted after {len(new)} of at most {limit} new tokens: the text above is what was generated")
+        raise typer.Exit(INTERRUPTED) from None
 
 
 def _warn_unknown_symbols(tok: Any, text: str) -> None:

@@ -12,7 +12,7 @@ re-read from scratch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -151,9 +151,12 @@ def generate(
     max_seq_len: int | None = None,
     generator: torch.Generator | None = None,
     n_candidates: int | None = None,
+    on_token: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
     """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
-    (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`.
+    (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`;
+    ``on_token`` is called with each step's new tokens (B,) as they come (to show them, or
+    to keep them when generation is interrupted).
 
     Prompts of different lengths go in one batch left-padded, with ``attention_mask``
     (B, T) (1 for real tokens, 0 for padding, as Hugging Face's): each row then decodes
@@ -199,6 +202,8 @@ def generate(
             nxt = sample_next(_last_logits(logits, model, "generate"), temperature=temperature, top_k=top_k,
                               top_p=top_p, generator=generator, n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
+            if on_token is not None:
+                on_token(nxt)
             seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
@@ -223,11 +228,13 @@ def generate_seq2seq(
     generator: torch.Generator | None = None,
     n_candidates: int | None = None,
     max_len: int | None = None,
+    on_token: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
-    generated ids (B, N) without the start token. ``max_len`` caps the decoder sequence, start token included;
-    by default a learned position table's length (``spec.max_seq_len``), and no cap for
-    the other positional schemes; ``n_candidates``: see :func:`sample_next`."""
+    generated ids (B, N) without the start token. ``max_len`` caps the decoder sequence, start
+    token included: by default a learned position table's length (``spec.max_seq_len``),
+    and no cap for the other positional schemes. ``n_candidates`` and ``on_token``: see
+    :func:`sample_next` and :func:`generate`."""
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
     _check_sampling(temperature, top_k, top_p)
     if max_len is None:
@@ -257,6 +264,8 @@ def generate_seq2seq(
             nxt = sample_next(_last_logits(out.logits, model, "generate_seq2seq"), temperature=temperature,
                               top_k=top_k, top_p=top_p, generator=generator, n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
+            if on_token is not None:
+                on_token(nxt)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
             if bool(done.all()):
                 break

@@ -332,3 +332,26 @@ def test_ctrl_c_while_the_libraries_load_is_said(capsys: Any) -> None:
         raise KeyboardInterrupt  # as during `import lightning`
     assert info.value.exit_code == 130
     assert "interrupted while starting; nothing was written" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    import importlib
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    whole = runner.invoke(app, ["generate", ckpt, "--prompt", "def", "-n", "5", "--greedy"], env={"COLUMNS": "300"})
+    assert whole.exit_code == 0, whole.output
+    sample, calls = gen.sample_next, []
+
+    def ctrl_c_at_the_sixth(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "sample_next", ctrl_c_at_the_sixth)
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "def", "-n", "50", "--greedy"], env={"COLUMNS": "300"})
+    assert result.exit_code == 130, result.output
+    assert result.stdout == whole.stdout  # the five tokens made before Ctrl-C, as a 5-token run prints them
+    assert "interrupted after 5 of at most 50 new tokens: the text above is what was generated" in result.stderr

@@ -14,6 +14,7 @@ until the vocabulary is full; docs/training.md walks through it. Training uses t
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -96,7 +97,14 @@ class ByteTokenizer(Tokenizer):
         self.eos_id = self.eot_id
 
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
-        return list(text.encode("utf-8"))  # always bytes: special ids come only from the data pipeline
+        if not specials:
+            return list(text.encode("utf-8"))
+        # a prompt names the special tokens by their strings, as it does with a BPE
+        ids: list[int] = []
+        for piece in re.split(f"({'|'.join(map(re.escape, (EOT, PAD, MASK)))})", text):
+            special = {EOT: self.eot_id, PAD: self.pad_id, MASK: self.mask_id}.get(piece)
+            ids.extend([special] if special is not None else piece.encode("utf-8"))
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         out = bytearray()

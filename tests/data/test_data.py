@@ -150,6 +150,9 @@ def test_byte_and_task_tokenizers_round_trip() -> None:
     assert task.encode("a")[0] >= 5 and task.vocab_size == 44
     for tok in (byte, task):
         assert tokenizer_from_state(tok.state()).encode("a1") == tok.encode("a1")
+    # a prompt names special tokens by their strings (as with a BPE); training text does not
+    assert byte.encode("<|endoftext|>def <mask>") == [256, *b"def ", 258]
+    assert byte.encode("<|endoftext|>def <mask>", specials=False) == list(b"<|endoftext|>def <mask>")
 
 
 def test_bpe_is_trained_once_and_cached_by_content(tmp_path: Path) -> None:

@@ -137,11 +137,12 @@ def _check_specials(tokenizer: Tokenizer, objective: str) -> None:
         raise DataError("sequence-to-sequence training needs a tokenizer with pad, start and end tokens")
 
 
-def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any) -> np.ndarray:
+def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any, world_size: int = 1) -> np.ndarray:
     """The validation tokens that validation scores: the targets of the blocks its
-    ``val_batches`` cover (all of them when null), so that the unigram baseline and the
-    validation loss are measured on the same text."""
-    n = len(blocks) if t.val_batches is None else min(len(blocks), t.val_batches * t.batch_size)
+    ``val_batches`` global batches cover (all of them when null), so that the unigram
+    baseline and the validation loss are measured on the same text."""
+    per_batch = t.batch_size * world_size
+    n = len(blocks) if t.val_batches is None else min(len(blocks), t.val_batches * per_batch)
     first = blocks.overlap  # a causal block's first token is input only
     return tokens[first : n * blocks.length + blocks.overlap]
 
@@ -305,6 +306,13 @@ class SpecDataModule(L.LightningDataModule):
         assert self.data is not None
         t = self.spec.training
         rank, world, _ = self._placement()
+        if world > 1 and self.data.unigram_loss is not None and isinstance(self.data.val, PackedBlocks):
+            # each of the val_batches global batches holds every process's batch_size blocks
+            train, val = self.data.train, self.data.val
+            assert isinstance(train, PackedBlocks)
+            self.data.unigram_loss = unigram_cross_entropy(
+                train.tokens, _scored(val.tokens, val, t, world), self.data.tokenizer.vocab_size
+            )
         n_batches = None if self.data.task is not None else t.val_batches
         sampler = EvalBatchSampler(len(self.data.val), t.batch_size, n_batches=n_batches, rank=rank, world_size=world)
         return self._loader(self.data.val, sampler, rank, t.seed + 1, evaluation=True)

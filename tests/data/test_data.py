@@ -274,6 +274,26 @@ def test_the_unigram_baseline_is_measured_on_the_tokens_validation_scores(tmp_pa
         unigram_cross_entropy(data.train.tokens, data.val.tokens, data.tokenizer.vocab_size))
 
 
+def test_the_unigram_baseline_covers_every_process_share_of_validation(tmp_path: Path) -> None:
+    # with 2 processes each of the val_batches global batches holds 2 x batch_size blocks
+    from types import SimpleNamespace
+
+    from specformer import load_spec
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec("gpt-nano", [f"training.cache_dir={tmp_path}", "training.tokenizer={type: byte}",
+                                  "vocab_size=259", "training.batch_size=2", "training.seq_len=32",
+                                  "training.val_batches=3", f"training.data={{type: files, paths: ['{JSON_GLOB}']}}"])
+    dm = SpecDataModule(spec)
+    dm.setup()
+    assert dm.data is not None and len(dm.data.val) > 12
+    dm.trainer = SimpleNamespace(global_rank=0, world_size=2, global_step=0, accumulate_grad_batches=1)
+    dm.val_dataloader()
+    scored = np.concatenate([dm.data.val[(-1, i)][1][1:] for i in range(12)])  # 3 global batches of 2 x 2
+    assert dm.data.unigram_loss == pytest.approx(
+        unigram_cross_entropy(dm.data.train.tokens, scored, dm.data.tokenizer.vocab_size))
+
+
 # --------------------------------------------------------------------------- collators
 
 

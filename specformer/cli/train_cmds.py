@@ -357,7 +357,10 @@ def generate_cmd(
                 shown = prompt
 
             def show() -> None:
-                console.print(f"[dim]{_escape(shown)}[/]{_escape(tok.decode(new))}", highlight=False, soft_wrap=True)
+                # --stop-at-eot ends the text at the end of its document, the marker left out (as
+                # an encoder-decoder's end token is)
+                row = new[: new.index(tok.eot_id)] if stop_at_eot and tok.eot_id in new else new
+                console.print(f"[dim]{_escape(shown)}[/]{_escape(tok.decode(row))}", highlight=False, soft_wrap=True)
 
             with _shown_on_interrupt(new, max_new_tokens, show):
                 generate(

@@ -355,3 +355,22 @@ def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_pa
     assert result.exit_code == 130, result.output
     assert result.stdout == whole.stdout  # the five tokens made before Ctrl-C, as a 5-token run prints them
     assert "interrupted after 5 of at most 50 new tokens: the text above is what was generated" in result.stderr
+
+
+def test_stop_at_eot_ends_the_text_without_the_marker(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    import importlib
+
+    import torch
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    from specformer.training.checkpoint import load_checkpoint
+
+    tok = load_checkpoint(ckpt).tokenizer
+    made = [*tok.encode("ab", specials=False), tok.eot_id]
+    steps = iter(made)
+    monkeypatch.setattr(gen, "sample_next", lambda logits, **_: torch.tensor([next(steps)]))
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "x", "-n", "50", "--stop-at-eot"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "xab\n"

@@ -36,6 +36,8 @@ _ALSO_ACCEPTED: dict[tuple[str, str], list[dict[str, Any]]] = {
     ],
     # TrainingSpec._precision: Lightning's integer and short spellings
     ("TrainingSpec", "precision"): [{"enum": [32, 16, 64, "32-true", "fp32", "bf16", "16"]}],
+    # FilesDataSpec._one_path: one path alone, `paths: data/`
+    ("FilesDataSpec", "paths"): [{"type": "string"}],
     # fill_training (in ModelSpec._fill_derived): null is the default section
     ("ModelSpec", "training"): [{"type": "null"}],
 }

@@ -180,6 +180,8 @@ VALID = {
     "precision fp32": G + "training: {precision: fp32}\n",
     "devices count": G + "training: {devices: 2}\n",
     "devices list": G + "training: {devices: [0, 1]}\n",
+    # docs/training.md: one data path may be given alone
+    "data paths alone": G + "training: {data: {type: files, paths: data/}}\n",
     # docs/training.md: a training section without `type:` gets the kind's default type
     "objective without type": G + "training: {objective: {label_smoothing: 0.1}}\n",
     "data without type": G + "training: {data: {max_mb: 1.0}}\n",

@@ -312,6 +312,12 @@ def train(
     dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
+    if len(dm.data.train) < t.batch_size:
+        # the sampler fills each batch by cycling: what looks like an epoch of steps is many passes
+        n = len(dm.data.train)
+        _warn(console, f"the training split has {n} sequence{'s' if n != 1 else ''} of seq_len tokens, fewer "
+                       f"than one batch (training.batch_size={t.batch_size}): every batch repeats them; add "
+                       "data or lower training.batch_size")
     created = not os.environ.get(RUN_DIR_ENV)  # not a folder another process of this run made
     run_dir = make_run_dir(t.out_dir, spec.name)
     try:

@@ -374,3 +374,15 @@ def test_stop_at_eot_ends_the_text_without_the_marker(tiny: Any, tmp_path: Path,
     result = runner.invoke(app, ["generate", ckpt, "--prompt", "x", "-n", "50", "--stop-at-eot"])
     assert result.exit_code == 0, result.output
     assert result.stdout == "xab\n"
+
+
+def test_a_training_split_smaller_than_one_batch_is_pointed_out(tiny: Any, tmp_path: Path) -> None:
+    # 3 sequences and batch_size 8: each batch cycles them, which nothing said
+    text = tmp_path / "tiny.txt"
+    text.write_text("".join(f"line {i} of a small file\n" for i in range(8)))
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2, seq_len=16,
+                                 data={"type": "files", "paths": [str(text)], "val_fraction": 0.5}))
+    result = _train([str(spec)])
+    assert "sequences of seq_len tokens, fewer than one batch (training.batch_size=8)" in result.stderr
+    plenty = _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2), "plenty.yaml"))])
+    assert "fewer than one batch" not in plenty.stderr

@@ -346,7 +346,7 @@ def train(
                 f"with more, e.g. --set training.max_epochs={2 * t.max_epochs:g}"
             )
         warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
-        if 0 < max_steps <= warmup:
+        if 0 < max_steps < warmup:
             _warn(
                 console,
                 f"training.schedule.warmup_steps={warmup} is not below the run's {_steps(max_steps)}: the "

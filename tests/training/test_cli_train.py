@@ -289,6 +289,15 @@ def test_a_warmup_longer_than_the_run_is_pointed_out(tiny: Any, tmp_path: Path, 
     assert f"{steps / 6:.2g} of it" in result.stderr
 
 
+def test_a_warmup_as_long_as_the_run_is_no_warning(tiny: Any, tmp_path: Path) -> None:
+    # the last step reaches the peak learning rate: 'never reaches (it ends at 1 of it)' was wrong
+    spec = _write(tmp_path, tiny("decoder", max_steps=3, val_interval=3))
+    result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", "training.schedule={type: linear, warmup_steps: 3}"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "warmup_steps" not in result.stderr
+
+
 def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: Path) -> None:
     spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
     _train([str(spec)])

@@ -445,9 +445,10 @@ def eval_cmd(
         from specformer.builder.lightning import SpecModule
         from specformer.data.module import SpecDataModule
         from specformer.specs.loader import load_spec
+        from specformer.training.callbacks import SpecProgressBar
         from specformer.training.run import _interruptible, check_folders, quiet_lightning
 
-    with _errors_for_people(stopped="interrupted; nothing was evaluated"):
+    with _errors_for_people(stopped="interrupted before any batch was evaluated"):
         loaded = _load_checkpoint(checkpoint)
         overrides = list(set_ or [])
         model_fields = [o.partition("=")[0] for o in overrides if not o.partition("=")[0].strip().startswith("training.")]
@@ -471,26 +472,40 @@ def eval_cmd(
         module.model.load_state_dict(loaded.model.state_dict())
         dm = SpecDataModule(spec, tokenizer=loaded.tokenizer)
         dm.setup("validate")
+        bar = err_console.is_terminal  # a long evaluation shows how far it is
         trainer = L.Trainer(
-            accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=False,
+            accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=bar,
+            callbacks=[SpecProgressBar(err_console, validation_lines=False)] if bar else None,
             enable_model_summary=False, precision=_precision(spec.training.precision),
         )
-        _interruptible(trainer, KeyboardInterrupt, lambda: trainer.validate(module, datamodule=dm, verbose=False))
+        interrupted = False
+        try:
+            _interruptible(trainer, KeyboardInterrupt, lambda: trainer.validate(module, datamodule=dm, verbose=False))
+        except KeyboardInterrupt:
+            # what was scored before Ctrl-C is still a measurement: report it as what it is
+            if not module._val_sums.get("tokens"):
+                raise
+            module.on_validation_epoch_end()
+            interrupted = True
         if not module.val_history:
             raise _fail("the validation split gave no batches")
         h = module.val_history[-1]
-    table = Table(title=f"{spec.name} at step {loaded.step}", show_header=False, title_justify="left")
+    part = f", interrupted after {int(module._val_sums['tokens']):,} scored tokens" if interrupted else ""
+    table = Table(title=f"{spec.name} at step {loaded.step}{part}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     assert dm.data is not None
     table.add_row("data", dm.data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
     table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
-    if dm.data.unigram_loss is not None:
+    if dm.data.unigram_loss is not None and not interrupted:  # measured on the whole of what was asked
         table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
     if "val/exact_match" in h:
         table.add_row("exact match", f"{100 * h['val/exact_match']:.1f}%")
     console.print(table)
+    if interrupted:
+        print_error("interrupted: the numbers above are of the part of the validation split read before Ctrl-C")
+        raise typer.Exit(INTERRUPTED)
 
 
 def _precision(precision: str) -> str:

@@ -59,9 +59,11 @@ class SpecProgressBar(ProgressBar):
     perplexity (and exact match for sequence-to-sequence).
     """
 
-    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0) -> None:
+    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0,
+                 validation_lines: bool = True) -> None:
         super().__init__()
         self.console = console or Console(stderr=True)
+        self.validation_lines = validation_lines  # off where the caller reports the result itself
         self.refresh_per_second = refresh_per_second
         self._enabled = True
         self._progress: Progress | None = None
@@ -144,7 +146,7 @@ class SpecProgressBar(ProgressBar):
         self._progress.remove_task(self._val_task)
         self._val_task = None
         history = getattr(pl_module, "val_history", [])
-        if history:
+        if history and self.validation_lines:
             self._progress.console.print(validation_line(history[-1]), highlight=False)
 
     def _stop(self) -> None:

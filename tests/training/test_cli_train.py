@@ -308,7 +308,7 @@ def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: P
     assert result.exit_code == 1 and "eval reads the data with the checkpoint's own tokenizer" in result.stderr
 
 
-def test_ctrl_c_in_eval_exits_130_and_says_nothing_was_evaluated(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+def test_ctrl_c_in_eval_before_a_batch_exits_130_and_says_so(tiny: Any, tmp_path: Path, monkeypatch) -> None:
     from specformer.builder.lightning import SpecModule
 
     _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
@@ -320,7 +320,34 @@ def test_ctrl_c_in_eval_exits_130_and_says_nothing_was_evaluated(tiny: Any, tmp_
     monkeypatch.setattr(SpecModule, "validation_step", ctrl_c)
     result = runner.invoke(app, ["eval", str(ckpt)], env={"COLUMNS": "200"})
     assert result.exit_code == 130, result.output
-    assert "interrupted; nothing was evaluated" in result.output
+    assert "interrupted before any batch was evaluated" in result.output
+
+
+def test_ctrl_c_in_eval_reports_the_batches_scored_before_it(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    from specformer.builder.lightning import SpecModule
+
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    two = runner.invoke(app, ["eval", ckpt, "--batches", "2"], env={"COLUMNS": "200"})
+    assert two.exit_code == 0, two.output
+    step, calls = SpecModule.validation_step, []
+
+    def ctrl_c_at_the_third(self: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpecModule, "validation_step", ctrl_c_at_the_third)
+    result = runner.invoke(app, ["eval", ckpt, "--batches", "4"], env={"COLUMNS": "200"})
+    assert result.exit_code == 130, result.output
+    def loss(out: str) -> str:
+        return next(line for line in out.splitlines() if "val loss" in line).split("│")[2].strip()
+
+    assert loss(result.stdout) == loss(two.stdout)  # the two batches scored, as a 2-batch eval reports them
+    assert "interrupted after" in result.stdout and "scored tokens" in result.stdout
+    assert "unigram baseline" in two.stdout and "unigram baseline" not in result.stdout  # of other tokens
+    assert "the numbers above are of the part of the validation split read before Ctrl-C" in result.stderr
 
 
 def test_eval_names_a_cache_dir_that_is_a_file(tiny: Any, tmp_path: Path) -> None:

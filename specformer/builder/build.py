@@ -52,8 +52,10 @@ def build_model(
 
     ``device="meta"`` allocates nothing and skips initialisation (for counting and
     planning); any other device gets weights initialised by :func:`init_weights`
-    directly on it, in ``dtype`` (default float32). The resolved spec is kept as
-    ``model.spec``.
+    directly on it, in ``dtype`` (default float32). A component whose parameters or
+    buffers :func:`init_weights` does not set keeps its constructor's values (the model
+    is then constructed on ``device`` rather than materialised from meta). The
+    resolved spec is kept as ``model.spec``.
     """
     if not isinstance(spec, ModelSpec):
         from specformer.specs.loader import load_spec
@@ -63,14 +65,36 @@ def build_model(
         dtype = _dtype(dtype)
     with torch.device("meta"):
         model = _build(spec)
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    if target.type != "meta" and _set_by_constructor(model):
+        # to_empty would leave such a component's parameters as uninitialised memory:
+        # construct the model for real on the target device instead
+        with torch.device(target):
+            model = _build(spec)
     if dtype is not None:
         model = model.to(dtype)
-    target = torch.device(device) if device is not None else torch.get_default_device()
     if target.type != "meta":
-        model = model.to_empty(device=target)
+        if any(p.is_meta for p in model.parameters()):
+            model = model.to_empty(device=target)
         init_weights(model, spec.init)
     model.spec = spec
     return model
+
+
+def _set_by_constructor(model: nn.Module) -> bool:
+    """Whether a module of ``model`` holds parameters or buffers that :func:`init_weights`
+    does not set (a component's ``nn.Parameter(torch.ones(d))`` with no init hook): only
+    its constructor gives them their values."""
+    for module in model.modules():
+        params = any(True for _ in module.parameters(recurse=False))
+        if not params and not any(True for _ in module.buffers(recurse=False)):
+            continue
+        if isinstance(module, (nn.Linear, nn.Embedding)) or hasattr(module, "init_parameters"):
+            continue
+        if params and hasattr(module, "reset_parameters"):
+            continue
+        return True
+    return False
 
 
 def _dtype(name: str) -> torch.dtype:

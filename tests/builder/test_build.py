@@ -161,3 +161,39 @@ def test_parallel_post_norm_is_refused_with_a_clear_message() -> None:
 
     with pytest.raises(SpecError, match="parallel residual .* needs norm placement pre"):
         load_spec("gpt-nano", overrides=["decoder.residual.type=parallel", "decoder.norm.placement=post"])
+
+
+class _ScaleNorm(torch.nn.Module):
+    """A component written the usual PyTorch way: its constructor sets its values, and it
+    has no init hook (no ``reset_parameters``, no ``init_parameters``)."""
+
+    def __init__(self, spec, *, dim: int) -> None:
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.full((dim,), 2.0))
+        self.register_buffer("shift", torch.arange(dim, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gain * torch.nn.functional.normalize(x, dim=-1) + self.shift
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_component_without_init_hook_keeps_its_constructor_values(monkeypatch, dtype) -> None:
+    from specformer.registry import REGISTRY, Entry
+
+    entry = REGISTRY.get("norm", "rmsnorm")
+    monkeypatch.setitem(REGISTRY._families["norm"], "rmsnorm", Entry("norm", "rmsnorm", entry.spec, _ScaleNorm))
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=2", "decoder.norm.type=rmsnorm"])
+    torch.manual_seed(0)
+    model = build_model(spec, dtype=dtype)
+    norms = [m for m in model.modules() if isinstance(m, _ScaleNorm)]
+    assert len(norms) == 5  # two per layer and the final norm
+    for norm in norms:
+        assert torch.equal(norm.gain, torch.full((128,), 2.0, dtype=dtype or torch.float32))
+        assert torch.equal(norm.shift, torch.arange(128).to(dtype or torch.float32))
+    # the rest is initialised as usual, and seeded
+    torch.manual_seed(0)
+    again = build_model(spec, dtype=dtype)
+    for (name, p), q in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    assert model.decoder.layers[0].self_attn.o_proj.weight.std().item() == pytest.approx(0.02 / 2, rel=0.2)
+    assert build_model(spec, device="meta").decoder.final_norm.gain.is_meta

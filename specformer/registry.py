@@ -61,6 +61,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._families: dict[str, dict[str, Entry]] = {}
+        self._built: set[str] = set()  # families whose schema union exists: no new spec classes
 
     def register(
         self,
@@ -75,7 +76,9 @@ class Registry:
         """Register ``spec`` (a pydantic model with a ``type`` literal) in ``family``.
 
         The name defaults to the single value of the spec's ``type`` literal.
-        Registering a name twice is an error unless ``replace=True``.
+        Registering a name twice is an error unless ``replace=True``. Once the schema is
+        built from a family (:meth:`mark_built`), only a registered spec class may get a
+        new target: a new one could never validate.
         """
         if name is None:
             name = _type_literal(spec)
@@ -85,9 +88,20 @@ class Registry:
                 f"{family} type {name!r} is already registered (by {entries[name].source}); "
                 "pass replace=True to override it"
             )
+        if family in self._built and (name not in entries or entries[name].spec is not spec):
+            raise ValueError(
+                f"{family} type {name!r} is registered after the spec schema was built from the "
+                f"{family} family (the first load_spec or build_model, or an import of "
+                "specformer.specs.schema, builds it), so no spec could use it: register it before "
+                "that, e.g. at the top of your script, or from a 'specformer.plugins' entry point"
+            )
         entry = Entry(family=family, name=name, spec=spec, target=target, source=source)
         entries[name] = entry
         return entry
+
+    def mark_built(self, family: str) -> None:
+        """Record that a schema union was made from ``family``'s spec classes."""
+        self._built.add(family)
 
     def families(self) -> list[str]:
         return sorted(self._families)

@@ -34,6 +34,7 @@ def family_union(family: str, default: str | None = None) -> Any:
     from specformer.registry import REGISTRY
 
     entries = REGISTRY.entries(family)
+    REGISTRY.mark_built(family)
     fallback = default if default is not None else next(iter(entries))
     FAMILY_DEFAULTS[family] = fallback
     if len(entries) == 1:

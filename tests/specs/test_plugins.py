@@ -110,3 +110,34 @@ def test_show_of_a_plugin_type_says_what_works_instead(plugin_path, tmp_path):
     assert result.returncode == 1
     assert "no analytic parameter count for ffn type 'relu2'" in result.stderr
     assert "build_model(spec, device='meta')" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
+    # a type registered once the unions exist would be "unknown type" in every spec
+    from typing import Literal
+
+    from specformer import load_spec
+    from specformer.registry import REGISTRY
+    from specformer.specs.base import Spec
+    from specformer.specs.schema import MLPSpec
+
+    load_spec("gpt-nano")
+
+    class LateSpec(Spec):
+        type: Literal["late"] = "late"
+
+    with pytest.raises(ValueError, match=r"ffn type 'late' is registered after the spec schema was built.*"
+                                         r"register it before that.*specformer\.plugins"):
+        REGISTRY.register("ffn", LateSpec, "x:y")
+    assert "late" not in REGISTRY.names("ffn")
+    with pytest.raises(ValueError, match="after the spec schema was built"):
+        REGISTRY.register("ffn", LateSpec, "x:y", name="mlp", replace=True)
+    # a registered spec class may still get another target
+    monkeypatch.setitem(REGISTRY._families["ffn"], "mlp", REGISTRY.get("ffn", "mlp"))
+    REGISTRY.register("ffn", MLPSpec, "x:z", replace=True)
+    assert REGISTRY.get("ffn", "mlp").target == "x:z"
+
+    fresh = Registry()
+    fresh.register("ffn", MLPSpec, "x:y")
+    fresh.register("ffn", LateSpec, "x:y")  # nothing built from this registry yet
+    assert fresh.names("ffn") == ["mlp", "late"]

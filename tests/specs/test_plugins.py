@@ -141,3 +141,32 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
     fresh.register("ffn", MLPSpec, "x:y")
     fresh.register("ffn", LateSpec, "x:y")  # nothing built from this registry yet
     assert fresh.names("ffn") == ["mlp", "late"]
+
+
+def test_a_type_registered_before_the_schema_does_not_become_the_default(tmp_path):
+    # a script registers before its first load_spec; a mapping without `type:` stays the built-in
+    code = textwrap.dedent('''
+        from typing import Literal
+        from specformer.registry import register
+        from specformer.specs.base import Spec
+
+        class MyAttention(Spec):
+            type: Literal["myattn"] = "myattn"
+
+        class MyNorm(Spec):
+            type: Literal["mynorm"] = "mynorm"
+            placement: Literal["pre", "post"] = "pre"
+            final: bool | None = None
+
+        register("attention", MyAttention, "x:y")
+        register("norm", MyNorm, "x:y")
+        from specformer import load_spec
+        stack = {"n_layers": 1, "attention": {"n_heads": 2}, "norm": {"eps": 1e-6}}
+        s = load_spec({"kind": "decoder", "vocab_size": 16, "d_model": 8, "decoder": stack})
+        print(s.decoder.attention.type, s.decoder.attention.n_heads, s.decoder.norm.type)
+        s = load_spec("gpt-nano", overrides=["decoder.norm.type=mynorm"])
+        print(s.decoder.norm.type, s.decoder.norm.final)
+    ''')
+    result = _run(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["mha", "2", "layernorm", "mynorm", "True"]

@@ -26,9 +26,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Entry", "Registry", "REGISTRY", "register", "PLUGIN_GROUP", "load_plugins"]
+__all__ = ["Entry", "Registry", "REGISTRY", "register", "PLUGIN_GROUP", "REQUIRED_FIELDS", "load_plugins"]
 
 PLUGIN_GROUP = "specformer.plugins"
+
+# fields the schema and the builder read from every spec of a family, whatever its type
+REQUIRED_FIELDS: dict[str, dict[str, str]] = {
+    "attention": {
+        "n_heads": "int = 8",
+        "n_kv_heads": "int | None = None (filled with n_heads)",
+        "head_dim": "int | None = None (filled with d_model // n_heads)",
+        "sliding_window": "int | None = None",
+    },
+    "norm": {
+        "placement": 'Literal["pre", "post"] = "pre"',
+        "final": "bool | None = None (filled from placement)",
+    },
+}
 
 Target = str | Callable[..., Any] | None
 
@@ -82,6 +96,14 @@ class Registry:
         """
         if name is None:
             name = _type_literal(spec)
+        fields = getattr(spec, "model_fields", {})
+        missing = [f for f in REQUIRED_FIELDS.get(family, {}) if f not in fields]
+        if missing:
+            wanted = "; ".join(f"{f}: {REQUIRED_FIELDS[family][f]}" for f in missing)
+            raise TypeError(
+                f"{spec.__name__} lacks the field{'s' * (len(missing) > 1)} {', '.join(missing)} that every "
+                f"{family} spec has (specformer reads them whatever the type); declare {wanted}"
+            )
         entries = self._families.setdefault(family, {})
         if name in entries and not replace:
             raise ValueError(

@@ -758,7 +758,11 @@ def _size(value: Any) -> bool:
 def _fill_attention(att: Any, d_model: Any) -> None:
     if not isinstance(att, dict):
         return
-    n_heads = att.get("n_heads", AttentionSpec.model_fields["n_heads"].default)
+    names = REGISTRY.names("attention")
+    kind = att.get("type", "mha")
+    if kind not in names:
+        return  # an unknown type: reported as such, with nothing derived for it
+    n_heads = att.get("n_heads", REGISTRY.get("attention", kind).spec.model_fields["n_heads"].default)
     if att.get("n_kv_heads") is None and _size(n_heads):
         att["n_kv_heads"] = n_heads
     if att.get("head_dim") is None and _size(n_heads) and _size(d_model):

@@ -152,6 +152,10 @@ def test_a_type_registered_before_the_schema_does_not_become_the_default(tmp_pat
 
         class MyAttention(Spec):
             type: Literal["myattn"] = "myattn"
+            n_heads: int = 8
+            n_kv_heads: int | None = None
+            head_dim: int | None = None
+            sliding_window: int | None = None
 
         class MyNorm(Spec):
             type: Literal["mynorm"] = "mynorm"
@@ -170,3 +174,48 @@ def test_a_type_registered_before_the_schema_does_not_become_the_default(tmp_pat
     result = _run(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["mha", "2", "layernorm", "mynorm", "True"]
+
+
+def test_a_spec_class_without_the_fields_its_family_needs_is_refused_at_registration():
+    from typing import Literal
+
+    from specformer.specs.base import Spec
+
+    class BareNorm(Spec):
+        type: Literal["barenorm"] = "barenorm"
+
+    class BareAttention(Spec):
+        type: Literal["bareattn"] = "bareattn"
+        n_heads: int = 4
+
+    registry = Registry()
+    with pytest.raises(TypeError, match=r"BareNorm lacks the fields placement, final that every norm spec has.*"
+                                        r'declare placement: Literal\["pre", "post"\] = "pre"; final: bool \| None'):
+        registry.register("norm", BareNorm, "x:y")
+    with pytest.raises(TypeError, match="BareAttention lacks the fields n_kv_heads, head_dim, sliding_window"):
+        registry.register("attention", BareAttention, "x:y")
+    assert registry.names("norm") == registry.names("attention") == []
+
+
+def test_an_attention_type_gets_sizes_derived_from_its_own_defaults(tmp_path):
+    code = textwrap.dedent('''
+        from typing import Literal
+        from specformer.registry import register
+        from specformer.specs.base import Spec
+
+        class LinearAttention(Spec):
+            type: Literal["linear"] = "linear"
+            n_heads: int = 2
+            n_kv_heads: int | None = None
+            head_dim: int | None = None
+            sliding_window: int | None = None
+
+        register("attention", LinearAttention, "x:y")
+        from specformer import load_spec
+        s = load_spec("gpt-nano", overrides=["decoder.attention={type: linear}"])
+        a = s.decoder.attention
+        print(a.type, a.n_heads, a.n_kv_heads, a.head_dim)
+    ''')
+    result = _run(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["linear", "2", "2", "64"]

@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 Path_ = tuple[str | int, ...]
+DICT_POSITION = Position("<dict>")  # where a value of a spec given as a Python dict is
 SCHEMA_MODELINE = "# yaml-language-server: $schema=../specformer.schema.json"
 
 # Names users carry over from other tools, and what they are called here.
@@ -699,6 +700,7 @@ def load_spec_data(
         if "extends" in data:
             ref = data.pop("extends")
             parent, positions = _load_file(_resolve_source(str(ref), Path.cwd(), None), (), None)
+            _own_positions(data, positions)
             data = deep_merge(parent, data)
     else:
         ref = str(source)
@@ -711,6 +713,18 @@ def load_spec_data(
     if overrides:
         data = apply_overrides(data, overrides, positions)
     return data, positions
+
+
+def _own_positions(data: Any, positions: dict[Path_, Position], path: Path_ = ()) -> None:
+    """Mark what a dict that ``extends`` a file writes as the dict's: an error in it is
+    not at the line of the file where the value it replaces was."""
+    positions[path] = DICT_POSITION
+    if isinstance(data, dict):
+        for key, value in data.items():
+            _own_positions(value, positions, path + (key,))
+        return
+    for p in [p for p in positions if len(p) > len(path) and p[: len(path)] == path]:
+        del positions[p]
 
 
 def load_spec(

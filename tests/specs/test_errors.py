@@ -426,3 +426,19 @@ def test_an_objective_the_kind_cannot_train_names_the_kind(preset, objective, me
     with pytest.raises(SpecError) as info:
         load_spec(preset, overrides=[f"training.objective.type={objective}"])
     assert message in str(info.value)
+
+
+def test_a_dict_that_extends_a_preset_is_blamed_for_what_it_writes():
+    # the dict's own values are not at the preset's lines, which hold other values
+    with pytest.raises(SpecError) as info:
+        load_spec({"extends": "gpt-nano", "decoder": {"n_layer": 2, "norm": {"type": "rmsnrom"}}})
+    problems = {p.path: p for p in info.value.problems}
+    assert set(problems) == {"decoder.n_layer", "decoder.norm.type"}
+    assert all(str(p.position) == "<dict>" for p in problems.values())
+    assert str(info.value).count("gpt-nano.yaml") == 0
+    # a value the preset gives keeps its place in the preset
+    with pytest.raises(SpecError) as info:
+        load_spec({"extends": "gpt-nano", "d_model": 90, "decoder": {"attention": {"bias": False}}})
+    (problem,) = info.value.problems
+    assert problem.path == "decoder.attention.n_heads"
+    assert problem.position.source.endswith("gpt-nano.yaml") and problem.position.line == 11

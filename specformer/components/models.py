@@ -16,6 +16,8 @@ and 0 for padding; with a cache, the decoder mask covers past and new tokens.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -134,6 +136,16 @@ def _check_class_labels(logits: Tensor, labels: Tensor) -> Tensor:
     return labels
 
 
+def _check_keep(keep: Any) -> None:
+    if isinstance(keep, bool) or not isinstance(keep, int):
+        raise TypeError(
+            f"logits_to_keep must be an int: the number of last positions to compute logits for "
+            f"(0: all); got {type(keep).__name__} (for other positions, index the full logits)"
+        )
+    if keep < 0:
+        raise ValueError(f"logits_to_keep must be >= 0 (the number of last positions; 0: all), got {keep}")
+
+
 def _check_cache(cache: KVCache | None, ids: Tensor, *, name: str) -> None:
     batch = cache.batch_size if cache is not None else None
     if batch is not None and batch != ids.shape[0]:
@@ -203,6 +215,7 @@ class DecoderModel(_Model):
         ``logits_to_keep=k`` > 0 computes logits for the last k positions only
         (generation needs one: a prefill then skips a (T, V) projection).
         ``labels`` (B, T), shifted: the loss instead of the logits (module docstring)."""
+        _check_keep(logits_to_keep)
         if use_cache and cache is None:
             cache = KVCache()
         past = cache.length if cache is not None else 0
@@ -353,6 +366,7 @@ class EncoderDecoderModel(_Model):
         """
         if encoder_hidden_states is None and input_ids is None:
             raise ValueError("give input_ids or encoder_hidden_states")
+        _check_keep(logits_to_keep)
         if use_cache and cache is None:
             cache = KVCache()
         past = cache.length if cache is not None else 0

@@ -145,6 +145,20 @@ def test_logits_to_keep_projects_only_the_last_positions(tiny: Tiny) -> None:
     assert torch.allclose(b, a[:, -2:], atol=1e-6)
 
 
+def test_logits_to_keep_that_is_not_a_count_is_an_error(tiny: Tiny) -> None:
+    # a negative count gave every row; Hugging Face's tensor of indices failed inside torch
+    model = build_model(tiny()).eval()
+    s2s = build_model(tiny("encoder-decoder")).eval()
+    ids = torch.randint(0, 61, (2, 7))
+    for call in (lambda **kw: model(ids, **kw), lambda **kw: s2s(ids, decoder_input_ids=ids[:, :4], **kw)):
+        with pytest.raises(ValueError, match=r"logits_to_keep must be >= 0 \(the number of last positions; 0: all\), got -1"):
+            call(logits_to_keep=-1)
+        with pytest.raises(TypeError, match="logits_to_keep must be an int.*got Tensor"):
+            call(logits_to_keep=torch.tensor([0, 3]))
+        with pytest.raises(TypeError, match="got bool"):
+            call(logits_to_keep=True)
+
+
 def test_a_mask_that_does_not_cover_the_cache_is_a_readable_error(tiny: Tiny) -> None:
     model = build_model(tiny()).eval()
     with torch.no_grad():

@@ -87,16 +87,30 @@ class Registry:
         source: str = "specformer",
         replace: bool = False,
     ) -> Entry:
-        """Register ``spec`` (a pydantic model with a ``type`` literal) in ``family``.
+        """Register ``spec`` (a :class:`~specformer.specs.base.Spec` with a ``type``
+        literal) in ``family``.
 
-        The name defaults to the single value of the spec's ``type`` literal.
+        The name is the single value of the spec's ``type`` literal: YAML selects the
+        class by it (``name``, when given, must be that value).
         Registering a name twice is an error unless ``replace=True``. Once the schema is
         built from a family (:meth:`mark_built`), only a registered spec class may get a
         new target: a new one could never validate.
         """
-        if name is None:
-            name = _type_literal(spec)
-        fields = getattr(spec, "model_fields", {})
+        from specformer.specs.base import Spec
+
+        if not (isinstance(spec, type) and issubclass(spec, Spec)):
+            raise TypeError(
+                f"{getattr(spec, '__name__', spec)!r} is not a spec class: derive it from "
+                "specformer.specs.base.Spec (frozen, unknown keys refused), with a `type` Literal"
+            )
+        literal = _type_literal(spec)
+        if name is not None and name != literal:
+            raise TypeError(
+                f"name {name!r} differs from {spec.__name__}.type ({literal!r}): a spec selects its class "
+                f"by `type`, so the entry is named {literal!r}; leave name out"
+            )
+        name = literal
+        fields = spec.model_fields
         missing = [f for f in REQUIRED_FIELDS.get(family, {}) if f not in fields]
         if missing:
             wanted = "; ".join(f"{f}: {REQUIRED_FIELDS[family][f]}" for f in missing)
@@ -155,10 +169,15 @@ class Registry:
 def _type_literal(spec: type) -> str:
     field = getattr(spec, "model_fields", {}).get("type")
     if field is None:
-        raise TypeError(f"{spec.__name__} has no 'type' field; give the entry a name")
+        raise TypeError(
+            f"{spec.__name__} has no 'type' field: YAML selects a spec class by it; declare "
+            f'type: Literal["name"] = "name"'
+        )
     args = typing.get_args(field.annotation)
-    if len(args) != 1 or not isinstance(args[0], str):
-        raise TypeError(f"{spec.__name__}.type must be a Literal of exactly one string")
+    if typing.get_origin(field.annotation) is not typing.Literal or len(args) != 1 or not isinstance(args[0], str):
+        raise TypeError(
+            f'{spec.__name__}.type must be a Literal of exactly one string, e.g. type: Literal["name"] = "name"'
+        )
     return args[0]
 
 

@@ -130,8 +130,11 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
                                          r"register it before that.*specformer\.plugins"):
         REGISTRY.register("ffn", LateSpec, "x:y")
     assert "late" not in REGISTRY.names("ffn")
-    with pytest.raises(ValueError, match="after the spec schema was built"):
-        REGISTRY.register("ffn", LateSpec, "x:y", name="mlp", replace=True)
+    class OtherMLPSpec(Spec):
+        type: Literal["mlp"] = "mlp"
+
+    with pytest.raises(ValueError, match="ffn type 'mlp' is registered after the spec schema was built"):
+        REGISTRY.register("ffn", OtherMLPSpec, "x:y", replace=True)
     # a registered spec class may still get another target
     monkeypatch.setitem(REGISTRY._families["ffn"], "mlp", REGISTRY.get("ffn", "mlp"))
     REGISTRY.register("ffn", MLPSpec, "x:z", replace=True)
@@ -219,3 +222,37 @@ def test_an_attention_type_gets_sizes_derived_from_its_own_defaults(tmp_path):
     result = _run(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["linear", "2", "2", "64"]
+
+
+def test_registry_refuses_a_spec_class_yaml_could_never_select():
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    from specformer.specs.base import Spec
+
+    class NoType(Spec):
+        d_ff: int = 64
+
+    class Loose(BaseModel):  # would accept unknown keys and make specs unhashable
+        type: Literal["loose"] = "loose"
+
+    class Named(Spec):
+        type: Literal["named"] = "named"
+
+    class Plain(Spec):
+        type: str = "plain"
+
+    registry = Registry()
+    with pytest.raises(TypeError, match=r"NoType has no 'type' field.*declare type: Literal\[\"name\"\]"):
+        registry.register("ffn", NoType, "x:y")
+    with pytest.raises(TypeError, match="NoType has no 'type' field"):
+        registry.register("ffn", NoType, "x:y", name="notype")  # `type: notype` would be an unknown field
+    with pytest.raises(TypeError, match="'Loose' is not a spec class: derive it from specformer.specs.base.Spec"):
+        registry.register("ffn", Loose, "x:y")
+    with pytest.raises(TypeError, match=r"name 'other' differs from Named.type \('named'\)"):
+        registry.register("ffn", Named, "x:y", name="other")
+    with pytest.raises(TypeError, match="Plain.type must be a Literal of exactly one string"):
+        registry.register("ffn", Plain, "x:y")
+    assert registry.names("ffn") == []
+    assert registry.register("ffn", Named, "x:y", name="named").name == "named"

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Entry", "Registry", "REGISTRY", "register", "PLUGIN_GROUP", "REQUIRED_FIELDS", "load_plugins"]
+__all__ = ["Entry", "Registry", "REGISTRY", "register", "PLUGIN_GROUP", "REQUIRED_FIELDS", "load_plugins", "register_builtin"]
 
 PLUGIN_GROUP = "specformer.plugins"
 
@@ -188,6 +188,23 @@ _plugins_loaded = False
 def register(family: str, spec: type, target: Target = None, **kwargs: Any) -> Entry:
     """Register an entry in the global :data:`REGISTRY`."""
     return REGISTRY.register(family, spec, target, **kwargs)
+
+
+def register_builtin(family: str, spec: type, target: Target) -> None:
+    """Register one of specformer's own types in the global :data:`REGISTRY`, refusing a
+    class of the same name that a script registered first, which would replace it."""
+    name = _type_literal(spec)
+    existing = REGISTRY.entries(family).get(name)
+    if existing is None:
+        REGISTRY.register(family, spec, target)
+    elif existing.spec is not spec:
+        raise ValueError(
+            f"{family} type {name!r} is built in, and {existing.spec.__name__}, registered under that "
+            f"name before the schema was built, would replace it in every spec that uses it: give "
+            f"that type another name; to build the built-in {name!r} with your own module, "
+            f"register after the first load_spec: register({family!r}, REGISTRY.get({family!r}, "
+            f"{name!r}).spec, target, replace=True)"
+        )
 
 
 def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:

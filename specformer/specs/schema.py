@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specformer.registry import REGISTRY, load_plugins, register
+from specformer.registry import REGISTRY, load_plugins, register_builtin
 from specformer.specs.base import Spec, family_union
 from specformer.specs.merge import deep_merge
 
@@ -342,8 +342,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
 
 for _family, _entries in _FAMILY_ENTRIES.items():
     for _spec, _target in _entries:
-        if _spec.model_fields["type"].default not in REGISTRY.names(_family):
-            register(_family, _spec, _target)
+        register_builtin(_family, _spec, _target)
 
 load_plugins()
 

@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specformer.registry import REGISTRY, register
+from specformer.registry import REGISTRY, register_builtin
 from specformer.specs.base import Spec, family_union
 
 __all__ = [
@@ -304,8 +304,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
 
 for _family, _entries in _FAMILY_ENTRIES.items():
     for _spec, _target in _entries:
-        if _spec.model_fields["type"].default not in REGISTRY.names(_family):
-            register(_family, _spec, _target)
+        register_builtin(_family, _spec, _target)
 
 
 def _union(family: str) -> Any:

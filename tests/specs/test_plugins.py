@@ -256,3 +256,36 @@ def test_registry_refuses_a_spec_class_yaml_could_never_select():
         registry.register("ffn", Plain, "x:y")
     assert registry.names("ffn") == []
     assert registry.register("ffn", Named, "x:y", name="named").name == "named"
+
+
+def test_a_type_named_as_a_built_in_one_is_refused_not_swapped_in(tmp_path):
+    code = textwrap.dedent('''
+        from typing import Literal
+        from specformer.registry import register
+        from specformer.specs.base import Spec
+
+        class MyRMSNorm(Spec):
+            type: Literal["rmsnorm"] = "rmsnorm"
+            placement: Literal["pre", "post"] = "pre"
+            final: bool | None = None
+
+        register("norm", MyRMSNorm, "x:y")
+        from specformer import load_spec
+        load_spec("llama2-7b")
+    ''')
+    result = _run(tmp_path, code)
+    assert result.returncode == 1
+    assert ("ValueError: norm type 'rmsnorm' is built in, and MyRMSNorm, registered under that name before "
+            "the schema was built, would replace it in every spec that uses it: give that type another name"
+            ) in result.stderr
+    # a built-in spec class may get another build target
+    code = textwrap.dedent('''
+        from specformer import load_spec
+        from specformer.registry import REGISTRY, register
+        load_spec("gpt-nano")
+        register("norm", REGISTRY.get("norm", "rmsnorm").spec, "torch.nn:RMSNorm", replace=True)
+        print(load_spec("llama2-7b").decoder.norm.eps)
+    ''')
+    result = _run(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1e-05"]

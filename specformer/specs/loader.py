@@ -22,13 +22,16 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from specformer.specs.errors import Position, SpecError, SpecProblem, did_you_mean
 from specformer.specs.merge import deep_merge, implicit_type
+
+if TYPE_CHECKING:  # the schema is imported when a spec is first loaded, after any registration
+    from specformer.specs.schema import ModelSpec
 
 __all__ = [
     "load_spec",
@@ -730,7 +733,7 @@ def _own_positions(data: Any, positions: dict[Path_, Position], path: Path_ = ()
 def load_spec(
     source: str | Path | Mapping[str, Any],
     overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any] | None = None,
-):
+) -> ModelSpec:
     """Load a spec from a preset name, a YAML path or a dict, apply overrides, validate.
 
     Returns a frozen, fully-defaulted :class:`~specformer.specs.schema.ModelSpec`.

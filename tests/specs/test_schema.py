@@ -270,3 +270,14 @@ def test_top_level_names_resolve():
 
     for name in specformer.__all__:
         assert getattr(specformer, name) is not None, name
+
+
+def test_load_spec_is_annotated_to_return_a_model_spec() -> None:
+    # editors and type checkers complete `spec.decoder.attention...` from it
+    import typing
+
+    from specformer import load_spec
+    from specformer.specs.schema import ModelSpec
+
+    hints = typing.get_type_hints(load_spec, localns={"ModelSpec": ModelSpec})
+    assert hints["return"] is ModelSpec

@@ -84,7 +84,7 @@ class Registry:
         target: Target = None,
         *,
         name: str | None = None,
-        source: str = "specformer",
+        source: str | None = None,
         replace: bool = False,
     ) -> Entry:
         """Register ``spec`` (a :class:`~specformer.specs.base.Spec` with a ``type``
@@ -92,7 +92,8 @@ class Registry:
 
         The name is the single value of the spec's ``type`` literal: YAML selects the
         class by it (``name``, when given, must be that value).
-        Registering a name twice is an error unless ``replace=True``. Once the schema is
+        ``source`` (default: the spec class's module) is named when the type is registered
+        again. Registering a name twice is an error unless ``replace=True``. Once the schema is
         built from a family (:meth:`mark_built`), only a registered spec class may get a
         new target: a new one could never validate.
         """
@@ -124,14 +125,22 @@ class Registry:
                 f"{family} type {name!r} is already registered (by {entries[name].source}); "
                 "pass replace=True to override it"
             )
-        if family in self._built and (name not in entries or entries[name].spec is not spec):
+        if family in self._built and name in entries and entries[name].spec is not spec:
+            first = entries[name].spec
+            raise ValueError(
+                f"{family} type {name!r} is in the spec schema with the class {first.__name__} of "
+                f"{first.__module__}, which the schema was built with; another spec class for it needs a new "
+                "Python process (in a notebook, restart the kernel). replace=True with the registered "
+                "class changes only the build target"
+            )
+        if family in self._built and name not in entries:
             raise ValueError(
                 f"{family} type {name!r} is registered after the spec schema was built from the "
                 f"{family} family (the first load_spec or build_model, or an import of "
                 "specformer.specs.schema, builds it), so no spec could use it: register it before "
                 "that, e.g. at the top of your script, or from a 'specformer.plugins' entry point"
             )
-        entry = Entry(family=family, name=name, spec=spec, target=target, source=source)
+        entry = Entry(family=family, name=name, spec=spec, target=target, source=source or spec.__module__)
         entries[name] = entry
         return entry
 
@@ -196,7 +205,7 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
     name = _type_literal(spec)
     existing = REGISTRY.entries(family).get(name)
     if existing is None:
-        REGISTRY.register(family, spec, target)
+        REGISTRY.register(family, spec, target, source="specformer")
     elif existing.spec is not spec:
         raise ValueError(
             f"{family} type {name!r} is built in, and {existing.spec.__name__}, registered under that "

@@ -133,7 +133,10 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
     class OtherMLPSpec(Spec):
         type: Literal["mlp"] = "mlp"
 
-    with pytest.raises(ValueError, match="ffn type 'mlp' is registered after the spec schema was built"):
+    with pytest.raises(ValueError, match="ffn type 'mlp' is already registered \\(by specformer\\)"):
+        REGISTRY.register("ffn", OtherMLPSpec, "x:y")
+    with pytest.raises(ValueError, match=r"ffn type 'mlp' is in the spec schema with the class MLPSpec of "
+                                         r"specformer.specs.schema.*needs a new Python process"):
         REGISTRY.register("ffn", OtherMLPSpec, "x:y", replace=True)
     # a registered spec class may still get another target
     monkeypatch.setitem(REGISTRY._families["ffn"], "mlp", REGISTRY.get("ffn", "mlp"))
@@ -144,6 +147,8 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
     fresh.register("ffn", MLPSpec, "x:y")
     fresh.register("ffn", LateSpec, "x:y")  # nothing built from this registry yet
     assert fresh.names("ffn") == ["mlp", "late"]
+    with pytest.raises(ValueError, match=f"ffn type 'late' is already registered \\(by {__name__}\\)"):
+        fresh.register("ffn", LateSpec, "x:y")
 
 
 def test_a_type_registered_before_the_schema_does_not_become_the_default(tmp_path):

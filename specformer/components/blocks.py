@@ -128,7 +128,8 @@ class Block(nn.Module):
         return self.dropout(x) if self.training and self.dropout.p > 0 else x
 
     def _self(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
-        mask, is_causal = s.self_mask(self.self_attn.sliding_window)
+        # an attention of another type need not have a window
+        mask, is_causal = s.self_mask(getattr(self.self_attn, "sliding_window", None))
         out, weights = self.self_attn(
             h, mask=mask, is_causal=is_causal, rope=s.rope, cache=s.cache, need_weights=s.need_weights
         )

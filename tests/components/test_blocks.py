@@ -142,3 +142,28 @@ def test_overrides_build_the_right_module_per_layer(tiny: Tiny) -> None:
     assert [layer.self_attn.n_kv_heads for layer in layers] == [2, 2, 2, 1]
     out = model(torch.randint(0, 61, (1, 9)))
     assert out.logits.shape == (1, 9, 61)
+
+
+class _MeanAttention(nn.Module):
+    """An attention written to the documented call only: no ``sliding_window`` attribute."""
+
+    def __init__(self, spec: Any, *, d_model: int, cross: bool, layer_idx: int) -> None:
+        super().__init__()
+        self.v_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, **_: Any) -> tuple[torch.Tensor, None]:
+        v = self.v_proj(x)  # (B, T, D)
+        return v.cumsum(1) / torch.arange(1, x.shape[1] + 1).view(1, -1, 1), None
+
+
+def test_an_attention_without_a_sliding_window_attribute_runs(tiny: Tiny, monkeypatch) -> None:
+    from specformer.registry import REGISTRY, Entry
+
+    entry = REGISTRY.get("attention", "mha")
+    monkeypatch.setitem(REGISTRY._families["attention"], "mha", Entry("attention", "mha", entry.spec, _MeanAttention))
+    model = build_model(tiny(positional={"type": "learned"}))
+    ids = torch.randint(0, 61, (2, 5))
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert model.decoder.layers[0].self_attn.v_proj.weight.grad is not None

@@ -14,3 +14,8 @@ def __getattr__(name: str) -> Any:
 
         return SpecModule
     raise AttributeError(f"module 'specformer.builder' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazily imported names too, for tab completion
+    return sorted({*globals(), *__all__})

@@ -26,3 +26,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'specformer.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazily imported names too, for tab completion
+    return sorted({*globals(), *__all__})

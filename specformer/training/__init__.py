@@ -23,6 +23,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'specformer.training' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    # the lazily imported names too, for tab completion
+    return sorted({*globals(), *__all__})
+
+
 # eager, not lazy: the submodule ``generate`` has the function's name, and importing a
 # submodule binds it on the package, which would hand out the module instead
 from specformer.training.generate import generate, generate_seq2seq  # noqa: E402

@@ -217,7 +217,13 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     try:
         spec = load_spec(meta["spec"])
     except SpecError as exc:
-        raise CheckpointError(f"{path}: the spec stored in the checkpoint is not valid here:\n{exc}") from None
+        unknown = any(p.message.startswith("unknown type") for p in exc.problems)
+        hint = (
+            "\nits model uses a type that is not registered here (a plugin's, or one a script registered): "
+            "install the plugin (a 'specformer.plugins' entry point registers it for the command line too), "
+            "or register the type before load_checkpoint"
+        ) if unknown else ""
+        raise CheckpointError(f"{path}: the spec stored in the checkpoint is not valid here:\n{exc}{hint}") from None
     model = build_model(spec)
     load_weights(model, _model_weights(raw, path), source=str(path))
     model.eval()

@@ -519,3 +519,17 @@ def test_ctrl_c_in_the_closing_validation_says_training_finished(tiny: Any) -> N
     exc = info.value
     assert exc.finished and exc.step == 15 and exc.checkpoint_step == 15
     assert str(exc).startswith("interrupted in the closing validation, after the last step (15)")
+
+
+def test_a_checkpoint_of_an_unregistered_type_says_to_register_it(tmp_path: Path) -> None:
+    # a model trained with a plugin's (or a script's) norm, loaded where the type is unknown
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1"]).to_dict()
+    spec["decoder"]["norm"]["type"] = "scalenorm"
+    path = tmp_path / "plugin.ckpt"
+    torch.save({"specformer": {"format": 1, "spec": spec}, "state_dict": {}, "global_step": 1}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert "decoder.norm.type: unknown type 'scalenorm'" in message
+    assert "uses a type that is not registered here" in message
+    assert "register the type before load_checkpoint" in message

@@ -61,7 +61,7 @@ def build_model(
         from specformer.specs.loader import load_spec
 
         spec = load_spec(spec)
-    if isinstance(dtype, str):
+    if dtype is not None:
         dtype = _dtype(dtype)
     with torch.device("meta"):
         model = _build(spec)
@@ -97,10 +97,16 @@ def _set_by_constructor(model: nn.Module) -> bool:
     return False
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
+# the short names the command line's --dtype and training.precision use
+_SHORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
+
+
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    dtype = name if isinstance(name, torch.dtype) else getattr(
+        torch, _SHORT_DTYPES.get(str(name).lower(), str(name).removeprefix("torch.")), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise BuildError(f"dtype {name!r} is not a torch floating-point dtype (e.g. float32, bfloat16)")
+        raise BuildError(f"dtype {name!r} is not a floating-point dtype (e.g. float32, bfloat16, bf16, "
+                         "torch.float16)")
     return dtype
 
 

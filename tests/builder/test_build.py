@@ -151,8 +151,13 @@ def test_dtype_and_device() -> None:
     out = model(torch.randint(0, 512, (1, 5)))
     assert out.logits.dtype == torch.bfloat16
     assert torch.isfinite(out.logits.float()).all()
-    with pytest.raises(BuildError, match="not a torch floating-point dtype"):
+    with pytest.raises(BuildError, match="not a floating-point dtype"):
         build_model("gpt-nano", dtype="int8")
+    # the short names of --dtype and training.precision, and torch's own objects
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), (torch.float64, torch.float64)):
+        assert {p.dtype for p in build_model("gpt-nano", dtype=name, device="meta").parameters()} == {dtype}
+    with pytest.raises(BuildError, match="torch.int8 is not a floating-point dtype"):
+        build_model("gpt-nano", dtype=torch.int8)
 
 
 def test_parallel_post_norm_is_refused_with_a_clear_message() -> None:

@@ -44,6 +44,14 @@ REQUIRED_FIELDS: dict[str, dict[str, str]] = {
     },
 }
 
+# families whose types the rest of specformer handles one by one: no new type can work there
+BUILT_IN_ONLY: dict[str, str] = {
+    "objective": "objectives are built in (causal_lm, masked_lm, seq2seq): the data pipeline prepares "
+    "the batches of each and the spec checks which model kind each trains; a new one cannot be added "
+    "by registering it (a registered objective's own build target may replace a built-in one with "
+    "replace=True)",
+}
+
 Target = str | Callable[..., Any] | None
 
 
@@ -120,6 +128,8 @@ class Registry:
                 f"{family} spec has (specformer reads them whatever the type); declare {wanted}"
             )
         entries = self._families.setdefault(family, {})
+        if family in BUILT_IN_ONLY and source != "specformer" and name not in entries:
+            raise ValueError(f"{family} type {name!r}: {BUILT_IN_ONLY[family]}")
         if name in entries and not replace:
             raise ValueError(
                 f"{family} type {name!r} is already registered (by {entries[name].source}); "

@@ -294,3 +294,19 @@ def test_a_type_named_as_a_built_in_one_is_refused_not_swapped_in(tmp_path):
     result = _run(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1e-05"]
+
+
+def test_a_new_objective_is_refused_at_registration_saying_objectives_are_built_in():
+    # the data pipeline and the kind checks know the three objectives one by one: a fourth
+    # one validated nowhere ("does not train a decoder model (allowed: causal_lm)")
+    from typing import Literal
+
+    from specformer.specs.base import Spec
+
+    class PrefixLM(Spec):
+        type: Literal["prefix_lm"] = "prefix_lm"
+
+    registry = Registry()
+    with pytest.raises(ValueError, match=r"objective type 'prefix_lm': objectives are built in \(causal_lm"):
+        registry.register("objective", PrefixLM, "x:y")
+    registry.register("objective", PrefixLM, "x:y", source="specformer")  # how the built-ins register

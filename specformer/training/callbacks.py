@@ -211,10 +211,28 @@ class PeriodicCheckpoint(Callback):
         step = trainer.global_step
         self._saved_step, self._pending = step, None
         if self.keep_steps:
-            trainer.save_checkpoint(self.dirpath / f"step-{step:07d}.ckpt")
+            self._write(trainer, self.dirpath / f"step-{step:07d}.ckpt")
+        self._write(trainer, self.dirpath / "last.ckpt")
         self.last_path = self.dirpath / "last.ckpt"
-        trainer.save_checkpoint(self.last_path)
         self.last_step = step
+
+    def _write(self, trainer: L.Trainer, path: Path) -> None:
+        """``trainer.save_checkpoint(path)``; a failed write (a full disk, a read-only folder)
+        is a CheckpointError that says so and which checkpoint the run can resume from."""
+        from specformer.training.checkpoint import CheckpointError
+
+        try:
+            trainer.save_checkpoint(path)
+        except OSError as exc:
+            kept = (
+                f"the checkpoint of step {self.last_step} ({self.last_path}) is intact: resume from it"
+                if self.last_path is not None
+                else "this run has written no checkpoint yet"
+            )
+            raise CheckpointError(
+                f"{path}: cannot write the checkpoint of step {trainer.global_step} ({exc.strerror or exc}); "
+                f"nothing was half-written, and {kept}"
+            ) from None
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved_step": self._saved_step}

@@ -56,18 +56,37 @@ FORMAT_VERSION = 1
 
 
 class CheckpointError(ValueError):
-    """A checkpoint could not be used; the message says which file and why."""
+    """A checkpoint could not be used or written; the message says which file and why."""
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint I/O, with atomic writes and ``weights_only`` reads."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        with atomic_file(path) as f:
-            torch.save(checkpoint, f)
+        """Write ``checkpoint`` to ``path`` atomically; a failed write (a full disk, a read-only
+        folder) raises the ``OSError`` that caused it, naming ``path``, and leaves ``path`` as it was."""
+        try:
+            with atomic_file(path) as f:
+                torch.save(checkpoint, f)
+        except (OSError, RuntimeError) as exc:
+            # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
+            cause = _os_error(exc)
+            if cause is None:
+                raise
+            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (itself, or what it was raised while handling), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:

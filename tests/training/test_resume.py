@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import signal
@@ -300,6 +301,59 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, mo
     monkeypatch.undo()
     assert read_checkpoint(path)["global_step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+class _FullDisk:
+    """``torch.save`` onto a disk that fills up after ``room`` bytes (the first ``saves`` writes fit)."""
+
+    def __init__(self, room: int, saves: int = 0) -> None:
+        self.room, self.saves, self.save = room, saves, torch.save
+
+    def __call__(self, obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if self.saves > 0:
+            self.saves -= 1
+            return self.save(obj, f, *args, **kwargs)
+        room, write = self.room, f.write
+
+        def full(data: Any) -> int:
+            nonlocal room
+            room -= len(data)
+            if room < 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return write(data)
+
+        f.write = full
+        self.save(obj, f, *args, **kwargs)
+
+
+def test_a_full_disk_is_named_with_the_file_not_torchs_zip_writer_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "last.ckpt"
+    monkeypatch.setattr(torch, "save", _FullDisk(room=100))
+    # torch.save itself reports it as "[enforce fail at inline_container.cc] unexpected pos"
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 1, "w": torch.zeros(1000)}, path)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_the_disk_has_no_room_for_says_which_one_to_resume_from(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = load_spec(tiny("decoder", max_steps=6, val_interval=2, val_batches=1))
+    monkeypatch.setattr(torch, "save", _FullDisk(room=1000, saves=1))  # the step-2 checkpoint fits
+    with pytest.raises(CheckpointError) as caught:
+        train(spec, progress=False)
+    message = str(caught.value)
+    folder = next((Path(spec.training.out_dir) / "tiny-decoder").iterdir()) / "checkpoints"
+    assert message == (
+        f"{folder / 'last.ckpt'}: cannot write the checkpoint of step 4 (No space left on device); nothing was "
+        f"half-written, and the checkpoint of step 2 ({folder / 'last.ckpt'}) is intact: resume from it"
+    )
+    monkeypatch.undo()
+    assert [p.name for p in folder.iterdir()] == ["last.ckpt"]
+    assert read_checkpoint(folder / "last.ckpt")["global_step"] == 2
 
 
 def test_a_checkpoint_gets_the_permissions_torch_save_would_give(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "atomic_file",
     "atomic_write_bytes",
     "atomic_write_text",
+    "cache_write_error",
 ]
 
 
@@ -82,3 +83,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def cache_write_error(what: str, path: str | os.PathLike[str], exc: OSError) -> str:
+    """The message for a cache entry that could not be written (a full disk, a read-only
+    folder): :func:`atomic_file` left nothing behind, so it is said which setting to change."""
+    return (
+        f"training.cache_dir: cannot write {what} {path} ({exc.strerror or exc}); nothing was half-written: "
+        "free space there, or set training.cache_dir (or $SPECFORMER_CACHE) to another folder"
+    )

@@ -21,7 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from specformer.data.cache import atomic_write_text, content_hash, resolve_cache_dir
+from specformer.data.cache import (
+    atomic_write_text,
+    cache_write_error,
+    content_hash,
+    resolve_cache_dir,
+)
 from specformer.data.corpus import Corpus, DataError
 from specformer.specs.training import (
     BYTE_VOCAB_SIZE,
@@ -228,7 +233,10 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
     )
     with _literal_specials(tok, True):  # learn the merges from the text as encode() will read it
         tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    atomic_write_text(path, tok.to_str())
+    try:
+        atomic_write_text(path, tok.to_str())
+    except OSError as exc:
+        raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
     return HFTokenizer(tok)
 
 

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specformer.data.cache import atomic_write_text, content_hash, resolve_cache_dir
+from specformer.data.cache import (
+    atomic_file,
+    atomic_write_text,
+    cache_write_error,
+    content_hash,
+    resolve_cache_dir,
+)
 from specformer.data.corpus import Corpus, DataError
 from specformer.data.tokenizers import Tokenizer
 
@@ -46,12 +52,10 @@ def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, e
 
 
 def _write_array(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        array.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before meta.json says the entry is complete
-    os.replace(tmp, path)
+    # synced and renamed before meta.json says the entry is complete; a failed write leaves no
+    # temporary file (and file.write, unlike ndarray.tofile, says why it failed)
+    with atomic_file(path) as f:
+        f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
 def _complete(folder: Path) -> dict | None:
@@ -84,15 +88,18 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
     meta = _complete(folder) if meta_path.is_file() else None
     if meta is None:
-        meta_path.unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
-        folder.mkdir(parents=True, exist_ok=True)
-        counts = {}
-        for split, texts in (("train", corpus.train), ("val", corpus.val)):
-            array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
-            _write_array(folder / f"{split}.bin", array)
-            counts[split] = int(array.size)
-        meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
-        atomic_write_text(meta_path, json.dumps(meta, indent=1))
+        try:
+            meta_path.unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
+            folder.mkdir(parents=True, exist_ok=True)
+            counts = {}
+            for split, texts in (("train", corpus.train), ("val", corpus.val)):
+                array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
+                _write_array(folder / f"{split}.bin", array)
+                counts[split] = int(array.size)
+            meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
+            atomic_write_text(meta_path, json.dumps(meta, indent=1))
+        except OSError as exc:
+            raise DataError(cache_write_error("the token cache", folder, exc)) from None
         # the tokenizers library warns when a process forks after using its thread pool
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     arrays = {}

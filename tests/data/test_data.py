@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import sysconfig
@@ -230,6 +231,32 @@ def test_a_damaged_token_cache_entry_is_made_again(tmp_path: Path, damage: str) 
         (entry / "meta.json").write_text('{"dtype": "uint16", "corp')
     again = token_arrays(corpus, ByteTokenizer(), tmp_path)  # not an mmap or JSON error
     assert np.array_equal(np.array(again.train), first)
+
+
+def test_a_full_disk_leaves_no_partial_cache_file_and_names_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+
+    def full(fd: int) -> None:  # a disk that fills up before the data reaches it
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(DataError) as caught:
+        token_arrays(corpus, ByteTokenizer(), tmp_path)
+    (entry,) = (tmp_path / "tokens").iterdir()
+    assert str(caught.value) == (
+        f"training.cache_dir: cannot write the token cache {entry} (No space left on device); nothing was "
+        "half-written: free space there, or set training.cache_dir (or $SPECFORMER_CACHE) to another folder"
+    )
+    with pytest.raises(DataError, match=r"cannot write the trained tokenizer .*bpe-\w+\.json \(No space left"):
+        bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no temporary file fills the disk further
+    monkeypatch.undo()
+    arrays = token_arrays(corpus, ByteTokenizer(), tmp_path)
+    assert arrays.train[: len(corpus.train[0].encode())].tobytes() == np.frombuffer(
+        corpus.train[0].encode(), dtype=np.uint8
+    ).astype(np.uint16).tobytes()
 
 
 def test_another_tokenizers_release_tokenises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

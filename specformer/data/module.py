@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from specformer.data.cache import content_hash
 from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator
 from specformer.data.corpus import DataError, _names
 from specformer.data.datasets import PackedBlocks, PairDataset
@@ -46,6 +47,9 @@ class PreparedData:
     n_val_tokens: int = 0
     task: SyntheticTask | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # a hash of the data's content and settings: a checkpoint records it, and a run resumed
+    # on other data (a file edited, added or removed) is told
+    fingerprint: str | None = None
 
 
 def default_num_workers() -> int:
@@ -116,6 +120,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         n_train_tokens=len(arrays.train),
         n_val_tokens=len(arrays.val),
         extra={"token_cache": str(arrays.path)},
+        fingerprint=corpus.fingerprint,
     )
 
 
@@ -178,6 +183,7 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
         task=task,
         n_train_tokens=n_train,
         n_val_tokens=sum(len(s) + len(g) + 1 for s, g in val),
+        fingerprint=content_hash("synthetic", d.model_dump(mode="json")),
     )
 
 
@@ -253,7 +259,10 @@ class SpecDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         if self.trainer is None:
             return {}
-        return {"step": int(self.trainer.global_step), "items": self.items_consumed()}
+        state: dict[str, Any] = {"step": int(self.trainer.global_step), "items": self.items_consumed()}
+        if self.data is not None and self.data.fingerprint is not None:
+            state["data"] = self.data.fingerprint
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "items" in state_dict and "step" in state_dict:

@@ -1,8 +1,8 @@
 """Checkpoints: written atomically, loaded safely, self-describing.
 
 A specformer checkpoint is a Lightning checkpoint (weights, optimizer, scheduler,
-loop progress, and under ``"SpecDataModule"`` the data position: the step and the
-training examples read by then) plus a ``"specformer"`` entry holding the resolved
+loop progress, and under ``"SpecDataModule"`` the data position: the step, the
+training examples read by then, and a hash of the data's content) plus a ``"specformer"`` entry holding the resolved
 spec as plain data, the tokenizer's state, the random-number-generator states and
 the tokens seen. Everything in it is tensors and plain Python values, so it loads with
 ``torch.load(weights_only=True)``: opening a checkpoint never runs code from it.

@@ -267,6 +267,7 @@ def train(
     # Trainer settings passed here replace the spec's: Lightning checks those itself
     _check_before_data(spec, hardware=not {"accelerator", "devices", "strategy", "precision", "plugins"} & set(trainer_kwargs))
     resumed_step: int | None = None
+    saved_data: str | None = None  # the fingerprint of the data the checkpoint was trained on
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
     tokenizer = tokenizer_spec = None
     if resume is not None:
@@ -278,6 +279,8 @@ def train(
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
         moved = _batch_changes(raw, spec)
         position = _resumed_position(raw)
+        stored = raw.get(SpecDataModule.__qualname__)
+        saved_data = stored.get("data") if isinstance(stored, dict) else None
         del raw
         limit = trainer_kwargs.get("max_steps", t.max_steps)
         if limit is not None and 0 < limit <= resumed_step:
@@ -312,6 +315,10 @@ def train(
     dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
+    if saved_data is not None and dm.data.fingerprint is not None and saved_data != dm.data.fingerprint:
+        _warn(console, f"the training data differs from the data {resume} was trained on (a file edited, added "
+                       "or removed, or training.data changed): the run reads on from the same example number in "
+                       "other data, and validation losses after the resume are not comparable with those before")
     if len(dm.data.train) < t.batch_size:
         # the sampler fills each batch by cycling: what looks like an epoch of steps is many passes
         n = len(dm.data.train)

@@ -6,9 +6,11 @@ import csv
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from specformer import load_spec
+from specformer.data.cache import content_hash
 from specformer.data.sampler import StreamBatchSampler
 from specformer.training.checkpoint import (
     AtomicCheckpointIO,
@@ -260,7 +263,8 @@ def test_resuming_a_finished_epoch_run_is_refused_and_another_batch_size_reads_o
                                               r"are done[\s\S]*--set training.max_epochs=0.2"):
         train(load_spec(spec), resume=ckpt, progress=False)
     assert len(list((tmp_path / "runs" / "tiny-encoder-decoder").iterdir())) == 1  # no empty run left behind
-    assert read_checkpoint(ckpt)["SpecDataModule"] == {"step": 25, "items": 200}
+    data = content_hash("synthetic", load_spec(spec).training.data.model_dump(mode="json"))  # what it was trained on
+    assert read_checkpoint(ckpt)["SpecDataModule"] == {"step": 25, "items": 200, "data": data}
 
     class FirstItems(L.Callback):
         def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
@@ -274,7 +278,9 @@ def test_resuming_a_finished_epoch_run_is_refused_and_another_batch_size_reads_o
     assert result.steps == 25 + 50  # 0.2 of 2000 examples: 400, of which 200 were read in batches of 8
     assert first.items == [i for _, i in StreamBatchSampler(2000, 4, seed=smaller.training.seed).batch(50)]
     assert "changed since the checkpoint" not in out.getvalue()
-    assert read_checkpoint(result.checkpoint)["SpecDataModule"] == {"step": result.steps, "items": 200 + 4 * (result.steps - 25)}
+    assert read_checkpoint(result.checkpoint)["SpecDataModule"] == {
+        "step": result.steps, "items": 200 + 4 * (result.steps - 25), "data": data
+    }
 
     # a checkpoint that does not record its position in items (an older one): the run warns
     legacy = tmp_path / "legacy.ckpt"
@@ -284,6 +290,32 @@ def test_resuming_a_finished_epoch_run_is_refused_and_another_batch_size_reads_o
     out = StringIO()
     train(smaller, resume=legacy, progress=False, console=Console(file=out, width=300))
     assert "training.batch_size 8 → 4 changed since the checkpoint" in out.getvalue()
+
+
+def test_resuming_on_data_that_changed_since_the_checkpoint_says_so(tiny: Any, tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for path in (Path(sysconfig.get_paths()["stdlib"]) / "json").glob("*.py"):
+        shutil.copy(path, folder)
+    spec = tiny("decoder", max_steps=4, val_interval=4, val_batches=1, data={"type": "files", "paths": [str(folder)]})
+    ckpt = train(load_spec(spec), progress=False).checkpoint
+    longer = load_spec({**spec, "training": {**spec["training"], "max_steps": 6}})
+
+    def resume() -> str:
+        out = StringIO()
+        train(longer, resume=ckpt, progress=False, console=Console(file=out, width=400))
+        return out.getvalue()
+
+    assert "warning" not in resume()  # the same files: nothing to say
+    edited = folder / "encoder.py"
+    stat = edited.stat()
+    edited.write_text(edited.read_text().replace("def ", "def  "))
+    os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same modification time, other content
+    assert f"warning: the training data differs from the data {ckpt} was trained on (a file edited" in resume()
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 import time
 import warnings
@@ -425,7 +426,8 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
 
 
 def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
-    """``training.out_dir`` and ``training.cache_dir`` are folders, or can be made."""
+    """``training.out_dir`` and ``training.cache_dir`` are folders, or can be made, and files
+    can be made in ``out_dir`` (a run writes there; a read-only cache may hold what it needs)."""
     from specformer.data.cache import default_cache_dir
     from specformer.data.corpus import DataError
 
@@ -441,6 +443,12 @@ def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DataError(f"{name}: cannot create the folder {folder} ({exc.strerror or exc})") from None
+        if name == "training.out_dir":
+            try:
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as exc:  # a read-only file system (which refuses root as well), no permission
+                raise DataError(f"{name}: cannot write in the folder {folder} ({exc.strerror or exc})") from None
 
 
 def _hardware(t: Any) -> dict[str, Any]:

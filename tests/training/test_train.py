@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,32 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
     done = train(load_spec(tiny("decoder", max_steps=1, val_interval=1, strategy="bogus")), progress=False,
                  strategy="auto")
     assert done.steps == 1
+
+
+def test_a_read_only_out_dir_is_refused_before_the_data_is_prepared(tiny, tmp_path: Path, monkeypatch) -> None:
+    from specformer.data import module as data_module
+    from specformer.data.corpus import DataError
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was prepared")
+
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def read_only(real):  # a read-only file system: it refuses root too, whatever the permissions
+        def call(path, *args, **kwargs):
+            if Path(os.fsdecode(path)).is_relative_to(frozen):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "open", read_only(real_open))
+    monkeypatch.setattr(os, "mkdir", read_only(real_mkdir))
+    monkeypatch.setattr(data_module.SpecDataModule, "setup", no_data)
+    with pytest.raises(DataError) as caught:
+        train(load_spec(tiny("decoder", out_dir=str(frozen))), progress=False)
+    assert str(caught.value) == f"training.out_dir: cannot write in the folder {frozen} (Read-only file system)"
 
 
 def test_out_dir_with_a_tilde_is_one_folder_in_the_home(tiny, tmp_path: Path, monkeypatch) -> None:

@@ -7,6 +7,7 @@ changing a file, a tokenizer setting or the library version gives a new key.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -88,7 +89,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def cache_write_error(what: str, path: str | os.PathLike[str], exc: OSError) -> str:
     """The message for a cache entry that could not be written (a full disk, a read-only
     folder): :func:`atomic_file` left nothing behind, so it is said which setting to change."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
     return (
         f"training.cache_dir: cannot write {what} {path} ({exc.strerror or exc}); nothing was half-written: "
-        "free space there, or set training.cache_dir (or $SPECFORMER_CACHE) to another folder"
+        + ("free space there, or set training.cache_dir (or $SPECFORMER_CACHE) to another folder" if full
+           else "set training.cache_dir (or $SPECFORMER_CACHE) to a folder that can be written")
     )

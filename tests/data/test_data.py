@@ -252,6 +252,14 @@ def test_a_full_disk_leaves_no_partial_cache_file_and_names_the_setting(
     with pytest.raises(DataError, match=r"cannot write the trained tokenizer .*bpe-\w+\.json \(No space left"):
         bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no temporary file fills the disk further
+
+    def read_only(fd: int) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "fsync", read_only)  # a folder that cannot be written: no room to make is not the advice
+    with pytest.raises(DataError, match=r"\(Read-only file system\); nothing was half-written: set "
+                                        r"training.cache_dir \(or \$SPECFORMER_CACHE\) to a folder that can be written"):
+        token_arrays(corpus, ByteTokenizer(), tmp_path)
     monkeypatch.undo()
     arrays = token_arrays(corpus, ByteTokenizer(), tmp_path)
     assert arrays.train[: len(corpus.train[0].encode())].tobytes() == np.frombuffer(

@@ -2,7 +2,8 @@
 
 What ``specformer train`` calls, and usable from Python. Each run writes to
 ``<out_dir>/<spec name>/<timestamp>/``: ``spec.yaml`` (the resolved spec),
-``metrics.csv`` (CSV logger), ``checkpoints/last.ckpt`` and ``summary.json``.
+``metrics.csv`` (CSV logger), ``checkpoints/last.ckpt`` and ``summary.json``; all but the
+logs are written whole (a temporary file renamed into place) or not at all.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from rich.console import Console
 
 from specformer.builder import build_model
 from specformer.builder.lightning import SpecModule
+from specformer.data.cache import atomic_write_text
+from specformer.data.corpus import DataError
 from specformer.data.module import SpecDataModule
 from specformer.training.callbacks import (
     LogGlobalStep,
@@ -329,7 +332,14 @@ def train(
     created = not os.environ.get(RUN_DIR_ENV)  # not a folder another process of this run made
     run_dir = make_run_dir(t.out_dir, spec.name)
     try:
-        (run_dir / "spec.yaml").write_text(spec.to_yaml())
+        try:
+            atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())
+        except OSError as exc:  # a full disk: nothing ran, leave no run behind
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise DataError(
+                f"training.out_dir: cannot write {run_dir / 'spec.yaml'} ({exc.strerror or exc}); no run was started"
+            ) from None
         settings = {"max_steps": t.max_steps if t.max_steps is not None else -1, **trainer_kwargs}
         try:
             trainer = build_trainer(
@@ -404,7 +414,11 @@ def train(
         history=[dict(h) for h in history],
     )
     if trainer.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=1))
+        try:
+            atomic_write_text(run_dir / "summary.json", json.dumps(asdict(result), indent=1))
+        except OSError as exc:  # the run is done and its checkpoint written: report it all the same
+            done = f" and its checkpoint is {result.checkpoint}" if result.checkpoint else ""
+            _warn(console, f"cannot write {run_dir / 'summary.json'} ({exc.strerror or exc}); the run finished{done}")
     return result
 
 
@@ -429,7 +443,6 @@ def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
     """``training.out_dir`` and ``training.cache_dir`` are folders, or can be made, and files
     can be made in ``out_dir`` (a run writes there; a read-only cache may hold what it needs)."""
     from specformer.data.cache import default_cache_dir
-    from specformer.data.corpus import DataError
 
     folders = {}
     if out:

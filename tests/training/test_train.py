@@ -193,6 +193,38 @@ def test_a_read_only_out_dir_is_refused_before_the_data_is_prepared(tiny, tmp_pa
     assert str(caught.value) == f"training.out_dir: cannot write in the folder {frozen} (Read-only file system)"
 
 
+def test_a_full_disk_at_the_start_leaves_no_run_and_at_the_end_keeps_the_result(tiny, tmp_path: Path, monkeypatch) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from specformer.data.corpus import DataError
+    from specformer.training import run as run_module
+
+    write = run_module.atomic_write_text
+
+    def full(name: str):
+        def write_or_fail(path, text):
+            if Path(path).name == name:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            write(path, text)
+        return write_or_fail
+
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2, val_batches=1))
+    monkeypatch.setattr(run_module, "atomic_write_text", full("spec.yaml"))
+    with pytest.raises(DataError, match=r"^training.out_dir: cannot write .*/spec.yaml \(No space left on device\); "
+                                        r"no run was started$"):
+        train(spec, progress=False)
+    assert not list((tmp_path / "runs").glob("*/*"))  # no run folder with half a spec.yaml
+    monkeypatch.setattr(run_module, "atomic_write_text", full("summary.json"))
+    out = StringIO()
+    result = train(spec, progress=False, console=Console(file=out, width=400))
+    assert result.steps == 2 and result.val_loss is not None  # the finished run is reported, not lost to an error
+    assert (f"warning: cannot write {Path(result.run_dir) / 'summary.json'} (No space left on device); the run "
+            f"finished and its checkpoint is {result.checkpoint}") in out.getvalue()
+    assert sorted(p.name for p in Path(result.run_dir).iterdir() if p.is_file()) == ["metrics.csv", "spec.yaml"]
+
+
 def test_out_dir_with_a_tilde_is_one_folder_in_the_home(tiny, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)

@@ -25,6 +25,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "cache_write_error",
+    "locked",
 ]
 
 
@@ -74,6 +75,30 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def locked(path: str | os.PathLike[str]) -> Iterator[bool]:
+    """An exclusive lock on the file ``path`` (made when missing) while the block runs: another
+    process asking for the same lock waits. Yields whether it is held: False where the file
+    system cannot lock (some network file systems) or there is no ``fcntl`` (Windows), and the
+    block then runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            held = False
+        else:
+            held = True
+        yield held
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -4,7 +4,8 @@ Each document is followed by the end-of-text id, so packing is slicing. Arrays a
 ``uint16`` when the vocabulary fits, else ``uint32``; they are written to a
 temporary file, synced and renamed, and ``meta.json`` is written last, so an entry
 exists only when complete; a reader checks each array's size against ``meta.json``
-and makes a damaged entry again. Training then never waits on tokenisation: a batch is a slice
+and makes a damaged entry again. An entry is made under a lock: a second process
+tokenising the same corpus at the same time waits and reads the first one's entry. Training then never waits on tokenisation: a batch is a slice
 of a memory-mapped file.
 """
 
@@ -22,6 +23,7 @@ from specformer.data.cache import (
     atomic_write_text,
     cache_write_error,
     content_hash,
+    locked,
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
@@ -72,6 +74,24 @@ def _complete(folder: Path) -> dict | None:
         return None
 
 
+def _make_entry(folder: Path, corpus: Corpus, tokenizer: Tokenizer, dtype: np.dtype, *, sweep: bool) -> dict:
+    """Tokenise ``corpus`` into the entry ``folder`` and return its meta.json. With ``sweep``
+    (the entry's lock is held) temporary files found there are a killed process' (SIGKILL,
+    the OOM killer): removed, they would fill the disk with hidden, never-read copies."""
+    if sweep:
+        for stale in folder.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+    (folder / "meta.json").unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
+    counts = {}
+    for split, texts in (("train", corpus.train), ("val", corpus.val)):
+        array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
+        _write_array(folder / f"{split}.bin", array)
+        counts[split] = int(array.size)
+    meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
+    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
+    return meta
+
+
 def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> TokenArrays:
     """The corpus tokenised, from the cache when it is there."""
     if tokenizer.eot_id is None:
@@ -89,15 +109,12 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     meta = _complete(folder) if meta_path.is_file() else None
     if meta is None:
         try:
-            meta_path.unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
             folder.mkdir(parents=True, exist_ok=True)
-            counts = {}
-            for split, texts in (("train", corpus.train), ("val", corpus.val)):
-                array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
-                _write_array(folder / f"{split}.bin", array)
-                counts[split] = int(array.size)
-            meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
-            atomic_write_text(meta_path, json.dumps(meta, indent=1))
+            with locked(folder / ".lock") as alone:
+                # another process making the same entry held the lock until it was complete
+                meta = _complete(folder) if meta_path.is_file() else None
+                if meta is None:
+                    meta = _make_entry(folder, corpus, tokenizer, dtype, sweep=alone)
         except OSError as exc:
             raise DataError(cache_write_error("the token cache", folder, exc)) from None
         # the tokenizers library warns when a process forks after using its thread pool

@@ -7,6 +7,7 @@ import glob
 import os
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -251,7 +252,8 @@ def test_a_full_disk_leaves_no_partial_cache_file_and_names_the_setting(
     )
     with pytest.raises(DataError, match=r"cannot write the trained tokenizer .*bpe-\w+\.json \(No space left"):
         bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no temporary file fills the disk further
+    # no temporary file fills the disk further (the entry's empty lock file stays)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [".lock"]
 
     def read_only(fd: int) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
@@ -265,6 +267,49 @@ def test_a_full_disk_leaves_no_partial_cache_file_and_names_the_setting(
     assert arrays.train[: len(corpus.train[0].encode())].tobytes() == np.frombuffer(
         corpus.train[0].encode(), dtype=np.uint8
     ).astype(np.uint16).tobytes()
+
+
+def test_a_killed_writers_temporary_files_are_removed_when_the_entry_is_made_again(tmp_path: Path) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    first = np.array(token_arrays(corpus, ByteTokenizer(), tmp_path).train)
+    (entry,) = (tmp_path / "tokens").iterdir()
+    # a process SIGKILLed while writing: its temporary copy stays, and the entry is incomplete
+    (entry / ".train.bin.0123456789abcdef.tmp").write_bytes(b"\0" * 4096)
+    (entry / "meta.json").unlink()
+    again = token_arrays(corpus, ByteTokenizer(), tmp_path)
+    assert np.array_equal(np.array(again.train), first)
+    assert sorted(p.name for p in entry.iterdir()) == [".lock", "meta.json", "train.bin", "val.bin"]
+
+
+def test_the_same_corpus_tokenised_twice_at_once_is_tokenised_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from specformer.data import tokens
+
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    calls, tokenize = [], tokens.tokenize_to_array
+
+    def slow(*args: Any, **kwargs: Any) -> np.ndarray:
+        calls.append(1)
+        time.sleep(0.3)  # long enough for the other to arrive while this one works
+        return tokenize(*args, **kwargs)
+
+    monkeypatch.setattr(tokens, "tokenize_to_array", slow)
+    results: list[np.ndarray] = []
+    # two threads stand for two processes: the entry's lock (flock) is taken per opened file
+    workers = [
+        threading.Thread(target=lambda: results.append(np.array(token_arrays(corpus, ByteTokenizer(), tmp_path).train)))
+        for _ in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(calls) == 2  # the train and the validation split, once: the second waited and read the entry
+    assert len(results) == 2 and np.array_equal(results[0], results[1])
 
 
 def test_another_tokenizers_release_tokenises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

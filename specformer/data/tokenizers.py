@@ -25,6 +25,7 @@ from specformer.data.cache import (
     atomic_write_text,
     cache_write_error,
     content_hash,
+    locked,
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
@@ -202,8 +203,6 @@ def _literal_specials(tok: Any, literal: bool) -> Iterator[None]:
 def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Path | None = None) -> HFTokenizer:
     """A byte-level BPE trained on (at most ``train_mb`` of) the corpus' train split, cached."""
     import tokenizers
-    from tokenizers import Tokenizer as _Tok
-    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if spec.vocab_size is None:
         raise DataError("training.tokenizer.vocab_size is not set")
@@ -215,12 +214,38 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
         texts.append(text)
         total += len(text)
     key = content_hash("bpe", "literal-specials", corpus.fingerprint, spec.model_dump(), tokenizers.__version__)
-    path = resolve_cache_dir(cache_dir) / "tokenizers" / f"bpe-{key}.json"
+    root = resolve_cache_dir(cache_dir)
+    path, lock = root / "tokenizers" / f"bpe-{key}.json", root / "locks" / f"bpe-{key}.lock"
+    try:
+        cached = _cached_bpe(path)
+        if cached is not None:
+            return cached
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with locked(lock):
+            # another process training the same tokenizer held the lock until it was written
+            cached = _cached_bpe(path)
+            return cached if cached is not None else _train_bpe(spec, texts, path)
+    except OSError as exc:
+        raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
+
+
+def _cached_bpe(path: Path) -> HFTokenizer | None:
+    """The BPE cached at ``path``, or None (an unreadable entry is removed: trained again)."""
+    from tokenizers import Tokenizer as _Tok
+
     if path.is_file():
         try:
             return HFTokenizer(_Tok.from_file(str(path)))
         except Exception:
-            path.unlink(missing_ok=True)  # unreadable cache entry: train again
+            path.unlink(missing_ok=True)
+    return None
+
+
+def _train_bpe(spec: BPETokenizerSpec, texts: list[str], path: Path) -> HFTokenizer:
+    """A byte-level BPE trained on ``texts``, written to ``path``."""
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
     tok = _Tok(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -233,10 +258,7 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
     )
     with _literal_specials(tok, True):  # learn the merges from the text as encode() will read it
         tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    try:
-        atomic_write_text(path, tok.to_str())
-    except OSError as exc:
-        raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
+    atomic_write_text(path, tok.to_str())
     return HFTokenizer(tok)
 
 

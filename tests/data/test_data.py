@@ -252,8 +252,8 @@ def test_a_full_disk_leaves_no_partial_cache_file_and_names_the_setting(
     )
     with pytest.raises(DataError, match=r"cannot write the trained tokenizer .*bpe-\w+\.json \(No space left"):
         bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
-    # no temporary file fills the disk further (the entry's empty lock file stays)
-    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [".lock"]
+    # no temporary file fills the disk further (the entries' empty lock files stay)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")] == []
 
     def read_only(fd: int) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
@@ -310,6 +310,29 @@ def test_the_same_corpus_tokenised_twice_at_once_is_tokenised_once(
         worker.join()
     assert len(calls) == 2  # the train and the validation split, once: the second waited and read the entry
     assert len(results) == 2 and np.array_equal(results[0], results[1])
+
+    # a BPE trained by two at once likewise: the second waits for the first's and reads it
+    from specformer.data import tokenizers
+
+    trained, train_bpe = [], tokenizers._train_bpe
+
+    def slow_bpe(*args: Any, **kwargs: Any) -> Any:
+        trained.append(1)
+        time.sleep(0.3)
+        return train_bpe(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizers, "_train_bpe", slow_bpe)
+    vocabularies: list[dict] = []
+    workers = [
+        threading.Thread(target=lambda: vocabularies.append(
+            bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path).tok.get_vocab()))
+        for _ in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(trained) == 1 and len(vocabularies) == 2 and vocabularies[0] == vocabularies[1]
 
 
 def test_another_tokenizers_release_tokenises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

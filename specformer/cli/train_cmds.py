@@ -80,7 +80,9 @@ def _errors_for_people(
         if os.environ.get(DEBUG_ENV):
             raise
         text = str(exc).strip() or type(exc).__name__
-        raise _fail(f"{type(exc).__name__}: {text}", f"set {DEBUG_ENV}=1 to see the full traceback") from None
+        # where a failed run stopped and its checkpoint (specformer.training.run adds it)
+        notes = [str(note) for note in getattr(exc, "__notes__", [])]
+        raise _fail(f"{type(exc).__name__}: {text}", "\n  ".join([*notes, f"set {DEBUG_ENV}=1 to see the full traceback"])) from None
 
 
 def load_training_file(path: str) -> dict[str, Any]:

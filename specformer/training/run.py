@@ -254,7 +254,8 @@ def train(
     from the weights of a ``.safetensors`` file (``import-hf --weights``) or a checkpoint:
     fine-tuning; they must fit the spec's model exactly. Extra callbacks, loggers and ``Trainer`` keyword
     arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
-    (a ``KeyboardInterrupt``) naming the checkpoint to resume from.
+    (a ``KeyboardInterrupt``) naming the checkpoint to resume from; any other error that
+    stops the run carries a note (``__notes__``) saying at which step, and that checkpoint.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
@@ -379,9 +380,14 @@ def train(
                 ckpt, at = (str(resume), resumed_step) if resume else (None, None)
             return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished)
 
-        _interruptible(trainer, interrupted, lambda: trainer.fit(
-            module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
-        ))
+        try:
+            _interruptible(trainer, interrupted, lambda: trainer.fit(
+                module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
+            ))
+        except Exception as exc:  # out of memory, a NaN check, a logger's full disk: say what is left
+            if not isinstance(exc, CheckpointError):  # (which says so itself)
+                _note_where_it_stopped(exc, interrupted())
+            raise
         train_seconds = time.perf_counter() - (module.train_started or started)
         if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
             _interruptible(trainer, lambda: interrupted(finished=True),
@@ -582,6 +588,22 @@ def _interruptible(trainer: L.Trainer, interrupted: Callable[[], BaseException],
     finally:
         if main and previous is not None and signal.getsignal(signal.SIGINT) != previous:
             signal.signal(signal.SIGINT, previous)
+
+
+def _note_where_it_stopped(exc: BaseException, where: TrainingInterrupted) -> None:
+    """Add to ``exc`` (in ``__notes__``, which tracebacks and the command line show) the step at
+    which the run stopped and the checkpoint to resume from."""
+    if where.checkpoint is not None:
+        note = (f"the run stopped at step {where.step}; its last checkpoint (step {where.checkpoint_step}) is "
+                f"{where.checkpoint}")
+    elif where.step > 0:
+        note = f"the run stopped at step {where.step}, before its first checkpoint"
+    else:
+        return
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 def _checkpoint_file(path: Path) -> Path:

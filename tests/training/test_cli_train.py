@@ -252,6 +252,35 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path) -> N
     assert f"resumed    {ckpt}" in out and f" {step + 2} " in out
 
 
+def test_a_run_that_fails_says_at_which_step_and_which_checkpoint_is_left(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specformer.builder.lightning import SpecModule
+
+    step = SpecModule.training_step
+
+    def out_of_memory_at_step_5(self: Any, batch: Any, idx: int) -> Any:
+        if self.trainer.global_step == 5:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return step(self, batch, idx)
+
+    monkeypatch.setattr(SpecModule, "training_step", out_of_memory_at_step_5)
+    spec = _write(tmp_path, tiny("decoder", max_steps=10, val_interval=4, val_batches=1))
+    result = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    assert result.stderr.splitlines()[-3:] == [
+        "error: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        f"  the run stopped at step 5; its last checkpoint (step 4) is {ckpt}",
+        "  set SPECFORMER_DEBUG=1 to see the full traceback",
+    ]
+    # before the first checkpoint, that there is none
+    monkeypatch.setattr(SpecModule, "training_step", out_of_memory_at_step_5)
+    result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", "training.val_interval=8"],
+                           env={"COLUMNS": "400"})
+    assert "  the run stopped at step 5, before its first checkpoint" in result.stderr.splitlines()
+
+
 def test_help_shows_placeholders_and_examples_verbatim() -> None:
     from typer.testing import CliRunner
 

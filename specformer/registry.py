@@ -84,6 +84,7 @@ class Registry:
     def __init__(self) -> None:
         self._families: dict[str, dict[str, Entry]] = {}
         self._built: set[str] = set()  # families whose schema union exists: no new spec classes
+        self.builtin_defaults: dict[str, str] = {}  # each family's first built-in type
 
     def register(
         self,
@@ -214,6 +215,9 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
     class of the same name that a script registered first, which would replace it."""
     name = _type_literal(spec)
     existing = REGISTRY.entries(family).get(name)
+    # a mapping without `type:` is the family's first built-in type, whatever a script
+    # registered before it
+    REGISTRY.builtin_defaults.setdefault(family, name)
     if existing is None:
         REGISTRY.register(family, spec, target, source="specformer")
     elif existing.spec is not spec:

@@ -28,14 +28,15 @@ class Spec(BaseModel):
 def family_union(family: str, default: str | None = None) -> Any:
     """The discriminated union of a registry family's spec classes, selected by ``type``.
 
-    A mapping without ``type:`` is ``default`` (the family's first registered type
-    when not given), which keeps short specs short: ``norm: {eps: 1e-6}`` is a layernorm.
+    A mapping without ``type:`` is ``default`` (when not given, the family's first
+    built-in type, else its first registered one), which keeps short specs short:
+    ``norm: {eps: 1e-6}`` is a layernorm.
     """
     from specformer.registry import REGISTRY
 
     entries = REGISTRY.entries(family)
     REGISTRY.mark_built(family)
-    fallback = default if default is not None else next(iter(entries))
+    fallback = default if default is not None else REGISTRY.builtin_defaults.get(family, next(iter(entries)))
     FAMILY_DEFAULTS[family] = fallback
     if len(entries) == 1:
         return next(iter(entries.values())).spec

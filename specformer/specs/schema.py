@@ -354,17 +354,11 @@ from specformer.specs.training import (  # noqa: E402
     training_issues,
 )
 
-
-def _union(family: str) -> Any:
-    # the default is the first built-in entry, whatever a script registered before it
-    return family_union(family, default=_FAMILY_ENTRIES[family][0][0].model_fields["type"].default)
-
-
-PositionalSpec = _union("positional")
-AttentionFamily = _union("attention")
-FFNSpec = _union("ffn")
-NormSpec = _union("norm")
-HeadSpec = _union("head")
+PositionalSpec = family_union("positional")
+AttentionFamily = family_union("attention")
+FFNSpec = family_union("ffn")
+NormSpec = family_union("norm")
+HeadSpec = family_union("head")
 
 
 # --------------------------------------------------------------------------- blocks

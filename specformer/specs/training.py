@@ -307,16 +307,11 @@ for _family, _entries in _FAMILY_ENTRIES.items():
         register_builtin(_family, _spec, _target)
 
 
-def _union(family: str) -> Any:
-    # the default is the first built-in entry, whatever plugins registered before it
-    return family_union(family, default=_FAMILY_ENTRIES[family][0][0].model_fields["type"].default)
-
-
-ObjectiveSpec = _union("objective")
-DataSpec = _union("data")
-TokenizerSpec = _union("tokenizer")
-OptimizerSpec = _union("optimizer")
-ScheduleSpec = _union("schedule")
+ObjectiveSpec = family_union("objective")
+DataSpec = family_union("data")
+TokenizerSpec = family_union("tokenizer")
+OptimizerSpec = family_union("optimizer")
+ScheduleSpec = family_union("schedule")
 
 Precision = Literal["32", "bf16-mixed", "16-mixed", "bf16-true", "64"]
 

@@ -318,7 +318,7 @@ def generate_cmd(
     Examples:
 
     ```
-    specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def " --max-new-tokens 100
+    specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def" --max-new-tokens 100
     specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     ```

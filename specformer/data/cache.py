@@ -12,10 +12,12 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "default_cache_dir",
@@ -26,6 +28,7 @@ __all__ = [
     "atomic_write_text",
     "cache_write_error",
     "locked",
+    "made_once",
 ]
 
 
@@ -99,6 +102,19 @@ def locked(path: str | os.PathLike[str]) -> Iterator[bool]:
         yield held
     finally:
         os.close(fd)  # releases the lock
+
+
+def made_once(lock: Path, read: Callable[[], T | None], make: Callable[[bool], T]) -> T:
+    """A cache entry: ``read()`` when it is there, else ``make(alone)`` under the file lock
+    ``lock``. A process that waited for the lock reads what the holder made instead of
+    making it again; ``alone`` is whether the lock is really held (see :func:`locked`)."""
+    found = read()
+    if found is not None:
+        return found
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with locked(lock) as alone:
+        found = read()
+        return found if found is not None else make(alone)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

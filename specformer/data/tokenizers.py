@@ -25,7 +25,7 @@ from specformer.data.cache import (
     atomic_write_text,
     cache_write_error,
     content_hash,
-    locked,
+    made_once,
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
@@ -94,6 +94,10 @@ class Tokenizer(ABC):
         return content_hash(self.state())
 
 
+# a prompt's special-token strings, kept by the split as pieces of their own
+_SPECIAL_STRINGS = re.compile(f"({'|'.join(map(re.escape, (EOT, PAD, MASK)))})")
+
+
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes 0-255, then <|endoftext|> (256), <pad> (257) and <mask> (258)."""
 
@@ -106,9 +110,10 @@ class ByteTokenizer(Tokenizer):
         if not specials:
             return list(text.encode("utf-8"))
         # a prompt names the special tokens by their strings, as it does with a BPE
+        specials_ids = {EOT: self.eot_id, PAD: self.pad_id, MASK: self.mask_id}
         ids: list[int] = []
-        for piece in re.split(f"({'|'.join(map(re.escape, (EOT, PAD, MASK)))})", text):
-            special = {EOT: self.eot_id, PAD: self.pad_id, MASK: self.mask_id}.get(piece)
+        for piece in _SPECIAL_STRINGS.split(text):
+            special = specials_ids.get(piece)
             ids.extend([special] if special is not None else piece.encode("utf-8"))
         return ids
 
@@ -217,14 +222,7 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
     root = resolve_cache_dir(cache_dir)
     path, lock = root / "tokenizers" / f"bpe-{key}.json", root / "locks" / f"bpe-{key}.lock"
     try:
-        cached = _cached_bpe(path)
-        if cached is not None:
-            return cached
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with locked(lock):
-            # another process training the same tokenizer held the lock until it was written
-            cached = _cached_bpe(path)
-            return cached if cached is not None else _train_bpe(spec, texts, path)
+        return made_once(lock, lambda: _cached_bpe(path), lambda _: _train_bpe(spec, texts, path))
     except OSError as exc:
         raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
 

@@ -5,8 +5,8 @@ Each document is followed by the end-of-text id, so packing is slicing. Arrays a
 temporary file, synced and renamed, and ``meta.json`` is written last, so an entry
 exists only when complete; a reader checks each array's size against ``meta.json``
 and makes a damaged entry again. An entry is made under a lock: a second process
-tokenising the same corpus at the same time waits and reads the first one's entry. Training then never waits on tokenisation: a batch is a slice
-of a memory-mapped file.
+tokenising the same corpus at the same time waits and reads the first one's entry.
+Training then never waits on tokenisation: a batch is a slice of a memory-mapped file.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from specformer.data.cache import (
     atomic_write_text,
     cache_write_error,
     content_hash,
-    locked,
+    made_once,
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
@@ -89,6 +89,8 @@ def _make_entry(folder: Path, corpus: Corpus, tokenizer: Tokenizer, dtype: np.dt
         counts[split] = int(array.size)
     meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
     atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
+    # the tokenizers library warns when a process forks after using its thread pool
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return meta
 
 
@@ -106,19 +108,11 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     meta_path = folder / "meta.json"
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
-    meta = _complete(folder) if meta_path.is_file() else None
-    if meta is None:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with locked(folder / ".lock") as alone:
-                # another process making the same entry held the lock until it was complete
-                meta = _complete(folder) if meta_path.is_file() else None
-                if meta is None:
-                    meta = _make_entry(folder, corpus, tokenizer, dtype, sweep=alone)
-        except OSError as exc:
-            raise DataError(cache_write_error("the token cache", folder, exc)) from None
-        # the tokenizers library warns when a process forks after using its thread pool
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        meta = made_once(folder / ".lock", lambda: _complete(folder) if meta_path.is_file() else None,
+                         lambda alone: _make_entry(folder, corpus, tokenizer, dtype, sweep=alone))
+    except OSError as exc:
+        raise DataError(cache_write_error("the token cache", folder, exc)) from None
     arrays = {}
     for split in ("train", "val"):
         n = meta["n_tokens"][split]

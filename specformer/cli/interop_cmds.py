@@ -84,11 +84,20 @@ def import_hf_cmd(
     ```
     specformer import-hf path/to/model_dir -o my.yaml
     specformer import-hf path/to/model_dir -o my.yaml --weights my.safetensors
-    specformer train my.yaml --init-from my.safetensors --set training.tokenizer.type=file --set training.tokenizer.path=path/to/model_dir/tokenizer.json
+    specformer train my.yaml --init-from my.safetensors --set 'training.data={type: files, paths: [my_texts/]}'
     ```
+
+    A decoder's or an encoder's spec trains with the model's own tokenizer.json (its
+    training.tokenizer names the file), which the weights' token ids belong to.
     """
     from specformer.analysis import count_parameters
-    from specformer.interop.hf import HFConversionError, import_hf, read_hf_config, save_safetensors
+    from specformer.interop.hf import (
+        HFConversionError,
+        import_hf,
+        model_tokenizer,
+        read_hf_config,
+        save_safetensors,
+    )
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")
@@ -114,10 +123,25 @@ def import_hf_cmd(
     writers: dict[Path, Callable[[Path], None]] = {output: lambda path: path.write_text(text, encoding="utf-8")}
     if weights is not None:
         assert state is not None
-        writers[weights] = lambda path: save_safetensors(state, path)
+        # the tokenizer the weights' ids belong to: `train --init-from` warns when the spec trains another
+        origin = {"specformer.imported_from": str(source.resolve())}
+        if (found := model_tokenizer(source)) is not None:
+            origin["specformer.tokenizer"] = str(found)
+        writers[weights] = lambda path: save_safetensors(state, path, metadata=origin)
     _write_or_fail(writers)
     total = count_parameters(spec).total
     _say(f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
+    tokenizer = spec.training.tokenizer
+    if tokenizer is not None and tokenizer.type == "file":
+        _say(f"  training.tokenizer: the model's own, {escape(tokenizer.path)}")
+    elif spec.kind != "encoder-decoder":
+        print_error(
+            f"{source} has no tokenizer.json, so the spec's training.tokenizer is a {tokenizer.type if tokenizer else 'new'} "
+            "tokenizer whose token ids are not the ones these weights were trained on; to fine-tune, save the "
+            "model's tokenizer as tokenizer.json (transformers: AutoTokenizer.from_pretrained(folder)"
+            ".save_pretrained(folder)) and set training.tokenizer: {type: file, path: folder/tokenizer.json}",
+            label="[yellow]warning:[/]",
+        )
     if weights is not None:
         assert state is not None and report is not None
         _say(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors")

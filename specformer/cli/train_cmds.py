@@ -248,9 +248,8 @@ def train_cmd(
 
     `--resume` continues a run where it stopped; `--init-from` starts a new run from
     weights (those of `specformer import-hf MODEL_DIR -o gpt2.yaml --weights
-    gpt2.safetensors`, or of another run). For imported weights, train with the model's
-    own tokenizer: `--set training.tokenizer.type=file --set
-    training.tokenizer.path=MODEL_DIR/tokenizer.json`.
+    gpt2.safetensors`, or of another run). Imported weights train with the model's own
+    tokenizer, which the spec import-hf writes names (training.tokenizer: {type: file}).
     """
     with _starting():
         from lightning.pytorch.utilities.rank_zero import rank_zero_only

@@ -53,6 +53,7 @@ __all__ = [
     "read_hf_state_dict",
     "load_hf_weights",
     "import_hf",
+    "model_tokenizer",
     "hf_state_dict",
     "save_hf",
     "write_files",
@@ -163,13 +164,20 @@ def import_hf(
     ``source`` is a model directory, a ``config.json`` path, a config dict or a
     ``PretrainedConfig``. Weights come from ``state_dict`` if given, else from the
     directory (when ``weights``). A checkpoint whose output layer is not tied to its
-    embeddings gets a spec with ``embedding.tie_output: false``.
+    embeddings gets a spec with ``embedding.tie_output: false``. A decoder's or an
+    encoder's spec trains with the model's own ``tokenizer.json`` when the folder has one
+    (``training.tokenizer: {type: file, path: ...}``): the weights fit its token ids.
     """
     config = read_hf_config(source)
     if name is None and not config.get("_name_or_path") and isinstance(source, str | Path):
         folder = Path(source) if Path(source).is_dir() else Path(source).resolve().parent
         name = folder.name or None
     spec = spec_from_hf_config(config, name=name)
+    tokenizer = model_tokenizer(source) if isinstance(source, str | Path) else None
+    if tokenizer is not None and spec.kind != "encoder-decoder":  # (those train on the synthetic tasks only)
+        data = spec.to_dict()
+        data["training"]["tokenizer"] = {"type": "file", "path": str(tokenizer)}
+        spec = ModelSpec.model_validate(data)
     if state_dict is None and weights:
         if not isinstance(source, str | Path):
             return spec, None, None
@@ -183,6 +191,16 @@ def import_hf(
         spec = ModelSpec.model_validate(data)
     ours, report = hf_to_specformer(state_dict, spec)
     return spec, ours, report
+
+
+def model_tokenizer(source: str | Path) -> Path | None:
+    """The ``tokenizer.json`` beside a model's ``config.json`` (an absolute path), or None
+    when the folder has none (an older model may have only ``vocab.json`` + ``merges.txt``
+    or a SentencePiece ``tokenizer.model``)."""
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    found = folder / "tokenizer.json"
+    return found.resolve() if found.is_file() else None
 
 
 def load_hf_weights(
@@ -274,14 +292,15 @@ def save_hf(
     return out
 
 
-def save_safetensors(tensors: Mapping[str, Tensor], path: Path) -> None:
-    """``safetensors.torch.save_file``, its I/O errors raised as ``OSError`` naming ``path``."""
+def save_safetensors(tensors: Mapping[str, Tensor], path: Path, *, metadata: Mapping[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file``, its I/O errors raised as ``OSError`` naming ``path``;
+    ``metadata`` (strings) goes into the file's header beside ``format: pt``."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path),
-                  metadata={"format": "pt"})
+                  metadata={**(metadata or {}), "format": "pt"})
     except SafetensorError as exc:
         raise OSError(errno.EIO, str(exc), str(path)) from None
 

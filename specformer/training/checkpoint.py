@@ -305,6 +305,23 @@ def read_weights_and_tokenizer(
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
 
 
+def weights_origin(path: str | os.PathLike[str]) -> dict[str, str]:
+    """What ``import-hf --weights`` recorded in a ``.safetensors`` file's header about where
+    the weights came from (``specformer.imported_from``, ``specformer.tokenizer``); empty for
+    any other file."""
+    path = Path(path)
+    if path.suffix.lower() != ".safetensors":
+        return {}
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError):
+        return {}
+    return {k: v for k, v in metadata.items() if k.startswith("specformer.")}
+
+
 def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source: str) -> None:
     """Load a state dict, refusing (with a list of what differs) anything but an exact match."""
     check_weights(model, weights, source=source)

@@ -51,6 +51,7 @@ from specformer.training.checkpoint import (
     checkpoint_tokenizer_spec,
     read_checkpoint,
     read_weights_and_tokenizer,
+    weights_origin,
 )
 
 __all__ = ["TrainResult", "TrainingInterrupted", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
@@ -306,6 +307,7 @@ def train(
         weights, tokenizer, tokenizer_spec = read_weights_and_tokenizer(init_from)
         # the weights' shapes first: a checkpoint of another model is that, not a tokenizer problem
         check_weights(build_model(spec, device="meta"), weights, source=str(init_from))
+        _check_imported_tokenizer(spec, init_from, console)
     if tokenizer_spec is not None:
         spec = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume or init_from), console)
         t = spec.training
@@ -536,6 +538,22 @@ def _warn(console: Console | None, message: str) -> None:
     """A warning, printed once (by the first process) on the console the run reports on."""
     if console is not None and rank_zero_only.rank == 0:
         console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def _check_imported_tokenizer(spec: Any, init_from: str | Path, console: Console | None) -> None:
+    """Weights from ``import-hf --weights`` fit the token ids of the model's own tokenizer: a
+    spec that trains with another (a BPE trained afresh on this run's data) is warned about."""
+    origin = weights_origin(init_from)
+    source = origin.get("specformer.imported_from")
+    tokenizer = spec.training.tokenizer
+    if source is None or tokenizer is None or tokenizer.type == "file":
+        return
+    own = origin.get("specformer.tokenizer")
+    fix = (f"--set training.tokenizer.type=file --set training.tokenizer.path={own}" if own else
+           "save the model's tokenizer as tokenizer.json and set training.tokenizer: {type: file, path: ...}")
+    _warn(console, f"{init_from} holds the weights of {source} (import-hf), which fit the token ids of that model's "
+                   f"tokenizer, but training.tokenizer is {tokenizer.type}: its ids mean other tokens, and the "
+                   f"imported embeddings start out meaningless; to fine-tune with the model's own: {fix}")
 
 
 def _with_checkpoint_tokenizer(spec: Any, tokenizer_spec: dict[str, Any], source: str, console: Console | None) -> Any:

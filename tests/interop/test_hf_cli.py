@@ -229,7 +229,7 @@ def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch) -> None:
     source = hf.save_hf(build_model(spec), spec, tmp_path / "hf")
     out = tmp_path / "out"
 
-    def disk_full(tensors, path) -> None:
+    def disk_full(tensors, path, **_) -> None:
         path.write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
@@ -372,7 +372,7 @@ def test_the_paths_written_are_printed_whole_however_narrow_the_output(tmp_path)
     "command,example",
     [
         ("import-hf", "specformer import-hf path/to/model_dir -o my.yaml --weights my.safetensors"),
-        ("import-hf", "--set training.tokenizer.path=path/to/model_dir/tokenizer.json"),
+        ("import-hf", "specformer train my.yaml --init-from my.safetensors"),
         ("export-hf", "specformer export-hf my.safetensors --spec my.yaml -o hf_out"),
     ],
 )
@@ -398,3 +398,42 @@ def test_export_without_a_tokenizer_names_an_earlier_exports_tokenizer_left_in_t
     assert result.exit_code == 0, result.output
     assert f"{out} still holds tokenizer.json from before, which this export did not write" in result.stderr
     assert (out / "tokenizer.json").read_text() == "{}"  # the user's file is left alone
+
+
+def _model_folder(tmp_path: Path, config: dict, *, tokenizer: bool) -> Path:
+    """A Hugging Face model folder as save_pretrained writes it: config, weights and (when
+    ``tokenizer``) the model's tokenizer.json."""
+    from specformer.data.tokenizers import ByteTokenizer
+    from specformer.interop.hf import save_hf, spec_from_hf_config
+
+    spec = spec_from_hf_config(config)
+    folder = tmp_path / config["model_type"]
+    save_hf(build_model(spec), spec, folder, tokenizer=ByteTokenizer() if tokenizer else None)
+    return folder
+
+
+def test_import_trains_with_the_models_own_tokenizer(tmp_path) -> None:
+    # the weights' token ids are those of the model's tokenizer.json: a spec that trained a
+    # fresh BPE on the user's text would fine-tune them on ids that mean other tokens
+    folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=True)
+    out = tmp_path / "my.yaml"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(out), "-w", str(tmp_path / "w.safetensors")],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    tokenizer = load_spec(out).training.tokenizer
+    assert (tokenizer.type, tokenizer.path) == ("file", str((folder / "tokenizer.json").resolve()))
+    assert f"training.tokenizer: the model's own, {(folder / 'tokenizer.json').resolve()}" in result.stdout
+    assert result.stderr == ""
+    # a config.json given as the source finds the tokenizer beside it too
+    result = runner.invoke(app, ["import-hf", str(folder / "config.json"), "-o", str(tmp_path / "c.yaml")])
+    assert load_spec(tmp_path / "c.yaml").training.tokenizer.type == "file"
+
+
+def test_import_of_a_model_without_tokenizer_json_warns_that_the_spec_trains_another(tmp_path) -> None:
+    folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=False)
+    out = tmp_path / "my.yaml"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(out)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert load_spec(out).training.tokenizer.type == "bpe"
+    assert result.stderr.startswith("warning: ")
+    assert f"{folder} has no tokenizer.json" in result.stderr and "training.tokenizer" in result.stderr

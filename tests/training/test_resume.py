@@ -592,6 +592,42 @@ def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
         train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)
 
 
+def test_init_from_imported_weights_warns_when_the_spec_trains_another_tokenizer(tiny: Any, tmp_path: Path) -> None:
+    # import-hf records the model's tokenizer in the weights file: weights whose embeddings are
+    # indexed by that tokenizer's ids, fine-tuned on the ids of a BPE trained afresh, learn nothing
+    from io import StringIO
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from specformer.builder import build_model
+    from specformer.cli import app
+    from specformer.data.tokenizers import ByteTokenizer
+    from specformer.interop.hf import save_hf, spec_from_hf_config
+
+    hf = spec_from_hf_config({"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64,
+                              "vocab_size": 300})
+    save_hf(build_model(hf), hf, tmp_path / "gpt2", tokenizer=ByteTokenizer())
+    weights = tmp_path / "w.safetensors"
+    result = CliRunner().invoke(app, ["import-hf", str(tmp_path / "gpt2"), "-o", str(tmp_path / "my.yaml"),
+                                      "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    t = tiny("decoder", max_steps=1, val_interval=1)
+    sets = [f"training.{k}={json.dumps(t['training'][k])}" for k in ("data", "seq_len", "batch_size", "max_steps", "val_interval",
+                                                         "val_batches", "out_dir", "cache_dir", "accelerator")]
+    out = StringIO()
+    train(load_spec(tmp_path / "my.yaml", overrides=sets), init_from=weights, progress=False,
+          console=Console(file=out, width=400))
+    assert "warning" not in out.getvalue()  # the spec import-hf wrote trains with the model's tokenizer
+    out = StringIO()
+    train(load_spec(tmp_path / "my.yaml", overrides=[*sets, "training.tokenizer={type: byte}"]), init_from=weights,
+          progress=False, console=Console(file=out, width=400))
+    said = out.getvalue()
+    assert f"{weights} holds the weights of {(tmp_path / 'gpt2').resolve()} (import-hf)" in said
+    assert "training.tokenizer is byte" in said
+    assert f"--set training.tokenizer.path={(tmp_path / 'gpt2' / 'tokenizer.json').resolve()}" in said
+
+
 def test_ctrl_c_in_the_closing_validation_says_training_finished(tiny: Any) -> None:
     class CtrlCInClosingValidation(L.Callback):
         def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:

@@ -116,11 +116,13 @@ def _read_files(
             if report:  # (a few stdlib test files are deliberately not UTF-8)
                 skipped.append(key)
             continue
+        text, changed = _plain_text(text)
         if not text.strip():
             continue
         texts.append(text)
         keys.append(key)
-        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
+        # a file the reading changes is marked: its cached tokens (of an older reading) differ
+        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b""))
     # a single document is split by lines, not by file: its cached tokens differ
     fingerprint = content_hash(name, {**settings, "split": "lines"} if len(texts) == 1 else settings, chunks=digests)
     if len(texts) == 1:
@@ -139,6 +141,18 @@ def _read_files(
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
     )
+
+
+def _plain_text(text: str) -> tuple[str, bool]:
+    """``text`` with plain line ends and no byte-order mark, and whether that changed it:
+    Windows (``\\r\\n``) and old Mac (``\\r``) line ends become ``\\n``, as Python's ``open()``
+    reads them, and a leading UTF-8 byte-order mark (which Windows editors write) is dropped,
+    as the ``utf-8-sig`` codec does. Otherwise a corpus with files of both kinds would teach
+    two line ends, and a BOM would open a document with an invisible token."""
+    plain = text.removeprefix("\ufeff")
+    if "\r" in plain:
+        plain = plain.replace("\r\n", "\n").replace("\r", "\n")
+    return plain, plain != text
 
 
 def _split_document(text: str, val_fraction: float) -> tuple[str, str]:

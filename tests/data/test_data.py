@@ -140,6 +140,20 @@ def test_a_single_file_is_split_inside_it(tmp_path: Path) -> None:
     assert one.train == ["x" * 800] and one.val == ["x" * 200]
 
 
+def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(tmp_path: Path) -> None:
+    # files saved on Windows: CRLF line ends, and Notepad's UTF-8 BOM before the first line
+    lines = [f"line {i} naïve café\n" for i in range(40)]
+    (tmp_path / "unix.txt").write_text("".join(lines), encoding="utf-8")
+    (tmp_path / "windows.txt").write_bytes("".join(lines).replace("\n", "\r\n").encode("utf-8-sig"))
+    (tmp_path / "mac.txt").write_bytes("".join(lines).replace("\n", "\r").encode())
+    texts = {}
+    for name in ("unix.txt", "windows.txt", "mac.txt"):
+        corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / name),), val_fraction=0.1))
+        texts[name] = corpus.train + corpus.val
+    assert texts["windows.txt"] == texts["unix.txt"] == texts["mac.txt"]
+    assert texts["unix.txt"] == ["".join(lines[:36]), "".join(lines[36:])]
+
+
 # --------------------------------------------------------------------------- tokenizers
 
 

@@ -111,7 +111,7 @@ def _read_files(
     for key, path in items:
         try:
             raw = path.read_bytes()
-            text = raw.decode("utf-8")
+            text = _decompressed(path, raw).decode("utf-8")
         except (OSError, UnicodeDecodeError):
             if report:  # (a few stdlib test files are deliberately not UTF-8)
                 skipped.append(key)
@@ -141,6 +141,25 @@ def _read_files(
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
     )
+
+
+# compressed files are read as the text inside them (standard-library codecs only)
+_COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+
+
+def _decompressed(path: Path, raw: bytes) -> bytes:
+    """The bytes of a file, decompressed when its name ends in ``.gz``, ``.bz2`` or ``.xz``;
+    a damaged archive is an error naming the file (not a file silently left out)."""
+    codec = _COMPRESSED.get(path.suffix.lower())
+    if codec is None:
+        return raw
+    import importlib
+
+    try:
+        return importlib.import_module(codec).decompress(raw)
+    except Exception as exc:  # BadGzipFile, zlib.error, LZMAError, EOFError of a truncated stream, ...
+        detail = str(exc) or type(exc).__name__
+        raise DataError(f"training.data.paths: {path} is not a readable {codec} file ({detail})") from None
 
 
 def _plain_text(text: str) -> tuple[str, bool]:

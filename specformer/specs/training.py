@@ -130,7 +130,8 @@ class StdlibDataSpec(Spec):
 
 
 class FilesDataSpec(Spec):
-    """Local text files: paths or globs (``**`` recurses), one document per file."""
+    """Local text files: paths or globs (``**`` recurses), one document per file; ``.gz``,
+    ``.bz2`` and ``.xz`` files are read decompressed."""
 
     type: Literal["files"] = "files"
     paths: tuple[str, ...] = Field(

@@ -154,6 +154,26 @@ def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(tmp_path
     assert texts["unix.txt"] == ["".join(lines[:36]), "".join(lines[36:])]
 
 
+def test_compressed_files_are_read_as_the_text_inside(tmp_path: Path) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    lines = [f"line {i} of the notes, 東京\n" for i in range(50)]
+    text = "".join(lines).encode()
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "b.txt.bz2").write_bytes(bz2.compress(text))
+    (tmp_path / "c.txt.xz").write_bytes(lzma.compress(text))
+    (tmp_path / "d.txt").write_bytes(text)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),), val_fraction=0.3))
+    assert sorted(corpus.train_ids + corpus.val_ids) == ["a.txt.gz", "b.txt.bz2", "c.txt.xz", "d.txt"]
+    assert corpus.train + corpus.val == ["".join(lines)] * 4 and corpus.skipped == []
+    # a damaged archive is named, not left out in silence
+    (tmp_path / "e.txt.gz").write_bytes(gzip.compress(text)[:40])
+    with pytest.raises(DataError, match=r"^training.data.paths: .*e.txt.gz is not a readable gzip file \(.+\)$"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+
+
 # --------------------------------------------------------------------------- tokenizers
 
 

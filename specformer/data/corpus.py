@@ -14,6 +14,7 @@ import glob
 import hashlib
 import os
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,10 +101,18 @@ def _cap(items: list[tuple[str, Path]], max_mb: float | None) -> list[tuple[str,
 
 
 def _read_files(
-    name: str, items: list[tuple[str, Path]], val_fraction: float, settings: dict, *, report: bool = True
+    name: str,
+    items: list[tuple[str, Path]],
+    val_fraction: float,
+    settings: dict,
+    *,
+    report: bool = True,
+    text_field: str | None = None,
 ) -> Corpus:
     """Read ``items`` (key, path) as UTF-8 text and split them; files that are not UTF-8
-    text are left out (listed in ``skipped`` when ``report``) and empty ones dropped."""
+    text are left out (listed in ``skipped`` when ``report``) and empty ones dropped. With
+    ``text_field``, a JSON-lines file (``.jsonl``, ``.ndjson``) gives one document per line,
+    its ``text_field``, keyed ``file.jsonl:LINE``."""
     texts: list[str] = []
     keys: list[str] = []
     digests: list[bytes] = []
@@ -115,6 +124,12 @@ def _read_files(
         except (OSError, UnicodeDecodeError):
             if report:  # (a few stdlib test files are deliberately not UTF-8)
                 skipped.append(key)
+            continue
+        if text_field is not None and _is_json_lines(path):
+            for line, document in _json_lines(path, text, text_field):
+                texts.append(document)
+                keys.append(f"{key}:{line}")
+                digests.append(_key_bytes(f"{key}:{line}:{text_field}") + hashlib.sha1(document.encode()).digest())
             continue
         text, changed = _plain_text(text)
         if not text.strip():
@@ -141,6 +156,49 @@ def _read_files(
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
     )
+
+
+_JSON_LINES = (".jsonl", ".ndjson")
+
+
+def _is_json_lines(path: Path) -> bool:
+    """A ``.jsonl`` or ``.ndjson`` file, compressed or not (``train.jsonl.gz``)."""
+    name = path.name.lower()
+    for suffix in _COMPRESSED:
+        name = name.removesuffix(suffix)
+    return name.endswith(_JSON_LINES)
+
+
+def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each document of a JSON-lines file: every non-blank line is a
+    JSON object whose ``text_field`` is a string (an empty one is dropped, as an empty file
+    is). Anything else is an error naming the file, the line and the setting."""
+    import json
+
+    where = f"training.data.paths: {path}"
+    # split at \n alone: a JSON string may hold U+2028 and other characters splitlines() breaks at
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}:{number}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl "
+                            "file holds one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{where}:{number}: a JSON {type(record).__name__}, not an object; a .jsonl file holds "
+                            f"one object per line, its text under training.data.text_field ({text_field!r})")
+        if text_field not in record:
+            has = ", ".join(map(repr, list(record)[:8])) or "no fields"
+            raise DataError(f"{where}:{number}: no {text_field!r} field (training.data.text_field); this line "
+                            f"has {has}")
+        value = record[text_field]
+        if not isinstance(value, str):
+            kind = "null" if value is None else f"a JSON {type(value).__name__}"
+            raise DataError(f"{where}:{number}: {text_field!r} (training.data.text_field) is {kind}, not a string")
+        value, _ = _plain_text(value)
+        if value.strip():
+            yield number, value
 
 
 # compressed files are read as the text inside them (standard-library codecs only)
@@ -236,7 +294,9 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     if not items:
         raise DataError("training.data.paths: no files found")
     keyed = _cap(sorted(items.values()), spec.max_mb)
-    corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths"}))
+    # (text_field is in each JSON-lines document's digest: other files keep the key they had)
+    corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths", "text_field"}),
+                         text_field=spec.text_field)
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]

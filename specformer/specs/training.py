@@ -131,7 +131,8 @@ class StdlibDataSpec(Spec):
 
 class FilesDataSpec(Spec):
     """Local text files: paths or globs (``**`` recurses), one document per file; ``.gz``,
-    ``.bz2`` and ``.xz`` files are read decompressed."""
+    ``.bz2`` and ``.xz`` files are read decompressed, and a JSON-lines file (``.jsonl``,
+    ``.ndjson``) gives one document per line."""
 
     type: Literal["files"] = "files"
     paths: tuple[str, ...] = Field(
@@ -139,9 +140,14 @@ class FilesDataSpec(Spec):
         description="Files, directories or globs, e.g. ['data/**/*.txt'] (one may be given alone: data/).",
     )
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
-        0.05, description="Fraction of files held out for validation (chosen by a hash of the path)."
+        0.05,
+        description="Fraction of files (of documents, in a .jsonl file) held out for validation, chosen by a hash "
+        "of the path (and line).",
     )
     max_mb: PositiveFloat | None = Field(None, description="Use at most this many MB of files.")
+    text_field: str = Field(
+        "text", min_length=1, description="The field of each line of a .jsonl file that holds its document's text."
+    )
 
     @field_validator("paths", mode="before")
     @classmethod

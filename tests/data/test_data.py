@@ -174,6 +174,50 @@ def test_compressed_files_are_read_as_the_text_inside(tmp_path: Path) -> None:
         files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
 
 
+def test_json_lines_files_give_one_document_per_line_from_the_text_field(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    docs = [f"document {i}: a line\nand another, naïve\u2028still the same document" for i in range(60)]
+    lines = [json.dumps({"id": i, "text": d}, ensure_ascii=i % 2 == 0) for i, d in enumerate(docs)]
+    lines.insert(5, "")  # blank lines are skipped
+    lines.insert(9, json.dumps({"text": ""}))  # an empty document is dropped, as an empty file is
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("\r\n".join(lines) + "\r\n", encoding="utf-8-sig")
+    (tmp_path / "data" / "more.ndjson.gz").write_bytes(gzip.compress(json.dumps({"text": "zipped doc"}).encode()))
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / "data"),), val_fraction=0.2))
+    assert sorted(corpus.train + corpus.val) == sorted([*docs, "zipped doc"])  # the text, not the JSON around it
+    assert 5 <= len(corpus.val) <= 20
+    assert "train.jsonl:1" in corpus.train_ids + corpus.val_ids and "more.ndjson.gz:1" in corpus.train_ids + corpus.val_ids
+    assert "train.jsonl:6" not in corpus.train_ids + corpus.val_ids  # the blank line
+    # another field by setting; the key of the cached tokens follows it
+    (tmp_path / "other.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    other = files_corpus(FilesDataSpec(paths=(str(tmp_path / "other.jsonl"),), text_field="body"))
+    assert sorted(other.train + other.val) == sorted(docs)
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps({"body": d, "text": d}) + "\n" for d in docs))
+    body, text = (files_corpus(FilesDataSpec(paths=(str(tmp_path / "same.jsonl"),), text_field=f)) for f in ("body", "text"))
+    assert body.train == text.train and body.fingerprint != text.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('{"body": "x", "id": 3}', r"no 'text' field \(training.data.text_field\); this line has 'body', 'id'"),
+        ('{"text": null}', r"'text' \(training.data.text_field\) is null, not a string"),
+        ('{"text": ["a", "b"]}', r"'text' \(training.data.text_field\) is a JSON list, not a string"),
+        ('["a", "b"]', r"a JSON list, not an object"),
+        ('{"text": "unterminated}', r"not a JSON object \(Unterminated string .* at column 10\)"),
+    ],
+)
+def test_a_json_lines_line_without_its_text_names_the_file_line_and_setting(tmp_path: Path, line: str, says: str) -> None:
+    import json
+
+    good = [json.dumps({"text": f"document {i}"}) for i in range(5)]
+    (tmp_path / "my data.jsonl").write_text("\n".join([*good[:3], line, *good[3:]]) + "\n")
+    with pytest.raises(DataError, match=rf"^training.data.paths: {tmp_path}/my data.jsonl:4: {says}"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+
+
 # --------------------------------------------------------------------------- tokenizers
 
 

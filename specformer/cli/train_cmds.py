@@ -361,7 +361,8 @@ def generate_cmd(
                 # --stop-at-eot ends the text at the end of its document, the marker left out (as
                 # an encoder-decoder's end token is)
                 row = new[: new.index(tok.eot_id)] if stop_at_eot and tok.eot_id in new else new
-                console.print(f"[dim]{_escape(shown)}[/]{_escape(tok.decode(row))}", highlight=False, soft_wrap=True)
+                text = _continuation(tok, ids, row)
+                console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
 
             with _shown_on_interrupt(new, max_new_tokens, show):
                 generate(
@@ -401,6 +402,15 @@ def _shown_on_interrupt(new: list[int], limit: int, show: Callable[[], None]) ->
         show()
         print_error(f"interrupted after {len(new)} of at most {limit} new tokens: the text above is what was generated")
         raise typer.Exit(INTERRUPTED) from None
+
+
+def _continuation(tok: Any, ids: list[int], new: list[int]) -> str:
+    """The text ``new`` adds after ``ids``: decoded with them, less their own text. Decoded
+    alone, a SentencePiece-style tokenizer (Llama's, Mistral's) drops the space that opens
+    the first new word (``▁is`` alone is "is"; after "The model" it is " is")."""
+    head = tok.decode(ids)
+    whole = tok.decode([*ids, *new])
+    return whole[len(head):] if whole.startswith(head) else tok.decode(new)
 
 
 def _warn_unknown_symbols(tok: Any, text: str) -> None:

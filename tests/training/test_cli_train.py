@@ -441,6 +441,43 @@ def test_stop_at_eot_ends_the_text_without_the_marker(tiny: Any, tmp_path: Path,
     assert result.stdout == "xab\n"
 
 
+def _metaspace_tokenizer(tmp_path: Path) -> Path:
+    """A SentencePiece-style tokenizer.json, as Llama's, Mistral's and T5's are: a word's
+    space is a ▁ at its start, and decoding drops the ▁ that opens the text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<|endoftext|>", "<pad>", "<mask>", "<unk>"])
+    tok.train_from_iterator(["The model is here and the model is there, said the modeller."] * 50, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path / "tokenizer.json"
+
+
+def test_generated_text_keeps_the_space_before_its_first_word_with_a_sentencepiece_tokenizer(
+    tiny: Any, tmp_path: Path, monkeypatch
+) -> None:
+    import importlib
+
+    import torch
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    tokenizer = {"type": "file", "path": str(_metaspace_tokenizer(tmp_path))}
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=1, val_interval=1, tokenizer=tokenizer)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    from specformer.training.checkpoint import load_checkpoint
+
+    tok = load_checkpoint(ckpt).tokenizer
+    made = tok.encode("The model is here")[len(tok.encode("The model")):]
+    assert tok.decode(made) == "is here"  # decoded alone, the first word loses its space
+    steps = iter(made)
+    monkeypatch.setattr(gen, "sample_next", lambda logits, **_: torch.tensor([next(steps)]))
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "The model", "-n", str(len(made))])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "The model is here\n"
+
+
 def test_a_training_split_smaller_than_one_batch_is_pointed_out(tiny: Any, tmp_path: Path) -> None:
     # 3 sequences and batch_size 8: each batch cycles them, which nothing said
     text = tmp_path / "tiny.txt"

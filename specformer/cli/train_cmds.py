@@ -311,8 +311,14 @@ def generate_cmd(
     stop_at_eot: Annotated[bool, typer.Option("--stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document) instead of going on into a new one.")] = False,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
+    heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
+
+    A prompt that ends in whitespace ("The model ") is healed with a BPE or tokenizer.json
+    tokenizer: those put a word's space at its start (" is"), so a lone trailing space is a
+    token training rarely had before a word; the space is taken off and the first new token
+    chosen among those that begin with it. --no-heal encodes the prompt as it is.
 
     Examples:
 
@@ -325,7 +331,7 @@ def generate_cmd(
     with _starting():
         import torch
 
-        from specformer.training.generate import generate, generate_seq2seq
+        from specformer.training.generate import encode_prompt, generate, generate_seq2seq
 
     with _errors_for_people(stopped="interrupted; nothing more is generated"):
         loaded = _load_checkpoint(checkpoint)
@@ -349,19 +355,24 @@ def generate_cmd(
             new.append(int(nxt[0]))
 
         if spec.kind == "decoder":
-            if not ids:
-                if tok.eot_id is None:
-                    raise _fail("give a --prompt: this tokenizer has no end-of-text token to start from")
-                ids = [tok.eot_id]
-                shown = ""
-            else:
-                shown = prompt
+            if not prompt.strip() and tok.eot_id is None:
+                raise _fail("give a --prompt: this tokenizer has no end-of-text token to start from")
+            encoded = encode_prompt(tok, prompt, heal=heal)
+            ids = encoded.ids
+            if not heal and prompt != prompt.rstrip() and encode_prompt(tok, prompt).healed:
+                print_error(f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}), which this tokenizer "
+                            "reads as a token of its own, rarely seen before a word in training (words carry their "
+                            "leading space): the text may go astray; leave out --no-heal to have the first new "
+                            "token begin with it", label="[yellow]warning:[/]")
+            shown = prompt if prompt.strip() or not encoded.healed else ""
 
             def show() -> None:
                 # --stop-at-eot ends the text at the end of its document, the marker left out (as
                 # an encoder-decoder's end token is)
                 row = new[: new.index(tok.eot_id)] if stop_at_eot and tok.eot_id in new else new
                 text = _continuation(tok, ids, row)
+                # the healed whitespace is the prompt's, shown with it
+                text = text.removeprefix(encoded.healed) if shown else text
                 console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
 
             with _shown_on_interrupt(new, max_new_tokens, show):
@@ -369,6 +380,7 @@ def generate_cmd(
                     model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
                     top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
                     max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates, on_token=keep,
+                    allowed_tokens=encoded.allowed_tokens,
                 )
             show()
             return

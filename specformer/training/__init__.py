@@ -6,7 +6,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["train", "TrainResult", "TrainingInterrupted", "generate", "generate_seq2seq", "load_checkpoint", "CheckpointError"]
+__all__ = [
+    "train",
+    "TrainResult",
+    "TrainingInterrupted",
+    "generate",
+    "generate_seq2seq",
+    "encode_prompt",
+    "load_checkpoint",
+    "CheckpointError",
+]
 
 _LAZY = {
     "train": "specformer.training.run",
@@ -30,4 +39,4 @@ def __dir__() -> list[str]:
 
 # eager, not lazy: the submodule ``generate`` has the function's name, and importing a
 # submodule binds it on the package, which would hand out the module instead
-from specformer.training.generate import generate, generate_seq2seq  # noqa: E402
+from specformer.training.generate import encode_prompt, generate, generate_seq2seq  # noqa: E402

@@ -12,14 +12,15 @@ re-read from scratch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sample_next", "generate", "generate_seq2seq"]
+__all__ = ["sample_next", "generate", "generate_seq2seq", "Prompt", "encode_prompt"]
 
 
 def sample_next(
@@ -30,18 +31,25 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     n_candidates: int | None = None,
+    allowed: Tensor | None = None,
 ) -> Tensor:
     """Next token ids (B,) from logits (B, V). ``temperature=0`` is greedy (argmax).
 
     top-k keeps the k most likely tokens; top-p (Holtzman et al. 2020) keeps the
     smallest set whose probability reaches p. Both filters apply before sampling.
     ``n_candidates`` < V keeps ids below it only: a tokenizer smaller than the model's
-    vocabulary has no text for the rest.
+    vocabulary has no text for the rest. ``allowed`` (bool, (B, V) or (V,)) keeps only
+    the ids it marks, before the filters.
     """
     _check_sampling(temperature, top_k, top_p)
     if n_candidates is not None and n_candidates < logits.shape[-1]:
         logits = logits.clone()
         logits[..., n_candidates:] = float("-inf")
+    if allowed is not None:
+        allowed = allowed.to(device=logits.device, dtype=torch.bool)
+        if allowed.shape[-1] < logits.shape[-1]:  # a tokenizer smaller than the vocabulary: the rest has no text
+            allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]), value=False)
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -152,11 +160,15 @@ def generate(
     generator: torch.Generator | None = None,
     n_candidates: int | None = None,
     on_token: Callable[[Tensor], None] | None = None,
+    allowed_tokens: Callable[[Tensor], Tensor | None] | None = None,
 ) -> Tensor:
     """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
     (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`;
     ``on_token`` is called with each step's new tokens (B,) as they come (to show them, or
-    to keep them when generation is interrupted).
+    to keep them when generation is interrupted). ``allowed_tokens``, called before each step
+    with the tokens generated so far (B, n), returns which ids the step may take (bool,
+    (B, V) or (V,)) or None for any: :func:`encode_prompt` gives one that heals a prompt's
+    trailing whitespace.
 
     Prompts of different lengths go in one batch left-padded, with ``attention_mask``
     (B, T) (1 for real tokens, 0 for padding, as Hugging Face's): each row then decodes
@@ -199,8 +211,9 @@ def generate(
                     mask = window  # the cache covers the window only
             if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
                 cache = None  # full: the next step re-reads the last max_seq_len tokens
+            allowed = allowed_tokens(seq[:, input_ids.shape[1]:]) if allowed_tokens is not None else None
             nxt = sample_next(_last_logits(logits, model, "generate"), temperature=temperature, top_k=top_k,
-                              top_p=top_p, generator=generator, n_candidates=n_candidates)
+                              top_p=top_p, generator=generator, n_candidates=n_candidates, allowed=allowed)
             nxt, done = _finish(nxt, done, eos_id)
             if on_token is not None:
                 on_token(nxt)
@@ -270,3 +283,93 @@ def generate_seq2seq(
             if bool(done.all()):
                 break
     return seq[:, 1:]
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class Prompt:
+    """A prompt's ids for :func:`generate`, and what healing its end left to the model.
+
+    ``healed`` is the trailing whitespace taken off the text before encoding ('' when none);
+    ``allowed_tokens`` (for :func:`generate`) then has the first new tokens spell it out, so
+    the model chooses how the whitespace joins the next word (`` the``, ``\\n    return``)
+    instead of continuing a lone whitespace token it rarely saw in training."""
+
+    ids: list[int]
+    healed: str = ""
+    allowed_tokens: Callable[[Tensor], Tensor | None] | None = None
+
+
+def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
+    """``text`` encoded for :func:`generate`, its trailing whitespace healed.
+
+    A byte-level BPE (GPT-2's, and the one ``specformer train`` learns) puts a word's space
+    at its start (`` model``), and SentencePiece (Llama's) its ▁, so text ending in a space
+    encodes that space as a token of its own, which training text rarely has before a word:
+    "The model " is continued worse than "The model". With ``heal`` (and a subword
+    tokenizer: the byte tokenizer saw each space as the byte it is) the whitespace is taken
+    off and the first new tokens are held to those that spell it, e.g. `` is``, after which
+    sampling is free (token healing). An empty prompt (or one of whitespace only) starts
+    from the end-of-text token, as a document does."""
+    from specformer.data.tokenizers import HFTokenizer
+
+    stripped = text.rstrip()
+    trailing = text[len(stripped):]
+    if not heal or not trailing or not isinstance(tokenizer, HFTokenizer):
+        ids = tokenizer.encode(text)
+        return Prompt(ids=ids or _start(tokenizer))
+    ids = tokenizer.encode(stripped) or _start(tokenizer)
+    texts = _token_texts(tokenizer, ids[-8:])
+    return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing, tokenizer.vocab_size))
+
+
+def _start(tokenizer: Any) -> list[int]:
+    return [tokenizer.eot_id] if getattr(tokenizer, "eot_id", None) is not None else []
+
+
+def _token_texts(tokenizer: Any, context: Sequence[int]) -> list[str]:
+    """The text each id of the vocabulary adds after ``context`` (decoded with it, less its
+    own text: alone, a SentencePiece token drops the space that opens the text)."""
+    context = list(context)
+    head = tokenizer.decode(context)
+    rows = [[*context, i] for i in range(tokenizer.vocab_size)]
+    wholes = tokenizer.tok.decode_batch(rows, skip_special_tokens=False)
+    return [w[len(head):] if w.startswith(head) else "" for w in wholes]
+
+
+class _Spelling:
+    """``allowed_tokens`` for :func:`generate` that holds the first new tokens of each row to
+    those that spell ``text``: a token that starts with what is left of it (`` is`` for
+    " "), or that what is left starts with (``\\n`` of "\\n    "); free once it is spelt."""
+
+    def __init__(self, texts: Sequence[str], text: str, vocab_size: int) -> None:
+        self.texts, self.text, self.vocab_size = list(texts), text, vocab_size
+        self._masks: dict[str, Tensor] = {}
+
+    def _mask(self, left: str) -> Tensor | None:
+        if left not in self._masks:
+            ok = [bool(t) and (t.startswith(left) or left.startswith(t)) for t in self.texts]
+            self._masks[left] = torch.tensor(ok, dtype=torch.bool)
+        mask = self._masks[left]
+        return mask if bool(mask.any()) else None  # (never empty: the whitespace's own tokens spell it)
+
+    def _left(self, row: Sequence[int]) -> str:
+        left = self.text
+        for i in row:
+            if not left:
+                break
+            t = self.texts[i] if 0 <= i < len(self.texts) else ""
+            left = left[len(t):] if left.startswith(t) and t else ""
+        return left
+
+    def __call__(self, new: Tensor) -> Tensor | None:
+        lefts = [self._left(row) for row in new.tolist()]
+        if not any(lefts):
+            return None
+        masks = []
+        for left in lefts:
+            mask = self._mask(left) if left else None
+            masks.append(mask if mask is not None else torch.ones(len(self.texts), dtype=torch.bool))
+        return torch.stack(masks)

@@ -478,6 +478,49 @@ def test_generated_text_keeps_the_space_before_its_first_word_with_a_sentencepie
     assert result.stdout == "The model is here\n"
 
 
+def test_a_prompt_ending_in_a_space_is_healed_with_a_bpe(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    # byte-level BPE puts a word's space at its start: "def " ends in a lone space token,
+    # which training text rarely has before a word; generate takes it off and has the first
+    # new token begin with it
+    import importlib
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    bpe = {"type": "bpe", "vocab_size": 300}
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=1, val_interval=1, tokenizer=bpe)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    from specformer.training.checkpoint import load_checkpoint
+
+    tok = load_checkpoint(ckpt).tokenizer
+    real, seen = gen.generate, {}
+
+    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
+        seen["ids"] = ids[0].tolist()
+        out = real(model, ids, **kwargs)
+        seen["out"] = out[0].tolist()
+        return out
+
+    monkeypatch.setattr(gen, "generate", recording)
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "def ", "-n", "5", "--greedy"])
+    assert result.exit_code == 0, result.output
+    assert seen["ids"] == tok.encode("def") and result.stderr == ""
+    first = seen["out"][len(seen["ids"])]
+    assert tok.decode([*seen["ids"], first]).startswith("def ")  # the first new token carries the space
+    assert result.stdout == tok.decode(seen["out"]) + "\n"  # the prompt as typed, then the rest
+    # --no-heal reads the prompt as it is, and says what that does
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "def ", "-n", "5", "--greedy", "--no-heal"],
+                           env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert seen["ids"] == tok.encode("def ") and seen["ids"][-1] == tok.encode(" ")[0]
+    assert result.stderr.startswith("warning: the prompt ends in whitespace (' '), which this tokenizer reads as a "
+                                    "token of its own")
+    # the byte tokenizer saw every space as the byte it is: nothing to heal, nothing to say
+    (tmp_path / "runs").rename(tmp_path / "bpe-runs")
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=1, val_interval=1)))])
+    byte = str(_checkpoint(tmp_path, "tiny-decoder"))
+    result = runner.invoke(app, ["generate", byte, "--prompt", "def ", "-n", "5", "--greedy", "--no-heal"])
+    assert result.exit_code == 0 and result.stderr == "" and seen["ids"] == list(b"def ")
+
+
 def test_a_training_split_smaller_than_one_batch_is_pointed_out(tiny: Any, tmp_path: Path) -> None:
     # 3 sequences and batch_size 8: each batch cycles them, which nothing said
     text = tmp_path / "tiny.txt"

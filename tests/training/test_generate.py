@@ -233,3 +233,64 @@ def test_a_classification_head_has_no_next_token_to_sample(tiny: Any, kind: str)
             generate(model, torch.tensor([[5, 6], [7, 8]]), max_new_tokens=2)
         else:
             generate_seq2seq(model, torch.tensor([[5, 6], [7, 8]]), bos_id=1, eos_id=2, max_new_tokens=2)
+
+
+# --------------------------------------------------------------------------- healing a prompt's end
+
+
+def _bpe(tmp_path: Any) -> Any:
+    """A byte-level BPE as `specformer train` learns one: a word's space at its start."""
+    from specformer.data.corpus import Corpus
+    from specformer.data.tokenizers import bpe_tokenizer
+    from specformer.specs.training import BPETokenizerSpec
+
+    text = "def model(x):\n    return x + 1\n\n" * 40 + "the model is the thing that is here. " * 40
+    corpus = Corpus(name="t", train=[text], val=[text], fingerprint="heal")
+    return bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path)
+
+
+def test_a_trailing_space_is_taken_off_the_prompt_and_spelt_by_the_first_new_token(tmp_path: Any) -> None:
+    from specformer.data.tokenizers import ByteTokenizer
+    from specformer.training.generate import encode_prompt
+
+    tok = _bpe(tmp_path)
+    assert tok.encode("the model ")[-1] == tok.encode(" ")[0]  # the lone space token, rare before a word
+    prompt = encode_prompt(tok, "the model ")
+    assert prompt.ids == tok.encode("the model") and prompt.healed == " "
+    allowed = prompt.allowed_tokens(torch.zeros(1, 0, dtype=torch.long))[0]
+    texts = [tok.decode([*tok.encode("the model"), i])[len("the model"):] for i in range(tok.vocab_size)]
+    assert [i for i in range(tok.vocab_size) if allowed[i]] == [i for i, t in enumerate(texts) if t.startswith(" ")]
+    assert allowed[tok.encode(" is")[0]] and not allowed[tok.encode("is")[0]]
+    # once spelt, sampling is free
+    assert prompt.allowed_tokens(torch.tensor([tok.encode(" is")[:1]])) is None
+    # a newline and indentation: a token may spell a part of it, and the next the rest
+    code = encode_prompt(tok, "def model(x):\n    ")
+    assert code.ids == tok.encode("def model(x):") and code.healed == "\n    "
+    first = code.allowed_tokens(torch.zeros(1, 0, dtype=torch.long))[0]
+    newline = tok.encode("\n")[0]
+    assert first[newline] and not first[tok.encode("x")[0]]
+    after = code.allowed_tokens(torch.tensor([[newline]]))[0]
+    assert after[tok.encode("    return")[0]] and not after[newline]
+    # nothing to heal: no trailing whitespace, --no-heal, or the byte tokenizer (a space is a byte it saw)
+    assert encode_prompt(tok, "the model").allowed_tokens is None
+    assert encode_prompt(tok, "the model ", heal=False).ids == tok.encode("the model ")
+    assert encode_prompt(ByteTokenizer(), "the model ").ids == list(b"the model ")
+    # an empty prompt starts a document
+    assert encode_prompt(tok, "").ids == [tok.eot_id] and encode_prompt(tok, "  ").ids == [tok.eot_id]
+
+
+def test_generation_held_to_the_healed_whitespace_starts_with_it(tiny: Any, tmp_path: Any) -> None:
+    from specformer.training.generate import encode_prompt
+
+    tok = _bpe(tmp_path)
+    spec, model = _model(tiny, "decoder")
+    prompt = encode_prompt(tok, "the model ")
+    firsts = set()
+    for seed in range(20):
+        out = generate(model, torch.tensor([prompt.ids]), max_new_tokens=3, temperature=2.0,
+                       generator=torch.Generator().manual_seed(seed), n_candidates=tok.vocab_size,
+                       allowed_tokens=prompt.allowed_tokens)[0].tolist()
+        first = out[len(prompt.ids)]
+        assert tok.decode([*prompt.ids, first]).startswith("the model "), tok.decode(out)
+        firsts.add(first)
+    assert len(firsts) > 3  # sampled among the tokens that begin with the space, not forced to one

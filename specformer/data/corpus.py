@@ -41,6 +41,7 @@ class Corpus:
     train_ids: list[str] = field(default_factory=list)
     val_ids: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # files left out: not UTF-8 text, or unreadable
+    notes: list[str] = field(default_factory=list)  # what else was left out, for the run's data line
     split_by_lines: bool = False  # one document, split into its first and last lines
 
     @property
@@ -357,6 +358,8 @@ def hf_corpus(spec: HFDataSpec) -> Corpus:
             "(or use type: stdlib or type: files)"
         ) from None
 
+    notes: list[str] = []
+
     def load(split: str) -> list[str]:
         try:
             ds = datasets.load_dataset(spec.name, spec.config, split=split)
@@ -366,11 +369,23 @@ def hf_corpus(spec: HFDataSpec) -> Corpus:
             raise DataError(
                 f"dataset {spec.name!r} has no column {spec.text_field!r}; columns: {', '.join(ds.column_names)}"
             )
-        texts = [t for t in ds[spec.text_field] if isinstance(t, str) and t.strip()]
+        values = ds[spec.text_field]
+        wrong = next(((i, v) for i, v in enumerate(values) if v is not None and not isinstance(v, str)), None)
+        if wrong is not None:
+            raise DataError(
+                f"dataset {spec.name!r} split {split!r}: column {spec.text_field!r} (training.data.text_field) holds "
+                f"{type(wrong[1]).__name__} values, not text (row {wrong[0] + 1}); columns: {', '.join(ds.column_names)}"
+            )
+        # a row without the field (a JSON line that lacks it) is null: dropped, and said
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            notes.append(f"{len(missing)} {split} row{'s' if len(missing) != 1 else ''} without {spec.text_field!r} "
+                         f"(training.data.text_field) left out, the first row {missing[0] + 1}")
+        texts = [t for t in values if isinstance(t, str) and t.strip()]
         return texts[: spec.max_documents] if spec.max_documents else texts
 
     train, val = load(spec.train_split), load(spec.val_split)
     # the number of training documents marks where the split falls: a document moved from
     # one split to the other gives another key
     fingerprint = content_hash("hf", spec.model_dump(), len(train), chunks=(t.encode() for t in train + val))
-    return Corpus(name=f"hf:{spec.name}", train=train, val=val, fingerprint=fingerprint)
+    return Corpus(name=f"hf:{spec.name}", train=train, val=val, fingerprint=fingerprint, notes=notes)

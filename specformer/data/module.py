@@ -111,6 +111,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
                         f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
     if getattr(corpus, "skipped", None):
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
+    for note in getattr(corpus, "notes", ()):
+        description += f"; {note}"
     return PreparedData(
         tokenizer=tokenizer,
         train=train,

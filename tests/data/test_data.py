@@ -760,6 +760,37 @@ def test_files_paths_literal_brackets_odd_names_and_linked_folders(tmp_path: Pat
         k.removeprefix("notes [v2]/") for k in globbed.train_ids + globbed.val_ids)
 
 
+def test_hf_rows_without_the_text_field_are_said_and_other_values_refused(offline_datasets, tmp_path: Path) -> None:
+    import json
+
+    from specformer import load_spec
+    from specformer.data.corpus import hf_corpus
+    from specformer.data.module import prepare
+    from specformer.specs.training import HFDataSpec
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    train = [{"text": f"train document {i} " * 30} for i in range(8)]
+    train[2] = {"body": "this line lacks the field"}
+    train[5] = {"body": "and so does this one"}
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    (folder / "validation.jsonl").write_text(json.dumps({"text": "validation document " * 30}) + "\n")
+    corpus = hf_corpus(HFDataSpec(name=str(folder)))
+    assert len(corpus.train) == 6
+    assert corpus.notes == ["2 train rows without 'text' (training.data.text_field) left out, the first row 3"]
+    spec = load_spec("gpt-nano", [f"training.data={{type: hf, name: '{folder}'}}", "training.tokenizer.type=byte",
+                                  "vocab_size=259", "training.seq_len=16", f"training.cache_dir={tmp_path / 'cache'}"])
+    assert "; 2 train rows without 'text' (training.data.text_field) left out, the first row 3" in prepare(spec).description
+    # a column of something else than text is refused, not dropped row by row into an empty corpus
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    for split in ("train", "validation"):
+        (lists / f"{split}.jsonl").write_text(json.dumps({"text": ["a", "list"]}) + "\n")
+    with pytest.raises(DataError, match=r"split 'train': column 'text' \(training.data.text_field\) holds list "
+                                        r"values, not text \(row 1\)"):
+        hf_corpus(HFDataSpec(name=str(lists)))
+
+
 def test_a_document_moved_between_hf_splits_changes_the_cache_key(tmp_path: Path) -> None:
     pytest.importorskip("datasets")
     import json

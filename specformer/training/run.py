@@ -284,6 +284,7 @@ def train(
         tokenizer = checkpoint_tokenizer(raw)
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
         moved = _batch_changes(raw, spec)
+        changed = _training_changes(raw, spec)
         position = _resumed_position(raw)
         stored = raw.get(SpecDataModule.__qualname__)
         saved_data = stored.get("data") if isinstance(stored, dict) else None
@@ -296,6 +297,9 @@ def train(
                 f"--set training.max_steps={resumed_step + max(limit, 1)}"
             )
         resume = _checkpoint_file(Path(resume))
+        if changed and console is not None and rank_zero_only.rank == 0:
+            console.print(f"resuming at step {resumed_step} with other training settings than the checkpoint's: "
+                          f"{', '.join(changed)}", highlight=False, soft_wrap=True, markup=False)
         if moved:
             _warn(console, f"{moved} changed since the checkpoint, which records its data position in batches "
                            f"(step × accumulate; it was written by an older specformer), so this run reads on "
@@ -532,6 +536,36 @@ def _batch_changes(raw: dict[str, Any], spec: Any) -> str:
         if old is not None and old != new:
             changes.append(f"training.{name} {old} → {new}")
     return ", ".join(changes)
+
+
+def _training_changes(raw: dict[str, Any], spec: Any) -> list[str]:
+    """The ``training`` settings a resumed run changes ("training.optimizer.lr 0.0003 → 0.001"),
+    so that what a ``--set`` or an edited spec did is said; the tokenizer is the checkpoint's
+    (said apart when another is asked for)."""
+    meta = raw.get("specformer")
+    saved = meta.get("spec", {}).get("training") if isinstance(meta, dict) else None
+    if not isinstance(saved, dict):
+        return []
+    current = spec.to_dict().get("training", {})
+
+    def walk(a: Any, b: Any, path: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a.get("type") != b.get("type"):  # another kind of section: its fields are another's
+                return [f"{path}.type {a.get('type')} → {b.get('type')}"]
+            return [change for key in sorted(set(a) | set(b)) for change in walk(a.get(key), b.get(key), f"{path}.{key}")]
+        return [] if a == b or (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)) else [
+            f"{path} {_shown(a)} → {_shown(b)}"]
+
+    return [c for key in sorted(set(saved) | set(current)) if key != "tokenizer"
+            for c in walk(saved.get(key), current.get(key), f"training.{key}")]
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(map(_shown, value)) + "]"
+    return str(value)
 
 
 def _warn(console: Console | None, message: str) -> None:

@@ -592,6 +592,27 @@ def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
         train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)
 
 
+def test_a_resumed_run_says_which_training_settings_changed(tiny: Any) -> None:
+    # an edited spec or a --set on resume takes effect: the run says which, so that a change
+    # meant (or not) is seen before the steps run
+    from io import StringIO
+
+    from rich.console import Console
+
+    first = train(load_spec(tiny("decoder", max_steps=2, val_interval=2)), progress=False)
+    out = StringIO()
+    changed = tiny("decoder", max_steps=4, val_interval=2, optimizer={"type": "adamw", "lr": 1e-3},
+                   schedule={"type": "linear", "warmup_steps": 0})
+    train(load_spec(changed), resume=first.checkpoint, progress=False, console=Console(file=out, width=400))
+    said = out.getvalue()
+    assert ("resuming at step 2 with other training settings than the checkpoint's: training.max_steps 2 → 4, "
+            "training.optimizer.lr 0.003 → 0.001, training.schedule.type constant → linear") in said
+    out = StringIO()  # only more steps: that is all it says
+    train(load_spec(tiny("decoder", max_steps=3, val_interval=2)), resume=first.checkpoint, progress=False,
+          console=Console(file=out, width=400))
+    assert "than the checkpoint's: training.max_steps 2 → 3\n" in out.getvalue()
+
+
 def test_init_from_imported_weights_warns_when_the_spec_trains_another_tokenizer(tiny: Any, tmp_path: Path) -> None:
     # import-hf records the model's tokenizer in the weights file: weights whose embeddings are
     # indexed by that tokenizer's ids, fine-tuned on the ids of a BPE trained afresh, learn nothing

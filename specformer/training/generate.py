@@ -322,7 +322,7 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
         return Prompt(ids=ids or _start(tokenizer))
     ids = tokenizer.encode(stripped) or _start(tokenizer)
     texts = _token_texts(tokenizer, ids[-8:])
-    return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing, tokenizer.vocab_size))
+    return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing))
 
 
 def _start(tokenizer: Any) -> list[int]:
@@ -344,8 +344,8 @@ class _Spelling:
     those that spell ``text``: a token that starts with what is left of it (`` is`` for
     " "), or that what is left starts with (``\\n`` of "\\n    "); free once it is spelt."""
 
-    def __init__(self, texts: Sequence[str], text: str, vocab_size: int) -> None:
-        self.texts, self.text, self.vocab_size = list(texts), text, vocab_size
+    def __init__(self, texts: Sequence[str], text: str) -> None:
+        self.texts, self.text = list(texts), text
         self._masks: dict[str, Tensor] = {}
 
     def _mask(self, left: str) -> Tensor | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,29 @@ def _one_thread() -> Any:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """The environment of a test's subprocess: it imports the specformer under test (not
+    another copy installed in the environment) and runs on one thread."""
+    import specformer
+
+    root = str(Path(specformer.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_fails_the_test() -> Any:
+    """A test that signals its own process (SIGTERM, as ``kill`` sends) where nothing handles
+    it fails, instead of ending the whole test session."""
+    import signal
+
+    def unhandled(signum: int, frame: Any) -> None:
+        if signal.getsignal(signal.SIGTERM) is unhandled:  # not called after Lightning's own handler
+            raise AssertionError("SIGTERM reached the test process' own handler")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    yield unhandled
+    signal.signal(signal.SIGTERM, previous)

@@ -213,12 +213,12 @@ def test_a_training_file_error_points_into_the_file(tiny: Any, tmp_path: Path) -
     assert f"this folder holds {tmp_path / 'run' / 'spec.yaml'}" in result.output
 
 
-def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path) -> None:
+def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
     from specformer.training.checkpoint import load_checkpoint
 
     # a run that would go on for a long time, checkpointing every 2 steps
     spec = _write(tmp_path, tiny("decoder", max_steps=100_000, val_interval=4, checkpoint_interval=2))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
+    env = {**child_env, "COLUMNS": "400"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "specformer", "train", str(spec), "--no-progress"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

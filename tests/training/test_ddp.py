@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -34,14 +33,14 @@ DDP_RUN = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_two_process_ddp_ends_with_identical_weights(tiny: Any, tmp_path: Path) -> None:
+def test_two_process_ddp_ends_with_identical_weights(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
     import yaml
 
     spec = tiny("decoder", max_steps=6, val_interval=3, strategy="ddp", devices=2, accelerator="cpu")
     spec["embedding"] = {"dropout": 0.1}  # ranks draw different dropout masks; gradients still agree
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     (tmp_path / "ddp_run.py").write_text(DDP_RUN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env
     proc = subprocess.run(
         [sys.executable, "ddp_run.py", "spec.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
@@ -64,13 +63,13 @@ def test_two_process_ddp_ends_with_identical_weights(tiny: Any, tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_a_two_process_run_from_the_command_line_reports_once(tiny: Any, tmp_path: Path) -> None:
+def test_a_two_process_run_from_the_command_line_reports_once(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
     import yaml
 
     spec = tiny("decoder", max_steps=2, val_interval=2, strategy="ddp", devices=2, accelerator="cpu")
     spec["training"]["schedule"] = {"type": "linear", "warmup_steps": 4}  # longer than the run: a warning
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    env = {**child_env, "COLUMNS": "200"}
     proc = subprocess.run(
         [sys.executable, "-m", "specformer", "train", "spec.yaml", "--no-progress"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,

@@ -81,11 +81,11 @@ KILLED_RUN = textwrap.dedent(
 )
 
 
-def test_sigkill_mid_run_then_resume_continues_the_loss_curve(tiny: Any, tmp_path: Path) -> None:
+def test_sigkill_mid_run_then_resume_continues_the_loss_curve(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
     spec = _spec(tiny, "decoder", max_steps=9)
     (tmp_path / "spec.yaml").write_text(spec.to_yaml())
     (tmp_path / "killed.py").write_text(KILLED_RUN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "killed.py"), str(tmp_path / "spec.yaml")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,

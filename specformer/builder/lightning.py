@@ -108,7 +108,9 @@ class SpecModule(L.LightningModule):
             kwargs["label_smoothing"] = 0.0
         return self(*args, **kwargs)
 
-    def on_validation_epoch_end(self) -> None:
+    def val_metrics(self) -> dict[str, float] | None:
+        """``val/loss``, ``val/ppl`` (and ``val/exact_match``) of the validation batches scored
+        so far, summed over the processes; None before any token was scored."""
         sums = torch.tensor(
             [self._val_sums[k] for k in ("loss", "tokens", "correct", "examples")], dtype=torch.float64
         )
@@ -116,11 +118,17 @@ class SpecModule(L.LightningModule):
             sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
         loss_sum, tokens, correct, examples = sums.tolist()
         if tokens == 0:
-            return
+            return None
         loss = loss_sum / tokens
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
         if examples:
             metrics["val/exact_match"] = correct / examples
+        return metrics
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = self.val_metrics()
+        if metrics is None:
+            return
         for name, value in metrics.items():
             self.log(name, value, prog_bar=name == "val/loss", sync_dist=False, rank_zero_only=True)
         step = self.trainer.global_step if self._trainer is not None else 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +32,19 @@ def _fail(message: str, hint: str = "") -> typer.Exit:
     return typer.Exit(1)
 
 
-INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2)
+INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2); SIGTERM's is 143
+
+
+def _signal_of(exc: BaseException) -> int:
+    """The signal behind a ``KeyboardInterrupt``: SIGTERM for specformer's
+    (:class:`~specformer.training.run.Terminated`), else SIGINT (Ctrl-C)."""
+    return int(getattr(exc, "signum", signal.SIGINT))
+
+
+def _stopped_by(exc: BaseException) -> str:
+    from specformer.training.run import stopped_by
+
+    return stopped_by(_signal_of(exc))
 
 
 @contextmanager
@@ -47,17 +60,19 @@ def _starting() -> Iterator[None]:
 @contextmanager
 def _errors_for_people(
     interrupt_hint: Callable[[], str] | None = None,
-    stopped: str = "interrupted before training started; nothing was written to resume from",
+    stopped: str = " before training started; nothing was written to resume from",
 ) -> Iterator[None]:
     """Turn the errors a run can meet into one clear message and exit status 1 (130 for
-    Ctrl-C, reported as ``stopped`` unless a run was under way)."""
+    Ctrl-C, 143 for SIGTERM, reported as "interrupted" + ``stopped`` unless a run was under
+    way). SIGTERM (``kill``, ``timeout``, a scheduler) stops the command as Ctrl-C does."""
     with _starting():
         from specformer.data.corpus import DataError
         from specformer.training.checkpoint import CheckpointError
-        from specformer.training.run import TrainingInterrupted
+        from specformer.training.run import TrainingInterrupted, sigterm_raises
 
     try:
-        yield
+        with sigterm_raises():
+            yield
     except typer.Exit:
         raise
     except SpecError as exc:
@@ -72,10 +87,10 @@ def _errors_for_people(
             print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}")
         else:
             print_error(str(exc), interrupt_hint() if interrupt_hint else "")
-        raise typer.Exit(INTERRUPTED) from None
-    except KeyboardInterrupt:
-        print_error(stopped)
-        raise typer.Exit(INTERRUPTED) from None
+        raise typer.Exit(exc.exit_status) from None
+    except KeyboardInterrupt as exc:
+        print_error(_stopped_by(exc) + stopped)
+        raise typer.Exit(128 + _signal_of(exc)) from None
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
         if os.environ.get(DEBUG_ENV):
             raise
@@ -333,7 +348,7 @@ def generate_cmd(
 
         from specformer.training.generate import encode_prompt, generate, generate_seq2seq
 
-    with _errors_for_people(stopped="interrupted; nothing more is generated"):
+    with _errors_for_people(stopped="; nothing more is generated"):
         loaded = _load_checkpoint(checkpoint)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if tok is None:
@@ -408,12 +423,13 @@ def _shown_on_interrupt(new: list[int], limit: int, show: Callable[[], None]) ->
     """Ctrl-C while generating: the text of the tokens generated so far is printed, then said."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if not new:
             raise
         show()
-        print_error(f"interrupted after {len(new)} of at most {limit} new tokens: the text above is what was generated")
-        raise typer.Exit(INTERRUPTED) from None
+        print_error(f"{_stopped_by(exc)} after {len(new)} of at most {limit} new tokens: the text above "
+                    "is what was generated")
+        raise typer.Exit(128 + _signal_of(exc)) from None
 
 
 def _continuation(tok: Any, ids: list[int], new: list[int]) -> str:
@@ -469,9 +485,14 @@ def eval_cmd(
         from specformer.data.module import SpecDataModule
         from specformer.specs.loader import load_spec
         from specformer.training.callbacks import SpecProgressBar
-        from specformer.training.run import _interruptible, check_folders, quiet_lightning
+        from specformer.training.run import (
+            Terminated,
+            _interruptible,
+            check_folders,
+            quiet_lightning,
+        )
 
-    with _errors_for_people(stopped="interrupted before any batch was evaluated"):
+    with _errors_for_people(stopped=" before any batch was evaluated"):
         loaded = _load_checkpoint(checkpoint)
         overrides = list(set_ or [])
         model_fields = [o.partition("=")[0] for o in overrides if not o.partition("=")[0].strip().startswith("training.")]
@@ -501,19 +522,21 @@ def eval_cmd(
             callbacks=[SpecProgressBar(err_console, validation_lines=False)] if bar else None,
             enable_model_summary=False, precision=_precision(spec.training.precision),
         )
-        interrupted = False
+        interrupted: KeyboardInterrupt | None = None  # what cut the validation short
         try:
-            _interruptible(trainer, KeyboardInterrupt, lambda: trainer.validate(module, datamodule=dm, verbose=False))
-        except KeyboardInterrupt:
+            _interruptible(trainer, lambda signum: Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(),
+                           lambda: trainer.validate(module, datamodule=dm, verbose=False))
+        except KeyboardInterrupt as exc:
             # what was scored before Ctrl-C is still a measurement: report it as what it is
-            if not module._val_sums.get("tokens"):
+            partial = module.val_metrics()
+            if partial is None:
                 raise
-            module.on_validation_epoch_end()
-            interrupted = True
+            module.val_history.append({"step": loaded.step, **partial})
+            interrupted = exc
         if not module.val_history:
             raise _fail("the validation split gave no batches")
         h = module.val_history[-1]
-    part = f", interrupted after {int(module._val_sums['tokens']):,} scored tokens" if interrupted else ""
+    part = f", interrupted after {int(module._val_sums['tokens']):,} scored tokens" if interrupted is not None else ""
     table = Table(title=f"{spec.name} at step {loaded.step}{part}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -521,14 +544,17 @@ def eval_cmd(
     table.add_row("data", dm.data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
     table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
-    if dm.data.unigram_loss is not None and not interrupted:  # measured on the whole of what was asked
+    if dm.data.unigram_loss is not None and interrupted is None:  # measured on the whole of what was asked
         table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
     if "val/exact_match" in h:
         table.add_row("exact match", f"{100 * h['val/exact_match']:.1f}%")
     console.print(table)
-    if interrupted:
-        print_error("interrupted: the numbers above are of the part of the validation split read before Ctrl-C")
-        raise typer.Exit(INTERRUPTED)
+    if interrupted is not None:
+        signum = _signal_of(interrupted)
+        cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print_error(f"{_stopped_by(interrupted)}: the numbers above are of the part of the validation split read "
+                    f"before {cause}")
+        raise typer.Exit(128 + signum)
 
 
 def _precision(precision: str) -> str:
@@ -555,7 +581,7 @@ def fill_mask_cmd(
     with _starting():
         import torch
 
-    with _errors_for_people(stopped="interrupted; nothing was predicted"):
+    with _errors_for_people(stopped="; nothing was predicted"):
         loaded = _load_checkpoint(checkpoint)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if spec.kind != "encoder":

@@ -172,20 +172,32 @@ class PeriodicCheckpoint(Callback):
     checkpoint is exactly ``global_step × accumulate`` micro-batches. When a
     validation runs at that step, the checkpoint is written after it, so a run
     resumed from it has that validation in its history, as an uninterrupted run does.
+
+    On SIGTERM Lightning ends the run at the end of the batch under way; when that batch
+    ended an optimizer step, its checkpoint is written then (a preempted run loses no
+    step). A SIGTERM in a validation, or between the micro-batches of a step
+    (``accumulate`` > 1), leaves the last checkpoint: that state is not a step's.
     """
 
     def __init__(self, dirpath: str | Path, *, every: int, keep_steps: bool = False) -> None:
         self.dirpath, self.every, self.keep_steps = Path(dirpath), every, keep_steps
         self.last_path: Path | None = None
         self.last_step: int | None = None  # the step of last_path
+        self.failed: str | None = None  # why the checkpoint of a SIGTERM was not written
         self._saved_step = -1
         self._pending: int | None = None  # a step whose checkpoint waits for its validation
         self._defer = True
+        self._batch_from_step = -1  # global_step when the current training batch began
+        self._stepped = False  # the last training batch ended an optimizer step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._batch_from_step, self._stepped = trainer.global_step, False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        self._stepped = step != self._batch_from_step
         if self._pending is not None and self._pending != step:
             # the validation that was due did not run (no validation batches): save at once from now on
             self._pending, self._defer = None, False
@@ -206,6 +218,24 @@ class PeriodicCheckpoint(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._pending is not None and self._pending == trainer.global_step:
             self._save(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        from specformer.training.checkpoint import CheckpointError
+
+        step = trainer.global_step
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit" or trainer.validating:
+            return
+        if not self._stepped or step in (0, self._saved_step):
+            return
+        try:
+            self._save(trainer)
+        except CheckpointError as exc:  # a full disk: the run still stops, and says what is left
+            self.failed = str(exc)
+        except KeyboardInterrupt:  # Ctrl-C while it was written: the temporary file is removed
+            kept = f"the checkpoint of step {self.last_step} is intact" if self.last_path else "there is no checkpoint"
+            self.failed = f"the checkpoint of step {step} was cut off by Ctrl-C while it was written; {kept}"
 
     def _save(self, trainer: L.Trainer) -> None:
         step = trainer.global_step

@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,7 +55,7 @@ from specformer.training.checkpoint import (
     weights_origin,
 )
 
-__all__ = ["TrainResult", "TrainingInterrupted", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
+__all__ = ["TrainResult", "TrainingInterrupted", "Terminated", "sigterm_raises", "stopped_by", "train", "build_trainer", "make_run_dir", "lightning_precision", "quiet_lightning"]
 
 RUN_DIR_ENV = "SPECFORMER_RUN_DIR"
 
@@ -82,22 +83,44 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training was stopped by Ctrl-C (SIGINT): at which step, and the checkpoint to resume from.
+def stopped_by(signum: int) -> str:
+    """How a run stopped by ``signum`` is said: "interrupted" (Ctrl-C), "stopped by SIGTERM"."""
+    return "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
 
-    A ``KeyboardInterrupt``, so code that stops on Ctrl-C still does. ``checkpoint`` is
-    the last one written (or the one the run resumed from), ``None`` when there is none
-    yet; ``checkpoint_step`` is the step it holds.
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, a scheduler's preemption) met outside
+    training, raised by the handler :func:`sigterm_raises` installs: the program stops as on
+    Ctrl-C, removing what it was writing. A ``KeyboardInterrupt``, with ``signum``."""
+
+    signum = signal.SIGTERM
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was stopped by Ctrl-C (SIGINT) or SIGTERM: at which step, and the checkpoint
+    to resume from.
+
+    A ``KeyboardInterrupt``, so code that stops on Ctrl-C still does; ``signum`` says which
+    signal (``exit_status`` is the shell's status for it: 130, 143). ``checkpoint`` is the
+    last one written (on SIGTERM, that of the step reached), or the one the run resumed
+    from, ``None`` when there is none yet; ``checkpoint_step`` is the step it holds.
     """
 
     def __init__(
-        self, step: int, checkpoint: str | None, checkpoint_step: int | None, run_dir: str, *, finished: bool = False
+        self, step: int, checkpoint: str | None, checkpoint_step: int | None, run_dir: str, *, finished: bool = False,
+        signum: int = signal.SIGINT,
     ) -> None:
         self.step, self.checkpoint, self.checkpoint_step, self.run_dir = step, checkpoint, checkpoint_step, run_dir
         self.finished = finished  # every step ran: only the closing validation was cut off
+        self.signum = int(signum)
         where = f"; the last checkpoint (step {checkpoint_step}) is {checkpoint}" if checkpoint else "; no checkpoint yet"
         when = f"in the closing validation, after the last step ({step})" if finished else f"at step {step}"
-        super().__init__(f"interrupted {when}{where}")
+        super().__init__(f"{stopped_by(self.signum)} {when}{where}")
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal: what a shell reports for a program the signal stopped."""
+        return 128 + self.signum
 
 
 def _steps(n: int) -> str:
@@ -255,8 +278,9 @@ def train(
     from the weights of a ``.safetensors`` file (``import-hf --weights``) or a checkpoint:
     fine-tuning; they must fit the spec's model exactly. Extra callbacks, loggers and ``Trainer`` keyword
     arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
-    (a ``KeyboardInterrupt``) naming the checkpoint to resume from; any other error that
-    stops the run carries a note (``__notes__``) saying at which step, and that checkpoint.
+    (a ``KeyboardInterrupt``) naming the checkpoint to resume from, and so does SIGTERM during
+    training, after saving the step reached; any other error that stops the run carries a
+    note (``__notes__``) saying at which step, and that checkpoint.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
@@ -379,12 +403,16 @@ def train(
             )
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
 
-        def interrupted(finished: bool = False) -> TrainingInterrupted:
+        def interrupted(signum: int = signal.SIGINT, finished: bool = False) -> TrainingInterrupted:
+            if periodic is not None and periodic.failed:  # the checkpoint of a SIGTERM could not be written
+                _warn(console, periodic.failed)
             if periodic is not None and periodic.last_path is not None:
                 ckpt, at = str(periodic.last_path), periodic.last_step
             else:
                 ckpt, at = (str(resume), resumed_step) if resume else (None, None)
-            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished)
+            # a signal at the last step stops the run before its closing validation: every step ran
+            finished = finished or 0 < trainer.max_steps <= trainer.global_step
+            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished, signum=signum)
 
         try:
             _interruptible(trainer, interrupted, lambda: trainer.fit(
@@ -396,7 +424,7 @@ def train(
             raise
         train_seconds = time.perf_counter() - (module.train_started or started)
         if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
-            _interruptible(trainer, lambda: interrupted(finished=True),
+            _interruptible(trainer, lambda signum: interrupted(signum, finished=True),
                            lambda: trainer.validate(module, datamodule=dm, verbose=False))
     finally:
         os.environ.pop(RUN_DIR_ENV, None)
@@ -622,24 +650,54 @@ def _short(settings: dict[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (settings or {}).items() if v is not None)
 
 
-def _interruptible(trainer: L.Trainer, interrupted: Callable[[], BaseException], run: Callable[[], Any]) -> None:
-    """Run ``trainer.fit`` / ``validate``, turning Ctrl-C into :class:`TrainingInterrupted`.
+def _interruptible(trainer: L.Trainer, interrupted: Callable[[int], BaseException], run: Callable[[], Any]) -> None:
+    """Run ``trainer.fit`` / ``validate``, turning Ctrl-C and SIGTERM into ``interrupted(signum)``
+    (:class:`TrainingInterrupted` in :func:`train`).
 
     Lightning catches ``KeyboardInterrupt`` itself: it tears the run down, ignores
-    SIGINT from then on and calls ``sys.exit(1)``. Here that exit becomes an exception
-    that says where the run stopped, and SIGINT is handled as before again.
+    SIGINT from then on and calls ``sys.exit(1)``. SIGTERM it meets with its own handler,
+    which stops the run at the end of the batch under way with ``SIGTERMException`` (a
+    ``SystemExit``; :class:`~specformer.training.callbacks.PeriodicCheckpoint` saves the step
+    reached first). Here either exit becomes an exception that says where the run stopped,
+    and SIGINT is handled as before again.
     """
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT)
     try:
         run()
-    except SystemExit:
+    except SystemExit as exc:
         if not trainer.interrupted:
             raise
-        raise interrupted() from None
+        # Terminated: a SIGTERM before Lightning's handler was in place, which Lightning took for Ctrl-C
+        term = isinstance(exc, SIGTERMException) or isinstance(exc.__context__, Terminated)
+        raise interrupted(signal.SIGTERM if term else signal.SIGINT) from None
     finally:
         if main and previous is not None and signal.getsignal(signal.SIGINT) != previous:
             signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`Terminated` wherever the program is, as
+    Ctrl-C raises ``KeyboardInterrupt``: a command stops with a message, and a file being
+    written is removed, instead of the process dying silently. Inside a Lightning run
+    Lightning's own handler is in charge (it ends training at the end of a batch, and
+    :func:`train` saves that step); it calls the handler it found, which then does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:  # not called from Lightning's handler
+            raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _note_where_it_stopped(exc: BaseException, where: TrainingInterrupted) -> None:

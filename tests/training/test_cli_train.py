@@ -252,6 +252,56 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path, chil
     assert f"resumed    {ckpt}" in out and f" {step + 2} " in out
 
 
+def test_sigterm_exits_143_with_a_checkpoint_of_the_step_reached(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
+    # kill, timeout, docker stop and a scheduler's preemption send SIGTERM: the run saves the
+    # step it reached and says how to go on, with the shell's status for SIGTERM (128 + 15)
+    from specformer.training.checkpoint import load_checkpoint
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=100_000, val_interval=1000, checkpoint_interval=1000))
+    env = {**child_env, "COLUMNS": "400"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specformer", "train", str(spec), "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "runs").glob("*/*/metrics.csv")):  # training has begun
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.05)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    step = load_checkpoint(ckpt).step
+    assert step > 0  # long before the first checkpoint_interval: written on SIGTERM
+    assert f"error: stopped by SIGTERM at step {step}; the last checkpoint (step {step}) is {ckpt}" in err
+    assert f"resume with: specformer train --resume {ckpt}" in err
+    assert not list(ckpt.parent.glob(".*"))  # nothing half-written
+
+
+def test_sigterm_before_training_is_said_and_exits_143(tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specformer.data.module import SpecDataModule
+
+    def terminated_while_preparing(self: Any, stage: str | None = None) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(SpecDataModule, "setup", terminated_while_preparing)
+    spec = _write(tmp_path, tiny("decoder", max_steps=2))
+    before = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "400"})
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone
+    assert result.exit_code == 143, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "error: stopped by SIGTERM before training started; nothing was written to resume from")
+
+
 def test_a_run_that_fails_says_at_which_step_and_which_checkpoint_is_left(
     tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,7 +402,8 @@ def test_ctrl_c_in_eval_before_a_batch_exits_130_and_says_so(tiny: Any, tmp_path
     assert "interrupted before any batch was evaluated" in result.output
 
 
-def test_ctrl_c_in_eval_reports_the_batches_scored_before_it(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_in_eval_reports_the_batches_scored_before_it(tiny: Any, tmp_path: Path, monkeypatch, signum: int) -> None:
     from specformer.builder.lightning import SpecModule
 
     _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
@@ -361,22 +412,26 @@ def test_ctrl_c_in_eval_reports_the_batches_scored_before_it(tiny: Any, tmp_path
     assert two.exit_code == 0, two.output
     step, calls = SpecModule.validation_step, []
 
-    def ctrl_c_at_the_third(self: Any, *args: Any, **kwargs: Any) -> None:
+    def stopped_after_the_second(self: Any, *args: Any, **kwargs: Any) -> None:
         calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
+        if len(calls) == 3 and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # at once
+        if len(calls) == 2 and signum == signal.SIGTERM:
+            os.kill(os.getpid(), signum)  # Lightning stops at the end of this batch
         return step(self, *args, **kwargs)
 
-    monkeypatch.setattr(SpecModule, "validation_step", ctrl_c_at_the_third)
+    monkeypatch.setattr(SpecModule, "validation_step", stopped_after_the_second)
     result = runner.invoke(app, ["eval", ckpt, "--batches", "4"], env={"COLUMNS": "200"})
-    assert result.exit_code == 130, result.output
+    assert result.exit_code == 128 + signum, result.output
     def loss(out: str) -> str:
         return next(line for line in out.splitlines() if "val loss" in line).split("│")[2].strip()
 
     assert loss(result.stdout) == loss(two.stdout)  # the two batches scored, as a 2-batch eval reports them
     assert "interrupted after" in result.stdout and "scored tokens" in result.stdout
     assert "unigram baseline" in two.stdout and "unigram baseline" not in result.stdout  # of other tokens
-    assert "the numbers above are of the part of the validation split read before Ctrl-C" in result.stderr
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    cause = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert f"{said}: the numbers above are of the part of the validation split read before {cause}" in result.stderr
 
 
 def test_eval_names_a_cache_dir_that_is_a_file(tiny: Any, tmp_path: Path) -> None:
@@ -399,7 +454,8 @@ def test_ctrl_c_while_the_libraries_load_is_said(capsys: Any) -> None:
     assert "interrupted while starting; nothing was written" in capsys.readouterr().err
 
 
-def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_path: Path, monkeypatch, signum: int) -> None:
     import importlib
 
     gen = importlib.import_module("specformer.training.generate")  # the module, not the function
@@ -412,14 +468,17 @@ def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_pa
     def ctrl_c_at_the_sixth(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 6:
+            if signum == signal.SIGTERM:
+                os.kill(os.getpid(), signum)  # kill PID, timeout: said as Ctrl-C is
             raise KeyboardInterrupt
         return sample(*args, **kwargs)
 
     monkeypatch.setattr(gen, "sample_next", ctrl_c_at_the_sixth)
     result = runner.invoke(app, ["generate", ckpt, "--prompt", "def", "-n", "50", "--greedy"], env={"COLUMNS": "300"})
-    assert result.exit_code == 130, result.output
+    assert result.exit_code == 128 + signum, result.output
     assert result.stdout == whole.stdout  # the five tokens made before Ctrl-C, as a 5-token run prints them
-    assert "interrupted after 5 of at most 50 new tokens: the text above is what was generated" in result.stderr
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert f"{said} after 5 of at most 50 new tokens: the text above is what was generated" in result.stderr
 
 
 def test_stop_at_eot_ends_the_text_without_the_marker(tiny: Any, tmp_path: Path, monkeypatch) -> None:

@@ -491,6 +491,82 @@ def test_an_interrupted_and_resumed_run_reports_what_an_uninterrupted_run_does(t
     assert sorted(_metrics(resumed.run_dir, "val/loss")) == [9]
 
 
+class SigtermAt(L.Callback):
+    """``kill PID`` at a given point: after a training batch (micro-batch ``batch``, counted
+    from the run's start) or, with ``in_validation``, after the first validation batch."""
+
+    def __init__(self, batch: int, *, in_validation: bool = False) -> None:
+        self.batch, self.in_validation, self.seen = batch, in_validation, 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        self.seen += 1
+        if self.seen == self.batch and not self.in_validation:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if self.in_validation and self.seen == self.batch:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_saves_the_step_reached_and_the_run_resumes_exactly(tiny: Any) -> None:
+    # preemption (SLURM, a cloud spot instance, docker stop, timeout) sends SIGTERM: the run
+    # stops at the end of the step under way, with a checkpoint of that step, not of step 3
+    spec = _spec(tiny, "decoder", max_steps=9)
+    full = LossRecorder()
+    train(spec, progress=False, callbacks=[full])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted) as info:
+        train(spec, progress=False, callbacks=[SigtermAt(5)])
+    stopped = info.value
+    assert stopped.signum == signal.SIGTERM and stopped.exit_status == 143
+    assert (stopped.step, stopped.checkpoint_step) == (5, 5) and not stopped.finished
+    assert str(stopped).startswith("stopped by SIGTERM at step 5; the last checkpoint (step 5) is ")
+    assert stopped.checkpoint is not None and read_checkpoint(stopped.checkpoint)["global_step"] == 5
+    assert signal.getsignal(signal.SIGTERM) is before  # Lightning's handler is gone again
+
+    resumed = LossRecorder()
+    result = train(spec, resume=stopped.checkpoint, progress=False, callbacks=[resumed])
+    assert sorted(resumed.losses) == [6, 7, 8, 9] and result.steps == 9
+    for step in (6, 7, 8, 9):
+        assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6), (step, resumed.losses, full.losses)
+    # SIGTERM in the last batch of a validation (val_interval=4): the validation ends, and is in
+    # the history of the checkpoint written after it
+    with pytest.raises(TrainingInterrupted) as info:
+        train(load_spec({**spec.to_dict(), "training": {**spec.to_dict()["training"], "val_batches": 1}}),
+              progress=False, callbacks=[SigtermAt(4, in_validation=True)])
+    assert info.value.checkpoint_step == 4
+    assert [h["step"] for h in read_checkpoint(info.value.checkpoint)["specformer"]["val_history"]] == [4]
+
+
+def test_sigterm_where_no_step_ended_keeps_the_last_checkpoint(tiny: Any) -> None:
+    # between the micro-batches of a step, or inside a validation, the state is not a step's:
+    # the run stops and names the last checkpoint, as Ctrl-C does
+    spec = _spec(tiny, "decoder", max_steps=9, accumulate=2)
+    with pytest.raises(TrainingInterrupted) as info:
+        train(spec, progress=False, callbacks=[SigtermAt(9)])  # the first micro-batch of step 5
+    assert (info.value.signum, info.value.step, info.value.checkpoint_step) == (signal.SIGTERM, 4, 3)
+    assert read_checkpoint(info.value.checkpoint)["global_step"] == 3
+    spec = _spec(tiny, "decoder", max_steps=9, val_batches=3)
+    with pytest.raises(TrainingInterrupted) as info:
+        train(spec, progress=False, callbacks=[SigtermAt(4, in_validation=True)])
+    assert (info.value.step, info.value.checkpoint_step) == (4, 3)
+
+
+def test_a_sigterm_checkpoint_the_disk_has_no_room_for_is_said(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    monkeypatch.setattr(torch, "save", _FullDisk(room=1000, saves=1))  # the step-3 checkpoint fits
+    with pytest.raises(TrainingInterrupted) as info:
+        train(_spec(tiny, "decoder", max_steps=9), progress=False, callbacks=[SigtermAt(5)],
+              console=Console(file=out, width=400))
+    assert (info.value.signum, info.value.step, info.value.checkpoint_step) == (signal.SIGTERM, 5, 3)
+    assert "cannot write the checkpoint of step 5 (No space left on device)" in out.getvalue()
+    assert read_checkpoint(info.value.checkpoint)["global_step"] == 3
+
+
 class FirstWeights(L.Callback):
     """The model's weights when training starts, and the step it starts at."""
 

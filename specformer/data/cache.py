@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -29,7 +30,11 @@ __all__ = [
     "cache_write_error",
     "locked",
     "made_once",
+    "remove_temporaries",
 ]
+
+# the name atomic_file gives the file it writes: ".<name>.<16 hex digits>.tmp", beside <name>
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp")
 
 
 def default_cache_dir() -> Path:
@@ -67,7 +72,7 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     readable by the group."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # see _TEMPORARY
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -81,27 +86,60 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
 
 
 @contextmanager
-def locked(path: str | os.PathLike[str]) -> Iterator[bool]:
-    """An exclusive lock on the file ``path`` (made when missing) while the block runs: another
-    process asking for the same lock waits. Yields whether it is held: False where the file
-    system cannot lock (some network file systems) or there is no ``fcntl`` (Windows), and the
-    block then runs unlocked."""
+def locked(path: str | os.PathLike[str], *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
+    """A lock on ``path`` while the block runs: a file (made when missing), or a folder, which
+    is locked as it is (no file is made in it). Exclusive, or ``shared`` with other shared
+    holders; another process asking for a lock that conflicts waits, or with ``wait=False``
+    does not get it. Yields whether it is held: False also where the file system cannot lock
+    (some network file systems) or there is no ``fcntl`` (Windows), and the block then runs
+    unlocked. The kernel releases the lock of a process that dies, however it dies."""
     try:
         import fcntl
     except ImportError:
         yield False
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    if Path(path).is_dir():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            yield False
+            return
+    else:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+        except OSError:  # no locking here, or (without wait) held by another process
             held = False
         else:
             held = True
         yield held
     finally:
         os.close(fd)  # releases the lock
+
+
+def remove_temporaries(folder: str | os.PathLike[str], name: str | None = None) -> int:
+    """Remove the temporary files :func:`atomic_file` left in ``folder`` (of the file ``name``
+    only, when given): those of a process killed while writing (SIGKILL, the OOM killer, a
+    machine that went down), hidden and never read again. Other files, whatever their name,
+    stay. Call it only where no live process can be writing one, under the lock its writers
+    hold. Returns how many bytes it freed; a file that cannot be removed stays."""
+    freed = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match is None or (name is not None and match["name"] != name) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            size = entry.stat(follow_symlinks=False).st_size
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        freed += size
+    return freed
 
 
 def made_once(lock: Path, read: Callable[[], T | None], make: Callable[[bool], T]) -> T:

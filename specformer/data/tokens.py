@@ -24,6 +24,7 @@ from specformer.data.cache import (
     cache_write_error,
     content_hash,
     made_once,
+    remove_temporaries,
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
@@ -79,8 +80,7 @@ def _make_entry(folder: Path, corpus: Corpus, tokenizer: Tokenizer, dtype: np.dt
     (the entry's lock is held) temporary files found there are a killed process' (SIGKILL,
     the OOM killer): removed, they would fill the disk with hidden, never-read copies."""
     if sweep:
-        for stale in folder.glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
+        remove_temporaries(folder)
     (folder / "meta.json").unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
     counts = {}
     for split, texts in (("train", corpus.train), ("val", corpus.val)):

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from specformer.data.cache import atomic_file
+from specformer.data.cache import atomic_file, locked, remove_temporaries
 
 __all__ = [
     "FORMAT_VERSION",
@@ -50,6 +50,7 @@ __all__ = [
     "checkpoint_tokenizer_spec",
     "load_weights",
     "check_weights",
+    "remove_stale_temporaries",
 ]
 
 FORMAT_VERSION = 1
@@ -64,9 +65,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         """Write ``checkpoint`` to ``path`` atomically; a failed write (a full disk, a read-only
-        folder) raises the ``OSError`` that caused it, naming ``path``, and leaves ``path`` as it was."""
+        folder) raises the ``OSError`` that caused it, naming ``path``, and leaves ``path`` as it was.
+
+        The write holds a shared lock on the folder: :func:`remove_stale_temporaries` removes
+        only the temporary files of writes that no live process holds."""
         try:
-            with atomic_file(path) as f:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with locked(Path(path).parent, shared=True), atomic_file(path) as f:
                 torch.save(checkpoint, f)
         except (OSError, RuntimeError) as exc:
             # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
@@ -77,6 +82,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:
+    """Remove the temporary files (``.last.ckpt.<hex>.tmp``) that checkpoint writes killed
+    midway (SIGKILL, the OOM killer, the end of a scheduler's grace period) left in ``folder``,
+    each as large as a checkpoint. Only when no live process is writing a checkpoint there
+    (two runs may share the folder: a run resumed while the first one goes on), which the lock
+    every write holds tells; and only those files: nothing else in the folder is touched.
+    Returns the bytes freed."""
+    if not Path(folder).is_dir():
+        return 0
+    with locked(folder, wait=False) as alone:  # a folder's lock makes no file in it
+        return remove_temporaries(folder) if alone else 0
 
 
 def _os_error(exc: BaseException) -> OSError | None:

@@ -52,6 +52,7 @@ from specformer.training.checkpoint import (
     checkpoint_tokenizer_spec,
     read_checkpoint,
     read_weights_and_tokenizer,
+    remove_stale_temporaries,
     weights_origin,
 )
 
@@ -324,6 +325,8 @@ def train(
         if changed and console is not None and rank_zero_only.rank == 0:
             console.print(f"resuming at step {resumed_step} with other training settings than the checkpoint's: "
                           f"{', '.join(changed)}", highlight=False, soft_wrap=True, markup=False)
+        # a checkpoint write killed there (SIGKILL) left a checkpoint-sized hidden file
+        remove_stale_temporaries(resume.parent)
         if moved:
             _warn(console, f"{moved} changed since the checkpoint, which records its data position in batches "
                            f"(step × accumulate; it was written by an older specformer), so this run reads on "
@@ -362,6 +365,7 @@ def train(
                        "data or lower training.batch_size")
     created = not os.environ.get(RUN_DIR_ENV)  # not a folder another process of this run made
     run_dir = make_run_dir(t.out_dir, spec.name)
+    remove_stale_temporaries(run_dir / "checkpoints")  # a run folder used again (SPECFORMER_RUN_DIR)
     try:
         try:
             atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())

@@ -388,6 +388,52 @@ def test_a_checkpoint_the_disk_has_no_room_for_says_which_one_to_resume_from(
     assert read_checkpoint(folder / "last.ckpt")["global_step"] == 2
 
 
+def test_a_killed_checkpoint_writes_temporary_file_is_removed_on_resume(tiny: Any) -> None:
+    from specformer.data.cache import locked
+
+    first = train(load_spec(tiny("decoder", max_steps=2, val_interval=2, val_batches=1)), progress=False)
+    folder = Path(first.checkpoint).parent
+    # what a checkpoint write killed by SIGKILL (the OOM killer, a scheduler) leaves: as large as a checkpoint
+    stale = folder / ".last.ckpt.0123456789abcdef.tmp"
+    stale.write_bytes(b"PK\x03\x04" + bytes(4096))
+    others = [".notes.tmp", "last.ckpt.0123456789abcdef.tmp", ".last.ckpt.0123.tmp", ".last.ckpt.0123456789abcdef"]
+    for name in others:  # not the pattern of a checkpoint's temporary file: not ours to remove
+        (folder / name).write_text("kept")
+    spec = load_spec(tiny("decoder", max_steps=3, val_interval=3, val_batches=1))
+    resumed = train(spec, resume=first.checkpoint, progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["last.ckpt", *others])
+    assert read_checkpoint(resumed.checkpoint)["global_step"] == 3
+    # while a live process writes a checkpoint there (the first run going on), its file stays
+    stale.write_bytes(b"PK\x03\x04" + bytes(4096))
+    with locked(folder, shared=True):
+        train(spec, resume=first.checkpoint, progress=False)
+    assert stale.exists()
+
+
+def test_a_checkpoint_being_written_is_not_taken_for_a_killed_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # another run resuming from this folder cleans up while this one writes: the write survives it
+    from specformer.training.checkpoint import remove_stale_temporaries
+
+    save, removed = torch.save, []
+
+    def save_while_another_run_cleans_up(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        f.write(b"PK\x03\x04")
+        f.flush()
+        removed.append(remove_stale_temporaries(tmp_path))
+        f.seek(0)
+        save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_while_another_run_cleans_up)
+    AtomicCheckpointIO().save_checkpoint({"global_step": 7}, tmp_path / "last.ckpt")
+    monkeypatch.undo()
+    assert removed == [0] and read_checkpoint(tmp_path / "last.ckpt")["global_step"] == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # the lock leaves no file
+    (tmp_path / ".last.ckpt.0123456789abcdef.tmp").write_bytes(bytes(100))  # once no one writes: removed
+    assert remove_stale_temporaries(tmp_path) == 100 and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
 def test_a_checkpoint_gets_the_permissions_torch_save_would_give(tmp_path: Path) -> None:
     previous = os.umask(0o022)
     try:

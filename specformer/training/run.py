@@ -8,6 +8,7 @@ logs are written whole (a temporary file renamed into place) or not at all.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -18,6 +19,7 @@ import signal
 import tempfile
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -418,18 +420,35 @@ def train(
             finished = finished or 0 < trainer.max_steps <= trainer.global_step
             return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished, signum=signum)
 
-        try:
-            _interruptible(trainer, interrupted, lambda: trainer.fit(
-                module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
-            ))
-        except Exception as exc:  # out of memory, a NaN check, a logger's full disk: say what is left
-            if not isinstance(exc, CheckpointError):  # (which says so itself)
-                _note_where_it_stopped(exc, interrupted())
-            raise
-        train_seconds = time.perf_counter() - (module.train_started or started)
-        if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
-            _interruptible(trainer, lambda signum: interrupted(signum, finished=True),
-                           lambda: trainer.validate(module, datamodule=dm, verbose=False))
+        def failed(exc: Exception) -> BaseException:
+            """``exc`` with what is left said: the step the run stopped at and its checkpoint."""
+            where = interrupted()
+            logs = _log_write_error(exc)
+            if logs is None:  # out of memory, a NaN check: the error itself, with a note
+                _note_where_it_stopped(exc, where)
+                return exc
+            # a full (or read-only) disk under the logs: the folder and the setting, not a traceback
+            nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
+            if nothing and created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            return DataError(_log_write_message(logs, run_dir, where, started=not nothing))
+
+        with _quiet_log_writer_thread():
+            try:
+                _interruptible(trainer, interrupted, lambda: trainer.fit(
+                    module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
+                ))
+                train_seconds = time.perf_counter() - (module.train_started or started)
+                if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
+                    _interruptible(trainer, lambda signum: interrupted(signum, finished=True),
+                                   lambda: trainer.validate(module, datamodule=dm, verbose=False))
+            except CheckpointError:  # says which checkpoint is left itself
+                raise
+            except Exception as exc:  # out of memory, a NaN check, a full disk under the logs
+                error = failed(exc)
+                if error is exc:
+                    raise
+                raise error from None
     finally:
         os.environ.pop(RUN_DIR_ENV, None)
     history = module.val_history
@@ -702,6 +721,60 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# code that writes the run's logs: Lightning's loggers (and its hparams.yaml), TensorBoard's writer
+_LOGGER_CODE = ("/lightning/pytorch/loggers/", "/lightning/fabric/loggers/", "/lightning/pytorch/core/saving.py",
+                "/tensorboard/", "/torch/utils/tensorboard/")
+
+
+def _log_write_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` of a logger's write (a full disk, a read-only folder) behind ``exc``, else None."""
+    from specformer.training.checkpoint import _os_error
+
+    cause = _os_error(exc)
+    if cause is None:
+        return None
+    frames = traceback.extract_tb(cause.__traceback__)
+    if any(part in frame.filename.replace("\\", "/") for frame in frames for part in _LOGGER_CODE):
+        return cause
+    return None
+
+
+def _log_write_message(exc: OSError, run_dir: Path, where: TrainingInterrupted, *, started: bool) -> str:
+    """What a failed write of the logs says: the file (or the run's folder), why, what is left,
+    and which setting to change."""
+    name = str(exc.filename) if isinstance(exc.filename, str) and exc.filename else None
+    what = name if name and Path(name).resolve().is_relative_to(run_dir.resolve()) else None
+    text = f"training.out_dir: cannot write {what or f'the logs in {run_dir}'} ({exc.strerror or exc})"
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = ("free space there, or set training.out_dir to another folder" if full
+           else "set training.out_dir to a folder that can be written")
+    if not started:
+        return f"{text}; no run was started: {fix}"
+    if where.checkpoint is not None:
+        return (f"{text}; the run stopped at step {where.step}, and its last checkpoint (step "
+                f"{where.checkpoint_step}) is {where.checkpoint}: {fix}, then resume from it")
+    return f"{text}; the run stopped at step {where.step}, before its first checkpoint: {fix}"
+
+
+@contextmanager
+def _quiet_log_writer_thread() -> Iterator[None]:
+    """TensorBoard writes its events file from a thread of its own: a write that fails there
+    (a full disk) was printed as that thread's traceback, then raised again in the main thread
+    at its next write or flush (Lightning flushes before it closes the file), where
+    :func:`train` reports it. The thread's traceback is left out."""
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if not (type(args.thread).__module__.startswith("tensorboard") and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 def _note_where_it_stopped(exc: BaseException, where: TrainingInterrupted) -> None:

@@ -6,6 +6,7 @@ import csv
 import errno
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,81 @@ def test_a_full_disk_at_the_start_leaves_no_run_and_at_the_end_keeps_the_result(
     assert (f"warning: cannot write {Path(result.run_dir) / 'summary.json'} (No space left on device); the run "
             f"finished and its checkpoint is {result.checkpoint}") in out.getvalue()
     assert sorted(p.name for p in Path(result.run_dir).iterdir() if p.is_file()) == ["metrics.csv", "spec.yaml"]
+
+
+class _FullDiskForTensorBoard:
+    """TensorBoard's events file on a disk that is full once ``full`` is set: its writer thread
+    fails, and the main thread meets the error at its next write."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, full: bool) -> None:
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self.full, write = full, RecordWriter.write
+
+        def write_or_fail(writer: Any, data: bytes) -> None:
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            write(writer, data)
+
+        monkeypatch.setattr(RecordWriter, "write", write_or_fail)
+
+
+def test_a_disk_full_from_the_start_is_one_message_naming_out_dir(tiny, tmp_path: Path, monkeypatch, capfd) -> None:
+    # out_dir on a disk with room for spec.yaml and nothing more: TensorBoard's writer thread
+    # printed its traceback, then the run failed with a bare "OSError: [Errno 28]"
+    pytest.importorskip("tensorboard")
+    from specformer.data.corpus import DataError
+
+    _FullDiskForTensorBoard(monkeypatch, full=True)
+    spec = load_spec(tiny("decoder", max_steps=3, val_interval=3, val_batches=1))
+    with pytest.raises(DataError) as caught:
+        train(spec, progress=False)
+    assert re.fullmatch(
+        rf"training.out_dir: cannot write the logs in {re.escape(str(tmp_path))}/runs/tiny-decoder/[0-9-]+ "
+        r"\(No space left on device\); no run was started: free space there, or set training.out_dir to another folder",
+        str(caught.value)), str(caught.value)
+    assert not list((tmp_path / "runs").glob("*/*"))  # nothing ran: no run folder is left
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err
+
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    (tmp_path / "spec.yaml").write_text(spec.to_yaml())
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "spec.yaml"), "--no-progress"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1].startswith("error: training.out_dir: cannot write the logs in ")
+    assert "Traceback" not in result.output and "Errno" not in result.output
+
+
+def test_a_disk_that_fills_up_midway_says_which_checkpoint_to_resume_from(tiny, tmp_path: Path, monkeypatch, capfd) -> None:
+    pytest.importorskip("tensorboard")
+    import lightning as L
+
+    from specformer.data.corpus import DataError
+    from specformer.training.checkpoint import read_checkpoint
+
+    disk = _FullDiskForTensorBoard(monkeypatch, full=False)
+
+    class FillUpAt5(L.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            disk.full = disk.full or trainer.global_step == 5
+
+    spec = load_spec(tiny("decoder", max_steps=100, val_interval=4, val_batches=1, log_interval=1))
+    with pytest.raises(DataError) as caught:
+        train(spec, progress=False, callbacks=[FillUpAt5()])
+    message = str(caught.value)
+    found = re.fullmatch(
+        r"training.out_dir: cannot write the logs in (?P<run>\S+) \(No space left on device\); the run stopped at "
+        r"step (?P<step>\d+), and its last checkpoint \(step (?P<at>\d+)\) is (?P<ckpt>\S+): free space there, or "
+        r"set training.out_dir to another folder, then resume from it", message)
+    assert found, message
+    assert Path(found["ckpt"]) == Path(found["run"]) / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(found["ckpt"])["global_step"] == int(found["at"]) >= 4
+    assert int(found["step"]) >= 5 and Path(found["run"]).is_dir()  # the run and its checkpoint are kept
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err
 
 
 def test_out_dir_with_a_tilde_is_one_folder_in_the_home(tiny, tmp_path: Path, monkeypatch) -> None:

@@ -696,6 +696,12 @@ def _interruptible(trainer: L.Trainer, interrupted: Callable[[int], BaseExceptio
         # Terminated: a SIGTERM before Lightning's handler was in place, which Lightning took for Ctrl-C
         term = isinstance(exc, SIGTERMException) or isinstance(exc.__context__, Terminated)
         raise interrupted(signal.SIGTERM if term else signal.SIGINT) from None
+    except KeyboardInterrupt as exc:
+        # one that Lightning did not turn into its exit: a second Ctrl-C while it tore down a run
+        # stopped by SIGTERM or an error, say; still the same report of where the run stopped
+        if isinstance(exc, TrainingInterrupted):
+            raise
+        raise interrupted(int(getattr(exc, "signum", signal.SIGINT))) from None
     finally:
         if main and previous is not None and signal.getsignal(signal.SIGINT) != previous:
             signal.signal(signal.SIGINT, previous)

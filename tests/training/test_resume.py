@@ -598,6 +598,43 @@ def test_sigterm_where_no_step_ended_keeps_the_last_checkpoint(tiny: Any) -> Non
     assert (info.value.step, info.value.checkpoint_step) == (4, 3)
 
 
+def test_ctrl_c_while_a_sigterm_stops_the_run_still_says_where_it_stopped(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    # Ctrl-C while the checkpoint of a SIGTERM is written: that write is dropped (its temporary
+    # file removed), the run stops as SIGTERM said, naming the checkpoint that is still whole
+    save, out = torch.save, StringIO()
+
+    def ctrl_c_in_the_second_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if obj["global_step"] == 5:
+            f.write(b"PK\x03\x04")
+            raise KeyboardInterrupt
+        save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", ctrl_c_in_the_second_save)
+    with pytest.raises(TrainingInterrupted) as info:
+        train(_spec(tiny, "decoder", max_steps=9), progress=False, callbacks=[SigtermAt(5)],
+              console=Console(file=out, width=400))
+    assert (info.value.signum, info.value.step, info.value.checkpoint_step) == (signal.SIGTERM, 5, 3)
+    assert "the checkpoint of step 5 was cut off by Ctrl-C while it was written; the checkpoint of step 3 is " \
+           "intact" in out.getvalue()
+    assert [p.name for p in Path(info.value.checkpoint).parent.iterdir()] == ["last.ckpt"]
+
+    # and Ctrl-C while Lightning tears down a stopped run: not "before training started"
+    class CtrlCInTeardown(L.Callback):
+        def on_exception(self, trainer: L.Trainer, module: Any, exception: BaseException) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.undo()
+    with pytest.raises(TrainingInterrupted) as info:
+        train(_spec(tiny, "decoder", max_steps=9), progress=False, callbacks=[SigtermAt(5), CtrlCInTeardown()])
+    assert (info.value.signum, info.value.step, info.value.checkpoint_step) == (signal.SIGINT, 5, 5)
+
+
 def test_a_sigterm_checkpoint_the_disk_has_no_room_for_is_said(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from io import StringIO
 

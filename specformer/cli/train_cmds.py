@@ -94,10 +94,26 @@ def _errors_for_people(
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
         if os.environ.get(DEBUG_ENV):
             raise
-        text = str(exc).strip() or type(exc).__name__
+        text = _without_worker_traceback(str(exc).strip(), type(exc).__name__) or type(exc).__name__
         # where a failed run stopped and its checkpoint (specformer.training.run adds it)
         notes = [str(note) for note in getattr(exc, "__notes__", [])]
         raise _fail(f"{type(exc).__name__}: {text}", "\n  ".join([*notes, f"set {DEBUG_ENV}=1 to see the full traceback"])) from None
+
+
+def _without_worker_traceback(text: str, name: str) -> str:
+    """torch raises the error of a data-loading worker process again in the main one with the
+    worker's whole traceback in its message ("Caught ValueError in DataLoader worker process 0.
+    Original Traceback (most recent call last): ..."): keep the error, and say where it was."""
+    head, found, rest = text.partition("\nOriginal Traceback (most recent call last):")
+    if not found:
+        return text
+    lines = rest.splitlines()
+    # the error follows the last line of the traceback's frames (indented: File ..., code, ^^^)
+    last_frame = max((i for i, line in enumerate(lines) if line[:1].isspace()), default=-1)
+    error = "\n".join(lines[last_frame + 1 :]).strip()
+    error = error.removeprefix(f"{name}: ")
+    where = head.strip().removesuffix(".").partition(" in ")[2]  # "DataLoader worker process 0"
+    return f"{error} (raised in {where})" if where else error
 
 
 def load_training_file(path: str) -> dict[str, Any]:

@@ -331,6 +331,33 @@ def test_a_run_that_fails_says_at_which_step_and_which_checkpoint_is_left(
     assert "  the run stopped at step 5, before its first checkpoint" in result.stderr.splitlines()
 
 
+def test_an_error_in_a_data_loading_worker_is_said_without_its_traceback(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch raises a worker's error again with the worker's whole traceback in its message
+    from specformer.data.datasets import PackedBlocks
+
+    read, calls = PackedBlocks.__getitem__, []
+
+    def fails_in_the_seventh_batch(self: Any, key: Any) -> Any:
+        calls.append(1)  # in the worker process (forked: the patch goes with it)
+        if len(calls) > 6 * 8:  # read one batch ahead of the step that uses it
+            raise ValueError("cannot read the token file: it was truncated")
+        return read(self, key)
+
+    monkeypatch.setattr(PackedBlocks, "__getitem__", fails_in_the_seventh_batch)
+    spec = _write(tmp_path, tiny("decoder", max_steps=20, val_interval=4, val_batches=1, num_workers=1))
+    result = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    assert result.stderr.splitlines()[-3:] == [
+        "error: ValueError: cannot read the token file: it was truncated (raised in DataLoader worker process 0)",
+        f"  the run stopped at step 5; its last checkpoint (step 4) is {ckpt}",
+        "  set SPECFORMER_DEBUG=1 to see the full traceback",
+    ]
+    assert "Traceback" not in result.output
+
+
 def test_help_shows_placeholders_and_examples_verbatim() -> None:
     from typer.testing import CliRunner
 

@@ -240,11 +240,40 @@ class PeriodicCheckpoint(Callback):
     def _save(self, trainer: L.Trainer) -> None:
         step = trainer.global_step
         self._saved_step, self._pending = step, None
+        self._check_finite(trainer)
         if self.keep_steps:
             self._write(trainer, self.dirpath / f"step-{step:07d}.ckpt")
         self._write(trainer, self.dirpath / "last.ckpt")
         self.last_path = self.dirpath / "last.ckpt"
         self.last_step = step
+
+    def _kept(self) -> str:
+        if self.last_path is None:
+            return "this run has written no checkpoint yet"
+        return f"the checkpoint of step {self.last_step} ({self.last_path}) is intact: resume from it"
+
+    def _check_finite(self, trainer: L.Trainer) -> None:
+        """A diverged run (weights that hold NaN or inf) stops before its checkpoint replaces the
+        last good one: nothing could be resumed from it. A loss that overflowed for one step
+        under fp16 mixed precision, whose step the gradient scaler skipped, leaves the weights
+        finite and goes on."""
+        import torch
+
+        from specformer.training.checkpoint import CheckpointError
+
+        params = [p.detach() for p in trainer.lightning_module.parameters()]
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all()) if params else True
+        if trainer.strategy.reduce_boolean_decision(finite, all=True):  # every process's shard
+            return
+        loss = trainer.callback_metrics.get("train/loss")
+        said = f" (the training loss is {float(loss):.4g})" if loss is not None and loss.numel() == 1 else ""
+        fix = "a lower training.optimizer.lr, more training.schedule.warmup_steps or a training.grad_clip"
+        where = (f"the checkpoint of step {self.last_step} ({self.last_path}) is intact: resume from it with {fix}"
+                 if self.last_path is not None else f"this run has written no checkpoint: train again with {fix}")
+        raise CheckpointError(
+            f"training diverged: the model's weights hold NaN or infinite values at step {trainer.global_step}"
+            f"{said}, so its checkpoint is not written over the last good one; {where}"
+        )
 
     def _write(self, trainer: L.Trainer, path: Path) -> None:
         """``trainer.save_checkpoint(path)``; a failed write (a full disk, a read-only folder)
@@ -254,14 +283,9 @@ class PeriodicCheckpoint(Callback):
         try:
             trainer.save_checkpoint(path)
         except OSError as exc:
-            kept = (
-                f"the checkpoint of step {self.last_step} ({self.last_path}) is intact: resume from it"
-                if self.last_path is not None
-                else "this run has written no checkpoint yet"
-            )
             raise CheckpointError(
                 f"{path}: cannot write the checkpoint of step {trainer.global_step} ({exc.strerror or exc}); "
-                f"nothing was half-written, and {kept}"
+                f"nothing was half-written, and {self._kept()}"
             ) from None
 
     def state_dict(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import csv
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -432,6 +433,26 @@ def test_a_checkpoint_being_written_is_not_taken_for_a_killed_writers(
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # the lock leaves no file
     (tmp_path / ".last.ckpt.0123456789abcdef.tmp").write_bytes(bytes(100))  # once no one writes: removed
     assert remove_stale_temporaries(tmp_path) == 100 and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_diverged_run_stops_before_its_nan_weights_replace_the_last_good_checkpoint(tiny: Any) -> None:
+    class DivergeAt5(L.Callback):  # as a too-high learning rate leaves a model
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
+            if trainer.global_step == 5:
+                with torch.no_grad():
+                    next(module.parameters()).fill_(float("nan"))
+
+    spec = _spec(tiny, "decoder", max_steps=9)  # checkpoints every 3 steps
+    with pytest.raises(CheckpointError) as caught:
+        train(spec, progress=False, callbacks=[DivergeAt5()])
+    ckpt = next((Path(spec.training.out_dir) / "tiny-decoder").iterdir()) / "checkpoints" / "last.ckpt"
+    assert re.fullmatch(
+        r"training diverged: the model's weights hold NaN or infinite values at step 6 \(the training loss is "
+        rf"nan\), so its checkpoint is not written over the last good one; the checkpoint of step 3 \({re.escape(str(ckpt))}\) "
+        r"is intact: resume from it with a lower training.optimizer.lr, more training.schedule.warmup_steps or a "
+        r"training.grad_clip", str(caught.value)), str(caught.value)
+    kept = load_checkpoint(ckpt)
+    assert kept.step == 3 and all(torch.isfinite(w).all() for w in kept.model.state_dict().values())
 
 
 def test_a_checkpoint_gets_the_permissions_torch_save_would_give(tmp_path: Path) -> None:

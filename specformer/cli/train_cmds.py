@@ -378,7 +378,7 @@ def generate_cmd(
         candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
         learned = spec.positional.type == "learned"
         generator = torch.Generator().manual_seed(seed)
-        ids = tok.encode(prompt)
+        ids = tok.with_template(tok.encode(prompt))  # as the model read text: Llama's <s>, T5's </s>
         _warn_unknown_symbols(tok, prompt)
         new: list[int] = []  # the tokens generated so far: shown, not lost, on Ctrl-C
 
@@ -386,10 +386,11 @@ def generate_cmd(
             new.append(int(nxt[0]))
 
         if spec.kind == "decoder":
-            if not prompt.strip() and tok.eot_id is None:
-                raise _fail("give a --prompt: this tokenizer has no end-of-text token to start from")
             encoded = encode_prompt(tok, prompt, heal=heal)
             ids = encoded.ids
+            if not prompt.strip() and tok.eot_id is None and not any(tok.template()):
+                raise _fail("give a --prompt: this tokenizer has no end-of-text token (nor a template's start "
+                            "token) to start from")
             if not heal and prompt != prompt.rstrip() and encode_prompt(tok, prompt).healed:
                 print_error(f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}), which this tokenizer "
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
@@ -604,7 +605,9 @@ def fill_mask_cmd(
             raise _fail(f"fill-mask needs an encoder (masked LM); this checkpoint is {'an' if spec.kind.startswith('e') else 'a'} {spec.kind}; use `specformer generate`")
         if tok is None or tok.mask_id is None:
             raise _fail("the checkpoint's tokenizer has no mask token")
-        ids = _encode_with_masks(tok, text)
+        text_ids = _encode_with_masks(tok, text)
+        before, after = tok.template()
+        ids = tok.with_template(text_ids)  # as the model read text: BERT's [CLS] ... [SEP]
         positions = [i for i, t in enumerate(ids) if t == tok.mask_id]
         if not positions:
             raise _fail("the text has no <mask> placeholder", 'e.g. specformer fill-mask CKPT "import <mask>"')
@@ -627,6 +630,7 @@ def fill_mask_cmd(
             table.add_row(str(rank), repr(tok.decode([i])), f"{p:.3f}")
         filled[pos] = int(best.indices[n, 0])
         console.print(table)
+    filled = filled[len(before) : len(filled) - len(after)]  # the text, without the template's tokens
     console.print("[bold]filled:[/] " + _escape(tok.decode(filled)), highlight=False, soft_wrap=True)
 
 

@@ -86,6 +86,18 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str], *, specials: bool = True) -> list[list[int]]:
         return [self.encode(t, specials=specials) for t in texts]
 
+    def template(self) -> tuple[list[int], list[int]]:
+        """The ids this tokenizer's own template puts before and after one text (a
+        ``tokenizer.json``'s post-processor: Llama's ``<s>``, BERT's ``[CLS]`` … ``[SEP]``),
+        which ``transformers``' ``tokenizer(text)`` adds by default. None for specformer's
+        own tokenizers: their documents are separated by ``<|endoftext|>`` instead."""
+        return [], []
+
+    def with_template(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` of one text (a prompt) framed by :meth:`template`, as the model saw text."""
+        before, after = self.template()
+        return [*before, *(int(i) for i in ids), *after]
+
     @property
     def special_ids(self) -> set[int]:
         return {i for i in (self.eot_id, self.pad_id, self.mask_id, self.bos_id, self.eos_id) if i is not None}
@@ -171,6 +183,11 @@ class HFTokenizer(Tokenizer):
         self.bos_id = find("<s>", "[CLS]", "<bos>", "<|begin_of_text|>")
         self.eos_id = self.eot_id
 
+    def template(self) -> tuple[list[int], list[int]]:
+        if not hasattr(self, "_template"):
+            self._template = _post_processor_template(self.tok)
+        return list(self._template[0]), list(self._template[1])
+
     @classmethod
     def from_str(cls, text: str) -> HFTokenizer:
         from tokenizers import Tokenizer as _Tok
@@ -191,6 +208,23 @@ class HFTokenizer(Tokenizer):
 
     def state(self) -> dict[str, Any]:
         return {"type": "hf", "json": self.tok.to_str()}
+
+
+def _post_processor_template(tok: Any) -> tuple[list[int], list[int]]:
+    """The ids ``tok``'s post-processor adds before and after one text, read off a probe's
+    encoding with and without them (TemplateProcessing, BertProcessing and RobertaProcessing
+    frame the text; ByteLevel, GPT-2's, adds nothing). A post-processor that changes the
+    text's own ids, which none of those does, is left out rather than guessed at."""
+    if getattr(tok, "post_processor", None) is None:
+        return [], []
+    with _literal_specials(tok, False):
+        plain = tok.encode("a", add_special_tokens=False).ids
+        framed = tok.encode("a", add_special_tokens=True).ids
+    n = len(plain)
+    for start in range(len(framed) - n + 1):
+        if n and framed[start : start + n] == plain:
+            return framed[:start], framed[start + n :]
+    return [], []
 
 
 @contextmanager

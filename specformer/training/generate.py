@@ -303,7 +303,12 @@ class Prompt:
 
 
 def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
-    """``text`` encoded for :func:`generate`, its trailing whitespace healed.
+    """``text`` encoded for :func:`generate`, framed by the tokenizer's own template and its
+    trailing whitespace healed.
+
+    A ``tokenizer.json`` whose post-processor adds special tokens (Llama's ``<s>`` before the
+    text) gets them here, as ``transformers``' ``tokenizer(text)`` adds them by default: the
+    model was trained on text that starts so. specformer's own tokenizers have no template.
 
     A byte-level BPE (GPT-2's, and the one ``specformer train`` learns) puts a word's space
     at its start (`` model``), and SentencePiece (Llama's) its ▁, so text ending in a space
@@ -311,18 +316,26 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     "The model " is continued worse than "The model". With ``heal`` (and a subword
     tokenizer: the byte tokenizer saw each space as the byte it is) the whitespace is taken
     off and the first new tokens are held to those that spell it, e.g. `` is``, after which
-    sampling is free (token healing). An empty prompt (or one of whitespace only) starts
+    sampling is free (token healing). A template that puts tokens after the text (an
+    end-of-sequence) leaves nothing to heal: such a prompt is encoded as it is. An empty
+    prompt (or one of whitespace only) starts from the template's tokens (``<s>``), else
     from the end-of-text token, as a document does."""
     from specformer.data.tokenizers import HFTokenizer
 
     stripped = text.rstrip()
     trailing = text[len(stripped):]
-    if not heal or not trailing or not isinstance(tokenizer, HFTokenizer):
-        ids = tokenizer.encode(text)
+    after = tokenizer.template()[1] if hasattr(tokenizer, "template") else []
+    if not heal or not trailing or not isinstance(tokenizer, HFTokenizer) or after:
+        ids = _framed(tokenizer, tokenizer.encode(text))
         return Prompt(ids=ids or _start(tokenizer))
-    ids = tokenizer.encode(stripped) or _start(tokenizer)
+    ids = _framed(tokenizer, tokenizer.encode(stripped)) or _start(tokenizer)
     texts = _token_texts(tokenizer, ids[-8:])
     return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing))
+
+
+def _framed(tokenizer: Any, ids: list[int]) -> list[int]:
+    """``ids`` in the tokenizer's template; an empty text stays empty when it adds nothing."""
+    return tokenizer.with_template(ids) if hasattr(tokenizer, "with_template") else ids
 
 
 def _start(tokenizer: Any) -> list[int]:

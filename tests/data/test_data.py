@@ -253,6 +253,37 @@ def test_bpe_is_trained_once_and_cached_by_content(tmp_path: Path) -> None:
     assert tokenizer_from_state(tok.state()).encode(text) == ids
 
 
+def test_a_tokenizer_json_template_is_read_from_its_post_processor(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from specformer.data.tokenizers import HFTokenizer
+
+    vocab = {"[CLS]": 0, "[SEP]": 1, "<s>": 2, "</s>": 3, "a": 4, "b": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert HFTokenizer(tok).template() == ([], [])  # no post-processor
+    tok.post_processor = processors.ByteLevel()  # GPT-2's: adds nothing
+    assert HFTokenizer(tok).template() == ([], [])
+    cases = {
+        "bert": (processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 0), ("[SEP]", 1)]),
+                 [0], [1]),
+        "llama": (processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)]), [2], []),
+        "roberta": (processors.RobertaProcessing(("</s>", 3), ("<s>", 2)), [2], [3]),
+    }
+    for post, before, after in cases.values():
+        tok.post_processor = post
+        framed = HFTokenizer(tok)
+        assert framed.template() == (before, after)
+        assert framed.with_template([5, 4]) == [*before, 5, 4, *after] == tok.encode("b a").ids
+        assert framed.encode("b a") == [5, 4]  # encode() is the text's own ids, as training reads it
+        assert HFTokenizer.from_str(framed.state()["json"]).template() == (before, after)  # a checkpoint keeps it
+    # specformer's own tokenizers have none: a prompt is its text
+    for own in (ByteTokenizer(), TaskTokenizer(), bpe_tokenizer(BPETokenizerSpec(vocab_size=300),
+                                                                corpus=files_corpus(FilesDataSpec(paths=(JSON_GLOB,))),
+                                                                cache_dir=tmp_path)):
+        assert own.template() == ([], []) and own.with_template([7, 8]) == [7, 8]
+
+
 def test_special_token_strings_in_training_text_stay_text(tmp_path: Path) -> None:
     # a corpus that quotes the special tokens (docs about tokenizers, GPT-2 dumps)
     docs = [f"doc {i}: the model ends with <|endoftext|> and hides words as <mask>, pads <pad>.\n" * 20

@@ -1,0 +1,183 @@
+"""An imported model's tokenizer template (its post-processor's special tokens: Llama's
+``<s>``, BERT's ``[CLS]`` … ``[SEP]``) frames prompts as ``transformers``' ``tokenizer(text)``
+does, so ``generate`` and ``fill-mask`` compute what ``transformers`` computes."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+transformers = pytest.importorskip(
+    "transformers", reason="the [hf] extra (transformers) is not installed: pip install 'specformer[hf]'"
+)
+
+from specformer.cli import app  # noqa: E402
+from specformer.data.tokenizers import file_tokenizer  # noqa: E402
+from specformer.specs.loader import load_spec  # noqa: E402
+from specformer.training.checkpoint import FORMAT_VERSION, read_weights  # noqa: E402
+from specformer.training.generate import encode_prompt  # noqa: E402
+
+pytestmark = pytest.mark.reference
+runner = CliRunner()
+TEXT = ["The model is here and the model is there, said the modeller to the other model."] * 50
+
+
+def _perturbed(model: Any, seed: int) -> Any:
+    """``model`` in eval mode with every parameter moved off its initialisation, so that no
+    mapping passes by accident."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.config.architectures = [type(model).__name__]
+    return model.eval()
+
+
+def _llama_folder(tmp_path: Path) -> tuple[Path, Any]:
+    """A tiny Llama saved as the Hub has one: its SentencePiece-style tokenizer.json puts
+    ``<s>`` before every text (TemplateProcessing), and the model was trained so."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>")
+    config = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = _perturbed(transformers.LlamaForCausalLM(config), 1)
+    folder = tmp_path / "llama"
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder, model
+
+
+def _bert_folder(tmp_path: Path) -> tuple[Path, Any]:
+    """A tiny BERT whose WordPiece tokenizer.json frames every text as ``[CLS] … [SEP]``."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(TEXT, trainers.WordPieceTrainer(vocab_size=120, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]")
+    config = transformers.BertConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    model = _perturbed(transformers.BertForMaskedLM(config), 2)
+    folder = tmp_path / "bert"
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder, model
+
+
+def _imported_checkpoint(folder: Path, tmp_path: Path) -> Path:
+    """``import-hf`` of ``folder``, as a checkpoint (the spec, its tokenizer and the weights)."""
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "my.safetensors"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(spec_path)
+    assert spec.training.tokenizer.type == "file"
+    tok = file_tokenizer(spec.training.tokenizer)
+    ckpt = tmp_path / "imported.ckpt"
+    torch.save({"specformer": {"format": FORMAT_VERSION, "spec": spec.to_dict(), "tokenizer": tok.state()},
+                "state_dict": {f"model.{k}": v for k, v in read_weights(weights).items()}, "global_step": 0}, ckpt)
+    return ckpt
+
+
+def test_generate_of_an_imported_llama_starts_from_its_bos_as_transformers_does(tmp_path: Path, monkeypatch) -> None:
+    folder, hf = _llama_folder(tmp_path)
+    ckpt = _imported_checkpoint(folder, tmp_path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt, n = "The model is", 12
+    inputs = hf_tok(prompt, return_tensors="pt")
+    assert inputs.input_ids[0, 0].item() == 1  # <s>
+    hf.generation_config.eos_token_id = None  # all n tokens, as specformer's generate without --stop-at-eot
+    theirs = hf.generate(**inputs, do_sample=False, max_new_tokens=n)[0].tolist()
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    real, seen = gen.generate, {}
+
+    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
+        out = real(model, ids, **kwargs)
+        seen["out"] = out[0].tolist()
+        return out
+
+    monkeypatch.setattr(gen, "generate", recording)
+    result = runner.invoke(app, ["generate", str(ckpt), "--prompt", prompt, "-n", str(n), "--greedy"])
+    assert result.exit_code == 0, result.output
+    assert seen["out"] == theirs  # token for token, <s> included
+    # the text shown is the prompt and what follows it, without the template's <s>
+    # (the random model makes <unk>s, which are shown as generated tokens are)
+    assert result.stdout == hf_tok.decode(theirs[1:], skip_special_tokens=False) + "\n"
+    assert result.stdout.startswith(prompt) and "<s>" not in result.stdout
+
+
+def test_encode_prompt_applies_the_template_and_heals_after_it(tmp_path: Path) -> None:
+    folder, _ = _llama_folder(tmp_path)
+    tok = file_tokenizer(load_spec(_imported_checkpoint_spec(folder, tmp_path)).training.tokenizer)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert tok.template() == ([1], [])
+    assert encode_prompt(tok, "The model").ids == hf_tok("The model").input_ids
+    assert encode_prompt(tok, "The model ", heal=False).ids == hf_tok("The model ").input_ids
+    healed = encode_prompt(tok, "The model ")  # the trailing space healed, <s> kept
+    assert healed.ids == hf_tok("The model").input_ids and healed.healed == " "
+    assert encode_prompt(tok, "").ids == hf_tok("").input_ids == [1]  # an empty prompt starts from <s>
+
+
+def _imported_checkpoint_spec(folder: Path, tmp_path: Path) -> Path:
+    spec_path = tmp_path / "spec-only.yaml"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path)])
+    assert result.exit_code == 0, result.output
+    return spec_path
+
+
+def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tmp_path: Path) -> None:
+    folder, hf = _bert_folder(tmp_path)
+    ckpt = _imported_checkpoint(folder, tmp_path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "the model is [MASK] and the model is there."
+    inputs = hf_tok(text, return_tensors="pt")
+    assert inputs.input_ids[0, 0].item() == 2 and inputs.input_ids[0, -1].item() == 3  # [CLS] ... [SEP]
+    with torch.no_grad():
+        logits = hf(**inputs).logits[0]
+    at = inputs.input_ids[0].tolist().index(hf_tok.mask_token_id)
+    best = logits[at].softmax(-1).topk(3)
+
+    result = runner.invoke(app, ["fill-mask", str(ckpt), text, "-k", "3"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = re.findall(r"│\s+(\d)\s+│\s+(\S+)\s+│\s+([\d.]+)\s+│", result.stdout)
+    expected = [(str(r), repr(hf_tok.decode([i])), f"{p:.3f}")
+                for r, (p, i) in enumerate(zip(best.values.tolist(), best.indices.tolist(), strict=True), 1)]
+    assert rows == expected
+    filled = next(line for line in result.stdout.splitlines() if line.startswith("filled:"))
+    assert "[CLS]" not in filled and "[SEP]" not in filled
+    ids = inputs.input_ids[0].tolist()
+    ids[at] = best.indices[0].item()
+    assert filled == "filled: " + hf_tok.decode(ids[1:-1])

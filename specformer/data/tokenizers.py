@@ -100,7 +100,10 @@ class Tokenizer(ABC):
 
     @property
     def special_ids(self) -> set[int]:
-        return {i for i in (self.eot_id, self.pad_id, self.mask_id, self.bos_id, self.eos_id) if i is not None}
+        """The ids the masked-LM objective never masks: the named ones and the template's."""
+        named = {i for i in (self.eot_id, self.pad_id, self.mask_id, self.bos_id, self.eos_id) if i is not None}
+        before, after = self.template()
+        return named | set(before) | set(after)
 
     def fingerprint(self) -> str:
         return content_hash(self.state())

@@ -1,6 +1,7 @@
 """Tokenise once, then memory-map: a corpus becomes two flat token arrays on disk.
 
-Each document is followed by the end-of-text id, so packing is slicing. Arrays are
+Each document is followed by the end-of-text id (and framed by a ``tokenizer.json``'s
+template, as the model it came with read text), so packing is slicing. Arrays are
 ``uint16`` when the vocabulary fits, else ``uint32``; they are written to a
 temporary file, synced and renamed, and ``meta.json`` is written last, so an entry
 exists only when complete; a reader checks each array's size against ``meta.json``
@@ -45,12 +46,19 @@ class TokenArrays:
 
 
 def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int) -> np.ndarray:
+    """``texts`` as one stream: each document in the tokenizer's template (a ``tokenizer.json``'s
+    ``<s>`` before it, ``[CLS]`` … ``[SEP]`` around it; nothing for specformer's own tokenizers),
+    then ``eot_id``, unless the template already ends the document with it (BERT's ``[SEP]``)."""
+    before, after = tokenizer.template()
+    head = np.array(before, dtype=dtype)
+    tail = np.array(after if after and after[-1] == eot_id else [*after, eot_id], dtype=dtype)
     parts: list[np.ndarray] = []
-    eot = np.array([eot_id], dtype=dtype)
     for start in range(0, len(texts), CHUNK_DOCS):
         for ids in tokenizer.encode_batch(texts[start : start + CHUNK_DOCS], specials=False):
+            if head.size:
+                parts.append(head)
             parts.append(np.asarray(ids, dtype=dtype))
-            parts.append(eot)
+            parts.append(tail)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
@@ -104,7 +112,10 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
 
     from specformer import __version__
 
-    key = content_hash("tokens", "literal-specials", corpus.fingerprint, tokenizer.fingerprint(), tokenizers.__version__, __version__)
+    # documents in a template are another stream (specformer's own tokenizers have none: their key is as it was)
+    framed = ["template", *tokenizer.template()] if any(tokenizer.template()) else []
+    key = content_hash("tokens", "literal-specials", corpus.fingerprint, tokenizer.fingerprint(), tokenizers.__version__,
+                       __version__, *framed)
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     meta_path = folder / "meta.json"
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)

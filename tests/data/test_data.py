@@ -277,6 +277,7 @@ def test_a_tokenizer_json_template_is_read_from_its_post_processor(tmp_path: Pat
         assert framed.with_template([5, 4]) == [*before, 5, 4, *after] == tok.encode("b a").ids
         assert framed.encode("b a") == [5, 4]  # encode() is the text's own ids, as training reads it
         assert HFTokenizer.from_str(framed.state()["json"]).template() == (before, after)  # a checkpoint keeps it
+        assert {*before, *after} <= framed.special_ids  # never masked by the masked-LM objective
     # specformer's own tokenizers have none: a prompt is its text
     for own in (ByteTokenizer(), TaskTokenizer(), bpe_tokenizer(BPETokenizerSpec(vocab_size=300),
                                                                 corpus=files_corpus(FilesDataSpec(paths=(JSON_GLOB,))),
@@ -326,6 +327,49 @@ def test_token_arrays_are_tokenised_once_and_memory_mapped(tmp_path: Path) -> No
 
     again = token_arrays(corpus, Refuse(), tmp_path)
     assert np.array_equal(again.train, arrays.train)
+
+
+def test_a_tokenizer_json_template_frames_each_document_in_the_token_stream(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from specformer.data.tokenizers import HFTokenizer
+
+    def char_level(specials: list[str], post: Any) -> HFTokenizer:
+        vocab = {**{t: i for i, t in enumerate(specials)}, **{chr(c): len(specials) + c for c in range(32, 127)}}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token=specials[-1]))
+        tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+        tok.add_special_tokens(specials)
+        tok.post_processor = post
+        return HFTokenizer(tok)
+
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    # Llama's template puts <s> before each document; the end-of-text </s> follows it, as Llama was trained
+    llama = char_level(["<s>", "</s>", "<unk>"], processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)]))
+    docs = [llama.encode(t, specials=False) for t in corpus.train]
+    assert (llama.bos_id, llama.eot_id) == (0, 1)
+    assert token_arrays(corpus, llama, tmp_path).train.tolist() == [i for d in docs for i in [0, *d, 1]]
+    # BERT's ends each document with [SEP], its end-of-text: not a second one
+    bert = char_level(["[CLS]", "[SEP]", "[UNK]"], processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 0), ("[SEP]", 1)]))
+    assert (bert.bos_id, bert.eot_id) == (0, 1)
+    assert token_arrays(corpus, bert, tmp_path).train.tolist() == [i for d in docs for i in [0, *d, 1]]
+    # without a template, each document is its text then the end-of-text id, as with specformer's own tokenizers
+    plain = char_level(["<s>", "</s>", "<unk>"], None)
+    assert token_arrays(corpus, plain, tmp_path).train.tolist() == [i for d in docs for i in [*d, 1]]
+    # specformer's own tokenizers keep their cache entries; a templated stream is not read from an entry made
+    # before documents were framed (the same tokenizer.json, the same key otherwise)
+    import tokenizers
+
+    from specformer import __version__
+    from specformer.data.cache import content_hash
+
+    def unframed_key(tok: Any) -> str:
+        return content_hash("tokens", "literal-specials", corpus.fingerprint, tok.fingerprint(), tokenizers.__version__,
+                            __version__)
+
+    assert token_arrays(corpus, ByteTokenizer(), tmp_path).path.name == unframed_key(ByteTokenizer())
+    assert token_arrays(corpus, plain, tmp_path).path.name == unframed_key(plain)
+    assert token_arrays(corpus, llama, tmp_path).path.name != unframed_key(llama)
 
 
 @pytest.mark.parametrize("damage", ["truncated train.bin", "missing val.bin", "garbled meta.json"])

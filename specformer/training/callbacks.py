@@ -268,8 +268,7 @@ class PeriodicCheckpoint(Callback):
         loss = trainer.callback_metrics.get("train/loss")
         said = f" (the training loss is {float(loss):.4g})" if loss is not None and loss.numel() == 1 else ""
         fix = "a lower training.optimizer.lr, more training.schedule.warmup_steps or a training.grad_clip"
-        where = (f"the checkpoint of step {self.last_step} ({self.last_path}) is intact: resume from it with {fix}"
-                 if self.last_path is not None else f"this run has written no checkpoint: train again with {fix}")
+        where = f"{self._kept()} with {fix}" if self.last_path is not None else f"{self._kept()}: train again with {fix}"
         raise CheckpointError(
             f"training diverged: the model's weights hold NaN or infinite values at step {trainer.global_step}"
             f"{said}, so its checkpoint is not written over the last good one; {where}"

@@ -453,6 +453,18 @@ def test_a_diverged_run_stops_before_its_nan_weights_replace_the_last_good_check
         r"training.grad_clip", str(caught.value)), str(caught.value)
     kept = load_checkpoint(ckpt)
     assert kept.step == 3 and all(torch.isfinite(w).all() for w in kept.model.state_dict().values())
+    # diverged before the first checkpoint: nothing to resume from, and said as a failed write says it
+    class DivergeAt1(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
+            with torch.no_grad():
+                next(module.parameters()).fill_(float("nan"))
+
+    with pytest.raises(CheckpointError) as caught:
+        train(_spec(tiny, "decoder", max_steps=3), progress=False, callbacks=[DivergeAt1()])
+    assert str(caught.value).endswith(
+        "so its checkpoint is not written over the last good one; this run has written no checkpoint yet: train "
+        "again with a lower training.optimizer.lr, more training.schedule.warmup_steps or a training.grad_clip"
+    ), str(caught.value)
 
 
 def test_a_checkpoint_gets_the_permissions_torch_save_would_give(tmp_path: Path) -> None:

@@ -378,6 +378,10 @@ class _Spelling:
         return left
 
     def __call__(self, new: Tensor) -> Tensor | None:
+        # each token spells at least a character of the text, or ends the spelling: after as many
+        # tokens as it has characters every row is free, and the tokens need not be read again
+        if new.shape[1] >= len(self.text):
+            return None
         lefts = [self._left(row) for row in new.tolist()]
         if not any(lefts):
             return None

@@ -294,3 +294,26 @@ def test_generation_held_to_the_healed_whitespace_starts_with_it(tiny: Any, tmp_
         assert tok.decode([*prompt.ids, first]).startswith("the model "), tok.decode(out)
         firsts.add(first)
     assert len(firsts) > 3  # sampled among the tokens that begin with the space, not forced to one
+
+
+def test_a_healed_prompt_stops_reading_the_new_tokens_once_they_can_have_spelt_it(
+    tiny: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from specformer.training.generate import encode_prompt
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    tok = _bpe(tmp_path)
+    spec, model = _model(tiny, "decoder")
+    read = []  # the rows of new tokens read, one list per row
+    left = gen._Spelling._left
+    monkeypatch.setattr(gen._Spelling, "_left", lambda self, row: read.append(list(row)) or left(self, row))
+    for text in ("the model ", "def model(x):\n    "):
+        read.clear()
+        prompt = encode_prompt(tok, text)
+        generate(model, torch.tensor([prompt.ids]), max_new_tokens=12, temperature=1.0,
+                 generator=torch.Generator().manual_seed(0), n_candidates=tok.vocab_size,
+                 allowed_tokens=prompt.allowed_tokens)
+        # every token spells a character of the whitespace or frees the row: 1 and 5 steps at the most, not 12
+        assert len(read) <= len(prompt.healed) and max(map(len, read)) < len(prompt.healed), (text, read)

@@ -362,7 +362,7 @@ def generate_cmd(
     with _starting():
         import torch
 
-        from specformer.training.generate import encode_prompt, generate, generate_seq2seq
+        from specformer.training.generate import _heals, encode_prompt, generate, generate_seq2seq
 
     with _errors_for_people(stopped="; nothing more is generated"):
         loaded = _load_checkpoint(checkpoint)
@@ -391,7 +391,7 @@ def generate_cmd(
             if not prompt.strip() and tok.eot_id is None and not any(tok.template()):
                 raise _fail("give a --prompt: this tokenizer has no end-of-text token (nor a template's start "
                             "token) to start from")
-            if not heal and prompt != prompt.rstrip() and encode_prompt(tok, prompt).healed:
+            if not heal and _heals(tok, prompt):
                 print_error(f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}), which this tokenizer "
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
                             "leading space): the text may go astray; leave out --no-heal to have the first new "

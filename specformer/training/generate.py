@@ -320,17 +320,22 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     end-of-sequence) leaves nothing to heal: such a prompt is encoded as it is. An empty
     prompt (or one of whitespace only) starts from the template's tokens (``<s>``), else
     from the end-of-text token, as a document does."""
-    from specformer.data.tokenizers import HFTokenizer
-
-    stripped = text.rstrip()
-    trailing = text[len(stripped):]
-    after = tokenizer.template()[1] if hasattr(tokenizer, "template") else []
-    if not heal or not trailing or not isinstance(tokenizer, HFTokenizer) or after:
+    if not heal or not _heals(tokenizer, text):
         ids = _framed(tokenizer, tokenizer.encode(text))
         return Prompt(ids=ids or _start(tokenizer))
+    stripped = text.rstrip()
     ids = _framed(tokenizer, tokenizer.encode(stripped)) or _start(tokenizer)
     texts = _token_texts(tokenizer, ids[-8:])
+    trailing = text[len(stripped):]
     return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing))
+
+
+def _heals(tokenizer: Any, text: str) -> bool:
+    """Whether :func:`encode_prompt` heals ``text``: it ends in whitespace, the tokenizer is a
+    subword one, and its template puts nothing after the text."""
+    from specformer.data.tokenizers import HFTokenizer
+
+    return text != text.rstrip() and isinstance(tokenizer, HFTokenizer) and not tokenizer.template()[1]
 
 
 def _framed(tokenizer: Any, ids: list[int]) -> list[int]:

@@ -273,9 +273,26 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     to the fixed part of the pattern that found it (``data/**/*.txt`` -> below ``data``;
     a directory -> below it; a file -> its name), so it does not change when other
     paths are added."""
+    keyed = _cap(_expand_paths(spec.paths, "training.data.paths"), spec.max_mb)
+    # (text_field is in each JSON-lines document's digest: other files keep the key they had)
+    corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths", "text_field"}),
+                         text_field=spec.text_field)
+    if not corpus.train:
+        read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
+        empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]
+        found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
+        found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
+        found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
+        raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
+    return corpus
+
+
+def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Path]]:
+    """(key, path) of every file that ``patterns`` (files, directories, globs) find, sorted
+    by key; a pattern that finds nothing is an error naming ``setting``."""
     items: dict[str, tuple[str, Path]] = {}
     missing = []
-    for pattern in spec.paths:
+    for pattern in patterns:
         expanded = str(Path(pattern).expanduser())
         literal = Path(expanded).exists()  # `notes [v2]` is that folder, not a character class
         matches = [Path(expanded)] if literal else [Path(p) for p in glob.glob(expanded, recursive=True)]
@@ -291,21 +308,10 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
                 key = (f.relative_to(base) if base is not None and f.is_relative_to(base) else Path(f.name)).as_posix()
                 items.setdefault(f.resolve().as_posix(), (key, f))
     if missing:
-        raise DataError(f"training.data.paths: nothing matches {', '.join(map(repr, missing))}")
+        raise DataError(f"{setting}: nothing matches {', '.join(map(repr, missing))}")
     if not items:
-        raise DataError("training.data.paths: no files found")
-    keyed = _cap(sorted(items.values()), spec.max_mb)
-    # (text_field is in each JSON-lines document's digest: other files keep the key they had)
-    corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths", "text_field"}),
-                         text_field=spec.text_field)
-    if not corpus.train:
-        read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
-        empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]
-        found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
-        found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
-        found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
-        raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
-    return corpus
+        raise DataError(f"{setting}: no files found")
+    return sorted(items.values())
 
 
 def _files_below(folder: Path) -> list[Path]:

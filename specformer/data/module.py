@@ -3,7 +3,8 @@
 beneath it.
 
 ``prepare`` reads the corpus, trains or loads the tokenizer and tokenises once into
-memory-mapped arrays (all cached by content hash), or generates a synthetic task.
+memory-mapped arrays (all cached by content hash), generates a synthetic task, or reads
+and tokenises the user's (source, target) pairs.
 The data module then serves an endless, resumable, rank-sharded training stream
 (:mod:`specformer.data.sampler`) and a fixed validation set.
 """
@@ -24,6 +25,7 @@ from specformer.data.cache import content_hash
 from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator
 from specformer.data.corpus import DataError, _names
 from specformer.data.datasets import PackedBlocks, PairDataset
+from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
 from specformer.data.tokenizers import Tokenizer
@@ -79,6 +81,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
             f"{BYTE_VOCAB_SIZE}); raise vocab_size or set training.tokenizer"
         )
     corpus = REGISTRY.build("data", t.data)
+    if isinstance(corpus, PairCorpus):
+        return _prepare_pairs(spec, corpus, tokenizer, cache_dir)
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
@@ -141,7 +145,12 @@ def _check_specials(tokenizer: Tokenizer, objective: str) -> None:
         raise DataError("the masked-LM objective needs a tokenizer with a mask token (<mask> or [MASK]); "
                         "this one has none: use training.tokenizer type bpe or byte, or a tokenizer.json with one")
     if objective == "seq2seq" and None in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id):
-        raise DataError("sequence-to-sequence training needs a tokenizer with pad, start and end tokens")
+        ids = {"pad": tokenizer.pad_id, "start": tokenizer.bos_id, "end": tokenizer.eos_id}
+        lacks = ", ".join(name for name, i in ids.items() if i is None)
+        raise DataError(f"sequence-to-sequence training needs a tokenizer with pad, start and end tokens; this one "
+                        f"has no {lacks} token (start: <s>, [CLS], <bos> or <|endoftext|>; end: </s>, <eos> or "
+                        "<|endoftext|>; pad: <pad> or [PAD]): use training.tokenizer type bpe or byte, or a "
+                        "tokenizer.json with them")
 
 
 def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any, world_size: int = 1) -> np.ndarray:
@@ -186,6 +195,63 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
         n_train_tokens=n_train,
         n_val_tokens=sum(len(s) + len(g) + 1 for s, g in val),
         fingerprint=content_hash("synthetic", d.model_dump(mode="json")),
+    )
+
+
+def _prepare_pairs(
+    spec: Any, corpus: PairCorpus, tokenizer: Tokenizer | None, cache_dir: str | Path | None
+) -> PreparedData:
+    """The user's (source, target) pairs, tokenised in memory. As Hugging Face's
+    ``run_translation`` does with its max_source_length and max_target_length, a longer
+    source or target is cut to fit (the source to ``seq_len`` tokens, the target to
+    ``seq_len - 1``: the decoder reads the start token before it), and the data line says
+    how many were."""
+    t = spec.training
+    if tokenizer is None:
+        tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
+    _check_vocab(tokenizer, spec.vocab_size)
+    _check_specials(tokenizer, t.objective.type)
+    seq_len = t.seq_len or spec.max_seq_len
+    before, after = tokenizer.template()  # the source is framed as generate frames a typed input
+    room = seq_len - len(before) - len(after)
+    if room < 1 or seq_len < 2:
+        raise DataError(f"training.seq_len={seq_len} leaves no room for a source and a target; raise it")
+    cut = {"source": 0, "target": 0}
+
+    def encode(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        out = []
+        sources = tokenizer.encode_batch([s for s, _ in pairs], specials=False)
+        targets = tokenizer.encode_batch([g for _, g in pairs], specials=False)
+        for src, tgt in zip(sources, targets, strict=True):
+            cut["source"] += len(src) > room
+            cut["target"] += len(tgt) > seq_len - 1
+            out.append((tokenizer.with_template(src[:room]), list(tgt[: seq_len - 1])))
+        return out
+
+    train, val = encode(corpus.train), encode(corpus.val)
+    n_files = len(corpus.files)
+    description = (
+        f"pairs: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} held-out pairs"
+    )
+    if cut["source"] or cut["target"]:
+        description += (
+            f"; cut to fit seq_len={seq_len}: {cut['source']} source{'s' if cut['source'] != 1 else ''} longer "
+            f"than {room} tokens, {cut['target']} target{'s' if cut['target'] != 1 else ''} longer than "
+            f"{seq_len - 1}"
+        )
+    asked = getattr(t.tokenizer, "vocab_size", None)
+    if asked is not None and tokenizer.vocab_size < asked:
+        description += (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
+                        f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+    return PreparedData(
+        tokenizer=tokenizer,
+        train=PairDataset(train),
+        val=PairDataset(val),
+        description=description,
+        n_train_tokens=sum(len(s) + len(g) + 1 for s, g in train),
+        n_val_tokens=sum(len(s) + len(g) + 1 for s, g in val),
+        extra={"truncated_sources": cut["source"], "truncated_targets": cut["target"]},
+        fingerprint=corpus.fingerprint,
     )
 
 

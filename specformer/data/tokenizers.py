@@ -114,12 +114,14 @@ _SPECIAL_STRINGS = re.compile(f"({'|'.join(map(re.escape, (EOT, PAD, MASK)))})")
 
 
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes 0-255, then <|endoftext|> (256), <pad> (257) and <mask> (258)."""
+    """UTF-8 bytes 0-255, then <|endoftext|> (256), <pad> (257) and <mask> (258).
+    <|endoftext|> also starts and ends an encoder-decoder's output, as GPT-2's is its
+    bos and eos."""
 
     def __init__(self, spec: ByteTokenizerSpec | None = None, **_: Any) -> None:
         self.vocab_size = BYTE_VOCAB_SIZE
         self.eot_id, self.pad_id, self.mask_id = 256, 257, 258
-        self.eos_id = self.eot_id
+        self.bos_id = self.eos_id = self.eot_id
 
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
         if not specials:
@@ -183,7 +185,8 @@ class HFTokenizer(Tokenizer):
         self.eot_id = find(EOT, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
         self.pad_id = find(PAD, "[PAD]", "<|padding|>")
         self.mask_id = find(MASK, "[MASK]")
-        self.bos_id = find("<s>", "[CLS]", "<bos>", "<|begin_of_text|>")
+        # GPT-2's <|endoftext|> is its bos as well (and a trained BPE's, which has no other)
+        self.bos_id = find("<s>", "[CLS]", "<bos>", "<|begin_of_text|>", EOT)
         self.eos_id = self.eot_id
 
     def template(self) -> tuple[list[int], list[int]]:

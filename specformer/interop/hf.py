@@ -174,7 +174,9 @@ def import_hf(
         name = folder.name or None
     spec = spec_from_hf_config(config, name=name)
     tokenizer = model_tokenizer(source) if isinstance(source, str | Path) else None
-    if tokenizer is not None and spec.kind != "encoder-decoder":  # (those train on the synthetic tasks only)
+    # (an encoder-decoder trains on the synthetic tasks by default, with their own tokenizer; for
+    # type: pairs the user names this tokenizer.json as training.tokenizer)
+    if tokenizer is not None and spec.kind != "encoder-decoder":
         data = spec.to_dict()
         data["training"]["tokenizer"] = {"type": "file", "path": str(tokenizer)}
         spec = ModelSpec.model_validate(data)

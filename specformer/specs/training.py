@@ -10,7 +10,7 @@ Defaults that depend on the model are filled by :func:`fill_training` while the
 exactly what will run: the objective follows the model's kind (decoder → causal
 LM, encoder → masked LM, encoder-decoder → sequence-to-sequence), the data is the
 Python standard library's source (or, for an encoder-decoder, the synthetic
-reverse task), and a BPE tokenizer gets the model's vocabulary size.
+reverse task; ``type: pairs`` trains one on the user's own (source, target) files), and a BPE tokenizer gets the model's vocabulary size.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "FilesDataSpec",
     "HFDataSpec",
     "SyntheticDataSpec",
+    "PairsDataSpec",
     "ByteTokenizerSpec",
     "BPETokenizerSpec",
     "FileTokenizerSpec",
@@ -152,12 +153,16 @@ class FilesDataSpec(Spec):
     @field_validator("paths", mode="before")
     @classmethod
     def _one_path(cls, value: Any) -> Any:
-        # `paths: data/` means the one folder, as `paths: [data/]` does
-        if isinstance(value, str):
-            return (value,)
-        if isinstance(value, list | tuple) and not value:
-            raise PydanticCustomError("paths", "give at least one file, directory or glob, e.g. [data/]")
-        return value
+        return _paths(value)
+
+
+def _paths(value: Any) -> Any:
+    # `paths: data/` means the one folder, as `paths: [data/]` does
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple) and not value:
+        raise PydanticCustomError("paths", "give at least one file, directory or glob, e.g. [data/]")
+    return value
 
 
 class HFDataSpec(Spec):
@@ -194,6 +199,42 @@ class SyntheticDataSpec(Spec):
         low = info.data.get("min_len", 1)
         if value < low:
             raise ValueError(f"max_len must be at least min_len={low}, got {value}")
+        return value
+
+
+class PairsDataSpec(Spec):
+    """(source, target) text pairs for sequence-to-sequence training, e.g. translation or
+    summarisation: JSON-lines files (``.jsonl``, ``.ndjson``), one object per line with a
+    source and a target field, or two-column tab-separated files (``.tsv``); ``.gz``,
+    ``.bz2`` and ``.xz`` files are read decompressed. Pairs longer than ``seq_len`` tokens
+    are truncated, and the run's data line says how many."""
+
+    type: Literal["pairs"] = "pairs"
+    paths: tuple[str, ...] = Field(
+        strict=False, min_length=1,
+        description="Files, directories or globs of pairs, e.g. ['data/train.jsonl'] (one may be given alone).",
+    )
+    val_paths: tuple[str, ...] | None = Field(
+        None, strict=False, min_length=1,
+        description="Files of held-out pairs; default: val_fraction of the pairs in paths, chosen by a hash of "
+        "the source text.",
+    )
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.05, description="Fraction of pairs held out for validation and exact match when val_paths is not given."
+    )
+    source_field: str = Field("source", min_length=1, description="The field of a JSON line that holds the input.")
+    target_field: str = Field("target", min_length=1, description="The field of a JSON line that holds the output.")
+
+    @field_validator("paths", "val_paths", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        return value if value is None else _paths(value)
+
+    @field_validator("target_field")
+    @classmethod
+    def _two_fields(cls, value: str, info: Any) -> str:
+        if value == info.data.get("source_field"):
+            raise ValueError(f"source_field and target_field are both {value!r}; they name two fields of a line")
         return value
 
 
@@ -293,6 +334,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
         (FilesDataSpec, "specformer.data.corpus:files_corpus"),
         (HFDataSpec, "specformer.data.corpus:hf_corpus"),
         (SyntheticDataSpec, "specformer.data.synthetic:SyntheticTask"),
+        (PairsDataSpec, "specformer.data.pairs:pair_corpus"),
     ],
     "tokenizer": [
         (BPETokenizerSpec, "specformer.data.tokenizers:bpe_tokenizer"),
@@ -476,10 +518,16 @@ def training_issues(
             f"(allowed: {', '.join(allowed)})",
         )
     synthetic = data is not None and data.type == "synthetic"
-    if objective is not None and objective.type == "seq2seq" and data is not None and not synthetic:
-        yield ("training.data.type", "the seq2seq objective needs paired data: use type: synthetic")
-    if synthetic and objective is not None and objective.type != "seq2seq":
-        yield ("training.data.type", "synthetic tasks are sequence-to-sequence: they train encoder-decoder models")
+    paired = data is not None and data.type in ("synthetic", "pairs")
+    if objective is not None and objective.type == "seq2seq" and data is not None and not paired:
+        yield (
+            "training.data.type",
+            f"the seq2seq objective needs paired data, not {data.type!r}: use type: pairs (your own "
+            "(source, target) files) or type: synthetic",
+        )
+    if paired and objective is not None and objective.type != "seq2seq":
+        what = "synthetic tasks are" if synthetic else "(source, target) pairs are"
+        yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models")
     if tok is not None:
         if tok.type == "task" and not synthetic:
             yield ("training.tokenizer.type", "the task vocabulary only covers the synthetic tasks; use bpe or byte")

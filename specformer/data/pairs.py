@@ -1,0 +1,163 @@
+"""(source, target) text pairs from the user's files, for sequence-to-sequence training.
+
+A JSON-lines file (``.jsonl``, ``.ndjson``) holds one object per line with a source and
+a target field; a ``.tsv`` file holds one pair per line, source and target separated by
+a tab (a first line that names the two fields is a header). Either may be compressed
+(``.gz``, ``.bz2``, ``.xz``). Without ``val_paths``, a pair is held out when a hash of
+its source text falls below ``val_fraction``: the split is the same on every machine,
+and a source that occurs twice is never both trained on and scored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specformer.data.cache import content_hash
+from specformer.data.corpus import (
+    Corpus,
+    DataError,
+    _decompressed,
+    _expand_paths,
+    _is_json_lines,
+    _key_bytes,
+    _plain_text,
+    split_by_path,
+)
+from specformer.specs.training import PairsDataSpec
+
+__all__ = ["PairCorpus", "pair_corpus"]
+
+
+@dataclass
+class PairCorpus:
+    """Train and held-out (source, target) pairs, and a hash of the files and settings."""
+
+    train: list[tuple[str, str]]
+    val: list[tuple[str, str]]
+    fingerprint: str
+    files: list[str] = field(default_factory=list)
+
+    def text_corpus(self) -> Corpus:
+        """Both sides of the training pairs as documents: what a BPE is trained on."""
+        texts = [text for pair in self.train for text in pair if text.strip()]
+        return Corpus(name="pairs", train=texts, val=[], fingerprint=self.fingerprint)
+
+
+def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
+    """The pairs of ``spec.paths`` (and ``spec.val_paths``), split into train and validation."""
+    settings = spec.model_dump(exclude={"paths", "val_paths"})
+    digests: list[bytes] = []
+    train, names = _read(spec, spec.paths, "training.data.paths", digests)
+    files = list(names)
+    if spec.val_paths is not None:
+        digests.append(b"\nval_paths")  # a file moved from paths to val_paths changes the split
+        val, val_names = _read(spec, spec.val_paths, "training.data.val_paths", digests)
+        files += val_names
+    else:
+        if len(train) < 2:
+            raise DataError(
+                f"training.data.paths: found {len(train)} pair in {', '.join(names)}; at least 2 are needed "
+                "to hold one out for validation (or give the held-out pairs in training.data.val_paths)"
+            )
+        train_idx, val_idx = split_by_path([src for src, _ in train], spec.val_fraction)
+        train, val = [train[i] for i in train_idx], [train[i] for i in val_idx]
+    fingerprint = content_hash("pairs", settings, chunks=digests)
+    return PairCorpus(train=train, val=val, fingerprint=fingerprint, files=files)
+
+
+def _read(
+    spec: PairsDataSpec, patterns: tuple[str, ...], setting: str, digests: list[bytes]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The pairs of every file ``patterns`` find, in order, and the files' keys."""
+    pairs: list[tuple[str, str]] = []
+    keys = []
+    for key, path in _expand_paths(patterns, setting):
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise DataError(f"{setting}: cannot read {path} ({exc.strerror or exc})") from None
+        try:
+            text = _decompressed(path, raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{setting}: {path} is not UTF-8 text (byte {exc.start})") from None
+        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
+        found = list(_pairs(path, text, spec, setting))
+        if not found:
+            raise DataError(f"{setting}: {path} holds no pairs (it is empty, or only blank lines)")
+        pairs += found
+        keys.append(key)
+    return pairs, keys
+
+
+def _pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) -> Iterator[tuple[str, str]]:
+    """(source, target) of each non-blank line of a ``.jsonl``/``.ndjson`` or ``.tsv`` file;
+    anything else is an error naming the file, the line and the setting."""
+    src_f, tgt_f = spec.source_field, spec.target_field
+    fields = f"training.data.source_field ({src_f!r}) and training.data.target_field ({tgt_f!r})"
+    tsv = _is_tsv(path)
+    if not tsv and not _is_json_lines(path):
+        raise DataError(
+            f"{setting}: {path} is neither JSON lines (.jsonl, .ndjson) nor tab-separated (.tsv): "
+            "pairs are read from those (compressed or not)"
+        )
+    text = text.removeprefix("\ufeff")
+    # split at \n alone: a JSON string may hold U+2028 and other characters splitlines() breaks at
+    for number, line in enumerate(text.split("\n"), start=1):
+        where = f"{setting}: {path}:{number}"
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        if tsv:
+            columns = line.split("\t")
+            if len(columns) != 2:
+                raise DataError(
+                    f"{where}: {len(columns)} tab-separated column{'s' if len(columns) != 1 else ''}; "
+                    "a .tsv file of pairs holds two on each line, source then target"
+                )
+            if number == 1 and (columns[0].strip(), columns[1].strip()) == (src_f, tgt_f):
+                continue  # a header naming the fields
+            source, target = columns
+        else:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{where}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl file "
+                    "holds one JSON object per line"
+                ) from None
+            if not isinstance(record, dict):
+                raise DataError(
+                    f"{where}: a JSON {type(record).__name__}, not an object; a .jsonl file of pairs "
+                    f"holds one object per line, with {fields}"
+                )
+            values = []
+            for name, setting_name in ((src_f, "source_field"), (tgt_f, "target_field")):
+                if name not in record:
+                    has = ", ".join(map(repr, list(record)[:8])) or "no fields"
+                    raise DataError(
+                        f"{where}: no {name!r} field (training.data.{setting_name}); this line has {has}"
+                    )
+                value = record[name]
+                if not isinstance(value, str):
+                    kind = "null" if value is None else f"a JSON {type(value).__name__}"
+                    raise DataError(
+                        f"{where}: {name!r} (training.data.{setting_name}) is {kind}, not a string"
+                    )
+                values.append(value)
+            source, target = values
+        source, _ = _plain_text(source)
+        target, _ = _plain_text(target)
+        if not source.strip():
+            raise DataError(f"{where}: the source is empty; every pair needs an input to read")
+        yield source, target
+
+
+def _is_tsv(path: Path) -> bool:
+    name = path.name.lower()
+    for suffix in (".gz", ".bz2", ".xz"):
+        name = name.removesuffix(suffix)
+    return name.endswith(".tsv")

@@ -1,0 +1,218 @@
+"""(source, target) pairs from the user's files: reading, splitting, errors, fingerprints."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specformer import load_spec
+from specformer.data.corpus import DataError
+from specformer.data.module import _check_specials, prepare
+from specformer.data.pairs import pair_corpus
+from specformer.data.tokenizers import ByteTokenizer
+from specformer.specs.errors import SpecError
+from specformer.specs.training import PairsDataSpec
+
+
+def _jsonl(path: Path, pairs: list[tuple[str, str]], **extra: Any) -> Path:
+    path.write_text(
+        "".join(json.dumps({"source": s, "target": t, **extra}) + "\n" for s, t in pairs)
+    )
+    return path
+
+
+PAIRS = [(f"w{i} x{i % 7}", f"x{i % 7} w{i}") for i in range(200)]
+
+
+def test_jsonl_pairs_are_split_by_a_hash_of_the_source(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS + PAIRS[:20])  # 20 sources twice
+    corpus = pair_corpus(PairsDataSpec(paths=[str(path)], val_fraction=0.2))
+    assert len(corpus.train) + len(corpus.val) == 220
+    assert 15 < len(corpus.val) < 70
+    # the same on every call, and a repeated source never on both sides
+    again = pair_corpus(PairsDataSpec(paths=[str(path)], val_fraction=0.2))
+    assert (again.train, again.val) == (corpus.train, corpus.val)
+    assert not {s for s, _ in corpus.train} & {s for s, _ in corpus.val}
+    assert set(corpus.train + corpus.val) == set(PAIRS)
+
+
+def test_tsv_with_a_header_compressed_files_and_val_paths(tmp_path: Path) -> None:
+    tsv = tmp_path / "train.tsv.gz"
+    tsv.write_bytes(
+        gzip.compress(
+            "\ufeffsource\ttarget\r\nhello world\tworld hello\r\n\r\na b\tb a\r\n".encode()
+        )
+    )
+    val = _jsonl(tmp_path / "val.jsonl", [("one two", "two one")])
+    corpus = pair_corpus(PairsDataSpec(paths=[str(tsv)], val_paths=[str(val)]))
+    assert corpus.train == [("hello world", "world hello"), ("a b", "b a")]
+    assert corpus.val == [("one two", "two one")]
+    assert corpus.files == ["train.tsv.gz", "val.jsonl"]
+    # other field names
+    other = tmp_path / "de-en.jsonl"
+    other.write_text(
+        json.dumps({"de": "Hallo Welt", "en": "hello world"})
+        + "\n"
+        + json.dumps({"de": "a", "en": "b"})
+    )
+    corpus = pair_corpus(PairsDataSpec(paths=[str(other)], source_field="de", target_field="en"))
+    assert sorted(corpus.train + corpus.val) == [("Hallo Welt", "hello world"), ("a", "b")]
+
+
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        (
+            "a.jsonl",
+            '{"source": "x", "target": "y"}\n{"source": "x"}\n',
+            "a.jsonl:2: no 'target' field (training.data.target_field); this line has 'source'",
+        ),
+        (
+            "a.jsonl",
+            '{"source": "x", "target": "y"}\n\n{"source": 3, "target": "y"}\n',
+            "a.jsonl:3: 'source' (training.data.source_field) is a JSON int, not a string",
+        ),
+        (
+            "a.jsonl",
+            '{"source": "x", "target": null}\n',
+            "a.jsonl:1: 'target' (training.data.target_field) is null, not a string",
+        ),
+        ("a.jsonl", '["x", "y"]\n', "a.jsonl:1: a JSON list, not an object"),
+        ("a.jsonl", '{"source": "x", "target": "y"}\n{oops\n', "a.jsonl:2: not a JSON object"),
+        ("a.jsonl", '{"source": " ", "target": "y"}\n', "a.jsonl:1: the source is empty"),
+        ("a.jsonl", "\n  \n", "a.jsonl holds no pairs (it is empty, or only blank lines)"),
+        (
+            "a.tsv",
+            "x\ty\nx\ty\tz\n",
+            "a.tsv:2: 3 tab-separated columns; a .tsv file of pairs holds two",
+        ),
+        ("a.tsv", "just one column\n", "a.tsv:1: 1 tab-separated column;"),
+        (
+            "a.txt",
+            "x\ty\n",
+            "a.txt is neither JSON lines (.jsonl, .ndjson) nor tab-separated (.tsv)",
+        ),
+    ],
+)
+def test_bad_pairs_name_the_file_line_and_setting(
+    tmp_path: Path, name: str, content: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DataError) as info:
+        pair_corpus(PairsDataSpec(paths=[str(path)]))
+    assert str(info.value).startswith("training.data.paths: ")
+    assert message in str(info.value)
+
+
+def test_bad_val_paths_name_their_setting(tmp_path: Path) -> None:
+    train = _jsonl(tmp_path / "train.jsonl", PAIRS[:5])
+    bad = tmp_path / "val.jsonl"
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(DataError, match=r"training.data.val_paths: .*val.jsonl is not UTF-8 text"):
+        pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=[str(bad)]))
+    with pytest.raises(DataError, match="training.data.val_paths: nothing matches 'nope.jsonl'"):
+        pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=["nope.jsonl"]))
+    one = _jsonl(tmp_path / "one.jsonl", PAIRS[:1])
+    with pytest.raises(DataError, match="found 1 pair in one.jsonl; at least 2 are needed"):
+        pair_corpus(PairsDataSpec(paths=[str(one)]))
+
+
+def test_the_fingerprint_follows_the_files_and_settings(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS[:50])
+    spec = PairsDataSpec(paths=[str(path)])
+    first = pair_corpus(spec).fingerprint
+    assert pair_corpus(spec).fingerprint == first
+    _jsonl(path, PAIRS[:49] + [("changed", "changed")])
+    edited = pair_corpus(spec).fingerprint
+    assert edited != first
+    assert pair_corpus(PairsDataSpec(paths=[str(path)], val_fraction=0.3)).fingerprint != edited
+    assert (
+        pair_corpus(PairsDataSpec(paths=[str(path)], val_paths=[str(path)])).fingerprint != edited
+    )
+
+
+def _s2s(tmp_path: Path, data: dict[str, Any], **training: Any) -> dict[str, Any]:
+    stack = {"n_layers": 1, "attention": {"n_heads": 2}, "ffn": {"d_ff": 64}}
+    return {
+        "name": "tiny-pairs",
+        "kind": "encoder-decoder",
+        "vocab_size": 300,
+        "d_model": 32,
+        "max_seq_len": 64,
+        "positional": {"type": "learned"},
+        "encoder": stack,
+        "decoder": stack,
+        "training": {"data": data, "cache_dir": str(tmp_path / "cache"), **training},
+    }
+
+
+def test_the_spec_takes_pairs_for_seq2seq_only(tmp_path: Path) -> None:
+    spec = load_spec(_s2s(tmp_path, {"type": "pairs", "paths": "train.jsonl"}))
+    assert spec.training.objective.type == "seq2seq"
+    assert spec.training.data.paths == ("train.jsonl",)
+    assert spec.training.tokenizer.type == "bpe" and spec.training.tokenizer.vocab_size == 300
+    for other in ({"type": "stdlib"}, {"type": "files", "paths": ["a.txt"]}):
+        with pytest.raises(
+            SpecError, match="the seq2seq objective needs paired data.*use type: pairs"
+        ):
+            load_spec(_s2s(tmp_path, other))
+    gpt = {
+        "name": "g",
+        "kind": "decoder",
+        "vocab_size": 300,
+        "d_model": 32,
+        "max_seq_len": 64,
+        "decoder": {"n_layers": 1, "attention": {"n_heads": 2}},
+        "training": {"data": {"type": "pairs", "paths": ["a.jsonl"]}},
+    }
+    with pytest.raises(SpecError, match=r"\(source, target\) pairs are sequence-to-sequence"):
+        load_spec(gpt)
+    with pytest.raises(SpecError, match="source_field and target_field are both 'x'"):
+        load_spec(
+            _s2s(
+                tmp_path,
+                {"type": "pairs", "paths": ["a"], "source_field": "x", "target_field": "x"},
+            )
+        )
+
+
+def test_long_pairs_are_cut_to_seq_len_and_counted(tmp_path: Path) -> None:
+    path = _jsonl(
+        tmp_path / "train.jsonl", [("a" * 40, "b" * 5), ("c" * 3, "d" * 30), ("e" * 2, "f" * 2)] * 4
+    )
+    spec = load_spec(
+        _s2s(
+            tmp_path,
+            {"type": "pairs", "paths": [str(path)], "val_fraction": 0.3},
+            tokenizer={"type": "byte"},
+            seq_len=16,
+        )
+    )
+    data = prepare(spec)
+    pairs = data.train.pairs + data.val.pairs
+    assert max(len(s) for s, _ in pairs) == 16 and max(len(t) for _, t in pairs) == 15
+    assert data.extra["truncated_sources"] == 4 and data.extra["truncated_targets"] == 4
+    assert (
+        "cut to fit seq_len=16: 4 sources longer than 16 tokens, 4 targets longer than 15"
+        in data.description
+    )
+    assert data.fingerprint == pair_corpus(spec.training.data).fingerprint
+
+
+def test_seq2seq_tokenizers_have_start_tokens_or_say_which_they_lack() -> None:
+    byte = ByteTokenizer()
+    assert byte.bos_id == byte.eos_id == byte.eot_id == 256
+    _check_specials(byte, "seq2seq")
+
+    class NoStart(ByteTokenizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bos_id = None
+
+    with pytest.raises(DataError, match="this one has no start token"):
+        _check_specials(NoStart(), "seq2seq")

@@ -41,18 +41,19 @@ def test_pairs_train_an_encoder_decoder_scored_by_exact_match_on_held_out_pairs(
     }
     raw = tiny(
         "encoder-decoder",
-        max_steps=60,
-        val_interval=30,
+        max_steps=200,
+        val_interval=100,
         val_batches=2,
         data=data,
         tokenizer={"type": "bpe", "min_frequency": 1},
     )
-    spec = load_spec({**raw, "vocab_size": 300})
+    # untied: a tied output layer stalls at this vocabulary size (docs/training.md)
+    spec = load_spec({**raw, "vocab_size": 300, "embedding": {**raw.get("embedding", {}), "tie_output": False}})
     result = train(spec, progress=False)
     assert result.data.startswith("pairs: 1 file, 363 training and 37 held-out pairs")
     losses = [h["val/loss"] for h in result.history]
     assert len(losses) == 2 and losses[-1] < losses[0] - 0.3, losses
-    assert result.exact_match is not None
+    assert result.exact_match is not None and result.exact_match > 0  # it learns: the recount below is not 0 == 0
 
     # exact match is greedy decoding of the first val_batches × batch_size held-out pairs
     loaded = load_checkpoint(result.checkpoint)

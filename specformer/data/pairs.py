@@ -63,8 +63,21 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
                 f"training.data.paths: found {len(train)} pair in {', '.join(names)}; at least 2 are needed "
                 "to hold one out for validation (or give the held-out pairs in training.data.val_paths)"
             )
-        train_idx, val_idx = split_by_path([src for src, _ in train], spec.val_fraction)
-        train, val = [train[i] for i in train_idx], [train[i] for i in val_idx]
+        # split the distinct sources, so that a source's every pair lands on one side (the
+        # at-least-one-each rule of split_by_path would otherwise move one copy alone)
+        sources = list(dict.fromkeys(src for src, _ in train))
+        if len(sources) < 2:
+            raise DataError(
+                f"training.data.paths: every pair in {', '.join(names)} has the same source; holding "
+                "one out would score a source also trained on (give the held-out pairs in "
+                "training.data.val_paths)"
+            )
+        _, val_idx = split_by_path(sources, spec.val_fraction)
+        held_out = {sources[i] for i in val_idx}
+        train, val = (
+            [p for p in train if p[0] not in held_out],
+            [p for p in train if p[0] in held_out],
+        )
     fingerprint = content_hash("pairs", settings, chunks=digests)
     return PairCorpus(train=train, val=val, fingerprint=fingerprint, files=files)
 

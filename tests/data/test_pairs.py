@@ -216,3 +216,25 @@ def test_seq2seq_tokenizers_have_start_tokens_or_say_which_they_lack() -> None:
 
     with pytest.raises(DataError, match="this one has no start token"):
         _check_specials(NoStart(), "seq2seq")
+
+
+def test_a_repeated_source_stays_on_one_side_when_a_pair_is_held_out_by_force(
+    tmp_path: Path,
+) -> None:
+    # with a tiny val_fraction no hash falls below it, and one source is held out by force:
+    # all of its pairs go with it, whichever source that is
+    pairs = [(f"s{i}", f"t{i}") for i in range(6)]
+    path = _jsonl(tmp_path / "train.jsonl", pairs + pairs)  # every source twice
+    corpus = pair_corpus(PairsDataSpec(paths=[str(path)], val_fraction=1e-9))
+    assert len(corpus.val) == 2 and len(corpus.train) == 10
+    assert not {s for s, _ in corpus.train} & {s for s, _ in corpus.val}
+    # nearly all held out: one source is kept for training by force, again with both copies
+    corpus = pair_corpus(PairsDataSpec(paths=[str(path)], val_fraction=1 - 1e-9))
+    assert len(corpus.train) == 2 and len(corpus.val) == 10
+    assert not {s for s, _ in corpus.train} & {s for s, _ in corpus.val}
+
+
+def test_pairs_that_all_share_one_source_cannot_be_split(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "same.jsonl", [("hello", "a"), ("hello", "b"), ("hello", "c")])
+    with pytest.raises(DataError, match=r"same\.jsonl has the same source.*val_paths"):
+        pair_corpus(PairsDataSpec(paths=[str(path)]))

@@ -243,6 +243,8 @@ def _prepare_pairs(
     if asked is not None and tokenizer.vocab_size < asked:
         description += (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
                         f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+    for note in corpus.notes:
+        description += f"; {note}"
     return PreparedData(
         tokenizer=tokenizer,
         train=PairDataset(train),

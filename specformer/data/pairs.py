@@ -40,6 +40,7 @@ class PairCorpus:
     val: list[tuple[str, str]]
     fingerprint: str
     files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def text_corpus(self) -> Corpus:
         """Both sides of the training pairs as documents: what a BPE is trained on."""
@@ -53,10 +54,18 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
     digests: list[bytes] = []
     train, names = _read(spec, spec.paths, "training.data.paths", digests)
     files = list(names)
+    notes: list[str] = []
     if spec.val_paths is not None:
         digests.append(b"\nval_paths")  # a file moved from paths to val_paths changes the split
         val, val_names = _read(spec, spec.val_paths, "training.data.val_paths", digests)
         files += val_names
+        seen = {src for src, _ in train}
+        if shared := sum(src in seen for src, _ in val):
+            verb = "has" if shared == 1 else "have"
+            notes.append(
+                f"{shared} of the {len(val)} pairs of training.data.val_paths {verb} a source that is "
+                "also in training.data.paths (their loss and exact match are not held out)"
+            )
     else:
         if len(train) < 2:
             raise DataError(
@@ -79,7 +88,7 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
             [p for p in train if p[0] in held_out],
         )
     fingerprint = content_hash("pairs", settings, chunks=digests)
-    return PairCorpus(train=train, val=val, fingerprint=fingerprint, files=files)
+    return PairCorpus(train=train, val=val, fingerprint=fingerprint, files=files, notes=notes)
 
 
 def _read(

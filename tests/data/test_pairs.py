@@ -238,3 +238,16 @@ def test_pairs_that_all_share_one_source_cannot_be_split(tmp_path: Path) -> None
     path = _jsonl(tmp_path / "same.jsonl", [("hello", "a"), ("hello", "b"), ("hello", "c")])
     with pytest.raises(DataError, match=r"same\.jsonl has the same source.*val_paths"):
         pair_corpus(PairsDataSpec(paths=[str(path)]))
+
+
+def test_val_paths_pairs_whose_source_is_trained_on_are_counted(tmp_path: Path) -> None:
+    train = _jsonl(tmp_path / "train.jsonl", PAIRS[:50])
+    val = _jsonl(tmp_path / "val.jsonl", [PAIRS[3], (PAIRS[7][0], "other"), ("new one", "one new")])
+    data = {"type": "pairs", "paths": [str(train)], "val_paths": [str(val)]}
+    prepared = prepare(load_spec(_s2s(tmp_path, data, tokenizer={"type": "byte"})))
+    assert prepared.description.endswith(
+        "; 2 of the 3 pairs of training.data.val_paths have a source that is also in "
+        "training.data.paths (their loss and exact match are not held out)"
+    )
+    clean = _jsonl(tmp_path / "clean.jsonl", [("new one", "one new")])
+    assert not pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=[str(clean)])).notes

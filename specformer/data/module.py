@@ -109,10 +109,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         f"{corpus.name}: {corpus.documents}, "
         f"{count(corpus.n_bytes)} characters → {count(len(arrays.train))} train / {count(len(arrays.val))} val tokens"
     )
-    asked = getattr(t.tokenizer, "vocab_size", None)
-    if asked is not None and tokenizer.vocab_size < asked:
-        description += (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
-                        f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+    description += _bpe_shortfall(spec, tokenizer)
     if getattr(corpus, "skipped", None):
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
     for note in getattr(corpus, "notes", ()):
@@ -128,6 +125,15 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         extra={"token_cache": str(arrays.path)},
         fingerprint=corpus.fingerprint,
     )
+
+
+def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
+    """The data line's note when a BPE learnt fewer tokens than asked ('' otherwise)."""
+    asked = getattr(spec.training.tokenizer, "vocab_size", None)
+    if asked is None or tokenizer.vocab_size >= asked:
+        return ""
+    return (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
+            f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
 
 
 def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
@@ -239,10 +245,7 @@ def _prepare_pairs(
             f"than {room} tokens, {cut['target']} target{'s' if cut['target'] != 1 else ''} longer than "
             f"{seq_len - 1}"
         )
-    asked = getattr(t.tokenizer, "vocab_size", None)
-    if asked is not None and tokenizer.vocab_size < asked:
-        description += (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
-                        f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+    description += _bpe_shortfall(spec, tokenizer)
     for note in corpus.notes:
         description += f"; {note}"
     return PreparedData(

@@ -99,7 +99,10 @@ class SpecModule(L.LightningModule):
         self._val_sums["tokens"] += out.n_predicted
         exact = getattr(self.objective, "exact_match", None)
         if exact is not None and self.tokenizer is not None:
-            correct, total = exact(self.model, batch, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id)
+            from specformer.data.tokenizers import decoder_start_id
+
+            start = decoder_start_id(self.tokenizer, self.spec.training.objective)
+            correct, total = exact(self.model, batch, start_id=start, eos_id=self.tokenizer.eos_id)
             self._val_sums["correct"] += correct
             self._val_sums["examples"] += total
 

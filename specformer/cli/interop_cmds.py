@@ -87,8 +87,14 @@ def import_hf_cmd(
     specformer train my.yaml --init-from my.safetensors --set 'training.data={type: files, paths: [my_texts/]}'
     ```
 
-    A decoder's or an encoder's spec trains with the model's own tokenizer.json (its
-    training.tokenizer names the file), which the weights' token ids belong to.
+    The spec trains with the model's own tokenizer.json (its training.tokenizer names
+    the file), which the weights' token ids belong to. An encoder-decoder's also names
+    the token its decoder starts from (training.objective.decoder_start: T5's <pad>,
+    BART's </s>), so it fine-tunes on your pairs as transformers does:
+
+    ```
+    specformer train my.yaml --init-from my.safetensors --set 'training.data={type: pairs, paths: [pairs.jsonl]}'
+    ```
     """
     from specformer.analysis import count_parameters
     from specformer.interop.hf import (
@@ -134,7 +140,11 @@ def import_hf_cmd(
     tokenizer = spec.training.tokenizer
     if tokenizer is not None and tokenizer.type == "file":
         _say(f"  training.tokenizer: the model's own, {escape(tokenizer.path)}")
-    elif spec.kind != "encoder-decoder":
+        start = getattr(spec.training.objective, "decoder_start", None)
+        if start is not None:
+            _say(f"  training.objective.decoder_start: {escape(start)} (the decoder's first token, as "
+                 f"decoder_start_token_id {config.get('decoder_start_token_id')} in config.json)")
+    else:
         print_error(
             f"{source} has no tokenizer.json, so the spec's training.tokenizer is a {tokenizer.type if tokenizer else 'new'} "
             "tokenizer whose token ids are not the ones these weights were trained on; to fine-tune, save the "

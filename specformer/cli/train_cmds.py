@@ -362,6 +362,7 @@ def generate_cmd(
     with _starting():
         import torch
 
+        from specformer.data.tokenizers import decoder_start_id
         from specformer.training.generate import _heals, encode_prompt, generate, generate_seq2seq
 
     with _errors_for_people(stopped="; nothing more is generated"):
@@ -422,13 +423,20 @@ def generate_cmd(
             raise _fail(f"the prompt is {len(ids)} tokens; this model's encoder reads at most "
                         f"max_seq_len={spec.max_seq_len} (learned positions)")
 
+        start = decoder_start_id(tok, spec.training.objective)
+        if start is None:
+            raise _fail("the tokenizer has no start token for the decoder (<s>, [CLS], <bos> or <|endoftext|>); "
+                        "the spec names none as training.objective.decoder_start")
+        opening = tok.template()[0]  # the target was framed as the source: BART's outputs open with <s>
+
         def show_decoded() -> None:
             row = new[: new.index(tok.eos_id)] if tok.eos_id is not None and tok.eos_id in new else new
+            row = row[len(opening):] if opening and row[: len(opening)] == opening else row
             console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
 
         with _shown_on_interrupt(new, max_new_tokens, show_decoded):
             generate_seq2seq(
-                model, torch.tensor([ids]), bos_id=tok.bos_id, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+                model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
                 temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
                 n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
             )

@@ -88,12 +88,13 @@ class MaskedLMCollator:
 class Seq2SeqCollator:
     """(source, target) id lists -> padded encoder inputs and teacher-forced decoder inputs.
 
-    decoder_input_ids = [bos] + target, labels = target + [eos]: the decoder predicts
-    each target token from the ones before it, then the end.
+    decoder_input_ids = [start] + target, labels = target + [eos]: the decoder predicts
+    each target token from the ones before it, then the end. ``start_id`` is the decoder's
+    start token (the tokenizer's bos, or ``training.objective.decoder_start``: T5's pad).
     """
 
-    def __init__(self, *, pad_id: int, bos_id: int, eos_id: int) -> None:
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+    def __init__(self, *, pad_id: int, start_id: int, eos_id: int) -> None:
+        self.pad_id, self.start_id, self.eos_id = pad_id, start_id, eos_id
 
     @staticmethod
     def _pad(rows: list[list[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +111,7 @@ class Seq2SeqCollator:
         sources = [list(src) for _, (src, _) in items]
         targets = [list(tgt) for _, (_, tgt) in items]
         input_ids, attention_mask = self._pad(sources, self.pad_id)  # (B, S)
-        decoder_input_ids, decoder_mask = self._pad([[self.bos_id] + t for t in targets], self.pad_id)  # (B, L+1)
+        decoder_input_ids, decoder_mask = self._pad([[self.start_id] + t for t in targets], self.pad_id)  # (B, L+1)
         labels, _ = self._pad([t + [self.eos_id] for t in targets], IGNORE_INDEX)  # (B, L+1)
         return {
             "input_ids": input_ids,

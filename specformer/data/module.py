@@ -28,7 +28,7 @@ from specformer.data.datasets import PackedBlocks, PairDataset
 from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
-from specformer.data.tokenizers import Tokenizer
+from specformer.data.tokenizers import Tokenizer, decoder_start_id
 from specformer.data.tokens import token_arrays, unigram_cross_entropy
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE
@@ -86,7 +86,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
-    _check_specials(tokenizer, t.objective.type)
+    _check_specials(tokenizer, t.objective)
     arrays = token_arrays(corpus, tokenizer, cache_dir)
     seq_len = t.seq_len or spec.max_seq_len
     overlap = 1 if t.objective.type == "causal_lm" else 0
@@ -144,19 +144,31 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
         )
 
 
-def _check_specials(tokenizer: Tokenizer, objective: str) -> None:
+def _check_specials(tokenizer: Tokenizer, objective: Any) -> None:
     """The special tokens the objective's collator places: refused now, before the data is
     tokenised and a run folder made, rather than when the first batch is drawn."""
-    if objective == "masked_lm" and tokenizer.mask_id is None:
+    if objective.type == "masked_lm" and tokenizer.mask_id is None:
         raise DataError("the masked-LM objective needs a tokenizer with a mask token (<mask> or [MASK]); "
                         "this one has none: use training.tokenizer type bpe or byte, or a tokenizer.json with one")
-    if objective == "seq2seq" and None in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id):
-        ids = {"pad": tokenizer.pad_id, "start": tokenizer.bos_id, "end": tokenizer.eos_id}
+    if objective.type != "seq2seq":
+        return
+    if objective.decoder_start is not None and tokenizer.token_id(objective.decoder_start) is None:
+        raise DataError(f"training.objective.decoder_start: {objective.decoder_start!r} is not a token of the "
+                        f"tokenizer; its special tokens: {_special_names(tokenizer)}")
+    if None in (tokenizer.pad_id, decoder_start_id(tokenizer, objective), tokenizer.eos_id):
+        ids = {"pad": tokenizer.pad_id, "start": decoder_start_id(tokenizer, objective), "end": tokenizer.eos_id}
         lacks = ", ".join(name for name, i in ids.items() if i is None)
+        start = ("; or name the token the decoder starts from as training.objective.decoder_start (T5 starts "
+                 "from <pad>)") if ids["start"] is None else ""
         raise DataError(f"sequence-to-sequence training needs a tokenizer with pad, start and end tokens; this one "
                         f"has no {lacks} token (start: <s>, [CLS], <bos> or <|endoftext|>; end: </s>, <eos> or "
                         "<|endoftext|>; pad: <pad> or [PAD]): use training.tokenizer type bpe or byte, or a "
-                        "tokenizer.json with them")
+                        f"tokenizer.json with them{start}")
+
+
+def _special_names(tokenizer: Tokenizer) -> str:
+    ids = sorted(tokenizer.special_ids)
+    return ", ".join(tokenizer.decode([i]) or f"id {i}" for i in ids) or "none"
 
 
 def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any, world_size: int = 1) -> np.ndarray:
@@ -175,7 +187,7 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer)
     _check_vocab(tokenizer, spec.vocab_size)
-    _check_specials(tokenizer, t.objective.type)
+    _check_specials(tokenizer, t.objective)
     if task.max_source_len > spec.max_seq_len or task.max_target_len + 1 > spec.max_seq_len:
         raise DataError(
             f"the {t.data.task} task makes sequences of up to {max(task.max_source_len, task.max_target_len + 1)} "
@@ -211,16 +223,23 @@ def _prepare_pairs(
     ``run_translation`` does with its max_source_length and max_target_length, a longer
     source or target is cut to fit (the source to ``seq_len`` tokens, the target to
     ``seq_len - 1``: the decoder reads the start token before it), and the data line says
-    how many were."""
+    how many were.
+
+    A ``tokenizer.json`` with a template frames both sides as ``transformers``'
+    ``tokenizer(text)`` and ``tokenizer(text_target=...)`` do: T5's target ends in ``</s>``,
+    BART's is ``<s> … </s>`` (the collator adds the end token, so the template's own is
+    left to it)."""
     t = spec.training
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
-    _check_specials(tokenizer, t.objective.type)
+    _check_specials(tokenizer, t.objective)
     seq_len = t.seq_len or spec.max_seq_len
     before, after = tokenizer.template()  # the source is framed as generate frames a typed input
+    closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
     room = seq_len - len(before) - len(after)
-    if room < 1 or seq_len < 2:
+    target_room = seq_len - 1 - len(before) - len(closing)
+    if room < 1 or target_room < 1:
         raise DataError(f"training.seq_len={seq_len} leaves no room for a source and a target; raise it")
     cut = {"source": 0, "target": 0}
 
@@ -230,8 +249,8 @@ def _prepare_pairs(
         targets = tokenizer.encode_batch([g for _, g in pairs], specials=False)
         for src, tgt in zip(sources, targets, strict=True):
             cut["source"] += len(src) > room
-            cut["target"] += len(tgt) > seq_len - 1
-            out.append((tokenizer.with_template(src[:room]), list(tgt[: seq_len - 1])))
+            cut["target"] += len(tgt) > target_room
+            out.append((tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]))
         return out
 
     train, val = encode(corpus.train), encode(corpus.val)
@@ -345,7 +364,7 @@ class SpecDataModule(L.LightningDataModule):
         assert self.data is not None
         t, tok = self.spec.training, self.data.tokenizer
         kind = t.objective.type
-        _check_specials(tok, kind)
+        _check_specials(tok, t.objective)
         if kind == "causal_lm":
             return CausalLMCollator()
         if kind == "masked_lm":
@@ -354,8 +373,9 @@ class SpecDataModule(L.LightningDataModule):
                 t.objective, mask_id=tok.mask_id, vocab_size=tok.vocab_size, special_ids=sorted(tok.special_ids),
                 seed=t.seed, rank=rank,
             )
-        assert tok.pad_id is not None and tok.bos_id is not None and tok.eos_id is not None
-        return Seq2SeqCollator(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+        start = decoder_start_id(tok, t.objective)
+        assert tok.pad_id is not None and start is not None and tok.eos_id is not None
+        return Seq2SeqCollator(pad_id=tok.pad_id, start_id=start, eos_id=tok.eos_id)
 
     def _loader(self, dataset: Dataset, sampler: Any, rank: int, seed: int, *, evaluation: bool = False) -> DataLoader:
         workers = self.num_workers

@@ -41,6 +41,7 @@ from specformer.specs.training import (
 
 __all__ = [
     "Tokenizer",
+    "decoder_start_id",
     "ByteTokenizer",
     "TaskTokenizer",
     "HFTokenizer",
@@ -86,6 +87,12 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str], *, specials: bool = True) -> list[list[int]]:
         return [self.encode(t, specials=specials) for t in texts]
 
+    def token_id(self, token: str) -> int | None:
+        """The id of the one token written ``token`` (``<pad>``, ``</s>``), or None when the
+        string is not a single token of this tokenizer."""
+        ids = self.encode(token, specials=True)
+        return ids[0] if len(ids) == 1 else None
+
     def template(self) -> tuple[list[int], list[int]]:
         """The ids this tokenizer's own template puts before and after one text (a
         ``tokenizer.json``'s post-processor: Llama's ``<s>``, BERT's ``[CLS]`` … ``[SEP]``),
@@ -107,6 +114,13 @@ class Tokenizer(ABC):
 
     def fingerprint(self) -> str:
         return content_hash(self.state())
+
+
+def decoder_start_id(tokenizer: Tokenizer, objective: Any) -> int | None:
+    """The id an encoder-decoder's decoder starts from: ``objective.decoder_start``'s token
+    (T5's ``<pad>``, BART's ``</s>``), else the tokenizer's start token."""
+    token = getattr(objective, "decoder_start", None)
+    return tokenizer.bos_id if token is None else tokenizer.token_id(token)
 
 
 # a prompt's special-token strings, kept by the split as pieces of their own
@@ -164,6 +178,9 @@ class TaskTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.tokens[int(i)] for i in ids if int(i) >= len(TASK_SPECIALS) and int(i) < self.vocab_size)
 
+    def token_id(self, token: str) -> int | None:
+        return self.index.get(token)
+
     def state(self) -> dict[str, Any]:
         return {"type": "task"}
 
@@ -211,6 +228,9 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tok.token_to_id(token)
 
     def state(self) -> dict[str, Any]:
         return {"type": "hf", "json": self.tok.to_str()}

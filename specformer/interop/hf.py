@@ -164,9 +164,11 @@ def import_hf(
     ``source`` is a model directory, a ``config.json`` path, a config dict or a
     ``PretrainedConfig``. Weights come from ``state_dict`` if given, else from the
     directory (when ``weights``). A checkpoint whose output layer is not tied to its
-    embeddings gets a spec with ``embedding.tie_output: false``. A decoder's or an
-    encoder's spec trains with the model's own ``tokenizer.json`` when the folder has one
-    (``training.tokenizer: {type: file, path: ...}``): the weights fit its token ids.
+    embeddings gets a spec with ``embedding.tie_output: false``. The spec trains with the
+    model's own ``tokenizer.json`` when the folder has one (``training.tokenizer: {type:
+    file, path: ...}``): the weights fit its token ids. An encoder-decoder's spec also
+    names the token its decoder starts from (``training.objective.decoder_start``: T5's
+    ``<pad>``, BART's ``</s>``) where that is not the tokenizer's own start token.
     """
     config = read_hf_config(source)
     if name is None and not config.get("_name_or_path") and isinstance(source, str | Path):
@@ -174,11 +176,13 @@ def import_hf(
         name = folder.name or None
     spec = spec_from_hf_config(config, name=name)
     tokenizer = model_tokenizer(source) if isinstance(source, str | Path) else None
-    # (an encoder-decoder trains on the synthetic tasks by default, with their own tokenizer; for
-    # type: pairs the user names this tokenizer.json as training.tokenizer)
-    if tokenizer is not None and spec.kind != "encoder-decoder":
+    if tokenizer is not None:
         data = spec.to_dict()
         data["training"]["tokenizer"] = {"type": "file", "path": str(tokenizer)}
+        if spec.kind == "encoder-decoder":
+            start = _decoder_start(tokenizer, config.get("decoder_start_token_id"))
+            if start is not None:
+                data["training"]["objective"] = {"type": "seq2seq", "decoder_start": start}
         spec = ModelSpec.model_validate(data)
     if state_dict is None and weights:
         if not isinstance(source, str | Path):
@@ -193,6 +197,18 @@ def import_hf(
         spec = ModelSpec.model_validate(data)
     ours, report = hf_to_specformer(state_dict, spec)
     return spec, ours, report
+
+
+def _decoder_start(tokenizer_json: Path, start_id: Any) -> str | None:
+    """The token string of an encoder-decoder's ``decoder_start_token_id``, or None when it
+    is the tokenizer's own start token (specformer's default) or no token of it."""
+    from specformer.data.tokenizers import HFTokenizer
+
+    if not isinstance(start_id, int):
+        return None
+    tok = HFTokenizer.from_str(tokenizer_json.read_text(encoding="utf-8"))
+    token = tok.tok.id_to_token(start_id)
+    return None if token is None or start_id == tok.bos_id else token
 
 
 def model_tokenizer(source: str | Path) -> Path | None:
@@ -274,7 +290,7 @@ def save_hf(
         spec = getattr(model, "spec", None)
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
-    token_ids = special_token_ids(tokenizer) if tokenizer is not None else None
+    token_ids = special_token_ids(tokenizer, spec) if tokenizer is not None else None
     config = hf_config_from_spec(spec, warnings=warnings, token_ids=token_ids)
     tensors = hf_state_dict(model, spec)
     # tied copies are left out, as transformers' save_pretrained does; loading re-ties them

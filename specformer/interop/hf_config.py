@@ -869,8 +869,9 @@ def hf_config_from_spec(
     ``token_ids`` (``bos_token_id``, ``eos_token_id``, ``pad_token_id``) are those of the
     model's tokenizer; the config says None for any not given, never the family's
     defaults (GPT-2's 50256 lies outside most specformer vocabularies). An
-    encoder-decoder's ``decoder_start_token_id`` is its bos: specformer's decoder starts
-    from bos.
+    encoder-decoder's ``decoder_start_token_id`` is the one given, else its bos (the
+    token specformer's decoder starts from unless ``training.objective.decoder_start``
+    names another).
     """
     model_type = hf_family(spec)
     _check_head_exports(spec, model_type)
@@ -947,7 +948,7 @@ def _check_head_exports(spec: ModelSpec, model_type: str) -> None:
     )
 
 
-_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
 def _set_token_ids(
@@ -956,9 +957,10 @@ def _set_token_ids(
     unknown = sorted(set(token_ids) - set(_TOKEN_KEYS))
     if unknown:
         raise HFConversionError(f"token_ids: unknown keys {', '.join(unknown)}; allowed: {', '.join(_TOKEN_KEYS)}")
-    ids: dict[str, int | None] = {key: token_ids.get(key) for key in _TOKEN_KEYS}
+    ids: dict[str, int | None] = {key: token_ids.get(key) for key in _TOKEN_KEYS[:3]}
     if spec.kind == "encoder-decoder":
-        ids["decoder_start_token_id"] = ids["bos_token_id"]
+        start = token_ids.get("decoder_start_token_id")
+        ids["decoder_start_token_id"] = start if start is not None else ids["bos_token_id"]
     if config["model_type"] == "bart":
         ids["forced_eos_token_id"] = None  # BartConfig's default (2) would force a token at max length
     for key, value in ids.items():

@@ -113,6 +113,15 @@ class Seq2SeqSpec(Spec):
 
     type: Literal["seq2seq"] = "seq2seq"
     label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy (the original paper: 0.1).")
+    decoder_start: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "The token the decoder reads first, as the tokenizer writes it (Hugging Face's "
+            "decoder_start_token_id): T5 starts from <pad>, BART from </s>. Default: the tokenizer's "
+            "start token (<s>, [CLS], <bos> or <|endoftext|>)."
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- data

@@ -230,7 +230,7 @@ def generate_seq2seq(
     model: nn.Module,
     input_ids: Tensor,
     *,
-    bos_id: int,
+    start_id: int,
     eos_id: int | None,
     max_new_tokens: int,
     attention_mask: Tensor | None = None,
@@ -244,7 +244,8 @@ def generate_seq2seq(
     on_token: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
-    generated ids (B, N) without the start token. ``max_len`` caps the decoder sequence, start
+    generated ids (B, N) without the start token ``start_id`` (the tokenizer's bos, or T5's
+    pad: see ``training.objective.decoder_start``). ``max_len`` caps the decoder sequence, start
     token included: by default a learned position table's length (``spec.max_seq_len``),
     and no cap for the other positional schemes. ``n_candidates`` and ``on_token``: see
     :func:`sample_next` and :func:`generate`."""
@@ -257,7 +258,7 @@ def generate_seq2seq(
     b = input_ids.shape[0]
     with _eval_mode(model):
         encoded = model.encode(input_ids, attention_mask)  # (B, S, D)
-        seq = torch.full((b, 1), bos_id, dtype=torch.long, device=input_ids.device)
+        seq = torch.full((b, 1), start_id, dtype=torch.long, device=input_ids.device)
         done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
         cache: Any = None
         for _ in range(max_new_tokens):

@@ -90,7 +90,7 @@ class MaskedLM(Objective):
 
 
 class Seq2Seq(Objective):
-    """Teacher forcing: the decoder reads [bos] + target and predicts target + [eos]
+    """Teacher forcing: the decoder reads [start] + target and predicts target + [eos]
     (Sutskever et al. 2014; Vaswani et al. 2017)."""
 
     name = "seq2seq"
@@ -109,7 +109,7 @@ class Seq2Seq(Objective):
         return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
 
     @torch.no_grad()
-    def exact_match(self, model: Any, batch: Mapping[str, Tensor], *, bos_id: int, eos_id: int) -> tuple[int, int]:
+    def exact_match(self, model: Any, batch: Mapping[str, Tensor], *, start_id: int, eos_id: int) -> tuple[int, int]:
         """(correct, total): greedy decodes that equal the target exactly, end token included."""
         from specformer.training.generate import generate_seq2seq
 
@@ -118,7 +118,7 @@ class Seq2Seq(Objective):
             model,
             batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
-            bos_id=bos_id,
+            start_id=start_id,
             eos_id=eos_id,
             max_new_tokens=labels.shape[1],
             temperature=0.0,

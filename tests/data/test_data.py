@@ -597,7 +597,7 @@ def test_masked_lm_collator_predicts_at_least_one_token_of_every_row() -> None:
 
 
 def test_seq2seq_collator_pads_and_teacher_forces() -> None:
-    batch = Seq2SeqCollator(pad_id=0, bos_id=1, eos_id=2)([(0, ([5, 6, 7], [7, 6, 5])), (0, ([8], [8]))])
+    batch = Seq2SeqCollator(pad_id=0, start_id=1, eos_id=2)([(0, ([5, 6, 7], [7, 6, 5])), (0, ([8], [8]))])
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["decoder_input_ids"].tolist() == [[1, 7, 6, 5], [1, 8, 0, 0]]

@@ -13,9 +13,9 @@ from specformer import load_spec
 from specformer.data.corpus import DataError
 from specformer.data.module import _check_specials, prepare
 from specformer.data.pairs import pair_corpus
-from specformer.data.tokenizers import ByteTokenizer
+from specformer.data.tokenizers import ByteTokenizer, decoder_start_id
 from specformer.specs.errors import SpecError
-from specformer.specs.training import PairsDataSpec
+from specformer.specs.training import PairsDataSpec, Seq2SeqSpec
 
 
 def _jsonl(path: Path, pairs: list[tuple[str, str]], **extra: Any) -> Path:
@@ -207,15 +207,22 @@ def test_long_pairs_are_cut_to_seq_len_and_counted(tmp_path: Path) -> None:
 def test_seq2seq_tokenizers_have_start_tokens_or_say_which_they_lack() -> None:
     byte = ByteTokenizer()
     assert byte.bos_id == byte.eos_id == byte.eot_id == 256
-    _check_specials(byte, "seq2seq")
+    _check_specials(byte, Seq2SeqSpec())
 
     class NoStart(ByteTokenizer):
         def __init__(self) -> None:
             super().__init__()
             self.bos_id = None
 
-    with pytest.raises(DataError, match="this one has no start token"):
-        _check_specials(NoStart(), "seq2seq")
+    with pytest.raises(DataError, match="this one has no start token.*training.objective.decoder_start"):
+        _check_specials(NoStart(), Seq2SeqSpec())
+    # T5's way: the decoder starts from <pad>
+    _check_specials(NoStart(), Seq2SeqSpec(decoder_start="<pad>"))
+    assert decoder_start_id(NoStart(), Seq2SeqSpec(decoder_start="<pad>")) == 257
+    assert decoder_start_id(byte, Seq2SeqSpec()) == 256
+    with pytest.raises(DataError, match=r"decoder_start: '<s>' is not a token of the tokenizer; its special "
+                                        r"tokens: <\|endoftext\|>"):
+        _check_specials(byte, Seq2SeqSpec(decoder_start="<s>"))
 
 
 def test_a_repeated_source_stays_on_one_side_when_a_pair_is_held_out_by_force(

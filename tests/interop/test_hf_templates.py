@@ -181,3 +181,142 @@ def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tm
     ids = inputs.input_ids[0].tolist()
     ids[at] = best.indices[0].item()
     assert filled == "filled: " + hf_tok.decode(ids[1:-1])
+
+
+# --------------------------------------------------------------------------- encoder-decoders
+
+PAIRS = [("the model is here", "here is the model"), ("said the modeller", "the modeller said"),
+         ("to the other model", "model other the to"), ("the model", "model the")]
+
+
+def _seq2seq_folder(tmp_path: Path, family: str) -> tuple[Path, Any]:
+    """A tiny T5 or BART saved as the Hub has one. T5's tokenizer.json ends a text with
+    ``</s>`` and has no start token (its decoder starts from ``<pad>``); BART's frames a text
+    as ``<s> … </s>`` and its decoder starts from ``</s>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    specials = {"t5": ["<pad>", "</s>", "<unk>"], "bart": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]}[family]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=120, special_tokens=specials))
+    torch.manual_seed(0)
+    if family == "t5":
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                                    unk_token="<unk>")
+        config = transformers.T5Config(
+            vocab_size=tok.get_vocab_size(), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+            pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, dropout_rate=0.0)
+        model = transformers.T5ForConditionalGeneration(config)
+    else:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>",
+                                                    eos_token="</s>", unk_token="<unk>", mask_token="<mask>")
+        config = transformers.BartConfig(
+            vocab_size=tok.get_vocab_size(), d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            max_position_embeddings=64, bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+            forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+        model = transformers.BartForConditionalGeneration(config)
+    model = _perturbed(model, 3)
+    folder = tmp_path / family
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.mark.parametrize(("family", "start"), [("t5", "<pad>"), ("bart", "</s>")])
+def test_an_imported_encoder_decoder_trains_on_pairs_as_transformers_fine_tunes_it(
+    tmp_path: Path, family: str, start: str
+) -> None:
+    from specformer.builder import build_model
+    from specformer.data.module import SpecDataModule, prepare
+    from specformer.specs.schema import ModelSpec
+
+    folder, hf = _seq2seq_folder(tmp_path, family)
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "my.safetensors"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(spec_path)
+    assert spec.training.tokenizer.type == "file"  # the model's own tokenizer.json
+    assert spec.training.objective.decoder_start == start  # T5 starts from <pad>, BART from </s>
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(f'{{"source": "{s}", "target": "{t}"}}\n' for s, t in PAIRS), encoding="utf-8")
+    data = spec.to_dict()
+    data["training"]["data"] = {"type": "pairs", "paths": [str(pairs)], "val_paths": [str(pairs)]}
+    spec = ModelSpec.model_validate(data)
+    module = SpecDataModule(spec)
+    module.data = prepare(spec)
+    batch = module._collator(0)(list(enumerate(module.data.train.pairs)))
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    sources, targets = [s for s, _ in PAIRS], [t for _, t in PAIRS]
+    order = [sources.index(hf_tok.decode(src, skip_special_tokens=True)) for src, _ in module.data.train.pairs]
+    theirs = hf_tok([sources[i] for i in order], text_target=[targets[i] for i in order], padding=True,
+                    return_tensors="pt")
+    labels = theirs["labels"].masked_fill(theirs["labels"] == hf_tok.pad_token_id, -100)
+    assert torch.equal(batch["input_ids"], theirs["input_ids"])
+    assert torch.equal(batch["labels"], labels)  # T5: target </s>; BART: <s> target </s>
+    assert batch["decoder_input_ids"][:, 0].tolist() == [hf.config.decoder_start_token_id] * len(PAIRS)
+
+    model = build_model(spec)
+    model.load_state_dict(read_weights(weights))
+    model.eval()
+    with torch.no_grad():
+        ours = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                     decoder_input_ids=batch["decoder_input_ids"],
+                     decoder_attention_mask=batch["decoder_attention_mask"], labels=batch["labels"]).loss
+        expected = hf(input_ids=theirs["input_ids"], attention_mask=theirs["attention_mask"], labels=labels).loss
+    assert abs(float(ours) - float(expected)) < 1e-5, (float(ours), float(expected))
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_generate_of_an_imported_encoder_decoder_starts_as_transformers_does(
+    tmp_path: Path, family: str, monkeypatch
+) -> None:
+    folder, hf = _seq2seq_folder(tmp_path, family)
+    ckpt = _imported_checkpoint(folder, tmp_path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt, n = "the model is here", 10
+    hf.generation_config.eos_token_id = None  # all n tokens
+    theirs = hf.generate(**hf_tok(prompt, return_tensors="pt"), do_sample=False, max_new_tokens=n)[0].tolist()
+    assert theirs[0] == hf.config.decoder_start_token_id
+
+    gen = importlib.import_module("specformer.training.generate")
+    real, seen = gen.generate_seq2seq, {}
+
+    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
+        seen["source"] = ids[0].tolist()
+        out = real(model, ids, **kwargs)
+        seen["out"] = out[0].tolist()
+        return out
+
+    monkeypatch.setattr(gen, "generate_seq2seq", recording)
+    result = runner.invoke(app, ["generate", str(ckpt), "--prompt", prompt, "-n", str(n)])
+    assert result.exit_code == 0, result.output
+    assert seen["source"] == hf_tok(prompt).input_ids
+    assert seen["out"] == theirs[1:]  # token for token, after the same start token
+    assert result.stdout == hf_tok.decode(theirs[1:]) + "\n"
+
+    # a fine-tuned BART's output opens with its template's <s> and ends with </s>: the
+    # text shown is what lies between (a stand-in decoder emits those ids)
+    def emitting(model: Any, ids: Any, *, on_token: Any, **kwargs: Any) -> Any:
+        for i in [*hf_tok("here is", add_special_tokens=True).input_ids]:
+            on_token(torch.tensor([i]))
+
+    monkeypatch.setattr(gen, "generate_seq2seq", emitting)
+    result = runner.invoke(app, ["generate", str(ckpt), "--prompt", prompt])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == hf_tok.decode(hf_tok("here is", add_special_tokens=False).input_ids) + "\n"
+
+    # exported back, the config names the same start token, and transformers decodes the same
+    out = tmp_path / "exported"
+    result = runner.invoke(app, ["export-hf", str(ckpt), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    back = type(hf).from_pretrained(out).eval()
+    assert back.config.decoder_start_token_id == hf.config.decoder_start_token_id
+    back.generation_config.eos_token_id = None
+    again = back.generate(**hf_tok(prompt, return_tensors="pt"), do_sample=False, max_new_tokens=n)[0].tolist()
+    assert again == theirs

@@ -83,7 +83,7 @@ def test_export_carries_the_tokenizer_and_its_special_ids(kind: str, tmp_path: P
     got = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
     assert got == _ids(tok)
     assert all(i is None or 0 <= i < config.vocab_size for i in got.values())
-    if spec.kind == "encoder-decoder":  # specformer's decoder starts from bos
+    if spec.kind == "encoder-decoder":  # specformer's decoder starts from bos unless the spec names another
         assert config.decoder_start_token_id == tok.bos_id is not None
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for text in TEXTS:

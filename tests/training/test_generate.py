@@ -103,7 +103,7 @@ def test_only_the_last_position_goes_through_the_vocabulary_projection(tiny: Any
     if kind == "decoder":
         out = generate(model, prompt, max_new_tokens=6, temperature=0.0, use_cache=use_cache)
     else:
-        out = generate_seq2seq(model, prompt, bos_id=1, eos_id=None, max_new_tokens=6, use_cache=use_cache)
+        out = generate_seq2seq(model, prompt, start_id=1, eos_id=None, max_new_tokens=6, use_cache=use_cache)
     assert len(rows) == 6 and set(rows) == {1}
     # the tokens are those of the full logits' last row
     with torch.no_grad():
@@ -121,8 +121,8 @@ def test_seq2seq_greedy_is_identical_with_and_without_the_cache(tiny: Any) -> No
     src = torch.randint(5, 40, (3, 7))
     mask = torch.ones_like(src)
     mask[0, 5:] = 0  # padding in one row
-    a = generate_seq2seq(model, src, attention_mask=mask, bos_id=1, eos_id=None, max_new_tokens=12, use_cache=True)
-    b = generate_seq2seq(model, src, attention_mask=mask, bos_id=1, eos_id=None, max_new_tokens=12, use_cache=False)
+    a = generate_seq2seq(model, src, attention_mask=mask, start_id=1, eos_id=None, max_new_tokens=12, use_cache=True)
+    b = generate_seq2seq(model, src, attention_mask=mask, start_id=1, eos_id=None, max_new_tokens=12, use_cache=False)
     assert a.shape == (3, 12) and torch.equal(a, b)
 
 
@@ -166,7 +166,7 @@ def test_ids_past_the_tokenizer_are_never_sampled() -> None:
 def test_seq2seq_output_ends_at_a_learned_position_table(tiny: Any) -> None:
     spec, model = _model(tiny, "encoder-decoder", positional={"type": "learned"}, max_seq_len=16)
     src = torch.randint(5, 40, (1, 7))
-    out = generate_seq2seq(model, src, bos_id=1, eos_id=None, max_new_tokens=40, max_len=spec.max_seq_len)
+    out = generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=40, max_len=spec.max_seq_len)
     assert out.shape == (1, 15)  # 16 decoder positions, the start token included
 
 
@@ -175,7 +175,7 @@ def test_seq2seq_output_is_capped_by_default_only_by_a_learned_table(tiny: Any, 
     # every other scheme has no last position: -n 100 gives 100 tokens, not max_seq_len - 1
     spec, model = _model(tiny, "encoder-decoder", positional={"type": positional}, max_seq_len=16)
     src = torch.randint(5, 40, (1, 7))
-    out = generate_seq2seq(model, src, bos_id=1, eos_id=None, max_new_tokens=40)
+    out = generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=40)
     assert out.shape == ((1, 15) if positional == "learned" else (1, 40))
 
 
@@ -211,14 +211,14 @@ def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
         generate(t5, torch.tensor([[5, 6]]), max_new_tokens=2)
     with pytest.raises(ValueError, match="generate_seq2seq is for an encoder-decoder model, and this one is a "
                                          "decoder; use generate"):
-        generate_seq2seq(gpt, torch.tensor([[5, 6]]), bos_id=1, eos_id=2, max_new_tokens=2)
+        generate_seq2seq(gpt, torch.tensor([[5, 6]]), start_id=1, eos_id=2, max_new_tokens=2)
     assert generate(gpt, torch.tensor([[5, 6]]), max_new_tokens=0).shape == (1, 2)
 
 
 def test_seq2seq_generation_stops_at_the_learned_table_by_default(tiny: Any) -> None:
     # a learned decoder table of max_seq_len rows: decoding past it used to raise mid-way
     spec, t5 = _model(tiny, "encoder-decoder", max_seq_len=8, positional={"type": "learned"})
-    out = generate_seq2seq(t5, torch.tensor([[5, 6, 7]]), bos_id=1, eos_id=None, max_new_tokens=20)
+    out = generate_seq2seq(t5, torch.tensor([[5, 6, 7]]), start_id=1, eos_id=None, max_new_tokens=20)
     assert out.shape == (1, spec.max_seq_len - 1)  # the start token takes the first position
 
 
@@ -232,7 +232,7 @@ def test_a_classification_head_has_no_next_token_to_sample(tiny: Any, kind: str)
         if kind == "decoder":
             generate(model, torch.tensor([[5, 6], [7, 8]]), max_new_tokens=2)
         else:
-            generate_seq2seq(model, torch.tensor([[5, 6], [7, 8]]), bos_id=1, eos_id=2, max_new_tokens=2)
+            generate_seq2seq(model, torch.tensor([[5, 6], [7, 8]]), start_id=1, eos_id=2, max_new_tokens=2)
 
 
 # --------------------------------------------------------------------------- healing a prompt's end

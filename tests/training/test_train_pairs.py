@@ -64,7 +64,7 @@ def test_pairs_train_an_encoder_decoder_scored_by_exact_match_on_held_out_pairs(
         out = generate_seq2seq(
             model,
             torch.tensor([source]),
-            bos_id=tok.bos_id,
+            start_id=tok.bos_id,
             eos_id=tok.eos_id,
             max_new_tokens=len(target) + 1,
             temperature=0.0,

@@ -177,12 +177,16 @@ class PeriodicCheckpoint(Callback):
     ended an optimizer step, its checkpoint is written then (a preempted run loses no
     step). A SIGTERM in a validation, or between the micro-batches of a step
     (``accumulate`` > 1), leaves the last checkpoint: that state is not a step's.
+
+    ``resumed_from`` (path, step) is the checkpoint a resumed run started from: until the
+    run writes one of its own, it is the one an error names to resume from.
     """
 
     def __init__(self, dirpath: str | Path, *, every: int, keep_steps: bool = False) -> None:
         self.dirpath, self.every, self.keep_steps = Path(dirpath), every, keep_steps
         self.last_path: Path | None = None
         self.last_step: int | None = None  # the step of last_path
+        self.resumed_from: tuple[Path, int] | None = None  # the checkpoint a resumed run started from
         self.failed: str | None = None  # why the checkpoint of a SIGTERM was not written
         self._saved_step = -1
         self._pending: int | None = None  # a step whose checkpoint waits for its validation
@@ -234,7 +238,8 @@ class PeriodicCheckpoint(Callback):
         except CheckpointError as exc:  # a full disk: the run still stops, and says what is left
             self.failed = str(exc)
         except KeyboardInterrupt:  # Ctrl-C while it was written: the temporary file is removed
-            kept = f"the checkpoint of step {self.last_step} is intact" if self.last_path else "there is no checkpoint"
+            intact = self._intact()
+            kept = f"the checkpoint of step {intact[1]} is intact" if intact else "there is no checkpoint"
             self.failed = f"the checkpoint of step {step} was cut off by Ctrl-C while it was written; {kept}"
 
     def _save(self, trainer: L.Trainer) -> None:
@@ -247,10 +252,18 @@ class PeriodicCheckpoint(Callback):
         self.last_path = self.dirpath / "last.ckpt"
         self.last_step = step
 
+    def _intact(self) -> tuple[Path, int] | None:
+        """The checkpoint to resume from: the last this run wrote, else the one it resumed from."""
+        if self.last_path is not None and self.last_step is not None:
+            return self.last_path, self.last_step
+        return self.resumed_from
+
     def _kept(self) -> str:
-        if self.last_path is None:
+        intact = self._intact()
+        if intact is None:
             return "this run has written no checkpoint yet"
-        return f"the checkpoint of step {self.last_step} ({self.last_path}) is intact: resume from it"
+        path, step = intact
+        return f"the checkpoint of step {step} ({path}) is intact: resume from it"
 
     def _check_finite(self, trainer: L.Trainer) -> None:
         """A diverged run (weights that hold NaN or inf) stops before its checkpoint replaces the
@@ -268,7 +281,7 @@ class PeriodicCheckpoint(Callback):
         loss = trainer.callback_metrics.get("train/loss")
         said = f" (the training loss is {float(loss):.4g})" if loss is not None and loss.numel() == 1 else ""
         fix = "a lower training.optimizer.lr, more training.schedule.warmup_steps or a training.grad_clip"
-        where = f"{self._kept()} with {fix}" if self.last_path is not None else f"{self._kept()}: train again with {fix}"
+        where = f"{self._kept()} with {fix}" if self._intact() is not None else f"{self._kept()}: train again with {fix}"
         raise CheckpointError(
             f"training diverged: the model's weights hold NaN or infinite values at step {trainer.global_step}"
             f"{said}, so its checkpoint is not written over the last good one; {where}"

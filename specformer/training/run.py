@@ -408,6 +408,8 @@ def train(
                 f"learning rate never reaches training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
             )
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
+        if periodic is not None and resume is not None and resumed_step is not None:
+            periodic.resumed_from = (Path(resume), resumed_step)
 
         def interrupted(signum: int = signal.SIGINT, finished: bool = False) -> TrainingInterrupted:
             if periodic is not None and periodic.failed:  # the checkpoint of a SIGTERM could not be written

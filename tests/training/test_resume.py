@@ -467,6 +467,26 @@ def test_a_diverged_run_stops_before_its_nan_weights_replace_the_last_good_check
     ), str(caught.value)
 
 
+def test_a_resumed_run_that_diverges_before_its_first_checkpoint_names_the_one_it_resumed_from(tiny: Any) -> None:
+    first = train(_spec(tiny, "decoder", max_steps=3), progress=False)  # checkpoints every 3 steps
+    assert first.checkpoint and read_checkpoint(first.checkpoint)["global_step"] == 3
+
+    class DivergeAt4(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
+            if trainer.global_step == 4:
+                with torch.no_grad():
+                    next(module.parameters()).fill_(float("nan"))
+
+    with pytest.raises(CheckpointError) as caught:
+        train(_spec(tiny, "decoder", max_steps=9), resume=first.checkpoint, progress=False, callbacks=[DivergeAt4()])
+    assert str(caught.value).endswith(
+        f"at step 6 (the training loss is nan), so its checkpoint is not written over the last good one; the "
+        f"checkpoint of step 3 ({first.checkpoint}) is intact: resume from it with a lower training.optimizer.lr, "
+        f"more training.schedule.warmup_steps or a training.grad_clip"
+    ), str(caught.value)
+    assert load_checkpoint(first.checkpoint).step == 3
+
+
 def test_a_checkpoint_gets_the_permissions_torch_save_would_give(tmp_path: Path) -> None:
     previous = os.umask(0o022)
     try:
@@ -666,6 +686,32 @@ def test_ctrl_c_while_a_sigterm_stops_the_run_still_says_where_it_stopped(
     with pytest.raises(TrainingInterrupted) as info:
         train(_spec(tiny, "decoder", max_steps=9), progress=False, callbacks=[SigtermAt(5), CtrlCInTeardown()])
     assert (info.value.signum, info.value.step, info.value.checkpoint_step) == (signal.SIGINT, 5, 5)
+
+
+def test_ctrl_c_while_a_resumed_runs_first_sigterm_checkpoint_is_written_names_the_one_it_resumed_from(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    first = train(_spec(tiny, "decoder", max_steps=3), progress=False)
+    save, out = torch.save, StringIO()
+
+    def ctrl_c_in_the_save_of_step_5(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if obj["global_step"] == 5:
+            f.write(b"PK\x03\x04")
+            raise KeyboardInterrupt
+        save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", ctrl_c_in_the_save_of_step_5)
+    with pytest.raises(TrainingInterrupted) as info:  # SIGTERM at step 5, between validation (4) and checkpoint (6)
+        train(_spec(tiny, "decoder", max_steps=9), resume=first.checkpoint, progress=False,
+              callbacks=[SigtermAt(2)], console=Console(file=out, width=400))
+    assert (info.value.step, info.value.checkpoint, info.value.checkpoint_step) == (5, first.checkpoint, 3)
+    assert "the checkpoint of step 5 was cut off by Ctrl-C while it was written; the checkpoint of step 3 is " \
+           "intact" in out.getvalue(), out.getvalue()
+    assert str(info.value).endswith(f"at step 5; the last checkpoint (step 3) is {first.checkpoint}")
 
 
 def test_a_sigterm_checkpoint_the_disk_has_no_room_for_is_said(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:

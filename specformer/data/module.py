@@ -4,7 +4,7 @@ beneath it.
 
 ``prepare`` reads the corpus, trains or loads the tokenizer and tokenises once into
 memory-mapped arrays (all cached by content hash), generates a synthetic task, or reads
-and tokenises the user's (source, target) pairs.
+and tokenises the user's (source, target) pairs (cached the same way).
 The data module then serves an endless, resumable, rank-sharded training stream
 (:mod:`specformer.data.sampler`) and a fixed validation set.
 """
@@ -29,7 +29,7 @@ from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
 from specformer.data.tokenizers import Tokenizer, decoder_start_id
-from specformer.data.tokens import token_arrays, unigram_cross_entropy
+from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE
 
@@ -219,11 +219,11 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
 def _prepare_pairs(
     spec: Any, corpus: PairCorpus, tokenizer: Tokenizer | None, cache_dir: str | Path | None
 ) -> PreparedData:
-    """The user's (source, target) pairs, tokenised in memory. As Hugging Face's
-    ``run_translation`` does with its max_source_length and max_target_length, a longer
-    source or target is cut to fit (the source to ``seq_len`` tokens, the target to
-    ``seq_len - 1``: the decoder reads the start token before it), and the data line says
-    how many were.
+    """The user's (source, target) pairs, tokenised once and cached (:func:`pair_token_ids`).
+    As Hugging Face's ``run_translation`` does with its max_source_length and
+    max_target_length, a longer source or target is cut to fit (the source to ``seq_len``
+    tokens, the target to ``seq_len - 1``: the decoder reads the start token before it), and
+    the data line says how many were, and when the ids were read from the cache.
 
     A ``tokenizer.json`` with a template frames both sides as ``transformers``'
     ``tokenizer(text)`` and ``tokenizer(text_target=...)`` do: T5's target ends in ``</s>``,
@@ -241,19 +241,8 @@ def _prepare_pairs(
     target_room = seq_len - 1 - len(before) - len(closing)
     if room < 1 or target_room < 1:
         raise DataError(f"training.seq_len={seq_len} leaves no room for a source and a target; raise it")
-    cut = {"source": 0, "target": 0}
-
-    def encode(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-        out = []
-        sources = tokenizer.encode_batch([s for s, _ in pairs], specials=False)
-        targets = tokenizer.encode_batch([g for _, g in pairs], specials=False)
-        for src, tgt in zip(sources, targets, strict=True):
-            cut["source"] += len(src) > room
-            cut["target"] += len(tgt) > target_room
-            out.append((tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]))
-        return out
-
-    train, val = encode(corpus.train), encode(corpus.val)
+    ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir)
+    train, val, cut = ids.train, ids.val, ids.cut
     n_files = len(corpus.files)
     description = (
         f"pairs: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} held-out pairs"
@@ -262,11 +251,13 @@ def _prepare_pairs(
         description += (
             f"; cut to fit seq_len={seq_len}: {cut['source']} source{'s' if cut['source'] != 1 else ''} longer "
             f"than {room} tokens, {cut['target']} target{'s' if cut['target'] != 1 else ''} longer than "
-            f"{seq_len - 1}"
+            f"{target_room}"
         )
     description += _bpe_shortfall(spec, tokenizer)
     for note in corpus.notes:
         description += f"; {note}"
+    if ids.cached:
+        description += "; token ids read from the cache"
     return PreparedData(
         tokenizer=tokenizer,
         train=PairDataset(train),
@@ -274,7 +265,7 @@ def _prepare_pairs(
         description=description,
         n_train_tokens=sum(len(s) + len(g) + 1 for s, g in train),
         n_val_tokens=sum(len(s) + len(g) + 1 for s, g in val),
-        extra={"truncated_sources": cut["source"], "truncated_targets": cut["target"]},
+        extra={"truncated_sources": cut["source"], "truncated_targets": cut["target"], "token_cache": str(ids.path)},
         fingerprint=corpus.fingerprint,
     )
 

@@ -8,14 +8,19 @@ exists only when complete; a reader checks each array's size against ``meta.json
 and makes a damaged entry again. An entry is made under a lock: a second process
 tokenising the same corpus at the same time waits and reads the first one's entry.
 Training then never waits on tokenisation: a batch is a slice of a memory-mapped file.
+
+(source, target) pairs are cached the same way (:func:`pair_token_ids`): each split's ids
+one pair after another, and their lengths.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,9 +34,12 @@ from specformer.data.cache import (
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
+from specformer.data.pairs import PairCorpus
 from specformer.data.tokenizers import Tokenizer
 
-__all__ = ["TokenArrays", "token_arrays", "tokenize_to_array", "unigram_cross_entropy"]
+__all__ = ["TokenArrays", "PairIds", "token_arrays", "pair_token_ids", "tokenize_to_array", "unigram_cross_entropy"]
+
+T = TypeVar("T")
 
 CHUNK_DOCS = 256
 
@@ -69,70 +77,156 @@ def _write_array(path: Path, array: np.ndarray) -> None:
         f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
-def _complete(folder: Path) -> dict | None:
-    """The entry's meta.json when the entry is whole (meta readable, each array of the
-    size it records), else None: a damaged entry is made again, never read."""
+def _entry(folder: Path, what: str, load: Callable[[dict], T], make: Callable[[], dict]) -> tuple[T, bool]:
+    """The cache entry ``folder``: ``load(meta)`` of its ``meta.json``, and whether it was there
+    already. An entry that is missing or damaged (``meta.json`` unreadable, or ``load`` finding
+    a file of another size than meta records, or ids that do not fit) is made again: ``make()``
+    writes its files through :func:`atomic_file` and returns the meta, which is written last,
+    so an entry exists only when complete. It is made under the entry's lock: a process that
+    waited reads what the holder made; temporary files a killed process left there (SIGKILL,
+    the OOM killer) are removed, they would fill the disk with hidden, never-read copies."""
+    meta_path, made = folder / "meta.json", []
+
+    def read() -> tuple[T] | None:
+        try:
+            return (load(json.loads(meta_path.read_text())),) if meta_path.is_file() else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def build(alone: bool) -> tuple[T]:
+        if alone:
+            remove_temporaries(folder)
+        meta_path.unlink(missing_ok=True)  # damaged (a crash, a full disk): made again
+        meta = make()
+        atomic_write_text(meta_path, json.dumps(meta, indent=1))
+        made.append(True)
+        return (load(meta),)
+
     try:
-        meta = json.loads((folder / "meta.json").read_text())
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        for split in ("train", "val"):
-            if (folder / f"{split}.bin").stat().st_size != int(meta["n_tokens"][split]) * itemsize:
-                return None
-        return meta
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        (found,) = made_once(folder / ".lock", read, build)
+    except OSError as exc:
+        raise DataError(cache_write_error(what, folder, exc)) from None
+    return found, not made
 
 
-def _make_entry(folder: Path, corpus: Corpus, tokenizer: Tokenizer, dtype: np.dtype, *, sweep: bool) -> dict:
-    """Tokenise ``corpus`` into the entry ``folder`` and return its meta.json. With ``sweep``
-    (the entry's lock is held) temporary files found there are a killed process' (SIGKILL,
-    the OOM killer): removed, they would fill the disk with hidden, never-read copies."""
-    if sweep:
-        remove_temporaries(folder)
-    (folder / "meta.json").unlink(missing_ok=True)  # damaged (a crash, a full disk): tokenise again
-    counts = {}
-    for split, texts in (("train", corpus.train), ("val", corpus.val)):
-        array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
-        _write_array(folder / f"{split}.bin", array)
-        counts[split] = int(array.size)
-    meta = {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
-    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
-    # the tokenizers library warns when a process forks after using its thread pool
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return meta
+def _array(folder: Path, name: str, dtype: str | np.dtype, n: int, *, mapped: bool = True) -> np.ndarray:
+    """The ``n`` items of ``folder/name``, memory-mapped (or read); a file of another size is
+    a ValueError: the entry is damaged."""
+    path, dtype = folder / name, np.dtype(dtype)
+    if path.stat().st_size != n * dtype.itemsize:
+        raise ValueError(f"{path}: not {n} items")
+    if not n:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if mapped else np.fromfile(path, dtype=dtype)
+
+
+def _key_parts(tokenizer: Tokenizer) -> tuple[str, ...]:
+    """What besides the text decides the ids: the tokenizer and the library that encodes (another
+    tokenizers or specformer release may split the same text differently)."""
+    import tokenizers
+
+    from specformer import __version__
+
+    return tokenizer.fingerprint(), tokenizers.__version__, __version__
 
 
 def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> TokenArrays:
     """The corpus tokenised, from the cache when it is there."""
     if tokenizer.eot_id is None:
         raise DataError("the tokenizer has no end-of-text token to separate documents")
-    # the library that encodes is part of the key: another tokenizers (or specformer)
-    # release may split the same text differently
-    import tokenizers
-
-    from specformer import __version__
-
     # documents in a template are another stream (specformer's own tokenizers have none: their key is as it was)
     framed = ["template", *tokenizer.template()] if any(tokenizer.template()) else []
-    key = content_hash("tokens", "literal-specials", corpus.fingerprint, tokenizer.fingerprint(), tokenizers.__version__,
-                       __version__, *framed)
+    key = content_hash("tokens", "literal-specials", corpus.fingerprint, *_key_parts(tokenizer), *framed)
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
-    meta_path = folder / "meta.json"
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
-    try:
-        meta = made_once(folder / ".lock", lambda: _complete(folder) if meta_path.is_file() else None,
-                         lambda alone: _make_entry(folder, corpus, tokenizer, dtype, sweep=alone))
-    except OSError as exc:
-        raise DataError(cache_write_error("the token cache", folder, exc)) from None
-    arrays = {}
-    for split in ("train", "val"):
-        n = meta["n_tokens"][split]
-        arrays[split] = (
-            np.memmap(folder / f"{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
-            if n
-            else np.zeros(0, dtype=meta["dtype"])
-        )
+
+    def make() -> dict:
+        counts = {}
+        for split, texts in (("train", corpus.train), ("val", corpus.val)):
+            array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
+            _write_array(folder / f"{split}.bin", array)
+            counts[split] = int(array.size)
+        # the tokenizers library warns when a process forks after using its thread pool
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}
+
+    def load(meta: dict) -> dict[str, np.ndarray]:
+        return {split: _array(folder, f"{split}.bin", meta["dtype"], int(meta["n_tokens"][split]))
+                for split in ("train", "val")}
+
+    arrays, _ = _entry(folder, "the token cache", load, make)
     return TokenArrays(train=arrays["train"], val=arrays["val"], path=folder)
+
+
+@dataclass
+class PairIds:
+    """Tokenised (source, target) pairs: sources cut to fit and framed by the tokenizer's
+    template, targets cut to fit; how many of each were cut; the cache entry, and whether
+    it was read from the cache rather than made."""
+
+    train: list[tuple[list[int], list[int]]]
+    val: list[tuple[list[int], list[int]]]
+    cut: dict[str, int]
+    path: Path
+    cached: bool
+
+
+def pair_token_ids(
+    corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None = None
+) -> PairIds:
+    """The pairs of ``corpus`` tokenised, from the cache when it is there. A source is cut to
+    ``seq_len`` tokens with the template around it, a target to ``seq_len - 1`` (the decoder
+    reads the start token before it); a target is framed by the template too, less a closing
+    end token, which the collator adds. An entry holds, for each split, the ids of every source
+    and target one after another (``<split>.bin``) and their lengths (``<split>.lengths.bin``);
+    its key is the pairs' fingerprint (the files' contents and the ``training.data`` settings,
+    which decide the split), the tokenizer, its template and ``seq_len``."""
+    before, after = tokenizer.template()
+    closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
+    room = seq_len - len(before) - len(after)
+    target_room = seq_len - 1 - len(before) - len(closing)
+    key = content_hash("pair-tokens", corpus.fingerprint, *_key_parts(tokenizer), before, after, seq_len)
+    folder = resolve_cache_dir(cache_dir) / "tokens" / key
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+
+    def make() -> dict:
+        counts: dict[str, dict[str, int]] = {"tokens": {}, "pairs": {}}
+        cut = {"source": 0, "target": 0}
+        for split, pairs in (("train", corpus.train), ("val", corpus.val)):
+            sources = tokenizer.encode_batch([s for s, _ in pairs], specials=False)
+            targets = tokenizer.encode_batch([g for _, g in pairs], specials=False)
+            ids: list[int] = []
+            lengths: list[int] = []
+            for src, tgt in zip(sources, targets, strict=True):
+                cut["source"] += len(src) > room
+                cut["target"] += len(tgt) > target_room
+                src, tgt = tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]
+                ids += src
+                ids += tgt
+                lengths += (len(src), len(tgt))
+            _write_array(folder / f"{split}.bin", np.asarray(ids, dtype=dtype))
+            _write_array(folder / f"{split}.lengths.bin", np.asarray(lengths, dtype=np.uint32))
+            counts["tokens"][split], counts["pairs"][split] = len(ids), len(pairs)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"], "cut": cut,
+                "vocab_size": tokenizer.vocab_size}
+
+    def load(meta: dict) -> tuple[dict[str, list[tuple[list[int], list[int]]]], dict[str, int]]:
+        out = {}
+        for split in ("train", "val"):
+            n = int(meta["n_tokens"][split])
+            ids = _array(folder, f"{split}.bin", meta["dtype"], n, mapped=False)
+            lengths = _array(folder, f"{split}.lengths.bin", np.uint32, 2 * int(meta["n_pairs"][split]), mapped=False)
+            if int(lengths.sum(dtype=np.int64)) != n or (n and int(ids.max()) >= tokenizer.vocab_size):
+                raise ValueError(f"{folder}: the {split} ids do not fit their lengths or the vocabulary")
+            ends = np.cumsum(lengths, dtype=np.int64).tolist()
+            flat = ids.tolist()
+            rows = [flat[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+            out[split] = list(zip(rows[0::2], rows[1::2], strict=True))
+        return out, {"source": int(meta["cut"]["source"]), "target": int(meta["cut"]["target"])}
+
+    (pairs, cut), cached = _entry(folder, "the token cache", load, make)
+    return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached)
 
 
 def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:

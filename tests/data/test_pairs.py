@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +260,118 @@ def test_val_paths_pairs_whose_source_is_trained_on_are_counted(tmp_path: Path) 
     )
     clean = _jsonl(tmp_path / "clean.jsonl", [("new one", "one new")])
     assert not pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=[str(clean)])).notes
+
+
+def _cached_pairs_spec(tmp_path: Path, path: Path, **training: Any) -> Any:
+    data = {"type": "pairs", "paths": [str(path)], "val_fraction": 0.2}
+    return load_spec(_s2s(tmp_path, data, **{"tokenizer": {"type": "byte"}, "seq_len": 16, **training}))
+
+
+def _first_batches(spec: Any, n: int = 3) -> list[dict[str, Any]]:
+    from specformer.data.module import SpecDataModule
+
+    loader = iter(SpecDataModule(spec, num_workers=0).train_dataloader())
+    return [next(loader) for _ in range(n)]
+
+
+def test_pairs_are_tokenised_once_and_read_from_the_cache_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS[:60] + [("a" * 30, "b" * 3)])
+    spec = _cached_pairs_spec(tmp_path, path)
+    encoded: list[int] = []
+    encode = ByteTokenizer.encode_batch
+
+    def counted(self: Any, texts: list[str], **kwargs: Any) -> Any:
+        encoded.append(len(texts))
+        return encode(self, texts, **kwargs)
+
+    monkeypatch.setattr(ByteTokenizer, "encode_batch", counted)
+    first = prepare(spec)
+    assert sum(encoded) == 2 * 61  # each source and target of both splits
+    assert "read from the cache" not in first.description
+    batches = _first_batches(spec)
+    encoded.clear()
+    second = prepare(spec)
+    assert encoded == []  # nothing tokenised again
+    assert second.description == first.description + "; token ids read from the cache"
+    assert "cut to fit seq_len=16: 1 source longer than 16 tokens" in second.description
+    assert (second.train.pairs, second.val.pairs) == (first.train.pairs, first.val.pairs)
+    assert (second.n_train_tokens, second.n_val_tokens) == (first.n_train_tokens, first.n_val_tokens)
+    assert second.extra == first.extra and Path(first.extra["token_cache"]).parent == tmp_path / "cache" / "tokens"
+    for a, b in zip(batches, _first_batches(spec), strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_pairs_cache_follows_the_files_the_tokenizer_and_the_lengths(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS[:60])
+    spec = _cached_pairs_spec(tmp_path, path)
+    first = prepare(spec)
+    assert "read from the cache" in prepare(spec).description
+    # a file edited (same size, same mtime): other ids
+    stat = path.stat()
+    _jsonl(path, PAIRS[:59] + [("w59 x9", "x9 w59")])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size
+    edited = prepare(spec)
+    assert "read from the cache" not in edited.description
+    assert (edited.train.pairs, edited.val.pairs) != (first.train.pairs, first.val.pairs)
+    # a length setting: cut otherwise
+    short = prepare(_cached_pairs_spec(tmp_path, path, seq_len=4))
+    assert "read from the cache" not in short.description
+    assert max(len(s) for s, _ in short.train.pairs) == 4 and "cut to fit seq_len=4" in short.description
+    # the split settings
+    assert "read from the cache" not in prepare(
+        load_spec(_s2s(tmp_path, {"type": "pairs", "paths": [str(path)], "val_fraction": 0.4},
+                       tokenizer={"type": "byte"}, seq_len=16))).description
+    # another tokenizer
+    bpe = prepare(_cached_pairs_spec(tmp_path, path, tokenizer={"type": "bpe", "vocab_size": 300, "min_frequency": 1}))
+    assert "read from the cache" not in bpe.description
+    assert bpe.train.pairs != edited.train.pairs
+    # and each is read back after
+    assert "read from the cache" in prepare(_cached_pairs_spec(tmp_path, path, seq_len=4)).description
+
+
+@pytest.mark.parametrize("damage", ["truncated ids", "cut meta.json", "lengths that do not add up", "ids past the vocabulary"])
+def test_a_damaged_pairs_cache_entry_is_made_again(tmp_path: Path, damage: str) -> None:
+    import numpy as np
+
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS[:60])
+    spec = _cached_pairs_spec(tmp_path, path)
+    first = prepare(spec)
+    entry = Path(first.extra["token_cache"])
+    if damage == "truncated ids":
+        raw = (entry / "train.bin").read_bytes()
+        (entry / "train.bin").write_bytes(raw[: len(raw) // 2])
+    elif damage == "cut meta.json":
+        (entry / "meta.json").write_text('{"dtype": "uint16", "n_tok')
+    elif damage == "lengths that do not add up":
+        lengths = np.fromfile(entry / "train.lengths.bin", dtype=np.uint32)
+        lengths[0] += 1
+        lengths.tofile(entry / "train.lengths.bin")
+    else:
+        ids = np.fromfile(entry / "val.bin", dtype=np.uint16)
+        ids[0] = 60000
+        ids.tofile(entry / "val.bin")
+    again = prepare(spec)
+    assert "read from the cache" not in again.description  # made again, not an error
+    assert (again.train.pairs, again.val.pairs) == (first.train.pairs, first.val.pairs)
+    assert "read from the cache" in prepare(spec).description
+
+
+def test_a_pairs_cache_that_cannot_be_written_names_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS[:60])
+    spec = _cached_pairs_spec(tmp_path, path)
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(DataError, match=r"^training.cache_dir: cannot write the token cache .* \(No space left on "
+                                        r"device\); nothing was half-written"):
+        prepare(spec)
+    assert [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.endswith(".lock")] == []

@@ -114,6 +114,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
     for note in getattr(corpus, "notes", ()):
         description += f"; {note}"
+    if arrays.cached:
+        description += "; token ids read from the cache"
     return PreparedData(
         tokenizer=tokenizer,
         train=train,

@@ -46,11 +46,13 @@ CHUNK_DOCS = 256
 
 @dataclass
 class TokenArrays:
-    """Memory-mapped train and validation token streams."""
+    """Memory-mapped train and validation token streams; ``cached``: read from the cache
+    rather than tokenised now."""
 
     train: np.ndarray
     val: np.ndarray
     path: Path
+    cached: bool = False
 
 
 def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int) -> np.ndarray:
@@ -154,8 +156,8 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
         return {split: _array(folder, f"{split}.bin", meta["dtype"], int(meta["n_tokens"][split]))
                 for split in ("train", "val")}
 
-    arrays, _ = _entry(folder, "the token cache", load, make)
-    return TokenArrays(train=arrays["train"], val=arrays["val"], path=folder)
+    arrays, cached = _entry(folder, "the token cache", load, make)
+    return TokenArrays(train=arrays["train"], val=arrays["val"], path=folder, cached=cached)
 
 
 @dataclass

@@ -327,6 +327,7 @@ def test_token_arrays_are_tokenised_once_and_memory_mapped(tmp_path: Path) -> No
 
     again = token_arrays(corpus, Refuse(), tmp_path)
     assert np.array_equal(again.train, arrays.train)
+    assert (arrays.cached, again.cached) == (False, True)
 
 
 def test_a_tokenizer_json_template_frames_each_document_in_the_token_stream(tmp_path: Path) -> None:
@@ -385,6 +386,7 @@ def test_a_damaged_token_cache_entry_is_made_again(tmp_path: Path, damage: str) 
         (entry / "meta.json").write_text('{"dtype": "uint16", "corp')
     again = token_arrays(corpus, ByteTokenizer(), tmp_path)  # not an mmap or JSON error
     assert np.array_equal(np.array(again.train), first)
+    assert not again.cached
 
 
 def test_a_full_disk_leaves_no_partial_cache_file_and_names_the_setting(
@@ -521,6 +523,8 @@ def test_the_unigram_baseline_is_measured_on_the_tokens_validation_scores(tmp_pa
                               "training.val_batches=3", f"training.data={{type: files, paths: ['{JSON_GLOB}']}}"])
     data = prepare(spec)
     assert spec.kind == kind and len(data.val) > 6
+    # the data line says when the ids were read from the cache
+    assert prepare(spec).description == data.description + "; token ids read from the cache"
     blocks = [data.val[(-1, i)][1] for i in range(6)]  # the 3 batches of 2 that validation reads
     shift = 1 if objective == "causal_lm" else 0
     scored = np.concatenate([b[shift:] for b in blocks])

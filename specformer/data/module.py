@@ -28,7 +28,7 @@ from specformer.data.datasets import PackedBlocks, PairDataset
 from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
-from specformer.data.tokenizers import Tokenizer, decoder_start_id
+from specformer.data.tokenizers import EOT, MASK, PAD, Tokenizer, decoder_start_id
 from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE
@@ -169,8 +169,9 @@ def _check_specials(tokenizer: Tokenizer, objective: Any) -> None:
 
 
 def _special_names(tokenizer: Tokenizer) -> str:
-    ids = sorted(tokenizer.special_ids)
-    return ", ".join(tokenizer.decode([i]) or f"id {i}" for i in ids) or "none"
+    # (the byte tokenizer decodes <pad> and <mask> to nothing: their names are looked up)
+    named = {tokenizer.token_id(name): name for name in (EOT, PAD, MASK)}
+    return ", ".join(tokenizer.decode([i]) or named.get(i, f"id {i}") for i in sorted(tokenizer.special_ids)) or "none"
 
 
 def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any, world_size: int = 1) -> np.ndarray:

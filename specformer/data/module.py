@@ -31,7 +31,7 @@ from specformer.data.synthetic import SyntheticTask
 from specformer.data.tokenizers import EOT, MASK, PAD, Tokenizer, decoder_start_id
 from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy
 from specformer.registry import REGISTRY
-from specformer.specs.training import BYTE_VOCAB_SIZE
+from specformer.specs.training import BYTE_VOCAB_SIZE, TASK_SPECIALS
 
 __all__ = ["PreparedData", "prepare", "SpecDataModule", "default_num_workers"]
 
@@ -169,8 +169,8 @@ def _check_specials(tokenizer: Tokenizer, objective: Any) -> None:
 
 
 def _special_names(tokenizer: Tokenizer) -> str:
-    # (the byte tokenizer decodes <pad> and <mask> to nothing: their names are looked up)
-    named = {tokenizer.token_id(name): name for name in (EOT, PAD, MASK)}
+    # (the byte and task tokenizers decode their specials to nothing: their names are looked up)
+    named = {tokenizer.token_id(name): name for name in (EOT, PAD, MASK, *TASK_SPECIALS)}
     return ", ".join(tokenizer.decode([i]) or named.get(i, f"id {i}") for i in sorted(tokenizer.special_ids)) or "none"
 
 

@@ -15,7 +15,7 @@ from specformer import load_spec
 from specformer.data.corpus import DataError
 from specformer.data.module import _check_specials, prepare
 from specformer.data.pairs import pair_corpus
-from specformer.data.tokenizers import ByteTokenizer, decoder_start_id
+from specformer.data.tokenizers import ByteTokenizer, TaskTokenizer, decoder_start_id
 from specformer.specs.errors import SpecError
 from specformer.specs.training import PairsDataSpec, Seq2SeqSpec
 
@@ -225,6 +225,8 @@ def test_seq2seq_tokenizers_have_start_tokens_or_say_which_they_lack() -> None:
     with pytest.raises(DataError, match=r"decoder_start: '<s>' is not a token of the tokenizer; its special "
                                         r"tokens: <\|endoftext\|>, <pad>, <mask>$"):
         _check_specials(byte, Seq2SeqSpec(decoder_start="<s>"))
+    with pytest.raises(DataError, match=r"its special tokens: <pad>, <s>, </s>, <mask>$"):
+        _check_specials(TaskTokenizer(), Seq2SeqSpec(decoder_start="<go>"))
 
 
 def test_a_repeated_source_stays_on_one_side_when_a_pair_is_held_out_by_force(

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from specformer.components.attention import Attention
 from specformer.components.blocks import Block, ParallelBlock, PostNormBlock, PreNormBlock, Stack
 from specformer.components.embedding import Embedding
+from specformer.components.heads import LMHead
 from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
-from specformer.components.positional import Positional
+from specformer.components.positional import Positional, T5RelativeBias
 from specformer.registry import REGISTRY
 from specformer.specs.schema import InitSpec, ModelSpec, StackSpec
 
@@ -227,7 +229,12 @@ def init_weights(model: nn.Module, init: InitSpec | None = None) -> None:
       ~ N(0, std / sqrt(2 * n_layers)) with ``scaled_residual``, n_layers of their
       stack (GPT-2, Radford et al. 2019);
     * norms: weight 1, bias 0; learned position and relative-bias tables ~ N(0, std);
-      head biases 0 (modules with ``init_parameters(std)`` initialise themselves).
+      head biases 0 (modules with ``init_parameters(std)`` initialise themselves);
+    * with ``scheme: t5``, T5's stds instead (Raffel et al. 2020, as Hugging Face's
+      ``T5PreTrainedModel._init_weights``): token embeddings and an untied LM output
+      ~ N(0, 1), T5 bias tables ~ N(0, d_model^-0.5), attention queries
+      ~ N(0, (d_model * head_dim)^-0.5 / scale) (T5's own scale is 1), every other
+      linear weight ~ N(0, fan_in^-0.5) (T5's k, v, o, wi, wo).
 
     Does nothing on the meta device, where there is nothing to initialise.
     """
@@ -247,9 +254,33 @@ def init_weights(model: nn.Module, init: InitSpec | None = None) -> None:
             module.init_parameters(std)
         elif any(True for _ in module.parameters(recurse=False)) and hasattr(module, "reset_parameters"):
             module.reset_parameters()
+    if init.scheme == "t5":
+        _t5_init(model)
     if init.scaled_residual:
         for stack in (m for m in model.modules() if isinstance(m, Stack)):
             scaled = std / math.sqrt(2 * len(stack.layers))
             for module in stack.modules():
                 if getattr(module, "residual_projection", False):
                     nn.init.normal_(module.weight, mean=0.0, std=scaled)
+
+
+def _t5_init(model: nn.Module) -> None:
+    """T5's per-matrix stds over what the generic pass set (see :func:`init_weights`)."""
+    tokens = {id(m.tokens): m.tokens for m in model.modules() if isinstance(m, Embedding)}
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
+    for table in tokens.values():
+        nn.init.normal_(table.weight, mean=0.0, std=1.0)
+    d_model = next(iter(tokens.values())).embedding_dim if tokens else None
+    for module in model.modules():
+        if isinstance(module, Attention):
+            # T5 computes q·k unscaled and puts the 1/sqrt(head_dim) into the queries' init;
+            # a model that scales the scores keeps T5's product by dividing by its scale
+            q = module.q_proj.weight if module.cross else module.qkv_proj.weight[: module.n_heads * module.head_dim]
+            std = (module.q_proj.in_features if module.cross else module.qkv_proj.in_features) ** -0.5
+            nn.init.normal_(q, mean=0.0, std=std * module.head_dim**-0.5 / module.scale)
+        elif isinstance(module, T5RelativeBias) and d_model is not None:
+            nn.init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
+        elif isinstance(module, LMHead) and module.proj is not None:
+            nn.init.normal_(module.proj.weight, mean=0.0, std=1.0)

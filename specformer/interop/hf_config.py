@@ -249,7 +249,7 @@ def _t5(c: _Config) -> dict[str, Any]:
         "decoder": stack(c("num_decoder_layers", n_layers)),
         "embedding": {"tie_output": tied, "share_encoder_decoder": True, "dropout": dropout},
         "head": {"type": "lm", "bias": False, "scale_input": bool(scale)},
-        "init": {"std": 0.02, "scaled_residual": False},
+        "init": {"scheme": "t5"},  # T5PreTrainedModel's per-matrix stds
     }
 
 

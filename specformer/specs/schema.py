@@ -535,11 +535,44 @@ class EmbeddingSpec(Spec):
 class InitSpec(Spec):
     """Weight initialisation, applied in one place by the builder."""
 
-    std: PositiveFloat = Field(0.02, description="Std of the normal init of linear and embedding weights.")
+    scheme: Literal["normal", "t5"] = Field(
+        "normal",
+        description=(
+            "normal: linear and embedding weights ~ N(0, std) (GPT-2, BERT). t5: T5's init (Raffel et al. "
+            "2020; Hugging Face's T5PreTrainedModel): token embeddings and an untied lm output ~ N(0, 1), "
+            "T5 bias tables ~ N(0, d_model^-0.5), attention queries ~ N(0, (d_model * head_dim)^-0.5 / "
+            "scale), every other linear weight ~ N(0, fan_in^-0.5); it keeps a tied head's logits and the "
+            "residual stream on T5's scale."
+        ),
+    )
+    std: PositiveFloat = Field(
+        0.02,
+        description="Std of the normal init of linear and embedding weights (scheme t5: of learned position "
+        "and segment tables only, which T5 has not).",
+    )
     scaled_residual: bool = Field(
         True,
-        description="Scale the std of projections into the residual stream by 1/sqrt(2 * n_layers) (GPT-2).",
+        description="Scale the std of projections into the residual stream by 1/sqrt(2 * n_layers) (GPT-2); "
+        "default false with scheme t5, which has no such rule.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _t5_default(cls, data: Any) -> Any:
+        # filled in the raw data, so that a validated spec is complete and round-trips
+        if isinstance(data, dict) and data.get("scheme") == "t5" and "scaled_residual" not in data:
+            data = {**data, "scaled_residual": False}
+        return data
+
+    @model_validator(mode="after")
+    def _t5_residual(self) -> InitSpec:
+        if self.scheme == "t5" and self.scaled_residual:
+            raise _issue(
+                "scaled_residual",
+                "scaled_residual: true is GPT-2's rule for scheme normal; scheme t5 sets the residual "
+                "projections' std from their fan-in (remove scaled_residual or set it false)",
+            )
+        return self
 
 
 class ModelSpec(Spec):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specformer import build_model, load_spec, preset_names
+from specformer import SpecError, build_model, load_spec, preset_names
 from specformer.builder import BuildError, init_weights
 from specformer.components import DecoderModel, EncoderDecoderModel, EncoderModel
 
@@ -130,6 +130,57 @@ def test_init_follows_the_spec() -> None:
     unscaled = build_model(spec.model_copy(update={"init": spec.init.model_copy(update={"scaled_residual": False})}))
     o = unscaled.decoder.layers[0].self_attn.o_proj.weight
     assert o.std().item() == pytest.approx(0.05, rel=0.05)
+
+
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_t5_init_gives_t5s_stds_and_tied_logits_of_std_one(scale: float | None) -> None:
+    # T5's init (Hugging Face's T5PreTrainedModel._init_weights): N(0, 1) embeddings,
+    # fan-in stds elsewhere, q·k's 1/sqrt(head_dim) in the queries' init. With one std
+    # of 0.02 for all, a tied, input-scaled head starts at logits of std 0.02.
+    torch.manual_seed(0)
+    sets = ["vocab_size=512", "init={scheme: t5}"]
+    if scale is not None:
+        sets += [f"{r}.scale={scale}" for r in ("encoder.attention", "decoder.attention", "decoder.cross_attention")]
+    spec = load_spec("t5-nano", sets)
+    assert spec.init.scaled_residual is False  # T5 has no such rule
+    model = build_model(spec)
+    d, hd, d_ff = 128, 32, 512
+    att = model.encoder.layers[0].self_attn
+    q_std = (d * hd) ** -0.5 / att.scale
+    assert q_std == pytest.approx(d**-0.5 if scale is None else (d * hd) ** -0.5)
+    expected = {
+        "embed.tokens.weight": 1.0,
+        "encoder.rel_bias.weight": d**-0.5,
+        "encoder.layers.0.self_attn.o_proj.weight": d**-0.5,
+        "encoder.layers.0.ffn.up_proj.weight": d**-0.5,
+        "encoder.layers.0.ffn.down_proj.weight": d_ff**-0.5,
+        "decoder.layers.1.cross_attn.q_proj.weight": q_std,
+        "decoder.layers.1.cross_attn.kv_proj.weight": d**-0.5,
+    }
+    params = dict(model.named_parameters())
+    for name, std in expected.items():
+        assert params[name].std().item() == pytest.approx(std, rel=0.1), name
+    qkv = att.qkv_proj.weight
+    assert qkv[: 4 * hd].std().item() == pytest.approx(q_std, rel=0.1)
+    assert qkv[4 * hd :].std().item() == pytest.approx(d**-0.5, rel=0.1)
+    assert model.head.tied
+    ids = torch.randint(0, 512, (4, 16))
+    with torch.no_grad():
+        logits = model(ids, decoder_input_ids=ids).logits
+    assert logits.std().item() == pytest.approx(1.0, rel=0.2)
+    normal = build_model(load_spec("t5-nano", ["vocab_size=512", "init={scheme: normal}"]))
+    with torch.no_grad():
+        assert normal(ids, decoder_input_ids=ids).logits.std().item() < 0.05
+
+
+def test_t5_init_of_an_untied_head_and_its_refusals() -> None:
+    torch.manual_seed(0)
+    model = build_model(load_spec("t5-nano", ["init={scheme: t5}", "embedding.tie_output=false"]))
+    assert model.head.proj.weight.std().item() == pytest.approx(1.0, rel=0.1)  # T5's lm_head
+    with pytest.raises(SpecError, match="scaled_residual"):
+        load_spec("t5-nano", ["init={scheme: t5, scaled_residual: true}"])
+    with pytest.raises(SpecError, match="init.scheme"):
+        load_spec("t5-nano", ["init.scheme=xavier"])
 
 
 def test_init_is_seeded_and_skipped_on_meta() -> None:

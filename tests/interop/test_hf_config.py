@@ -296,6 +296,38 @@ def test_export_warns_about_training_only_differences() -> None:
     assert any("init.scaled_residual" in w for w in warnings)
 
 
+@pytest.mark.reference
+@pytest.mark.parametrize("tied", [True, False])
+def test_t5_init_has_the_stds_of_hugging_face_t5(tied: bool) -> None:
+    # each weight's std is that of the same weight in a T5ForConditionalGeneration built
+    # from the exported config (its _init_weights); a T5 config imports as scheme t5
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    import torch
+
+    from specformer import build_model
+    from specformer.interop.hf_weights import specformer_to_hf
+
+    sets = ["d_model=256", f"embedding.tie_output={str(tied).lower()}", "init={scheme: t5}"]
+    sets += [f"{r}.scale=1.0" for r in ("encoder.attention", "decoder.attention", "decoder.cross_attention")]
+    spec = load_spec("t5-nano", sets)
+    config = hf_config_from_spec(spec)
+    assert spec_from_hf_config(config).init == spec.init
+    torch.manual_seed(0)
+    ours = specformer_to_hf(build_model(spec).state_dict(), spec)
+    theirs = transformers.T5ForConditionalGeneration(transformers.AutoConfig.for_model(**config)).state_dict()
+    for name, weight in theirs.items():
+        if weight.dim() == 2 and weight.numel() >= 4096:
+            std = weight.float().std().item()
+            assert ours[name].std().item() == pytest.approx(std, rel=0.1), (name, std)
+
+
+def test_a_t5_config_imports_with_t5s_init_and_another_init_exports_with_a_warning() -> None:
+    assert spec_from_hf_config(PUBLISHED["t5-small"]).init.scheme == "t5"
+    warnings: list[str] = []
+    hf_config_from_spec(load_spec("t5-small", ["init={scheme: normal, scaled_residual: false}"]), warnings=warnings)
+    assert any("init.scheme = 'normal'" in w for w in warnings)
+
+
 # --------------------------------------------------------------------------- architectures: which head
 
 _TINY_BERT = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,12 +50,29 @@ def _stopped_by(exc: BaseException) -> str:
 
 @contextmanager
 def _starting() -> Iterator[None]:
-    """The imports of torch and Lightning (seconds): Ctrl-C there is said, not silent."""
+    """The imports of torch and Lightning (seconds): Ctrl-C or SIGTERM there is said, not
+    silent (the handler of :func:`~specformer.training.run.sigterm_raises` is not in place
+    before those imports)."""
+    main = threading.current_thread() is threading.main_thread()
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _TerminatedWhileStarting()
+
+    previous = signal.signal(signal.SIGTERM, handler) if main else None
     try:
         yield
-    except KeyboardInterrupt:
-        print_error("interrupted while starting; nothing was written")
-        raise typer.Exit(INTERRUPTED) from None
+    except KeyboardInterrupt as exc:
+        signum = _signal_of(exc)
+        said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print_error(f"{said} while starting; nothing was written")
+        raise typer.Exit(128 + signum) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+class _TerminatedWhileStarting(KeyboardInterrupt):
+    signum = signal.SIGTERM
 
 
 @contextmanager

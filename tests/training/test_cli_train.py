@@ -481,6 +481,22 @@ def test_ctrl_c_while_the_libraries_load_is_said(capsys: Any) -> None:
     assert "interrupted while starting; nothing was written" in capsys.readouterr().err
 
 
+def test_sigterm_while_the_libraries_load_is_said(capsys: Any) -> None:
+    import time
+
+    import typer
+
+    from specformer.cli.train_cmds import _starting
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(typer.Exit) as info, _starting():
+        os.kill(os.getpid(), signal.SIGTERM)  # as during `import torch`: before, the process died silently
+        time.sleep(5)
+    assert info.value.exit_code == 143
+    assert "stopped by SIGTERM while starting; nothing was written" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_path: Path, monkeypatch, signum: int) -> None:
     import importlib

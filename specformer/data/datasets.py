@@ -45,14 +45,48 @@ class PackedBlocks(Dataset):
 
 
 class PairDataset(Dataset):
-    """Tokenised (source, target) pairs of a sequence-to-sequence task."""
+    """Tokenised (source, target) pairs of a sequence-to-sequence task: lists (a synthetic
+    task's), or one flat array of ids with the length of each source and target, in turn
+    (a pairs file's, memory-mapped from the token cache: 2 or 4 bytes a token, where a
+    Python list of ints takes ~36, so a few million pairs stay a few hundred MB)."""
 
-    def __init__(self, pairs: list[tuple[list[int], list[int]]]) -> None:
-        self.pairs = pairs
+    def __init__(
+        self,
+        pairs: list[tuple[list[int], list[int]]] | None = None,
+        *,
+        ids: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> None:
+        if (pairs is None) == (ids is None or lengths is None):
+            raise ValueError("give the pairs as lists, or as ids and lengths")
+        self._pairs = pairs
+        self._ids = PackedBlocks(ids, 1) if ids is not None else None  # (memory maps travel by file name)
+        self._ends = None if lengths is None else np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
 
     def __len__(self) -> int:
-        return len(self.pairs)
+        return len(self._pairs) if self._pairs is not None else (len(self._ends) - 1) // 2
+
+    def pair(self, i: int) -> tuple[list[int], list[int]]:
+        if self._pairs is not None:
+            return self._pairs[i]
+        if not 0 <= i < len(self):
+            raise IndexError(f"pair {i} of {len(self)}")
+        start, middle, end = (int(x) for x in self._ends[2 * i : 2 * i + 3])
+        tokens = self._ids.tokens
+        return tokens[start:middle].tolist(), tokens[middle:end].tolist()
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[int, tuple[list[int], list[int]]]:
         pos, i = key
-        return pos, self.pairs[i]
+        return pos, self.pair(i)
+
+    @property
+    def pairs(self) -> list[tuple[list[int], list[int]]]:
+        """Every pair as two lists (made anew from the arrays: for inspection and tests)."""
+        return self._pairs if self._pairs is not None else [self.pair(i) for i in range(len(self))]
+
+    def n_tokens(self) -> int:
+        """The tokens a pass over the pairs predicts or reads: each source and target, and
+        the end token after each target."""
+        if self._pairs is not None:
+            return sum(len(s) + len(g) + 1 for s, g in self._pairs)
+        return int(self._ends[-1]) + len(self)

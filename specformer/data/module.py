@@ -263,11 +263,11 @@ def _prepare_pairs(
         description += "; token ids read from the cache"
     return PreparedData(
         tokenizer=tokenizer,
-        train=PairDataset(train),
-        val=PairDataset(val),
+        train=train,
+        val=val,
         description=description,
-        n_train_tokens=sum(len(s) + len(g) + 1 for s, g in train),
-        n_val_tokens=sum(len(s) + len(g) + 1 for s, g in val),
+        n_train_tokens=train.n_tokens(),
+        n_val_tokens=val.n_tokens(),
         extra={"truncated_sources": cut["source"], "truncated_targets": cut["target"], "token_cache": str(ids.path)},
         fingerprint=corpus.fingerprint,
     )

@@ -34,6 +34,7 @@ from specformer.data.cache import (
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError
+from specformer.data.datasets import PairDataset
 from specformer.data.pairs import PairCorpus
 from specformer.data.tokenizers import Tokenizer
 
@@ -166,11 +167,14 @@ class PairIds:
     template, targets cut to fit; how many of each were cut; the cache entry, and whether
     it was read from the cache rather than made."""
 
-    train: list[tuple[list[int], list[int]]]
-    val: list[tuple[list[int], list[int]]]
+    train: PairDataset
+    val: PairDataset
     cut: dict[str, int]
     path: Path
     cached: bool
+
+
+_PAIRS_PER_CHUNK = 16384
 
 
 def pair_token_ids(
@@ -195,36 +199,42 @@ def pair_token_ids(
         counts: dict[str, dict[str, int]] = {"tokens": {}, "pairs": {}}
         cut = {"source": 0, "target": 0}
         for split, pairs in (("train", corpus.train), ("val", corpus.val)):
-            sources = tokenizer.encode_batch([s for s, _ in pairs], specials=False)
-            targets = tokenizer.encode_batch([g for _, g in pairs], specials=False)
-            ids: list[int] = []
-            lengths: list[int] = []
-            for src, tgt in zip(sources, targets, strict=True):
-                cut["source"] += len(src) > room
-                cut["target"] += len(tgt) > target_room
-                src, tgt = tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]
-                ids += src
-                ids += tgt
-                lengths += (len(src), len(tgt))
-            _write_array(folder / f"{split}.bin", np.asarray(ids, dtype=dtype))
-            _write_array(folder / f"{split}.lengths.bin", np.asarray(lengths, dtype=np.uint32))
-            counts["tokens"][split], counts["pairs"][split] = len(ids), len(pairs)
+            ids: list[np.ndarray] = []
+            lengths: list[np.ndarray] = []
+            # a chunk at a time: the tokenizer's encodings and Python lists of ids take ~50 times
+            # the arrays' memory, which for millions of pairs would not fit
+            for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
+                chunk = pairs[first : first + _PAIRS_PER_CHUNK]
+                sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
+                targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
+                flat: list[int] = []
+                sizes: list[int] = []
+                for src, tgt in zip(sources, targets, strict=True):
+                    cut["source"] += len(src) > room
+                    cut["target"] += len(tgt) > target_room
+                    src, tgt = tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]
+                    flat += src
+                    flat += tgt
+                    sizes += (len(src), len(tgt))
+                ids.append(np.asarray(flat, dtype=dtype))
+                lengths.append(np.asarray(sizes, dtype=np.uint32))
+            joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
+            _write_array(folder / f"{split}.bin", joined)
+            _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
+            counts["tokens"][split], counts["pairs"][split] = len(joined), len(pairs)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"], "cut": cut,
                 "vocab_size": tokenizer.vocab_size}
 
-    def load(meta: dict) -> tuple[dict[str, list[tuple[list[int], list[int]]]], dict[str, int]]:
+    def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int]]:
         out = {}
         for split in ("train", "val"):
             n = int(meta["n_tokens"][split])
-            ids = _array(folder, f"{split}.bin", meta["dtype"], n, mapped=False)
+            ids = _array(folder, f"{split}.bin", meta["dtype"], n)
             lengths = _array(folder, f"{split}.lengths.bin", np.uint32, 2 * int(meta["n_pairs"][split]), mapped=False)
             if int(lengths.sum(dtype=np.int64)) != n or (n and int(ids.max()) >= tokenizer.vocab_size):
                 raise ValueError(f"{folder}: the {split} ids do not fit their lengths or the vocabulary")
-            ends = np.cumsum(lengths, dtype=np.int64).tolist()
-            flat = ids.tolist()
-            rows = [flat[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
-            out[split] = list(zip(rows[0::2], rows[1::2], strict=True))
+            out[split] = PairDataset(ids=ids, lengths=lengths)
         return out, {"source": int(meta["cut"]["source"]), "target": int(meta["cut"]["target"])}
 
     (pairs, cut), cached = _entry(folder, "the token cache", load, make)

@@ -343,6 +343,7 @@ def test_a_damaged_pairs_cache_entry_is_made_again(tmp_path: Path, damage: str) 
     path = _jsonl(tmp_path / "train.jsonl", PAIRS[:60])
     spec = _cached_pairs_spec(tmp_path, path)
     first = prepare(spec)
+    expected = (first.train.pairs, first.val.pairs)  # read now: the damage below is done in place
     entry = Path(first.extra["token_cache"])
     if damage == "truncated ids":
         raw = (entry / "train.bin").read_bytes()
@@ -359,7 +360,7 @@ def test_a_damaged_pairs_cache_entry_is_made_again(tmp_path: Path, damage: str) 
         ids.tofile(entry / "val.bin")
     again = prepare(spec)
     assert "read from the cache" not in again.description  # made again, not an error
-    assert (again.train.pairs, again.val.pairs) == (first.train.pairs, first.val.pairs)
+    assert (again.train.pairs, again.val.pairs) == expected
     assert "read from the cache" in prepare(spec).description
 
 
@@ -377,3 +378,33 @@ def test_a_pairs_cache_that_cannot_be_written_names_the_setting(
                                         r"device\); nothing was half-written"):
         prepare(spec)
     assert [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.endswith(".lock")] == []
+
+
+def test_cached_pairs_are_held_as_a_memory_map_that_travels_by_file_name(tmp_path: Path) -> None:
+    import pickle
+
+    import numpy as np
+
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS * 20)
+    data = prepare(_cached_pairs_spec(tmp_path, path))
+    train = data.train
+    assert isinstance(train._ids.tokens, np.memmap)  # 2 bytes a token, not a list of Python ints
+    assert train.n_tokens() == sum(len(s) + len(g) + 1 for s, g in train.pairs)
+    assert len(pickle.dumps(train)) < 2 * len(train) * 8 + 4096  # the lengths, not the ids (a worker maps the file)
+    again = pickle.loads(pickle.dumps(train))
+    assert again.pairs == train.pairs and again[(7, 3)] == (7, train.pair(3))
+    with pytest.raises(IndexError):
+        train.pair(len(train))
+
+
+def test_pairs_tokenised_a_chunk_at_a_time_are_the_pairs_tokenised_at_once(tmp_path: Path, monkeypatch) -> None:
+    from specformer.data import tokens
+
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS * 3)
+    whole = prepare(_cached_pairs_spec(tmp_path / "a", path))
+    monkeypatch.setattr(tokens, "_PAIRS_PER_CHUNK", 4)  # several chunks, the last one short
+    chunked = prepare(_cached_pairs_spec(tmp_path / "b", path))
+    assert "read from the cache" not in chunked.description
+    assert len(whole.train) > 4 and len(whole.train) % 4 and (chunked.train.pairs, chunked.val.pairs) == (
+        whole.train.pairs, whole.val.pairs)
+    assert chunked.extra["truncated_sources"] == whole.extra["truncated_sources"]

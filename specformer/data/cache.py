@@ -73,9 +73,9 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # see _TEMPORARY
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "wb") as f:
+        # made inside the try: a Ctrl-C just after the file is made still removes it
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

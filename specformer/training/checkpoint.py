@@ -21,7 +21,11 @@ import os
 import pickle
 import random
 import re
+import signal
+import threading
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +76,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             with locked(Path(path).parent, shared=True), atomic_file(path) as f:
-                torch.save(checkpoint, f)
+                with _ctrl_c_after():
+                    torch.save(checkpoint, f)
         except (OSError, RuntimeError) as exc:
             # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
             cause = _os_error(exc)
@@ -82,6 +87,28 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+@contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block is raised when it ends. ``torch.save`` into a file
+    object calls back into Python for every record: a ``KeyboardInterrupt`` raised in such a
+    call comes out of its C++ writer as a ``RuntimeError`` ("unexpected pos"), which would
+    report a Ctrl-C as a failed write. Raised after the write, it removes the temporary file
+    as any error does, and the previous checkpoint stays."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+        signal.SIG_IGN, None
+    ):
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:

@@ -336,6 +336,41 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
+def test_ctrl_c_inside_a_checkpoint_write_is_a_ctrl_c_and_leaves_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT that lands in one of the file writes ``torch.save`` calls back into Python
+    came out of its C++ writer as ``RuntimeError: unexpected pos``: the run said "error:
+    RuntimeError" and exited 1 instead of 130 (and sometimes left the temporary file)."""
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 1, "w": torch.zeros(10)}, path)
+    real = torch.save
+
+    class Pressed:
+        """The file, and Ctrl-C at its third write."""
+
+        def __init__(self, f: Any) -> None:
+            self.f, self.writes = f, 0
+
+        def write(self, data: Any) -> int:
+            self.writes += 1
+            if self.writes == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.f.write(data)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real(obj, Pressed(f), *a, **k))
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 2, "w": torch.ones(100_000), "more": [torch.ones(9)] * 20}, path)
+    monkeypatch.undo()
+    assert read_checkpoint(path)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 class _FullDisk:
     """``torch.save`` onto a disk that fills up after ``room`` bytes (the first ``saves`` writes fit)."""
 

@@ -109,13 +109,9 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         f"{corpus.name}: {corpus.documents}, "
         f"{count(corpus.n_bytes)} characters → {count(len(arrays.train))} train / {count(len(arrays.val))} val tokens"
     )
-    description += _bpe_shortfall(spec, tokenizer)
     if getattr(corpus, "skipped", None):
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
-    for note in getattr(corpus, "notes", ()):
-        description += f"; {note}"
-    if arrays.cached:
-        description += "; token ids read from the cache"
+    description += _notes(spec, tokenizer, getattr(corpus, "notes", ()), cached=arrays.cached)
     return PreparedData(
         tokenizer=tokenizer,
         train=train,
@@ -136,6 +132,13 @@ def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
         return ""
     return (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
             f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+
+
+def _notes(spec: Any, tokenizer: Tokenizer, notes: Any, *, cached: bool) -> str:
+    """The end of the data line: a BPE's shortfall, the reader's notes, and whether the
+    token ids came from the cache."""
+    line = _bpe_shortfall(spec, tokenizer) + "".join(f"; {note}" for note in notes)
+    return line + ("; token ids read from the cache" if cached else "")
 
 
 def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
@@ -256,11 +259,7 @@ def _prepare_pairs(
             f"than {room} tokens, {cut['target']} target{'s' if cut['target'] != 1 else ''} longer than "
             f"{target_room}"
         )
-    description += _bpe_shortfall(spec, tokenizer)
-    for note in corpus.notes:
-        description += f"; {note}"
-    if ids.cached:
-        description += "; token ids read from the cache"
+    description += _notes(spec, tokenizer, corpus.notes, cached=ids.cached)
     return PreparedData(
         tokenizer=tokenizer,
         train=train,

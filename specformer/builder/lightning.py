@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from specformer.data.tokenizers import decoder_start_id
 from specformer.registry import REGISTRY
 from specformer.training.checkpoint import (
     FORMAT_VERSION,
@@ -99,8 +100,6 @@ class SpecModule(L.LightningModule):
         self._val_sums["tokens"] += out.n_predicted
         exact = getattr(self.objective, "exact_match", None)
         if exact is not None and self.tokenizer is not None:
-            from specformer.data.tokenizers import decoder_start_id
-
             start = decoder_start_id(self.tokenizer, self.spec.training.objective)
             correct, total = exact(self.model, batch, start_id=start, eos_id=self.tokenizer.eos_id)
             self._val_sums["correct"] += correct

@@ -160,8 +160,8 @@ def _check_specials(tokenizer: Tokenizer, objective: Any) -> None:
     if objective.decoder_start is not None and tokenizer.token_id(objective.decoder_start) is None:
         raise DataError(f"training.objective.decoder_start: {objective.decoder_start!r} is not a token of the "
                         f"tokenizer; its special tokens: {_special_names(tokenizer)}")
-    if None in (tokenizer.pad_id, decoder_start_id(tokenizer, objective), tokenizer.eos_id):
-        ids = {"pad": tokenizer.pad_id, "start": decoder_start_id(tokenizer, objective), "end": tokenizer.eos_id}
+    ids = {"pad": tokenizer.pad_id, "start": decoder_start_id(tokenizer, objective), "end": tokenizer.eos_id}
+    if None in ids.values():
         lacks = ", ".join(name for name, i in ids.items() if i is None)
         start = ("; or name the token the decoder starts from as training.objective.decoder_start (T5 starts "
                  "from <pad>)") if ids["start"] is None else ""
@@ -241,12 +241,6 @@ def _prepare_pairs(
     _check_vocab(tokenizer, spec.vocab_size)
     _check_specials(tokenizer, t.objective)
     seq_len = t.seq_len or spec.max_seq_len
-    before, after = tokenizer.template()  # the source is framed as generate frames a typed input
-    closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
-    room = seq_len - len(before) - len(after)
-    target_room = seq_len - 1 - len(before) - len(closing)
-    if room < 1 or target_room < 1:
-        raise DataError(f"training.seq_len={seq_len} leaves no room for a source and a target; raise it")
     ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir)
     train, val, cut = ids.train, ids.val, ids.cut
     n_files = len(corpus.files)
@@ -256,8 +250,8 @@ def _prepare_pairs(
     if cut["source"] or cut["target"]:
         description += (
             f"; cut to fit seq_len={seq_len}: {cut['source']} source{'s' if cut['source'] != 1 else ''} longer "
-            f"than {room} tokens, {cut['target']} target{'s' if cut['target'] != 1 else ''} longer than "
-            f"{target_room}"
+            f"than {ids.room} tokens, {cut['target']} target{'s' if cut['target'] != 1 else ''} longer than "
+            f"{ids.target_room}"
         )
     description += _notes(spec, tokenizer, corpus.notes, cached=ids.cached)
     return PreparedData(

@@ -172,6 +172,8 @@ class PairIds:
     cut: dict[str, int]
     path: Path
     cached: bool
+    room: int  # the longest source and target, in tokens, before they are framed
+    target_room: int
 
 
 _PAIRS_PER_CHUNK = 16384
@@ -186,11 +188,14 @@ def pair_token_ids(
     end token, which the collator adds. An entry holds, for each split, the ids of every source
     and target one after another (``<split>.bin``) and their lengths (``<split>.lengths.bin``);
     its key is the pairs' fingerprint (the files' contents and the ``training.data`` settings,
-    which decide the split), the tokenizer, its template and ``seq_len``."""
+    which decide the split), the tokenizer, its template and ``seq_len``. A ``seq_len`` too
+    short for a framed source or target is a :class:`DataError`."""
     before, after = tokenizer.template()
     closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
     room = seq_len - len(before) - len(after)
     target_room = seq_len - 1 - len(before) - len(closing)
+    if room < 1 or target_room < 1:
+        raise DataError(f"training.seq_len={seq_len} leaves no room for a source and a target; raise it")
     key = content_hash("pair-tokens", corpus.fingerprint, *_key_parts(tokenizer), before, after, seq_len)
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
@@ -238,7 +243,8 @@ def pair_token_ids(
         return out, {"source": int(meta["cut"]["source"]), "target": int(meta["cut"]["target"])}
 
     (pairs, cut), cached = _entry(folder, "the token cache", load, make)
-    return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached)
+    return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached, room=room,
+                   target_room=target_room)
 
 
 def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:

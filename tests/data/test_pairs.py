@@ -408,3 +408,10 @@ def test_pairs_tokenised_a_chunk_at_a_time_are_the_pairs_tokenised_at_once(tmp_p
     assert len(whole.train) > 4 and len(whole.train) % 4 and (chunked.train.pairs, chunked.val.pairs) == (
         whole.train.pairs, whole.val.pairs)
     assert chunked.extra["truncated_sources"] == whole.extra["truncated_sources"]
+
+
+def test_a_seq_len_with_no_room_for_a_target_is_refused_before_anything_is_tokenised(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "train.jsonl", PAIRS[:20])
+    with pytest.raises(DataError, match=r"training.seq_len=1 leaves no room for a source and a target"):
+        prepare(_cached_pairs_spec(tmp_path, path, seq_len=1))
+    assert not (tmp_path / "cache" / "tokens").exists() or not any((tmp_path / "cache" / "tokens").rglob("*.bin"))

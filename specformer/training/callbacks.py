@@ -238,19 +238,24 @@ class PeriodicCheckpoint(Callback):
         except CheckpointError as exc:  # a full disk: the run still stops, and says what is left
             self.failed = str(exc)
         except KeyboardInterrupt:  # Ctrl-C while it was written: the temporary file is removed
+            if self.last_step == step:  # written whole before the Ctrl-C took effect
+                return
             intact = self._intact()
             kept = f"the checkpoint of step {intact[1]} is intact" if intact else "there is no checkpoint"
             self.failed = f"the checkpoint of step {step} was cut off by Ctrl-C while it was written; {kept}"
 
     def _save(self, trainer: L.Trainer) -> None:
+        from specformer.training.checkpoint import ctrl_c_after
+
         step = trainer.global_step
         self._saved_step, self._pending = step, None
         self._check_finite(trainer)
-        if self.keep_steps:
-            self._write(trainer, self.dirpath / f"step-{step:07d}.ckpt")
-        self._write(trainer, self.dirpath / "last.ckpt")
-        self.last_path = self.dirpath / "last.ckpt"
-        self.last_step = step
+        with ctrl_c_after():  # a Ctrl-C once last.ckpt is replaced waits for it to be noted
+            if self.keep_steps:
+                self._write(trainer, self.dirpath / f"step-{step:07d}.ckpt")
+            self._write(trainer, self.dirpath / "last.ckpt")
+            self.last_path = self.dirpath / "last.ckpt"
+            self.last_step = step
 
     def _intact(self) -> tuple[Path, int] | None:
         """The checkpoint to resume from: the last this run wrote, else the one it resumed from."""

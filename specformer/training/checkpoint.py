@@ -55,6 +55,7 @@ __all__ = [
     "load_weights",
     "check_weights",
     "remove_stale_temporaries",
+    "ctrl_c_after",
 ]
 
 FORMAT_VERSION = 1
@@ -76,7 +77,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             with locked(Path(path).parent, shared=True), atomic_file(path) as f:
-                with _ctrl_c_after():
+                with ctrl_c_after():
                     torch.save(checkpoint, f)
         except (OSError, RuntimeError) as exc:
             # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
@@ -90,12 +91,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 @contextmanager
-def _ctrl_c_after() -> Iterator[None]:
-    """Ctrl-C (SIGINT) during the block is raised when it ends. ``torch.save`` into a file
-    object calls back into Python for every record: a ``KeyboardInterrupt`` raised in such a
-    call comes out of its C++ writer as a ``RuntimeError`` ("unexpected pos"), which would
-    report a Ctrl-C as a failed write. Raised after the write, it removes the temporary file
-    as any error does, and the previous checkpoint stays."""
+def ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block is raised when it ends (not when the block raises).
+    ``torch.save`` into a file object calls back into Python for every record: a
+    ``KeyboardInterrupt`` raised in such a call comes out of its C++ writer as a
+    ``RuntimeError`` ("unexpected pos"), which would report a Ctrl-C as a failed write.
+    Raised after the write, it removes the temporary file as any error does, and the
+    previous checkpoint stays. Around a checkpoint's write and the note of what was
+    written, it keeps the two in step: a Ctrl-C between them would leave a new checkpoint
+    on disk that the run's message does not name. Nested, the innermost block takes it."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
         signal.SIG_IGN, None
     ):

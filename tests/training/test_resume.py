@@ -371,6 +371,23 @@ def test_ctrl_c_inside_a_checkpoint_write_is_a_ctrl_c_and_leaves_the_previous_ch
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_ctrl_c_just_after_a_checkpoint_is_written_still_notes_it(tmp_path: Path) -> None:
+    """A Ctrl-C between last.ckpt's rename and the callback's note of it left a new
+    checkpoint on disk while the run's message named the one before it."""
+    from types import SimpleNamespace
+
+    from specformer.training.callbacks import PeriodicCheckpoint
+
+    periodic = PeriodicCheckpoint(tmp_path, every=2)
+    periodic._check_finite = lambda trainer: None  # type: ignore[method-assign]
+    # the write is done; the Ctrl-C lands before the callback notes it
+    periodic._write = lambda trainer, path: os.kill(os.getpid(), signal.SIGINT)  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        periodic._save(SimpleNamespace(global_step=4))
+    assert (periodic.last_path, periodic.last_step) == (tmp_path / "last.ckpt", 4)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 class _FullDisk:
     """``torch.save`` onto a disk that fills up after ``room`` bytes (the first ``saves`` writes fit)."""
 

@@ -114,9 +114,6 @@ SKIPPED: dict[str, str] = {
         "a diagram of the residual wiring",
     "docs/training.md: runs/<spec name>/<timestamp>/":
         "the run folder, written by a training run: tests/training/test_train.py checks its files",
-    "docs/training.md: import lightning as L":
-        "trains gpt-nano for 200 steps (minutes); its imports are checked, and SpecModule with "
-        "SpecDataModule under a plain Trainer is tested in tests/training/test_train.py",
 }
 
 # fragments of a spec, checked merged into a preset
@@ -332,7 +329,7 @@ def test_run_python_asserts_what_the_comments_state() -> None:
 # ---- what some blocks need before they run
 
 
-def _same_vocab_models(tmp_path: Path) -> dict[str, Any]:
+def _same_vocab_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """A decoder and an encoder-decoder with one vocabulary, and the inputs the cache and
     loss examples use (their names, as the text around them has them)."""
     import torch
@@ -360,7 +357,7 @@ def _small_bpe(tmp_path: Path) -> Any:
     return bpe_tokenizer(BPETokenizerSpec(vocab_size=300), corpus=corpus, cache_dir=tmp_path / "cache")
 
 
-def _gpt_nano_checkpoint(tmp_path: Path) -> dict[str, Any]:
+def _gpt_nano_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """``runs/gpt-nano/<ts>/checkpoints/last.ckpt``, as a run writes it (untrained weights)."""
     import torch
 
@@ -380,7 +377,7 @@ def _gpt_nano_checkpoint(tmp_path: Path) -> dict[str, Any]:
     return {}
 
 
-def _hf_model_folder(tmp_path: Path) -> dict[str, Any]:
+def _hf_model_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """``path/to/model_dir``: a one-layer GPT-2 as ``save_pretrained`` writes it, and its
     ``config.json`` at ``path/to/config.json``; ``tok``, a tokenizer to export with."""
     transformers = pytest.importorskip("transformers")
@@ -393,11 +390,37 @@ def _hf_model_folder(tmp_path: Path) -> dict[str, Any]:
     return {"tok": _small_bpe(tmp_path)}
 
 
-PY_SETUP: dict[str, Callable[[Path], dict[str, Any]]] = {
+def _small_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Two steps on a slice of the stdlib with the byte tokenizer, instead of 200 on all of it
+    with a BPE learned from it: ``load_spec`` adds the overrides, ``Trainer`` the limits."""
+    import sysconfig
+
+    import lightning
+
+    import specformer
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    small = [f"training.data={{type: files, paths: [{stdlib / 'json' / '*.py'}]}}", "training.tokenizer={type: byte}",
+             "vocab_size=259", "training.batch_size=2", "training.seq_len=32", "training.val_batches=1",
+             "training.num_workers=0"]
+    monkeypatch.setattr(specformer, "load_spec", lambda source, overrides=(): load_spec(source, [*overrides, *small]))
+
+    class SmallTrainer(lightning.Trainer):
+        def __init__(self, **kwargs: Any) -> None:
+            kwargs.update(max_steps=2, val_check_interval=1, limit_val_batches=1, enable_progress_bar=False,
+                          enable_model_summary=False, accelerator="cpu", devices=1)
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(lightning, "Trainer", SmallTrainer)
+    return {}
+
+
+PY_SETUP: dict[str, Callable[[Path, pytest.MonkeyPatch], dict[str, Any]]] = {
     "docs/components.md: out = model(ids, labels=labels)          # out.loss: scalar, out.logits: None": _same_vocab_models,
     "docs/components.md: out = model(prompt_ids, attention_mask=mask, use_cache=True)   # a new cache, filled by the prompt": _same_vocab_models,
     "docs/training.md: import torch": _gpt_nano_checkpoint,
     "docs/interop.md: from specformer.builder import build_model": _hf_model_folder,
+    "docs/training.md: import lightning as L": _small_training,
 }
 
 # blocks that go on from an earlier one: run in its namespace, after it
@@ -466,6 +489,13 @@ def _healed_prompt(ns: dict[str, Any]) -> None:
     assert ns["out"].shape[1] == len(prompt.ids) + 50
 
 
+def _trained_with_plain_lightning(ns: dict[str, Any]) -> None:
+    trainer = ns["trainer"]
+    assert trainer.global_step == 2
+    # "Metrics: train/loss, train/lr, val/loss, val/ppl" (val/exact_match: sequence-to-sequence)
+    assert {"train/loss", "train/lr", "val/loss", "val/ppl"} <= set(trainer.callback_metrics), sorted(trainer.callback_metrics)
+
+
 PY_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "README.md: from specformer import load_spec, build_model": _round_trip,
     "README.md: import torch": _loss_without_logits,
@@ -473,6 +503,7 @@ PY_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "docs/components.md: out = model(prompt_ids, attention_mask=mask, use_cache=True)   # a new cache, filled by the prompt": _cache_position,
     "docs/interop.md: from specformer.builder import build_model": _equal_transformers_model,
     "docs/training.md: import torch": _healed_prompt,
+    "docs/training.md: import lightning as L": _trained_with_plain_lightning,
 }
 
 PREVIOUS = {b.key: b for b in BLOCKS}
@@ -506,7 +537,7 @@ def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
         chain.insert(0, PREVIOUS[PY_CONTINUES[chain[0].key]])
     for part in chain:
         if part.key in PY_SETUP:
-            ns.update(PY_SETUP[part.key](tmp_path))
+            ns.update(PY_SETUP[part.key](tmp_path, monkeypatch))
         run_python(part.text, filename=part.file, first_line=part.line + 1, ns=ns)
     if block.key in PY_CHECKS:
         PY_CHECKS[block.key](ns)

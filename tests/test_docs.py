@@ -768,3 +768,31 @@ def test_pip_extras_exist(block: Block) -> None:
     for asked in re.findall(r"\.\[([\w,]+)\]", block.text):
         assert set(asked.split(",")) <= extras, f"{block.id}: pip extras {asked} (pyproject has {sorted(extras)})"
 
+
+
+# --------------------------------------------------------------------------- links
+
+
+def _anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _headings(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return {_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_point_at_files_and_headings(path: Path) -> None:
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+        target = m.group(1)
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        where = f"{path.relative_to(ROOT)}: ({target})"
+        assert linked.exists(), f"{where}: no such file"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _headings(linked), f"{where}: no heading #{anchor} in {linked.name}"

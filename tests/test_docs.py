@@ -677,14 +677,17 @@ def test_cli_line(block: Block, command: Command, tmp_path: Path, monkeypatch: p
                 continue
             if v.split("/")[0] in REPO_TOP:
                 assert (ROOT / v).exists(), f"{where}: {v} is not in the repository"
-            elif re.fullmatch(r"[a-z0-9][a-z0-9.-]*", v) and "." not in v:
+            elif re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
                 assert v in preset_names(), f"{where}: no preset {v!r} (there are {preset_names()})"
             else:
                 resolvable = False  # the user's own file
     sets = list(ctx.params.get("set_") or [])
     shows_error = any(line.startswith("error:") for line in command.output)
-    if specs and resolvable and len(specs) == 1 and name != "eval" and not shows_error:
-        load_spec(specs[0], overrides=sets)  # the overrides name fields of that spec
+    if len(specs) == 1 and resolvable and not shows_error and not ctx.params.get("training"):
+        try:
+            load_spec(specs[0], overrides=sets)  # the overrides name fields of that spec, with valid values
+        except SpecError as exc:
+            pytest.fail(f"{where}: {specs[0]} with {sets}:\n{exc}")
 
     if name not in CHEAP or not resolvable or inline:
         return

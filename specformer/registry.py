@@ -19,6 +19,7 @@ This module imports neither torch nor the schema.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import typing
@@ -26,9 +27,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Entry", "Registry", "REGISTRY", "register", "PLUGIN_GROUP", "REQUIRED_FIELDS", "load_plugins", "register_builtin"]
+__all__ = [
+    "Entry",
+    "Registry",
+    "REGISTRY",
+    "register",
+    "PLUGIN_GROUP",
+    "FAMILIES",
+    "REQUIRED_FIELDS",
+    "load_plugins",
+    "register_builtin",
+]
 
 PLUGIN_GROUP = "specformer.plugins"
+
+# the families a spec reads a `type:` from; an entry anywhere else could never be selected
+FAMILIES: tuple[str, ...] = (
+    "attention",
+    "positional",
+    "ffn",
+    "norm",
+    "head",
+    "objective",
+    "optimizer",
+    "schedule",
+    "data",
+    "tokenizer",
+)
 
 # fields the schema and the builder read from every spec of a family, whatever its type
 REQUIRED_FIELDS: dict[str, dict[str, str]] = {
@@ -108,6 +133,13 @@ class Registry:
         """
         from specformer.specs.base import Spec
 
+        if family not in FAMILIES:
+            close = difflib.get_close_matches(family, FAMILIES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"unknown family {family!r}: {hint}a spec selects a type in one of "
+                f"{', '.join(FAMILIES)}"
+            )
         if not (isinstance(spec, type) and issubclass(spec, Spec)):
             raise TypeError(
                 f"{getattr(spec, '__name__', spec)!r} is not a spec class: derive it from "

@@ -87,6 +87,23 @@ def test_without_the_plugin_the_type_is_unknown():
         load_spec("gpt-nano", overrides=["decoder.ffn.type=relu2"])
 
 
+def test_a_family_no_spec_reads_is_refused_with_the_closest_name():
+    from specformer.specs.schema import MLPSpec
+
+    registry = Registry()
+    with pytest.raises(ValueError, match=r"unknown family 'ffx': did you mean 'ffn'\?.*attention, positional"):
+        registry.register("ffx", MLPSpec, "x:y")
+    assert registry.families() == []
+
+
+def test_the_families_are_those_the_built_in_types_fill():
+    import specformer.specs.schema  # noqa: F401  (registers the model families)
+    import specformer.specs.training  # noqa: F401  (and the training ones)
+    from specformer.registry import FAMILIES, REGISTRY
+
+    assert sorted(FAMILIES) == REGISTRY.families()
+
+
 def test_registry_refuses_silent_replacement():
     from specformer.specs.schema import MLPSpec
 

@@ -238,6 +238,9 @@ def _short(exc: BaseException) -> str:
     return first[:160] + ("…" if len(first) > 160 else "")
 
 
+_SHOWN = 12  # differences written out in full when a resume is refused; the rest are named
+
+
 def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
     """Refuse to resume ``spec`` from the checkpoint ``raw`` (read from ``source``) when it
     is not a specformer checkpoint or holds a different model; training settings may differ."""
@@ -246,7 +249,10 @@ def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
         raise CheckpointError(f"{source}: not a specformer checkpoint (it has no 'specformer' entry with a spec)")
     differences = model_spec_differences(meta["spec"], spec.to_dict())
     if differences:
-        shown = "\n  ".join(differences[:12])
+        shown = "\n  ".join(differences[:_SHOWN])
+        if len(differences) > _SHOWN:
+            rest = [line.split(":", 1)[0] for line in differences[_SHOWN:]]
+            shown += f"\n  … and {len(rest)} more: {', '.join(rest)}"
         raise CheckpointError(
             f"{source}: the checkpoint was trained with a different model than this spec describes:\n  "
             f"{shown}\nresume with the spec the checkpoint was written with (training settings may change)"
@@ -402,8 +408,11 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
 def model_spec_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted paths where two spec dicts differ, ignoring the training section and the name
     (what a resumed run may change)."""
+    keys = set(saved) | set(current)
+    if "type" in saved and "type" in current and saved["type"] != current["type"]:
+        keys = set(saved) & set(current)  # a field of one type only is not a second difference
     out: list[str] = []
-    for key in sorted(set(saved) | set(current)):
+    for key in sorted(keys):
         if not prefix and key in ("training", "name"):
             continue
         a, b = saved.get(key), current.get(key)
@@ -411,8 +420,12 @@ def model_spec_differences(saved: dict[str, Any], current: dict[str, Any], prefi
         if isinstance(a, dict) and isinstance(b, dict):
             out += model_spec_differences(a, b, path + ".")
         elif a != b:
-            out.append(f"{path}: checkpoint {a!r}, spec {b!r}")
+            out.append(f"{path}: checkpoint {_value(saved, key)}, spec {_value(current, key)}")
     return out
+
+
+def _value(mapping: dict[str, Any], key: str) -> str:
+    return repr(mapping[key]) if key in mapping else "(absent)"
 
 
 # --------------------------------------------------------------------------- random state

@@ -26,6 +26,7 @@ from specformer.data.sampler import StreamBatchSampler
 from specformer.training.checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
+    check_resumable,
     load_checkpoint,
     read_checkpoint,
 )
@@ -236,6 +237,27 @@ def test_resuming_with_a_different_model_names_the_differences(tiny: Any, monkey
     monkeypatch.setattr("specformer.training.run.SpecDataModule", no_data)
     with pytest.raises(CheckpointError, match=r"different model[\s\S]*d_model: checkpoint 32, spec 48"):
         train(other, resume=ckpt, progress=False)
+
+
+def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() -> None:
+    # a Llama-like checkpoint resumed with gpt-nano: 14 fields differ, among them the
+    # positional type; the message lists 12 and names the rest, and a field only one of
+    # two norm types has (layernorm's bias) is not a difference of its own
+    saved = load_spec({
+        "kind": "decoder", "vocab_size": 512, "d_model": 64, "max_seq_len": 128,
+        "positional": {"type": "rope"}, "embedding": {"tie_output": False},
+        "decoder": {"n_layers": 2, "attention": {"n_heads": 4, "n_kv_heads": 2, "bias": False},
+                    "ffn": {"type": "glu"}, "norm": {"type": "rmsnorm", "eps": 1e-6}},
+    })
+    with pytest.raises(CheckpointError) as err:
+        check_resumable({"specformer": {"spec": saved.to_dict()}}, load_spec("gpt-nano"), source="run.ckpt")
+    message = str(err.value)
+    listed = re.findall(r"^  (\S+): checkpoint", message, flags=re.M)
+    assert len(listed) == 12
+    assert "  … and 2 more: max_seq_len, positional.type\n" in message
+    assert "decoder.norm.type: checkpoint 'rmsnorm', spec 'layernorm'" in message
+    assert "norm.bias" not in message and "None" not in message
+    assert "decoder.ffn.d_ff: checkpoint 192, spec 512" in message  # a field both types have still counts
 
 
 def test_resuming_at_or_past_max_steps_says_nothing_is_left_to_train(

@@ -28,7 +28,7 @@ from specformer.data.cache import (
     made_once,
     resolve_cache_dir,
 )
-from specformer.data.corpus import Corpus, DataError
+from specformer.data.corpus import Corpus, DataError, relative_note
 from specformer.specs.training import (
     BYTE_VOCAB_SIZE,
     TASK_SPECIALS,
@@ -328,7 +328,7 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}")
+        raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}{relative_note([spec.path])}")
     try:
         return HFTokenizer(_Tok.from_file(str(path)))
     except Exception as exc:

@@ -147,7 +147,8 @@ class FilesDataSpec(Spec):
     type: Literal["files"] = "files"
     paths: tuple[str, ...] = Field(
         strict=False, min_length=1,
-        description="Files, directories or globs, e.g. ['data/**/*.txt'] (one may be given alone: data/).",
+        description="Files, directories or globs, e.g. ['data/**/*.txt'] (one may be given alone: data/); "
+        "relative to the working directory.",
     )
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
         0.05,
@@ -221,7 +222,8 @@ class PairsDataSpec(Spec):
     type: Literal["pairs"] = "pairs"
     paths: tuple[str, ...] = Field(
         strict=False, min_length=1,
-        description="Files, directories or globs of pairs, e.g. ['data/train.jsonl'] (one may be given alone).",
+        description="Files, directories or globs of pairs, e.g. ['data/train.jsonl'] (one may be given alone); "
+        "relative to the working directory.",
     )
     val_paths: tuple[str, ...] | None = Field(
         None, strict=False, min_length=1,
@@ -272,7 +274,7 @@ class FileTokenizerSpec(Spec):
     """Any tokenizer saved as a Hugging Face ``tokenizer.json``."""
 
     type: Literal["file"] = "file"
-    path: str = Field(description="Path to a tokenizer.json file.")
+    path: str = Field(description="Path to a tokenizer.json file (or its folder); relative to the working directory.")
 
 
 class TaskTokenizerSpec(Spec):

@@ -26,12 +26,14 @@ from specformer.data.tokenizers import (
     ByteTokenizer,
     TaskTokenizer,
     bpe_tokenizer,
+    file_tokenizer,
     tokenizer_from_state,
 )
 from specformer.data.tokens import token_arrays, unigram_cross_entropy
 from specformer.specs.training import (
     BPETokenizerSpec,
     FilesDataSpec,
+    FileTokenizerSpec,
     MaskedLMSpec,
     StdlibDataSpec,
     SyntheticDataSpec,
@@ -77,6 +79,29 @@ def test_files_corpus_globs_and_errors(tmp_path: Path) -> None:
     assert sorted(both.train_ids + both.val_ids) == ["a.txt", "sub/b.txt"]
     with pytest.raises(DataError, match="nothing matches 'nope/\\*.txt'"):
         files_corpus(FilesDataSpec(paths=("nope/*.txt",)))
+
+
+def test_a_relative_data_path_not_found_names_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a spec in project/ names corpus.txt beside it, and the run starts elsewhere: the
+    # message says where a relative path was looked for; an absolute one needs no note
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "corpus.txt").write_text("hello world\n" * 50)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(DataError) as err:
+        files_corpus(FilesDataSpec(paths=("corpus.txt",)))
+    assert str(err.value) == (
+        "training.data.paths: nothing matches 'corpus.txt' (a relative path is read from the working "
+        f"directory, {tmp_path / 'elsewhere'}, not from the spec's folder)"
+    )
+    absent = str(tmp_path / "absent.txt")
+    with pytest.raises(DataError) as err:
+        files_corpus(FilesDataSpec(paths=(absent,)))
+    assert str(err.value) == f"training.data.paths: nothing matches {absent!r}"
+    with pytest.raises(DataError, match=r"no tokenizer.json at tok.json \(a relative path is read from the working"):
+        file_tokenizer(FileTokenizerSpec(path="tok.json"))
 
 
 def test_files_split_does_not_move_when_other_paths_are_added(tmp_path: Path) -> None:

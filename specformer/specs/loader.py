@@ -884,8 +884,8 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     message = message[0].lower() + message[1:] if message else message
-    if not isinstance(value, dict | list):
-        message = f"{message}, got {value!r}"
+    if not isinstance(value, dict | list) and not (kind == "value_error" and " got " in message):
+        message = f"{message}, got {value!r}"  # (a message of our own may say already what it got)
     return [(path, message, "")]
 
 

@@ -442,3 +442,19 @@ def test_a_dict_that_extends_a_preset_is_blamed_for_what_it_writes():
     (problem,) = info.value.problems
     assert problem.path == "decoder.attention.n_heads"
     assert problem.position.source.endswith("gpt-nano.yaml") and problem.position.line == 11
+
+
+def test_a_message_that_says_what_it_got_says_it_once():
+    with pytest.raises(SpecError) as info:
+        load_spec("t5-nano", overrides=["training.data.max_len=2"])
+    (problem,) = info.value.problems
+    assert problem.message == "max_len must be at least min_len=3, got 2"
+    with pytest.raises(SpecError) as info:
+        load_spec("bert-nano", overrides=["training.objective.mask_token=0.9", "training.objective.random_token=0.2"])
+    (problem,) = info.value.problems
+    assert problem.message == "mask_token + random_token must be at most 1, got 0.9 + 0.2"
+    # a message that does not say it still gets the value
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.max_steps=0"])
+    (problem,) = info.value.problems
+    assert problem.message == "input should be greater than 0, got 0"

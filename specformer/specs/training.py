@@ -557,7 +557,14 @@ def training_issues(
                 "training.tokenizer.vocab_size",
                 f"the tokenizer would have {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}",
             )
-        if tok.type == "bpe" and tok.vocab_size is not None and tok.vocab_size < BYTE_VOCAB_SIZE:
+        if tok.type == "bpe" and tok.vocab_size == vocab_size < BYTE_VOCAB_SIZE:
+            # the tokenizer's size is the model's (its default): the model's is the one to raise
+            yield (
+                "vocab_size",
+                f"byte-level BPE (training.tokenizer) needs at least {BYTE_VOCAB_SIZE} tokens (256 bytes + 3 "
+                f"specials) and has the model's vocab_size, {vocab_size}; use at least {BYTE_VOCAB_SIZE}",
+            )
+        elif tok.type == "bpe" and tok.vocab_size is not None and tok.vocab_size < BYTE_VOCAB_SIZE:
             yield (
                 "training.tokenizer.vocab_size",
                 f"byte-level BPE needs at least {BYTE_VOCAB_SIZE} tokens (256 bytes + 3 specials), "

@@ -458,3 +458,19 @@ def test_a_message_that_says_what_it_got_says_it_once():
         load_spec("gpt-nano", overrides=["training.max_steps=0"])
     (problem,) = info.value.problems
     assert problem.message == "input should be greater than 0, got 0"
+
+
+def test_a_bpe_too_small_because_the_model_is_names_the_models_vocab_size():
+    # the tokenizer's vocab_size is the model's by default: the model's is the field to raise
+    spec = {"extends": "gpt-nano", "training": {"tokenizer": {"type": "bpe"}}}
+    with pytest.raises(SpecError) as info:
+        load_spec(spec, overrides=["vocab_size=100"])
+    (problem,) = info.value.problems
+    assert problem.path == "vocab_size" and str(problem.position) == "--set vocab_size=100"
+    assert problem.message == ("byte-level BPE (training.tokenizer) needs at least 259 tokens (256 bytes + 3 "
+                               "specials) and has the model's vocab_size, 100; use at least 259")
+    # a tokenizer size written out is that field's mistake
+    with pytest.raises(SpecError) as info:
+        load_spec(spec, overrides=["training.tokenizer.vocab_size=100"])
+    (problem,) = info.value.problems
+    assert problem.path == "training.tokenizer.vocab_size"

@@ -415,6 +415,10 @@ def generate_cmd(
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
                             "leading space): the text may go astray; leave out --no-heal to have the first new "
                             "token begin with it", label="[yellow]warning:[/]")
+            if len(ids) > spec.max_seq_len:
+                print_error(f"the prompt is {len(ids)} tokens and the model reads at most max_seq_len="
+                            f"{spec.max_seq_len} at once: only its last {spec.max_seq_len} are read (the context "
+                            "slides, as it does while generating)", label="[yellow]warning:[/]")
             shown = prompt if prompt.strip() or not encoded.healed else ""
 
             def show() -> None:
@@ -440,6 +444,12 @@ def generate_cmd(
         if learned and len(ids) > spec.max_seq_len:
             raise _fail(f"the prompt is {len(ids)} tokens; this model's encoder reads at most "
                         f"max_seq_len={spec.max_seq_len} (learned positions)")
+        if len(ids) > spec.max_seq_len:
+            print_error(f"the prompt is {len(ids)} tokens, longer than max_seq_len={spec.max_seq_len}: the encoder "
+                        f"reads all of them ({spec.positional.type} positions reach past it), but the model was "
+                        f"built for {spec.max_seq_len} tokens and trained on sources cut to training.seq_len="
+                        f"{spec.training.seq_len or spec.max_seq_len}",
+                        label="[yellow]warning:[/]")
 
         start = decoder_start_id(tok, spec.training.objective)
         if start is None:

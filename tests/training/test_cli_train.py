@@ -130,6 +130,29 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     assert "this checkpoint is an encoder-decoder" in wrong.output
 
 
+def test_a_prompt_longer_than_max_seq_len_is_said(tiny: Any, tmp_path: Path) -> None:
+    # a decoder reads the last max_seq_len tokens of it (64; the byte tokenizer reads 100
+    # characters as 100 tokens); a shorter prompt is no warning
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=1, val_interval=1, val_batches=1), "dec.yaml"))])
+    dec = _checkpoint(tmp_path, "tiny-decoder")
+    long = runner.invoke(app, ["generate", str(dec), "--prompt", "x" * 100, "-n", "2"], env={"COLUMNS": "300"})
+    assert long.exit_code == 0, long.output
+    assert long.stderr == ("warning: the prompt is 100 tokens and the model reads at most max_seq_len=64 at once: "
+                           "only its last 64 are read (the context slides, as it does while generating)\n")
+    assert long.stdout.startswith("x" * 100)
+    short = runner.invoke(app, ["generate", str(dec), "--prompt", "x" * 64, "-n", "2"])
+    assert short.exit_code == 0 and "warning" not in short.stderr
+    # an encoder-decoder with relative positions reads it all, past what it was built for
+    spec = {**tiny("encoder-decoder", max_steps=1, val_interval=1, val_batches=1), "positional": {"type": "t5"}}
+    _train([str(_write(tmp_path, spec, "s2s.yaml"))])
+    s2s = _checkpoint(tmp_path, "tiny-encoder-decoder")
+    long = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc" * 30, "-n", "2"], env={"COLUMNS": "300"})
+    assert long.exit_code == 0, long.output
+    assert long.stderr.startswith("warning: the prompt is 9")  # the task tokenizer frames the 90 letters
+    assert ("longer than max_seq_len=64: the encoder reads all of them (t5 positions reach past it), but the model "
+            "was built for 64 tokens and trained on sources cut to training.seq_len=32") in long.stderr
+
+
 def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) -> None:
     import re
 

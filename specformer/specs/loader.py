@@ -254,7 +254,32 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, source: str, text: str) -> SpecPr
             hint="replace the tab with a space",
         )
     context = f" ({exc.context})" if exc.context else ""
-    return SpecProblem(f"YAML syntax error: {problem}{context}", position=position)
+    if exc.context and exc.context.startswith("while scanning") and exc.context_mark is not None:
+        # a key without its ':' or a quote never closed: the mistake is where that token began,
+        # not the line after it, where the scanner gave up
+        position = _pos(source, exc.context_mark)
+    return SpecProblem(f"YAML syntax error: {problem}{context}", position=position, hint=_syntax_hint(exc))
+
+
+def _syntax_hint(exc: yaml.MarkedYAMLError) -> str:
+    """What usually causes one of PyYAML's syntax errors, in the words of a spec file."""
+    problem, context = exc.problem or "", exc.context or ""
+    opened = exc.context_mark.line + 1 if exc.context_mark is not None else None
+    if "could not find expected ':'" in problem:
+        return "a key without its ':', or without a space after it (d_model: 64)"
+    if "mapping values are not allowed here" in problem:
+        return ("a 'key: value' where none may start: a line indented deeper than the key above it, which "
+                "already has a value, or a value holding ': ' (quote it)")
+    if "found '<block mapping start>'" in problem:
+        return "this line is indented more than the keys before it: the keys of one mapping start in the same column"
+    if "but found '-'" in problem:
+        return "a list item ('- ...') among the keys of a mapping: indent it under the key it belongs to"
+    if "flow mapping" in context or "flow sequence" in context:
+        bracket = "{ ... }" if "mapping" in context else "[ ... ]"
+        return f"the {bracket} opened at line {opened} is not closed (or lacks a ',' between its items)"
+    if "quoted scalar" in context:
+        return "a quote opened here is never closed"
+    return ""
 
 
 def _construct(

@@ -21,7 +21,15 @@ def _problems(tmp_path: Path, text: str, name: str = "spec.yaml", overrides=None
 
 # (id, yaml, expected line, expected field path, words the message or hint must contain)
 BAD_INPUTS = [
-    ("yaml-syntax", "kind: decoder\nd_model: [1, 2\n", 3, "", ["YAML syntax error"]),
+    ("yaml-syntax", "kind: decoder\nd_model: [1, 2\n", 3, "", ["YAML syntax error", "the [ ... ] opened at line 2"]),
+    # a key without its ':' is placed at its own line, not the next one, where PyYAML gave up
+    ("yaml-no-colon", "kind: decoder\nd_model 64\nvocab_size: 5\n", 2, "", ["a key without its ':'"]),
+    ("yaml-open-quote", "kind: decoder\nname: 'tiny\n", 2, "", ["a quote opened here is never closed"]),
+    ("yaml-deeper-indent", "decoder:\n  n_layers: 2\n    attention: {}\n", 3, "",
+     ["a line indented deeper than the key above it"]),
+    ("yaml-list-item-among-keys", "decoder:\n  n_layers: 2\n  - attention: {}\n", 3, "",
+     ["a list item ('- ...') among the keys of a mapping"]),
+    ("yaml-open-brace", "kind: decoder\ndecoder: {n_layers: 2\nname: x\n", 3, "", ["the { ... } opened at line 2"]),
     ("tab-indent", "kind: decoder\ndecoder:\n\tn_layers: 2\n", 3, "", ["tab", "spaces"]),
     ("duplicate-key", "kind: decoder\nd_model: 8\nd_model: 16\n", 3, "d_model", ["duplicate key", "line 2"]),
     ("python-tag", "kind: decoder\nname: !!python/object:os.system {}\n", 2, "name", ["!!python/object", "not allowed"]),

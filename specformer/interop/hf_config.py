@@ -585,6 +585,12 @@ def read_hf_config(source: Any) -> dict[str, Any]:
     except OSError as exc:
         raise HFConversionError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            raise HFConversionError(
+                f"{path}: a YAML file, not a Hugging Face config.json; import-hf converts a Hugging Face model "
+                "(its folder or config.json) into a spec. A specformer spec is used as it is: specformer "
+                f"validate {path}, specformer export-hf CKPT for a trained one"
+            ) from None
         raise HFConversionError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     if not isinstance(data, dict):
         raise HFConversionError(f"{path}: a config.json holds a JSON object, found {type(data).__name__}")

@@ -233,6 +233,12 @@ def test_read_config_from_a_directory_a_file_and_bad_json(tmp_path) -> None:
         read_hf_config(tmp_path / "bad.json")
     with pytest.raises(HFConversionError, match="no such file"):
         read_hf_config(tmp_path / "missing")
+    # a specformer spec given to import-hf is named as one, not as broken JSON
+    (tmp_path / "my.yaml").write_text("extends: gpt-nano\nname: mine\n")
+    with pytest.raises(HFConversionError) as err:
+        read_hf_config(tmp_path / "my.yaml")
+    assert str(err.value).startswith(f"{tmp_path / 'my.yaml'}: a YAML file, not a Hugging Face config.json; ")
+    assert "not valid JSON" not in str(err.value) and "specformer validate" in str(err.value)
 
 
 # --------------------------------------------------------------------------- spec -> config

@@ -65,6 +65,42 @@ TYPE_HINTS = {
     "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",
 }
 
+# Field names from Hugging Face configs, nanoGPT, LitGPT and PyTorch: (the field here, where it
+# is written). Said for an unknown field unless "did you mean" already names that field.
+_WIDTH = ("d_model", "the width is `d_model`, at the top level")
+_LAYERS = ("n_layers", "layers are counted per stack: `decoder: {n_layers: N}` (or `encoder:`)")
+_HEADS = ("n_heads", "heads are set in a stack's attention: `attention: {n_heads: N}`")
+_KV_HEADS = ("n_kv_heads", "key/value heads are set in a stack's attention: `attention: {n_kv_heads: N}`")
+_D_FF = ("d_ff", "the FFN's hidden size is `d_ff`, in a stack's ffn: `ffn: {d_ff: N}`")
+_LENGTH = ("max_seq_len", "the longest sequence is `max_seq_len`, at the top level")
+_EPS = ("eps", "a norm's epsilon is set in a stack's norm: `norm: {eps: ...}`")
+FIELD_HINTS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "d_embed", "embed_dim", "dim", "model_dim"), _WIDTH),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), _LAYERS),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads"), _HEADS),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_head", "num_kv_heads", "n_query_groups", "n_kv_heads"), _KV_HEADS),
+    **dict.fromkeys(("intermediate_size", "n_inner", "ffn_dim", "dim_feedforward", "ffn_hidden_size", "d_ff"), _D_FF),
+    **dict.fromkeys(("max_position_embeddings", "block_size", "n_positions", "n_ctx", "context_length",
+                     "max_seq_length"), _LENGTH),
+    **dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"), _EPS),
+    **dict.fromkeys(("rope_theta", "rotary_emb_base", "rope_base"),
+                    ("base", "the rotary base is set in `positional: {type: rope, base: ...}`")),
+    **dict.fromkeys(("tie_word_embeddings", "tie_embeddings", "tie_weights"),
+                    ("tie_output", "tying is `embedding: {tie_output: true}`")),
+    **dict.fromkeys(("hidden_act", "activation_function"),
+                    ("activation", "the FFN's activation is set in a stack's ffn: `ffn: {activation: ...}`")),
+    "dropout": ("dropout", "dropout is set where it applies: `embedding: {dropout: ...}`, and in a stack's "
+                "`attention:`, `ffn:` and `residual:`"),
+    **dict.fromkeys(("max_iters", "max_steps", "num_train_steps", "total_steps"),
+                    ("max_steps", "the run's length is `training: {max_steps: N}`")),
+    **dict.fromkeys(("learning_rate", "lr"), ("lr", "the learning rate is `training: {optimizer: {lr: ...}}`")),
+    **dict.fromkeys(("batch_size", "micro_batch_size"), ("batch_size", "`training: {batch_size: N}`")),
+    "gradient_accumulation_steps": ("accumulate", "`training: {accumulate: N}`"),
+    **dict.fromkeys(("warmup_iters", "warmup_steps"),
+                    ("warmup_steps", "the warmup is `training: {schedule: {warmup_steps: N}}`")),
+    "eval_interval": ("val_interval", "`training: {val_interval: N}`"),
+}
+
 
 # --------------------------------------------------------------------------- YAML with positions
 
@@ -862,9 +898,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         allowed = list(owner.model_fields) if owner is not None else []
         name = str(path[-1]) if path else ""
         guess = did_you_mean(name, allowed)
-        hint = (f"did you mean {guess!r}? " if guess else "") + (
-            f"allowed: {', '.join(allowed)}" if allowed else ""
-        )
+        field, where = FIELD_HINTS.get(name.lower(), (None, ""))
+        if field is not None and field != guess:
+            # a name from another tool, or a field of another section: say where it is written
+            hint = f"{where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
+        else:
+            hint = (f"did you mean {guess!r}? " if guess else "") + (
+                f"allowed: {', '.join(allowed)}" if allowed else ""
+            )
         return [(path, f"unknown field {name!r}", hint)]
 
     if kind == "model_type" and not isinstance(value, dict):

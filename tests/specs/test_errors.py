@@ -482,3 +482,28 @@ def test_a_bpe_too_small_because_the_model_is_names_the_models_vocab_size():
         load_spec(spec, overrides=["training.tokenizer.vocab_size=100"])
     (problem,) = info.value.problems
     assert problem.path == "training.tokenizer.vocab_size"
+
+
+def test_field_names_from_other_tools_say_where_the_field_is_written(tmp_path):
+    problems = _problems(tmp_path, """
+        kind: decoder
+        vocab_size: 512
+        block_size: 128
+        hidden_size: 64
+        decoder:
+          n_layer: 2
+          n_heads: 4
+          ffn: {intermediate_size: 128}
+        training:
+          lr: 1.0e-3
+    """)
+    hints = {p.path: p.hint for p in problems if p.message.startswith("unknown field")}
+    # nanoGPT's block_size is the longest sequence, not a misspelt vocab_size
+    assert hints["block_size"].startswith("the longest sequence is `max_seq_len`, at the top level. allowed here: ")
+    assert "did you mean" not in hints["block_size"]
+    assert hints["hidden_size"].startswith("the width is `d_model`, at the top level.")
+    assert hints["decoder.n_heads"].startswith("heads are set in a stack's attention: `attention: {n_heads: N}`.")
+    assert hints["decoder.ffn.intermediate_size"].startswith("the FFN's hidden size is `d_ff`")
+    assert hints["training.lr"].startswith("the learning rate is `training: {optimizer: {lr: ...}}`.")
+    # a misspelling of a field of this section is still a "did you mean"
+    assert hints["decoder.n_layer"].startswith("did you mean 'n_layers'? allowed: n_layers, ")

@@ -277,6 +277,10 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     # (text_field is in each JSON-lines document's digest: other files keep the key they had)
     corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths", "text_field"}),
                          text_field=spec.text_field)
+    if spec.max_mb is not None and (size := sum(path.stat().st_size for _, path in keyed)) > spec.max_mb * 1e6:
+        # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
+        corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {size / 1e6:.2g} MB of "
+                            f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]

@@ -155,7 +155,10 @@ class FilesDataSpec(Spec):
         description="Fraction of files (of documents, in a .jsonl file) held out for validation, chosen by a hash "
         "of the path (and line).",
     )
-    max_mb: PositiveFloat | None = Field(None, description="Use at most this many MB of files.")
+    max_mb: PositiveFloat | None = Field(
+        None, description="Use at most this many MB of files: whole files, chosen by a hash of the path; one file "
+        "larger than the cap is read whole, and the run's data line says so.",
+    )
     text_field: str = Field(
         "text", min_length=1, description="The field of each line of a .jsonl file that holds its document's text."
     )

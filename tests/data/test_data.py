@@ -104,6 +104,17 @@ def test_a_relative_data_path_not_found_names_the_working_directory(
         file_tokenizer(FileTokenizerSpec(path="tok.json"))
 
 
+def test_a_max_mb_below_the_one_file_read_is_said(tmp_path: Path) -> None:
+    # the cap keeps or leaves out whole files and keeps one: a single 5 kB file under
+    # max_mb=0.001 is read whole, and the data line says so instead of ignoring the cap
+    (tmp_path / "input.txt").write_text("hello world, again\n" * 263)  # 4,997 bytes
+    capped = files_corpus(FilesDataSpec(paths=(str(tmp_path / "input.txt"),), max_mb=0.001))
+    assert capped.n_bytes == 4997
+    assert capped.notes == ["training.data.max_mb=0.001 is below the 0.005 MB of input.txt, read whole "
+                            "(the cap keeps or leaves out whole files)"]
+    assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "input.txt"),), max_mb=1.0)).notes == []
+
+
 def test_files_split_does_not_move_when_other_paths_are_added(tmp_path: Path) -> None:
     # keys are relative to the pattern that found each file, not to a root of all files
     (tmp_path / "corpus" / "sub").mkdir(parents=True)

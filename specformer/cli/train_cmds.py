@@ -651,6 +651,11 @@ def fill_mask_cmd(
         if limit is not None and len(ids) > limit:
             raise _fail(f"the text is {len(ids)} tokens long and the model reads at most {limit} "
                         f"(its learned position table); shorten the text around the <mask>")
+        if limit is None and len(ids) > spec.max_seq_len:
+            print_error(f"the text is {len(ids)} tokens, longer than max_seq_len={spec.max_seq_len}: the encoder "
+                        f"reads all of them ({spec.positional.type} positions reach past it), but the model was "
+                        f"built for {spec.max_seq_len} tokens and trained on blocks of training.seq_len="
+                        f"{spec.training.seq_len or spec.max_seq_len}", label="[yellow]warning:[/]")
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]  # (T, V)
         # ids past the tokenizer's (a BPE that ended below vocab_size) have no text: never candidates

@@ -151,6 +151,17 @@ def test_a_prompt_longer_than_max_seq_len_is_said(tiny: Any, tmp_path: Path) -> 
     assert long.stderr.startswith("warning: the prompt is 9")  # the task tokenizer frames the 90 letters
     assert ("longer than max_seq_len=64: the encoder reads all of them (t5 positions reach past it), but the model "
             "was built for 64 tokens and trained on sources cut to training.seq_len=32") in long.stderr
+    # fill-mask with an encoder of rotary positions: the same
+    spec = {**tiny("encoder", max_steps=1, val_interval=1, val_batches=1), "positional": {"type": "rope"}}
+    _train([str(_write(tmp_path, spec, "enc.yaml"))])
+    enc = _checkpoint(tmp_path, "tiny-encoder")
+    long = runner.invoke(app, ["fill-mask", str(enc), "x" * 100 + " <mask>"], env={"COLUMNS": "300"})
+    assert long.exit_code == 0, long.output
+    assert long.stderr == ("warning: the text is 102 tokens, longer than max_seq_len=64: the encoder reads all of "
+                           "them (rope positions reach past it), but the model was built for 64 tokens and trained "
+                           "on blocks of training.seq_len=32\n")
+    short = runner.invoke(app, ["fill-mask", str(enc), "x <mask>"])
+    assert short.exit_code == 0 and "warning" not in short.stderr
 
 
 def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) -> None:

@@ -238,7 +238,12 @@ def _summary_table(result: Any) -> Table:
         table.add_row("unigram baseline", _fmt(result.unigram_loss) + better)
     if result.exact_match is not None:
         table.add_row("exact match", f"{100 * result.exact_match:.1f}% of held-out examples")
-    table.add_row("tokens", format_count(result.tokens))
+    tokens = format_count(result.tokens)
+    if result.resumed_from:
+        # the tokens since step 0; tokens/s is this run's own, over the steps it trained
+        this_run = round(result.tokens_per_second * result.train_seconds)
+        tokens += f"  ({format_count(this_run)} in this run, which tokens/s counts)"
+    table.add_row("tokens", tokens)
     table.add_row("tokens/s", format_count(result.tokens_per_second))
     table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)})")
     return table

@@ -671,3 +671,28 @@ def test_a_training_split_smaller_than_one_batch_is_pointed_out(tiny: Any, tmp_p
     assert "sequences of seq_len tokens, fewer than one batch (training.batch_size=8)" in result.stderr
     plenty = _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2), "plenty.yaml"))])
     assert "fewer than one batch" not in plenty.stderr
+
+
+def test_a_resumed_runs_summary_says_which_tokens_its_rate_counts() -> None:
+    from rich.console import Console
+
+    from specformer.cli.train_cmds import _summary_table
+    from specformer.training.run import TrainResult
+
+    # resumed at step 30 of a run of 512 tokens a step, trained to step 50 in 8 s: 25.6k
+    # tokens since step 0, of which this run's 10.2k make its 1.28k tokens/s
+    result = TrainResult(spec_name="m", run_dir="r", checkpoint=None, steps=50, train_loss=1.0, val_loss=1.0,
+                         val_ppl=2.7, unigram_loss=None, exact_match=None, tokens=25_600,
+                         tokens_per_second=10_240 / 8.0, train_seconds=8.0, wall_seconds=9.0, data="d",
+                         resumed_from="old/last.ckpt")
+
+    def rows(result: TrainResult) -> str:
+        console = Console(width=200, record=True)
+        console.print(_summary_table(result))
+        return console.export_text()
+
+    text = rows(result)
+    assert "│ tokens         │ 25.6k  (10.2k in this run, which tokens/s counts)" in text
+    assert "│ tokens/s       │ 1.28k" in text
+    result.resumed_from = None
+    assert "in this run" not in rows(result)

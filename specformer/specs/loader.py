@@ -63,6 +63,12 @@ TYPE_HINTS = {
     "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
     "swish": "Swish (SiLU) is `activation: silu`",
     "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",
+    "mlm": "masked language modelling is `masked_lm`",
+    "clm": "causal language modelling is `causal_lm`",
+    "bert": "a BERT-like model is `kind: encoder`",
+    "gpt": "a GPT-like model is `kind: decoder`",
+    "llama": "a Llama-like model is `kind: decoder`",
+    "seq2seq": "a sequence-to-sequence model is `kind: encoder-decoder`",
 }
 
 # Field names from Hugging Face configs, nanoGPT, LitGPT and PyTorch: (the field here, where it
@@ -924,9 +930,9 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
                      f"write {{type: {example}}}; allowed types: {', '.join(tags)}")]
         tag = ctx.get("tag", value.get("type"))
         hint_parts = []
-        known = isinstance(tag, str) and tag.lower() in TYPE_HINTS
+        known = _name_hint(tag, tags)
         if known:
-            hint_parts.append(TYPE_HINTS[tag.lower()] + ".")
+            hint_parts.append(known + ".")
         guess = did_you_mean(str(tag), tags) if tag is not None and not known else None
         if guess:
             hint_parts.append(f"did you mean {guess!r}?")
@@ -936,9 +942,9 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         choices = [c.strip().strip("'\"") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
-        if isinstance(value, str) and value.lower() in TYPE_HINTS:
+        if known := _name_hint(value, choices):
             # a name from another tool: say what it is here rather than the nearest spelling
-            return [(path, f"{value!r} is not allowed", f"{TYPE_HINTS[value.lower()]}. allowed: {', '.join(choices)}")]
+            return [(path, f"{value!r} is not allowed", f"{known}. allowed: {', '.join(choices)}")]
         guess = did_you_mean(str(value), choices) if isinstance(value, str) else None
         hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
         return [(path, f"{value!r} is not allowed", hint)]
@@ -953,6 +959,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if not isinstance(value, dict | list) and not (kind == "value_error" and " got " in message):
         message = f"{message}, got {value!r}"  # (a message of our own may say already what it got)
     return [(path, message, "")]
+
+
+def _name_hint(value: Any, choices: list[str]) -> str | None:
+    """What another tool's name ``value`` is called here, if that is one of ``choices`` (the
+    hint for `mlm` as an objective, not as a positional type)."""
+    hint = TYPE_HINTS.get(value.lower()) if isinstance(value, str) else None
+    target = re.search(r"`(?:\w+: )?([\w-]+)`", hint) if hint else None
+    return hint if target is not None and target.group(1) in choices else None
 
 
 def _split(field: str) -> list[str | int]:

@@ -507,3 +507,19 @@ def test_field_names_from_other_tools_say_where_the_field_is_written(tmp_path):
     assert hints["training.lr"].startswith("the learning rate is `training: {optimizer: {lr: ...}}`.")
     # a misspelling of a field of this section is still a "did you mean"
     assert hints["decoder.n_layer"].startswith("did you mean 'n_layers'? allowed: n_layers, ")
+
+
+def test_names_from_other_tools_are_explained_where_they_apply():
+    def hint(override):
+        with pytest.raises(SpecError) as info:
+            load_spec("gpt-nano", overrides=[override])
+        (problem,) = info.value.problems
+        return problem.hint
+
+    assert hint("kind=gpt") == "a GPT-like model is `kind: decoder`. allowed: encoder, decoder, encoder-decoder"
+    assert hint("kind=bert").startswith("a BERT-like model is `kind: encoder`.")
+    assert hint("training.objective.type=mlm") == (
+        "masked language modelling is `masked_lm`. allowed: causal_lm, masked_lm, seq2seq")
+    # a hint whose name is not among this field's choices is not given: `bert` is no positional type
+    assert hint("positional.type=bert") == "allowed: sinusoidal, learned, rope, alibi, t5, none"
+    assert hint("decoder.ffn.type=swiglu").startswith("SwiGLU is `type: glu` with `activation: silu`.")

@@ -81,7 +81,7 @@ _D_FF = ("d_ff", "the FFN's hidden size is `d_ff`, in a stack's ffn: `ffn: {d_ff
 _LENGTH = ("max_seq_len", "the longest sequence is `max_seq_len`, at the top level")
 _EPS = ("eps", "a norm's epsilon is set in a stack's norm: `norm: {eps: ...}`")
 FIELD_HINTS: dict[str, tuple[str, str]] = {
-    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "d_embed", "embed_dim", "dim", "model_dim"), _WIDTH),
+    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "d_embed", "embed_dim", "model_dim"), _WIDTH),
     **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), _LAYERS),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads"), _HEADS),
     **dict.fromkeys(("num_key_value_heads", "n_kv_head", "num_kv_heads", "n_query_groups", "n_kv_heads"), _KV_HEADS),

@@ -678,9 +678,12 @@ class ModelSpec(Spec):
                 if isinstance(pos, RopeSpec) and not cross:
                     rot = int(att.head_dim * pos.fraction)
                     if rot % 2 or rot == 0:
+                        # a head_dim the widths give is named with them: the user wrote those
+                        of = (f" (d_model={self.d_model} / n_heads={att.n_heads})"
+                              if att.head_dim * att.n_heads == self.d_model else "")
                         yield (
                             "positional.fraction",
-                            f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim} "
+                            f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim}{of} "
                             f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
                         )
             # positions built once per stack, for the stack's own attention sizes

@@ -523,3 +523,17 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     # a hint whose name is not among this field's choices is not given: `bert` is no positional type
     assert hint("positional.type=bert") == "allowed: sinusoidal, learned, rope, alibi, t5, none"
     assert hint("decoder.ffn.type=swiglu").startswith("SwiGLU is `type: glu` with `activation: silu`.")
+
+
+def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["positional={type: rope}", "d_model=60"])
+    (problem,) = info.value.problems
+    assert problem.path == "positional.fraction"
+    assert problem.message == ("rotary needs an even, non-zero rotated dimension; head_dim=15 (d_model=60 / "
+                               "n_heads=4) × fraction=1.0 gives 15")
+    # a head_dim written out is named alone
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["positional={type: rope}", "decoder.attention.head_dim=15"])
+    (problem,) = info.value.problems
+    assert problem.message == "rotary needs an even, non-zero rotated dimension; head_dim=15 × fraction=1.0 gives 15"

@@ -151,6 +151,11 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
                     f"{path} is a run folder with no checkpoint: the run stopped before its first one "
                     "(training.checkpoint_interval), so there is nothing to load or resume from"
                 )
+            runs = sorted(run.parent.parent for run in path.glob("*/checkpoints/last.ckpt"))
+            if runs:  # runs/<spec name>/, the folder of a spec's runs: name its latest
+                more = f" (and {len(runs) - 1} earlier)" if len(runs) > 1 else ""
+                raise CheckpointError(f"{path} holds the runs of a spec, not one run; its latest is {runs[-1]}{more}: "
+                                      "give that run folder or its checkpoints/last.ckpt")
             raise CheckpointError(f"{path} is a folder with no last.ckpt (expected a run folder or a .ckpt file)")
         path = candidate
     if path.suffix.lower() in (".yaml", ".yml"):

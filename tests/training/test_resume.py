@@ -239,6 +239,20 @@ def test_resuming_with_a_different_model_names_the_differences(tiny: Any, monkey
         train(other, resume=ckpt, progress=False)
 
 
+def test_the_folder_of_a_specs_runs_names_its_latest_run(tmp_path: Path) -> None:
+    # runs/<spec name>/ is one level above a run folder: the message names the run to give
+    for stamp in ("20250101-120000", "20250102-090000"):
+        (tmp_path / "runs" / "m" / stamp / "checkpoints").mkdir(parents=True)
+        (tmp_path / "runs" / "m" / stamp / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(tmp_path / "runs" / "m")
+    latest = tmp_path / "runs" / "m" / "20250102-090000"
+    assert str(err.value) == (f"{tmp_path / 'runs' / 'm'} holds the runs of a spec, not one run; its latest is "
+                              f"{latest} (and 1 earlier): give that run folder or its checkpoints/last.ckpt")
+    with pytest.raises(CheckpointError, match="is a folder with no last.ckpt"):
+        read_checkpoint(tmp_path)  # no run below it either
+
+
 def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() -> None:
     # a Llama-like checkpoint resumed with gpt-nano: 14 fields differ, among them the
     # positional type; the message lists 12 and names the rest, and a field only one of

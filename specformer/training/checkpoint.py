@@ -260,7 +260,8 @@ def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
             shown += f"\n  … and {len(rest)} more: {', '.join(rest)}"
         raise CheckpointError(
             f"{source}: the checkpoint was trained with a different model than this spec describes:\n  "
-            f"{shown}\nresume with the spec the checkpoint was written with (training settings may change)"
+            f"{shown}\nresume with the spec the checkpoint was written with (training settings may change): "
+            f"it is in the checkpoint, and `specformer train --resume {source}` with no SPEC uses it"
         )
 
 

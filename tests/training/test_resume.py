@@ -272,6 +272,8 @@ def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() 
     assert "decoder.norm.type: checkpoint 'rmsnorm', spec 'layernorm'" in message
     assert "norm.bias" not in message and "None" not in message
     assert "decoder.ffn.d_ff: checkpoint 192, spec 512" in message  # a field both types have still counts
+    assert message.endswith("resume with the spec the checkpoint was written with (training settings may change): "
+                            "it is in the checkpoint, and `specformer train --resume run.ckpt` with no SPEC uses it")
 
 
 def test_resuming_at_or_past_max_steps_says_nothing_is_left_to_train(

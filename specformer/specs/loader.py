@@ -69,6 +69,19 @@ TYPE_HINTS = {
     "gpt": "a GPT-like model is `kind: decoder`",
     "llama": "a Llama-like model is `kind: decoder`",
     "seq2seq": "a sequence-to-sequence model is `kind: encoder-decoder`",
+    # training.precision takes Lightning's names
+    **dict.fromkeys(
+        ("fp16", "float16", "half"),
+        "float16 mixed precision (float32 weights, float16 autocast: Hugging Face's fp16=True, "
+        "Lightning's 16-mixed) is `16-mixed`, on a GPU",
+    ),
+    **dict.fromkeys(
+        ("bfloat16",),
+        "bfloat16 mixed precision (float32 weights, bfloat16 autocast: Hugging Face's bf16=True) is "
+        "`bf16-mixed`; bfloat16 weights and optimizer state are `bf16-true`",
+    ),
+    **dict.fromkeys(("float32",), "float32 training is `32`"),
+    **dict.fromkeys(("float64", "fp64", "double", "64-true"), "float64 training is `64`"),
 }
 
 # Field names from Hugging Face configs, nanoGPT, LitGPT and PyTorch: (the field here, where it

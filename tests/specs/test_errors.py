@@ -537,3 +537,25 @@ def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():
         load_spec("gpt-nano", overrides=["positional={type: rope}", "decoder.attention.head_dim=15"])
     (problem,) = info.value.problems
     assert problem.message == "rotary needs an even, non-zero rotated dimension; head_dim=15 × fraction=1.0 gives 15"
+
+
+def test_precision_names_from_other_tools_say_lightnings_name():
+    def hint(value):
+        with pytest.raises(SpecError) as info:
+            load_spec("gpt-nano", overrides=[f"training.precision={value}"])
+        (problem,) = info.value.problems
+        assert problem.path == "training.precision"
+        return problem.hint
+
+    allowed = "allowed: 32, bf16-mixed, 16-mixed, bf16-true, 64"
+    # Hugging Face's fp16=True is mixed precision, Lightning's 16-mixed
+    for name in ("fp16", "float16", "half", "FP16"):
+        assert hint(name).startswith("float16 mixed precision (float32 weights, float16 autocast"), name
+        assert "is `16-mixed`, on a GPU." in hint(name) and hint(name).endswith(allowed)
+    assert "is `bf16-mixed`; bfloat16 weights and optimizer state are `bf16-true`." in hint("bfloat16")
+    assert hint("float32") == f"float32 training is `32`. {allowed}"
+    assert hint("fp64") == f"float64 training is `64`. {allowed}"
+    # the names a field takes stay plain "did you mean"s elsewhere: fp16 is no positional type
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["positional.type=fp16"])
+    assert "16-mixed" not in str(info.value)

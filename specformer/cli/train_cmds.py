@@ -184,15 +184,35 @@ def _with_training_file(data: dict[str, Any], positions: dict, training_file: st
     return data
 
 
-def _load_spec(source: str | dict[str, Any], training_file: str | None, overrides: list[str] | None) -> Any:
-    """A spec (preset, file, or the dict a checkpoint holds), then --training, then --set."""
+def _load_spec(
+    source: str | dict[str, Any], training_file: str | None, overrides: list[str] | None
+) -> tuple[Any, dict]:
+    """A spec (preset, file, or the dict a checkpoint holds), then --training, then --set;
+    with where each value was written (the file's line, or the --set that gave it)."""
     from specformer.specs.loader import apply_overrides, load_spec_data
 
     data, positions = load_spec_data(source)
     if training_file:
         data = _with_training_file(data, positions, training_file)
     data = apply_overrides(data, overrides or [], positions) if overrides else data
-    return _validate(data, positions)
+    return _validate(data, positions), positions
+
+
+def _placed(error: SpecError, positions: dict) -> SpecError:
+    """``error`` with each problem that names a field but no place placed where that field (or
+    the nearest section holding it) was written: the checks a run makes after validation
+    (a head no objective trains, a precision this machine cannot run) know the field only."""
+    from dataclasses import replace
+
+    from specformer.specs.loader import _nearest
+
+    problems = [
+        replace(p, position=_nearest(positions, [int(k) if k.isdigit() else k for k in p.path.split(".")]))
+        if p.position is None and p.path
+        else p
+        for p in error.problems
+    ]
+    return SpecError(problems)
 
 
 def _validate(data: dict[str, Any], positions: dict) -> Any:
@@ -333,14 +353,17 @@ def train_cmd(
             meta = read_checkpoint(resume).get("specformer")
             if not isinstance(meta, dict) or "spec" not in meta:
                 raise _fail(f"{resume}: not a specformer checkpoint (it has no spec)")
-            spec_obj = _load_spec(meta["spec"], training, set_)
+            spec_obj, positions = _load_spec(meta["spec"], training, set_)
         else:
-            spec_obj = _load_spec(spec, training, set_)
+            spec_obj, positions = _load_spec(spec, training, set_)
         from specformer.training.run import train
 
         if report:
             console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
-        result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console)
+        try:
+            result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console)
+        except SpecError as exc:
+            raise _placed(exc, positions) from None
     if report:
         _print_summary(result)
 

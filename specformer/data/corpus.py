@@ -17,6 +17,7 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specformer.data.cache import content_hash
 from specformer.specs.training import FilesDataSpec, HFDataSpec, StdlibDataSpec
@@ -366,6 +367,23 @@ def _names(keys: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
+def _hub_hint(exc: Exception, datasets: Any) -> str:
+    """What to do when the Hugging Face Hub could not be reached (``datasets`` raises a
+    ConnectionError, after minutes of retries without network), or "" for other errors."""
+    if not isinstance(exc, ConnectionError):
+        return ""
+    offline = getattr(datasets.config, "HF_HUB_OFFLINE", False) or any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+    local = "or give the dataset's local folder as training.data.name, or its text files with type: files"
+    if offline:
+        return (f"; it is not in the local Hugging Face cache, and HF_HUB_OFFLINE keeps it from being "
+                f"downloaded: download it on a machine with network (the same cache), {local}")
+    return (f"; without network, a dataset downloaded before is read from the local cache with "
+            f"HF_HUB_OFFLINE=1 (which also skips the retries), {local}")
+
+
 def hf_corpus(spec: HFDataSpec) -> Corpus:
     """A text dataset from the Hugging Face hub (or its local cache)."""
     try:
@@ -382,7 +400,9 @@ def hf_corpus(spec: HFDataSpec) -> Corpus:
         try:
             ds = datasets.load_dataset(spec.name, spec.config, split=split)
         except Exception as exc:  # datasets raises many kinds; say which dataset failed
-            raise DataError(f"could not load dataset {spec.name!r} split {split!r}: {exc}") from None
+            raise DataError(
+                f"could not load dataset {spec.name!r} split {split!r}: {exc}{_hub_hint(exc, datasets)}"
+            ) from None
         if spec.text_field not in ds.column_names:
             raise DataError(
                 f"dataset {spec.name!r} has no column {spec.text_field!r}; columns: {', '.join(ds.column_names)}"

@@ -784,6 +784,42 @@ def test_hugging_face_dataset_is_read_by_its_splits(offline_datasets, tmp_path: 
         hf_corpus(HFDataSpec(name=str(folder), val_split="test"))
 
 
+def test_a_hub_dataset_that_cannot_be_reached_says_what_to_do(
+    offline_datasets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specformer.data.corpus import hf_corpus
+    from specformer.specs.training import HFDataSpec
+
+    # offline, a dataset never downloaded: what datasets really raises
+    with pytest.raises(DataError) as info:
+        hf_corpus(HFDataSpec(name="someone/never-downloaded"))
+    text = str(info.value)
+    assert text.startswith("could not load dataset 'someone/never-downloaded' split 'train': Couldn't reach")
+    assert "it is not in the local Hugging Face cache, and HF_HUB_OFFLINE keeps it from being downloaded" in text
+    assert "or give the dataset's local folder as training.data.name, or its text files with type: files" in text
+
+    # online but no network: datasets retries, then raises the same ConnectionError
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(offline_datasets.config, "HF_HUB_OFFLINE", False)
+
+    def unreachable(name, *args, **kwargs):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(offline_datasets, "load_dataset", unreachable)
+    with pytest.raises(DataError, match=r"\(LocalEntryNotFoundError\); without network, a dataset downloaded "
+                                        r"before is read from the local cache with HF_HUB_OFFLINE=1"):
+        hf_corpus(HFDataSpec(name="someone/never-downloaded"))
+
+    # other errors get no network advice
+    def broken(name, *args, **kwargs):
+        raise ValueError("BuilderConfig 'x' not found")
+
+    monkeypatch.setattr(offline_datasets, "load_dataset", broken)
+    with pytest.raises(DataError) as info:
+        hf_corpus(HFDataSpec(name="someone/never-downloaded"))
+    assert str(info.value).endswith("BuilderConfig 'x' not found")
+
+
 def test_training_on_a_hugging_face_dataset(offline_datasets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specformer import load_spec
     from specformer.training.run import train

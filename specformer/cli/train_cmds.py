@@ -368,15 +368,39 @@ def train_cmd(
         _print_summary(result)
 
 
-def _load_checkpoint(path: str) -> Any:
-    from specformer.training.checkpoint import load_checkpoint
+def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:
+    """A checkpoint or run folder, or a ``.safetensors`` file of weights with ``--spec``."""
+    from specformer.training.checkpoint import load_checkpoint, load_weights_file
 
+    if Path(path).suffix.lower() == ".safetensors":
+        if spec_source is None:
+            raise _fail(f"{path} holds weights only; give their spec with --spec SPEC",
+                        "e.g. the spec and weights import-hf wrote: --spec my.yaml")
+        from specformer.cli.spec_cmds import load_or_exit
+
+        loaded = load_weights_file(path, load_or_exit(spec_source))
+        if loaded.tokenizer is None:
+            settings = loaded.spec.training.tokenizer
+            raise _fail(
+                f"{path}: no tokenizer for these weights: the spec's training.tokenizer is "
+                f"{settings.type if settings else 'unset'}, a tokenizer it would train, not the one the weights' "
+                "token ids belong to", "give the model's own: --spec with training.tokenizer: "
+                "{type: file, path: path/to/tokenizer.json} (import-hf writes it so)")
+        return loaded
+    if spec_source is not None:
+        raise _fail(f"--spec is for a .safetensors file of weights; {path} is a checkpoint, which carries its own spec")
     return load_checkpoint(path)
+
+
+SpecOfWeights = Annotated[
+    str | None,
+    typer.Option("--spec", help="The spec of a .safetensors CHECKPOINT (weights only, as import-hf --weights writes them): a preset name or YAML path."),
+]
 
 
 @app.command("generate")
 def generate_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or a run folder.")],
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate at most.")] = 100,
     temperature: Annotated[
@@ -389,6 +413,7 @@ def generate_cmd(
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
+    spec_source: SpecOfWeights = None,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
 
@@ -403,6 +428,7 @@ def generate_cmd(
     specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def" --max-new-tokens 100
     specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
+    specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
     ```
     """
     with _starting():
@@ -412,7 +438,7 @@ def generate_cmd(
         from specformer.training.generate import _heals, encode_prompt, generate, generate_seq2seq
 
     with _errors_for_people(stopped="; nothing more is generated"):
-        loaded = _load_checkpoint(checkpoint)
+        loaded = _load_checkpoint(checkpoint, spec_source)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if tok is None:
             raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
@@ -544,9 +570,10 @@ def _escape(text: str) -> str:
 
 @app.command("eval")
 def eval_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or a run folder.")],
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     set_: SetOption = None,
     batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always uses its whole held-out set.")] = None,
+    spec_source: SpecOfWeights = None,
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence) on the validation split.
 
@@ -557,6 +584,7 @@ def eval_cmd(
     ```
     specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
     specformer eval CKPT --batches 50
+    specformer eval my.safetensors --spec my.yaml --set 'training.data={type: files, paths: [my_texts/]}'
     ```
     """
     with _starting():
@@ -574,7 +602,7 @@ def eval_cmd(
         )
 
     with _errors_for_people(stopped=" before any batch was evaluated"):
-        loaded = _load_checkpoint(checkpoint)
+        loaded = _load_checkpoint(checkpoint, spec_source)
         overrides = list(set_ or [])
         model_fields = [o.partition("=")[0] for o in overrides if not o.partition("=")[0].strip().startswith("training.")]
         if model_fields:
@@ -646,9 +674,10 @@ def _precision(precision: str) -> str:
 
 @app.command("fill-mask")
 def fill_mask_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint of an encoder (masked LM).")],
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint of an encoder (masked LM), or a .safetensors file of its weights with --spec.")],
     text: Annotated[str, typer.Argument(help="Text with one or more `<mask>` (or `[MASK]`) placeholders.")],
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Candidates shown per mask.")] = 5,
+    spec_source: SpecOfWeights = None,
 ) -> None:
     """Predict the tokens behind `<mask>` placeholders with a masked-LM encoder.
 
@@ -657,13 +686,14 @@ def fill_mask_cmd(
     ```
     specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"
     specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10
+    specformer fill-mask my.safetensors --spec my.yaml "Paris is the <mask> of France."
     ```
     """
     with _starting():
         import torch
 
     with _errors_for_people(stopped="; nothing was predicted"):
-        loaded = _load_checkpoint(checkpoint)
+        loaded = _load_checkpoint(checkpoint, spec_source)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if spec.kind != "encoder":
             raise _fail(f"fill-mask needs an encoder (masked LM); this checkpoint is {'an' if spec.kind.startswith('e') else 'a'} {spec.kind}; use `specformer generate`")

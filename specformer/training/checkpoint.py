@@ -311,6 +311,30 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=int(raw.get("global_step", 0)), path=path, raw=raw)
 
 
+def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoint:
+    """The model of ``spec`` with the weights of a ``.safetensors`` file (what ``import-hf
+    --weights`` writes), as :func:`load_checkpoint` rebuilds a checkpoint's: an imported
+    model generates, evaluates and fills masks before any training. Its tokenizer is the
+    spec's ``training.tokenizer`` when that is a ``tokenizer.json`` (``type: file``, as
+    ``import-hf`` writes it), else the one ``import-hf`` recorded in the file's header,
+    else None (a tokenizer the spec would train has none of the weights' ids)."""
+    from specformer.builder import build_model
+    from specformer.data.tokenizers import file_tokenizer
+    from specformer.specs.training import FileTokenizerSpec
+
+    path = Path(path)
+    weights, _, _ = read_weights_and_tokenizer(path)
+    model = build_model(spec)
+    load_weights(model, weights, source=str(path))
+    model.eval()
+    settings = spec.training.tokenizer
+    if settings is None or settings.type != "file":
+        recorded = weights_origin(path).get("specformer.tokenizer")
+        settings = FileTokenizerSpec(type="file", path=recorded) if recorded else None
+    tokenizer = file_tokenizer(settings) if settings is not None else None
+    return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=0, path=path, raw={})
+
+
 def _model_weights(raw: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
     """The model's weights in a Lightning checkpoint, without the module's ``model.`` prefix."""
     state = raw.get("state_dict")

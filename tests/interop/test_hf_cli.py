@@ -437,3 +437,45 @@ def test_import_of_a_model_without_tokenizer_json_warns_that_the_spec_trains_ano
     assert load_spec(out).training.tokenizer.type == "bpe"
     assert result.stderr.startswith("warning: ")
     assert f"{folder} has no tokenizer.json" in result.stderr and "training.tokenizer" in result.stderr
+
+
+def test_imported_weights_evaluate_and_generate_with_spec_before_any_training(tmp_path, monkeypatch) -> None:
+    # import-hf's weights + spec are a model already: eval reads them as a checkpoint of
+    # the same weights would be read, with the model's own tokenizer the spec names
+    from specformer.data.tokenizers import file_tokenizer
+    from specformer.training.checkpoint import FORMAT_VERSION
+
+    monkeypatch.chdir(tmp_path)
+    folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=True)
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "w.safetensors"
+    assert runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)]).exit_code == 0
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("the model is here and the model is there\n" * 40)
+    data = ["--set", "training.data={type: files, paths: [texts/]}", "--set", "training.seq_len=16", "--batches", "2"]
+    spec = load_spec(spec_path)
+    ckpt = tmp_path / "same.ckpt"
+    torch.save({"specformer": {"format": FORMAT_VERSION, "spec": spec.to_dict(),
+                               "tokenizer": file_tokenizer(spec.training.tokenizer).state()},
+                "state_dict": {f"model.{k}": v for k, v in load_file(str(weights)).items()}, "global_step": 0}, ckpt)
+
+    def val_loss(*source: str) -> str:
+        result = runner.invoke(app, ["eval", *source, *data], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.stdout.splitlines() if "val loss" in line).split()[-2]
+
+    assert val_loss(str(weights), "--spec", str(spec_path)) == val_loss(str(ckpt))
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "-p", "the", "-n", "3", "--greedy"])
+    assert result.exit_code == 0 and result.stdout.startswith("the"), result.output
+
+
+def test_weights_without_their_spec_or_tokenizer_are_clean_errors(tmp_path) -> None:
+    folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=False)
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "w.safetensors"
+    assert runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)]).exit_code == 0
+    result = runner.invoke(app, ["generate", str(weights), "-p", "x"])
+    _clean_error(result, "holds weights only", "--spec SPEC")
+    # the spec trains a BPE: its ids are not the weights', so nothing is generated from them
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "-p", "x"])
+    _clean_error(result, "no tokenizer for these weights", "training.tokenizer is bpe", "{type: file, path:")
+    result = runner.invoke(app, ["fill-mask", str(weights), "--spec", "gpt-nano", "a <mask>"])
+    _clean_error(result, "the weights do not fit the model")

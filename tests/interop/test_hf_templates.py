@@ -111,9 +111,19 @@ def _imported_checkpoint(folder: Path, tmp_path: Path) -> Path:
     return ckpt
 
 
-def test_generate_of_an_imported_llama_starts_from_its_bos_as_transformers_does(tmp_path: Path, monkeypatch) -> None:
-    folder, hf = _llama_folder(tmp_path)
+def _imported_source(folder: Path, tmp_path: Path, source: str) -> list[str]:
+    """The command-line source of an imported model: a checkpoint, or the weights
+    ``import-hf`` wrote with ``--spec`` the spec it wrote (no training in between)."""
     ckpt = _imported_checkpoint(folder, tmp_path)
+    return [str(ckpt)] if source == "checkpoint" else [str(tmp_path / "my.safetensors"), "--spec", str(tmp_path / "my.yaml")]
+
+
+@pytest.mark.parametrize("source", ["checkpoint", "weights"])
+def test_generate_of_an_imported_llama_starts_from_its_bos_as_transformers_does(
+    tmp_path: Path, monkeypatch, source: str
+) -> None:
+    folder, hf = _llama_folder(tmp_path)
+    args = _imported_source(folder, tmp_path, source)
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     prompt, n = "The model is", 12
     inputs = hf_tok(prompt, return_tensors="pt")
@@ -130,7 +140,7 @@ def test_generate_of_an_imported_llama_starts_from_its_bos_as_transformers_does(
         return out
 
     monkeypatch.setattr(gen, "generate", recording)
-    result = runner.invoke(app, ["generate", str(ckpt), "--prompt", prompt, "-n", str(n), "--greedy"])
+    result = runner.invoke(app, ["generate", *args, "--prompt", prompt, "-n", str(n), "--greedy"])
     assert result.exit_code == 0, result.output
     assert seen["out"] == theirs  # token for token, <s> included
     # the text shown is the prompt and what follows it, without the template's <s>
@@ -158,9 +168,10 @@ def _imported_checkpoint_spec(folder: Path, tmp_path: Path) -> Path:
     return spec_path
 
 
-def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["checkpoint", "weights"])
+def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tmp_path: Path, source: str) -> None:
     folder, hf = _bert_folder(tmp_path)
-    ckpt = _imported_checkpoint(folder, tmp_path)
+    args = _imported_source(folder, tmp_path, source)
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     text = "the model is [MASK] and the model is there."
     inputs = hf_tok(text, return_tensors="pt")
@@ -170,7 +181,7 @@ def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tm
     at = inputs.input_ids[0].tolist().index(hf_tok.mask_token_id)
     best = logits[at].softmax(-1).topk(3)
 
-    result = runner.invoke(app, ["fill-mask", str(ckpt), text, "-k", "3"], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["fill-mask", *args, text, "-k", "3"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     rows = re.findall(r"│\s+(\d)\s+│\s+(\S+)\s+│\s+([\d.]+)\s+│", result.stdout)
     expected = [(str(r), repr(hf_tok.decode([i])), f"{p:.3f}")

@@ -89,8 +89,8 @@ def import_hf_cmd(
 
     The spec trains with the model's own tokenizer.json (its training.tokenizer names
     the file), which the weights' token ids belong to. An encoder-decoder's also names
-    the token its decoder starts from (training.objective.decoder_start: T5's <pad>,
-    BART's </s>), so it fine-tunes on your pairs as transformers does:
+    the token its decoder starts from (`training.objective.decoder_start`: T5's `<pad>`,
+    BART's `</s>`), so it fine-tunes on your pairs as transformers does:
 
     ```
     specformer train my.yaml --init-from my.safetensors --set 'training.data={type: pairs, paths: [pairs.jsonl]}'

@@ -259,3 +259,18 @@ def test_a_dash_reads_the_spec_from_standard_input():
     run = subprocess.run([sys.executable, "-m", "specformer", "validate", "-"], input="extends: gpt-nano\nd_model: 6x\n",
                          capture_output=True, text=True)
     assert run.returncode == 1 and "/dev/stdin:2:1: d_model: input should be a valid integer" in run.stderr
+
+
+def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():
+    # the help is rendered as markdown, which drops a bare <pad> or </s> as an HTML tag
+    import re
+
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        tokens = set(re.findall(r"</?[\w|-]+>", command.help or ""))
+        result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "250"})
+        shown = " ".join(result.stdout.split())
+        missing = sorted(t for t in tokens if t not in shown)
+        assert not missing, f"{name} --help drops {missing}"

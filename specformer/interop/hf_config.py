@@ -594,7 +594,16 @@ def read_hf_config(source: Any) -> dict[str, Any]:
         raise HFConversionError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     if not isinstance(data, dict):
         raise HFConversionError(f"{path}: a config.json holds a JSON object, found {type(data).__name__}")
+    if "model_type" not in data:
+        raise _no_model_type(str(path))
     return data
+
+
+def _no_model_type(where: str) -> HFConversionError:
+    return HFConversionError(
+        f"{where} has no model_type, so it is not a Hugging Face transformers config (another library's?); "
+        f"specformer reads a transformers config.json whose model_type is one of: {', '.join(SUPPORTED_MODEL_TYPES)}"
+    )
 
 
 def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
@@ -607,11 +616,11 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
     """
     data = read_hf_config(config)
     model_type = data.get("model_type")
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type is None:
-        raise HFConversionError("the config has no model_type; is it a Hugging Face config.json?")
+        raise _no_model_type("the config")
     importer = _IMPORTERS.get(model_type)
     if importer is None:
-        supported = ", ".join(SUPPORTED_MODEL_TYPES)
         if model_type in _NEAR_MISSES:
             raise HFConversionError(
                 f"model_type {model_type!r} needs {_NEAR_MISSES[model_type]}, which specformer "

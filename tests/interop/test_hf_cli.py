@@ -162,6 +162,9 @@ def _hf_folder(tmp_path) -> str:
         ("no_config", ["empty/config.json", "no such file"]),
         ("bad_json", ["bad.json:1:2", "not valid JSON"]),
         ("json_list", ["list.json", "a config.json holds a JSON object, found list"]),
+        # another library's config.json (timm's): the file, and the model types that import
+        ("other_library", ["timm/config.json has no model_type", "not a Hugging Face transformers config",
+                           "one of: gpt2, bert, roberta, t5, bart, llama, mistral, gpt_neox"]),
     ],
 )
 def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make: str, words: list[str]) -> None:
@@ -171,6 +174,7 @@ def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make
         "no_config": tmp_path / "empty",
         "bad_json": tmp_path / "bad.json",
         "json_list": tmp_path / "list.json",
+        "other_library": tmp_path / "timm",
     }[make]
     if make == "binary":  # a checkpoint given by mistake: not UTF-8 (0xff never starts a character)
         source.write_bytes(b"\xff\xfe\x80" + bytes(range(256)) * 2)
@@ -180,6 +184,9 @@ def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make
         source.write_text("{model_type: gpt2}")
     elif make == "json_list":
         source.write_text("[1, 2]")
+    elif make == "other_library":
+        source.mkdir()
+        (source / "config.json").write_text(json.dumps({"architecture": "resnet50", "num_classes": 1000}))
     out = tmp_path / "out" / "x.yaml"
     _clean_error(runner.invoke(app, ["import-hf", str(source), "-o", str(out)]), *words)
     assert not out.exists() and not out.parent.exists()

@@ -185,7 +185,8 @@ def export_hf_cmd(
     that the family cannot express are reported and left out (they do not change a
     trained model's outputs). A checkpoint's tokenizer is written too (tokenizer.json,
     for `AutoTokenizer.from_pretrained(OUTPUT)`) and gives config.json its bos/eos/pad
-    token ids; without one they are null.
+    token ids, as is the tokenizer.json that the --spec of weights names (import-hf's
+    spec names the model's own); without one they are null.
 
     Examples:
 
@@ -221,7 +222,9 @@ def export_hf_cmd(
         f".from_pretrained({escape(repr(str(output)))})"
     )
     if tokenizer is None:
-        _say("  no tokenizer (the source carries none): bos/eos/pad token ids are null in config.json")
+        why = ("the spec's training.tokenizer is not a tokenizer.json" if source.suffix == ".safetensors"
+               else "the source carries none")
+        _say(f"  no tokenizer ({why}): bos/eos/pad token ids are null in config.json")
         # an earlier export's tokenizer files, which AutoTokenizer would still load beside these weights
         stale = [name for name in ("tokenizer.json", "tokenizer_config.json") if (output / name).is_file()]
         if stale:
@@ -276,11 +279,18 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        from specformer.data.corpus import DataError
+        from specformer.training.checkpoint import weights_tokenizer
+
         spec = load_or_exit(spec_source)
         try:
-            return spec, load_file(str(source)), None
+            state = load_file(str(source))
         except (SafetensorError, OSError) as exc:
             raise _fail(f"{source}: not a readable safetensors file ({exc})") from None
+        try:  # the spec's tokenizer.json (import-hf writes it so): the one the weights' ids belong to
+            return spec, state, weights_tokenizer(source, spec)
+        except DataError as exc:
+            raise _fail(f"--spec {spec_source}: {exc}") from None
     from specformer.specs.errors import SpecError
     from specformer.specs.loader import load_spec
     from specformer.training.checkpoint import CheckpointError, read_checkpoint

@@ -319,20 +319,27 @@ def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoi
     ``import-hf`` writes it), else the one ``import-hf`` recorded in the file's header,
     else None (a tokenizer the spec would train has none of the weights' ids)."""
     from specformer.builder import build_model
-    from specformer.data.tokenizers import file_tokenizer
-    from specformer.specs.training import FileTokenizerSpec
 
     path = Path(path)
     weights, _, _ = read_weights_and_tokenizer(path)
     model = build_model(spec)
     load_weights(model, weights, source=str(path))
     model.eval()
+    return LoadedCheckpoint(spec=spec, model=model, tokenizer=weights_tokenizer(path, spec), step=0, path=path, raw={})
+
+
+def weights_tokenizer(path: str | os.PathLike[str], spec: Any) -> Any:
+    """The tokenizer of a ``.safetensors`` file's weights: the spec's ``training.tokenizer``
+    when it is a ``tokenizer.json`` (``type: file``), else the one ``import-hf`` recorded
+    in the file's header, else None."""
+    from specformer.data.tokenizers import file_tokenizer
+    from specformer.specs.training import FileTokenizerSpec
+
     settings = spec.training.tokenizer
     if settings is None or settings.type != "file":
         recorded = weights_origin(path).get("specformer.tokenizer")
         settings = FileTokenizerSpec(type="file", path=recorded) if recorded else None
-    tokenizer = file_tokenizer(settings) if settings is not None else None
-    return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=0, path=path, raw={})
+    return file_tokenizer(settings) if settings is not None else None
 
 
 def _model_weights(raw: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:

@@ -486,3 +486,34 @@ def test_weights_without_their_spec_or_tokenizer_are_clean_errors(tmp_path) -> N
     _clean_error(result, "no tokenizer for these weights", "training.tokenizer is bpe", "{type: file, path:")
     result = runner.invoke(app, ["fill-mask", str(weights), "--spec", "gpt-nano", "a <mask>"])
     _clean_error(result, "the weights do not fit the model")
+
+
+def test_imported_weights_export_again_with_the_models_tokenizer(tmp_path) -> None:
+    # import-hf's spec names the model's tokenizer.json: export-hf of the weights with that
+    # spec writes it beside them, with its bos/eos/pad ids, as the source folder had them
+    folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=True)
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "w.safetensors"
+    assert runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)]).exit_code == 0
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(out)],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "config.json + model.safetensors + tokenizer.json" in result.stdout
+    source, written = json.loads((folder / "config.json").read_text()), json.loads((out / "config.json").read_text())
+    ids = ("eos_token_id", "pad_token_id")
+    assert [written[k] for k in ids] == [source[k] for k in ids] == [256, 257]
+    assert written["bos_token_id"] == 256  # <|endoftext|> starts a text too, as GPT-2's 50256 does
+    assert json.loads((out / "tokenizer.json").read_text())["model"] == json.loads(
+        (folder / "tokenizer.json").read_text())["model"]
+    # a spec that trains a BPE: the tokenizer import-hf recorded in the weights' header
+    spec = load_spec(spec_path, ["training.tokenizer={type: bpe}"])
+    (tmp_path / "bpe.yaml").write_text(spec.to_yaml())
+    args = ["export-hf", str(weights), "--spec", str(tmp_path / "bpe.yaml"), "-o"]
+    result = runner.invoke(app, [*args, str(tmp_path / "out2")], env={"COLUMNS": "250"})
+    assert result.exit_code == 0 and "+ tokenizer.json" in result.stdout, result.output
+    # ... and weights without that header: no tokenizer, null ids
+    save_file(load_file(str(weights)), str(weights))
+    result = runner.invoke(app, [*args, str(tmp_path / "out3")], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "no tokenizer (the spec's training.tokenizer is not a tokenizer.json)" in result.stdout
+    assert json.loads((tmp_path / "out3" / "config.json").read_text())["eos_token_id"] is None

@@ -441,18 +441,20 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
 }
 
-# Why transformers' other task classes are refused, by class-name suffix
-_OTHER_HEADS: tuple[tuple[str, str], ...] = (
-    ("ForTokenClassification", "specformer has no token-classification head"),
-    ("ForQuestionAnswering", "specformer has no question-answering head"),
-    ("ForMultipleChoice", "specformer has no multiple-choice head"),
-    ("ForNextSentencePrediction", "specformer has no next-sentence-prediction head"),
-    ("DoubleHeadsModel", "specformer has no multiple-choice head (this class has one beside its LM head)"),
-    ("EncoderModel", "it is the encoder alone, and specformer imports {family} as the encoder-decoder "
-                     "with its LM head"),
-    ("ForCausalLM", "it is a causal language model, and specformer imports {family} as a masked-LM encoder"),
-    ("LMHeadModel", "it is a causal language model, and specformer imports {family} as a masked-LM encoder"),
-    ("ForMaskedLM", "specformer imports {family} with a language-model head, not a masked-LM one"),
+# Why transformers' other task classes are refused, by class-name suffix and the family's
+# kind (None: any kind); a decoder family's unknown *ForCausalLM is another model's class
+_OTHER_HEADS: tuple[tuple[str, str | None, str], ...] = (
+    ("ForTokenClassification", None, "specformer has no token-classification head"),
+    ("ForQuestionAnswering", None, "specformer has no question-answering head"),
+    ("ForMultipleChoice", None, "specformer has no multiple-choice head"),
+    ("ForNextSentencePrediction", None, "specformer has no next-sentence-prediction head"),
+    ("DoubleHeadsModel", None, "specformer has no multiple-choice head (this class has one beside its LM head)"),
+    ("EncoderModel", "encoder-decoder", "it is the encoder alone, and specformer imports {family} as the "
+                                        "encoder-decoder with its LM head"),
+    ("ForCausalLM", "encoder", "it is a causal language model, and specformer imports {family} as a masked-LM encoder"),
+    ("LMHeadModel", "encoder", "it is a causal language model, and specformer imports {family} as a masked-LM encoder"),
+    ("ForMaskedLM", "decoder", "specformer imports {family} with a language-model head, not a masked-LM one"),
+    ("ForMaskedLM", "encoder-decoder", "specformer imports {family} with a language-model head, not a masked-LM one"),
 )
 
 # Why a decoder's or an encoder-decoder's *ForSequenceClassification is not specformer's
@@ -482,8 +484,10 @@ def _head_from_architectures(c: _Config, raw: dict[str, Any]) -> dict[str, Any]:
     supported = ", ".join(n for n, h in known.items() if h != "base" or weightless)
     listed = f"architectures {names}"
     heads = []
+    by_lower = {n.lower(): h for n, h in known.items()}
     for name in names:
-        head = known.get(name)
+        # early Llama conversions name the class LLaMAForCausalLM: the same class to transformers
+        head = known.get(name, by_lower.get(name.lower()))
         if head is None:
             raise _unsupported_class(c.family, raw["kind"], name, listed, supported)
         if head == "base" and not weightless:
@@ -509,7 +513,7 @@ def _unsupported_class(family: str, kind: str, name: str, listed: str, supported
         return HFConversionError(
             f"{listed}: {name} is not specformer's classification head: {_CLASSIFIER_MISMATCH[kind]}{tail}"
         )
-    why = next((w for suffix, w in _OTHER_HEADS if name.endswith(suffix)), None)
+    why = next((w for suffix, kinds, w in _OTHER_HEADS if name.endswith(suffix) and kinds in (None, kind)), None)
     if why is None:
         return HFConversionError(
             f"{listed}: {name} is not a {family} class specformer knows the head of{tail} (a config "

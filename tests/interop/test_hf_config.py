@@ -354,6 +354,7 @@ def _with(config: dict[str, Any], *architectures: str, **extra: Any) -> dict[str
         (_with(_TINY_BERT, "BertForMaskedLM"), "mlm"),
         (_with(_TINY_BERT, "BertForPreTraining"), "mlm"),  # + next-sentence prediction, left out
         (_with(_TINY_GPT2, "GPT2LMHeadModel"), "lm"),
+        (_with(_TINY_LLAMA, "LLaMAForCausalLM"), "lm"),  # the class name of early Llama conversions
         # bare models whose LM head is the tied token embeddings: the checkpoint has every weight
         (_with(_TINY_GPT2, "GPT2Model"), "lm"),
         (_with(_TINY_LLAMA, "LlamaModel", tie_word_embeddings=True), "lm"),
@@ -425,6 +426,9 @@ def test_classification_labels_name_each_class_once(labels: list[str], words: st
                                             "lm_head.weight", "llama architectures: LlamaForCausalLM"]),
         (_with(OTHERS["t5-v1_1-small"], "T5Model"), ["bare t5 encoder-decoder", "lm_head.weight"]),
         (_with(_TINY_BERT, "MyBertClassifier"), ["MyBertClassifier is not a bert class specformer knows"]),
+        # another decoder's class under a decoder family: not a masked-LM encoder's refusal
+        (_with(_TINY_LLAMA, "Qwen2ForCausalLM"), ["Qwen2ForCausalLM is not a llama class specformer knows",
+                                                  "llama architectures: LlamaForCausalLM"]),
         (_with(_TINY_BERT, "BertForMaskedLM", "BertForSequenceClassification"), ["different heads"]),
         # specformer trains a classification head with softmax cross-entropy
         (_with(_TINY_BERT, "BertForSequenceClassification", num_labels=1, id2label=None),

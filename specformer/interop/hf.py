@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -87,8 +88,11 @@ def read_hf_state_dict(source: str | Path) -> dict[str, Tensor]:
     if path.name.endswith(".index.json"):
         try:
             index = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except UnicodeDecodeError:
             raise HFConversionError(f"{path}: not a weights index (not UTF-8 JSON text)") from None
+        except json.JSONDecodeError as exc:
+            raise HFConversionError(f"{path}:{exc.lineno}:{exc.colno}: not a weights index (not valid JSON: "
+                                    f"{exc.msg})") from None
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise HFConversionError(f"{path}: not a weights index (no \"weight_map\" object)")
@@ -110,10 +114,22 @@ def read_hf_state_dict(source: str | Path) -> dict[str, Tensor]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle errors come in many types
-        raise HFConversionError(f"{path}: not a PyTorch weights file readable with weights_only=True ({exc})") from None
+        raise HFConversionError(f"{path}: not a PyTorch weights file readable with weights_only=True "
+                                f"({_torch_load_reason(exc)})") from None
     if not isinstance(data, Mapping):
         raise HFConversionError(f"{path}: expected a state dict, found {type(data).__name__}")
     return dict(data)
+
+
+def _torch_load_reason(exc: BaseException) -> str:
+    """One line for why ``torch.load(weights_only=True)`` failed: torch's own message runs
+    over many lines, with terminal escapes, to explain how to load the file unsafely."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if found:
+        return (f"it holds a Python object of class {found.group(1)}, not only tensors, and is not unpickled "
+                "here; save the model's weights as safetensors (save_pretrained) and import those")
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
 
 
 # --------------------------------------------------------------------------- import

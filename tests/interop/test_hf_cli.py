@@ -517,3 +517,31 @@ def test_imported_weights_export_again_with_the_models_tokenizer(tmp_path) -> No
     assert result.exit_code == 0, result.output
     assert "no tokenizer (the spec's training.tokenizer is not a tokenizer.json)" in result.stdout
     assert json.loads((tmp_path / "out3" / "config.json").read_text())["eos_token_id"] is None
+
+
+class _NotATensor:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        # a .bin that pickles a Python object: one line naming its class, not torch's many-line advice
+        ("pickled_object", ["pytorch_model.bin: not a PyTorch weights file readable with weights_only=True",
+                            "a Python object of class", "_NotATensor", "save the model's weights as safetensors"]),
+        ("index_not_json", ["model.safetensors.index.json:1:2: not a weights index (not valid JSON"]),
+    ],
+)
+def test_unreadable_weights_are_one_line_errors(tmp_path, make: str, words: list[str]) -> None:
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_gpt2_config()))
+    if make == "pickled_object":
+        torch.save({"weights": {}, "extra": _NotATensor()}, folder / "pytorch_model.bin")
+    else:
+        (folder / "model.safetensors.index.json").write_text("{not json")
+    out = tmp_path / "x.yaml"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(out), "-w", str(tmp_path / "w.safetensors")])
+    _clean_error(result, *words)
+    assert len(result.stderr.strip().splitlines()) == 1 and "\x1b" not in result.stderr
+    assert not out.exists() and not (tmp_path / "w.safetensors").exists()

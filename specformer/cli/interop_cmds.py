@@ -25,9 +25,22 @@ def _say(text: str) -> None:
     console.print(text, highlight=False, soft_wrap=True)
 
 
-def _fail(message: str) -> typer.Exit:
-    print_error(message)
+def _fail(message: str, hint: str = "") -> typer.Exit:
+    print_error(message, hint)
     return typer.Exit(1)
+
+
+def _hub_id_hint(source: Path) -> str:
+    """For a missing SOURCE written as a Hub model id (``gpt2``, ``org/name``): how to get
+    the folder that import-hf reads, since it never downloads."""
+    import re
+
+    text = str(source)
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) or text.endswith(".json") or text.startswith("."):
+        return ""
+    return (f"import-hf reads a model folder on disk, not a Hub model id; download it first: "
+            f"hf download {text} --local-dir {text.rsplit('/', 1)[-1]}  (or save_pretrained a loaded model) "
+            "and give that folder")
 
 
 def compact_spec_yaml(spec: Any, header: str = "") -> str:
@@ -106,7 +119,7 @@ def import_hf_cmd(
     )
 
     if not source.exists():
-        raise _fail(f"{source}: no such file or folder")
+        raise _fail(f"{source}: no such file or folder", _hub_id_hint(source))
     if name is not None and not name.strip():
         raise _fail("--name is empty; give a name, or leave --name out for the model's own")
     if weights is not None and weights.suffix != ".safetensors":

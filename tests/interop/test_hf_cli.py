@@ -70,6 +70,20 @@ def test_missing_source_and_weights_are_errors(tmp_path) -> None:
     assert result.exit_code == 1 and "no weights found" in result.stderr
 
 
+def test_a_hub_model_id_is_told_to_be_downloaded_first(tmp_path, monkeypatch) -> None:
+    # from_pretrained("gpt2") downloads; import-hf reads a folder, and says how to get one
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["import-hf", "meta-llama/Llama-3.2-1B", "-o", "x.yaml"])
+    _clean_error(result, "meta-llama/Llama-3.2-1B: no such file or folder", "not a Hub model id",
+                 "hf download meta-llama/Llama-3.2-1B --local-dir Llama-3.2-1B")
+    result = runner.invoke(app, ["import-hf", "gpt2", "-o", "x.yaml"])
+    _clean_error(result, "hf download gpt2 --local-dir gpt2")
+    result = runner.invoke(app, ["import-hf", "my/config.json", "-o", "x.yaml"])  # a path: no such hint
+    _clean_error(result, "no such file or folder")
+    assert "Hub" not in result.stderr
+    assert not (tmp_path / "x.yaml").exists()
+
+
 def test_export_refuses_a_spec_without_a_hugging_face_family(tmp_path) -> None:
     spec = load_spec("t5-nano")
     weights = tmp_path / "w.safetensors"

@@ -99,7 +99,8 @@ class _Config:
         if rope_type not in (None, "default"):
             raise self.refuse(
                 f"rope scaling {rope_type!r}",
-                "specformer's rotary embedding has no frequency scaling",
+                "specformer's rotary embedding has no frequency scaling: only rope_type 'default' "
+                "(rope_scaling null) imports, with any rope_theta",
             )
         theta = params.get("rope_theta", self("rope_theta", self("rotary_emb_base", default_theta)))
         fraction = params.get(

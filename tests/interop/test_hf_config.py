@@ -209,6 +209,9 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**PUBLISHED["gpt2-small"], "scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx"]),
         ({**PUBLISHED["bert-base"], "position_embedding_type": "relative_key"}, ["relative_key"]),
         ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, ["llama3", "rope scaling"]),
+        # transformers 4.x's key, and what does import
+        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"type": "linear", "factor": 2.0}},
+         ["rope scaling 'linear'", "only rope_type 'default' (rope_scaling null) imports"]),
         ({**PUBLISHED["llama2-7b"], "hidden_act": "quick_gelu"}, ["quick_gelu", "silu"]),
         # transformers 5's Llama/Mistral ignore it (4.x honoured it): which model is unknown
         ({**PUBLISHED["llama2-7b"], "partial_rotary_factor": 0.5}, ["partial_rotary_factor=0.5", "ignores"]),

@@ -613,12 +613,13 @@ def eval_cmd(
         if tokenizer_fields:
             raise _fail(f"--set {', '.join(tokenizer_fields)}: eval reads the data with the checkpoint's own "
                         "tokenizer (its weights fit those ids); it cannot change")
+        spec = load_spec(loaded.spec.to_dict(), overrides) if overrides else loaded.spec
         if batches is not None:
-            if loaded.spec.training.data is not None and loaded.spec.training.data.type == "synthetic":
+            # the data evaluated: the checkpoint's, or what --set training.data gives instead
+            if spec.training.data is not None and spec.training.data.type == "synthetic":
                 raise _fail("--batches does not apply to a synthetic task: it is always evaluated on its whole "
                             "held-out set (exact match needs every example)")
-            overrides.append(f"training.val_batches={batches}")
-        spec = load_spec(loaded.spec.to_dict(), overrides) if overrides else loaded.spec
+            spec = load_spec(spec.to_dict(), [f"training.val_batches={batches}"])
         quiet_lightning()
         check_folders(spec.training, cache=True, out=False)
         module = SpecModule(spec, tokenizer=loaded.tokenizer)

@@ -559,3 +559,24 @@ def test_unreadable_weights_are_one_line_errors(tmp_path, make: str, words: list
     _clean_error(result, *words)
     assert len(result.stderr.strip().splitlines()) == 1 and "\x1b" not in result.stderr
     assert not out.exists() and not (tmp_path / "w.safetensors").exists()
+
+
+def test_eval_batches_of_an_imported_encoder_decoder_on_pairs(tmp_path, monkeypatch) -> None:
+    # the imported spec's data is the default synthetic task; --set gives the pairs evaluated,
+    # and --batches counts their batches (it is refused for a synthetic task alone)
+    monkeypatch.chdir(tmp_path)
+    config = {"model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 1, "num_heads": 4,
+              "vocab_size": 260, "decoder_start_token_id": 0}
+    folder = _model_folder(tmp_path, config, tokenizer=True)
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "w.safetensors"
+    assert runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)]).exit_code == 0
+    assert load_spec(spec_path).training.data.type == "synthetic"
+    lines = [json.dumps({"source": f"ab{c}", "target": f"{c}ba"}) for c in "cdefghijklmnopqrstuvwxyz"] * 4
+    (tmp_path / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    source = [str(weights), "--spec", str(spec_path)]
+    pairs = ["--set", "training.data={type: pairs, paths: [pairs.jsonl]}", "--set", "training.batch_size=4"]
+    result = runner.invoke(app, ["eval", *source, *pairs, "--batches", "1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "pairs: 1 file" in result.stdout and "exact match" in result.stdout
+    result = runner.invoke(app, ["eval", *source, "--batches", "1"])
+    _clean_error(result, "--batches does not apply to a synthetic task")

@@ -389,6 +389,11 @@ def hf_to_specformer(
         if set(missing) <= head:
             why = (f"; it has no weights for the spec's {spec.head.type} head: it was saved from a model "
                    "without that head (the bare base model, or one with another task's head)")
+            output = {n for r in rules if r.ours == "head.proj.weight" for n in r.theirs}
+            if not spec.embedding.tie_output and set(missing) <= output:
+                why += (", or with its output layer tied to the token embeddings while config.json says "
+                        "tie_word_embeddings: false (transformers would start that layer from random values; "
+                        "if the model was trained tied, set it true)")
         raise HFConversionError(
             f"the {model_type} checkpoint lacks {len(missing)} tensor(s) the spec needs: "
             f"{_short_list(missing)}{why}"

@@ -580,3 +580,15 @@ def test_eval_batches_of_an_imported_encoder_decoder_on_pairs(tmp_path, monkeypa
     assert "pairs: 1 file" in result.stdout and "exact match" in result.stdout
     result = runner.invoke(app, ["eval", *source, "--batches", "1"])
     _clean_error(result, "--batches does not apply to a synthetic task")
+
+
+def test_a_tied_checkpoint_under_an_untied_config_says_so(tmp_path) -> None:
+    # saved tied (no lm_head.weight), then config.json edited to tie_word_embeddings: false
+    folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=False)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    out = tmp_path / "x.yaml"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(out), "-w", str(tmp_path / "w.safetensors")])
+    _clean_error(result, "lacks 1 tensor(s) the spec needs: lm_head.weight",
+                 "config.json says tie_word_embeddings: false", "if the model was trained tied, set it true")
+    assert not out.exists()

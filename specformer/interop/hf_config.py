@@ -600,6 +600,11 @@ def read_hf_config(source: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HFConversionError(f"{path}: a config.json holds a JSON object, found {type(data).__name__}")
     if "model_type" not in data:
+        if path.name != "config.json":  # tokenizer.json, generation_config.json: the folder's other files
+            raise HFConversionError(
+                f"{path} is not a model config (it has no model_type); give the model's config.json, or the "
+                "folder holding it"
+            )
         raise _no_model_type(str(path))
     return data
 

@@ -179,6 +179,8 @@ def _hf_folder(tmp_path) -> str:
         # another library's config.json (timm's): the file, and the model types that import
         ("other_library", ["timm/config.json has no model_type", "not a Hugging Face transformers config",
                            "one of: gpt2, bert, roberta, t5, bart, llama, mistral, gpt_neox"]),
+        # another file of the model's folder given by mistake
+        ("generation_config", ["generation_config.json is not a model config", "give the model's config.json"]),
     ],
 )
 def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make: str, words: list[str]) -> None:
@@ -189,6 +191,7 @@ def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make
         "bad_json": tmp_path / "bad.json",
         "json_list": tmp_path / "list.json",
         "other_library": tmp_path / "timm",
+        "generation_config": tmp_path / "generation_config.json",
     }[make]
     if make == "binary":  # a checkpoint given by mistake: not UTF-8 (0xff never starts a character)
         source.write_bytes(b"\xff\xfe\x80" + bytes(range(256)) * 2)
@@ -198,6 +201,8 @@ def test_import_of_a_source_that_is_not_a_config_is_a_clean_error(tmp_path, make
         source.write_text("{model_type: gpt2}")
     elif make == "json_list":
         source.write_text("[1, 2]")
+    elif make == "generation_config":
+        source.write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     elif make == "other_library":
         source.mkdir()
         (source / "config.json").write_text(json.dumps({"architecture": "resnet50", "num_classes": 1000}))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Spec", "family_union", "FAMILY_DEFAULTS"]
 
@@ -23,6 +27,32 @@ class Spec(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
     )
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied, validated as a new spec would be.
+
+        pydantic's own ``model_copy(update=...)`` sets the values unchecked, which would
+        let ``vocab_size=-5``, a typo'd field or a broken cross-field rule reach the
+        builder; here the updated data goes through validation like any other spec (a
+        :class:`~specformer.specs.errors.SpecError` for a whole ``ModelSpec``)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return self._validated({**self.model_dump(), **update})
+
+    @classmethod
+    def _validated(cls, data: dict[str, Any]) -> Self:
+        from pydantic import ValidationError
+
+        from specformer.specs.errors import SpecError, SpecProblem
+
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = [
+                SpecProblem(err["msg"], path=".".join(str(p) for p in err["loc"]))
+                for err in exc.errors(include_url=False)
+            ]
+            raise SpecError(problems) from None
 
 
 def family_union(family: str, default: str | None = None) -> Any:

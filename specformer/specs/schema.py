@@ -746,6 +746,13 @@ class ModelSpec(Spec):
         """Plain JSON-compatible data of the fully resolved spec."""
         return self.model_dump(mode="json")
 
+    @classmethod
+    def _validated(cls, data: dict[str, Any]) -> ModelSpec:
+        # a whole spec's problems read as load_spec's do: field paths, allowed values
+        from specformer.specs.loader import load_spec
+
+        return load_spec(data)
+
     def to_yaml(self, *, modeline: bool = False) -> str:
         """YAML text of the resolved spec; ``load_spec`` of it gives an equal spec."""
         from specformer.specs.loader import dump_yaml

@@ -56,6 +56,23 @@ def test_spec_is_frozen_and_fully_defaulted():
     assert load_spec("bert-base").encoder.norm.final is False  # post-norm does not
 
 
+def test_model_copy_with_update_validates_like_a_new_spec():
+    from specformer import SpecError
+
+    spec = load_spec("gpt-nano")
+    assert spec.model_copy(update={"name": "mine"}).name == "mine"
+    smaller = spec.model_copy(update={"decoder": spec.decoder.model_copy(update={"n_layers": 2})})
+    assert smaller.decoder.n_layers == 2 and smaller == load_spec("gpt-nano", overrides=["decoder.n_layers=2"])
+    with pytest.raises(SpecError, match=r"vocab_size: input should be greater than 0, got -5"):
+        spec.model_copy(update={"vocab_size": -5})
+    with pytest.raises(SpecError, match=r"did you mean 'vocab_size'"):
+        spec.model_copy(update={"vocab_sise": 300})
+    with pytest.raises(SpecError, match=r"n_heads"):
+        spec.decoder.attention.model_copy(update={"n_heads": 0})
+    with pytest.raises(SpecError, match=r"training.seq_len: seq_len=256 is longer than the model's max_seq_len=32"):
+        spec.model_copy(update={"max_seq_len": 32})
+
+
 def test_derived_sizes_follow_the_model_width():
     spec = ModelSpec(name="x", kind="decoder", vocab_size=100, d_model=96, decoder={"n_layers": 1, "ffn": {"type": "glu"}})
     assert spec.decoder.attention.head_dim == 96 // 8

@@ -164,10 +164,19 @@ class Registry:
         if family in BUILT_IN_ONLY and source != "specformer" and name not in entries:
             raise ValueError(f"{family} type {name!r}: {BUILT_IN_ONLY[family]}")
         if name in entries and not replace:
+            again = ""
+            if _same_definition(entries[name].spec, spec):
+                again = " (a notebook cell run again registers it again: write replace=True in that cell)"
             raise ValueError(
                 f"{family} type {name!r} is already registered (by {entries[name].source}); "
-                "pass replace=True to override it"
+                f"pass replace=True to override it{again}"
             )
+        if family in self._built and name in entries and entries[name].spec is not spec:
+            first = entries[name].spec
+            if _same_definition(first, spec):
+                # the same class statement run again (a notebook cell): the schema keeps the
+                # class it was built with, which validates exactly as this one; the target is new
+                spec = first
         if family in self._built and name in entries and entries[name].spec is not spec:
             first = entries[name].spec
             raise ValueError(
@@ -181,7 +190,8 @@ class Registry:
                 f"{family} type {name!r} is registered after the spec schema was built from the "
                 f"{family} family (the first load_spec or build_model, or an import of "
                 "specformer.specs.schema, builds it), so no spec could use it: register it before "
-                "that, e.g. at the top of your script, or from a 'specformer.plugins' entry point"
+                "that, e.g. at the top of your script (in a notebook: restart the kernel and run this cell "
+                "first), or from a 'specformer.plugins' entry point"
             )
         entry = Entry(family=family, name=name, spec=spec, target=target, source=source or spec.__module__)
         entries[name] = entry
@@ -216,6 +226,19 @@ class Registry:
     def build(self, family: str, spec: Any, /, **kwargs: Any) -> Any:
         """Instantiate the target registered for ``spec.type`` with ``spec`` and ``kwargs``."""
         return self.get(family, spec.type).resolve()(spec, **kwargs)
+
+
+def _same_definition(first: type, second: type) -> bool:
+    """Whether two spec classes are one class statement run twice: the same module and
+    name, and the same fields with the same types and defaults."""
+    if first is second:
+        return True
+    if (first.__module__, first.__qualname__) != (second.__module__, second.__qualname__):
+        return False
+    try:
+        return first.model_json_schema() == second.model_json_schema()  # type: ignore[attr-defined]
+    except Exception:  # a field type without a JSON schema: nothing to compare by
+        return False
 
 
 def _type_literal(spec: type) -> str:

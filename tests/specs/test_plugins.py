@@ -144,7 +144,7 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
         type: Literal["late"] = "late"
 
     with pytest.raises(ValueError, match=r"ffn type 'late' is registered after the spec schema was built.*"
-                                         r"register it before that.*specformer\.plugins"):
+                                         r"register it before that.*restart the kernel and run this cell first.*specformer\.plugins"):
         REGISTRY.register("ffn", LateSpec, "x:y")
     assert "late" not in REGISTRY.names("ffn")
     class OtherMLPSpec(Spec):
@@ -166,6 +166,39 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
     assert fresh.names("ffn") == ["mlp", "late"]
     with pytest.raises(ValueError, match=f"ffn type 'late' is already registered \\(by {__name__}\\)"):
         fresh.register("ffn", LateSpec, "x:y")
+
+
+def test_a_notebook_cell_that_registers_a_type_runs_again_after_the_schema_is_built():
+    # each run of a cell makes a new class object from the same class statement
+    cell = textwrap.dedent('''
+        from typing import Literal
+        from specformer.specs.base import Spec
+
+        class CellNormSpec(Spec):
+            type: Literal["cellnorm"] = "cellnorm"
+            placement: Literal["pre", "post"] = "pre"
+            final: bool | None = None
+            eps: float = EPS
+    ''')
+
+    def run_cell(eps: str = "1e-5") -> type:
+        namespace = {"__name__": "__main__"}
+        exec(compile(cell.replace("EPS", eps), "<cell>", "exec", dont_inherit=True), namespace)
+        return namespace["CellNormSpec"]
+
+    registry = Registry()
+    first = run_cell()
+    registry.register("norm", first, "x:first", replace=True)
+    registry.mark_built("norm")  # the cell's next line: load_spec / build_model
+    with pytest.raises(ValueError, match=r"already registered \(by __main__\); pass replace=True.*"
+                                         r"a notebook cell run again.*write replace=True"):
+        registry.register("norm", run_cell(), "x:second")
+    registry.register("norm", run_cell(), "x:second", replace=True)
+    entry = registry.get("norm", "cellnorm")
+    assert entry.spec is first and entry.target == "x:second"  # the schema's class, the cell's new target
+    with pytest.raises(ValueError, match=r"needs a new Python process \(in a notebook, restart the kernel\)"):
+        registry.register("norm", run_cell(eps="1e-6"), "x:third", replace=True)  # its fields changed
+    assert registry.get("norm", "cellnorm").target == "x:second"
 
 
 def test_a_type_registered_before_the_schema_does_not_become_the_default(tmp_path):

@@ -129,6 +129,26 @@ class SpecDiff:
     def identical(self) -> bool:
         return not self.changes
 
+    def __repr__(self) -> str:
+        # one line: the dataclass repr would write out every report's spec
+        paths = [c.path for c in self.changes]
+        shown = ", ".join(paths[:5]) + (f", … ({len(paths) - 5} more)" if len(paths) > 5 else "")
+        changes = f"{len(paths)} change{'s' * (len(paths) != 1)}: {shown}" if paths else "identical"
+        loads = ""
+        if self.compatibility:
+            loads = ", checkpoints load: " + ", ".join(
+                f"{c.source}→{c.target} {'yes' if c.compatible else 'no'}" for c in self.compatibility)
+        return f"SpecDiff({self.names!r}, {changes}{loads})"
+
+    def to_markdown(self) -> str:
+        """The tables ``specformer diff --format markdown`` prints."""
+        from specformer.cli.analysis_cmds import diff_markdown
+
+        return diff_markdown(self)
+
+    def _repr_markdown_(self) -> str:  # how Jupyter displays it
+        return self.to_markdown()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "specs": list(self.names),

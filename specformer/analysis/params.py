@@ -48,7 +48,7 @@ class ParamCounts:
     non_embedding: int
     embedding: int
     components: dict[str, int]
-    per_layer: dict[str, list[dict[str, int]]]
+    per_layer: dict[str, list[dict[str, int]]] = field(repr=False)  # a dict per layer: too long to print
     shapes: dict[str, Shape] = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:

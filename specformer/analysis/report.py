@@ -40,6 +40,22 @@ class SpecReport:
     def name(self) -> str:
         return self.spec.name
 
+    def __repr__(self) -> str:
+        # one line: the dataclass repr would write out the whole spec
+        return (f"SpecReport({self.spec.name!r}, params={self.params.total:,}, "
+                f"forward_flops_per_token={self.flops.forward:,}, "
+                f"kv_cache_bytes_per_token={self.kv_cache_bytes_per_token:,}, "
+                f"training_memory_bytes={self.memory.total:,})")
+
+    def to_markdown(self) -> str:
+        """The tables ``specformer show --format markdown`` prints."""
+        from specformer.cli.analysis_cmds import report_markdown
+
+        return report_markdown(self)
+
+    def _repr_markdown_(self) -> str:  # how Jupyter displays it
+        return self.to_markdown()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.spec.name,

@@ -22,7 +22,10 @@ from rich.tree import Tree
 from specformer.cli.app import app, console, print_error
 from specformer.cli.spec_cmds import SetOption, load_or_exit
 
-__all__ = ["show", "diff", "Section", "render_markdown", "human_count", "human_bytes", "human_flops"]
+__all__ = [
+    "show", "diff", "Section", "render_markdown", "report_markdown", "diff_markdown",
+    "human_count", "human_bytes", "human_flops",
+]
 
 FORMATS = ("rich", "markdown", "json")
 
@@ -733,15 +736,33 @@ def diff(
     if output_format == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
+    _emit(*_diff_sections(result), output_format)
+
+
+def _diff_sections(result: Any) -> tuple[list[Section], str]:
+    """The tables ``diff`` prints for ``result`` and the heading above them."""
+    labels = result.names
     if result.identical:
         heading = (f"{labels[1]} is identical to {labels[0]} (after resolving extends and defaults)"
                    if len(labels) == 2 else f"all {len(labels)} specs are identical (after resolving extends and defaults)")
         sections: list[Section] = []
         if result.compatibility:
             sections.append(_compat_section(result))
-        _emit(sections, heading, output_format)
-        return
-    sections = [_changes_section(result), _consequences_section(result)]
+        return sections, heading
+    sections = [_changes_section(result)]
+    if result.reports:
+        sections.append(_consequences_section(result))
     if result.compatibility:
         sections.append(_compat_section(result))
-    _emit(sections, "", output_format)
+    return sections, ""
+
+
+def report_markdown(report: Any) -> str:
+    """What ``specformer show --format markdown`` prints for ``report`` (a ``SpecReport``)."""
+    return render_markdown(_show_sections(report), f"### {_show_heading(report)}")
+
+
+def diff_markdown(result: Any) -> str:
+    """What ``specformer diff --format markdown`` prints for ``result`` (a ``SpecDiff``)."""
+    sections, heading = _diff_sections(result)
+    return render_markdown(sections, f"### {heading}" if heading else "")

@@ -326,3 +326,27 @@ def test_show_in_an_80_column_terminal_turns_the_architecture_table(monkeypatch,
     assert f"{spec.decoder.norm.type} ({spec.decoder.norm.placement})" in table
     # a column that is empty throughout (no notes for gpt2-small) is left out
     assert ("│ notes" in table) == (spec.kind == "encoder-decoder")
+
+
+def test_a_notebook_shows_a_report_and_a_diff_as_the_markdown_tables_and_reprs_them_in_one_line() -> None:
+    from specformer.analysis import analyze, diff_specs
+
+    report = analyze(load_spec("gpt2-small"), dtype="fp32")
+    assert report._repr_markdown_() == report.to_markdown()
+    assert report.to_markdown() == _ok(["show", "gpt2-small", "--format", "markdown", "--dtype", "fp32"]).stdout
+    assert repr(report) == ("SpecReport('gpt2-small', params=124,439,808, forward_flops_per_token="
+                            f"{report.flops.forward:,}, kv_cache_bytes_per_token=73,728, "
+                            f"training_memory_bytes={report.memory.total:,})")
+    assert "per_layer" not in repr(report.params) and len(repr(count_parameters(load_spec("llama2-7b")))) < 300
+
+    d = diff_specs("gpt2-small", "gpt2-medium")
+    assert d._repr_markdown_() == d.to_markdown() == _ok(["diff", "gpt2-small", "gpt2-medium", "-f", "markdown"]).stdout
+    assert repr(d) == ("SpecDiff(['gpt2-small', 'gpt2-medium'], 6 changes: name, d_model, decoder.n_layers, "
+                       "decoder.attention.n_heads, decoder.attention.n_kv_heads, … (1 more), checkpoints load: "
+                       "gpt2-small→gpt2-medium no, gpt2-medium→gpt2-small no)")
+    same = diff_specs("gpt-nano", "gpt-nano", checkpoints=False)
+    assert repr(same) == "SpecDiff(['gpt-nano', 'gpt-nano'], identical)"
+    assert same.to_markdown().startswith("### gpt-nano is identical to gpt-nano")
+    # without reports (a plugin type has no analytic count) the changes still render
+    fields_only = diff_specs("gpt-nano", "bert-nano", reports=False, checkpoints=False).to_markdown()
+    assert "| kind | decoder | encoder |" in fields_only and "consequences" not in fields_only

@@ -101,13 +101,19 @@ def _check_call(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, kin
         other = {"decoder": "generate", "encoder-decoder": "generate_seq2seq"}.get(model_kind)
         instead = f"; use {other}" if other else " (an encoder predicts masked tokens: see fill-mask)"
         raise ValueError(f"{name} is for {_a(kind)} model, and this one is {_a(model_kind)}{instead}")
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
-        raise ValueError(f"input_ids must be an integer tensor (B, T), got {shape}; one prompt is ids[None]")
+    if not isinstance(input_ids, Tensor):
+        raise ValueError(f"input_ids must be an integer tensor (B, T), got {type(input_ids).__name__}; "
+                         "torch.tensor([ids]) makes one prompt of a list of ids")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must be an integer tensor (B, T) of token ids, got {input_ids.dtype} "
+                         "(ids.long() converts)")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be an integer tensor (B, T), got shape {tuple(input_ids.shape)}; "
+                         "one prompt is ids[None]")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids has no tokens: give each prompt at least one (e.g. the end-of-text id)")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
 
 
 @contextmanager

@@ -202,8 +202,16 @@ def test_sampling_settings_out_of_range_are_errors() -> None:
 def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
     _, gpt = _model(tiny, "decoder")
     _, t5 = _model(tiny, "encoder-decoder")
-    with pytest.raises(ValueError, match=r"input_ids must be an integer tensor \(B, T\), got \(3,\)"):
+    with pytest.raises(ValueError, match=r"input_ids must be an integer tensor \(B, T\), got shape \(3,\); "
+                                         r"one prompt is ids\[None\]"):
         generate(gpt, torch.tensor([5, 6, 7]), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"token ids, got torch.float32 \(ids.long\(\) converts\)"):
+        generate(gpt, torch.tensor([[5.0, 6.0]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"got list; torch.tensor\(\[ids\]\) makes one prompt"):
+        generate(gpt, [5, 6], max_new_tokens=2)
+    for bad in (2.5, -1, True):
+        with pytest.raises(ValueError, match=f"max_new_tokens must be an integer >= 0, got {bad}"):
+            generate(gpt, torch.tensor([[5, 6]]), max_new_tokens=bad)
     with pytest.raises(ValueError, match="input_ids has no tokens"):
         generate(gpt, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
     with pytest.raises(ValueError, match="generate is for a decoder model, and this one is an encoder-decoder; "

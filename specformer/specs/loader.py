@@ -545,6 +545,17 @@ def _load_file(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([not_utf8_problem(exc, source)]) from None
+    # relative to the file that says it; a pipe (/dev/stdin, /dev/fd/N) has no folder of
+    # its own, so from there relative to the working directory
+    base = path.parent if path.is_file() else Path.cwd()
+    return _load_text(text, source, base, chain + (path,))
+
+
+def _load_text(
+    text: str, source: str, base: Path, chain: tuple[Path, ...]
+) -> tuple[dict[str, Any], dict[Path_, Position]]:
+    """A spec's YAML ``text`` (named ``source`` in errors) with its ``extends`` resolved from
+    ``base``; ``chain`` holds the files already being read, for cycles."""
     data, positions = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(
@@ -566,11 +577,8 @@ def _load_file(
             [SpecProblem(f"extends must be a preset name or a path, found {_type_name(parent_ref)}",
                          path="extends", position=where)]
         )
-    # relative to the file that says it; a pipe (/dev/stdin, /dev/fd/N) has no folder of
-    # its own, so from there relative to the working directory
-    base = path.parent if path.is_file() else Path.cwd()
     parent_path = _resolve_source(parent_ref, base, where)
-    parent, parent_positions = _load_file(parent_path, chain + (path,), where)
+    parent, parent_positions = _load_file(parent_path, chain, where)
     merged = deep_merge(parent, data)
     # a parent's value the child replaced (`positional: rope` over a mapping) is gone, and
     # so are its positions: an error there must point at the child's line
@@ -785,6 +793,9 @@ def load_spec_data(
             parent, positions = _load_file(_resolve_source(str(ref), Path.cwd(), None), (), None)
             _own_positions(data, positions)
             data = deep_merge(parent, data)
+    elif isinstance(source, str) and "\n" in source.strip():
+        # YAML text (a notebook's triple-quoted string): no preset name or path has a line break
+        data, positions = _load_text(source, "<string>", Path.cwd(), ())
     else:
         ref = str(source)
         path = Path(ref).expanduser()
@@ -814,7 +825,8 @@ def load_spec(
     source: str | Path | Mapping[str, Any],
     overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any] | None = None,
 ) -> ModelSpec:
-    """Load a spec from a preset name, a YAML path or a dict, apply overrides, validate.
+    """Load a spec from a preset name, a YAML path, YAML text (a string of several lines)
+    or a dict, apply overrides, validate.
 
     Returns a frozen, fully-defaulted :class:`~specformer.specs.schema.ModelSpec`.
     Raises :class:`SpecError` listing every problem with its file, line, column and

@@ -151,6 +151,21 @@ def test_a_mapping_without_type_is_its_default_type_when_another_type_is_merged_
         "ffn": {"activation": "gelu", "type": "mlp", "d_ff": 8}}
 
 
+def test_yaml_text_loads_as_a_file_does_with_lines_in_its_errors(tmp_path, monkeypatch):
+    from specformer import SpecError, build_model
+
+    text = "extends: gpt-nano\nname: mine\ndecoder:\n  n_layers: 2\n"
+    spec = load_spec(text, overrides=["d_model=64"])
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    assert spec == load_spec(path, overrides=["d_model=64"]) and spec.decoder.attention.head_dim == 16
+    assert type(build_model(text, device="meta")).__name__ == "DecoderModel"
+    with pytest.raises(SpecError, match=r"<string>:3:3: decoder.n_layer: unknown field 'n_layer'"):
+        load_spec("extends: gpt-nano\ndecoder:\n  n_layer: 2\n")
+    monkeypatch.chdir(tmp_path)  # extends: a path is relative to the working directory
+    assert load_spec("extends: mine.yaml\nname: again\n").decoder.n_layers == 2
+
+
 def test_extends_by_path_and_chain(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "mid.yaml").write_text("extends: gpt2-small\nname: mid\ndecoder: {n_layers: 6}\n")

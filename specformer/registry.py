@@ -188,9 +188,9 @@ class Registry:
         if family in self._built and name not in entries:
             raise ValueError(
                 f"{family} type {name!r} is registered after the spec schema was built from the "
-                f"{family} family (the first load_spec or build_model, or an import of "
-                "specformer.specs.schema, builds it), so no spec could use it: register it before "
-                "that, e.g. at the top of your script (in a notebook: restart the kernel and run this cell "
+                f"{family} family (the first load_spec call builds it, and so does importing build_model, "
+                "ModelSpec, specformer.builder or anything else that imports specformer.specs.schema), "
+                "so no spec could use it: register it before that, e.g. at the top of your script (in a notebook: restart the kernel and run this cell "
                 "first), or from a 'specformer.plugins' entry point"
             )
         entry = Entry(family=family, name=name, spec=spec, target=target, source=source or spec.__module__)

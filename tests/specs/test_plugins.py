@@ -144,7 +144,8 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
         type: Literal["late"] = "late"
 
     with pytest.raises(ValueError, match=r"ffn type 'late' is registered after the spec schema was built.*"
-                                         r"register it before that.*restart the kernel and run this cell first.*specformer\.plugins"):
+                                         r"importing build_model, ModelSpec.*register it before that.*restart the kernel and run this cell first.*"
+                                         r"specformer\.plugins"):
         REGISTRY.register("ffn", LateSpec, "x:y")
     assert "late" not in REGISTRY.names("ffn")
     class OtherMLPSpec(Spec):

@@ -457,7 +457,7 @@ def _round_trip(ns: dict[str, Any]) -> None:
 
 
 def _loss_without_logits(ns: dict[str, Any]) -> None:
-    out = ns["model"](ns["input_ids"], decoder_input_ids=ns["dec"], labels=ns["dec"])
+    out = ns["model"](ns["input_ids"], decoder_input_ids=ns["dec"][:, :-1], labels=ns["dec"][:, 1:])
     assert out.loss.dim() == 0 and out.logits is None  # "no (B, T, V) logits held"
 
 

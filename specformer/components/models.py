@@ -111,6 +111,23 @@ def _check_positions(position_ids: Tensor, ids: Tensor, *, name: str, ids_name: 
     return position_ids, (bounds[1] + 1 if bounds is not None else 0)
 
 
+def _check_not_the_inputs(labels: Any, ids: Any, *, ids_name: str, instead: str) -> None:
+    """Refuse labels that are the input tensor itself: Hugging Face's habit (``labels=input_ids``,
+    shifted inside its models), which here, with labels already shifted, trains a copy."""
+    if not (isinstance(labels, Tensor) and isinstance(ids, Tensor)) or torch.compiler.is_compiling():
+        return
+    same = labels is ids or (
+        labels.device.type != "meta" and labels.numel() > 0 and labels.data_ptr() == ids.data_ptr()
+        and labels.shape == ids.shape and labels.stride() == ids.stride() and labels.dtype == ids.dtype
+    )
+    if same:
+        raise ValueError(
+            f"labels are {ids_name} itself, which trains the model to copy its input: labels are already "
+            f"shifted (position t's label is token t + 1; Hugging Face shifts inside its models instead); "
+            f"{instead}"
+        )
+
+
 def _check_class_labels(logits: Tensor, labels: Tensor) -> Tensor:
     """Labels for a head without a ``loss`` (a classification head): one integer class in
     [0, C) or -100 per row of the logits (B, C) (or position of (B, T, C)), the checks
@@ -216,6 +233,8 @@ class DecoderModel(_Model):
         (generation needs one: a prefill then skips a (T, V) projection).
         ``labels`` (B, T), shifted: the loss instead of the logits (module docstring)."""
         _check_keep(logits_to_keep)
+        _check_not_the_inputs(labels, input_ids, ids_name="input_ids",
+                              instead="for token ids `ids`, model(ids[:, :-1], labels=ids[:, 1:])")
         if use_cache and cache is None:
             cache = KVCache()
         past = cache.length if cache is not None else 0
@@ -367,6 +386,11 @@ class EncoderDecoderModel(_Model):
         if encoder_hidden_states is None and input_ids is None:
             raise ValueError("give input_ids or encoder_hidden_states")
         _check_keep(logits_to_keep)
+        _check_not_the_inputs(
+            labels, decoder_input_ids, ids_name="decoder_input_ids",
+            instead="for a target `tgt` that starts with the decoder's start token, "
+            "model(src, decoder_input_ids=tgt[:, :-1], labels=tgt[:, 1:])",
+        )
         if use_cache and cache is None:
             cache = KVCache()
         past = cache.length if cache is not None else 0

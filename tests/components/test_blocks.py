@@ -163,7 +163,7 @@ def test_an_attention_without_a_sliding_window_attribute_runs(tiny: Tiny, monkey
     monkeypatch.setitem(REGISTRY._families["attention"], "mha", Entry("attention", "mha", entry.spec, _MeanAttention))
     model = build_model(tiny(positional={"type": "learned"}))
     ids = torch.randint(0, 61, (2, 5))
-    out = model(ids, labels=ids)
+    out = model(ids[:, :-1], labels=ids[:, 1:])
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert model.decoder.layers[0].self_attn.v_proj.weight.grad is not None

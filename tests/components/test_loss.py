@@ -172,6 +172,20 @@ def test_labels_outside_the_vocabulary_are_a_clear_error(tiny: Tiny, grad: bool,
         model(ids, labels=labels)
 
 
+def test_labels_that_are_the_input_ids_themselves_are_refused_with_the_shift_to_make(tiny: Tiny) -> None:
+    # Hugging Face's labels=input_ids, unshifted here, would train the model to copy its input
+    model = build_model(tiny())
+    ids = torch.randint(0, 61, (2, 8))
+    with pytest.raises(ValueError, match=r"labels are input_ids itself.*model\(ids\[:, :-1\], labels=ids\[:, 1:\]\)"):
+        model(ids, labels=ids)
+    assert torch.isfinite(model(ids[:, :-1], labels=ids[:, 1:]).loss)
+    assert torch.isfinite(model(ids, labels=ids.clone()).loss)  # equal values are the caller's choice
+    t5 = build_model(tiny(kind="encoder-decoder"))
+    with pytest.raises(ValueError, match=r"labels are decoder_input_ids itself.*decoder_input_ids=tgt\[:, :-1\]"):
+        t5(ids, decoder_input_ids=ids, labels=ids)
+    assert torch.isfinite(t5(ids, decoder_input_ids=ids[:, :-1], labels=ids[:, 1:]).loss)
+
+
 def test_float_labels_are_a_clear_error(tiny: Tiny) -> None:
     model = build_model(tiny())
     ids = torch.randint(0, 61, (2, 8))

@@ -434,7 +434,7 @@ def diff_specs(
     spec's ``max_seq_len``) and ``dtype``; ``compatibility`` says whether a checkpoint
     of the first spec loads into each other one and back (state-dict shapes by
     ``checkpoint_method``, see :func:`state_dict_shapes`). ``labels`` name the specs in
-    tables (default: their ``name`` fields).
+    tables (default: their ``name`` fields, a repeated one numbered: ``gpt-nano #2``).
     """
     if len(specs) < 2:
         raise ValueError(f"diff needs at least two specs, got {len(specs)}")
@@ -444,7 +444,7 @@ def diff_specs(
     out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype) for s in resolved] if reports else []
     if labels is not None and len(labels) != len(resolved):
         raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
-    names = list(labels) if labels is not None else [s.name for s in resolved]
+    names = list(labels) if labels is not None else _distinct([s.name for s in resolved])
     compat: list[Compatibility] = []
     if checkpoints:
         cache: dict[int, tuple[dict[str, tuple[int, ...]], str]] = {}
@@ -461,3 +461,14 @@ def diff_specs(
         reports=out_reports,
         compatibility=compat,
     )
+
+
+def _distinct(names: list[str]) -> list[str]:
+    """``names`` with each repeat numbered, so that two specs that share a ``name`` (one
+    copied from the other) have columns of their own: ``gpt-nano``, ``gpt-nano #2``."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name} #{seen[name]}")
+    return out

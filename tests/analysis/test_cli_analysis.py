@@ -345,8 +345,13 @@ def test_a_notebook_shows_a_report_and_a_diff_as_the_markdown_tables_and_reprs_t
                        "decoder.attention.n_heads, decoder.attention.n_kv_heads, … (1 more), checkpoints load: "
                        "gpt2-small→gpt2-medium no, gpt2-medium→gpt2-small no)")
     same = diff_specs("gpt-nano", "gpt-nano", checkpoints=False)
-    assert repr(same) == "SpecDiff(['gpt-nano', 'gpt-nano'], identical)"
-    assert same.to_markdown().startswith("### gpt-nano is identical to gpt-nano")
+    assert repr(same) == "SpecDiff(['gpt-nano', 'gpt-nano #2'], identical)"
+    assert same.to_markdown().startswith("### gpt-nano #2 is identical to gpt-nano")
+    # a spec copied from another keeps its name: each still has a column of its own
+    nano = load_spec("gpt-nano")
+    fewer = diff_specs(nano, nano.model_copy(update={"decoder": nano.decoder.model_copy(update={"n_layers": 2})}))
+    assert fewer.names == ["gpt-nano", "gpt-nano #2"]
+    assert "| decoder.n_layers | 4 | 2 |" in fewer.to_markdown() and "| field | gpt-nano | gpt-nano #2 |" in fewer.to_markdown()
     # without reports (a plugin type has no analytic count) the changes still render
     fields_only = diff_specs("gpt-nano", "bert-nano", reports=False, checkpoints=False).to_markdown()
     assert "| kind | decoder | encoder |" in fields_only and "consequences" not in fields_only

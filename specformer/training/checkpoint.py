@@ -277,6 +277,13 @@ class LoadedCheckpoint:
     path: Path
     raw: dict[str, Any]
 
+    def __repr__(self) -> str:
+        # one line: the dataclass repr would print the module tree, the spec and every tensor
+        n = sum(p.numel() for p in self.model.parameters())
+        return (f"LoadedCheckpoint({str(self.path)!r}, spec={self.spec.name!r}, step={self.step}, "
+                f"model={type(self.model).__name__} ({n:,} parameters), "
+                f"tokenizer={type(self.tokenizer).__name__})")
+
 
 def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> LoadedCheckpoint:
     """Rebuild the model of a checkpoint from the spec it carries and load its weights."""

@@ -116,6 +116,10 @@ def test_checkpoint_loads_with_weights_only_and_rebuilds_the_model(tiny: Any) ->
     assert meta["tokenizer"] == {"type": "byte"}
     loaded = load_checkpoint(result.checkpoint)
     assert loaded.spec == spec and loaded.step == 3
+    n = sum(p.numel() for p in loaded.model.parameters())
+    # a notebook shows it in one line, not the module tree, the spec and every tensor
+    assert repr(loaded) == (f"LoadedCheckpoint({str(result.checkpoint)!r}, spec={spec.name!r}, step=3, "
+                            f"model=DecoderModel ({n:,} parameters), tokenizer=ByteTokenizer)")
     ids = torch.randint(0, 256, (2, 10))
     weights = {k.removeprefix("model."): v for k, v in raw["state_dict"].items()}
     from specformer.builder import build_model

@@ -114,11 +114,13 @@ def _check_positions(position_ids: Tensor, ids: Tensor, *, name: str, ids_name: 
 def _check_not_the_inputs(labels: Any, ids: Any, *, ids_name: str, instead: str) -> None:
     """Refuse labels that are the input tensor itself: Hugging Face's habit (``labels=input_ids``,
     shifted inside its models), which here, with labels already shifted, trains a copy."""
-    if not (isinstance(labels, Tensor) and isinstance(ids, Tensor)) or torch.compiler.is_compiling():
+    if not (isinstance(labels, Tensor) and isinstance(ids, Tensor)):
         return
+    # a compiled forward sees the identity, not the storage (no data_ptr under tracing)
     same = labels is ids or (
-        labels.device.type != "meta" and labels.numel() > 0 and labels.data_ptr() == ids.data_ptr()
-        and labels.shape == ids.shape and labels.stride() == ids.stride() and labels.dtype == ids.dtype
+        not torch.compiler.is_compiling() and labels.device.type != "meta" and labels.numel() > 0
+        and labels.data_ptr() == ids.data_ptr() and labels.shape == ids.shape
+        and labels.stride() == ids.stride() and labels.dtype == ids.dtype
     )
     if same:
         raise ValueError(

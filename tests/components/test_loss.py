@@ -184,6 +184,9 @@ def test_labels_that_are_the_input_ids_themselves_are_refused_with_the_shift_to_
     with pytest.raises(ValueError, match=r"labels are decoder_input_ids itself.*decoder_input_ids=tgt\[:, :-1\]"):
         t5(ids, decoder_input_ids=ids, labels=ids)
     assert torch.isfinite(t5(ids, decoder_input_ids=ids[:, :-1], labels=ids[:, 1:]).loss)
+    compiled = torch.compile(model, backend="eager")  # traced: the identity is seen, the storage is not
+    with pytest.raises(ValueError, match=r"labels are input_ids itself"):
+        compiled(ids, labels=ids)
 
 
 def test_float_labels_are_a_clear_error(tiny: Tiny) -> None:

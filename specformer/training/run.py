@@ -83,7 +83,8 @@ class TrainResult:
     data: str
     resumed_from: str | None = None
     initialized_from: str | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
+    # one entry per validation: left out of the repr, which a notebook shows after train()
+    history: list[dict[str, float]] = field(default_factory=list, repr=False)
 
 
 def stopped_by(signum: int) -> str:

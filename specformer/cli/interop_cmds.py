@@ -87,8 +87,8 @@ def import_hf_cmd(
 ) -> None:
     """Write the specformer spec of a Hugging Face model, and optionally its weights.
 
-    Supported: GPT-2, BERT, RoBERTa, T5 (v1.0 and v1.1), BART, Llama and Mistral,
-    GPT-NeoX. Anything the spec language cannot express is refused by name; the
+    Supported: GPT-2, BERT, RoBERTa, XLM-RoBERTa, T5 (v1.0 and v1.1), mT5, BART,
+    Llama and Mistral, GPT-NeoX. Anything the spec language cannot express is refused by name; the
     result is the same model, never a look-alike. `build_model(spec)` plus the
     converted weights reproduces the original's outputs.
 
@@ -111,6 +111,7 @@ def import_hf_cmd(
     """
     from specformer.analysis import count_parameters
     from specformer.interop.hf import (
+        EXPORTED_AS,
         HFConversionError,
         import_hf,
         model_tokenizer,
@@ -150,6 +151,9 @@ def import_hf_cmd(
     _write_or_fail(writers)
     total = count_parameters(spec).total
     _say(f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
+    if (model_type := config.get("model_type")) in EXPORTED_AS:
+        _say(f"  {escape(model_type)} is {EXPORTED_AS[model_type]}'s model under another name: export-hf writes "
+             f"it back as Hugging Face {EXPORTED_AS[model_type]} (same weights, same outputs)")
     tokenizer = spec.training.tokenizer
     if tokenizer is not None and tokenizer.type == "file":
         _say(f"  training.tokenizer: the model's own, {escape(tokenizer.path)}")
@@ -194,7 +198,7 @@ def export_hf_cmd(
     `AutoModel*.from_pretrained(OUTPUT)`.
 
     The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral or GPT-NeoX;
-    a field with no equivalent there is named in the error. Dropout and init settings
+    an imported XLM-RoBERTa or mT5 is written as RoBERTa or T5 (the same model). A field with no equivalent there is named in the error. Dropout and init settings
     that the family cannot express are reported and left out (they do not change a
     trained model's outputs). A checkpoint's tokenizer is written too (tokenizer.json,
     for `AutoTokenizer.from_pretrained(OUTPUT)`) and gives config.json its bos/eos/pad
@@ -208,7 +212,7 @@ def export_hf_cmd(
     specformer export-hf my.safetensors --spec my.yaml -o hf_out
     ```
     """
-    from specformer.interop.hf import HFConversionError, save_hf
+    from specformer.interop.hf import EXPORTED_AS, HFConversionError, save_hf
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")
@@ -234,6 +238,10 @@ def export_hf_cmd(
         f"({escape(repr(spec.name))}); load it with transformers.{_auto_name(spec)}"
         f".from_pretrained({escape(repr(str(output)))})"
     )
+    same = [name for name, family in EXPORTED_AS.items() if family == model_type]
+    if same:
+        _say(f"  an imported {' or '.join(same)} is written as {model_type} too: the same model under "
+             "another name, which the spec does not record")
     if tokenizer is None:
         why = ("the spec's training.tokenizer is not a tokenizer.json" if source.suffix == ".safetensors"
                else "the source carries none")

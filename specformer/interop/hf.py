@@ -9,8 +9,9 @@
   ``transformers.AutoModel*.from_pretrained`` loads (with the tokenizer, when given, as
   ``tokenizer.json``); :func:`to_hf` returns the live ``transformers`` model.
 
-Supported families: GPT-2, BERT, RoBERTa, T5 (v1.0 and v1.1), BART, Llama (and Mistral),
-GPT-NeoX. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` extra).
+Supported families: GPT-2, BERT, RoBERTa (and XLM-RoBERTa), T5 (v1.0 and v1.1, and mT5),
+BART, Llama (and Mistral), GPT-NeoX. XLM-RoBERTa and mT5 are RoBERTa's and T5's models under
+other names, and export as ``roberta`` and ``t5``. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` extra).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from specformer.interop.hf_config import (
+    EXPORTED_AS,
     SUPPORTED_MODEL_TYPES,
     HFConversionError,
     hf_config_from_spec,
@@ -46,6 +48,7 @@ from specformer.specs.schema import ModelSpec
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "EXPORTED_AS",
     "HFConversionError",
     "WeightReport",
     "spec_from_hf_config",
@@ -428,6 +431,9 @@ def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:
         raise HFConversionError("the model has no .spec; pass spec=")
     config = hf_config_from_spec(spec)
     hf_config = transformers.AutoConfig.for_model(**config)
+    # T5Config (and MT5Config) tie whatever tie_word_embeddings says: from_pretrained unties
+    # a checkpoint's distinct lm_head, but a model built from the config shares one tensor
+    hf_config.tie_word_embeddings = spec.embedding.tie_output
     tensors = hf_state_dict(model, spec)
     dtype = next(iter(model.parameters())).dtype
     hf_model = hf_auto_class(spec).from_config(hf_config).to(dtype)

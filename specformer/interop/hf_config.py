@@ -29,6 +29,7 @@ from specformer.specs.schema import ModelSpec
 __all__ = [
     "HFConversionError",
     "SUPPORTED_MODEL_TYPES",
+    "EXPORTED_AS",
     "read_hf_config",
     "spec_from_hf_config",
     "hf_config_from_spec",
@@ -147,7 +148,9 @@ def _gpt2(c: _Config) -> dict[str, Any]:
     }
 
 
-def _bert_like(c: _Config, *, roberta: bool) -> dict[str, Any]:
+def _bert_like(c: _Config, *, roberta: bool, default_vocab: int | None = None) -> dict[str, Any]:
+    """BERT and RoBERTa (and XLM-RoBERTa: RoBERTa's model under another name, whose config
+    class defaults to BERT's vocabulary size, ``default_vocab``)."""
     c.refuse_if(
         "position_embedding_type",
         lambda v: v != "absolute",
@@ -169,7 +172,7 @@ def _bert_like(c: _Config, *, roberta: bool) -> dict[str, Any]:
     hidden_dropout = _dropout(c("hidden_dropout_prob", 0.1))
     return {
         "kind": "encoder",
-        "vocab_size": c("vocab_size", 50265 if roberta else 30522),
+        "vocab_size": c("vocab_size", default_vocab or (50265 if roberta else 30522)),
         "d_model": c("hidden_size", 768),
         "max_seq_len": max_seq_len,
         "positional": positional,
@@ -196,11 +199,21 @@ def _bert_like(c: _Config, *, roberta: bool) -> dict[str, Any]:
     }
 
 
-def _t5(c: _Config) -> dict[str, Any]:
-    proj = c("feed_forward_proj", "relu")
+# defaults of transformers' T5Config and MT5Config for the keys a config may omit
+_T5_DEFAULTS = {"vocab_size": 32128, "d_ff": 2048, "num_layers": 6, "num_heads": 8, "feed_forward_proj": "relu"}
+_MT5_DEFAULTS = {"vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6,
+                 "feed_forward_proj": "gated-gelu"}
+
+
+def _t5(c: _Config, family: str = "t5") -> dict[str, Any]:
+    """T5 v1.0 and v1.1, and mT5 (T5 v1.1's model under another name: ``MT5ForConditionalGeneration``
+    never scales the decoder output, whatever ``tie_word_embeddings`` says)."""
+    mt5 = family == "mt5"
+    defaults = _MT5_DEFAULTS if mt5 else _T5_DEFAULTS
+    proj = c("feed_forward_proj", defaults["feed_forward_proj"])
     gated, _, act_name = proj.rpartition("-")
     if gated not in ("", "gated"):
-        raise HFConversionError(f"t5 config: feed_forward_proj={proj!r} is not 'ACT' or 'gated-ACT'")
+        raise HFConversionError(f"{family} config: feed_forward_proj={proj!r} is not 'ACT' or 'gated-ACT'")
     if proj == "gated-gelu":  # T5 v1.1 means the tanh approximation here
         act_name = "gelu_new"
     if act_name not in _ACT_IN:
@@ -209,10 +222,10 @@ def _t5(c: _Config) -> dict[str, Any]:
     dropout = _dropout(c("dropout_rate", 0.1))
     tied = c("tie_word_embeddings", True) is not False
     # transformers >= 5 keeps "scale the decoder output by d_model^-0.5" apart from tying
-    scale = c("scale_decoder_outputs", tied)
+    scale = False if mt5 else c("scale_decoder_outputs", tied)
     ffn: dict[str, Any] = {
         "type": "glu" if gated else "mlp",
-        "d_ff": c("d_ff", 2048),
+        "d_ff": c("d_ff", defaults["d_ff"]),
         "activation": act,
         "bias": False,
         "dropout": dropout,
@@ -222,7 +235,7 @@ def _t5(c: _Config) -> dict[str, Any]:
         return {
             "n_layers": n_layers,
             "attention": {
-                "n_heads": c("num_heads", 8),
+                "n_heads": c("num_heads", defaults["num_heads"]),
                 "head_dim": c("d_kv", 64),
                 "bias": False,
                 "scale": 1.0,
@@ -234,10 +247,10 @@ def _t5(c: _Config) -> dict[str, Any]:
             "final_dropout": dropout,
         }
 
-    n_layers = c("num_layers", 6)
+    n_layers = c("num_layers", defaults["num_layers"])
     return {
         "kind": "encoder-decoder",
-        "vocab_size": c("vocab_size", 32128),
+        "vocab_size": c("vocab_size", defaults["vocab_size"]),
         "d_model": c("d_model", 512),
         # T5 has no position limit; released configs record the training length as n_positions
         "max_seq_len": c("n_positions", 512),
@@ -398,7 +411,9 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
     "bert": lambda c: _bert_like(c, roberta=False),
     "roberta": lambda c: _bert_like(c, roberta=True),
+    "xlm-roberta": lambda c: _bert_like(c, roberta=True, default_vocab=30522),
     "t5": _t5,
+    "mt5": lambda c: _t5(c, "mt5"),
     "bart": _bart,
     "llama": _llama,
     "mistral": lambda c: _llama(c, "mistral"),
@@ -406,6 +421,10 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
+
+# Imported families whose model is another family's under another name: export writes
+# that family's model_type and classes (the spec does not record which name it came from)
+EXPORTED_AS: dict[str, str] = {"xlm-roberta": "roberta", "mt5": "t5"}
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
@@ -435,7 +454,10 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
              "BertForSequenceClassification": "classification", "BertModel": "base"},
     "roberta": {"RobertaForMaskedLM": "mlm", "RobertaForSequenceClassification": "classification",
                 "RobertaModel": "base"},
+    "xlm-roberta": {"XLMRobertaForMaskedLM": "mlm", "XLMRobertaForSequenceClassification": "classification",
+                    "XLMRobertaModel": "base"},
     "t5": {"T5ForConditionalGeneration": "lm", "T5WithLMHeadModel": "lm", "T5Model": "base"},
+    "mt5": {"MT5ForConditionalGeneration": "lm", "MT5Model": "base"},
     "bart": {"BartForConditionalGeneration": "lm", "BartModel": "base"},
     "llama": {"LlamaForCausalLM": "lm", "LlamaModel": "base"},
     "mistral": {"MistralForCausalLM": "lm", "MistralModel": "base"},
@@ -468,7 +490,7 @@ _CLASSIFIER_MISMATCH = {
 }
 
 # The checkpoint tensors of each family's own head, to say what a bare model lacks
-_HEAD_TENSORS = {"bert": "cls.predictions.*", "roberta": "lm_head.*"}
+_HEAD_TENSORS = {"bert": "cls.predictions.*", "roberta": "lm_head.*", "xlm-roberta": "lm_head.*"}
 
 
 def _head_from_architectures(c: _Config, raw: dict[str, Any]) -> dict[str, Any]:

@@ -103,6 +103,23 @@ OTHERS: dict[str, dict[str, Any]] = {
         "num_layers": 8, "output_past": True, "pad_token_id": 0,
         "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "vocab_size": 32128,
     },
+    # T5 v1.1's and RoBERTa's models under other names
+    "mt5-small": {
+        "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
+        "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1,
+        "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0, "is_encoder_decoder": True,
+        "layer_norm_epsilon": 1e-06, "model_type": "mt5", "num_decoder_layers": 8, "num_heads": 6,
+        "num_layers": 8, "pad_token_id": 0, "relative_attention_num_buckets": 32,
+        "tie_word_embeddings": False, "tokenizer_class": "T5Tokenizer", "vocab_size": 250112,
+    },
+    "xlm-roberta-base": {
+        "architectures": ["XLMRobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+        "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+        "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+        "layer_norm_eps": 1e-05, "max_position_embeddings": 514, "model_type": "xlm-roberta",
+        "num_attention_heads": 12, "num_hidden_layers": 12, "output_past": True, "pad_token_id": 1,
+        "position_embedding_type": "absolute", "type_vocab_size": 1, "vocab_size": 250002,
+    },
 }
 
 _AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
@@ -195,6 +212,16 @@ def test_bart_shares_tokens_but_not_positions() -> None:
     assert count_parameters(spec).total == 139_420_416  # bart-base with its zero logits bias left out
 
 
+def test_mt5_is_t5_v1_1_with_a_large_vocabulary() -> None:
+    spec = spec_from_hf_config(OTHERS["mt5-small"])
+    v1_1 = spec_from_hf_config({**OTHERS["t5-v1_1-small"], "vocab_size": 250112})
+    assert spec.model_copy(update={"name": v1_1.name, "training": v1_1.training}) == v1_1
+    assert count_parameters(spec).total == 300_176_768  # mt5-small, its untied output layer included
+    roberta = spec_from_hf_config({**OTHERS["roberta-base"], "vocab_size": 250002})
+    xlmr = spec_from_hf_config(OTHERS["xlm-roberta-base"])
+    assert xlmr.model_copy(update={"name": roberta.name, "training": roberta.training}) == roberta
+
+
 def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
     spec = spec_from_hf_config(OTHERS["t5-v1_1-small"])
     ffn = spec.encoder.ffn
@@ -219,7 +246,7 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
         ({"model_type": "qwen2", "hidden_size": 64}, ["qwen2", "bias on the q, k and v", "llama"]),
-        ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2"]),
+        ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],
 )
@@ -260,8 +287,10 @@ def test_export_config_round_trips(preset: str) -> None:
 def test_export_config_round_trips_other_families(name: str) -> None:
     spec = spec_from_hf_config(OTHERS[name])
     config = hf_config_from_spec(spec)
-    assert config["model_type"] == OTHERS[name]["model_type"]
-    assert spec_from_hf_config(config) == spec
+    model_type = OTHERS[name]["model_type"]
+    # mT5 and XLM-RoBERTa are T5's and RoBERTa's models: they export as those
+    assert config["model_type"] == {"mt5": "t5", "xlm-roberta": "roberta"}.get(model_type, model_type)
+    assert spec_from_hf_config(config, name=spec.name) == spec
 
 
 @pytest.mark.parametrize(

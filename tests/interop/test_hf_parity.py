@@ -56,10 +56,22 @@ TINY: dict[str, dict[str, Any]] = {
                     "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
                     "layer_norm_eps": 1e-5, "pad_token_id": 1,
                     "id2label": {0: "negative", 1: "neutral", 2: "positive", 3: "mixed"}},
+    # XLM-RoBERTa is RoBERTa's model under another name (and class names)
+    "xlm-roberta": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
+                    "layer_norm_eps": 1e-5, "pad_token_id": 1},
+    "xlm-roberta-cls": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                        "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
+                        "layer_norm_eps": 1e-5, "pad_token_id": 1, "num_labels": 2},
     "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
            "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16},
     "t5-v1_1": {"d_model": 32, "d_kv": 16, "d_ff": 48, "num_layers": 2, "num_heads": 3,
                 "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+    # mT5 is T5 v1.1's model (gated-gelu by default) that never scales the decoder output;
+    # MT5Config always says tie_word_embeddings: true, `-untied` has an lm_head of its own
+    # as the released mT5 checkpoints do
+    "mt5": {"d_model": 32, "d_kv": 16, "d_ff": 48, "num_layers": 2, "num_heads": 3},
+    "mt5-untied": {"d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 1, "num_heads": 4},
     "bart": {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
              "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 48,
              "max_position_embeddings": 64, "activation_function": "gelu", "forced_eos_token_id": None,
@@ -85,19 +97,25 @@ TINY: dict[str, dict[str, Any]] = {
                             "intermediate_size": 64, "max_position_embeddings": 64,
                             "use_parallel_residual": False, "tie_word_embeddings": True},
 }
-DECODERS = [f for f in TINY if not f.startswith(("bert", "roberta"))]
+DECODERS = [f for f in TINY if not f.startswith(("bert", "roberta", "xlm-roberta"))]
+
+
+def _model_type(family: str) -> str:
+    return "xlm-roberta" if family.startswith("xlm-roberta") else family.split("-")[0]
 
 
 def _hf_model(family: str, seed: int = 0) -> Any:
     """A random transformers model of ``family`` in eval mode, with every parameter
     (norm gains and biases too) perturbed so that no mapping passes by accident."""
-    model_type = family.split("-")[0]
+    model_type = _model_type(family)
     config = transformers.AutoConfig.for_model(model_type, **{**_SMALL, **TINY[family]})
     auto = {
         "t5": transformers.AutoModelForSeq2SeqLM,
+        "mt5": transformers.AutoModelForSeq2SeqLM,
         "bart": transformers.AutoModelForSeq2SeqLM,
         "bert": transformers.AutoModelForMaskedLM,
         "roberta": transformers.AutoModelForMaskedLM,
+        "xlm-roberta": transformers.AutoModelForMaskedLM,
     }.get(model_type, transformers.AutoModelForCausalLM)
     if family.endswith("-cls"):
         auto = transformers.AutoModelForSequenceClassification
@@ -109,6 +127,8 @@ def _hf_model(family: str, seed: int = 0) -> Any:
             p.add_(torch.randn_like(p) * 0.3)
         if family == "bart-untied":  # one table read by both stacks, as specformer has
             model.model.decoder.embed_tokens.weight.copy_(model.model.encoder.embed_tokens.weight)
+    if family == "mt5-untied":
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach() + torch.randn_like(model.shared.weight))
     return model
 
 
@@ -195,7 +215,7 @@ def _greedy(
     return torch.cat(tokens, dim=1), torch.stack(logits, dim=1)
 
 
-_START = {"t5": 0, "bart": 2}  # decoder start tokens: T5 starts from pad, BART from eos
+_START = {"t5": 0, "mt5": 0, "bart": 2}  # decoder start tokens: T5 starts from pad, BART from eos
 
 
 @pytest.mark.parametrize("family", sorted(DECODERS))
@@ -516,3 +536,99 @@ def test_keys_a_mistral_config_omits_take_mistral_defaults() -> None:
     spec = spec_from_hf_config(llama)
     assert (spec.decoder.attention.n_kv_heads, spec.decoder.ffn.d_ff, spec.max_seq_len) == (
         hf.num_key_value_heads, hf.intermediate_size, hf.max_position_embeddings)
+
+
+# --------------------------------------------------------------------------- families under other names
+
+
+@pytest.mark.parametrize(
+    ("family", "auto", "written_as"),
+    [
+        ("mt5", "AutoModelForSeq2SeqLM", ("t5", "T5ForConditionalGeneration")),
+        ("mt5-untied", "AutoModelForSeq2SeqLM", ("t5", "T5ForConditionalGeneration")),
+        ("xlm-roberta", "AutoModelForMaskedLM", ("roberta", "RobertaForMaskedLM")),
+        ("xlm-roberta-cls", "AutoModelForSequenceClassification", ("roberta", "RobertaForSequenceClassification")),
+    ],
+)
+def test_mt5_and_xlm_roberta_folders_import_and_export_as_t5_and_roberta(
+    family: str, auto: str, written_as: tuple[str, str], tmp_path
+) -> None:
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from specformer.analysis import count_parameters
+    from specformer.cli import app
+    from specformer.specs.loader import load_spec
+
+    hf = _hf_model(family)
+    hf.save_pretrained(tmp_path / "hf")
+    model_type = _model_type(family)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == model_type
+    spec_path, weights = tmp_path / "m.yaml", tmp_path / "m.safetensors"
+    runner = CliRunner()
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    assert f"export-hf writes it back as Hugging Face {written_as[0]}" in result.output
+    spec = load_spec(spec_path)
+    assert spec.embedding.tie_output == (family != "mt5-untied")
+    # the parameters transformers holds, a tied tensor once
+    assert count_parameters(spec).total == sum(p.numel() for p in hf.parameters())
+    model = build_model(spec).eval()
+    model.load_state_dict(load_file(str(weights)))
+    ids, mask = _inputs()
+    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if spec.kind == "encoder-decoder":
+        kwargs["decoder_input_ids"] = ids[:, :5]
+    with torch.no_grad():
+        expected = hf(**kwargs).logits
+        ours = model(ids, **{k: v for k, v in kwargs.items() if k != "input_ids"}).logits
+    real = mask.bool() if spec.kind == "encoder" and expected.dim() == 3 else slice(None)
+    torch.testing.assert_close(ours[real], expected[real], atol=1e-4, rtol=0)
+    assert expected[real].std() > 0.1
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert f"an imported {model_type} is written as {written_as[0]} too" in result.output
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == (written_as[0], [written_as[1]])
+    back = getattr(transformers, auto).from_pretrained(tmp_path / "out").eval()
+    assert type(back).__name__ == written_as[1]
+    with torch.no_grad():
+        torch.testing.assert_close(back(**kwargs).logits, expected, atol=1e-5, rtol=0)
+
+
+def test_an_mt5_config_never_scales_the_decoder_output() -> None:
+    # MT5ForConditionalGeneration has no output scaling; T5 scales when tie_word_embeddings is true
+    config = {"model_type": "mt5", "vocab_size": V, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 1,
+              "num_heads": 4}
+    for tied in (True, False, None):
+        spec = spec_from_hf_config({**config, "tie_word_embeddings": tied})
+        assert spec.head.scale_input is False
+        assert spec.embedding.tie_output is (tied is not False)
+        assert (spec.encoder.ffn.type, spec.encoder.ffn.activation) == ("glu", "gelu_tanh")
+    assert spec_from_hf_config({**config, "model_type": "t5", "tie_word_embeddings": True}).head.scale_input
+    # keys a config leaves out take MT5Config's defaults, not T5Config's
+    minimal = spec_from_hf_config({"model_type": "mt5"})
+    hf = transformers.AutoConfig.for_model("mt5")
+    assert (minimal.vocab_size, minimal.encoder.n_layers, minimal.encoder.attention.n_heads, minimal.encoder.ffn.d_ff) == (
+        hf.vocab_size, hf.num_layers, hf.num_heads, hf.d_ff)
+    assert spec_from_hf_config({"model_type": "xlm-roberta"}).vocab_size == transformers.AutoConfig.for_model(
+        "xlm-roberta").vocab_size
+
+
+@pytest.mark.parametrize(
+    ("model_type", "name", "words"),
+    [
+        ("mt5", "MT5EncoderModel", ["it is the encoder alone", "supported mt5 architectures: MT5ForConditionalGeneration"]),
+        ("xlm-roberta", "XLMRobertaModel", ["XLMRobertaModel is the bare xlm-roberta encoder", "lm_head.*"]),
+        ("xlm-roberta", "XLMRobertaForTokenClassification", ["no token-classification head",
+                                                             "XLMRobertaForSequenceClassification"]),
+    ],
+)
+def test_mt5_and_xlm_roberta_classes_without_a_spec_head_are_refused_by_name(
+    model_type: str, name: str, words: list[str]
+) -> None:
+    kwargs = TINY[model_type]
+    with pytest.raises(HFConversionError) as info:
+        spec_from_hf_config({"model_type": model_type, **_SMALL, **kwargs, "architectures": [name]})
+    for word in words:
+        assert word in str(info.value)

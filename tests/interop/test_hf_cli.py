@@ -149,6 +149,29 @@ def test_import_then_export_round_trip_through_the_command_line(tmp_path) -> Non
         torch.testing.assert_close(back(input_ids=ids).logits, hf(input_ids=ids).logits, atol=1e-5, rtol=0)
 
 
+def test_bf16_weights_are_written_as_they_are_and_computed_in_float32(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=101)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "llama")
+    spec_path, weights = tmp_path / "llama.yaml", tmp_path / "llama.safetensors"
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "llama"), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    state = load_file(str(weights))
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+    model = build_model(load_spec(spec_path)).eval()
+    model.load_state_dict(state)
+    assert next(model.parameters()).dtype == torch.float32
+    ids = torch.randint(0, 101, (2, 9))
+    hf32 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.float32).eval()
+    hf16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        ours = model(ids).logits
+        torch.testing.assert_close(ours, hf32(input_ids=ids).logits, atol=1e-5, rtol=0)
+        assert (ours - hf16(input_ids=ids).logits.float()).abs().max() > 1e-4  # bf16 compute rounds
+
+
 # --------------------------------------------------------------------------- what a user gets wrong
 
 

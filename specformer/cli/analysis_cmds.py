@@ -676,15 +676,10 @@ def _labels(args: list[str], specs: list[Any]) -> list[str]:
     names = [s.name for s in specs]
     if len(set(names)) == len(names):
         return names
+    from specformer.analysis.diff import _distinct
+
     labels = [a if a != n else n for a, n in zip(args, names, strict=True)]
-    if len(set(labels)) == len(labels):
-        return labels
-    seen: dict[str, int] = {}
-    out = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
-    return out
+    return labels if len(set(labels)) == len(labels) else _distinct(labels)
 
 
 @app.command()

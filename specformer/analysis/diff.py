@@ -444,7 +444,7 @@ def diff_specs(
     out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype) for s in resolved] if reports else []
     if labels is not None and len(labels) != len(resolved):
         raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
-    names = list(labels) if labels is not None else _distinct([s.name for s in resolved])
+    names = list(labels) if labels is not None else distinct_names([s.name for s in resolved])
     compat: list[Compatibility] = []
     if checkpoints:
         cache: dict[int, tuple[dict[str, tuple[int, ...]], str]] = {}
@@ -463,7 +463,7 @@ def diff_specs(
     )
 
 
-def _distinct(names: list[str]) -> list[str]:
+def distinct_names(names: list[str]) -> list[str]:
     """``names`` with each repeat numbered, so that two specs that share a ``name`` (one
     copied from the other) have columns of their own: ``gpt-nano``, ``gpt-nano #2``."""
     seen: dict[str, int] = {}

@@ -676,10 +676,10 @@ def _labels(args: list[str], specs: list[Any]) -> list[str]:
     names = [s.name for s in specs]
     if len(set(names)) == len(names):
         return names
-    from specformer.analysis.diff import _distinct
+    from specformer.analysis.diff import distinct_names
 
     labels = [a if a != n else n for a, n in zip(args, names, strict=True)]
-    return labels if len(set(labels)) == len(labels) else _distinct(labels)
+    return labels if len(set(labels)) == len(labels) else distinct_names(labels)
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -212,6 +213,9 @@ def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
     for bad in (2.5, -1, True):
         with pytest.raises(ValueError, match=f"max_new_tokens must be an integer >= 0, got {bad}"):
             generate(gpt, torch.tensor([[5, 6]]), max_new_tokens=bad)
+    # a whole number that is not a Python int (numpy's, a 0-d tensor's) is a count as range() takes it
+    for count in (np.int64(2), torch.tensor(2)):
+        assert generate(gpt, torch.tensor([[5, 6]]), max_new_tokens=count, temperature=0.0).shape == (1, 4)
     with pytest.raises(ValueError, match="input_ids has no tokens"):
         generate(gpt, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
     with pytest.raises(ValueError, match="generate is for a decoder model, and this one is an encoder-decoder; "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -230,15 +231,46 @@ class Registry:
 
 def _same_definition(first: type, second: type) -> bool:
     """Whether two spec classes are one class statement run twice: the same module and
-    name, and the same fields with the same types and defaults."""
+    name, the same fields with the same types and defaults, and the same validators,
+    methods and properties (the schema keeps the first class: its code is what runs)."""
     if first is second:
         return True
     if (first.__module__, first.__qualname__) != (second.__module__, second.__qualname__):
         return False
     try:
-        return first.model_json_schema() == second.model_json_schema()  # type: ignore[attr-defined]
+        if first.model_json_schema() != second.model_json_schema():  # type: ignore[attr-defined]
+            return False
     except Exception:  # a field type without a JSON schema: nothing to compare by
         return False
+    return _body(first) == _body(second)
+
+
+def _body(spec: type) -> list[Any]:
+    """The code a spec class and its bases define besides fields (methods, properties,
+    validators, each with how it is applied), with line numbers left out: a line added
+    above the class in its cell changes nothing."""
+    out: list[Any] = []
+    for klass in spec.__mro__:
+        if klass.__module__.partition(".")[0] in ("pydantic", "builtins"):
+            continue
+        for key, value in vars(klass).items():
+            value = getattr(value, "__func__", value)  # classmethod, staticmethod
+            parts = (value.fget, value.fset, value.fdel) if isinstance(value, property) else (value,)
+            codes = [_code(part.__code__) for part in parts if hasattr(part, "__code__")]
+            if codes:
+                out.append((klass.__qualname__, key, codes))
+    decorators = getattr(spec, "__pydantic_decorators__", None)
+    for kind in ("validators", "field_validators", "root_validators", "field_serializers",
+                 "model_serializers", "model_validators", "computed_fields"):
+        for key, decorator in sorted(getattr(decorators, kind, {}).items()):
+            out.append((kind, key, repr(decorator.info)))
+    return out
+
+
+def _code(code: types.CodeType) -> types.CodeType:
+    """``code`` and the code inside it (lambdas, comprehensions) as if it began at line 1."""
+    consts = tuple(_code(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_firstlineno=1, co_consts=consts)
 
 
 def _type_literal(spec: type) -> str:

@@ -202,6 +202,51 @@ def test_a_notebook_cell_that_registers_a_type_runs_again_after_the_schema_is_bu
     assert registry.get("norm", "cellnorm").target == "x:second"
 
 
+def test_a_cell_run_again_with_another_validator_or_method_needs_a_new_process():
+    # the schema keeps the first class: an edited validator or property would never run
+    cell = textwrap.dedent('''
+        from typing import Literal
+        from pydantic import field_validator
+        from specformer.specs.base import Spec
+        ABOVE
+        class CellNormSpec(Spec):
+            type: Literal["cellnorm"] = "cellnorm"
+            placement: Literal["pre", "post"] = "pre"
+            final: bool | None = None
+            eps: float = 1e-5
+
+            @field_validator("eps")
+            @classmethod
+            def _small(cls, value: float) -> float:
+                if value > LIMIT:
+                    raise ValueError("eps is too large")
+                return value
+
+            @property
+            def scale(self) -> float:
+                return SCALE * self.eps
+    ''')
+
+    def run_cell(limit: str = "0.1", scale: str = "1.0", above: str = "") -> type:
+        namespace = {"__name__": "__main__"}
+        text = cell.replace("LIMIT", limit).replace("SCALE", scale).replace("ABOVE", above)
+        exec(compile(text, "<cell>", "exec", dont_inherit=True), namespace)
+        return namespace["CellNormSpec"]
+
+    registry = Registry()
+    first = run_cell()
+    registry.register("norm", first, "x:first")
+    registry.mark_built("norm")
+    # the same statement, even below a line added to the cell: the new target is taken
+    registry.register("norm", run_cell(above="import math"), "x:second", replace=True)
+    assert registry.get("norm", "cellnorm").spec is first
+    assert registry.get("norm", "cellnorm").target == "x:second"
+    for edited in (run_cell(limit="0.5"), run_cell(scale="2.0")):
+        with pytest.raises(ValueError, match=r"needs a new Python process \(in a notebook, restart the kernel\)"):
+            registry.register("norm", edited, "x:third", replace=True)
+    assert registry.get("norm", "cellnorm").target == "x:second"
+
+
 def test_a_type_registered_before_the_schema_does_not_become_the_default(tmp_path):
     # a script registers before its first load_spec; a mapping without `type:` stays the built-in
     code = textwrap.dedent('''

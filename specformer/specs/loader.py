@@ -990,8 +990,9 @@ def _name_hint(value: Any, choices: list[str]) -> str | None:
     """What another tool's name ``value`` is called here, if that is one of ``choices`` (the
     hint for `mlm` as an objective, not as a positional type)."""
     hint = TYPE_HINTS.get(value.lower()) if isinstance(value, str) else None
-    target = re.search(r"`(?:\w+: )?([\w-]+)`", hint) if hint else None
-    return hint if target is not None and target.group(1) in choices else None
+    # any name the hint gives: `activation: swiglu` is told of `type: glu` with `activation: silu`
+    targets = re.findall(r"`(?:\w+: )?([\w-]+)`", hint) if hint else []
+    return hint if any(target in choices for target in targets) else None
 
 
 def _split(field: str) -> list[str | int]:

@@ -523,6 +523,10 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     # a hint whose name is not among this field's choices is not given: `bert` is no positional type
     assert hint("positional.type=bert") == "allowed: sinusoidal, learned, rope, alibi, t5, none"
     assert hint("decoder.ffn.type=swiglu").startswith("SwiGLU is `type: glu` with `activation: silu`.")
+    # where the second name it gives is this field's choice: a GLU written as an activation
+    assert hint("decoder.ffn.activation=swiglu") == (
+        "SwiGLU is `type: glu` with `activation: silu`. allowed: relu, gelu, gelu_tanh, silu")
+    assert hint("decoder.ffn.activation=geglu").startswith("GeGLU is `type: glu` with `activation: gelu`.")
 
 
 def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():

@@ -323,8 +323,9 @@ def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoi
     --weights`` writes), as :func:`load_checkpoint` rebuilds a checkpoint's: an imported
     model generates, evaluates and fills masks before any training. Its tokenizer is the
     spec's ``training.tokenizer`` when that is a ``tokenizer.json`` (``type: file``, as
-    ``import-hf`` writes it), else the one ``import-hf`` recorded in the file's header,
-    else None (a tokenizer the spec would train has none of the weights' ids)."""
+    ``import-hf`` writes it) or a fixed one (``byte``, ``task``), else the one ``import-hf``
+    recorded in the file's header, else None (a BPE the spec would train has none of the
+    weights' ids)."""
     from specformer.builder import build_model
 
     path = Path(path)
@@ -337,12 +338,15 @@ def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoi
 
 def weights_tokenizer(path: str | os.PathLike[str], spec: Any) -> Any:
     """The tokenizer of a ``.safetensors`` file's weights: the spec's ``training.tokenizer``
-    when it is a ``tokenizer.json`` (``type: file``), else the one ``import-hf`` recorded
-    in the file's header, else None."""
-    from specformer.data.tokenizers import file_tokenizer
+    when it is a ``tokenizer.json`` (``type: file``) or one with nothing to train (``byte``,
+    ``task``: the same ids for every run), else the one ``import-hf`` recorded in the
+    file's header, else None."""
+    from specformer.data.tokenizers import ByteTokenizer, TaskTokenizer, file_tokenizer
     from specformer.specs.training import FileTokenizerSpec
 
     settings = spec.training.tokenizer
+    if settings is not None and settings.type in ("byte", "task"):
+        return ByteTokenizer() if settings.type == "byte" else TaskTokenizer()
     if settings is None or settings.type != "file":
         recorded = weights_origin(path).get("specformer.tokenizer")
         settings = FileTokenizerSpec(type="file", path=recorded) if recorded else None

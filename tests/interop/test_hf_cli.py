@@ -517,6 +517,24 @@ def test_imported_weights_evaluate_and_generate_with_spec_before_any_training(tm
     assert result.exit_code == 0 and result.stdout.startswith("the"), result.output
 
 
+def test_weights_with_a_spec_whose_tokenizer_has_nothing_to_train_run_with_it(tmp_path) -> None:
+    # a byte tokenizer gives the same ids in every run: the weights' own, not a tokenizer to train
+    spec_path, weights = tmp_path / "byte.yaml", tmp_path / "w.safetensors"
+    spec_path.write_text("extends: gpt-nano\nvocab_size: 259\ntraining:\n  tokenizer: {type: byte}\n")
+    model = build_model(load_spec(spec_path))
+    save_file(dict(model.state_dict()), str(weights))
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "-p", "def", "-n", "4",
+                                 "--greedy"])
+    assert result.exit_code == 0, result.output
+    from specformer.data.tokenizers import ByteTokenizer
+
+    ids = torch.tensor([list(b"def")])
+    with torch.no_grad():
+        for _ in range(4):  # the greedy continuation of these weights, as bytes
+            ids = torch.cat([ids, model.eval()(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert result.stdout.strip() == ByteTokenizer().decode(ids[0].tolist()).strip()
+
+
 def test_weights_without_their_spec_or_tokenizer_are_clean_errors(tmp_path) -> None:
     folder = _model_folder(tmp_path, _gpt2_config(vocab_size=300), tokenizer=False)
     spec_path, weights = tmp_path / "my.yaml", tmp_path / "w.safetensors"

@@ -280,7 +280,7 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
                          text_field=spec.text_field)
     if spec.max_mb is not None and (size := sum(path.stat().st_size for _, path in keyed)) > spec.max_mb * 1e6:
         # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
-        corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {size / 1e6:.2g} MB of "
+        corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {_mb(size)} MB of "
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
@@ -290,6 +290,11 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
         found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
         raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
     return corpus
+
+
+def _mb(size: int) -> str:
+    """``size`` bytes in MB as a person writes it: 0.005, 2.5, 150, 1,235 (never 1.5e+02)."""
+    return f"{size / 1e6:,.0f}" if size >= 10e6 else f"{size / 1e6:.2g}"
 
 
 def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Path]]:

@@ -113,6 +113,11 @@ def test_a_max_mb_below_the_one_file_read_is_said(tmp_path: Path) -> None:
     assert capped.notes == ["training.data.max_mb=0.001 is below the 0.005 MB of input.txt, read whole "
                             "(the cap keeps or leaves out whole files)"]
     assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "input.txt"),), max_mb=1.0)).notes == []
+    # a large file's size reads as a number of MB, not in exponent notation
+    from specformer.data.corpus import _mb
+
+    assert [_mb(n) for n in (4997, 2_500_000, 9_960_000, 150_000_000, 1_234_567_890)] == [
+        "0.005", "2.5", "10", "150", "1,235"]
 
 
 def test_files_split_does_not_move_when_other_paths_are_added(tmp_path: Path) -> None:

@@ -282,7 +282,7 @@ class LoadedCheckpoint:
         n = sum(p.numel() for p in self.model.parameters())
         return (f"LoadedCheckpoint({str(self.path)!r}, spec={self.spec.name!r}, step={self.step}, "
                 f"model={type(self.model).__name__} ({n:,} parameters), "
-                f"tokenizer={type(self.tokenizer).__name__})")
+                f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None})")
 
 
 def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> LoadedCheckpoint:

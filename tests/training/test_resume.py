@@ -120,6 +120,9 @@ def test_checkpoint_loads_with_weights_only_and_rebuilds_the_model(tiny: Any) ->
     # a notebook shows it in one line, not the module tree, the spec and every tensor
     assert repr(loaded) == (f"LoadedCheckpoint({str(result.checkpoint)!r}, spec={spec.name!r}, step=3, "
                             f"model=DecoderModel ({n:,} parameters), tokenizer=ByteTokenizer)")
+    from dataclasses import replace
+
+    assert repr(replace(loaded, tokenizer=None)).endswith(", tokenizer=None)")  # not NoneType
     ids = torch.randint(0, 256, (2, 10))
     weights = {k.removeprefix("model."): v for k, v in raw["state_dict"].items()}
     from specformer.builder import build_model

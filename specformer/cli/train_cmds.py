@@ -383,8 +383,9 @@ def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:
             settings = loaded.spec.training.tokenizer
             raise _fail(
                 f"{path}: no tokenizer for these weights: the spec's training.tokenizer is "
-                f"{settings.type if settings else 'unset'}, a tokenizer it would train, not the one the weights' "
-                "token ids belong to", "give the model's own: --spec with training.tokenizer: "
+                + (f"{settings.type}, a tokenizer it would train, not the one the weights' token ids belong to"
+                   if settings else "unset (a vocab_size below any text tokenizer's)"),
+                "give the model's own: --spec with training.tokenizer: "
                 "{type: file, path: path/to/tokenizer.json} (import-hf writes it so)")
         return loaded
     if spec_source is not None:

@@ -544,6 +544,13 @@ def test_weights_without_their_spec_or_tokenizer_are_clean_errors(tmp_path) -> N
     # the spec trains a BPE: its ids are not the weights', so nothing is generated from them
     result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "-p", "x"])
     _clean_error(result, "no tokenizer for these weights", "training.tokenizer is bpe", "{type: file, path:")
+    # a spec with no tokenizer at all trains none either
+    small = tmp_path / "small.yaml"
+    small.write_text("extends: gpt-nano\nvocab_size: 100\n")
+    save_file(dict(build_model(load_spec(small)).state_dict()), str(tmp_path / "small.safetensors"))
+    result = runner.invoke(app, ["generate", str(tmp_path / "small.safetensors"), "--spec", str(small), "-p", "x"])
+    _clean_error(result, "training.tokenizer is unset (a vocab_size below any text tokenizer's)", "{type: file, path:")
+    assert "it would train" not in result.stderr
     result = runner.invoke(app, ["fill-mask", str(weights), "--spec", "gpt-nano", "a <mask>"])
     _clean_error(result, "the weights do not fit the model")
 

@@ -309,7 +309,8 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, source: str, text: str) -> SpecPr
             hint="replace the tab with a space",
         )
     context = f" ({exc.context})" if exc.context else ""
-    if exc.context and exc.context.startswith("while scanning") and exc.context_mark is not None:
+    escape = "escape" in problem  # a backslash in double quotes: the mistake is at the backslash
+    if exc.context and exc.context.startswith("while scanning") and exc.context_mark is not None and not escape:
         # a key without its ':' or a quote never closed: the mistake is where that token began,
         # not the line after it, where the scanner gave up
         position = _pos(source, exc.context_mark)
@@ -332,6 +333,9 @@ def _syntax_hint(exc: yaml.MarkedYAMLError) -> str:
     if "flow mapping" in context or "flow sequence" in context:
         bracket = "{ ... }" if "mapping" in context else "[ ... ]"
         return f"the {bracket} opened at line {opened} is not closed (or lacks a ',' between its items)"
+    if "quoted scalar" in context and "escape" in problem:
+        return ("in double quotes a backslash starts an escape (\\n, \\t): write a Windows path in single quotes "
+                "('C:\\data\\x.txt') or with '/'")
     if "quoted scalar" in context:
         return "a quote opened here is never closed"
     return ""

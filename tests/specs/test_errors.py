@@ -25,6 +25,9 @@ BAD_INPUTS = [
     # a key without its ':' is placed at its own line, not the next one, where PyYAML gave up
     ("yaml-no-colon", "kind: decoder\nd_model 64\nvocab_size: 5\n", 2, "", ["a key without its ':'"]),
     ("yaml-open-quote", "kind: decoder\nname: 'tiny\n", 2, "", ["a quote opened here is never closed"]),
+    # a quote that is closed, whose backslash starts an escape: at the backslash, and not "never closed"
+    ("yaml-backslash-in-double-quotes", 'kind: decoder\nname: "C:\\data\\tiny"\n', 2, "",
+     ["unknown escape character 'd'", "a backslash starts an escape", "in single quotes"]),
     ("yaml-deeper-indent", "decoder:\n  n_layers: 2\n    attention: {}\n", 3, "",
      ["a line indented deeper than the key above it"]),
     ("yaml-list-item-among-keys", "decoder:\n  n_layers: 2\n  - attention: {}\n", 3, "",

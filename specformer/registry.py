@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -263,7 +264,8 @@ def _body(spec: type) -> list[Any]:
     for kind in ("validators", "field_validators", "root_validators", "field_serializers",
                  "model_serializers", "model_validators", "computed_fields"):
         for key, decorator in sorted(getattr(decorators, kind, {}).items()):
-            out.append((kind, key, repr(decorator.info)))
+            # (without the addresses of the objects it holds: a computed field's property)
+            out.append((kind, key, re.sub(r" at 0x[0-9a-fA-F]+", "", repr(decorator.info))))
     return out
 
 

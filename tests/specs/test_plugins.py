@@ -203,10 +203,10 @@ def test_a_notebook_cell_that_registers_a_type_runs_again_after_the_schema_is_bu
 
 
 def test_a_cell_run_again_with_another_validator_or_method_needs_a_new_process():
-    # the schema keeps the first class: an edited validator or property would never run
+    # the schema keeps the first class: an edited validator or (computed) property would never run
     cell = textwrap.dedent('''
         from typing import Literal
-        from pydantic import field_validator
+        from pydantic import computed_field, field_validator
         from specformer.specs.base import Spec
         ABOVE
         class CellNormSpec(Spec):
@@ -222,6 +222,7 @@ def test_a_cell_run_again_with_another_validator_or_method_needs_a_new_process()
                     raise ValueError("eps is too large")
                 return value
 
+            @computed_field
             @property
             def scale(self) -> float:
                 return SCALE * self.eps

@@ -36,7 +36,8 @@ def _hub_id_hint(source: Path) -> str:
     import re
 
     text = str(source)
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) or text.endswith(".json") or text.startswith("."):
+    files = (".json", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".yaml", ".yml", ".gguf", ".txt")
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) or text.lower().endswith(files) or text.startswith("."):
         return ""
     return (f"import-hf reads a model folder on disk, not a Hub model id; download it first: "
             f"hf download {text} --local-dir {text.rsplit('/', 1)[-1]}  (or save_pretrained a loaded model) "

@@ -29,12 +29,15 @@ class Spec(BaseModel):
     )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy with ``update`` applied, validated as a new spec would be.
+        """A copy with ``update`` applied, validated.
 
         pydantic's own ``model_copy(update=...)`` sets the values unchecked, which would
         let ``vocab_size=-5``, a typo'd field or a broken cross-field rule reach the
         builder; here the updated data goes through validation like any other spec (a
-        :class:`~specformer.specs.errors.SpecError` for a whole ``ModelSpec``)."""
+        :class:`~specformer.specs.errors.SpecError` for a whole ``ModelSpec``). The sizes
+        the loaded spec derived (``head_dim``, ``d_ff``, the tokenizer's ``vocab_size``)
+        are part of it and keep their values: ``update={"d_model": 256}`` leaves
+        ``head_dim`` as it was. ``load_spec(source, overrides=[...])`` derives them again."""
         if not update:
             return super().model_copy(deep=deep)
         return self._validated({**self.model_dump(), **update})

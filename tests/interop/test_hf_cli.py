@@ -78,9 +78,10 @@ def test_a_hub_model_id_is_told_to_be_downloaded_first(tmp_path, monkeypatch) ->
                  "hf download meta-llama/Llama-3.2-1B --local-dir Llama-3.2-1B")
     result = runner.invoke(app, ["import-hf", "gpt2", "-o", "x.yaml"])
     _clean_error(result, "hf download gpt2 --local-dir gpt2")
-    result = runner.invoke(app, ["import-hf", "my/config.json", "-o", "x.yaml"])  # a path: no such hint
-    _clean_error(result, "no such file or folder")
-    assert "Hub" not in result.stderr
+    for path in ("my/config.json", "model.safetensors", "run/last.ckpt", "pytorch_model.bin"):  # files: no such hint
+        result = runner.invoke(app, ["import-hf", path, "-o", "x.yaml"])
+        _clean_error(result, "no such file or folder")
+        assert "Hub" not in result.stderr, path
     assert not (tmp_path / "x.yaml").exists()
 
 

@@ -71,6 +71,11 @@ def test_model_copy_with_update_validates_like_a_new_spec():
         spec.decoder.attention.model_copy(update={"n_heads": 0})
     with pytest.raises(SpecError, match=r"training.seq_len: seq_len=256 is longer than the model's max_seq_len=32"):
         spec.model_copy(update={"max_seq_len": 32})
+    # the derived sizes are part of the loaded spec: a copy keeps them, load_spec derives again
+    wider = spec.model_copy(update={"d_model": 256})
+    assert (wider.decoder.attention.head_dim, wider.decoder.ffn.d_ff) == (32, 512)
+    again = load_spec("gpt-nano", overrides=["d_model=256"])
+    assert (again.decoder.attention.head_dim, again.decoder.ffn.d_ff) == (64, 1024)
 
 
 def test_derived_sizes_follow_the_model_width():

@@ -61,7 +61,7 @@ TYPE_HINTS = {
     "rms_norm": "RMSNorm is `type: rmsnorm`",
     "gqa": "grouped-query attention is `type: mha` with `n_kv_heads` < `n_heads`",
     "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
-    "swish": "Swish (SiLU) is `activation: silu`",
+    "swish": "Swish (SiLU) is `activation: silu` of a `type: mlp` or `type: glu` FFN",
     "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",
     "mlm": "masked language modelling is `masked_lm`",
     "clm": "causal language modelling is `causal_lm`",

@@ -530,6 +530,9 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     assert hint("decoder.ffn.activation=swiglu") == (
         "SwiGLU is `type: glu` with `activation: silu`. allowed: relu, gelu, gelu_tanh, silu")
     assert hint("decoder.ffn.activation=geglu").startswith("GeGLU is `type: glu` with `activation: gelu`.")
+    # swish written as the FFN's type is its activation
+    assert hint("decoder.ffn.type=swish").startswith("Swish (SiLU) is `activation: silu` of a `type: mlp`")
+    assert hint("positional.type=swish") == "allowed: sinusoidal, learned, rope, alibi, t5, none"
 
 
 def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():

@@ -985,8 +985,11 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     message = message[0].lower() + message[1:] if message else message
-    if not isinstance(value, dict | list) and not (kind == "value_error" and " got " in message):
-        message = f"{message}, got {value!r}"  # (a message of our own may say already what it got)
+    # a message of our own may say already what it got ("..., got 2"); a plugin's "got"
+    # that names something else still gets the value
+    said = kind == "value_error" and " got " in message and (repr(value) in message or str(value) in message)
+    if not isinstance(value, dict | list) and not said:
+        message = f"{message}, got {value!r}"
     return [(path, message, "")]
 
 

@@ -469,6 +469,12 @@ def test_a_message_that_says_what_it_got_says_it_once():
         load_spec("gpt-nano", overrides=["training.max_steps=0"])
     (problem,) = info.value.problems
     assert problem.message == "input should be greater than 0, got 0"
+    # a validator's own "got" about something else (a plugin's words) keeps the value
+    from specformer.specs.loader import _describe
+    from specformer.specs.schema import ModelSpec
+
+    err = {"type": "value_error", "loc": ("d_model",), "msg": "Value error, it got too wide", "input": 7}
+    assert _describe(err, ModelSpec)[0][1] == "it got too wide, got 7"
 
 
 def test_a_bpe_too_small_because_the_model_is_names_the_models_vocab_size():

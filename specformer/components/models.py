@@ -79,8 +79,9 @@ def _value_range(t: Tensor) -> tuple[int, int]:
 
 def _check_range(t: Tensor, low: int, high: int | None, *, name: str, allowed: str) -> tuple[int, int] | None:
     """Refuse values of t outside [low, high) (high None: no upper bound), naming the first
-    bad value and where it is; returns (min, max), or None for an empty t."""
-    if t.numel() == 0:
+    bad value and where it is; returns (min, max), or None for an empty t or one on the
+    meta device (no values to read: a meta model runs for its shapes)."""
+    if t.numel() == 0 or t.device.type == "meta":
         return None
     lo, hi = _value_range(t)
     if lo < low or (high is not None and hi >= high):

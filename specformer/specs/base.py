@@ -33,14 +33,16 @@ class Spec(BaseModel):
 
         pydantic's own ``model_copy(update=...)`` sets the values unchecked, which would
         let ``vocab_size=-5``, a typo'd field or a broken cross-field rule reach the
-        builder; here the updated data goes through validation like any other spec (a
-        :class:`~specformer.specs.errors.SpecError` for a whole ``ModelSpec``). The sizes
-        the loaded spec derived (``head_dim``, ``d_ff``, the tokenizer's ``vocab_size``)
-        are part of it and keep their values: ``update={"d_model": 256}`` leaves
-        ``head_dim`` as it was. ``load_spec(source, overrides=[...])`` derives them again."""
+        builder; here what the spec was given, with the update, goes through validation
+        like any other spec (a :class:`~specformer.specs.errors.SpecError` for a whole
+        ``ModelSpec``), as ``load_spec(source, overrides=[...])`` does. So the sizes it
+        derived (``head_dim``, ``d_ff``, the tokenizer's ``vocab_size``, ...) are derived
+        again: ``update={"d_model": 256}`` gives the new width's ``head_dim`` and
+        ``d_ff``, and sizes that were written keep their values. A resolved spec (a run's
+        ``spec.yaml``, ``to_yaml()``) has every size written."""
         if not update:
             return super().model_copy(deep=deep)
-        return self._validated({**self.model_dump(), **update})
+        return self._validated({**self.model_dump(exclude_unset=True), **update})
 
     @classmethod
     def _validated(cls, data: dict[str, Any]) -> Self:

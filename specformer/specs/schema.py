@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     Field,
+    ModelWrapValidatorHandler,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -618,6 +619,18 @@ class ModelSpec(Spec):
         fill_training(data)
         return data
 
+    # ---- what was written, as against derived: each node's ``model_fields_set`` holds the
+    # fields its input gave, so that ``model_copy(update=...)`` (which re-validates what was
+    # written, plus the update) derives the sizes again from the new values. Defined after
+    # ``_fill_derived``, this validator runs first and sees the data before it is filled.
+    @model_validator(mode="wrap")
+    @classmethod
+    def _record_written(cls, data: Any, handler: ModelWrapValidatorHandler[ModelSpec]) -> ModelSpec:
+        spec = handler(data)
+        if isinstance(data, dict):
+            _mark_written(spec, _written(data))
+        return spec
+
     @model_validator(mode="after")
     def _cross_field(self) -> ModelSpec:
         issues = list(self._issues())
@@ -775,14 +788,43 @@ def _attentions(stack: StackSpec) -> Iterator[tuple[str, AttentionSpec]]:
 
 
 def _plain(value: Any) -> Any:
-    """Deep copy to plain containers, dumping any spec objects a Python caller passed."""
+    """Deep copy to plain containers, dumping any spec objects a Python caller passed (what
+    they were given: a stack taken from another spec brings its layers, not its sizes
+    derived from that spec's width)."""
     if isinstance(value, BaseModel):
-        return value.model_dump(exclude_none=False)
+        return _plain(value.model_dump(exclude_unset=True))
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return copy.copy(value)
+
+
+def _written(value: Any) -> Any:
+    """``value`` as plain containers holding only what was written: spec objects dumped
+    without the fields they derived or defaulted."""
+    if isinstance(value, BaseModel):
+        return _written(value.model_dump(exclude_unset=True))
+    if isinstance(value, dict):
+        return {k: _written(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_written(v) for v in value]
+    return value
+
+
+def _mark_written(node: Any, raw: Any) -> None:
+    """Set the ``model_fields_set`` of ``node`` and of the spec objects inside it to the
+    fields ``raw`` (the input it was validated from) gives."""
+    if isinstance(node, BaseModel):
+        if not isinstance(raw, dict):
+            return
+        written = {name for name in raw if name in type(node).model_fields}
+        object.__setattr__(node, "__pydantic_fields_set__", written)
+        for name in written:
+            _mark_written(getattr(node, name), raw[name])
+    elif isinstance(node, list | tuple) and isinstance(raw, list) and len(raw) == len(node):
+        for item, given in zip(node, raw, strict=True):
+            _mark_written(item, given)
 
 
 def _size(value: Any) -> bool:

@@ -71,11 +71,35 @@ def test_model_copy_with_update_validates_like_a_new_spec():
         spec.decoder.attention.model_copy(update={"n_heads": 0})
     with pytest.raises(SpecError, match=r"training.seq_len: seq_len=256 is longer than the model's max_seq_len=32"):
         spec.model_copy(update={"max_seq_len": 32})
-    # the derived sizes are part of the loaded spec: a copy keeps them, load_spec derives again
+
+
+def test_model_copy_derives_the_sizes_again_as_load_spec_does():
+    spec = load_spec("gpt-nano")
+    assert (spec.decoder.attention.head_dim, spec.decoder.ffn.d_ff) == (32, 512)
     wider = spec.model_copy(update={"d_model": 256})
-    assert (wider.decoder.attention.head_dim, wider.decoder.ffn.d_ff) == (32, 512)
-    again = load_spec("gpt-nano", overrides=["d_model=256"])
-    assert (again.decoder.attention.head_dim, again.decoder.ffn.d_ff) == (64, 1024)
+    assert (wider.decoder.attention.head_dim, wider.decoder.ffn.d_ff) == (64, 1024)
+    assert wider == load_spec("gpt-nano", overrides=["d_model=256"])
+    # what was written keeps its value; a stack taken from another spec brings its
+    # settings, not the sizes that spec derived from its own width
+    llama = load_spec("llama2-7b")
+    small = llama.model_copy(update={"d_model": 512, "vocab_size": 1000})
+    assert small.decoder.attention.n_kv_heads == 32 and small.decoder.attention.head_dim == 16
+    assert small.decoder.ffn.d_ff == 11008  # written in the preset
+    assert small == load_spec("llama2-7b", overrides=["d_model=512", "vocab_size=1000"])
+    moved = spec.model_copy(update={"decoder": wider.decoder, "d_model": 64})
+    assert (moved.decoder.attention.head_dim, moved.decoder.ffn.d_ff) == (16, 256)
+    # an encoder-decoder's cross-attention and an override's layers follow the stack again
+    t5 = load_spec("t5-nano", overrides=["decoder.overrides=[{layers: [0], attention: {sliding_window: 8}}]"])
+    more_heads = t5.decoder.model_copy(update={"attention": {"n_heads": 8}})
+    t5_8 = t5.model_copy(update={"decoder": more_heads})
+    assert t5_8.decoder.cross_attention.n_heads == 8 and t5_8.decoder.cross_attention.head_dim == 16
+    assert t5.decoder.overrides[0].attention.n_heads == 4
+    layer0 = t5_8.decoder.overrides[0].attention
+    assert (layer0.n_heads, layer0.head_dim, layer0.sliding_window) == (8, 16, 8)
+    # a resolved spec writes every size: its copy keeps them
+    resolved = load_spec(spec.to_yaml())
+    kept = resolved.model_copy(update={"d_model": 256})
+    assert (kept.decoder.attention.head_dim, kept.decoder.ffn.d_ff) == (32, 512)
 
 
 def test_derived_sizes_follow_the_model_width():

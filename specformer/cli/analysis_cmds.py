@@ -372,7 +372,29 @@ def show(
     if output_format == "json":
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
-    _emit(_show_sections(report), _show_heading(report), output_format)
+    sections = _show_sections(report)
+    if (batch, seq_len, dtype) == (1, None, "bf16-mixed"):
+        sections[-1].notes.extend(_training_step_note(resolved, report.memory))
+    _emit(sections, _show_heading(report), output_format)
+
+
+def _training_step_note(spec: Any, memory: Any) -> list[str]:
+    """When `specformer train` would take another step than the one shown (the defaults:
+    batch 1, bf16-mixed), the options that show its step."""
+    from specformer.analysis.memory import precision
+
+    t = spec.training
+    try:
+        name = precision(t.precision).name
+    except ValueError:  # 64: no estimate for it
+        return []
+    if (t.batch_size, t.seq_len, name) == (memory.batch, memory.seq_len, memory.dtype):
+        return []
+    return [
+        f"`specformer train` runs batch {t.batch_size} × seq_len {t.seq_len:,} at precision {t.precision} "
+        f"(training.batch_size, seq_len, precision): `--batch {t.batch_size} --seq-len {t.seq_len} "
+        f"--dtype {t.precision}` shows its step."
+    ]
 
 
 def _warn_past_learned_table(spec: Any, seq_len: int | None, *, name: str | None = None,

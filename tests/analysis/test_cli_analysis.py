@@ -63,6 +63,17 @@ def test_show_markdown() -> None:
     assert "fp32" in out
 
 
+def test_show_says_which_options_show_the_training_step_of_the_spec() -> None:
+    out = _ok(["show", "gpt-nano", "--format", "markdown"]).stdout
+    note = "`--batch 16 --seq-len 256 --dtype 32` shows its step"
+    assert "batch 1 × seq_len 256, bf16-mixed" in out and note in out
+    # those options show the step `specformer train gpt-nano` takes, and the note is gone
+    step = _ok(["show", "gpt-nano", "--format", "markdown", "--batch", "16", "--seq-len", "256", "--dtype", "32"]).stdout
+    assert "batch 16 × seq_len 256, fp32" in step and "shows its step" not in step
+    same = ["--set", "training.batch_size=1", "--set", "training.precision=bf16-mixed"]
+    assert "shows its step" not in _ok(["show", "gpt-nano", *same]).stdout
+
+
 def test_show_set_overrides() -> None:
     data = json.loads(_ok(["show", "gpt2-small", "--set", "decoder.n_layers=6", "-f", "json"]).stdout)
     assert data["params"]["total"] == count_parameters(load_spec("gpt2-small", ["decoder.n_layers=6"])).total

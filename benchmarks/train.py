@@ -134,12 +134,13 @@ def executed_flops(spec: Any, shape: Any, batch: Any) -> float:
     return total
 
 
-def compiled_adapter(ours: Adapter, kind: str, dev: torch.device) -> Adapter:
+def compiled_adapter(ours: Adapter, kind: str, dev: torch.device, mode: str | None = None) -> Adapter:
     """``torch.compile`` of specformer's model (the same parameters), as a separate row; the
-    warm-up steps absorb the compilation."""
-    compiled = _specformer_adapter(torch.compile(ours.model), kind, dev)
-    compiled.library = "specformer+compile"
-    compiled.notes = "torch.compile (inductor), same module and weights"
+    warm-up steps absorb the compilation. ``mode``: torch.compile's (``max-autotune-no-cudagraphs``
+    also times inductor's own matrix-product kernels against the library's)."""
+    compiled = _specformer_adapter(torch.compile(ours.model, mode=mode), kind, dev)
+    compiled.library = "specformer+compile" + (f"({mode})" if mode else "")
+    compiled.notes = "torch.compile (inductor" + (f", mode={mode}" if mode else "") + "), same module and weights"
     return compiled
 
 
@@ -150,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeat", type=int, default=None)
     p.add_argument("--compile", action="store_true",
                    help="also time torch.compile(specformer model) as its own row (compile time excluded)")
+    p.add_argument("--compile-modes", nargs="*", default=[None], metavar="MODE",
+                   help="with --compile: torch.compile modes, one row each (default: its default mode; "
+                        "e.g. default max-autotune-no-cudagraphs)")
     args = p.parse_args(argv)
     dev = setup(args)
     from benchmarks.common import select_shapes
@@ -160,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for shape in shapes:
         adapters = build_adapters(shape, dev, libraries)
         if args.compile:
-            adapters.append(compiled_adapter(adapters[0], shape.kind, dev))
+            for mode in args.compile_modes:
+                adapters.append(compiled_adapter(adapters[0], shape.kind, dev, None if mode == "default" else mode))
         check = check_same_logits(adapters, make_batch(shape, dev, batch=1, seq_len=min(64, shape.seq_len)))
         batch = make_batch(shape, dev)
         spec = shape.model_spec()

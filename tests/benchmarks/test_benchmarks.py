@@ -117,6 +117,17 @@ def test_train_without_x_transformers(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [r["library"] for r in payload["results"]] == ["specformer", "transformers"]
 
 
+@pytest.mark.slow
+def test_train_compile_rows_one_per_mode() -> None:
+    payload = train.main(["--quick", "--shapes", "gpt2-style", "--libraries", "specformer", "--precisions",
+                          "fp32", "--compile", "--compile-modes", "default", "reduce-overhead"])
+    rows = payload["results"]
+    assert [r["library"] for r in rows] == [
+        "specformer", "specformer+compile", "specformer+compile(reduce-overhead)"]
+    assert all(r["step_ms"] > 0 and r["notes"] for r in rows[1:])
+    assert "mode=reduce-overhead" in rows[2]["notes"]
+
+
 def test_inference_quick(tmp_path: Path) -> None:
     out = tmp_path / "inference.json"
     inference.main(["--quick", "--out", str(out), "--new-tokens", "2"])

@@ -292,6 +292,7 @@ def _bart(c: _Config) -> dict[str, Any]:
         }
 
     n_pos = c("max_position_embeddings", 1024)
+    tied = c("tie_word_embeddings", True)
     return {
         "kind": "encoder-decoder",
         "vocab_size": c("vocab_size", 50265),
@@ -301,11 +302,13 @@ def _bart(c: _Config) -> dict[str, Any]:
         "positional": {"type": "learned", "max_positions": n_pos + 2, "offset": 2},
         "encoder": stack("encoder"),
         "decoder": stack("decoder"),
+        # tied, one token table serves both stacks and the output layer; untied,
+        # transformers 5 gives each of the three its own
         "embedding": {
             "scale": bool(c("scale_embedding", False)),
-            "tie_output": c("tie_word_embeddings", True),
-            "share_encoder_decoder": True,
-            "share_positions": False,
+            "tie_output": tied,
+            "share_encoder_decoder": tied,
+            **({"share_positions": False} if tied else {}),
             "dropout": dropout,
             "norm": {"type": "layernorm", "eps": 1e-5},
         },
@@ -923,6 +926,12 @@ def hf_config_from_spec(
     model_type = hf_family(spec)
     _check_head_exports(spec, model_type)
     spec = _without_equivalents(spec)
+    e = spec.embedding
+    if model_type == "bart" and not e.tie_output and e.share_encoder_decoder:
+        # untied, transformers 5 gives each stack a token table: one shared table exports as
+        # two equal ones, which compute the same outputs
+        spec = spec.model_copy(update={"embedding": {**e.model_dump(exclude_unset=True),
+                                                     "share_encoder_decoder": False, "share_positions": True}})
     try:
         config = {"model_type": model_type, **_EXPORTERS[model_type](spec)}
     except (KeyError, AttributeError) as exc:

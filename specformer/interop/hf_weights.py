@@ -255,7 +255,11 @@ def _t5(spec: ModelSpec) -> Iterator[Rule]:
 
 
 def _bart(spec: ModelSpec) -> Iterator[Rule]:
-    yield Rule("embed.tokens.weight", ("model.shared.weight",))
+    if spec.embedding.share_encoder_decoder:
+        yield Rule("embed.tokens.weight", ("model.shared.weight",))
+    else:  # untied: transformers 5 gives each stack its own table (and leaves `shared` unused)
+        yield Rule("embed.tokens.weight", ("model.encoder.embed_tokens.weight",))
+        yield Rule("decoder_embed.tokens.weight", ("model.decoder.embed_tokens.weight",))
     for role, embed in (("encoder", "embed"), ("decoder", "decoder_embed")):
         s, m = getattr(spec, role), f"model.{role}"
         yield Rule(f"{embed}.positions.weight", (f"{m}.embed_positions.weight",))
@@ -465,14 +469,23 @@ def _live_tensors(
         h = "cls.predictions" if model_type == "bert" else "lm_head"
         if f"{h}.decoder.bias" in theirs:
             take(f"{h}.decoder.bias", f"{h}.bias")
-    if model_type == "bart":
+    if model_type == "bart" and not spec.embedding.share_encoder_decoder:
+        # each stack reads its own table (a 4.x checkpoint holds the one they shared)
+        shared = theirs.pop("model.shared.weight", None)
+        tables = [f"model.{role}.embed_tokens.weight" for role in ("encoder", "decoder")]
+        if shared is not None:
+            if all(name in theirs for name in tables):
+                unused.append("model.shared.weight")
+            for name in tables:
+                theirs.setdefault(name, shared)
+    elif model_type == "bart":
         enc, dec = theirs.get("model.encoder.embed_tokens.weight"), theirs.get("model.decoder.embed_tokens.weight")
         if enc is not None and dec is not None:
             if enc.shape != dec.shape or not torch.equal(enc, dec):
                 raise HFConversionError(
-                    "model.encoder.embed_tokens.weight and model.decoder.embed_tokens.weight differ: with "
-                    "tie_word_embeddings=false, transformers 5 gives each BART stack its own token table, "
-                    "and specformer's encoder and decoder read one"
+                    "model.encoder.embed_tokens.weight and model.decoder.embed_tokens.weight differ: "
+                    "each BART stack has its own token table, and the spec's encoder and decoder read one; "
+                    "import it with embedding.share_encoder_decoder: false"
                 )
             theirs["model.encoder.embed_tokens.weight"] = enc
             take("model.decoder.embed_tokens.weight", "model.shared.weight")
@@ -488,7 +501,7 @@ def _copy_of(name: str, family: _Family, spec: ModelSpec, ours: Mapping[str, Ten
     if name.endswith("decoder.bias"):  # BERT/RoBERTa: the decoder's bias is the head bias
         return ours.get("head.bias")
     if name.endswith("embed_tokens.weight"):  # T5/BART stacks point at the shared table
-        return ours["embed.tokens.weight"]
+        return ours["embed.tokens.weight"] if spec.embedding.share_encoder_decoder else None
     return ours["embed.tokens.weight"] if spec.embedding.tie_output else None
 
 
@@ -520,4 +533,6 @@ def specformer_to_hf(
             out[name] = value
     if model_type == "bart":
         out["final_logits_bias"] = torch.zeros(1, spec.vocab_size, dtype=state_dict["embed.tokens.weight"].dtype)
+        # untied, `shared` is a parameter transformers computes nothing with: the encoder's table
+        out.setdefault("model.shared.weight", state_dict["embed.tokens.weight"])
     return out

@@ -80,7 +80,8 @@ TINY: dict[str, dict[str, Any]] = {
                     "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
                     "max_position_embeddings": 64, "activation_function": "relu", "scale_embedding": True,
                     "forced_eos_token_id": None, "decoder_start_token_id": 2},
-    # untied, transformers 5 gives each stack a token table of its own (`shared` is unused)
+    # untied, transformers 5 gives each stack a token table of its own (`shared` is unused):
+    # the spec then has embedding.share_encoder_decoder: false
     "bart-untied": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 4,
                     "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
                     "max_position_embeddings": 64, "forced_eos_token_id": None, "decoder_start_token_id": 2,
@@ -125,8 +126,6 @@ def _hf_model(family: str, seed: int = 0) -> Any:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-        if family == "bart-untied":  # one table read by both stacks, as specformer has
-            model.model.decoder.embed_tokens.weight.copy_(model.model.encoder.embed_tokens.weight)
     if family == "mt5-untied":
         model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach() + torch.randn_like(model.shared.weight))
     return model
@@ -183,6 +182,66 @@ def test_logits_match_transformers(family: str, padded: bool) -> None:
     torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=1e-4, rtol=0)
     assert (ours.logits[real] - theirs.logits[real]).abs().max() < 1e-4
     assert theirs.logits[real].std() > 0.1  # the comparison is not between near-zero outputs
+
+
+# --------------------------------------------------------------------------- training loss and gradients
+
+
+def _losses(family: str) -> tuple[Any, Any, Any, torch.Tensor, torch.Tensor]:
+    """(spec, our model, transformers' model, our loss, their loss) on one padded batch, each
+    library given the labels its own way: transformers shifts a decoder's labels inside
+    its models, specformer takes them shifted."""
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    ids, mask = _inputs()
+    g = torch.Generator().manual_seed(4)
+    if family.endswith("-cls"):
+        n = spec.head.n_classes
+        labels = torch.randint(0, n, (ids.shape[0],), generator=g)
+        ours = model(ids, attention_mask=mask, labels=labels).loss
+        theirs = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+    elif spec.kind == "encoder":
+        labels = ids.masked_fill(torch.rand(ids.shape, generator=g) > 0.4, -100).masked_fill(mask == 0, -100)
+        ours = model(ids, attention_mask=mask, labels=labels).loss
+        theirs = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+    elif spec.kind == "encoder-decoder":
+        target, target_mask = _inputs(seed=2, t=6)
+        labels = target.masked_fill(target_mask == 0, -100)
+        start = torch.full_like(target[:, :1], _START[spec.name])
+        dec_ids = torch.cat([start, target[:, :-1]], dim=1)  # transformers' shift_tokens_right
+        ours = model(ids, attention_mask=mask, decoder_input_ids=dec_ids, labels=labels).loss
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, labels=labels).loss
+    else:
+        labels = ids.masked_fill(mask == 0, -100)
+        shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+        ours = model(ids, attention_mask=mask, labels=shifted).loss
+        theirs = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+    return spec, model, hf, ours, theirs
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_training_loss_and_every_gradient_match_transformers(family: str) -> None:
+    """One training step's work: the loss, and the gradient of every weight (converted to
+    transformers' names as the weights are), so that a model trained here is trained as
+    transformers would train it."""
+    spec, model, hf, ours, theirs = _losses(family)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert theirs > 0.5  # random weights: a loss near log(V), not a degenerate zero
+    ours.backward()
+    theirs.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    assert all(g is not None and g.any() for g in grads.values())  # every weight takes part
+    ours_as_hf = specformer_to_hf(grads, spec)
+    for name, p in hf.named_parameters():
+        if p.grad is None:
+            # a tensor transformers computes nothing with (an untied BERT's `cls.predictions.bias`,
+            # an untied BART's `shared`): the export writes a copy there
+            continue
+        assert name in ours_as_hf, name
+        # float32 sums in another order (T5 v1.1's gradients reach 20): to 1e-4 of the scale
+        scale = p.grad.abs().max().item()
+        torch.testing.assert_close(ours_as_hf[name], p.grad, atol=1e-4 * max(scale, 1.0), rtol=0,
+                                   msg=lambda m, n=name: f"{n}: {m}")
 
 
 # --------------------------------------------------------------------------- generation
@@ -372,12 +431,41 @@ def test_untied_checkpoint_gets_an_untied_spec() -> None:
         load_hf_weights(build_model(tied_spec), sd)
 
 
-def test_untied_bart_with_a_table_per_stack_is_refused_by_name() -> None:
+def test_untied_bart_keeps_a_token_table_per_stack() -> None:
     hf = _hf_model("bart-untied")
     sd = dict(hf.state_dict())
-    sd["model.decoder.embed_tokens.weight"] = sd["model.decoder.embed_tokens.weight"] + 1.0
-    with pytest.raises(HFConversionError, match="embed_tokens.weight differ: with tie_word_embeddings=false"):
-        import_hf(hf.config, state_dict=sd)
+    enc, dec = sd["model.encoder.embed_tokens.weight"], sd["model.decoder.embed_tokens.weight"]
+    assert not torch.equal(enc, dec)
+    spec, state, report = import_hf(hf.config, state_dict=sd)
+    assert (spec.embedding.share_encoder_decoder, spec.embedding.tie_output) == (False, False)
+    assert torch.equal(state["embed.tokens.weight"], enc) and torch.equal(state["decoder_embed.tokens.weight"], dec)
+    assert "model.shared.weight" in report.ignored
+    # a checkpoint saved by transformers 4 holds the one table both stacks read, as `shared`
+    old = {k: v for k, v in sd.items() if ".embed_tokens." not in k}
+    _, state4, _ = import_hf(hf.config, state_dict=old)
+    for name in ("embed.tokens.weight", "decoder_embed.tokens.weight"):
+        assert torch.equal(state4[name], sd["model.shared.weight"])
+    # a spec whose stacks share one table cannot take two different ones
+    shared = spec.model_copy(update={"embedding": {"tie_output": False, "share_positions": False}})
+    assert shared.embedding.share_encoder_decoder
+    with pytest.raises(HFConversionError, match="import it with embedding.share_encoder_decoder: false"):
+        load_hf_weights(build_model(shared), sd)
+
+
+def test_bart_spec_with_one_table_and_an_untied_head_exports_a_table_per_stack(tmp_path) -> None:
+    hf = _hf_model("bart")
+    spec, model = _imported(hf)
+    untied = spec.model_copy(update={"embedding": {**spec.embedding.model_dump(), "tie_output": False}})
+    ours = build_model(untied).eval()
+    ours.load_state_dict({**model.state_dict(), "head.proj.weight": torch.randn(V, 32)}, strict=True)
+    save_hf(ours, untied, tmp_path)
+    loaded = type(hf).from_pretrained(tmp_path).eval()
+    assert loaded.config.tie_word_embeddings is False
+    ids, mask = _inputs(seed=4)
+    with torch.no_grad():
+        expected = ours(ids, attention_mask=mask, decoder_input_ids=ids[:, :5]).logits
+        got = loaded(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5]).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("family", ["bert-untied", "roberta-untied", "bart-untied"])

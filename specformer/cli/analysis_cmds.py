@@ -694,19 +694,37 @@ def _compat_section(d: Any) -> Section:
     return s
 
 
-def _labels(args: list[str], specs: list[Any]) -> list[str]:
-    names = [s.name for s in specs]
-    if len(set(names)) == len(names):
-        return names
+def _labels(args: list[str], specs: list[Any], *, set_last: bool = False) -> list[str]:
+    """Column labels: the specs' names, or their arguments where names repeat; with
+    ``set_last``, the last one is marked as the one ``--set`` changed."""
     from specformer.analysis.diff import distinct_names
 
-    labels = [a if a != n else n for a, n in zip(args, names, strict=True)]
-    return labels if len(set(labels)) == len(labels) else distinct_names(labels)
+    names = [s.name for s in specs]
+    if set_last and len(args) == 2 and args[0] == args[1]:
+        labels = names  # one spec, against itself with the --set
+    elif len(set(names)) == len(names):
+        labels = names
+    else:
+        labels = args if len(set(args)) == len(args) else distinct_names(args)
+    if set_last:
+        labels = [*labels[:-1], f"{labels[-1]} (--set)"]
+    return labels
 
 
 @app.command()
 def diff(
-    specs: Annotated[list[str], typer.Argument(help="Two or more preset names or YAML paths.", show_default=False)],
+    specs: Annotated[list[str], typer.Argument(
+        help="Two or more preset names or YAML paths (one, with --set).", show_default=False)],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            help="Override a field of the last spec: `--set decoder.attention.n_kv_heads=4`. With a "
+            "single spec, diffs it against itself with the overrides. Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
     batch: BatchOption = 1,
     seq_len: SeqLenOption = None,
     dtype: DtypeOption = "bf16-mixed",
@@ -726,23 +744,27 @@ def diff(
     Lists every field that differs (derived sizes included), then parameters per
     component, FLOPs per token, KV cache and training memory side by side with
     deltas, and whether a checkpoint of the first spec loads into each other one.
-    With three or more specs, one column per spec against the first.
+    With three or more specs, one column per spec against the first. `--set` changes
+    the last spec; given one spec, it is compared with itself so changed.
 
     Examples:
 
     ```
     specformer diff gpt2-small my-variant.yaml
+    specformer diff gpt2-small --set decoder.attention.n_kv_heads=4
     specformer diff gpt2-small gpt2-medium gpt2-large --format markdown
     ```
     """
     _check_options(output_format, dtype)
-    if len(specs) < 2:
-        print_error(f"diff needs at least two specs, got {len(specs)}")
+    if len(specs) < 2 and not (specs and set_):
+        print_error(f"diff needs at least two specs, or one spec and --set, got {len(specs)}")
         raise typer.Exit(2)
     from specformer.analysis import diff_specs
 
-    resolved = [load_or_exit(s) for s in specs]
-    labels = _labels(specs, resolved)
+    if len(specs) == 1:
+        specs = [specs[0], specs[0]]
+    resolved = [load_or_exit(s, set_ if i == len(specs) - 1 else None) for i, s in enumerate(specs)]
+    labels = _labels(specs, resolved, set_last=bool(set_))
     for spec_obj, label in zip(resolved, labels, strict=True):
         _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,
                                  name=label, given=seq_len is not None)

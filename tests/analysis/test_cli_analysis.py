@@ -99,7 +99,7 @@ def test_bad_options_are_reported() -> None:
         assert result.exit_code == 2 and "--dtype: unknown precision 'fp12'" in result.stderr
         assert "Traceback" not in result.output
     result = runner.invoke(app, ["diff", "gpt2-small"])
-    assert result.exit_code == 2 and "at least two" in result.stderr
+    assert result.exit_code == 2 and "at least two specs, or one spec and --set" in result.stderr
 
 
 def test_diff_rich(tmp_path: Path) -> None:
@@ -366,3 +366,27 @@ def test_a_notebook_shows_a_report_and_a_diff_as_the_markdown_tables_and_reprs_t
     # without reports (a plugin type has no analytic count) the changes still render
     fields_only = diff_specs("gpt-nano", "bert-nano", reports=False, checkpoints=False).to_markdown()
     assert "| kind | decoder | encoder |" in fields_only and "consequences" not in fields_only
+
+
+def test_diff_set_changes_the_last_spec(tmp_path: Path) -> None:
+    # one spec and --set: the spec against itself with the overrides
+    data = json.loads(_ok(["diff", "gpt2-small", "--set", "decoder.attention.n_kv_heads=4", "-f", "json"]).stdout)
+    assert data["specs"] == ["gpt2-small", "gpt2-small (--set)"]
+    assert [(c["path"], c["values"]) for c in data["changes"]] == [
+        ("decoder.attention.n_kv_heads", [12, 4]), ("decoder.attention.kv_groups", [1, 3])]
+    # 12 layers × 8 fewer heads in each of k and v, 64 wide, each with 768 weights and a bias
+    assert data["reports"][0]["params"]["total"] - data["reports"][1]["params"]["total"] == 12 * 2 * 8 * 64 * (768 + 1)
+    # two specs: only the last one is changed
+    data = json.loads(_ok(["diff", "gpt2-small", "gpt2-medium", "-s", "decoder.n_layers=12", "-f", "json"]).stdout)
+    assert data["specs"] == ["gpt2-small", "gpt2-medium (--set)"]
+    assert "decoder.n_layers" not in {c["path"] for c in data["changes"]}
+    assert data["reports"][0]["params"]["total"] == 124_439_808
+    # two specs of one name are told apart by their arguments, the --set one marked
+    twin = tmp_path / "twin.yaml"
+    twin.write_text("extends: gpt2-small\ndecoder:\n  n_layers: 6\n")
+    data = json.loads(_ok(["diff", str(twin), "gpt2-small", "-s", "decoder.n_layers=3", "-f", "json"]).stdout)
+    assert data["specs"] == [str(twin), "gpt2-small (--set)"]
+    # a bad --set is named as the --set
+    result = runner.invoke(app, ["diff", "gpt2-small", "--set", "decoder.attenton.n_heads=4"])
+    assert result.exit_code == 1 and "--set decoder.attenton.n_heads=4" in result.stderr
+    assert "did you mean 'attention'" in result.stderr

@@ -203,17 +203,24 @@ _DERIVABLE = re.compile(
 )
 
 
-def _follows_from_others(spec: Any, flat: dict[str, Any], path: str) -> bool:
+def _follows_from_others(spec: Any, flat: dict[str, Any], path: str, *, inherited: bool = False) -> bool:
     """Whether the value at ``path`` (``head_dim``, ``n_kv_heads``, ``d_ff``, the final
-    norm) is the one the spec derives from its other fields."""
-    from specformer.specs.schema import default_glu_d_ff
+    norm) is the one the spec derives from its other fields. ``inherited``: a layer's
+    value that is its stack's, no override changing it."""
 
     m = _DERIVABLE.match(path)
     if m is None or path not in flat:
         return False
     prefix, value = m.group("at"), flat[path]
     if ".layers." in path and not m.group("att"):
-        return False  # a layer's d_ff differs from its stack's only where an override writes it
+        # a layer's d_ff differs from its stack's where an override writes it, or where
+        # the override changes the FFN's type (listed then) and the size is derived anew
+        if not path.endswith("ffn.d_ff"):
+            return False
+        kind = flat.get(f"{prefix}.ffn.type")
+        if kind is None and inherited:
+            kind = _value_or_stack(flat, prefix, "ffn.type")
+        return kind is not None and value == _default_d_ff(spec, kind)
     if m.group("att"):
         n_heads = _value_or_stack(flat, prefix, f"{m.group('att')}.n_heads")
         if not isinstance(n_heads, int) or n_heads <= 0:
@@ -222,9 +229,15 @@ def _follows_from_others(spec: Any, flat: dict[str, Any], path: str) -> bool:
             return value == n_heads
         return spec.d_model % n_heads == 0 and value == spec.d_model // n_heads
     if path.endswith("ffn.d_ff"):
-        kind = _value_or_stack(flat, prefix, "ffn.type")
-        return value == (4 * spec.d_model if kind == "mlp" else default_glu_d_ff(spec.d_model) if kind == "glu" else None)
+        return value == _default_d_ff(spec, _value_or_stack(flat, prefix, "ffn.type"))
     return value == (_value_or_stack(flat, prefix, "norm.placement") == "pre")
+
+
+def _default_d_ff(spec: Any, kind: Any) -> int | None:
+    """The ``d_ff`` an FFN of type ``kind`` derives when none is written."""
+    from specformer.specs.schema import default_glu_d_ff
+
+    return 4 * spec.d_model if kind == "mlp" else default_glu_d_ff(spec.d_model) if kind == "glu" else None
 
 
 def _value_or_stack(flat: dict[str, Any], prefix: str, field: str) -> Any:
@@ -280,6 +293,18 @@ def _value_at(spec: Any, flat: dict[str, Any], path: str) -> Any:
     return flat.get(f"{role}.{rest}", ABSENT)
 
 
+def _derived_in(spec: Any, flat: dict[str, Any], derived: set[str], path: str, value: Any) -> bool:
+    """Whether ``value``, ``path``'s value in ``spec``, follows from the spec's other
+    fields (true of a field the spec lacks). A layer that no override changes at
+    ``path`` has its stack's value, which the layer's own fields may not derive (a
+    glu layer of an mlp stack with the mlp's ``d_ff``)."""
+    if path in flat:
+        return path in derived
+    if value is ABSENT or path.endswith(".kv_groups"):
+        return True
+    return _follows_from_others(spec, {**flat, path: value}, path, inherited=True)
+
+
 def _changes(specs: list[Any]) -> list[Change]:
     flats = [flatten_spec(s) for s in specs]
     # merged field order: a path that only a later spec has goes right after the
@@ -311,7 +336,9 @@ def _changes(specs: list[Any]) -> list[Change]:
         for path in order
     }
     # derived: the value follows from the other fields in every spec that has it
-    derived = {path for path in order if all(path in d for flat, d in flats if path in flat)}
+    derived = {path for path in order
+               if all(_derived_in(spec, flat, d, path, v)
+                      for spec, (flat, d), v in zip(specs, flats, values[path], strict=True))}
     # a section that is null in one spec and has fields in another (`encoder` of a
     # decoder-only model and of an encoder-decoder) is shown by its fields, each absent
     # in the first: a row `encoder: null | —` would say the section does not exist in a

@@ -166,6 +166,24 @@ def test_a_layer_an_override_keeps_is_listed_under_its_stacks_change() -> None:
         ("decoder.ffn.d_ff", False), ("decoder.layers.2.attention.sliding_window", False)]
 
 
+def test_a_layer_d_ff_that_its_new_ffn_type_derives_is_marked_derived() -> None:
+    # gpt-nano: d_model 128, mlp d_ff 512; a glu on layer 3 derives 8/3 · 128 → 384
+    glu = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [{"layers": [3], "ffn": {"type": "glu"}}]}})
+    changes = {c.path: c for c in diff_specs("gpt-nano", glu, reports=False, checkpoints=False).changes}
+    assert changes["decoder.layers.3.ffn.d_ff"].values == (512, 384)
+    assert changes["decoder.layers.3.ffn.d_ff"].derived
+    # as the same change to the whole stack is
+    stack = load_spec("gpt-nano", overrides=["decoder.ffn={type: glu}"])
+    changes = {c.path: c for c in diff_specs("gpt-nano", stack, reports=False, checkpoints=False).changes}
+    assert changes["decoder.ffn.d_ff"].values == (512, 384) and changes["decoder.ffn.d_ff"].derived
+    # a size an override writes is not derived, even with a new type
+    sized = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [
+        {"layers": [3], "ffn": {"type": "glu", "d_ff": 512}}]}})
+    changes = {c.path: c for c in diff_specs(glu, sized, reports=False, checkpoints=False).changes}
+    assert changes["decoder.layers.3.ffn.d_ff"].values == (384, 512)
+    assert not changes["decoder.layers.3.ffn.d_ff"].derived
+
+
 def test_a_section_null_in_one_spec_is_shown_by_its_fields_not_as_a_null_row() -> None:
     # gpt-nano has no encoder (null); t5-nano has one: each encoder field is absent on the
     # left, and no `encoder: null | absent` row claims t5-nano has no encoder

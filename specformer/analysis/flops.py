@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from specformer.analysis.params import AnalysisError, as_spec
+from specformer.analysis.params import AnalysisError, as_spec, whole_number
 
 __all__ = ["FlopCounts", "flops_per_token", "mean_attended_keys", "TRAINING_MULTIPLIER"]
 
@@ -114,9 +114,7 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     spec = as_spec(spec)
     if count not in ("needed", "executed"):
         raise ValueError(f"count must be 'needed' or 'executed', got {count!r}")
-    t = seq_len if seq_len is not None else spec.max_seq_len
-    if t <= 0:
-        raise ValueError(f"seq_len must be positive, got {t}")
+    t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
     _check_types(spec)
     d = spec.d_model
     # totals over one sequence of t tokens (per stack); divided by t at the end

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specformer.analysis.params import as_spec, count_parameters
+from specformer.analysis.params import as_spec, count_parameters, whole_number
 
 __all__ = [
     "Precision",
@@ -114,8 +114,7 @@ def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf1
     it has a sliding window W (its cache is a rolling buffer), else ``seq_len``.
     """
     spec = as_spec(spec)
-    if seq_len < 0 or batch < 0:
-        raise ValueError(f"seq_len and batch must be >= 0, got seq_len={seq_len}, batch={batch}")
+    seq_len, batch = whole_number("seq_len", seq_len, 0), whole_number("batch", batch, 0)
     b = dtype_bytes(dtype)
     if spec.decoder is None:
         return 0
@@ -181,6 +180,8 @@ def _ffn_saved(ffn: Any, d: int, act: int) -> float:
 
 def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-mixed") -> int:
     """Bytes autograd keeps for the backward pass of one training step (see module docstring)."""
+    spec = as_spec(spec)
+    batch, seq_len = whole_number("batch", batch), whole_number("seq_len", seq_len)
     p = precision(dtype)
     act = p.activation
     d, v = spec.d_model, spec.vocab_size
@@ -265,11 +266,8 @@ def memory_estimate(
 ) -> MemoryEstimate:
     """Memory of one AdamW training step of ``spec`` at ``batch`` × ``seq_len`` in ``dtype``."""
     spec = as_spec(spec)
-    if batch <= 0:
-        raise ValueError(f"batch must be positive, got {batch}")
-    t = seq_len if seq_len is not None else spec.max_seq_len
-    if t <= 0:
-        raise ValueError(f"seq_len must be positive, got {t}")
+    batch = whole_number("batch", batch)
+    t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
     p = precision(dtype)
     n = count_parameters(spec).total
     return MemoryEstimate(

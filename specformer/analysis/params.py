@@ -198,6 +198,23 @@ def as_spec(spec: Any) -> Any:
     raise TypeError(f"expected a spec (a ModelSpec, preset name, YAML path or dict), got {type(spec).__name__}")
 
 
+def whole_number(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an ``int`` at least ``minimum``: a count of tokens or sequences. A float
+    (``2.5``, or ``1024.0``) or a ``bool`` is a ``TypeError``, which would otherwise give
+    fractional FLOPs and bytes."""
+    import operator
+
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be {'positive' if minimum == 1 else f'>= {minimum}'}, got {number}")
+    return number
+
+
 def parameter_shapes(spec: Any) -> dict[str, Shape]:
     """Every trainable parameter of the built model, by state-dict name, in model order.
 

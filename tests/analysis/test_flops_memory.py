@@ -19,6 +19,7 @@ from specformer.analysis import (
     memory_estimate,
     precision,
 )
+from specformer.analysis.memory import activation_bytes
 
 LLAMA2_70B = {
     "extends": "llama2-7b",
@@ -179,6 +180,26 @@ def test_precision_names_mean_what_training_precision_means() -> None:
         trained = TrainingSpec.model_validate({"precision": name}).precision
         assert precision(name).name == precision(trained).name, name
     assert precision("bf16").weight_cast == 2 and precision("bf16-true").weight == 2
+
+
+def test_token_and_sequence_counts_are_whole_numbers() -> None:
+    # 2.5 tokens would give fractional FLOPs and bytes; 1024.0 and True are not counts either
+    calls = [
+        lambda n: flops_per_token("gpt-nano", seq_len=n),
+        lambda n: memory_estimate("gpt-nano", seq_len=n),
+        lambda n: memory_estimate("gpt-nano", batch=n),
+        lambda n: kv_cache_bytes("gpt-nano", seq_len=n),
+        lambda n: kv_cache_bytes("gpt-nano", seq_len=8, batch=n),
+        lambda n: activation_bytes("gpt-nano", batch=n, seq_len=8),
+    ]
+    for call in calls:
+        for bad in (2.5, 1024.0, True, "8"):
+            with pytest.raises(TypeError, match=r"(seq_len|batch) must be an integer, got "):
+                call(bad)
+    with pytest.raises(ValueError, match="seq_len must be positive, got 0"):
+        flops_per_token("gpt-nano", seq_len=0)
+    assert kv_cache_bytes("gpt-nano", seq_len=0) == 0
+    assert flops_per_token("gpt-nano", seq_len=128) == flops_per_token(load_spec("gpt-nano"), seq_len=128)
 
 
 # --------------------------------------------------------------------------- training memory

@@ -82,5 +82,5 @@ def test_analysis_functions_take_what_build_model_takes() -> None:
     assert [c.path for c in changed.changes] == ["decoder.n_layers"]
     with pytest.raises(TypeError, match="expected a spec"):
         count_parameters(42)
-    with pytest.raises(ValueError, match="seq_len and batch must be >= 0"):
+    with pytest.raises(ValueError, match="seq_len must be >= 0, got -1"):
         kv_cache_bytes(spec, seq_len=-1)

@@ -18,7 +18,7 @@ from specformer.analysis.memory import (
     memory_estimate,
     precision,
 )
-from specformer.analysis.params import ParamCounts, count_parameters
+from specformer.analysis.params import ParamCounts, as_spec, count_parameters
 
 __all__ = ["SpecReport", "analyze", "architecture_rows"]
 
@@ -80,6 +80,7 @@ def analyze(
     ``bf16-true``, ``16-true``; ``bf16`` and ``16`` are the mixed ones, as in Lightning);
     the KV cache is counted in its activation dtype.
     """
+    spec = as_spec(spec)
     p = precision(dtype)
     memory = memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name)
     kv_dtype = "fp32" if p.activation == 4 else ("bf16" if "bf16" in p.name else "fp16")

@@ -390,3 +390,15 @@ def test_diff_set_changes_the_last_spec(tmp_path: Path) -> None:
     result = runner.invoke(app, ["diff", "gpt2-small", "--set", "decoder.attenton.n_heads=4"])
     assert result.exit_code == 1 and "--set decoder.attenton.n_heads=4" in result.stderr
     assert "did you mean 'attention'" in result.stderr
+
+
+def test_analyze_takes_a_preset_name_as_the_other_analysis_functions_do(tmp_path: Path) -> None:
+    from specformer.analysis import analyze
+
+    path = tmp_path / "variant.yaml"
+    path.write_text("extends: gpt2-small\nname: variant\ndecoder:\n  attention: {n_kv_heads: 4}\n")
+    for source, name in (("gpt2-small", "gpt2-small"), (path, "variant"), ({"extends": "gpt-nano"}, "gpt-nano")):
+        report = analyze(source)
+        assert report.spec == load_spec(source) and report.name == name
+        assert repr(report).startswith(f"SpecReport({name!r}, params={count_parameters(load_spec(source)).total:,}")
+        assert report.to_dict()["name"] == name and report.to_markdown().startswith(f"### {name} —")

@@ -92,7 +92,11 @@ def dtype_bytes(dtype: str) -> int:
     key = dtype.strip().lower()
     if key in _CACHE_ONLY:
         return _CACHE_ONLY[key]
-    return precision(key).activation
+    try:
+        return precision(key).activation
+    except ValueError:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: fp32, bf16, fp16, {', '.join(_CACHE_ONLY)}, "
+                         f"or a training precision ({', '.join(PRECISIONS)})") from None
 
 
 def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16") -> int:

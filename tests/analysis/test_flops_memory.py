@@ -168,7 +168,12 @@ def test_kv_cache_encoder_and_cross() -> None:
 
 def test_unknown_dtype_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown precision 'fp12'.*bf16-mixed"):
-        dtype_bytes("fp12")
+        precision("fp12")
+    # a cache's dtype may also be fp8 or int8, and the error says so
+    for call in (lambda: dtype_bytes("int4"), lambda: kv_cache_bytes_per_token("gpt-nano", dtype="int4")):
+        with pytest.raises(ValueError, match=r"unknown dtype 'int4'; allowed: fp32, bf16, fp16, fp8, .*int8"):
+            call()
+    assert dtype_bytes("int8") == 1 and dtype_bytes("FP16") == 2
     assert precision("bfloat16").name == "bf16-true"
     assert precision("32-true").name == "fp32"
 

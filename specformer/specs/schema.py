@@ -652,7 +652,10 @@ class ModelSpec(Spec):
         for role in ("encoder", "decoder"):
             if need[role] and not has[role]:
                 article = "an" if role == "encoder" else "a"
-                yield "kind", f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}})"
+                if role in self.model_fields_set:  # written as null: placed where it is
+                    yield role, f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}}), got null"
+                else:
+                    yield "kind", f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}})"
             if has[role] and not need[role]:
                 yield role, f"kind {self.kind!r} has no {role} stack; remove it or change kind"
         for field in ("share_positions", "share_encoder_decoder"):

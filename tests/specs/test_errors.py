@@ -60,6 +60,8 @@ BAD_INPUTS = [
     ("learned-too-short", "extends: gpt-nano\npositional: {type: learned, max_positions: 100}\n", 2,
      "positional.max_positions", ["100 usable positions", "max_seq_len is 256"]),
     ("kind-missing-stack", "extends: gpt-nano\nkind: encoder-decoder\n", 2, "kind", ["needs an encoder stack"]),
+    ("kind-null-stack", "extends: t5-nano\nencoder: null\n", 2, "encoder",
+     ["needs an encoder stack", "got null"]),
     ("kind-extra-stack", "extends: gpt-nano\nencoder: {n_layers: 2}\n", 2, "encoder", ["has no encoder stack"]),
     ("cross-attn-in-decoder-only", "extends: gpt-nano\ndecoder:\n  cross_attention: {n_heads: 4}\n", 3,
      "decoder.cross_attention", ["only in the decoder of an encoder-decoder"]),
@@ -220,6 +222,14 @@ def test_override_errors_name_the_override(tmp_path):
                   overrides=["training.optimizer.type=adamw"])
     (problem,) = info.value.problems
     assert problem.path == "training.optimizer.lr" and not str(problem.position).startswith("--set")
+
+
+def test_a_stack_set_to_null_is_placed_at_the_set(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["decoder=null"])
+    (problem,) = info.value.problems
+    assert problem.path == "decoder" and str(problem.position) == "--set decoder=null"
+    assert "kind 'decoder' needs a decoder stack" in str(problem) and "got null" in str(problem)
 
 
 def test_malformed_override_is_explained():

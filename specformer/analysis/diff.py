@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specformer.analysis.flops import Count
 from specformer.analysis.params import AnalysisError, as_spec, parameter_shapes
 from specformer.analysis.report import SpecReport, analyze
 
@@ -453,6 +454,7 @@ def diff_specs(
     checkpoints: bool = True,
     checkpoint_method: str = "analytic",
     labels: list[str] | None = None,
+    count: Count = "needed",
 ) -> SpecDiff:
     """Compare resolved specs (``ModelSpec`` objects, preset names, YAML paths or dicts).
 
@@ -462,13 +464,14 @@ def diff_specs(
     of the first spec loads into each other one and back (state-dict shapes by
     ``checkpoint_method``, see :func:`state_dict_shapes`). ``labels`` name the specs in
     tables (default: their ``name`` fields, a repeated one numbered: ``gpt-nano #2``).
+    ``count`` is :func:`flops_per_token`'s (``"needed"`` or ``"executed"``).
     """
     if len(specs) < 2:
         raise ValueError(f"diff needs at least two specs, got {len(specs)}")
     resolved = [as_spec(s) for s in specs]
     t = seq_len if seq_len is not None else resolved[0].max_seq_len
     changes = _changes(resolved)
-    out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype) for s in resolved] if reports else []
+    out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype, count=count) for s in resolved] if reports else []
     if labels is not None and len(labels) != len(resolved):
         raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
     names = list(labels) if labels is not None else distinct_names([s.name for s in resolved])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specformer.analysis.flops import FlopCounts, flops_per_token
+from specformer.analysis.flops import Count, FlopCounts, flops_per_token
 from specformer.analysis.memory import (
     MemoryEstimate,
     cross_kv_cache_bytes_per_source_token,
@@ -72,13 +72,15 @@ class SpecReport:
 
 
 def analyze(
-    spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
+    spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed", count: Count = "needed"
 ) -> SpecReport:
     """Parameters, FLOPs/token, KV cache/token and training memory of ``spec``.
 
     ``dtype`` is the training precision (``fp32``, ``bf16-mixed``, ``16-mixed``,
     ``bf16-true``, ``16-true``; ``bf16`` and ``16`` are the mixed ones, as in Lightning);
-    the KV cache is counted in its activation dtype.
+    the KV cache is counted in its activation dtype. ``count`` is :func:`flops_per_token`'s:
+    ``"needed"`` attention scores (the keys each query's mask allows) or ``"executed"``
+    (every query against every key, as a dense kernel computes).
     """
     spec = as_spec(spec)
     p = precision(dtype)
@@ -87,7 +89,7 @@ def analyze(
     return SpecReport(
         spec=spec,
         params=count_parameters(spec),
-        flops=flops_per_token(spec, seq_len),
+        flops=flops_per_token(spec, seq_len, count=count),
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(spec, kv_dtype),
         kv_cache_bytes=kv_cache_bytes(spec, seq_len=memory.seq_len, batch=memory.batch, dtype=kv_dtype),
         cross_kv_cache_bytes_per_source_token=cross_kv_cache_bytes_per_source_token(spec, kv_dtype),

@@ -45,6 +45,14 @@ DtypeOption = Annotated[
                  "(or fp16). The KV cache uses the compute dtype."),
 ]
 
+FlopsCountOption = Annotated[
+    str,
+    typer.Option("--flops-count", help="How attention scores are counted: needed (the keys each query's mask "
+                 "allows; causal: (T+1)/2 on average, sliding windows capped) or executed (every query against "
+                 "all T keys, as a dense kernel computes them and as 6N + 12·L·T·d counts a training token)."),
+]
+FLOPS_COUNTS = ("needed", "executed")
+
 
 # --------------------------------------------------------------------------- number formatting
 
@@ -171,12 +179,15 @@ def _natural_width(out: Console, table: Table) -> int:
     return out.measure(table, options=out.options.update(max_width=10_000)).maximum
 
 
-def _check_options(output_format: str, dtype: str) -> None:
+def _check_options(output_format: str, dtype: str, flops_count: str = "needed") -> None:
     """A bad option value is a usage error, exit status 2, as click gives its own."""
     from specformer.analysis.memory import precision
 
     if output_format not in FORMATS:
         print_error(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
+        raise typer.Exit(2)
+    if flops_count not in FLOPS_COUNTS:
+        print_error(f"--flops-count must be one of {', '.join(FLOPS_COUNTS)}, got {flops_count!r}")
         raise typer.Exit(2)
     try:
         precision(dtype)
@@ -285,10 +296,10 @@ def _params_section(report: Any) -> Section:
 def _compute_section(report: Any) -> Section:
     f = report.flops
     s = Section(f"FLOPs per token at seq_len {f.seq_len:,}", ["component", "forward", "share"], right={1, 2})
-    s.notes.append(
-        "Matrix products only, 2 FLOPs per multiply-add; attention scores count the keys each query "
-        "attends (causal: (T+1)/2 on average; sliding windows capped); training = 3 × forward."
-    )
+    scores = ("attention scores count every query against all T keys (--flops-count executed)"
+              if f.count == "executed" else
+              "attention scores count the keys each query attends (causal: (T+1)/2 on average; sliding windows capped)")
+    s.notes.append(f"Matrix products only, 2 FLOPs per multiply-add; {scores}; training = 3 × forward.")
     for key, n in f.components.items():
         s.rows.append([key, human_flops(n), f"{n / f.forward:.1%}"])
     s.rows.append(["forward", human_flops(f.forward), f"{f.forward:,}"])
@@ -343,6 +354,7 @@ def show(
     seq_len: SeqLenOption = None,
     dtype: DtypeOption = "bf16-mixed",
     output_format: FormatOption = "rich",
+    flops_count: FlopsCountOption = "needed",
     tree: Annotated[
         bool, typer.Option("--tree", help="Print the module tree with shapes and parameter counts (meta build).")
     ] = False,
@@ -360,7 +372,7 @@ def show(
     specformer show my.yaml --tree
     ```
     """
-    _check_options(output_format, dtype)
+    _check_options(output_format, dtype, flops_count)
     resolved = load_or_exit(spec, set_)
     if tree:
         _show_tree(resolved, output_format)
@@ -368,7 +380,8 @@ def show(
     from specformer.analysis import analyze
 
     _warn_past_learned_table(resolved, seq_len)
-    report = _analysis_errors(lambda: analyze(resolved, batch=batch, seq_len=seq_len, dtype=dtype))
+    report = _analysis_errors(lambda: analyze(resolved, batch=batch, seq_len=seq_len, dtype=dtype,
+                                                              count=flops_count))
     if output_format == "json":
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
@@ -578,8 +591,9 @@ def _metric_rows(report: Any) -> list[tuple[str, float, Any]]:
         rows.append((f"params: {_component_label(key)}", n, lambda x: f"{x:,.0f}"))
     rows.append(("params: total", report.params.total, lambda x: f"{x:,.0f}"))
     rows.append(("params: non-embedding", report.params.non_embedding, lambda x: f"{x:,.0f}"))
-    rows.append((f"FLOPs/token forward @ {report.flops.seq_len}", report.flops.forward, human_flops))
-    rows.append((f"FLOPs/token training @ {report.flops.seq_len}", report.flops.training, human_flops))
+    at = f"@ {report.flops.seq_len}" + (" (executed)" if report.flops.count == "executed" else "")
+    rows.append((f"FLOPs/token forward {at}", report.flops.forward, human_flops))
+    rows.append((f"FLOPs/token training {at}", report.flops.training, human_flops))
     rows.append((f"KV cache bytes/token ({report.kv_dtype})", report.kv_cache_bytes_per_token, lambda x: f"{x:,.0f}"))
     if report.cross_kv_cache_bytes_per_source_token:
         rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token, lambda x: f"{x:,.0f}"))
@@ -729,6 +743,7 @@ def diff(
     seq_len: SeqLenOption = None,
     dtype: DtypeOption = "bf16-mixed",
     output_format: FormatOption = "rich",
+    flops_count: FlopsCountOption = "needed",
     checkpoints: Annotated[
         bool,
         typer.Option("--checkpoints/--no-checkpoints", help="Check whether checkpoints load across."),
@@ -755,7 +770,7 @@ def diff(
     specformer diff gpt2-small gpt2-medium gpt2-large --format markdown
     ```
     """
-    _check_options(output_format, dtype)
+    _check_options(output_format, dtype, flops_count)
     if len(specs) < 2 and not (specs and set_):
         print_error(f"diff needs at least two specs, or one spec and --set, got {len(specs)}")
         raise typer.Exit(2)
@@ -770,7 +785,8 @@ def diff(
                                  name=label, given=seq_len is not None)
     result = _analysis_errors(
         lambda: diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
-                           checkpoint_method="meta" if meta else "analytic", labels=labels)
+                           checkpoint_method="meta" if meta else "analytic", labels=labels,
+                           count=flops_count)
     )
     if output_format == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2))

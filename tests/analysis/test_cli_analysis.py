@@ -402,3 +402,29 @@ def test_analyze_takes_a_preset_name_as_the_other_analysis_functions_do(tmp_path
         assert report.spec == load_spec(source) and report.name == name
         assert repr(report).startswith(f"SpecReport({name!r}, params={count_parameters(load_spec(source)).total:,}")
         assert report.to_dict()["name"] == name and report.to_markdown().startswith(f"### {name} —")
+
+
+def test_flops_count_executed_is_the_dense_6n_plus_12ltd_figure() -> None:
+    # 6·N + 12·L·T·d per training token (N: the weights of the matrix products, the head's
+    # included), every query scoring all T keys, as MFU calculators count
+    for name, seq_len, n_matmul in (
+        ("gpt2-small", 1024, 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 768 * 50257),
+        ("llama2-7b", 4096, 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 4096 * 32000),
+    ):
+        spec = load_spec(name)
+        layers, d = spec.decoder.n_layers, spec.d_model
+        executed = json.loads(_ok(["show", name, "--flops-count", "executed", "-f", "json"]).stdout)["flops_per_token"]
+        assert executed["count"] == "executed" and executed["seq_len"] == seq_len
+        assert executed["training"] == 6 * n_matmul + 12 * layers * seq_len * d
+        needed = json.loads(_ok(["show", name, "-f", "json"]).stdout)["flops_per_token"]
+        # the causal half: (T + 1) / 2 keys per query
+        assert needed["training"] == 6 * n_matmul + 12 * layers * (seq_len + 1) * d // 2
+    out = _ok(["show", "gpt2-small", "--flops-count", "executed"]).stdout
+    assert "every query against all T keys" in out and "854,438,400" in out
+    diff = json.loads(_ok(["diff", "gpt2-small", "-s", "decoder.n_layers=6", "--flops-count", "executed",
+                           "-f", "json"]).stdout)
+    assert [r["flops_per_token"]["count"] for r in diff["reports"]] == ["executed", "executed"]
+    assert "FLOPs/token training @ 1024 (executed)" in _ok(
+        ["diff", "gpt2-small", "-s", "decoder.n_layers=6", "--flops-count", "executed", "-f", "markdown"]).stdout
+    result = runner.invoke(app, ["show", "gpt2-small", "--flops-count", "dense"])
+    assert result.exit_code == 2 and "--flops-count must be one of needed, executed, got 'dense'" in result.stderr

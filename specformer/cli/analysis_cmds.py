@@ -341,9 +341,12 @@ def _show_sections(report: Any) -> list[Section]:
     return [_architecture_section(report), _params_section(report), _compute_section(report), _memory_section(report)]
 
 
-def _show_heading(report: Any) -> str:
+def _show_heading(report: Any, overrides: list[str] | None = None) -> str:
+    """The line above ``show``'s tables; it names the ``--set`` overrides, so that tables
+    pasted elsewhere do not pass a variant off as the spec it was made from."""
     total = report.params.total
-    return f"{report.spec.name} — {report.spec.kind}, {total:,} parameters ({human_count(total)})"
+    changed = "".join(f" --set {o}" for o in overrides or [])
+    return f"{report.spec.name}{changed} — {report.spec.kind}, {total:,} parameters ({human_count(total)})"
 
 
 @app.command()
@@ -375,7 +378,7 @@ def show(
     _check_options(output_format, dtype, flops_count)
     resolved = load_or_exit(spec, set_)
     if tree:
-        _show_tree(resolved, output_format)
+        _show_tree(resolved, output_format, set_)
         return
     from specformer.analysis import analyze
 
@@ -388,7 +391,7 @@ def show(
     sections = _show_sections(report)
     if (batch, seq_len, dtype) == (1, None, "bf16-mixed"):
         sections[-1].notes.extend(_training_step_note(resolved, report.memory))
-    _emit(sections, _show_heading(report), output_format)
+    _emit(sections, _show_heading(report, set_), output_format)
 
 
 def _training_step_note(spec: Any, memory: Any) -> list[str]:
@@ -531,13 +534,14 @@ def _build_meta(spec: Any) -> Any:
         raise typer.Exit(1) from None
 
 
-def _show_tree(spec: Any, output_format: str) -> None:
+def _show_tree(spec: Any, output_format: str, overrides: list[str] | None = None) -> None:
     model = _build_meta(spec)
     tree = module_tree(model)
     if output_format == "json":
         typer.echo(json.dumps(tree, indent=2))
     elif output_format == "markdown":
-        typer.echo(f"### {spec.name} module tree\n\n```\n" + "\n".join(_text_tree(tree)) + "\n```\n", nl=False)
+        changed = "".join(f" --set {o}" for o in overrides or [])
+        typer.echo(f"### {spec.name}{changed} module tree\n\n```\n" + "\n".join(_text_tree(tree)) + "\n```\n", nl=False)
     else:
         out = console if console.is_terminal else Console(width=160, soft_wrap=False)
         out.print(_rich_tree(tree), highlight=False, markup=False)

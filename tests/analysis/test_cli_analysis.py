@@ -77,6 +77,15 @@ def test_show_says_which_options_show_the_training_step_of_the_spec() -> None:
 def test_show_set_overrides() -> None:
     data = json.loads(_ok(["show", "gpt2-small", "--set", "decoder.n_layers=6", "-f", "json"]).stdout)
     assert data["params"]["total"] == count_parameters(load_spec("gpt2-small", ["decoder.n_layers=6"])).total
+    # the heading says the tables are of the variant, not of gpt2-small itself
+    out = _ok(["show", "gpt2-small", "-s", "decoder.n_layers=6", "-s", "decoder.attention.n_kv_heads=4",
+               "-f", "markdown"]).stdout
+    assert out.splitlines()[0] == ("### gpt2-small --set decoder.n_layers=6 --set decoder.attention.n_kv_heads=4"
+                                   " — decoder, 77,187,840 parameters (77.19M)")
+    assert _ok(["show", "gpt2-small", "-s", "decoder.n_layers=6"]).stdout.startswith(
+        "gpt2-small --set decoder.n_layers=6 — decoder, ")
+    assert _ok(["show", "gpt-nano", "-s", "decoder.n_layers=2", "--tree", "-f", "markdown"]).stdout.startswith(
+        "### gpt-nano --set decoder.n_layers=2 module tree\n")
 
 
 def test_show_bad_spec_exits_1_without_traceback(tmp_path: Path) -> None:

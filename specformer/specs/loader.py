@@ -866,9 +866,29 @@ def problems_from_validation(
                 SpecProblem(message, path=_dotted(path), position=_nearest(positions, path), hint=hint)
             )
     problems = [p for p in problems if not _copied_to_cross_attention(p, problems, positions)]
+    problems += _stacks_the_kind_lacks(problems, positions, data)
     problems = [_inherited(p, positions.get(())) for p in problems]
     problems.sort(key=_order)
     return problems
+
+
+def _stacks_the_kind_lacks(
+    problems: list[SpecProblem], positions: Mapping[Path_, Position], data: Any
+) -> list[SpecProblem]:
+    """A stack that ``kind`` has no place for, which the rules between fields report only
+    once every field is valid: an error inside it (``--set encoder.attention.n_heads=2``
+    on a decoder says that ``encoder.n_layers`` is missing) would otherwise be fixed
+    first, only for the stack to be refused next."""
+    if not isinstance(data, Mapping):
+        return []
+    kind = data.get("kind")
+    out = []
+    for role in {"encoder": ("decoder",), "decoder": ("encoder",)}.get(kind, ()):
+        message = f"kind {kind!r} has no {role} stack; remove it or change kind"
+        if data.get(role) is None or any(p.path == role and p.message == message for p in problems):
+            continue
+        out.append(SpecProblem(message, path=role, position=_nearest(positions, [role])))
+    return out
 
 
 def _inherited(problem: SpecProblem, root: Position | None) -> SpecProblem:

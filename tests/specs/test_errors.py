@@ -232,6 +232,24 @@ def test_a_stack_set_to_null_is_placed_at_the_set(tmp_path):
     assert "kind 'decoder' needs a decoder stack" in str(problem) and "got null" in str(problem)
 
 
+def test_a_stack_the_kind_lacks_is_refused_even_when_its_fields_are_wrong():
+    # the stack's own errors are not all: fixing them would only lead to the stack's refusal
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["encoder.attention.n_heads=2"])
+    assert [(p.path, p.message) for p in info.value.problems] == [
+        ("encoder", "kind 'decoder' has no encoder stack; remove it or change kind"),
+        ("encoder.n_layers", "required field is missing"),
+    ]
+    assert all(str(p.position) == "--set encoder.attention.n_heads=2" for p in info.value.problems)
+    # and when another field is wrong; once, when the rules between fields say it too
+    with pytest.raises(SpecError) as info:
+        load_spec("bert-nano", overrides=["decoder.n_layers=2", "d_model=wide"])
+    assert sorted(p.path for p in info.value.problems) == ["d_model", "decoder"]
+    with pytest.raises(SpecError) as info:
+        load_spec("bert-nano", overrides=["decoder.n_layers=2"])
+    assert [p.path for p in info.value.problems] == ["decoder"]
+
+
 def test_malformed_override_is_explained():
     with pytest.raises(SpecError) as info:
         load_spec("gpt-nano", overrides=["decoder.n_layers"])

@@ -4,7 +4,10 @@ Precisions follow Lightning's names. ``fp32``, ``bf16`` and ``fp16`` ("true"
 precisions) keep weights, gradients, AdamW's two moments (``torch.optim.AdamW``
 allocates them like the parameter) and activations in that dtype. ``bf16-mixed`` and
 ``16-mixed`` keep fp32 weights, gradients and moments, compute in half precision, and
-autocast caches a half-precision copy of each weight during the step.
+autocast caches a half-precision copy of each weight of a matrix product during the
+step (linear layers, and the token table a tied head projects with); norms, position
+and segment tables, T5's position bias and a token table that is only looked up stay
+in fp32.
 
 Activations are what autograd saves for the backward pass, counted tensor by tensor
 for the spec's layers, after the accounting of Korthikanti et al. 2022 ("Reducing
@@ -24,10 +27,11 @@ reach their maxima together.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from specformer.analysis.params import as_spec, count_parameters, whole_number
+from specformer.analysis.params import as_spec, count_parameters, parameter_shapes, whole_number
 
 __all__ = [
     "Precision",
@@ -40,6 +44,7 @@ __all__ = [
     "MemoryEstimate",
     "memory_estimate",
     "activation_bytes",
+    "autocast_copied_parameters",
 ]
 
 
@@ -265,6 +270,27 @@ class MemoryEstimate:
         }
 
 
+def autocast_copied_parameters(spec: Any) -> int:
+    """Parameters that autocast copies to half precision in a mixed-precision step: the
+    weights and biases of matrix products, and the token table a tied LM or MLM head
+    projects with. Norms (layer, RMS, qk), position and segment tables, T5's position
+    bias and a token table that is only looked up (untied, or a classification head's)
+    run in fp32 and are never copied."""
+    spec = as_spec(spec)
+    shapes = parameter_shapes(spec)
+    head_table = None
+    if spec.embedding.tie_output and spec.head.type in ("lm", "mlm"):
+        # an encoder-decoder with its own decoder table projects with that one
+        head_table = next(t for t in ("decoder_embed.tokens.weight", "embed.tokens.weight") if t in shapes)
+    total = 0
+    for name, shape in shapes.items():
+        looked_up = name.startswith(("embed.", "decoder_embed.")) and name != head_table
+        if looked_up or "norm." in name or name.endswith("rel_bias.weight"):
+            continue
+        total += math.prod(shape)
+    return total
+
+
 def memory_estimate(
     spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
 ) -> MemoryEstimate:
@@ -274,6 +300,7 @@ def memory_estimate(
     t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
     p = precision(dtype)
     n = count_parameters(spec).total
+    cast = autocast_copied_parameters(spec) if p.weight_cast else 0
     return MemoryEstimate(
         batch=batch,
         seq_len=t,
@@ -281,6 +308,6 @@ def memory_estimate(
         weights=n * p.weight,
         gradients=n * p.grad,
         optimizer=2 * n * p.optimizer,
-        weight_casts=n * p.weight_cast,
+        weight_casts=cast * p.weight_cast,
         activations=activation_bytes(spec, batch=batch, seq_len=t, dtype=p.name),
     )

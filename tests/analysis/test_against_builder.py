@@ -218,6 +218,47 @@ def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[st
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
 
 
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("gpt-nano", []),
+        ("gpt-nano", ["embedding.tie_output=false", "head.bias=true"]),
+        ("gpt-nano", ["decoder.attention.qk_norm=layernorm", "head={type: mlm}", "embedding.norm={type: rmsnorm}"]),
+        ("bert-nano", ["head={type: classification, n_classes: 3}"]),
+        ("t5-nano", ["embedding.share_encoder_decoder=false"]),
+        ("t5-nano", ["embedding.share_encoder_decoder=false", "embedding.tie_output=false"]),
+    ],
+)
+def test_autocast_copies_the_parameters_the_estimate_counts(name: str, overrides: list[str]) -> None:
+    # every parameter that a bf16 autocast forward casts, seen as the copies it makes
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specformer.analysis.memory import autocast_copied_parameters
+
+    spec = load_spec(name, overrides=overrides)
+    model = build_model(spec).train()
+    by_storage = {p.untyped_storage().data_ptr(): p for p in model.parameters()}
+    copied: dict[int, int] = {}
+
+    class Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and out.dtype == torch.bfloat16:
+                source = by_storage.get(args[0].untyped_storage().data_ptr())
+                if source is not None:
+                    copied[id(source)] = source.numel()
+            return out
+
+    ids = torch.randint(0, spec.vocab_size, (2, 16))
+    labels = torch.randint(0, spec.head.n_classes, (2,)) if spec.head.type == "classification" else ids.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16), Casts():
+        if spec.kind == "encoder-decoder":
+            model(ids, decoder_input_ids=ids, labels=labels)
+        else:
+            model(ids, labels=labels)
+    assert sum(copied.values()) == autocast_copied_parameters(spec) < count_parameters(spec).total
+
+
 def test_activation_estimate_counts_the_probabilities_of_t5s_trained_bias() -> None:
     # T5's trained bias has no fused kernel: each self-attention keeps (B, H, T, T)
     # probabilities, which dominate at longer sequences

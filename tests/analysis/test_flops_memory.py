@@ -216,10 +216,21 @@ def test_memory_states_follow_precision() -> None:
     fp32 = memory_estimate(spec, batch=2, seq_len=128, dtype="fp32")
     assert (fp32.weights, fp32.gradients, fp32.optimizer, fp32.weight_casts) == (4 * n, 4 * n, 8 * n, 0)
     mixed = memory_estimate(spec, batch=2, seq_len=128, dtype="bf16-mixed")
-    assert (mixed.weights, mixed.gradients, mixed.optimizer, mixed.weight_casts) == (4 * n, 4 * n, 8 * n, 2 * n)
+    # autocast copies the weights of matrix products: all but the 1024 × 768 position
+    # table and the 25 layer norms' 2 × 768 (the tied token table is the head's weight)
+    copied = n - 1024 * 768 - 25 * 2 * 768
+    assert (mixed.weights, mixed.gradients, mixed.optimizer, mixed.weight_casts) == (4 * n, 4 * n, 8 * n, 2 * copied)
     true_bf16 = memory_estimate(spec, batch=2, seq_len=128, dtype="bf16-true")
     assert true_bf16.weights == 2 * n and true_bf16.optimizer == 4 * n
     assert mixed.total == mixed.weights + mixed.gradients + mixed.optimizer + mixed.weight_casts + mixed.activations
+
+
+def test_autocast_copies_leave_out_tables_that_are_only_looked_up() -> None:
+    # Llama 2 7B: its untied input table (32000 × 4096) is looked up, never multiplied,
+    # and its 65 RMSNorms (4096 each) run in fp32: 6,607,077,376 weights are copied
+    llama = memory_estimate("llama2-7b", dtype="bf16-mixed")
+    assert llama.weight_casts == 2 * (6_738_415_616 - 32000 * 4096 - 65 * 4096) == 2 * 6_607_077_376
+    assert memory_estimate("llama2-7b", dtype="bf16-true").weight_casts == 0
 
 
 def test_activations_scale_with_batch_and_sequence() -> None:

@@ -20,7 +20,9 @@ Conventions (see ``docs/analysis.md``):
   all included.
 * A training step (forward + backward) is 3× the forward: the backward computes
   gradients with respect to both activations and weights, two products per forward
-  product (Kaplan et al. 2020, section 2.1).
+  product (Kaplan et al. 2020, section 2.1). A masked-LM head is the exception: training
+  runs it on the labelled tokens only (``mask_prob`` of them), so the step counts 3× its
+  forward on those.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ Count = Literal["needed", "executed"]
 
 @dataclass(frozen=True)
 class FlopCounts:
-    """FLOPs per token at ``seq_len``: ``forward``, ``training`` (= 3 × forward), and the
+    """FLOPs per token at ``seq_len``: ``forward``, ``training`` (3 × forward; a masked-LM
+    head's part only for its ``mask_prob`` of labelled tokens), and the
     forward split into components (``decoder.attention.proj``, ``decoder.attention.scores``,
     ``decoder.cross_attention.proj``, ``decoder.cross_attention.scores``, ``decoder.ffn``,
     ``head``)."""
@@ -152,10 +155,14 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
         raise AnalysisError(f"head: no analytic FLOP count for head type {head.type!r}")
     components = {k: round(v / t) for k, v in totals.items()}
     forward = round(sum(totals.values()) / t)
+    trained = sum(totals.values())
+    if head.type == "mlm":
+        # training runs a masked-LM head on its labelled tokens only (MLMHead.loss)
+        trained -= totals["head"] * (1 - getattr(spec.training.objective, "mask_prob", 1.0))
     return FlopCounts(
         seq_len=t,
         count=count,
         forward=forward,
-        training=TRAINING_MULTIPLIER * forward,
+        training=round(TRAINING_MULTIPLIER * trained / t),
         components=components,
     )

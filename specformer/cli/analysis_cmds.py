@@ -299,11 +299,19 @@ def _compute_section(report: Any) -> Section:
     scores = ("attention scores count every query against all T keys (--flops-count executed)"
               if f.count == "executed" else
               "attention scores count the keys each query attends (causal: (T+1)/2 on average; sliding windows capped)")
-    s.notes.append(f"Matrix products only, 2 FLOPs per multiply-add; {scores}; training = 3 × forward.")
+    training = "training = 3 × forward"
+    if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
+        training += ", the masked-LM head on its labelled tokens only"
+    s.notes.append(f"Matrix products only, 2 FLOPs per multiply-add; {scores}; {training}.")
     for key, n in f.components.items():
         s.rows.append([key, human_flops(n), f"{n / f.forward:.1%}"])
     s.rows.append(["forward", human_flops(f.forward), f"{f.forward:,}"])
-    s.rows.append(["training step (3× forward)", human_flops(f.training), f"{f.training:,}"])
+    if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
+        share = getattr(report.spec.training.objective, "mask_prob", 1.0)
+        step = f"training step (3× forward, head on {share:.0%} of tokens)"
+    else:
+        step = "training step (3× forward)"
+    s.rows.append([step, human_flops(f.training), f"{f.training:,}"])
     s.bold_rows = {len(s.rows) - 2, len(s.rows) - 1}
     return s
 

@@ -55,6 +55,12 @@ def test_show_json_has_stable_keys() -> None:
     )
 
 
+def test_show_says_a_masked_lm_head_trains_on_its_labelled_tokens() -> None:
+    out = _ok(["show", "bert-base", "--seq-len", "512", "-f", "markdown"]).stdout
+    assert "| training step (3× forward, head on 15% of tokens) | 587.9 MFLOP | 587,858,688 |" in out
+    assert "the masked-LM head on its labelled tokens only" in out
+
+
 def test_show_markdown() -> None:
     out = _ok(["show", "t5-small", "--format", "markdown", "--dtype", "fp32"]).stdout
     assert out.startswith("### t5-small")

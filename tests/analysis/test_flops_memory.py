@@ -57,6 +57,22 @@ def test_training_is_three_forwards_and_parts_add_up() -> None:
     assert abs(sum(f.components.values()) - f.forward) <= len(f.components)
 
 
+def test_a_masked_lm_head_trains_on_its_labelled_tokens_only() -> None:
+    # BERT base at 512 tokens: the encoder runs on every token, MLMHead.loss runs the
+    # head (768 × 768 transform, 768 × 30522 vocabulary product) on the 15% labelled
+    encoder = 12 * (2 * 4 * 768 * 768 + 4 * 768 * 512 + 2 * 2 * 768 * 3072)
+    head = 2 * (768 * 768 + 768 * 30522)
+    f = flops_per_token("bert-base", 512)
+    assert f.forward == encoder + head
+    assert f.training == round(3 * (encoder + 0.15 * head)) == 587_858_688
+    # mask_prob is the objective's
+    assert flops_per_token(load_spec("bert-base", ["training.objective.mask_prob=0.3"]), 512).training == round(
+        3 * (encoder + 0.3 * head))
+    # an MLM head under the causal objective is trained on every token
+    causal = load_spec("gpt-nano", ["head={type: mlm}"])
+    assert flops_per_token(causal).training == 3 * flops_per_token(causal).forward
+
+
 def _brute_keys(seq_len: int, causal: bool, window: int | None) -> float:
     total = 0
     for i in range(seq_len):

@@ -607,6 +607,9 @@ def _metric_rows(report: Any) -> list[tuple[str, float, Any]]:
     rows.append((f"FLOPs/token forward {at}", report.flops.forward, human_flops))
     rows.append((f"FLOPs/token training {at}", report.flops.training, human_flops))
     rows.append((f"KV cache bytes/token ({report.kv_dtype})", report.kv_cache_bytes_per_token, lambda x: f"{x:,.0f}"))
+    # what a sliding window changes: the cache held at the length, not the bytes per token
+    m = report.memory
+    rows.append((f"KV cache @ {m.seq_len}, batch {m.batch}", report.kv_cache_bytes, human_bytes))
     if report.cross_kv_cache_bytes_per_source_token:
         rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token, lambda x: f"{x:,.0f}"))
     m = report.memory

@@ -419,6 +419,15 @@ def test_analyze_takes_a_preset_name_as_the_other_analysis_functions_do(tmp_path
         assert report.to_dict()["name"] == name and report.to_markdown().startswith(f"### {name} —")
 
 
+def test_diff_shows_what_a_sliding_window_saves_of_the_kv_cache() -> None:
+    # the bytes per token stay; the cache held at 4,096 tokens is 512 of them per layer:
+    # 32 layers × 2 × 4096 × 2 bytes × 4096 tokens = 2 GiB, and × 512 = 256 MiB
+    out = _ok(["diff", "llama2-7b", "--set", "decoder.attention.sliding_window=512", "-f", "markdown",
+               "--no-checkpoints"]).stdout
+    assert "| KV cache bytes/token (bf16) | 524,288 | 524,288 | 0 | 0% |" in out
+    assert "| KV cache @ 4096, batch 1 | 2 GiB | 256 MiB | -1.75 GiB | -87.5% |" in out
+
+
 def test_flops_count_executed_is_the_dense_6n_plus_12ltd_figure() -> None:
     # 6·N + 12·L·T·d per training token (N: the weights of the matrix products, the head's
     # included), every query scoring all T keys, as MFU calculators count

@@ -414,6 +414,8 @@ def generate_cmd(
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
+    num_beams: Annotated[int, typer.Option("--num-beams", min=1, help="Beam search with this many beams (as transformers' num_beams): the most likely text found, instead of sampling. 1: sample (or --greedy).")] = 1,
+    length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
@@ -430,13 +432,20 @@ def generate_cmd(
     specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
+    specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
     ```
     """
     with _starting():
         import torch
 
         from specformer.data.tokenizers import decoder_start_id
-        from specformer.training.generate import _heals, encode_prompt, generate, generate_seq2seq
+        from specformer.training.generate import (
+            _heals,
+            beam_search,
+            encode_prompt,
+            generate,
+            generate_seq2seq,
+        )
 
     with _errors_for_people(stopped="; nothing more is generated"):
         loaded = _load_checkpoint(checkpoint, spec_source)
@@ -447,6 +456,16 @@ def generate_cmd(
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
         if top_p is not None and top_p <= 0.0:
             raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
+        if num_beams == 1 and length_penalty != 1.0:
+            raise _fail("--length-penalty scores the texts of a beam search: add --num-beams K (K > 1)")
+        if num_beams > 1:
+            sampling = [name for name, given in (("--temperature", temperature), ("--top-k", top_k),
+                                                 ("--top-p", top_p)) if given is not None]
+            if sampling:
+                raise _fail(f"--num-beams searches for the most likely text and samples nothing: leave out "
+                            f"{', '.join(sampling)}", "or sample with --num-beams 1")
+            if not cache:
+                raise _fail("--num-beams runs with the KV cache: leave out --no-cache")
         temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
         # a tokenizer smaller than the model's vocabulary (a BPE trained on little text) has no text for the rest
         candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
@@ -485,13 +504,27 @@ def generate_cmd(
                 text = text.removeprefix(encoded.healed) if shown else text
                 console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
 
-            with _shown_on_interrupt(new, max_new_tokens, show):
-                generate(
-                    model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
-                    top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
-                    max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates, on_token=keep,
-                    allowed_tokens=encoded.allowed_tokens,
+            if num_beams > 1:
+                room = spec.max_seq_len - len(ids)
+                if room <= 0:
+                    raise _fail(f"the prompt is {len(ids)} tokens and beam search keeps every beam's context "
+                                f"within max_seq_len={spec.max_seq_len}: shorten the prompt")
+                found = beam_search(
+                    model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=min(max_new_tokens, room),
+                    eos_id=tok.eot_id if stop_at_eot else None, length_penalty=length_penalty,
+                    n_candidates=candidates, allowed_tokens=encoded.allowed_tokens,
                 )
+                new.extend(found[0, len(ids):].tolist())
+                if stop_at_eot and tok.eot_id in new:
+                    del new[new.index(tok.eot_id) + 1:]  # the rest is filler after the end
+            else:
+                with _shown_on_interrupt(new, max_new_tokens, show):
+                    generate(
+                        model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
+                        top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
+                        max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates, on_token=keep,
+                        allowed_tokens=encoded.allowed_tokens,
+                    )
             show()
             return
         if not ids:
@@ -517,12 +550,20 @@ def generate_cmd(
             row = row[len(opening):] if opening and row[: len(opening)] == opening else row
             console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
 
-        with _shown_on_interrupt(new, max_new_tokens, show_decoded):
-            generate_seq2seq(
-                model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
-                temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
-                n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
+        if num_beams > 1:
+            limit = min(max_new_tokens, spec.max_seq_len - 1) if learned else max_new_tokens
+            found = beam_search(
+                model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=limit, eos_id=tok.eos_id,
+                start_id=start, length_penalty=length_penalty, n_candidates=candidates,
             )
+            new.extend(found[0].tolist())
+        else:
+            with _shown_on_interrupt(new, max_new_tokens, show_decoded):
+                generate_seq2seq(
+                    model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+                    temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
+                    n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
+                )
         show_decoded()
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "TrainingInterrupted",
     "generate",
     "generate_seq2seq",
+    "beam_search",
     "encode_prompt",
     "load_checkpoint",
     "CheckpointError",
@@ -39,4 +40,4 @@ def __dir__() -> list[str]:
 
 # eager, not lazy: the submodule ``generate`` has the function's name, and importing a
 # submodule binds it on the package, which would hand out the module instead
-from specformer.training.generate import encode_prompt, generate, generate_seq2seq  # noqa: E402
+from specformer.training.generate import beam_search, encode_prompt, generate, generate_seq2seq  # noqa: E402

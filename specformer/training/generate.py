@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sample_next", "generate", "generate_seq2seq", "Prompt", "encode_prompt"]
+__all__ = ["sample_next", "generate", "generate_seq2seq", "beam_search", "Prompt", "encode_prompt"]
 
 
 def sample_next(
@@ -295,6 +295,149 @@ def generate_seq2seq(
             if bool(done.all()):
                 break
     return seq[:, 1:]
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+@torch.no_grad()
+def beam_search(
+    model: nn.Module,
+    input_ids: Tensor,
+    *,
+    num_beams: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+    attention_mask: Tensor | None = None,
+    start_id: int | None = None,
+    length_penalty: float = 1.0,
+    early_stopping: bool = False,
+    pad_id: int | None = None,
+    n_candidates: int | None = None,
+    allowed_tokens: Callable[[Tensor], Tensor | None] | None = None,
+) -> Tensor:
+    """The most likely continuation of each prompt found keeping the ``num_beams`` best
+    partial sequences at every step, with the KV cache (reordered as beams are chosen).
+
+    A decoder-only model continues prompts (B, T) and returns (B, T + N); an
+    encoder-decoder (``start_id`` required: its decoder's start token) decodes sources
+    (B, S) and returns (B, N) without the start token, as :func:`generate_seq2seq`.
+    N ≤ ``max_new_tokens`` is the longest returned continuation; shorter ones end in
+    ``eos_id`` and are filled with ``pad_id`` (default ``eos_id``).
+
+    The search is Hugging Face's (``generate(num_beams=k, do_sample=False)``), to the
+    token: a finished sequence scores its summed log-probabilities over its length
+    ``** length_penalty``; ``early_stopping=False`` stops once no running beam can beat
+    the finished ones by that measure at its current length, ``True`` as soon as
+    ``num_beams`` sequences have finished. ``n_candidates`` and ``allowed_tokens`` (called
+    with each beam's tokens so far, (B * num_beams, n)): see :func:`generate`."""
+    kind = "encoder-decoder" if start_id is not None else "decoder"
+    _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1 (1 is greedy), got {num_beams!r}")
+    b, k = input_ids.shape[0], num_beams
+    fill = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
+    dev = input_ids.device
+
+    def expand(t: Tensor | None) -> Tensor | None:  # (B, ...) -> (B * k, ...), each row k times
+        return None if t is None else t.repeat_interleave(k, dim=0)
+
+    with _eval_mode(model):
+        if start_id is not None:
+            mask = expand(attention_mask)
+            encoded = expand(model.encode(input_ids, attention_mask))
+            seq = torch.full((b, k, 1), start_id, dtype=torch.long, device=dev)
+
+            def step(tokens: Tensor, cache: Any) -> Any:
+                return model(attention_mask=mask, decoder_input_ids=tokens, encoder_hidden_states=encoded,
+                             cache=cache, use_cache=True, logits_to_keep=1)
+        else:
+            limit = _spec_max_seq_len(model)
+            if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+                raise ValueError(
+                    f"beam search keeps every beam's context: prompt ({input_ids.shape[1]}) + max_new_tokens "
+                    f"({max_new_tokens}) must fit max_seq_len ({limit})"
+                )
+            mask = expand(attention_mask)
+            seq = input_ids[:, None, :].expand(b, k, -1).clone()
+
+            def step(tokens: Tensor, cache: Any) -> Any:
+                nonlocal mask
+                if cache is not None and mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                return model(tokens, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
+
+        prompt_len = seq.shape[-1]
+        max_len = prompt_len + max_new_tokens
+        keep = 2 * k  # candidates per row: enough that k go on when up to k of them end here
+        running = torch.zeros(b, k, device=dev)
+        running[:, 1:] = -1e9  # the k copies of a prompt: only the first starts
+        finished = torch.full((b, k, max_len), fill, dtype=torch.long, device=dev)
+        finished_scores = torch.full((b, k), -1e9, device=dev)
+        finished_any = torch.zeros(b, k, dtype=torch.bool, device=dev)
+        improvable = torch.ones(b, 1, dtype=torch.bool, device=dev)
+        top_k_mask = torch.arange(keep, device=dev) < k
+        offsets = torch.arange(b, device=dev)[:, None] * k
+        out = step(seq.reshape(b * k, -1), None)
+        cache = out.cache
+        cur = prompt_len
+        while cur < max_len:
+            logits = _last_logits(out.logits, model, "beam_search").float()
+            if n_candidates is not None and n_candidates < logits.shape[-1]:
+                logits[:, n_candidates:] = float("-inf")
+            allowed = allowed_tokens(seq[:, :, prompt_len:].reshape(b * k, -1)) if allowed_tokens else None
+            if allowed is not None:
+                allowed = allowed.to(device=dev, dtype=torch.bool)
+                allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]), value=False)
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            vocab = logits.shape[-1]
+            scores = (logits.log_softmax(-1).view(b, k, vocab) + running[:, :, None]).view(b, k * vocab)
+            cand_scores, cand = torch.topk(scores, keep, dim=-1)  # (B, 2k)
+            source, token = cand // vocab, cand % vocab
+            cand_seq = torch.cat([seq.gather(1, source[:, :, None].expand(-1, -1, cur)), token[:, :, None]], dim=-1)
+            ends = torch.full_like(token, cur + 1 >= max_len, dtype=torch.bool)
+            if eos_id is not None:
+                ends |= token == eos_id
+            # the k best candidates that go on
+            go_on = torch.topk(cand_scores + ends.float() * -1e9, k, dim=-1).indices  # (B, k)
+            seq = cand_seq.gather(1, go_on[:, :, None].expand(-1, -1, cur + 1))
+            running = (cand_scores + ends.float() * -1e9).gather(1, go_on)
+            beam_source = source.gather(1, go_on)
+            # those among the top k that end join the finished ones, scored by their length
+            new = cand_scores / ((cur + 1 - prompt_len) ** length_penalty)
+            full = finished_any.all(-1, keepdim=True) & early_stopping
+            new = new + (full | ~improvable).float() * -1e9 + (~(ends & top_k_mask)).float() * -1e9
+            padded = torch.nn.functional.pad(cand_seq, (0, max_len - cur - 1), value=fill)
+            merged_scores = torch.cat([finished_scores, new], dim=1)
+            best = torch.topk(merged_scores, k, dim=-1).indices
+            finished = torch.cat([finished, padded], dim=1).gather(1, best[:, :, None].expand(-1, -1, max_len))
+            finished_scores = merged_scores.gather(1, best)
+            finished_any = torch.cat([finished_any, ends & top_k_mask], dim=1).gather(1, best)
+            cur += 1
+            # can a running beam still beat the worst finished one, at its current length?
+            best_running = running[:, :1] / ((cur - prompt_len) ** length_penalty)
+            worst = torch.where(finished_any, finished_scores.min(-1, keepdim=True).values, -1e9)
+            improvable = improvable & (best_running > worst).any(-1, keepdim=True)
+            open_beam = not (bool(finished_any.all()) and early_stopping)
+            if not (bool(improvable.any()) and open_beam and not bool(ends.all())):
+                break
+            cache.reorder((beam_source + offsets).reshape(-1))
+            out = step(seq[:, :, -1].reshape(b * k, 1), cache)
+    best_seq = finished[:, 0]  # (B, max_len): each row's finished sequences are kept best first
+    best_seq = best_seq[:, : prompt_len + _generated_length(best_seq, prompt_len, eos_id)]
+    return best_seq[:, 1:] if start_id is not None else best_seq
+
+
+def _generated_length(seq: Tensor, prompt_len: int, eos_id: int | None) -> int:
+    """The longest continuation among the rows of ``seq`` (B, L): each ends at its first
+    ``eos_id`` (included) after the prompt, or runs to L."""
+    gen = seq[:, prompt_len:]
+    if eos_id is None:
+        return gen.shape[1]
+    is_eos = gen == eos_id
+    has = is_eos.any(-1)
+    first = torch.where(has, is_eos.int().argmax(-1) + 1, torch.full_like(has, gen.shape[1], dtype=torch.long))
+    return int(first.max())
 
 
 # --------------------------------------------------------------------------- prompts

@@ -303,6 +303,42 @@ def test_greedy_generation_matches_transformers_generate(family: str) -> None:
         assert len(set(ours[0].tolist())) > 1  # not a degenerate repeat of one token
 
 
+@pytest.mark.parametrize("family", sorted(DECODERS))
+def test_beam_search_matches_transformers_beam_search(family: str) -> None:
+    from specformer.training.generate import beam_search
+
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    hf.generation_config.forced_eos_token_id = None
+    start = _START[spec.name] if spec.kind == "encoder-decoder" else None
+    extra = {"decoder_start_token_id": start} if start is not None else {}
+    ended = 0
+    for seed in range(2):
+        ids = torch.randint(3, V, (3, 7), generator=torch.Generator().manual_seed(seed))
+        mask = torch.ones_like(ids)
+        if spec.kind == "decoder":
+            mask[1, :3] = 0  # left padding
+        else:
+            mask[1, 5:] = 0
+        with torch.no_grad():
+            greedy = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                 num_beams=1, eos_token_id=None, pad_token_id=1, **extra)
+        eos = int(greedy[seed, -3 + seed])  # a token likely early: beams end at it, at different steps
+        for k, early_stopping, length_penalty in [(3, False, 1.0), (4, True, 1.0), (2, False, 0.7)]:
+            with torch.no_grad():
+                # pad_token_id=1, not 0: transformers fills with `pad_token_id or eos`, so 0 fills with eos
+                theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                     num_beams=k, eos_token_id=eos, pad_token_id=1, early_stopping=early_stopping,
+                                     length_penalty=length_penalty, **extra)
+            ours = beam_search(model, ids, attention_mask=mask, num_beams=k, max_new_tokens=10, eos_id=eos,
+                               pad_id=1, early_stopping=early_stopping, length_penalty=length_penalty,
+                               start_id=start)
+            theirs = theirs[:, 1:] if start is not None else theirs
+            assert torch.equal(ours, theirs), (k, early_stopping, length_penalty, ours, theirs)
+            ended += int((ours == eos).any(-1).sum())
+    assert ended  # the end token was met, and what follows it compared
+
+
 def test_training_generate_matches_transformers_generate() -> None:
     generation = pytest.importorskip("specformer.training.generate", reason="specformer.training is not available")
     hf = _hf_model("llama")

@@ -65,6 +65,19 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     assert zero.exit_code == 1 and "--top-p must be above 0" in zero.stderr and "--greedy" in zero.stderr
     eot = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "-n", "200", "--stop-at-eot", "--seed", "1"])
     assert eot.exit_code == 0, eot.output
+    beams = runner.invoke(app, ["generate", str(ckpt), "--prompt", "def", "-n", "12", "--num-beams", "3"])
+    assert beams.exit_code == 0, beams.output
+    from specformer.training import beam_search, load_checkpoint
+
+    loaded = load_checkpoint(ckpt)
+    ids = loaded.tokenizer.encode("def")
+    found = beam_search(loaded.model, torch.tensor([ids]), num_beams=3, max_new_tokens=12, eos_id=None)
+    assert beams.stdout.rstrip("\n") == loaded.tokenizer.decode(found[0].tolist())
+    mixed = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--num-beams", "3", "--top-k", "5"])
+    assert mixed.exit_code == 1 and "--num-beams searches for the most likely text" in mixed.stderr
+    assert "leave out --top-k" in mixed.stderr
+    alone = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--length-penalty", "2"])
+    assert alone.exit_code == 1 and "add --num-beams" in alone.stderr
 
     ev = runner.invoke(app, ["eval", str(ckpt), "--batches", "2"], env={"COLUMNS": "200"})
     assert ev.exit_code == 0, ev.output
@@ -119,6 +132,20 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     s2s = _checkpoint(tmp_path, "tiny-encoder-decoder")
     out = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "8"])
     assert out.exit_code == 0, out.output
+    beams = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "8", "--num-beams", "3"])
+    assert beams.exit_code == 0, beams.output
+    one = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "8", "--num-beams", "3",
+                              "--length-penalty", "0"])
+    assert one.exit_code == 0, one.output
+    from specformer.data.tokenizers import decoder_start_id
+    from specformer.training import beam_search, load_checkpoint
+
+    loaded = load_checkpoint(s2s)
+    tok = loaded.tokenizer
+    found = beam_search(loaded.model, torch.tensor([tok.with_template(tok.encode("abc"))]), num_beams=3,
+                        max_new_tokens=8, eos_id=tok.eos_id, start_id=decoder_start_id(tok, loaded.spec.training.objective))
+    row = found[0].tolist()
+    assert beams.stdout == tok.decode(row[: row.index(tok.eos_id)] if tok.eos_id in row else row) + "\n"
     huge = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "--seed", "99999999999999999999"])
     assert huge.exit_code == 2 and "--seed" in huge.output  # a usage error, not a traceback
     assert "warning" not in out.stderr

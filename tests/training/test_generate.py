@@ -10,7 +10,7 @@ import torch
 
 from specformer import load_spec
 from specformer.builder import build_model
-from specformer.training.generate import generate, generate_seq2seq, sample_next
+from specformer.training.generate import beam_search, generate, generate_seq2seq, sample_next
 
 
 def _model(tiny: Any, kind: str, **extra: Any) -> tuple[Any, Any]:
@@ -329,3 +329,78 @@ def test_a_healed_prompt_stops_reading_the_new_tokens_once_they_can_have_spelt_i
                  allowed_tokens=prompt.allowed_tokens)
         # every token spells a character of the whitespace or frees the row: 1 and 5 steps at the most, not 12
         assert len(read) <= len(prompt.healed) and max(map(len, read)) < len(prompt.healed), (text, read)
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+def _sequence_log_prob(model: Any, prompt: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Summed log-probability of continuations ``new`` (N, n) of one prompt (1, T)."""
+    ids = torch.cat([prompt.expand(new.shape[0], -1), new], dim=1)
+    with torch.no_grad():
+        logp = model(ids).logits.float().log_softmax(-1)
+    t = prompt.shape[1]
+    return logp[:, t - 1:-1].gather(-1, new[:, :, None]).squeeze(-1).sum(-1)
+
+
+def test_beam_search_with_every_prefix_kept_finds_the_most_likely_continuation() -> None:
+    # V**(n-1) beams keep every prefix, so the search is exhaustive: it must find the
+    # continuation of highest probability among all V**n, also where greedy decoding misses it
+    spec = load_spec({"kind": "decoder", "vocab_size": 6, "d_model": 16, "max_seq_len": 16,
+                      "decoder": {"n_layers": 1, "attention": {"n_heads": 2}}})
+    prompt = torch.tensor([[1, 2]])
+    every = torch.cartesian_prod(*[torch.arange(6)] * 3)  # (216, 3)
+    greedy_missed = 0
+    for seed in range(20):
+        torch.manual_seed(seed)
+        model = build_model(spec).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        scores = _sequence_log_prob(model, prompt, every)
+        found = beam_search(model, prompt, num_beams=36, max_new_tokens=3, eos_id=None)
+        assert torch.equal(found[0, 2:], every[scores.argmax()]), seed
+        greedy = generate(model, prompt, max_new_tokens=3, temperature=0.0)
+        greedy_missed += bool(_sequence_log_prob(model, prompt, greedy[:, 2:]) < scores.max() - 1e-3)
+        # one beam and no end token is greedy decoding
+        assert torch.equal(beam_search(model, prompt, num_beams=1, max_new_tokens=3, eos_id=None), greedy)
+    assert greedy_missed  # the search is worth it for some of them
+
+
+def test_beam_search_ends_at_eos(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+
+    class LikesToEnd(torch.nn.Module):  # the same model, with the end token made the likeliest
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.spec = model, model.spec
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            out = self.inner(*args, **kwargs)
+            out.logits[..., 7] += 20.0
+            return out
+
+    prompt = torch.randint(8, 256, (2, 4))
+    assert not (beam_search(model, prompt, num_beams=3, max_new_tokens=6, eos_id=7) == 7).any()
+    found = beam_search(LikesToEnd(), prompt, num_beams=3, max_new_tokens=6, eos_id=7)
+    assert torch.equal(found, torch.cat([prompt, torch.full((2, 1), 7)], dim=1))  # ended at the first step
+
+
+def test_beam_search_of_an_encoder_decoder_drops_the_start_token(tiny: Any) -> None:
+    spec, model = _model(tiny, "encoder-decoder")
+    src = torch.randint(3, 32, (2, 6))
+    one = beam_search(model, src, num_beams=1, max_new_tokens=5, eos_id=None, start_id=1)
+    greedy = generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=5)
+    assert torch.equal(one, greedy)
+    assert beam_search(model, src, num_beams=4, max_new_tokens=5, eos_id=None, start_id=1).shape == (2, 5)
+
+
+def test_beam_search_checks_its_arguments(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+    prompt = torch.randint(3, 256, (1, 4))
+    with pytest.raises(ValueError, match="num_beams must be an integer >= 1"):
+        beam_search(model, prompt, num_beams=0, max_new_tokens=3, eos_id=None)
+    with pytest.raises(ValueError, match="must fit max_seq_len"):
+        beam_search(model, prompt, num_beams=2, max_new_tokens=spec.max_seq_len, eos_id=None)
+    with pytest.raises(ValueError, match="beam_search is for an encoder-decoder model"):
+        beam_search(model, prompt, num_beams=2, max_new_tokens=3, eos_id=None, start_id=1)

@@ -1,8 +1,11 @@
-"""KV-cache size and training memory (weights, gradients, AdamW states, activations).
+"""KV-cache size and training memory (weights, gradients, optimizer states, activations).
 
-Precisions follow Lightning's names. ``fp32``, ``bf16`` and ``fp16`` ("true"
-precisions) keep weights, gradients, AdamW's two moments (``torch.optim.AdamW``
-allocates them like the parameter) and activations in that dtype. ``bf16-mixed`` and
+The optimizer's states are the spec's ``training.optimizer``'s: AdamW keeps two moments
+the size of the parameters, SGD one (its momentum; none without), Adafactor a row and a
+column mean of each matrix's squared gradients (its last two dimensions) and a full
+second moment of each vector. Precisions follow Lightning's names. ``fp32``, ``bf16`` and
+``fp16`` ("true" precisions) keep weights, gradients, optimizer states (allocated like
+the parameter) and activations in that dtype. ``bf16-mixed`` and
 ``16-mixed`` keep fp32 weights, gradients and moments, compute in half precision, and
 autocast caches a half-precision copy of each weight of a matrix product during the
 step (linear layers, and the token table a tied head projects with); norms, position
@@ -31,7 +34,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specformer.analysis.params import as_spec, count_parameters, parameter_shapes, whole_number
+from specformer.analysis.params import (
+    AnalysisError,
+    as_spec,
+    count_parameters,
+    parameter_shapes,
+    whole_number,
+)
 
 __all__ = [
     "Precision",
@@ -45,6 +54,7 @@ __all__ = [
     "memory_estimate",
     "activation_bytes",
     "autocast_copied_parameters",
+    "optimizer_state_elements",
 ]
 
 
@@ -55,7 +65,7 @@ class Precision:
     name: str
     weight: int
     grad: int
-    optimizer: int  # per AdamW moment
+    optimizer: int  # per element of an optimizer state
     activation: int
     loss: int  # the cross-entropy's log-probabilities
     weight_cast: int  # autocast's cached low-precision weight copy (0 without autocast)
@@ -240,8 +250,9 @@ def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Training memory in bytes: ``weights``, ``gradients``, ``optimizer`` (AdamW's two
-    moments), ``weight_casts`` (autocast copies), ``activations`` and their ``total``."""
+    """Training memory in bytes: ``weights``, ``gradients``, ``optimizer`` (the states of the
+    spec's optimizer: AdamW's two moments by default), ``weight_casts`` (autocast copies),
+    ``activations`` and their ``total``."""
 
     batch: int
     seq_len: int
@@ -291,10 +302,34 @@ def autocast_copied_parameters(spec: Any) -> int:
     return total
 
 
+def optimizer_state_elements(spec: Any) -> int:
+    """Elements the spec's ``training.optimizer`` keeps beside the parameters (their step
+    counters aside): ``torch.optim.AdamW`` two per parameter, ``SGD`` one with momentum,
+    ``Adafactor`` rows + columns of each matrix (per leading index of a larger tensor) and
+    one per element of a vector."""
+    spec = as_spec(spec)
+    optimizer = spec.training.optimizer
+    n = count_parameters(spec).total
+    if optimizer.type == "adamw":
+        return 2 * n
+    if optimizer.type == "sgd":
+        return n if optimizer.momentum > 0 else 0
+    if optimizer.type == "adafactor":
+        total = 0
+        for shape in parameter_shapes(spec).values():
+            if len(shape) >= 2:
+                total += math.prod(shape[:-2]) * (shape[-2] + shape[-1])
+            else:
+                total += math.prod(shape)
+        return total
+    raise AnalysisError(f"training.optimizer: no memory count for optimizer type {optimizer.type!r}")
+
+
 def memory_estimate(
     spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
 ) -> MemoryEstimate:
-    """Memory of one AdamW training step of ``spec`` at ``batch`` × ``seq_len`` in ``dtype``."""
+    """Memory of one training step of ``spec`` (with its ``training.optimizer``) at
+    ``batch`` × ``seq_len`` in ``dtype``."""
     spec = as_spec(spec)
     batch = whole_number("batch", batch)
     t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
@@ -307,7 +342,7 @@ def memory_estimate(
         dtype=p.name,
         weights=n * p.weight,
         gradients=n * p.grad,
-        optimizer=2 * n * p.optimizer,
+        optimizer=optimizer_state_elements(spec) * p.optimizer,
         weight_casts=cast * p.weight_cast,
         activations=activation_bytes(spec, batch=batch, seq_len=t, dtype=p.name),
     )

@@ -159,7 +159,7 @@ class SpecModule(L.LightningModule):
         t = self.spec.training
         fresh = REGISTRY.build("optimizer", t.optimizer, model=self.model, precision=str(t.precision))
         # the hyperparameters only: implementation flags (fused, foreach) stay the live optimizer's
-        keys = ("lr", "betas", "eps", "weight_decay")
+        from specformer.training.optim import HYPERPARAMETERS as keys
         settings = [{k: group[k] for k in keys if k in group} for group in fresh.param_groups]
         for state in checkpoint.get("optimizer_states", []):
             groups = state.get("param_groups", []) if isinstance(state, dict) else []

@@ -316,10 +316,20 @@ def _compute_section(report: Any) -> Section:
     return s
 
 
+_OPTIMIZER_STATES = {"adamw": ("AdamW", "AdamW states (2 moments)"), "sgd": ("SGD", "SGD momentum"),
+                     "adafactor": ("Adafactor", "Adafactor states (factored)")}
+
+
+def _optimizer_names(spec: Any) -> tuple[str, str]:
+    kind = spec.training.optimizer.type
+    return _OPTIMIZER_STATES.get(kind, (kind, f"{kind} states"))
+
+
 def _memory_section(report: Any) -> Section:
     m = report.memory
+    name, states = _optimizer_names(report.spec)
     s = Section(
-        f"memory: AdamW training step, batch {m.batch} × seq_len {m.seq_len:,}, {m.dtype}",
+        f"memory: {name} training step, batch {m.batch} × seq_len {m.seq_len:,}, {m.dtype}",
         ["item", "bytes", "size"],
         right={1, 2},
     )
@@ -333,7 +343,7 @@ def _memory_section(report: Any) -> Section:
     for label, value in (
         ("weights", m.weights),
         ("gradients", m.gradients),
-        ("AdamW states (2 moments)", m.optimizer),
+        (states, m.optimizer),
         ("autocast weight copies", m.weight_casts),
         ("activations", m.activations),
     ):
@@ -613,7 +623,7 @@ def _metric_rows(report: Any) -> list[tuple[str, float, Any]]:
     if report.cross_kv_cache_bytes_per_source_token:
         rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token, lambda x: f"{x:,.0f}"))
     m = report.memory
-    for label, value in (("weights", m.weights), ("gradients", m.gradients), ("AdamW states", m.optimizer),
+    for label, value in (("weights", m.weights), ("gradients", m.gradients), ("optimizer states", m.optimizer),
                          ("autocast weight copies", m.weight_casts), ("activations", m.activations),
                          ("training total", m.total)):
         rows.append((f"memory: {label}", value, human_bytes))

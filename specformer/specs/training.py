@@ -25,6 +25,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -45,6 +46,8 @@ __all__ = [
     "FileTokenizerSpec",
     "TaskTokenizerSpec",
     "AdamWSpec",
+    "SGDSpec",
+    "AdafactorSpec",
     "ConstantScheduleSpec",
     "LinearScheduleSpec",
     "CosineScheduleSpec",
@@ -300,6 +303,39 @@ class AdamWSpec(Spec):
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.1, description="Decoupled weight decay of matrices.")
 
 
+class SGDSpec(Spec):
+    """Stochastic gradient descent with momentum (and Nesterov's variant); biases, norms and
+    other 1-D parameters are not decayed."""
+
+    type: Literal["sgd"] = "sgd"
+    lr: PositiveFloat = Field(0.1, description="Peak learning rate.")
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.9, description="Momentum; 0 keeps no state.")
+    nesterov: bool = Field(False, description="Nesterov momentum (needs momentum > 0).")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="L2 weight decay of matrices.")
+
+    @model_validator(mode="after")
+    def _nesterov(self) -> SGDSpec:
+        if self.nesterov and self.momentum == 0.0:
+            raise PydanticCustomError("nesterov", "nesterov: true needs a momentum above 0")
+        return self
+
+
+class AdafactorSpec(Spec):
+    """Adafactor (Shazeer & Stern 2018, T5's optimizer), as ``torch.optim.Adafactor``: a
+    second moment factored into row and column means for each matrix, no first moment,
+    so its state is O(rows + columns) per matrix; biases, norms and other 1-D parameters
+    are not decayed."""
+
+    type: Literal["adafactor"] = "adafactor"
+    lr: PositiveFloat = Field(1e-2, description="Peak learning rate (scaled by each matrix's RMS, as Adafactor does).")
+    beta2_decay: Annotated[float, Field(lt=0.0)] = Field(
+        -0.8, description="The second moment's decay, beta2 = 1 - step ** beta2_decay."
+    )
+    eps: PositiveFloat = Field(1e-3, description="Floor of the parameter scale the update is relative to.")
+    d: PositiveFloat = Field(1.0, description="Update clipping threshold.")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="Decoupled weight decay of matrices.")
+
+
 _WARMUP = "Linear warmup over this many steps: step k (from 0) runs at (k + 1) / warmup_steps of lr."
 
 
@@ -356,7 +392,11 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
         (FileTokenizerSpec, "specformer.data.tokenizers:file_tokenizer"),
         (TaskTokenizerSpec, "specformer.data.tokenizers:TaskTokenizer"),
     ],
-    "optimizer": [(AdamWSpec, "specformer.training.optim:adamw")],
+    "optimizer": [
+        (AdamWSpec, "specformer.training.optim:adamw"),
+        (SGDSpec, "specformer.training.optim:sgd"),
+        (AdafactorSpec, "specformer.training.optim:adafactor"),
+    ],
     "schedule": [
         (CosineScheduleSpec, "specformer.training.schedules:cosine"),
         (ConstantScheduleSpec, "specformer.training.schedules:constant"),

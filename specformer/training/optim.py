@@ -1,4 +1,5 @@
-"""The optimizer: AdamW with decoupled weight decay on matrices only.
+"""The optimizers: AdamW (the default), SGD with momentum, and Adafactor, each with weight
+decay on matrices only.
 
 Biases, norm gains and other 1-D parameters are not decayed (decaying a norm's
 gain towards 0 fights the norm; decaying a bias has no regularising purpose).
@@ -9,9 +10,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specformer.specs.training import AdamWSpec
+from specformer.specs.training import AdafactorSpec, AdamWSpec, SGDSpec
 
-__all__ = ["param_groups", "adamw"]
+__all__ = ["param_groups", "adamw", "sgd", "adafactor", "HYPERPARAMETERS"]
+
+# the settings of each optimizer's param groups that come from the spec (a resumed run
+# takes the new spec's); the rest (fused, foreach, ...) are how it runs
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "dampening", "beta2_decay", "d")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -48,3 +53,15 @@ def adamw(spec: AdamWSpec, *, model: nn.Module, precision: str = "32-true") -> t
         except (RuntimeError, ValueError):
             pass  # this build has no fused kernel for these tensors
     return torch.optim.AdamW(groups, **kwargs)
+
+
+def sgd(spec: SGDSpec, *, model: nn.Module, precision: str = "32-true") -> torch.optim.SGD:
+    """SGD with momentum (``torch.optim.SGD``), weight decay on matrices only."""
+    return torch.optim.SGD(param_groups(model, spec.weight_decay), lr=spec.lr, momentum=spec.momentum,
+                           nesterov=spec.nesterov)
+
+
+def adafactor(spec: AdafactorSpec, *, model: nn.Module, precision: str = "32-true") -> torch.optim.Optimizer:
+    """Adafactor (``torch.optim.Adafactor``), weight decay on matrices only."""
+    return torch.optim.Adafactor(param_groups(model, spec.weight_decay), lr=spec.lr, beta2_decay=spec.beta2_decay,
+                                 eps=(None, spec.eps), d=spec.d)

@@ -313,6 +313,13 @@ def train(
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
         moved = _batch_changes(raw, spec)
         changed = _training_changes(raw, spec)
+        if any(c.startswith("training.optimizer.type ") for c in changed):
+            kind = next(c for c in changed if c.startswith("training.optimizer.type "))
+            raise CheckpointError(
+                f"{resume}: {kind}: a resumed run goes on with the checkpoint's optimizer state (its "
+                f"moments), which another optimizer cannot take; keep training.optimizer.type, or start a "
+                f"new run from these weights with --init-from {resume}"
+            )
         position = _resumed_position(raw)
         stored = raw.get(SpecDataModule.__qualname__)
         saved_data = stored.get("data") if isinstance(stored, dict) else None

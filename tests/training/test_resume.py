@@ -64,6 +64,23 @@ def test_resume_gives_the_same_next_losses_as_an_uninterrupted_run(tiny: Any, ki
         assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6), (step, resumed.losses, full.losses)
 
 
+@pytest.mark.parametrize("optimizer", [{"type": "sgd", "lr": 0.05, "nesterov": True}, {"type": "adafactor"}])
+def test_other_optimizers_train_and_resume_exactly(tiny: Any, optimizer: dict[str, Any]) -> None:
+    full = LossRecorder()
+    train(_spec(tiny, "decoder", max_steps=8, optimizer=optimizer), progress=False, callbacks=[full])
+    assert full.losses[8] < full.losses[1]  # it learns
+    first = train(_spec(tiny, "decoder", max_steps=6, optimizer=optimizer), progress=False)
+    resumed = LossRecorder()
+    train(_spec(tiny, "decoder", max_steps=8, optimizer=optimizer), resume=first.checkpoint, progress=False,
+          callbacks=[resumed])
+    for step in (7, 8):  # the momentum or the factored moments came back with the weights
+        assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6)
+    # another optimizer cannot take the checkpoint's state
+    with pytest.raises(CheckpointError, match="training.optimizer.type .* → adamw: a resumed run goes on with the "
+                                              "checkpoint's optimizer state"):
+        train(_spec(tiny, "decoder", max_steps=8), resume=first.checkpoint, progress=False)
+
+
 KILLED_RUN = textwrap.dedent(
     """
     import os, signal, sys

@@ -120,3 +120,37 @@ def test_adamw_is_fused_on_cpu_and_matches_the_plain_implementation():
             opt.step()
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", [
+    {"type": "adamw"},
+    {"type": "sgd", "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+    {"type": "sgd", "momentum": 0.0},
+    {"type": "adafactor", "weight_decay": 0.01},
+])
+def test_each_optimizer_keeps_the_state_the_memory_estimate_counts(optimizer: dict[str, Any]) -> None:
+    from specformer.analysis.memory import memory_estimate, optimizer_state_elements
+
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1", f"training.optimizer={optimizer}"])
+    model = build_model(spec)
+    opt = REGISTRY.build("optimizer", spec.training.optimizer, model=model)
+    assert type(opt).__name__.lower() == spec.training.optimizer.type
+    decay = {g["weight_decay"] for g in opt.param_groups}
+    assert decay == ({optimizer.get("weight_decay", 0.1 if optimizer["type"] == "adamw" else 0.0), 0.0})
+    ids = torch.randint(0, spec.vocab_size, (2, 16))
+    model(ids[:, :-1], labels=ids[:, 1:]).loss.backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True) if p.ndim >= 2)
+    # the elements of every state tensor but the step counters, as torch allocated them
+    kept = sum(t.numel() for state in opt.state.values() for k, t in state.items()
+               if torch.is_tensor(t) and k != "step")
+    assert kept == optimizer_state_elements(spec)
+    assert memory_estimate(spec, dtype="fp32").optimizer == 4 * kept
+
+
+def test_nesterov_needs_momentum() -> None:
+    from specformer import SpecError
+
+    with pytest.raises(SpecError, match="nesterov: true needs a momentum above 0"):
+        load_spec("gpt-nano", overrides=["training.optimizer={type: sgd, momentum: 0, nesterov: true}"])

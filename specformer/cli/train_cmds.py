@@ -415,6 +415,8 @@ def generate_cmd(
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
     num_beams: Annotated[int, typer.Option("--num-beams", min=1, help="Beam search with this many beams (as transformers' num_beams): the most likely text found, instead of sampling. 1: sample (or --greedy).")] = 1,
+    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Above 1, tokens already in the text are less likely: their scores are divided by it (multiplied when negative), as transformers' repetition_penalty. 1: none.")] = 1.0,
+    no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
     length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
     spec_source: SpecOfWeights = None,
 ) -> None:
@@ -456,6 +458,9 @@ def generate_cmd(
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
         if top_p is not None and top_p <= 0.0:
             raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
+        if not repetition_penalty > 0:
+            raise _fail(f"--repetition-penalty must be above 0, got {repetition_penalty:g}",
+                        "1 is none; above 1 makes tokens already in the text less likely (1.2 is common)")
         if num_beams == 1 and length_penalty != 1.0:
             raise _fail("--length-penalty scores the texts of a beam search: add --num-beams K (K > 1)")
         if num_beams > 1:
@@ -513,6 +518,7 @@ def generate_cmd(
                     model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=min(max_new_tokens, room),
                     eos_id=tok.eot_id if stop_at_eot else None, length_penalty=length_penalty,
                     n_candidates=candidates, allowed_tokens=encoded.allowed_tokens,
+                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                 )
                 new.extend(found[0, len(ids):].tolist())
                 if stop_at_eot and tok.eot_id in new:
@@ -523,7 +529,8 @@ def generate_cmd(
                         model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
                         top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
                         max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates, on_token=keep,
-                        allowed_tokens=encoded.allowed_tokens,
+                        allowed_tokens=encoded.allowed_tokens, repetition_penalty=repetition_penalty,
+                        no_repeat_ngram_size=no_repeat_ngram,
                     )
             show()
             return
@@ -555,6 +562,7 @@ def generate_cmd(
             found = beam_search(
                 model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=limit, eos_id=tok.eos_id,
                 start_id=start, length_penalty=length_penalty, n_candidates=candidates,
+                repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
             )
             new.extend(found[0].tolist())
         else:
@@ -563,6 +571,7 @@ def generate_cmd(
                     model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
                     temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
                     n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
+                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                 )
         show_decoded()
 

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sample_next", "generate", "generate_seq2seq", "beam_search", "Prompt", "encode_prompt"]
+__all__ = ["sample_next", "penalize_repeats", "generate", "generate_seq2seq", "beam_search", "Prompt",
+           "encode_prompt"]
 
 
 def sample_next(
@@ -76,6 +77,50 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) 
         raise ValueError(f"top_k must be at least 1 (1 is greedy), got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
+
+
+def penalize_repeats(
+    scores: Tensor, history: Tensor, *, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+    history_mask: Tensor | None = None,
+) -> Tensor:
+    """``scores`` (B, V) of the next token, with repeats of ``history`` (B, L) (the tokens so
+    far, prompt included; ``history_mask`` (B, L) marks real tokens, 0 for padding) made
+    less likely, as Hugging Face's logits processors do: ``repetition_penalty`` > 1 divides
+    a positive score of every token already in the history by it and multiplies a negative
+    one (Keskar et al. 2019); ``no_repeat_ngram_size`` n > 0 forbids the tokens that would
+    repeat an n-gram the history already has."""
+    _check_penalties(repetition_penalty, no_repeat_ngram_size)
+    if repetition_penalty == 1.0 and no_repeat_ngram_size == 0:
+        return scores
+    v = scores.shape[-1]
+    if history_mask is not None:
+        history_mask = history_mask.to(device=history.device, dtype=torch.bool)
+    if repetition_penalty != 1.0:
+        ids = history.clamp(max=v) if history_mask is None else history.masked_fill(~history_mask, v).clamp(max=v)
+        seen = torch.zeros(scores.shape[0], v + 1, dtype=torch.bool, device=scores.device)
+        seen.scatter_(1, ids.to(scores.device), True)
+        penalized = torch.where(scores < 0, scores * repetition_penalty, scores / repetition_penalty)
+        scores = torch.where(seen[:, :v], penalized, scores)
+    n = no_repeat_ngram_size
+    if n > 0 and history.shape[1] >= n:
+        tokens = history
+        if history_mask is not None:  # padding matches nothing: each position its own negative id
+            tokens = torch.where(history_mask, history, -1 - torch.arange(history.shape[1], device=history.device))
+        prefix = tokens[:, history.shape[1] + 1 - n:]  # the last n - 1 tokens
+        windows = tokens.unfold(1, n, 1)  # (B, L - n + 1, n)
+        matches = (windows[..., :-1] == prefix[:, None]).all(-1)
+        banned = torch.zeros(scores.shape[0], v + 1, dtype=torch.bool, device=scores.device)
+        banned.scatter_(1, torch.where(matches, windows[..., -1].clamp(0, v), v).to(scores.device), True)
+        scores = scores.masked_fill(banned[:, :v], float("-inf"))
+    return scores
+
+
+def _check_penalties(repetition_penalty: float, no_repeat_ngram_size: int) -> None:
+    if not repetition_penalty > 0.0:
+        raise ValueError(f"repetition_penalty must be > 0 (1 is none; above 1 discourages repeats), "
+                         f"got {repetition_penalty}")
+    if isinstance(no_repeat_ngram_size, bool) or not isinstance(no_repeat_ngram_size, int) or no_repeat_ngram_size < 0:
+        raise ValueError(f"no_repeat_ngram_size must be an integer >= 0 (0 is none), got {no_repeat_ngram_size!r}")
 
 
 def _last_logits(logits: Tensor, model: nn.Module, name: str) -> Tensor:
@@ -172,6 +217,8 @@ def generate(
     n_candidates: int | None = None,
     on_token: Callable[[Tensor], None] | None = None,
     allowed_tokens: Callable[[Tensor], Tensor | None] | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> Tensor:
     """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
     (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`;
@@ -187,9 +234,11 @@ def generate(
 
     ``max_seq_len`` (default: the model's ``spec.max_seq_len``) is where the context
     slides; pass a larger number to let a model without a position table (RoPE, ALiBi)
-    run past it."""
+    run past it. ``repetition_penalty`` and ``no_repeat_ngram_size``: see
+    :func:`penalize_repeats` (over the prompt and the tokens generated)."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
     _check_sampling(temperature, top_k, top_p)
+    _check_penalties(repetition_penalty, no_repeat_ngram_size)
     if max_seq_len is None:
         max_seq_len = _spec_max_seq_len(model)
     seq = input_ids
@@ -205,6 +254,7 @@ def generate(
                 "new tokens follow its last real token"
             )
     mask = attention_mask
+    full_mask = attention_mask  # every token so far, for the penalties (mask slides with the context)
     done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
     cache: Any = None
     with _eval_mode(model):
@@ -223,7 +273,9 @@ def generate(
             if use_cache and max_seq_len is not None and cache is not None and cache.length >= max_seq_len:
                 cache = None  # full: the next step re-reads the last max_seq_len tokens
             allowed = allowed_tokens(seq[:, input_ids.shape[1]:]) if allowed_tokens is not None else None
-            nxt = sample_next(_last_logits(logits, model, "generate"), temperature=temperature, top_k=top_k,
+            scores = penalize_repeats(_last_logits(logits, model, "generate"), seq, history_mask=full_mask,
+                                      repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+            nxt = sample_next(scores, temperature=temperature, top_k=top_k,
                               top_p=top_p, generator=generator, n_candidates=n_candidates, allowed=allowed)
             nxt, done = _finish(nxt, done, eos_id)
             if on_token is not None:
@@ -231,6 +283,7 @@ def generate(
             seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                full_mask = torch.cat([full_mask, full_mask.new_ones(full_mask.shape[0], 1)], dim=1)
             if bool(done.all()):
                 break
     return seq
@@ -253,15 +306,20 @@ def generate_seq2seq(
     n_candidates: int | None = None,
     max_len: int | None = None,
     on_token: Callable[[Tensor], None] | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
     generated ids (B, N) without the start token ``start_id`` (the tokenizer's bos, or T5's
     pad: see ``training.objective.decoder_start``). ``max_len`` caps the decoder sequence, start
     token included: by default a learned position table's length (``spec.max_seq_len``),
     and no cap for the other positional schemes. ``n_candidates`` and ``on_token``: see
-    :func:`sample_next` and :func:`generate`."""
+    :func:`sample_next` and :func:`generate`; ``repetition_penalty`` and
+    ``no_repeat_ngram_size``: :func:`penalize_repeats`, over the decoder's tokens (its start
+    token included, as Hugging Face's)."""
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
     _check_sampling(temperature, top_k, top_p)
+    _check_penalties(repetition_penalty, no_repeat_ngram_size)
     if max_len is None:
         max_len = _learned_positions(model)
     if max_len is not None:
@@ -286,7 +344,9 @@ def generate_seq2seq(
                 logits_to_keep=1,
             )  # logits (B, 1, V)
             cache = out.cache
-            nxt = sample_next(_last_logits(out.logits, model, "generate_seq2seq"), temperature=temperature,
+            scores = penalize_repeats(_last_logits(out.logits, model, "generate_seq2seq"), seq,
+                                      repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+            nxt = sample_next(scores, temperature=temperature,
                               top_k=top_k, top_p=top_p, generator=generator, n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
             if on_token is not None:
@@ -315,6 +375,8 @@ def beam_search(
     pad_id: int | None = None,
     n_candidates: int | None = None,
     allowed_tokens: Callable[[Tensor], Tensor | None] | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> Tensor:
     """The most likely continuation of each prompt found keeping the ``num_beams`` best
     partial sequences at every step, with the KV cache (reordered as beams are chosen).
@@ -330,7 +392,10 @@ def beam_search(
     ``** length_penalty``; ``early_stopping=False`` stops once no running beam can beat
     the finished ones by that measure at its current length, ``True`` as soon as
     ``num_beams`` sequences have finished. ``n_candidates`` and ``allowed_tokens`` (called
-    with each beam's tokens so far, (B * num_beams, n)): see :func:`generate`."""
+    with each beam's tokens so far, (B * num_beams, n)): see :func:`generate`.
+    ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to each beam's
+    log-probabilities, as Hugging Face's do (:func:`penalize_repeats`)."""
+    _check_penalties(repetition_penalty, no_repeat_ngram_size)
     kind = "encoder-decoder" if start_id is not None else "decoder"
     _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
@@ -391,7 +456,12 @@ def beam_search(
                 allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]), value=False)
                 logits = logits.masked_fill(~allowed, float("-inf"))
             vocab = logits.shape[-1]
-            scores = (logits.log_softmax(-1).view(b, k, vocab) + running[:, :, None]).view(b, k * vocab)
+            history_mask = None
+            if start_id is None and attention_mask is not None:  # the prompt's padding, then real tokens
+                history_mask = torch.nn.functional.pad(expand(attention_mask), (0, cur - prompt_len), value=1)
+            logp = penalize_repeats(logits.log_softmax(-1), seq.reshape(b * k, -1), history_mask=history_mask,
+                                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+            scores = (logp.view(b, k, vocab) + running[:, :, None]).view(b, k * vocab)
             cand_scores, cand = torch.topk(scores, keep, dim=-1)  # (B, 2k)
             source, token = cand // vocab, cand % vocab
             cand_seq = torch.cat([seq.gather(1, source[:, :, None].expand(-1, -1, cur)), token[:, :, None]], dim=-1)

@@ -339,6 +339,37 @@ def test_beam_search_matches_transformers_beam_search(family: str) -> None:
     assert ended  # the end token was met, and what follows it compared
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "t5", "bart"])
+def test_repetition_penalties_match_transformers(family: str) -> None:
+    from specformer.training.generate import beam_search, generate, generate_seq2seq
+
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    hf.generation_config.forced_eos_token_id = None
+    start = _START[spec.name] if spec.kind == "encoder-decoder" else None
+    extra = {"decoder_start_token_id": start} if start is not None else {}
+    ids = torch.randint(3, V, (3, 7), generator=torch.Generator().manual_seed(0))
+    for penalty, ngram in [(1.3, 0), (1.0, 2), (0.8, 3)]:
+        settings = {"repetition_penalty": penalty, "no_repeat_ngram_size": ngram}
+        for beams in (1, 3):
+            with torch.no_grad():
+                theirs = hf.generate(input_ids=ids, max_new_tokens=12, do_sample=False, num_beams=beams,
+                                     eos_token_id=None, pad_token_id=1, **settings, **extra)
+            if beams > 1:
+                ours = beam_search(model, ids, num_beams=beams, max_new_tokens=12, eos_id=None, start_id=start,
+                                   **settings)
+            elif start is None:
+                ours = generate(model, ids, max_new_tokens=12, temperature=0.0, **settings)
+            else:
+                ours = generate_seq2seq(model, ids, start_id=start, eos_id=None, max_new_tokens=12, **settings)
+            theirs = theirs[:, 1:] if start is not None else theirs
+            assert torch.equal(ours, theirs), (penalty, ngram, beams)
+            if ngram:  # and no n-gram of the output repeats
+                for row in ours.tolist():
+                    grams = [tuple(row[i:i + ngram]) for i in range(len(row) - ngram + 1)]
+                    assert len(grams) == len(set(grams))
+
+
 def test_training_generate_matches_transformers_generate() -> None:
     generation = pytest.importorskip("specformer.training.generate", reason="specformer.training is not available")
     hf = _hf_model("llama")

@@ -67,7 +67,7 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     assert eot.exit_code == 0, eot.output
     beams = runner.invoke(app, ["generate", str(ckpt), "--prompt", "def", "-n", "12", "--num-beams", "3"])
     assert beams.exit_code == 0, beams.output
-    from specformer.training import beam_search, load_checkpoint
+    from specformer.training import beam_search, generate, load_checkpoint
 
     loaded = load_checkpoint(ckpt)
     ids = loaded.tokenizer.encode("def")
@@ -76,6 +76,14 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     mixed = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--num-beams", "3", "--top-k", "5"])
     assert mixed.exit_code == 1 and "--num-beams searches for the most likely text" in mixed.stderr
     assert "leave out --top-k" in mixed.stderr
+    fresh = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "-n", "12", "--greedy", "--repetition-penalty",
+                                "1.3", "--no-repeat-ngram", "2"])
+    assert fresh.exit_code == 0, fresh.output
+    expected = generate(loaded.model, torch.tensor([ids]), max_new_tokens=12, temperature=0.0,
+                        repetition_penalty=1.3, no_repeat_ngram_size=2)
+    assert fresh.stdout.rstrip("\n") == loaded.tokenizer.decode(expected[0].tolist())
+    zero = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--repetition-penalty", "0"])
+    assert zero.exit_code == 1 and "--repetition-penalty must be above 0" in zero.stderr
     alone = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--length-penalty", "2"])
     assert alone.exit_code == 1 and "add --num-beams" in alone.stderr
 

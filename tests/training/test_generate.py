@@ -10,7 +10,13 @@ import torch
 
 from specformer import load_spec
 from specformer.builder import build_model
-from specformer.training.generate import beam_search, generate, generate_seq2seq, sample_next
+from specformer.training.generate import (
+    beam_search,
+    generate,
+    generate_seq2seq,
+    penalize_repeats,
+    sample_next,
+)
 
 
 def _model(tiny: Any, kind: str, **extra: Any) -> tuple[Any, Any]:
@@ -404,3 +410,35 @@ def test_beam_search_checks_its_arguments(tiny: Any) -> None:
         beam_search(model, prompt, num_beams=2, max_new_tokens=spec.max_seq_len, eos_id=None)
     with pytest.raises(ValueError, match="beam_search is for an encoder-decoder model"):
         beam_search(model, prompt, num_beams=2, max_new_tokens=3, eos_id=None, start_id=1)
+
+
+def test_penalize_repeats_divides_seen_scores_and_bans_repeated_ngrams() -> None:
+    scores = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    out = penalize_repeats(scores, torch.tensor([[0, 1, 1]]), repetition_penalty=2.0)
+    assert out.tolist() == [[1.0, -4.0, 1.0, 0.5]]  # seen: 0 and 1, positive halved, negative doubled
+    # 5 6 … 5: the bigram (5, 6) exists, so after a 5 the 6 is banned, nothing else
+    banned = penalize_repeats(torch.zeros(1, 8), torch.tensor([[5, 6, 2, 5]]), no_repeat_ngram_size=2)
+    assert torch.isinf(banned).nonzero().tolist() == [[0, 6]]
+    # padding is no token: left padding of 5s neither counts as seen nor forms n-grams
+    padded = torch.tensor([[5, 5, 6, 2, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1]])
+    assert not torch.isinf(penalize_repeats(torch.zeros(1, 8), padded, no_repeat_ngram_size=2,
+                                            history_mask=mask)).any()
+    assert penalize_repeats(torch.ones(1, 8), padded, repetition_penalty=2.0, history_mask=mask)[0, 5] == 0.5
+    assert penalize_repeats(torch.ones(1, 8), padded[:, 2:4], repetition_penalty=2.0)[0, 5] == 1.0
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        penalize_repeats(scores, torch.tensor([[0]]), repetition_penalty=0.0)
+    with pytest.raises(ValueError, match="no_repeat_ngram_size must be an integer >= 0"):
+        penalize_repeats(scores, torch.tensor([[0]]), no_repeat_ngram_size=-1)
+
+
+def test_no_repeat_ngram_holds_in_sampled_and_beam_outputs(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+    prompt = torch.randint(3, 256, (2, 3))
+    for out in (generate(model, prompt, max_new_tokens=30, temperature=0.0, no_repeat_ngram_size=2),
+                generate(model, prompt, max_new_tokens=30, temperature=1.5, no_repeat_ngram_size=2,
+                         generator=torch.Generator().manual_seed(0)),
+                beam_search(model, prompt, num_beams=3, max_new_tokens=20, eos_id=None, no_repeat_ngram_size=2)):
+        for row in out.tolist():
+            grams = list(zip(row, row[1:], strict=False))
+            assert len(grams) == len(set(grams))

@@ -28,7 +28,7 @@ from specformer.data.datasets import PackedBlocks, PairDataset
 from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
-from specformer.data.tokenizers import EOT, MASK, PAD, Tokenizer, decoder_start_id
+from specformer.data.tokenizers import EOT, EOT_NAMES, MASK, PAD, Tokenizer, decoder_start_id
 from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE, TASK_SPECIALS
@@ -86,7 +86,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
-    _check_specials(tokenizer, t.objective)
+    _check_specials(tokenizer, t.objective, t.tokenizer)
     arrays = token_arrays(corpus, tokenizer, cache_dir)
     seq_len = t.seq_len or spec.max_seq_len
     overlap = 1 if t.objective.type == "causal_lm" else 0
@@ -149,9 +149,20 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
         )
 
 
-def _check_specials(tokenizer: Tokenizer, objective: Any) -> None:
+def _tokenizer_setting(spec: Any) -> str:
+    """'training.tokenizer.path: PATH: ' for a tokenizer.json the spec names, else ''."""
+    path = getattr(spec, "path", None)
+    return f"training.tokenizer.path: {path}: " if path else ""
+
+
+def _check_specials(tokenizer: Tokenizer, objective: Any, spec_tokenizer: Any = None) -> None:
     """The special tokens the objective's collator places: refused now, before the data is
     tokenised and a run folder made, rather than when the first batch is drawn."""
+    if objective.type in ("causal_lm", "masked_lm") and tokenizer.eot_id is None:
+        raise DataError(f"{_tokenizer_setting(spec_tokenizer)}the tokenizer has no end-of-text token, which "
+                        f"{objective.type} training puts between documents (one of {', '.join(EOT_NAMES)}); its "
+                        f"special tokens: {_special_names(tokenizer)}. Add one when training the tokenizer "
+                        f"(special_tokens=[\"<|endoftext|>\", ...]), or use training.tokenizer type bpe or byte")
     if objective.type == "masked_lm" and tokenizer.mask_id is None:
         raise DataError("the masked-LM objective needs a tokenizer with a mask token (<mask> or [MASK]); "
                         "this one has none: use training.tokenizer type bpe or byte, or a tokenizer.json with one")
@@ -174,7 +185,12 @@ def _check_specials(tokenizer: Tokenizer, objective: Any) -> None:
 def _special_names(tokenizer: Tokenizer) -> str:
     # (the byte and task tokenizers decode their specials to nothing: their names are looked up)
     named = {tokenizer.token_id(name): name for name in (EOT, PAD, MASK, *TASK_SPECIALS)}
-    return ", ".join(tokenizer.decode([i]) or named.get(i, f"id {i}") for i in sorted(tokenizer.special_ids)) or "none"
+    ids = set(tokenizer.special_ids)
+    # a tokenizer.json's own special tokens too, those specformer gives no role ([UNK], [EOS], ...)
+    hf = getattr(tokenizer, "tok", None)
+    if hf is not None and hasattr(hf, "get_added_tokens_decoder"):
+        ids |= {i for i, token in hf.get_added_tokens_decoder().items() if token.special}
+    return ", ".join(tokenizer.decode([i]) or named.get(i, f"id {i}") for i in sorted(ids)) or "none"
 
 
 def _scored(tokens: np.ndarray, blocks: PackedBlocks, t: Any, world_size: int = 1) -> np.ndarray:

@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 EOT, PAD, MASK = "<|endoftext|>", "<pad>", "<mask>"
+# the tokens a tokenizer.json's end-of-text (the separator between documents) is found as, in this order
+EOT_NAMES = (EOT, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
 
 
 class Tokenizer(ABC):
@@ -199,7 +201,7 @@ class HFTokenizer(Tokenizer):
                     return i
             return None
 
-        self.eot_id = find(EOT, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
+        self.eot_id = find(*EOT_NAMES)
         self.pad_id = find(PAD, "[PAD]", "<|padding|>")
         self.mask_id = find(MASK, "[MASK]")
         # GPT-2's <|endoftext|> is its bos as well (and a trained BPE's, which has no other)

@@ -1008,3 +1008,27 @@ def test_files_paths_take_one_path_alone_and_refuse_none() -> None:
     assert spec.training.data.paths == (JSON_GLOB,)  # `paths: data/` is `paths: [data/]`
     with pytest.raises(SpecError, match=r"training.data.paths: give at least one file, directory or glob"):
         load_spec("gpt-nano", ["training.data={type: files, paths: []}"])
+
+
+def test_a_tokenizer_json_without_an_end_of_text_token_is_named_with_its_special_tokens(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 200)
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train([str(tmp_path / "a.txt")], trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]", "[PAD]", "[EOS]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: ['{tmp_path}/a.txt']}}",
+                                  f"training.tokenizer={{type: file, path: '{tmp_path}/tokenizer.json'}}",
+                                  "training.seq_len=16", f"training.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(DataError) as info:
+        prepare(spec)
+    assert str(info.value) == (
+        f"training.tokenizer.path: {tmp_path}/tokenizer.json: the tokenizer has no end-of-text token, which "
+        "causal_lm training puts between documents (one of <|endoftext|>, </s>, <eos>, [SEP], <|end_of_text|>); "
+        "its special tokens: [UNK], [PAD], [EOS]. Add one when training the tokenizer "
+        '(special_tokens=["<|endoftext|>", ...]), or use training.tokenizer type bpe or byte')
+    assert not (tmp_path / "cache" / "tokens").exists()

@@ -171,6 +171,14 @@ def _is_json_lines(path: Path) -> bool:
     return name.endswith(_JSON_LINES)
 
 
+def _is_table(path: Path) -> bool:
+    """A ``.csv``, ``.tsv`` or ``.json`` file, compressed or not: read as plain text, not parsed."""
+    name = path.name.lower()
+    for suffix in _COMPRESSED:
+        name = name.removesuffix(suffix)
+    return name.endswith((".csv", ".tsv", ".json"))
+
+
 def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of each document of a JSON-lines file: every non-blank line is a
     JSON object whose ``text_field`` is a string (an empty one is dropped, as an empty file
@@ -282,6 +290,12 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
         # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
         corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {_mb(size)} MB of "
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
+    tables = [key for key, path in keyed if key not in corpus.skipped and _is_table(path)]
+    if tables:
+        # a CSV or JSON file is trained on as it is written: header, commas, quotes and braces
+        corpus.notes.append(f"{_names(tables)} read as plain text, its markup included (.csv, .tsv and .json are "
+                            "not parsed; for one document per row, write JSON lines: a .jsonl file with a "
+                            "training.data.text_field)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]

@@ -120,6 +120,19 @@ def test_a_max_mb_below_the_one_file_read_is_said(tmp_path: Path) -> None:
         "0.005", "2.5", "10", "150", "1,235"]
 
 
+def test_a_csv_or_json_file_read_as_plain_text_is_said(tmp_path: Path) -> None:
+    # only JSON lines are parsed: a table is trained on with its header and commas, and the data line says so
+    (tmp_path / "rows.csv").write_text("id,text\n" + "".join(f'{i},"row number {i}"\n' for i in range(40)))
+    (tmp_path / "records.json.gz").write_bytes(__import__("gzip").compress(b'[{"text": "a record"}]\n' * 40))
+    (tmp_path / "notes.txt").write_text("plain notes\n" * 40)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert corpus.notes == ["records.json.gz, rows.csv read as plain text, its markup included (.csv, .tsv and "
+                            ".json are not parsed; for one document per row, write JSON lines: a .jsonl file "
+                            "with a training.data.text_field)"]
+    assert any(text.startswith("id,text\n0,\"row number 0\"") for text in [*corpus.train, *corpus.val])
+    assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "notes.txt"),))).notes == []
+
+
 def test_files_split_does_not_move_when_other_paths_are_added(tmp_path: Path) -> None:
     # keys are relative to the pattern that found each file, not to a root of all files
     (tmp_path / "corpus" / "sub").mkdir(parents=True)

@@ -200,8 +200,11 @@ def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, s
                             f"one object per line, its text under training.data.text_field ({text_field!r})")
         if text_field not in record:
             has = ", ".join(map(repr, list(record)[:8])) or "no fields"
+            texts = [key for key, value in record.items() if isinstance(value, str)]
+            hint = (f": to read its {texts[0]!r}, set training.data.text_field={texts[0]}"
+                    f"{' (or another of its text fields)' if len(texts) > 1 else ''}") if texts else ""
             raise DataError(f"{where}:{number}: no {text_field!r} field (training.data.text_field); this line "
-                            f"has {has}")
+                            f"has {has}{hint}")
         value = record[text_field]
         if not isinstance(value, str):
             kind = "null" if value is None else f"a JSON {type(value).__name__}"

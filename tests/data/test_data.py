@@ -256,7 +256,12 @@ def test_json_lines_files_give_one_document_per_line_from_the_text_field(tmp_pat
 @pytest.mark.parametrize(
     ("line", "says"),
     [
-        ('{"body": "x", "id": 3}', r"no 'text' field \(training.data.text_field\); this line has 'body', 'id'"),
+        ('{"body": "x", "id": 3}', r"no 'text' field \(training.data.text_field\); this line has 'body', 'id': to "
+                                   r"read its 'body', set training.data.text_field=body$"),
+        ('{"id": 3, "title": "t", "body": "x"}', r"no 'text' field \(training.data.text_field\); this line has 'id', "
+                                                 r"'title', 'body': to read its 'title', set "
+                                                 r"training.data.text_field=title \(or another of its text fields\)$"),
+        ('{"id": 3}', r"no 'text' field \(training.data.text_field\); this line has 'id'$"),
         ('{"text": null}', r"'text' \(training.data.text_field\) is null, not a string"),
         ('{"text": ["a", "b"]}', r"'text' \(training.data.text_field\) is a JSON list, not a string"),
         ('["a", "b"]', r"a JSON list, not an object"),

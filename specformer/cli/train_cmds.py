@@ -705,6 +705,8 @@ def eval_cmd(
     table.add_row("data", dm.data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
     table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
+    if interrupted is None:
+        table.add_row("scored", _scored_line(spec.training, dm.data, int(module._val_sums["tokens"])))
     if dm.data.unigram_loss is not None and interrupted is None:  # measured on the whole of what was asked
         table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
     if "val/exact_match" in h:
@@ -716,6 +718,18 @@ def eval_cmd(
         print_error(f"{_stopped_by(interrupted)}: the numbers above are of the part of the validation split read "
                     f"before {cause}")
         raise typer.Exit(128 + signum)
+
+
+def _scored_line(t: Any, data: Any, tokens: int) -> str:
+    """How much of the validation split ``eval`` scored: its tokens, and whether that was all
+    of it (a loss over a few hundred tokens is a rough number, and a larger --batches than
+    the split holds reads no more)."""
+    held = len(data.val)
+    read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
+    unit = "example" if data.task is not None or not hasattr(data.val, "length") else "sequence"
+    whole = (f"all {held:,} held-out {unit}{'s' if held != 1 else ''}" if read == held
+             else f"{read:,} of the {held:,} held-out {unit}s: --batches reads more")
+    return f"{tokens:,} tokens ({whole})"
 
 
 def _precision(precision: str) -> str:

@@ -92,6 +92,23 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     assert "val loss" in ev.output and "at step 12" in ev.output
 
 
+def test_eval_says_how_many_tokens_it_scored_and_whether_that_was_the_whole_split(tiny: Any, tmp_path: Path) -> None:
+    import re
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec)])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    part = runner.invoke(app, ["eval", str(ckpt), "--batches", "1"], env={"COLUMNS": "200"})
+    assert part.exit_code == 0, part.output
+    held = int(re.search(r"scored +│ 256 tokens \(8 of the (\d+) held-out sequences: --batches reads more\)",
+                         part.output).group(1))
+    assert held > 8
+    whole = runner.invoke(app, ["eval", str(ckpt), "--batches", "1000"], env={"COLUMNS": "200"})
+    assert whole.exit_code == 0, whole.output
+    # a causal block of seq_len=32 scores its 32 next tokens
+    assert f"scored           │ {held * 32:,} tokens (all {held} held-out sequences)" in whole.output
+
+
 def test_training_file_and_set_overrides(tiny: Any, tmp_path: Path) -> None:
     data = tiny("decoder")
     spec = _write(tmp_path, data)

@@ -71,6 +71,7 @@ class SpecProgressBar(ProgressBar):
         self._val_task: TaskID | None = None
         self._last_step = -1
         self._window: tuple[float, int] | None = None
+        self._smoothed: tuple[float, float] | None = None  # tokens and seconds of a step, smoothed
         self.tokens_per_second = 0.0
 
     def disable(self) -> None:
@@ -108,6 +109,7 @@ class SpecProgressBar(ProgressBar):
         self._train_task = progress.add_task("step", total=total, completed=trainer.global_step, stats="")
         self._last_step = trainer.global_step
         self._window = (time.perf_counter(), getattr(pl_module, "tokens_seen", 0))
+        self._smoothed = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -117,9 +119,16 @@ class SpecProgressBar(ProgressBar):
         self._last_step = trainer.global_step
         now, tokens = time.perf_counter(), getattr(pl_module, "tokens_seen", 0) * trainer.world_size
         if self._window is not None and now > self._window[0]:
-            rate = (tokens - self._window[1] * trainer.world_size) / (now - self._window[0])
-            # a smoothed rate: the first steps (compilation, warm caches) weigh little
-            self.tokens_per_second = rate if self.tokens_per_second == 0 else 0.8 * self.tokens_per_second + 0.2 * rate
+            # smoothed tokens over smoothed seconds, not a smoothed rate: a mean of per-step rates
+            # counts a fast step as much as a slow one, and overstates the rate of a run whose steps
+            # vary (a busy machine: 3.5k tok/s shown where 1.6k were trained); the first steps
+            # (compilation, warm caches) weigh little
+            step_tokens, step_seconds = tokens - self._window[1] * trainer.world_size, now - self._window[0]
+            if self._smoothed is None:
+                self._smoothed = (float(step_tokens), step_seconds)
+            else:
+                self._smoothed = (0.8 * self._smoothed[0] + 0.2 * step_tokens, 0.8 * self._smoothed[1] + 0.2 * step_seconds)
+            self.tokens_per_second = self._smoothed[0] / self._smoothed[1]
         self._window = (now, getattr(pl_module, "tokens_seen", 0))
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and pl_module.automatic_optimization:

@@ -399,6 +399,32 @@ def test_progress_bar_shows_the_loss_of_a_micro_batch_whatever_the_accumulation(
     assert shown[-1] == pytest.approx(result.train_loss, abs=0.3)  # not a quarter of it
 
 
+def test_progress_bar_tokens_per_second_is_tokens_over_time_when_steps_vary(monkeypatch) -> None:
+    # steps of 0.01 s and 0.3 s in turn (a busy machine), 1,000 tokens each: 2,000 tokens every
+    # 0.31 s is 6.45k tok/s; a smoothed mean of the steps' own rates (100k and 3.3k) said ~50k
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from specformer.training import callbacks
+
+    clock = [100.0]
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: clock[0])
+    bar = callbacks.SpecProgressBar(Console(file=io.StringIO(), width=200))
+    trainer = SimpleNamespace(is_global_zero=True, max_steps=400, global_step=0, world_size=1,
+                              accumulate_grad_batches=1)
+    module = SimpleNamespace(tokens_seen=0, automatic_optimization=True)
+    bar.on_train_start(trainer, module)  # type: ignore[arg-type]
+    for step in range(1, 201):
+        clock[0] += 0.01 if step % 2 else 0.3
+        module.tokens_seen += 1000
+        trainer.global_step = step
+        bar.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, step)  # type: ignore[arg-type]
+    bar.on_train_end(trainer, module)  # type: ignore[arg-type]
+    assert bar.tokens_per_second == pytest.approx(2000 / 0.31, rel=0.1)
+
+
 def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:
     spec = load_spec(tiny("decoder", max_steps=3, val_interval=3, precision="bf16-mixed"))
     result = train(spec, progress=False)

@@ -450,6 +450,11 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
             lines.append(f"  missing from the checkpoint: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
         if unexpected:
             lines.append(f"  not in the model: {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}")
+        if weights and not set(weights) & set(own):
+            # no name in common: most likely a Hugging Face model's (transformers', or export-hf's)
+            lines.append("  none of its names is one of specformer's: a Hugging Face model's weights (a folder that "
+                         "transformers or export-hf wrote) are read with `specformer import-hf FOLDER -o spec.yaml "
+                         "--weights weights.safetensors`, which renames them")
         raise CheckpointError("\n".join(lines))
 
 

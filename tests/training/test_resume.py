@@ -1028,3 +1028,23 @@ def test_a_checkpoint_of_an_unregistered_type_says_to_register_it(tmp_path: Path
     assert "decoder.norm.type: unknown type 'scalenorm'" in message
     assert "uses a type that is not registered here" in message
     assert "register the type before load_checkpoint" in message
+
+
+def test_weights_with_none_of_specformers_names_point_at_import_hf() -> None:
+    # a Hugging Face model.safetensors (export-hf's, or transformers') given where specformer's own weights go
+    from specformer.builder import build_model
+    from specformer.training.checkpoint import check_weights
+
+    model = build_model(load_spec("gpt-nano"), device="meta")
+    hf_named = {"transformer.wte.weight": torch.zeros(512, 128), "transformer.h.0.ln_1.weight": torch.zeros(128)}
+    with pytest.raises(CheckpointError) as info:
+        check_weights(model, hf_named, source="hf_out/model.safetensors")
+    assert str(info.value).splitlines()[-1] == (
+        "  none of its names is one of specformer's: a Hugging Face model's weights (a folder that transformers "
+        "or export-hf wrote) are read with `specformer import-hf FOLDER -o spec.yaml --weights "
+        "weights.safetensors`, which renames them")
+    # weights that share names with the model (another size, a layer more) are not said to be Hugging Face's
+    own = {k: v for k, v in model.state_dict().items() if k != "embed.tokens.weight"}
+    with pytest.raises(CheckpointError) as info:
+        check_weights(model, {**own, "extra.weight": torch.zeros(1)}, source="w.safetensors")
+    assert "import-hf" not in str(info.value)

@@ -119,13 +119,16 @@ def _read_files(
     keys: list[str] = []
     digests: list[bytes] = []
     skipped: list[str] = []
+    utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
     for key, path in items:
         try:
             raw = path.read_bytes()
             text = _decompressed(path, raw).decode("utf-8")
-        except (OSError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError) as exc:
             if report:  # (a few stdlib test files are deliberately not UTF-8)
                 skipped.append(key)
+                if isinstance(exc, UnicodeDecodeError) and bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
+                    utf16.append(key)
             continue
         if text_field is not None and _is_json_lines(path):
             for line, document in _json_lines(path, text, text_field):
@@ -140,6 +143,9 @@ def _read_files(
         keys.append(key)
         # a file the reading changes is marked: its cached tokens (of an older reading) differ
         digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b""))
+    notes = [f"{_names(utf16)} {'is' if len(utf16) == 1 else 'are'} UTF-16 text (what Windows Notepad saves as "
+             f"'Unicode'): save {'it' if len(utf16) == 1 else 'them'} as UTF-8 to train on {'it' if len(utf16) == 1 else 'them'}"
+             ] if utf16 else []
     # a single document is split by lines, not by file: its cached tokens differ
     fingerprint = content_hash(name, {**settings, "split": "lines"} if len(texts) == 1 else settings, chunks=digests)
     if len(texts) == 1:
@@ -147,7 +153,7 @@ def _read_files(
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
                       train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped,
-                      split_by_lines=True)
+                      split_by_lines=True, notes=notes)
     train_idx, val_idx = split_by_path(keys, val_fraction)
     return Corpus(
         name=name,
@@ -157,6 +163,7 @@ def _read_files(
         train_ids=[keys[i] for i in train_idx],
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
+        notes=notes,
     )
 
 
@@ -304,6 +311,7 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]
         found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
         found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
+        found += [note for note in corpus.notes if "UTF-16" in note]
         found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
         raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
     return corpus

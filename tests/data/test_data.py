@@ -120,6 +120,22 @@ def test_a_max_mb_below_the_one_file_read_is_said(tmp_path: Path) -> None:
         "0.005", "2.5", "10", "150", "1,235"]
 
 
+def test_a_utf16_file_is_left_out_with_how_to_make_it_readable(tmp_path: Path) -> None:
+    # Windows Notepad's "Unicode" is UTF-16 with a byte-order mark: named as such, not only as "not UTF-8"
+    (tmp_path / "notepad.txt").write_bytes("the cat sat on the mat\r\n".encode("utf-16") * 50)
+    (tmp_path / "latin.txt").write_bytes("café au lait\n".encode("latin-1") * 50)
+    (tmp_path / "fine.txt").write_text("plain notes\n" * 50)
+    (tmp_path / "more.txt").write_text("more notes\n" * 50)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert corpus.skipped == ["latin.txt", "notepad.txt"]
+    assert corpus.notes == ["notepad.txt is UTF-16 text (what Windows Notepad saves as 'Unicode'): save it as "
+                            "UTF-8 to train on it"]
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out "
+                                        r"as not UTF-8 text: notepad.txt; notepad.txt is UTF-16 text \(what Windows "
+                                        r"Notepad saves as 'Unicode'\): save it as UTF-8 to train on it$"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "notepad.txt"),)))
+
+
 def test_a_csv_or_json_file_read_as_plain_text_is_said(tmp_path: Path) -> None:
     # only JSON lines are parsed: a table is trained on with its header and commas, and the data line says so
     (tmp_path / "rows.csv").write_text("id,text\n" + "".join(f'{i},"row number {i}"\n' for i in range(40)))

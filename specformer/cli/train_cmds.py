@@ -10,7 +10,7 @@ import os
 import shlex
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -79,6 +79,7 @@ class _TerminatedWhileStarting(KeyboardInterrupt):
 def _errors_for_people(
     interrupt_hint: Callable[[], str] | None = None,
     stopped: str = " before training started; nothing was written to resume from",
+    resume_again: Sequence[str] = (),
 ) -> Iterator[None]:
     """Turn the errors a run can meet into one clear message and exit status 1 (130 for
     Ctrl-C, 143 for SIGTERM, reported as "interrupted" + ``stopped`` unless a run was under
@@ -102,7 +103,11 @@ def _errors_for_people(
         if exc.finished and exc.checkpoint:
             print_error(str(exc), f"every step ran; evaluate it with: specformer eval {shlex.quote(exc.checkpoint)}")
         elif exc.checkpoint:
-            print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}")
+            # a checkpoint of this run holds its settings; the one it resumed from (the run wrote none yet)
+            # holds the settings before this run's SPEC, --training and --set, which are given again
+            own = Path(exc.checkpoint).resolve().is_relative_to(Path(exc.run_dir).resolve())
+            again = "" if own else "".join(f" {shlex.quote(arg)}" for arg in resume_again)
+            print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}{again}")
         else:
             print_error(str(exc), interrupt_hint() if interrupt_hint else "")
         raise typer.Exit(exc.exit_status) from None
@@ -341,7 +346,9 @@ def train_cmd(
         first = min(t.checkpoint_every, t.max_steps) if t.max_steps is not None else t.checkpoint_every
         return f"nothing to resume from: the first checkpoint comes at step {first}"
 
-    with _errors_for_people(interrupt_hint):
+    again = [*([spec] if spec is not None else []), *(["--training", training] if training is not None else []),
+             *(arg for value in set_ or [] for arg in ("--set", value))]
+    with _errors_for_people(interrupt_hint, resume_again=again):
         if resume is not None and init_from is not None:
             raise _fail(
                 "give --resume or --init-from, not both",

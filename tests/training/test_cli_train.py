@@ -339,6 +339,34 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path, chil
     assert f"resumed    {ckpt}" in out and f" {step + 2} " in out
 
 
+def test_the_resume_hint_repeats_the_settings_a_resumed_run_had_not_yet_checkpointed(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stopped before its own first checkpoint, a resumed run names the checkpoint it resumed from, which
+    # holds the settings before this run's --set: the hint gives them again; a checkpoint of its own holds them
+    from specformer.training import run
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec)])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    new_run = tmp_path / "runs" / "tiny-decoder" / "later"
+
+    def stopped(at: Path) -> Any:
+        def fake_train(*args: Any, **kwargs: Any) -> None:
+            raise run.TrainingInterrupted(5, str(at), 2 if at == ckpt else 4, str(new_run))
+        return fake_train
+
+    monkeypatch.setattr(run, "train", stopped(ckpt))
+    args = ["train", "--resume", str(ckpt), "--set", "training.max_steps=9", "--set", "training.optimizer.lr=1e-4"]
+    result = runner.invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 130
+    assert (f"resume with: specformer train --resume {ckpt} --set training.max_steps=9 "
+            "--set training.optimizer.lr=1e-4\n") in result.stderr
+    monkeypatch.setattr(run, "train", stopped(new_run / "checkpoints" / "last.ckpt"))
+    result = runner.invoke(app, [*args, "--training", str(spec)], env={"COLUMNS": "400"})
+    assert f"resume with: specformer train --resume {new_run / 'checkpoints' / 'last.ckpt'}\n" in result.stderr
+
+
 def test_sigterm_exits_143_with_a_checkpoint_of_the_step_reached(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
     # kill, timeout, docker stop and a scheduler's preemption send SIGTERM: the run saves the
     # step it reached and says how to go on, with the shell's status for SIGTERM (128 + 15)

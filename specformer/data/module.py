@@ -126,8 +126,14 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
 
 
 def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
-    """The data line's note when a BPE learnt fewer tokens than asked ('' otherwise)."""
-    asked = getattr(spec.training.tokenizer, "vocab_size", None)
+    """The data line's note when a BPE learnt fewer tokens than asked, or a tokenizer.json
+    has fewer than the model's vocab_size ('' otherwise)."""
+    settings = spec.training.tokenizer
+    if getattr(settings, "type", None) == "file" and tokenizer.vocab_size < spec.vocab_size:
+        # (an imported model's table may be padded on purpose; one's own tokenizer may want a smaller one)
+        return (f"; the tokenizer has {tokenizer.vocab_size} tokens and vocab_size is {spec.vocab_size}: ids "
+                f"{tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+    asked = getattr(settings, "vocab_size", None)
     if asked is None or tokenizer.vocab_size >= asked:
         return ""
     return (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "

@@ -908,6 +908,27 @@ def test_a_bpe_smaller_than_asked_is_pointed_out(tmp_path: Path) -> None:
     assert f"ids {n}–511 stay unused" in data.description
 
 
+def test_a_tokenizer_json_smaller_than_vocab_size_is_pointed_out(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 400)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train([str(tmp_path / "a.txt")], trainers.BpeTrainer(
+        vocab_size=270, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    n = tok.get_vocab_size()
+    base = [f"training.data={{type: files, paths: ['{tmp_path}/a.txt']}}", "training.seq_len=16",
+            f"training.tokenizer={{type: file, path: '{tmp_path}/tokenizer.json'}}",
+            f"training.cache_dir={tmp_path / 'cache'}"]
+    data = prepare(load_spec("gpt-nano", base))  # vocab_size 512
+    assert f"; the tokenizer has {n} tokens and vocab_size is 512: ids {n}–511 stay unused" in data.description
+    assert "stay unused" not in prepare(load_spec("gpt-nano", [*base, f"vocab_size={n}"])).description
+
+
 def test_cache_files_are_written_whole_with_the_umask_permissions(tmp_path: Path) -> None:
     from specformer.data.cache import atomic_file, atomic_write_text
 

@@ -4,6 +4,7 @@ what keeps a resumed run's logs and summary those of an uninterrupted run."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ class ValidationLines(L.Callback):
             self.console.print(validation_line(history[-1]), highlight=False)
 
 
+RATE_STEPS = 20  # the progress bar's tokens/s is over this many steps
+
+
 class SpecProgressBar(ProgressBar):
     """One rich bar over optimizer steps: step/total, loss, tokens/s, elapsed and ETA.
 
@@ -70,8 +74,7 @@ class SpecProgressBar(ProgressBar):
         self._train_task: TaskID | None = None
         self._val_task: TaskID | None = None
         self._last_step = -1
-        self._window: tuple[float, int] | None = None
-        self._smoothed: tuple[float, float] | None = None  # tokens and seconds of a step, smoothed
+        self._window: deque[tuple[float, int]] = deque(maxlen=RATE_STEPS + 1)  # (time, tokens) at step ends
         self.tokens_per_second = 0.0
 
     def disable(self) -> None:
@@ -108,8 +111,8 @@ class SpecProgressBar(ProgressBar):
         total = trainer.max_steps if trainer.max_steps > 0 else None
         self._train_task = progress.add_task("step", total=total, completed=trainer.global_step, stats="")
         self._last_step = trainer.global_step
-        self._window = (time.perf_counter(), getattr(pl_module, "tokens_seen", 0))
-        self._smoothed = None
+        self._window = deque([(time.perf_counter(), getattr(pl_module, "tokens_seen", 0) * trainer.world_size)],
+                             maxlen=RATE_STEPS + 1)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -118,18 +121,14 @@ class SpecProgressBar(ProgressBar):
             return
         self._last_step = trainer.global_step
         now, tokens = time.perf_counter(), getattr(pl_module, "tokens_seen", 0) * trainer.world_size
-        if self._window is not None and now > self._window[0]:
-            # smoothed tokens over smoothed seconds, not a smoothed rate: a mean of per-step rates
-            # counts a fast step as much as a slow one, and overstates the rate of a run whose steps
-            # vary (a busy machine: 3.5k tok/s shown where 1.6k were trained); the first steps
-            # (compilation, warm caches) weigh little
-            step_tokens, step_seconds = tokens - self._window[1] * trainer.world_size, now - self._window[0]
-            if self._smoothed is None:
-                self._smoothed = (float(step_tokens), step_seconds)
-            else:
-                self._smoothed = (0.8 * self._smoothed[0] + 0.2 * step_tokens, 0.8 * self._smoothed[1] + 0.2 * step_seconds)
-            self.tokens_per_second = self._smoothed[0] / self._smoothed[1]
-        self._window = (now, getattr(pl_module, "tokens_seen", 0))
+        # the tokens over the time of the last RATE_STEPS steps, not a mean of per-step rates,
+        # which counts a fast step as much as a slow one and overstates the rate of a run whose
+        # steps vary (a busy machine: 3.5k tok/s shown where 1.6k were trained); the first
+        # steps (compilation, warm caches) leave the window after RATE_STEPS steps
+        self._window.append((now, tokens))
+        first_time, first_tokens = self._window[0]
+        if now > first_time:
+            self.tokens_per_second = (tokens - first_tokens) / (now - first_time)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and pl_module.automatic_optimization:
             # Lightning hands on the loss divided by the micro-batches per step (the share

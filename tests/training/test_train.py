@@ -411,18 +411,25 @@ def test_progress_bar_tokens_per_second_is_tokens_over_time_when_steps_vary(monk
 
     clock = [100.0]
     monkeypatch.setattr(callbacks.time, "perf_counter", lambda: clock[0])
-    bar = callbacks.SpecProgressBar(Console(file=io.StringIO(), width=200))
-    trainer = SimpleNamespace(is_global_zero=True, max_steps=400, global_step=0, world_size=1,
-                              accumulate_grad_batches=1)
-    module = SimpleNamespace(tokens_seen=0, automatic_optimization=True)
-    bar.on_train_start(trainer, module)  # type: ignore[arg-type]
-    for step in range(1, 201):
-        clock[0] += 0.01 if step % 2 else 0.3
-        module.tokens_seen += 1000
-        trainer.global_step = step
-        bar.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, step)  # type: ignore[arg-type]
-    bar.on_train_end(trainer, module)  # type: ignore[arg-type]
-    assert bar.tokens_per_second == pytest.approx(2000 / 0.31, rel=0.1)
+
+    def run(durations: list[float]) -> float:
+        bar = callbacks.SpecProgressBar(Console(file=io.StringIO(), width=200))
+        trainer = SimpleNamespace(is_global_zero=True, max_steps=400, global_step=0, world_size=1,
+                                  accumulate_grad_batches=1)
+        module = SimpleNamespace(tokens_seen=0, automatic_optimization=True)
+        bar.on_train_start(trainer, module)  # type: ignore[arg-type]
+        for step, seconds in enumerate(durations, start=1):
+            clock[0] += seconds
+            module.tokens_seen += 1000
+            trainer.global_step = step
+            bar.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, step)  # type: ignore[arg-type]
+        bar.on_train_end(trainer, module)  # type: ignore[arg-type]
+        return bar.tokens_per_second
+
+    assert run([0.01, 0.3] * 100) == pytest.approx(2000 / 0.31)
+    # a first step of 30 s (compilation) is out of the rate once the window has passed it
+    assert run([30.0] + [0.01] * 40) == pytest.approx(1000 / 0.01)
+    assert run([30.0] + [0.01] * 5) == pytest.approx(6000 / 30.05)  # and in it before: what the run has done
 
 
 def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:

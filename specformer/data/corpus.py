@@ -303,8 +303,9 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     tables = [key for key, path in keyed if key not in corpus.skipped and _is_table(path)]
     if tables:
         # a CSV or JSON file is trained on as it is written: header, commas, quotes and braces
-        corpus.notes.append(f"{_names(tables)} read as plain text, its markup included (.csv, .tsv and .json are "
-                            "not parsed; for one document per row, write JSON lines: a .jsonl file with a "
+        its = "its" if len(tables) == 1 else "their"
+        corpus.notes.append(f"{_names(tables)} read as plain text, {its} markup included (.csv, .tsv and .json "
+                            "are not parsed; for one document per row, write JSON lines: a .jsonl file with a "
                             "training.data.text_field)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}

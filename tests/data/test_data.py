@@ -142,10 +142,12 @@ def test_a_csv_or_json_file_read_as_plain_text_is_said(tmp_path: Path) -> None:
     (tmp_path / "records.json.gz").write_bytes(__import__("gzip").compress(b'[{"text": "a record"}]\n' * 40))
     (tmp_path / "notes.txt").write_text("plain notes\n" * 40)
     corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
-    assert corpus.notes == ["records.json.gz, rows.csv read as plain text, its markup included (.csv, .tsv and "
+    assert corpus.notes == ["records.json.gz, rows.csv read as plain text, their markup included (.csv, .tsv and "
                             ".json are not parsed; for one document per row, write JSON lines: a .jsonl file "
                             "with a training.data.text_field)"]
     assert any(text.startswith("id,text\n0,\"row number 0\"") for text in [*corpus.train, *corpus.val])
+    assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "rows.csv"),))).notes[0].startswith(
+        "rows.csv read as plain text, its markup included")
     assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "notes.txt"),))).notes == []
 
 

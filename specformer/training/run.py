@@ -312,6 +312,7 @@ def train(
         tokenizer = checkpoint_tokenizer(raw)
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None
         moved = _batch_changes(raw, spec)
+        recut = _seq_len_change(raw, spec)
         changed = _training_changes(raw, spec)
         if any(c.startswith("training.optimizer.type ") for c in changed):
             kind = next(c for c in changed if c.startswith("training.optimizer.type "))
@@ -342,6 +343,10 @@ def train(
                            f"(step × accumulate; it was written by an older specformer), so this run reads on "
                            f"from another place in the stream and some examples of the current pass are skipped "
                            f"or seen twice")
+        if recut:
+            _warn(console, f"{recut}: the data position is a count of sequences, so this run reads on from the "
+                           "same count in the text cut into sequences of the new length, not from where the "
+                           "checkpoint stopped: some text of the current pass is read twice and some not at all")
     weights = None
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
@@ -597,6 +602,22 @@ def _batch_changes(raw: dict[str, Any], spec: Any) -> str:
         if old is not None and old != new:
             changes.append(f"training.{name} {old} → {new}")
     return ", ".join(changes)
+
+
+def _seq_len_change(raw: dict[str, Any], spec: Any) -> str:
+    """"training.seq_len 32 → 16" when a resumed run cuts text into sequences of another length
+    than the checkpoint's (its data position, a count of sequences, then points at other
+    text), else "". Pairs and synthetic examples are the same examples whatever the length."""
+    meta = raw.get("specformer")
+    saved = meta.get("spec") if isinstance(meta, dict) else None
+    t = spec.training
+    if not isinstance(saved, dict) or not isinstance(saved.get("training"), dict) or t.data is None:
+        return ""
+    if t.data.type in ("synthetic", "pairs"):
+        return ""
+    old = saved["training"].get("seq_len") or saved.get("max_seq_len")
+    new = t.seq_len or spec.max_seq_len
+    return f"training.seq_len {old} → {new}" if old is not None and old != new else ""
 
 
 def _training_changes(raw: dict[str, Any], spec: Any) -> list[str]:

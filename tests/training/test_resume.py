@@ -381,6 +381,32 @@ def test_resuming_on_data_that_changed_since_the_checkpoint_says_so(tiny: Any, t
     assert f"warning: the training data differs from the data {ckpt} was trained on (a file edited" in resume()
 
 
+def test_resuming_with_another_seq_len_says_the_data_position_points_at_other_text(tiny: Any) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    spec = tiny("decoder", max_steps=2, val_interval=2, val_batches=1)
+    ckpt = train(load_spec(spec), progress=False).checkpoint
+
+    def resume(**changes: Any) -> str:
+        out = StringIO()
+        longer = load_spec({**spec, "training": {**spec["training"], "max_steps": 3, **changes}})
+        train(longer, resume=ckpt, progress=False, console=Console(file=out, width=400))
+        return out.getvalue()
+
+    assert "warning" not in resume(batch_size=4)  # read on from the same sequence, in smaller batches
+    assert ("warning: training.seq_len 32 → 16: the data position is a count of sequences, so this run reads on "
+            "from the same count in the text cut into sequences of the new length") in resume(seq_len=16)
+    # (a synthetic task's or pairs' examples are the same ones whatever the length they are cut to)
+    task = tiny("encoder-decoder", max_steps=2, val_interval=2)
+    task_ckpt = train(load_spec(task), progress=False).checkpoint
+    out = StringIO()
+    train(load_spec({**task, "training": {**task["training"], "max_steps": 3, "seq_len": 16}}), resume=task_ckpt,
+          progress=False, console=Console(file=out, width=400))
+    assert "warning" not in out.getvalue()
+
+
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"

@@ -2,7 +2,7 @@
 
 from specformer.components.attention import Attention
 from specformer.components.blocks import ParallelBlock, PostNormBlock, PreNormBlock, Stack
-from specformer.components.cache import KVCache
+from specformer.components.cache import CacheNotFilledError, KVCache
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import GLU, MLP
 from specformer.components.heads import ClassificationHead, LMHead, MLMHead
@@ -25,6 +25,7 @@ __all__ = [
     "PreNormBlock",
     "Stack",
     "KVCache",
+    "CacheNotFilledError",
     "Embedding",
     "GLU",
     "MLP",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from specformer.components.attention import Attention
-from specformer.components.cache import KVCache
+from specformer.components.cache import CacheNotFilledError, KVCache
 from specformer.components.positional import Positional
 
 __all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs"]
@@ -290,6 +290,8 @@ class Stack(nn.Module):
                 all_weights.append(weights)
                 if cross_weights is not None:
                     all_cross.append(cross_weights)
+        if cache is not None:
+            _check_cached(cache, self.layers, past + t)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.final_dropout:
@@ -297,3 +299,18 @@ class Stack(nn.Module):
         if not need_weights:
             return x, None, None
         return x, tuple(all_weights), (tuple(all_cross) if all_cross else None)
+
+
+def _check_cached(cache: KVCache, layers: nn.ModuleList, length: int) -> None:
+    """Refuse a cache that a layer's self-attention did not fill: the next call would read
+    positions from it that it never stored, and decode from a model that forgot the past."""
+    for i, layer in enumerate(layers):
+        if cache.layer_length(i) != length:
+            attn = getattr(layer, "self_attn", layer)
+            raise CacheNotFilledError(
+                f"layer {i}'s self-attention ({type(attn).__name__}) did not store its keys and values in "
+                f"the KV cache (it holds {cache.layer_length(i)} of the {length} positions): an attention "
+                "module decodes with a cache only if its forward calls cache.update(layer_idx, k, v) "
+                "(docs/components.md, KV cache); run this model without one: use_cache=False "
+                "(specformer generate --no-cache)"
+            )

@@ -21,7 +21,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "CacheNotFilledError"]
+
+
+class CacheNotFilledError(ValueError):
+    """A layer's self-attention left the cache unfilled (an attention module that does not
+    call :meth:`KVCache.update`): the model decodes only without a cache."""
 
 
 class KVCache:
@@ -54,6 +59,10 @@ class KVCache:
 
     def __len__(self) -> int:
         return self.length
+
+    def layer_length(self, layer: int) -> int:
+        """Positions ``layer``'s self-attention has cached (0 before it stored any)."""
+        return self._lengths.get(layer, 0)
 
     @property
     def n_layers(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -111,10 +112,12 @@ class Seq2Seq(Objective):
     @torch.no_grad()
     def exact_match(self, model: Any, batch: Mapping[str, Tensor], *, start_id: int, eos_id: int) -> tuple[int, int]:
         """(correct, total): greedy decodes that equal the target exactly, end token included."""
+        from specformer.components.cache import CacheNotFilledError
         from specformer.training.generate import generate_seq2seq
 
         labels = batch["labels"]  # (B, L+1): target + [eos], then -100
-        out = generate_seq2seq(
+        decode = partial(
+            generate_seq2seq,
             model,
             batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
@@ -122,7 +125,11 @@ class Seq2Seq(Objective):
             eos_id=eos_id,
             max_new_tokens=labels.shape[1],
             temperature=0.0,
-        )  # (B, <= L+1)
+        )
+        try:
+            out = decode()  # (B, <= L+1)
+        except CacheNotFilledError:  # an attention type that keeps no cache: re-read the target at each step
+            out = decode(use_cache=False)
         correct = total = 0
         for row, target in zip(out, labels, strict=True):
             want = target[target != IGNORE_INDEX].tolist()

@@ -235,3 +235,35 @@ def test_a_cache_of_another_batch_is_a_readable_error(tiny: Tiny, kind: str) -> 
             model(**step, cache=cache)
         cache.reorder(torch.tensor([1]))  # keep one row: now batch 1 is right
         assert model(**step, cache=cache).logits.shape[:2] == (1, 1)
+
+
+class _NoCache(torch.nn.Module):
+    """A self-attention that ignores the cache, as a plugin's may."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, *, cache=None, **kwargs):  # type: ignore[no-untyped-def]
+        return self.inner(x, **kwargs)
+
+
+def test_an_attention_that_does_not_fill_the_cache_is_refused_not_decoded_from(tiny: Tiny) -> None:
+    # without the cache the layer would see only each new token: wrong text, no error
+    from specformer.training.generate import generate
+
+    spec = tiny()
+    model = build_model(spec).eval()
+    model.decoder.layers[1].self_attn = _NoCache(model.decoder.layers[1].self_attn)
+    ids = torch.randint(0, spec.vocab_size, (1, 6))
+    with torch.no_grad(), pytest.raises(ValueError) as info:
+        model(ids, use_cache=True)
+    message = str(info.value)
+    assert "layer 1's self-attention (_NoCache)" in message and "holds 0 of the 6 positions" in message
+    assert "cache.update(layer_idx, k, v)" in message and "use_cache=False" in message
+    with pytest.raises(ValueError, match="layer 1's self-attention"):
+        generate(model, ids, max_new_tokens=2, temperature=0.0)
+    # without a cache it decodes, as the full forward does
+    out = generate(model, ids, max_new_tokens=2, temperature=0.0, use_cache=False)
+    with torch.no_grad():
+        assert int(out[0, -2]) == int(model(ids).logits[0, -1].argmax())

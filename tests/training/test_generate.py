@@ -442,3 +442,31 @@ def test_no_repeat_ngram_holds_in_sampled_and_beam_outputs(tiny: Any) -> None:
         for row in out.tolist():
             grams = list(zip(row, row[1:], strict=False))
             assert len(grams) == len(set(grams))
+
+
+class _NoCache(torch.nn.Module):
+    """A self-attention that ignores the cache, as a plugin's may."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Any, *, cache: Any = None, **kwargs: Any) -> Any:
+        return self.inner(x, **kwargs)
+
+
+def test_exact_match_decodes_without_the_cache_an_attention_that_keeps_none(tiny: Any) -> None:
+    from specformer.specs.training import Seq2SeqSpec
+    from specformer.training.objectives import Seq2Seq
+
+    spec, model = _model(tiny, "encoder-decoder", positional={"type": "t5"})
+    src = torch.randint(5, 40, (3, 7))
+    target = generate_seq2seq(model, src, start_id=1, eos_id=2, max_new_tokens=6, use_cache=False)
+    for layer in model.decoder.layers:
+        layer.self_attn = _NoCache(layer.self_attn)
+    labels = target.clone()
+    labels[1, -1] = (labels[1, -1] + 1) % spec.vocab_size  # one row the model does not produce
+    correct, total = Seq2Seq(Seq2SeqSpec()).exact_match(
+        model, {"input_ids": src, "labels": labels}, start_id=1, eos_id=2
+    )
+    assert (correct, total) == (2, 3)

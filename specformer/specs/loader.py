@@ -977,20 +977,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
             example = (did_you_mean(value, tags) if isinstance(value, str) else None) or (tags or ["..."])[0]
             return [(path, f"expected a mapping with a type: field, got {value!r}",
                      f"write {{type: {example}}}; allowed types: {', '.join(tags)}")]
-        tag = ctx.get("tag", value.get("type"))
-        hint_parts = []
-        known = _name_hint(tag, tags)
-        if known:
-            hint_parts.append(known + ".")
-        guess = did_you_mean(str(tag), tags) if tag is not None and not known else None
-        if guess:
-            hint_parts.append(f"did you mean {guess!r}?")
-        hint_parts.append(f"allowed: {', '.join(tags)}")
-        return [(path + ["type"], f"unknown type {tag!r}", " ".join(hint_parts))]
+        return [_unknown_type(path + ["type"], ctx.get("tag", value.get("type")), tags)]
 
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         choices = [c.strip().strip("'\"") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
+        if path and path[-1] == "type" and _is_family_spec(owner):
+            # a family with one registered type (attention): its union is that class alone
+            return [_unknown_type(path, value, choices)]
         if known := _name_hint(value, choices):
             # a name from another tool: say what it is here rather than the nearest spelling
             return [(path, f"{value!r} is not allowed", f"{known}. allowed: {', '.join(choices)}")]
@@ -1011,6 +1005,31 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if not isinstance(value, dict | list) and not said:
         message = f"{message}, got {value!r}"
     return [(path, message, "")]
+
+
+def _unknown_type(path: list, tag: Any, tags: list[str]) -> tuple[list, str, str]:
+    """The problem of a ``type:`` that no registered class of its family has."""
+    hint_parts = []
+    known = _name_hint(tag, tags)
+    if known:
+        hint_parts.append(known + ".")
+    guess = did_you_mean(str(tag), tags) if tag is not None and not known else None
+    if guess:
+        hint_parts.append(f"did you mean {guess!r}?")
+    from specformer.registry import BUILT_IN_ONLY, REGISTRY
+
+    # a name another tool gives a built-in type is that type, not one of the user's own
+    fixed = known or any(set(REGISTRY.names(family)) == set(tags) for family in BUILT_IN_ONLY)
+    hint_parts.append(f"allowed: {', '.join(tags)}" + ("" if fixed else "; a type of your own is registered "
+                      "first (docs/components.md#adding-a-component)"))
+    return (path, f"unknown type {tag!r}", " ".join(hint_parts))
+
+
+def _is_family_spec(owner: Any) -> bool:
+    """Whether ``owner`` is a registered spec class, whose ``type`` selects it in its family."""
+    from specformer.registry import FAMILIES, REGISTRY
+
+    return owner is not None and any(owner in REGISTRY.spec_classes(family) for family in FAMILIES)
 
 
 def _name_hint(value: Any, choices: list[str]) -> str | None:

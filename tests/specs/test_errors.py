@@ -546,6 +546,9 @@ def test_field_names_from_other_tools_say_where_the_field_is_written(tmp_path):
     assert hints["decoder.n_layer"].startswith("did you mean 'n_layers'? allowed: n_layers, ")
 
 
+OWN_TYPE = "; a type of your own is registered first (docs/components.md#adding-a-component)"
+
+
 def test_names_from_other_tools_are_explained_where_they_apply():
     def hint(override):
         with pytest.raises(SpecError) as info:
@@ -558,7 +561,7 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     assert hint("training.objective.type=mlm") == (
         "masked language modelling is `masked_lm`. allowed: causal_lm, masked_lm, seq2seq")
     # a hint whose name is not among this field's choices is not given: `bert` is no positional type
-    assert hint("positional.type=bert") == "allowed: sinusoidal, learned, rope, alibi, t5, none"
+    assert hint("positional.type=bert") == "allowed: sinusoidal, learned, rope, alibi, t5, none" + OWN_TYPE
     assert hint("decoder.ffn.type=swiglu").startswith("SwiGLU is `type: glu` with `activation: silu`.")
     # where the second name it gives is this field's choice: a GLU written as an activation
     assert hint("decoder.ffn.activation=swiglu") == (
@@ -566,7 +569,7 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     assert hint("decoder.ffn.activation=geglu").startswith("GeGLU is `type: glu` with `activation: gelu`.")
     # swish written as the FFN's type is its activation
     assert hint("decoder.ffn.type=swish").startswith("Swish (SiLU) is `activation: silu` of a `type: mlp`")
-    assert hint("positional.type=swish") == "allowed: sinusoidal, learned, rope, alibi, t5, none"
+    assert hint("positional.type=swish") == "allowed: sinusoidal, learned, rope, alibi, t5, none" + OWN_TYPE
 
 
 def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():

@@ -407,3 +407,38 @@ def test_a_new_objective_is_refused_at_registration_saying_objectives_are_built_
     with pytest.raises(ValueError, match=r"objective type 'prefix_lm': objectives are built in \(causal_lm"):
         registry.register("objective", PrefixLM, "x:y")
     registry.register("objective", PrefixLM, "x:y", source="specformer")  # how the built-ins register
+
+
+def test_an_unregistered_type_is_unknown_in_every_family_and_the_hint_says_to_register_it():
+    # a script that forgot to import the module registering its types, or a plugin not installed
+    from specformer import SpecError, load_spec
+
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["decoder.attention.type=linear", "decoder.ffn.type=moe",
+                                         "training.objective.type=contrastive"])
+    problems = {p.path: p for p in info.value.problems}
+    # attention has one built-in type, so its union is that class alone: still an unknown type
+    attention = problems["decoder.attention.type"]
+    assert attention.message == "unknown type 'linear'"
+    assert attention.hint == "allowed: mha; a type of your own is registered first (docs/components.md#adding-a-component)"
+    assert problems["decoder.ffn.type"].hint.endswith("allowed: mlp, glu; a type of your own is registered first "
+                                                     "(docs/components.md#adding-a-component)")
+    # objectives take no new types: no advice to register one
+    assert problems["training.objective.type"].hint == "allowed: causal_lm, masked_lm, seq2seq"
+
+
+def test_a_checkpoint_of_an_unregistered_attention_type_says_to_register_it(tmp_path):
+    import torch
+
+    from specformer import load_spec
+    from specformer.training.checkpoint import CheckpointError, load_checkpoint
+
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1"]).to_dict()
+    spec["decoder"]["attention"]["type"] = "linear"
+    path = tmp_path / "plugin.ckpt"
+    torch.save({"specformer": {"format": 1, "spec": spec}, "state_dict": {}, "global_step": 1}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert "decoder.attention.type: unknown type 'linear'" in message
+    assert "uses a type that is not registered here" in message

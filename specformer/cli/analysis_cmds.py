@@ -204,8 +204,9 @@ def _analysis_errors(fn: Any) -> Any:
     try:
         return fn()
     except AnalysisError as exc:
-        print_error(str(exc), "a plugin type has no analytic counts; build_model(spec, device='meta') "
-                    "counts its parameters, and diff_specs(..., reports=False) compares such specs")
+        print_error(str(exc), "a plugin type has no analytic counts; `specformer show SPEC --tree` (in Python "
+                    "build_model(spec, device='meta')) counts its parameters, and `specformer diff` compares "
+                    "such specs field by field")
         raise typer.Exit(1) from None
     except ValueError as exc:
         print_error(str(exc))
@@ -808,11 +809,24 @@ def diff(
     for spec_obj, label in zip(resolved, labels, strict=True):
         _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,
                                  name=label, given=seq_len is not None)
-    result = _analysis_errors(
-        lambda: diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
-                           checkpoint_method="meta" if meta else "analytic", labels=labels,
-                           count=flops_count)
-    )
+    from specformer.analysis.params import AnalysisError
+
+    def run(reports: bool) -> Any:
+        return diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
+                          checkpoint_method="meta" if meta else "analytic", labels=labels, count=flops_count,
+                          reports=reports)
+
+    def run_or_fields_only() -> Any:
+        try:
+            return run(True)
+        except AnalysisError as exc:
+            # a plugin type has no analytic counts: its fields and checkpoints still compare
+            print_error(f"{exc}: the specs are compared field by field and for checkpoints, without "
+                        "parameters, FLOPs or memory", "a plugin type has no analytic counts; `specformer "
+                        "show SPEC --tree` counts its parameters", label="[yellow]warning:[/]")
+            return run(False)
+
+    result = _analysis_errors(run_or_fields_only)
     if output_format == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return

@@ -32,11 +32,27 @@ def register(registry):
 '''
 
 
+TORCH_PART = '''
+from torch import nn
+
+
+class SquaredReLU(nn.Module):
+    def __init__(self, spec, *, d_model):
+        super().__init__()
+        self.up_proj = nn.Linear(d_model, spec.d_ff)
+        self.down_proj = nn.Linear(spec.d_ff, d_model)
+
+    def forward(self, x):
+        return self.down_proj(self.up_proj(x).relu().square())
+'''
+
+
 @pytest.fixture
 def plugin_path(tmp_path):
     pkg = tmp_path / "demo_plugin"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(textwrap.dedent(PLUGIN))
+    (pkg / "torch_part.py").write_text(TORCH_PART)
     dist = tmp_path / "demo_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-plugin\nVersion: 0.1\n")
@@ -127,6 +143,26 @@ def test_show_of_a_plugin_type_says_what_works_instead(plugin_path, tmp_path):
     assert result.returncode == 1
     assert "no analytic parameter count for ffn type 'relu2'" in result.stderr
     assert "build_model(spec, device='meta')" in result.stderr and "Traceback" not in result.stderr
+    assert "`specformer show SPEC --tree`" in result.stderr
+
+
+def test_diff_of_a_plugin_type_compares_fields_and_checkpoints_without_counts(plugin_path, tmp_path):
+    spec = tmp_path / "p.yaml"
+    spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
+    env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "diff", "gpt-nano", str(spec), "--format", "json"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    changes = {c["path"]: c["values"] for c in out["changes"]}
+    assert changes["decoder.ffn.type"] == ["mlp", "relu2"] and changes["decoder.ffn.d_ff"] == [512, 32]
+    assert out["reports"] == []
+    (compat, *_) = out["compatibility"]
+    assert compat["compatible"] is False and compat["method"] == "analytic / meta build"
+    assert {"key": "decoder.layers.0.ffn.up_proj.weight", "source": [512, 128], "target": [32, 128]} in (
+        compat["mismatched"])
+    assert result.stderr.startswith("warning: decoder.layers.0.ffn: no analytic parameter count for ffn type 'relu2'")
+    assert "without parameters, FLOPs or memory" in result.stderr
 
 
 def test_registering_after_the_schema_is_built_is_refused(monkeypatch):

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from specformer.specs.errors import Position, SpecError, SpecProblem, did_you_mean
-from specformer.specs.merge import deep_merge, implicit_type
+from specformer.specs.merge import deep_merge, family_fields, implicit_type
 
 if TYPE_CHECKING:  # the schema is imported when a spec is first loaded, after any registration
     from specformer.specs.schema import ModelSpec
@@ -663,7 +663,8 @@ def apply_overrides(
             # setting another `type` makes the whole mapping the override's (a field the
             # new type misses is the override's doing, not the file's)
             owned = tuple(parts[:-1]) if retyped else tuple(parts)
-            for p in [p for p in positions if p[: len(owned)] == owned]:
+            kept = {(*owned, k) for k in family_fields(owned[-1])} if retyped and owned else set()
+            for p in [p for p in positions if p[: len(owned)] == owned and p[: len(owned) + 1] not in kept]:
                 del positions[p]
             # so is a mapping it made: `foo.bar=1` makes `foo`, and an unknown `foo` is this
             # override's error, not the file's (whose root would be the nearest position)
@@ -768,9 +769,11 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
         if isinstance(value, dict) and isinstance(node.get(last), dict):
             node[last] = deep_merge(node[last], value, last)
         elif last == "type" and implicit_type(node, parts[-2] if len(parts) > 1 else None) not in (None, value):
-            # another type: the old one's fields do not belong to it (as with extends)
+            # another type: the old one's fields do not belong to it, but for those of the
+            # whole family (as with extends)
+            kept = {k: node[k] for k in family_fields(parts[-2] if len(parts) > 1 else None) if k in node}
             node.clear()
-            node["type"] = value
+            node.update(type=value, **kept)
         else:
             node[last] = value
     else:

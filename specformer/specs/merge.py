@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["deep_merge", "implicit_type"]
+__all__ = ["deep_merge", "implicit_type", "family_fields"]
 
 
 # the spec keys whose value is a family's mapping, selected by ``type`` (the families
@@ -34,16 +34,31 @@ def implicit_type(mapping: dict[str, Any], key: Any) -> Any:
     return FAMILY_DEFAULTS.get(family) if family is not None else None
 
 
+def family_fields(key: Any) -> tuple[str, ...]:
+    """The fields that every type of the family at spec key ``key`` has (attention sizes, a
+    norm's placement): a mapping given another type keeps them."""
+    from specformer.registry import REQUIRED_FIELDS
+
+    family = _FAMILY_OF_KEY.get(key) if isinstance(key, str) else None
+    return tuple(REQUIRED_FIELDS.get(family or "", {}))
+
+
 def deep_merge(base: Any, over: Any, key: Any = None) -> Any:
     """Merge ``over`` onto ``base`` (the value of spec key ``key``): mappings merge
     recursively, anything else replaces; a mapping with a different ``type:`` replaces
-    the base mapping whole (the base's fields belong to the other type). A base without
-    ``type:`` is its family's default type (``ffn: {activation: gelu}`` is an mlp, so
-    ``ffn: {type: glu}`` over it does not inherit the gelu). Neither input is modified."""
+    the base mapping whole (the base's fields belong to the other type), but for the
+    fields every type of its family has (``REQUIRED_FIELDS``: attention sizes, a norm's
+    placement), which it keeps unless it sets them. A base without ``type:`` is its
+    family's default type (``ffn: {activation: gelu}`` is an mlp, so ``ffn: {type: glu}``
+    over it does not inherit the gelu). Neither input is modified."""
     if isinstance(base, dict) and isinstance(over, dict):
         base_type = implicit_type(base, key)
         if "type" in over and base_type is not None and over["type"] != base_type:
-            return copy.deepcopy(over)
+            out = copy.deepcopy(over)
+            for name in family_fields(key):
+                if name in base and name not in out:
+                    out[name] = copy.deepcopy(base[name])
+            return out
         out = copy.deepcopy(base)
         for k, value in over.items():
             out[k] = deep_merge(out[k], value, k) if k in out else copy.deepcopy(value)

@@ -353,13 +353,18 @@ def test_an_attention_type_gets_sizes_derived_from_its_own_defaults(tmp_path):
 
         register("attention", LinearAttention, "x:y")
         from specformer import load_spec
+        s = load_spec({"kind": "decoder", "vocab_size": 8, "d_model": 128,
+                       "decoder": {"n_layers": 1, "attention": {"type": "linear"}}})
+        a = s.decoder.attention
+        print(a.type, a.n_heads, a.n_kv_heads, a.head_dim)
+        # over a preset's attention, the sizes every attention has are the preset's (4 heads)
         s = load_spec("gpt-nano", overrides=["decoder.attention={type: linear}"])
         a = s.decoder.attention
         print(a.type, a.n_heads, a.n_kv_heads, a.head_dim)
     ''')
     result = _run(tmp_path, code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["linear", "2", "2", "64"]
+    assert result.stdout.split() == ["linear", "2", "2", "64", "linear", "4", "4", "32"]
 
 
 def test_registry_refuses_a_spec_class_yaml_could_never_select():

@@ -342,3 +342,27 @@ def test_load_spec_is_annotated_to_return_a_model_spec() -> None:
 
     hints = typing.get_type_hints(load_spec, localns={"ModelSpec": ModelSpec})
     assert hints["return"] is ModelSpec
+
+
+def test_a_mapping_given_another_type_keeps_the_fields_of_its_whole_family(tmp_path):
+    # a post-norm BERT with RMSNorm stays post-norm; a GPT's attention of another type keeps
+    # its heads: placement and the attention sizes are the family's, not the old type's
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: bert-nano\nencoder:\n  norm: {type: rmsnorm}\n")
+    for spec in (
+        load_spec("bert-nano", overrides=["encoder.norm.type=rmsnorm"]),
+        load_spec("bert-nano", overrides=["encoder.norm={type: rmsnorm}"]),
+        load_spec(child),
+    ):
+        assert (spec.encoder.norm.type, spec.encoder.norm.placement, spec.encoder.norm.final) == ("rmsnorm", "post", False)
+        assert spec.encoder.norm.eps == 1e-5  # the layernorm's own eps is not carried over
+    gqa = {"kind": "decoder", "vocab_size": 50, "d_model": 64, "decoder": {
+        "n_layers": 1, "attention": {"type": "mha", "n_heads": 8, "n_kv_heads": 2, "sliding_window": 16,
+                                     "bias": True}}}
+    over = deep_merge(gqa["decoder"], {"attention": {"type": "other"}})["attention"]
+    assert over == {"type": "other", "n_heads": 8, "n_kv_heads": 2, "sliding_window": 16}
+    # what the new mapping says wins
+    assert deep_merge(gqa["decoder"], {"attention": {"type": "other", "n_heads": 4}})["attention"]["n_heads"] == 4
+    # a positional scheme has no such fields: another type is the new mapping alone
+    assert deep_merge({"positional": {"type": "rope", "base": 5e5}}, {"positional": {"type": "alibi"}}) == {
+        "positional": {"type": "alibi"}}

@@ -165,6 +165,16 @@ class Registry:
         entries = self._families.setdefault(family, {})
         if family in BUILT_IN_ONLY and source != "specformer" and name not in entries:
             raise ValueError(f"{family} type {name!r}: {BUILT_IN_ONLY[family]}")
+        existing = entries.get(name)
+        if existing is not None and existing.source == "specformer" and source != "specformer" and not (
+            _same_definition(existing.spec, spec)
+        ):
+            raise ValueError(
+                f"{family} type {name!r} is built in: a spec class of your own under its name would replace "
+                f"it in every spec that uses it, presets included; give {spec.__name__} another type name. To "
+                f"build the built-in {name!r} with your own module, register its class with your target: "
+                f"register({family!r}, REGISTRY.get({family!r}, {name!r}).spec, target, replace=True)"
+            )
         if name in entries and not replace:
             again = ""
             if _same_definition(entries[name].spec, spec):

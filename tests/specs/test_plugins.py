@@ -187,11 +187,11 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
     class OtherMLPSpec(Spec):
         type: Literal["mlp"] = "mlp"
 
-    with pytest.raises(ValueError, match="ffn type 'mlp' is already registered \\(by specformer\\)"):
-        REGISTRY.register("ffn", OtherMLPSpec, "x:y")
-    with pytest.raises(ValueError, match=r"ffn type 'mlp' is in the spec schema with the class MLPSpec of "
-                                         r"specformer.specs.schema.*needs a new Python process"):
-        REGISTRY.register("ffn", OtherMLPSpec, "x:y", replace=True)
+    # a class of one's own under a built-in name: no new process helps, another name does
+    for replace in (False, True):
+        with pytest.raises(ValueError, match=r"ffn type 'mlp' is built in: .*give OtherMLPSpec another type name.*"
+                                             r"register\('ffn', REGISTRY.get\('ffn', 'mlp'\).spec, target, replace=True\)"):
+            REGISTRY.register("ffn", OtherMLPSpec, "x:y", replace=replace)
     # a registered spec class may still get another target
     monkeypatch.setitem(REGISTRY._families["ffn"], "mlp", REGISTRY.get("ffn", "mlp"))
     REGISTRY.register("ffn", MLPSpec, "x:z", replace=True)
@@ -483,3 +483,25 @@ def test_a_checkpoint_of_an_unregistered_attention_type_says_to_register_it(tmp_
     message = str(info.value)
     assert "decoder.attention.type: unknown type 'linear'" in message
     assert "uses a type that is not registered here" in message
+
+
+def test_a_class_of_ones_own_never_replaces_a_built_in_type_even_with_replace():
+    # before the schema is built too: replace=True swapped LayerNormSpec out of every preset
+    from typing import Literal
+
+    from specformer.specs.base import Spec
+    from specformer.specs.schema import LayerNormSpec
+
+    class MyLayerNorm(Spec):
+        type: Literal["layernorm"] = "layernorm"
+        placement: Literal["pre", "post"] = "pre"
+        final: bool | None = None
+
+    registry = Registry()
+    registry.register("norm", LayerNormSpec, "x:y", source="specformer")
+    with pytest.raises(ValueError, match="norm type 'layernorm' is built in: .*give MyLayerNorm another type name"):
+        registry.register("norm", MyLayerNorm, "x:z", replace=True)
+    assert registry.get("norm", "layernorm").spec is LayerNormSpec
+    registry.register("norm", LayerNormSpec, "x:z", replace=True)  # the built-in class, another module
+    assert registry.get("norm", "layernorm").target == "x:z"
+

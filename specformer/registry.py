@@ -38,6 +38,7 @@ __all__ = [
     "FAMILIES",
     "REQUIRED_FIELDS",
     "load_plugins",
+    "PluginError",
     "register_builtin",
 ]
 
@@ -320,13 +321,17 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
     if existing is None:
         REGISTRY.register(family, spec, target, source="specformer")
     elif existing.spec is not spec:
-        raise ValueError(
+        error = ValueError(
             f"{family} type {name!r} is built in, and {existing.spec.__name__}, registered under that "
             f"name before the schema was built, would replace it in every spec that uses it: give "
             f"that type another name; to build the built-in {name!r} with your own module, "
             f"register after the first load_spec: register({family!r}, REGISTRY.get({family!r}, "
             f"{name!r}).spec, target, replace=True)"
         )
+        plugin = _PLUGIN_OF.get((family, name))
+        if plugin is not None:
+            raise PluginError(_plugin_failure(plugin, error))
+        raise error
 
 
 def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
@@ -344,8 +349,30 @@ def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
     _plugins_loaded = True
     loaded = []
     for ep in importlib.metadata.entry_points(group=group):
-        hook = ep.load()
-        if callable(hook):
-            hook(REGISTRY)
+        dist = getattr(ep, "dist", None)
+        package = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "its package"
+        plugin = f"the specformer plugin {ep.name!r} ({ep.value}, from {package})"
+        before = {(family, name) for family in FAMILIES for name in REGISTRY.names(family)}
+        try:
+            hook = ep.load()
+            if callable(hook):
+                hook(REGISTRY)
+        except Exception as exc:
+            raise PluginError(_plugin_failure(plugin, exc)) from exc
+        for key in {(family, name) for family in FAMILIES for name in REGISTRY.names(family)} - before:
+            _PLUGIN_OF[key] = plugin
         loaded.append(ep.name)
     return loaded
+
+
+# (family, name) -> the plugin that registered it, named when a built-in type finds it taken
+_PLUGIN_OF: dict[tuple[str, str], str] = {}
+
+
+def _plugin_failure(plugin: str, exc: Exception) -> str:
+    return (f"{plugin} failed to register: {type(exc).__name__}: {exc}. Fix that package or uninstall it: "
+            f"specformer loads every '{PLUGIN_GROUP}' entry point installed")
+
+
+class PluginError(RuntimeError):
+    """A ``specformer.plugins`` entry point failed to load or to register its entries."""

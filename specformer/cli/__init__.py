@@ -19,4 +19,16 @@ __all__ = ["app", "main", "console", "err_console"]
 
 
 def main() -> None:
-    app()
+    from specformer.registry import PluginError
+
+    try:
+        app()
+    except PluginError as exc:  # an installed plugin breaks every command: say which, not a traceback
+        import os
+
+        if os.environ.get("SPECFORMER_DEBUG"):
+            raise
+        from specformer.cli.app import print_error
+
+        print_error(str(exc), "set SPECFORMER_DEBUG=1 to see the full traceback")
+        raise SystemExit(1) from None

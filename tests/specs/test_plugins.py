@@ -505,3 +505,46 @@ def test_a_class_of_ones_own_never_replaces_a_built_in_type_even_with_replace():
     registry.register("norm", LayerNormSpec, "x:z", replace=True)  # the built-in class, another module
     assert registry.get("norm", "layernorm").target == "x:z"
 
+
+BROKEN = '''
+from typing import Literal
+
+from specformer.specs.base import Spec
+
+
+class BareNorm(Spec):
+    type: Literal["bare"] = "bare"
+
+
+class MyAdamW(Spec):
+    type: Literal["adamw"] = "adamw"
+
+
+def bare(registry):
+    registry.register("norm", BareNorm, "x:y")
+
+
+def adamw(registry):
+    registry.register("optimizer", MyAdamW, "x:y")
+'''
+
+
+@pytest.mark.parametrize("hook, cause", [
+    ("bare", "TypeError: BareNorm lacks the fields placement, final that every norm spec has"),
+    ("adamw", "ValueError: optimizer type 'adamw' is built in, and MyAdamW"),  # found once plugins loaded
+    ("missing", "AttributeError"),
+])
+def test_a_broken_plugin_is_named_by_every_command_without_a_traceback(tmp_path, hook, cause):
+    (tmp_path / "broken_plugin.py").write_text(BROKEN)
+    dist = tmp_path / "broken_plugin-0.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.3\n")
+    (dist / "entry_points.txt").write_text(f"[specformer.plugins]\nmine = broken_plugin:{hook}\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "400"}
+    env.pop("SPECFORMER_DEBUG", None)
+    result = subprocess.run([sys.executable, "-m", "specformer", "validate", "gpt-nano"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: the specformer plugin 'mine' (broken_plugin:{hook}, from broken-plugin "
+                                    f"0.3) failed to register: {cause}")
+    assert "Fix that package or uninstall it" in result.stderr and "Traceback" not in result.stderr

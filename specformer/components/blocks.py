@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from specformer.components.attention import Attention
 from specformer.components.cache import CacheNotFilledError, KVCache
+from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
 __all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs"]
@@ -122,6 +123,13 @@ class Block(nn.Module):
         self.ffn_norm = ffn_norm
         self.ffn = ffn
         self.dropout = nn.Dropout(dropout)
+        # a module of a registered type of one's own: its outputs are checked at each call, since
+        # a wrong shape may broadcast into the residual stream without an error
+        self._check = not (
+            type(self_attn) is Attention
+            and (cross_attn is None or type(cross_attn) is Attention)
+            and type(ffn) in (MLP, GLU)
+        )
 
     def _drop(self, x: Tensor) -> Tensor:
         # called only when it acts: a no-op module call costs microseconds per token in decoding
@@ -130,19 +138,32 @@ class Block(nn.Module):
     def _self(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
         # an attention of another type need not have a window
         mask, is_causal = s.self_mask(getattr(self.self_attn, "sliding_window", None))
-        out, weights = self.self_attn(
+        result = self.self_attn(
             h, mask=mask, is_causal=is_causal, rope=s.rope, cache=s.cache, need_weights=s.need_weights
         )
+        if self._check:
+            _check_attention(result, h, self.self_attn, "self-attention")
+        out, weights = result
         return self._drop(out), weights
 
     def _cross(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
-        out, weights = self.cross_attn(
+        result = self.cross_attn(
             h, context=s.context, mask=s.context_mask, cache=s.cache, need_weights=s.need_weights
         )
+        if self._check:
+            _check_attention(result, h, self.cross_attn, "cross-attention")
+        out, weights = result
         return self._drop(out), weights
 
     def _ffn(self, h: Tensor) -> Tensor:
-        return self._drop(self.ffn(h))
+        out = self.ffn(h)
+        if self._check and (not isinstance(out, Tensor) or out.shape != h.shape):
+            raise ValueError(
+                f"the ffn {type(self.ffn).__name__} returned {_described(out)} for an input of shape "
+                f"{tuple(h.shape)}: an ffn module maps (B, T, D) to (B, T, D), the shape it is given "
+                "(docs/components.md#adding-a-component)"
+            )
+        return self._drop(out)
 
     def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D) -> (x (B, T, D), self-attention weights, cross-attention weights)."""
@@ -299,6 +320,27 @@ class Stack(nn.Module):
         if not need_weights:
             return x, None, None
         return x, tuple(all_weights), (tuple(all_cross) if all_cross else None)
+
+
+def _described(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _check_attention(result: object, h: Tensor, module: nn.Module, what: str) -> None:
+    """Refuse what an attention module of one's own returns unless it is ``(out, weights)`` with
+    ``out`` shaped as its input: a bare tensor would be unpacked along its batch."""
+    ok = isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Tensor)
+    if not ok or result[0].shape != h.shape:  # type: ignore[index]
+        got = _described(result) if not ok else f"an output of shape {tuple(result[0].shape)}"  # type: ignore[index]
+        raise ValueError(
+            f"the {what} {type(module).__name__} returned {got} for an input of shape {tuple(h.shape)}: an "
+            "attention module returns (output, weights): output (B, T, D), the input's shape, and weights "
+            "(B, H, T, S) or None (docs/components.md#adding-a-component)"
+        )
 
 
 def _check_cached(cache: KVCache, layers: nn.ModuleList, length: int) -> None:

@@ -253,3 +253,50 @@ def test_component_without_init_hook_keeps_its_constructor_values(monkeypatch, d
         assert torch.equal(p, q), name
     assert model.decoder.layers[0].self_attn.o_proj.weight.std().item() == pytest.approx(0.02 / 2, rel=0.2)
     assert build_model(spec, device="meta").decoder.final_norm.gain.is_meta
+
+
+class _BareAttention(torch.nn.Module):
+    """An attention that returns its output alone, not (output, weights)."""
+
+    def __init__(self, spec, *, d_model: int, cross: bool, layer_idx: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x, **kwargs):
+        return self.proj(x)
+
+
+class _NarrowFFN(torch.nn.Module):
+    """An FFN that forgets to project back to d_model (one feature: it broadcasts)."""
+
+    def __init__(self, spec, *, d_model: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(d_model, 1)
+
+    def forward(self, x):
+        return self.up(x)
+
+
+def _swap(monkeypatch, family: str, name: str, target) -> None:
+    from specformer.registry import REGISTRY, Entry
+
+    entry = REGISTRY.get(family, name)
+    monkeypatch.setitem(REGISTRY._families[family], name, Entry(family, name, entry.spec, target, source="tests"))
+
+
+def test_a_component_of_ones_own_that_returns_the_wrong_shape_is_named(monkeypatch) -> None:
+    # both broadcast into the residual stream of a batch of two without an error otherwise
+    ids = torch.randint(0, 512, (2, 6))
+    _swap(monkeypatch, "attention", "mha", _BareAttention)
+    model = build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]))
+    with pytest.raises(ValueError, match=r"the self-attention _BareAttention returned a tensor of shape \(2, 6, 128\) "
+                                         r"for an input of shape \(2, 6, 128\): an attention module returns "
+                                         r"\(output, weights\)"):
+        model(ids)
+    monkeypatch.undo()
+    _swap(monkeypatch, "ffn", "mlp", _NarrowFFN)
+    model = build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]))
+    with pytest.raises(ValueError, match=r"the ffn _NarrowFFN returned a tensor of shape \(2, 6, 1\) for an input "
+                                         r"of shape \(2, 6, 128\): an ffn module maps \(B, T, D\) to \(B, T, D\)"):
+        model(ids)
+

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import inspect
 import re
 import types
 import typing
@@ -238,7 +239,23 @@ class Registry:
 
     def build(self, family: str, spec: Any, /, **kwargs: Any) -> Any:
         """Instantiate the target registered for ``spec.type`` with ``spec`` and ``kwargs``."""
-        return self.get(family, spec.type).resolve()(spec, **kwargs)
+        entry = self.get(family, spec.type)
+        target = entry.resolve()
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):  # no signature to read (a builtin): the call says
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(spec, **kwargs)
+            except TypeError as exc:
+                call = ", ".join(["spec", "*", *kwargs]) if kwargs else "spec"
+                raise TypeError(
+                    f"{family} type {spec.type!r}: its target {getattr(target, '__qualname__', target)} "
+                    f"({entry.source}) cannot be called as the builder calls it, Target({call}): {exc} "
+                    "(docs/components.md#adding-a-component lists each family's arguments)"
+                ) from None
+        return target(spec, **kwargs)
 
 
 def _same_definition(first: type, second: type) -> bool:

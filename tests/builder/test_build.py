@@ -277,6 +277,11 @@ class _NarrowFFN(torch.nn.Module):
         return self.up(x)
 
 
+class _WrongNorm(torch.nn.Module):
+    def __init__(self, spec, d_model: int) -> None:  # the builder passes dim=
+        super().__init__()
+
+
 def _swap(monkeypatch, family: str, name: str, target) -> None:
     from specformer.registry import REGISTRY, Entry
 
@@ -300,3 +305,9 @@ def test_a_component_of_ones_own_that_returns_the_wrong_shape_is_named(monkeypat
                                          r"of shape \(2, 6, 128\): an ffn module maps \(B, T, D\) to \(B, T, D\)"):
         model(ids)
 
+
+def test_a_target_that_takes_other_arguments_than_the_builder_gives_is_named(monkeypatch) -> None:
+    _swap(monkeypatch, "norm", "layernorm", _WrongNorm)
+    with pytest.raises(TypeError, match=r"norm type 'layernorm': its target _WrongNorm \(tests\) cannot be called as "
+                                        r"the builder calls it, Target\(spec, \*, dim\): .*d_model"):
+        build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]), device="meta")

@@ -40,6 +40,7 @@ __all__ = [
     "REQUIRED_FIELDS",
     "load_plugins",
     "PluginError",
+    "TargetCallError",
     "register_builtin",
 ]
 
@@ -100,9 +101,16 @@ class Entry:
             raise LookupError(f"{self.family} type {self.name!r} has nothing to build")
         if isinstance(self.target, str):
             module_name, _, attr = self.target.partition(":")
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            try:
+                obj: Any = importlib.import_module(module_name)
+                for part in attr.split(".") if attr else ():
+                    obj = getattr(obj, part)
+            except (ImportError, AttributeError) as exc:
+                raise PluginError(
+                    f"{self.family} type {self.name!r} (registered by {self.source}): its build target "
+                    f"{self.target!r} cannot be imported: {type(exc).__name__}: {exc}. A target is "
+                    "'package.module:attribute'"
+                ) from exc
             return obj
         return self.target
 
@@ -250,7 +258,7 @@ class Registry:
                 signature.bind(spec, **kwargs)
             except TypeError as exc:
                 call = ", ".join(["spec", "*", *kwargs]) if kwargs else "spec"
-                raise TypeError(
+                raise TargetCallError(
                     f"{family} type {spec.type!r}: its target {getattr(target, '__qualname__', target)} "
                     f"({entry.source}) cannot be called as the builder calls it, Target({call}): {exc} "
                     "(docs/components.md#adding-a-component lists each family's arguments)"
@@ -392,4 +400,9 @@ def _plugin_failure(plugin: str, exc: Exception) -> str:
 
 
 class PluginError(RuntimeError):
-    """A ``specformer.plugins`` entry point failed to load or to register its entries."""
+    """A ``specformer.plugins`` entry point failed to load or to register its entries, or a
+    registered build target cannot be imported or called as the builder calls it."""
+
+
+class TargetCallError(PluginError, TypeError):
+    """A build target whose signature does not take the arguments the builder passes."""

@@ -548,3 +548,20 @@ def test_a_broken_plugin_is_named_by_every_command_without_a_traceback(tmp_path,
     assert result.stderr.startswith(f"error: the specformer plugin 'mine' (broken_plugin:{hook}, from broken-plugin "
                                     f"0.3) failed to register: {cause}")
     assert "Fix that package or uninstall it" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_target_that_cannot_be_imported_is_named_by_the_commands_that_build(plugin_path, tmp_path):
+    # a typo in the "module:attribute" string: found only when a model is built
+    init = plugin_path / "demo_plugin" / "__init__.py"
+    init.write_text(init.read_text().replace("torch_part:SquaredReLU", "torch_part:SquaredRelu"))
+    spec = tmp_path / "p.yaml"
+    spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
+    env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "400"}
+    env.pop("SPECFORMER_DEBUG", None)
+    for args in (["show", str(spec), "--tree"], ["diff", "gpt-nano", str(spec)]):
+        result = subprocess.run([sys.executable, "-m", "specformer", *args], capture_output=True, text=True, env=env)
+        assert result.returncode == 1, args
+        assert ("ffn type 'relu2' (registered by demo-plugin): its build target 'demo_plugin.torch_part:SquaredRelu' "
+                "cannot be imported: AttributeError: module 'demo_plugin.torch_part' has no attribute "
+                "'SquaredRelu'") in result.stderr, args
+        assert "Traceback" not in result.stderr, args

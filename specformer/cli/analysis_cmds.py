@@ -8,6 +8,7 @@ Every output exists as ``--format rich`` (tables), ``markdown`` and ``json``.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -550,6 +551,12 @@ def _build_meta(spec: Any) -> Any:
     except (BuildError, OverflowError, RuntimeError) as exc:
         # a spec that validates but no module can be made of (a plugin's own check, sizes past int64)
         print_error(f"{spec.name}: the model cannot be built: {exc}")
+        raise typer.Exit(1) from None
+    except Exception as exc:  # a module of one's own that fails in its constructor: say which error
+        if os.environ.get("SPECFORMER_DEBUG"):
+            raise
+        print_error(f"{spec.name}: the model cannot be built: {type(exc).__name__}: {exc}",
+                    "set SPECFORMER_DEBUG=1 to see the full traceback")
         raise typer.Exit(1) from None
 
 

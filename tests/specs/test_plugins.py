@@ -565,3 +565,17 @@ def test_a_target_that_cannot_be_imported_is_named_by_the_commands_that_build(pl
                 "cannot be imported: AttributeError: module 'demo_plugin.torch_part' has no attribute "
                 "'SquaredRelu'") in result.stderr, args
         assert "Traceback" not in result.stderr, args
+
+
+def test_show_tree_of_a_module_that_fails_in_its_constructor_says_which_error(plugin_path, tmp_path):
+    part = plugin_path / "demo_plugin" / "torch_part.py"
+    part.write_text(part.read_text().replace("super().__init__()", "super().__init__()\n        {}['experts']"))
+    spec = tmp_path / "p.yaml"
+    spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
+    env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "400"}
+    env.pop("SPECFORMER_DEBUG", None)
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec), "--tree"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: gpt-nano: the model cannot be built: KeyError: 'experts'")
+    assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr

@@ -165,7 +165,7 @@ def _build(spec: ModelSpec) -> nn.Module:
 
 def _positional(spec: ModelSpec, stack: StackSpec, *, causal: bool) -> Positional:
     att = stack.attention
-    return REGISTRY.build(
+    module = REGISTRY.build(
         "positional",
         spec.positional,
         d_model=spec.d_model,
@@ -174,6 +174,14 @@ def _positional(spec: ModelSpec, stack: StackSpec, *, causal: bool) -> Positiona
         head_dim=att.head_dim,
         causal=causal,
     )
+    if not isinstance(module, Positional):
+        # the models call its three hooks and the builder reads its scope and module name
+        raise BuildError(
+            f"positional type {spec.positional.type!r} built a {type(module).__name__}, which is not a "
+            "specformer.components.positional.Positional: subclass it, override the hooks you use (embed, "
+            "rotation, bias; the others do nothing) and set its scope ('embedding' or 'stack') and module_name"
+        )
+    return module
 
 
 def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bool, role: str) -> Stack:

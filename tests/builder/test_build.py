@@ -311,3 +311,20 @@ def test_a_target_that_takes_other_arguments_than_the_builder_gives_is_named(mon
     with pytest.raises(TypeError, match=r"norm type 'layernorm': its target _WrongNorm \(tests\) cannot be called as "
                                         r"the builder calls it, Target\(spec, \*, dim\): .*d_model"):
         build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]), device="meta")
+
+
+class _PlainPositions(torch.nn.Module):
+    """Positions written as a plain module, not a Positional."""
+
+    def __init__(self, spec, *, d_model, max_seq_len, n_heads, head_dim, causal) -> None:
+        super().__init__()
+
+    def embed(self, x, position_ids, n_positions):
+        return x
+
+
+def test_a_positional_target_that_is_not_a_positional_is_named(monkeypatch) -> None:
+    _swap(monkeypatch, "positional", "none", _PlainPositions)
+    with pytest.raises(BuildError, match=r"positional type 'none' built a _PlainPositions, which is not a "
+                                         r"specformer.components.positional.Positional: subclass it"):
+        build_model(load_spec("gpt-nano", overrides=["positional={type: none}"]), device="meta")

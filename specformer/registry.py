@@ -98,7 +98,11 @@ class Entry:
     def resolve(self) -> Callable[..., Any]:
         """Return the build target, importing it if it was given as a string."""
         if self.target is None:
-            raise LookupError(f"{self.family} type {self.name!r} has nothing to build")
+            raise PluginError(
+                f"{self.family} type {self.name!r} (registered by {self.source}) has nothing to build: it was "
+                f"registered without a target; register({self.family!r}, {self.spec.__name__}, "
+                "'package.module:Class') names the module that builds it (or pass the class itself)"
+            )
         if isinstance(self.target, str):
             module_name, _, attr = self.target.partition(":")
             try:

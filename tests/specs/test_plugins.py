@@ -579,3 +579,15 @@ def test_show_tree_of_a_module_that_fails_in_its_constructor_says_which_error(pl
     assert result.returncode == 1
     assert result.stderr.startswith("error: gpt-nano: the model cannot be built: KeyError: 'experts'")
     assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_type_registered_without_a_target_says_how_to_give_one():
+    from specformer.registry import PluginError
+    from specformer.specs.schema import MLPSpec
+
+    registry = Registry()
+    registry.register("ffn", MLPSpec)  # a spec class alone validates, but builds nothing
+    with pytest.raises(PluginError, match=r"ffn type 'mlp' \(registered by specformer.specs.schema\) has nothing to "
+                                          r"build: it was registered without a target; register\('ffn', MLPSpec, "
+                                          r"'package.module:Class'\)"):
+        registry.build("ffn", MLPSpec(), d_model=8)

@@ -72,6 +72,8 @@ REQUIRED_FIELDS: dict[str, dict[str, str]] = {
         "placement": 'Literal["pre", "post"] = "pre"',
         "final": "bool | None = None (filled from placement)",
     },
+    # the schedule is a multiplier of it (training.schedule gets it as base_lr)
+    "optimizer": {"lr": "float (the peak learning rate)"},
 }
 
 # families whose types the rest of specformer handles one by one: no new type can work there

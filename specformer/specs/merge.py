@@ -34,21 +34,26 @@ def implicit_type(mapping: dict[str, Any], key: Any) -> Any:
     return FAMILY_DEFAULTS.get(family) if family is not None else None
 
 
+# families whose common fields describe the stack rather than the type (sizes, placement);
+# an optimizer's lr is common too, but each type's own default is what fits it
+_STACK_FAMILIES = ("attention", "norm")
+
+
 def family_fields(key: Any) -> tuple[str, ...]:
-    """The fields that every type of the family at spec key ``key`` has (attention sizes, a
-    norm's placement): a mapping given another type keeps them."""
+    """The fields that every type of the family at spec key ``key`` has and that belong to
+    the stack (attention sizes, a norm's placement): a mapping given another type keeps them."""
     from specformer.registry import REQUIRED_FIELDS
 
     family = _FAMILY_OF_KEY.get(key) if isinstance(key, str) else None
-    return tuple(REQUIRED_FIELDS.get(family or "", {}))
+    return tuple(REQUIRED_FIELDS[family]) if family in _STACK_FAMILIES else ()
 
 
 def deep_merge(base: Any, over: Any, key: Any = None) -> Any:
     """Merge ``over`` onto ``base`` (the value of spec key ``key``): mappings merge
     recursively, anything else replaces; a mapping with a different ``type:`` replaces
     the base mapping whole (the base's fields belong to the other type), but for the
-    fields every type of its family has (``REQUIRED_FIELDS``: attention sizes, a norm's
-    placement), which it keeps unless it sets them. A base without ``type:`` is its
+    fields every attention or norm type has (attention sizes, a norm's placement), which
+    it keeps unless it sets them. A base without ``type:`` is its
     family's default type (``ffn: {activation: gelu}`` is an mlp, so ``ffn: {type: glu}``
     over it does not inherit the gelu). Neither input is modified."""
     if isinstance(base, dict) and isinstance(over, dict):

@@ -518,6 +518,7 @@ class BareNorm(Spec):
 
 class MyAdamW(Spec):
     type: Literal["adamw"] = "adamw"
+    lr: float = 1e-3
 
 
 def bare(registry):
@@ -591,3 +592,17 @@ def test_a_type_registered_without_a_target_says_how_to_give_one():
                                           r"build: it was registered without a target; register\('ffn', MLPSpec, "
                                           r"'package.module:Class'\)"):
         registry.build("ffn", MLPSpec(), d_model=8)
+
+
+def test_an_optimizer_spec_without_a_learning_rate_is_refused_at_registration():
+    # the schedule multiplies training.optimizer.lr: without it training stopped before its first step
+    from typing import Literal
+
+    from specformer.specs.base import Spec
+
+    class SignSGD(Spec):
+        type: Literal["signsgd"] = "signsgd"
+
+    registry = Registry()
+    with pytest.raises(TypeError, match=r"SignSGD lacks the field lr that every optimizer spec has .*declare lr: float"):
+        registry.register("optimizer", SignSGD, "x:y")

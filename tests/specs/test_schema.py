@@ -363,6 +363,8 @@ def test_a_mapping_given_another_type_keeps_the_fields_of_its_whole_family(tmp_p
     assert over == {"type": "other", "n_heads": 8, "n_kv_heads": 2, "sliding_window": 16}
     # what the new mapping says wins
     assert deep_merge(gqa["decoder"], {"attention": {"type": "other", "n_heads": 4}})["attention"]["n_heads"] == 4
+    # an optimizer of another type takes its own learning rate: SGD's 0.1 is not AdamW's 3e-4
+    assert load_spec("gpt-nano", overrides=["training.optimizer.type=sgd"]).training.optimizer.lr == 0.1
     # a positional scheme has no such fields: another type is the new mapping alone
     assert deep_merge({"positional": {"type": "rope", "base": 5e5}}, {"positional": {"type": "alibi"}}) == {
         "positional": {"type": "alibi"}}

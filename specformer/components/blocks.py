@@ -353,6 +353,6 @@ def _check_cached(cache: KVCache, layers: nn.ModuleList, length: int) -> None:
                 f"layer {i}'s self-attention ({type(attn).__name__}) did not store its keys and values in "
                 f"the KV cache (it holds {cache.layer_length(i)} of the {length} positions): an attention "
                 "module decodes with a cache only if its forward calls cache.update(layer_idx, k, v) "
-                "(docs/components.md, KV cache); run this model without one: use_cache=False "
-                "(specformer generate --no-cache)"
+                "(docs/components.md, KV cache)",
+                "run this model without one: use_cache=False (specformer generate --no-cache)",
             )

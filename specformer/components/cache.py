@@ -26,7 +26,12 @@ __all__ = ["KVCache", "CacheNotFilledError"]
 
 class CacheNotFilledError(ValueError):
     """A layer's self-attention left the cache unfilled (an attention module that does not
-    call :meth:`KVCache.update`): the model decodes only without a cache."""
+    call :meth:`KVCache.update`): the model decodes only without a cache. ``detail`` says
+    which layer, without the remedy the message ends with."""
+
+    def __init__(self, detail: str, remedy: str) -> None:
+        super().__init__(f"{detail}; {remedy}")
+        self.detail = detail
 
 
 class KVCache:

@@ -396,6 +396,8 @@ def beam_search(
     ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to each beam's
     log-probabilities, as Hugging Face's do (:func:`penalize_repeats`)."""
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
+    from specformer.components.cache import CacheNotFilledError
+
     kind = "encoder-decoder" if start_id is not None else "decoder"
     _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
@@ -443,7 +445,14 @@ def beam_search(
         improvable = torch.ones(b, 1, dtype=torch.bool, device=dev)
         top_k_mask = torch.arange(keep, device=dev) < k
         offsets = torch.arange(b, device=dev)[:, None] * k
-        out = step(seq.reshape(b * k, -1), None)
+        try:
+            out = step(seq.reshape(b * k, -1), None)
+        except CacheNotFilledError as exc:
+            raise CacheNotFilledError(
+                f"beam search reorders a KV cache as beams are chosen, and {exc.detail}",
+                "this model decodes without one, by sampling or greedily: generate(..., use_cache=False) "
+                "(specformer generate --no-cache, without --num-beams)",
+            ) from None
         cache = out.cache
         cur = prompt_len
         while cur < max_len:

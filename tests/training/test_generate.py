@@ -470,3 +470,18 @@ def test_exact_match_decodes_without_the_cache_an_attention_that_keeps_none(tiny
         model, {"input_ids": src, "labels": labels}, start_id=1, eos_id=2
     )
     assert (correct, total) == (2, 3)
+
+
+def test_beam_search_of_an_attention_that_keeps_no_cache_says_to_sample_without_one(tiny: Any) -> None:
+    # beam search needs the cache: "--no-cache" alone would be refused with --num-beams
+    from specformer.components import CacheNotFilledError
+
+    spec, model = _model(tiny, "decoder")
+    for layer in model.decoder.layers:
+        layer.self_attn = _NoCache(layer.self_attn)
+    with pytest.raises(CacheNotFilledError) as info:
+        beam_search(model, torch.randint(0, 256, (1, 4)), num_beams=2, max_new_tokens=3, eos_id=None)
+    message = str(info.value)
+    assert message.startswith("beam search reorders a KV cache as beams are chosen, and layer 0's self-attention "
+                              "(_NoCache) did not store its keys and values")
+    assert message.endswith("generate(..., use_cache=False) (specformer generate --no-cache, without --num-beams)")

@@ -344,18 +344,20 @@ def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Pa
                 key = (f.relative_to(base) if base is not None and f.is_relative_to(base) else Path(f.name)).as_posix()
                 items.setdefault(f.resolve().as_posix(), (key, f))
     if missing:
-        raise DataError(f"{setting}: nothing matches {', '.join(map(repr, missing))}{relative_note(missing)}")
+        raise DataError(f"{setting}: nothing matches {', '.join(map(repr, missing))}{relative_note(missing, setting)}")
     if not items:
         raise DataError(f"{setting}: no files found")
     return sorted(items.values())
 
 
-def relative_note(paths: list[str]) -> str:
+def relative_note(paths: list[str], setting: str) -> str:
     """What a relative data path is relative to, for a message about paths not found: the
-    working directory, not the folder of the spec that names them."""
+    working directory, not the folder of the spec that names them (a run resumed from
+    another folder meets this too), and the two ways out."""
     if all(Path(p).expanduser().is_absolute() for p in paths):
         return ""
-    return f" (a relative path is read from the working directory, {Path.cwd()}, not from the spec's folder)"
+    return (f" (a relative path is read from the working directory, {Path.cwd()}, not from the spec's folder: "
+            f"run from the folder it is relative to, or give it whole with --set {setting}=...)")
 
 
 def _files_below(folder: Path) -> list[Path]:

@@ -330,7 +330,7 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}{relative_note([spec.path])}")
+        raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}{relative_note([spec.path], 'training.tokenizer.path')}")
     try:
         return HFTokenizer(_Tok.from_file(str(path)))
     except Exception as exc:

@@ -94,7 +94,8 @@ def test_a_relative_data_path_not_found_names_the_working_directory(
         files_corpus(FilesDataSpec(paths=("corpus.txt",)))
     assert str(err.value) == (
         "training.data.paths: nothing matches 'corpus.txt' (a relative path is read from the working "
-        f"directory, {tmp_path / 'elsewhere'}, not from the spec's folder)"
+        f"directory, {tmp_path / 'elsewhere'}, not from the spec's folder: run from the folder it is relative "
+        "to, or give it whole with --set training.data.paths=...)"
     )
     absent = str(tmp_path / "absent.txt")
     with pytest.raises(DataError) as err:

@@ -628,7 +628,7 @@ class ModelSpec(Spec):
     def _record_written(cls, data: Any, handler: ModelWrapValidatorHandler[ModelSpec]) -> ModelSpec:
         spec = handler(data)
         if isinstance(data, dict):
-            _mark_written(spec, _written(data))
+            _mark_written(spec, _plain(data))  # spec objects in it: what they were given
         return spec
 
     @model_validator(mode="after")
@@ -801,18 +801,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return copy.copy(value)
-
-
-def _written(value: Any) -> Any:
-    """``value`` as plain containers holding only what was written: spec objects dumped
-    without the fields they derived or defaulted."""
-    if isinstance(value, BaseModel):
-        return _written(value.model_dump(exclude_unset=True))
-    if isinstance(value, dict):
-        return {k: _written(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_written(v) for v in value]
-    return value
 
 
 def _mark_written(node: Any, raw: Any) -> None:

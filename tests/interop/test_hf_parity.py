@@ -303,15 +303,21 @@ def test_greedy_generation_matches_transformers_generate(family: str) -> None:
         assert len(set(ours[0].tolist())) > 1  # not a degenerate repeat of one token
 
 
-@pytest.mark.parametrize("family", sorted(DECODERS))
-def test_beam_search_matches_transformers_beam_search(family: str) -> None:
-    from specformer.training.generate import beam_search
-
+def _generative(family: str) -> tuple[Any, Any, torch.nn.Module, int | None, dict[str, int]]:
+    """transformers' model of ``family`` and ours, with the decoder's start token (None for a
+    decoder-only model) and the generate() argument that names it; no forced end token."""
     hf = _hf_model(family)
     spec, model = _imported(hf)
     hf.generation_config.forced_eos_token_id = None
     start = _START[spec.name] if spec.kind == "encoder-decoder" else None
-    extra = {"decoder_start_token_id": start} if start is not None else {}
+    return hf, spec, model, start, ({"decoder_start_token_id": start} if start is not None else {})
+
+
+@pytest.mark.parametrize("family", sorted(DECODERS))
+def test_beam_search_matches_transformers_beam_search(family: str) -> None:
+    from specformer.training.generate import beam_search
+
+    hf, spec, model, start, extra = _generative(family)
     ended = 0
     for seed in range(2):
         ids = torch.randint(3, V, (3, 7), generator=torch.Generator().manual_seed(seed))
@@ -343,11 +349,7 @@ def test_beam_search_matches_transformers_beam_search(family: str) -> None:
 def test_repetition_penalties_match_transformers(family: str) -> None:
     from specformer.training.generate import beam_search, generate, generate_seq2seq
 
-    hf = _hf_model(family)
-    spec, model = _imported(hf)
-    hf.generation_config.forced_eos_token_id = None
-    start = _START[spec.name] if spec.kind == "encoder-decoder" else None
-    extra = {"decoder_start_token_id": start} if start is not None else {}
+    hf, spec, model, start, extra = _generative(family)
     ids = torch.randint(3, V, (3, 7), generator=torch.Generator().manual_seed(0))
     for penalty, ngram in [(1.3, 0), (1.0, 2), (0.8, 3)]:
         settings = {"repetition_penalty": penalty, "no_repeat_ngram_size": ngram}

@@ -409,6 +409,10 @@ class LayerOverride(Spec):
             return value
         if isinstance(value, int):
             return (value,)
+        if isinstance(value, list | tuple) and not value:
+            raise PydanticCustomError(
+                "layers_empty", "give at least one layer index: an override of no layer would change nothing"
+            )
         if isinstance(value, str):
             lo, sep, hi = value.partition("-")
             try:

@@ -275,6 +275,13 @@ def test_per_layer_overrides_resolve_per_layer():
     assert layers[3].ffn.d_ff == default_glu_d_ff(128)
 
 
+def test_an_override_of_no_layer_is_refused():
+    from specformer import SpecError
+
+    with pytest.raises(SpecError, match=r"decoder.overrides.0.layers: give at least one layer index"):
+        load_spec("gpt-nano", overrides=["decoder.overrides=[{layers: [], ffn: {activation: relu}}]"])
+
+
 def test_override_changing_heads_rederives_head_dim():
     spec = load_spec("gpt-nano", overrides=["decoder.overrides=[{layers: 0, attention: {n_heads: 8}}]"])
     assert spec.decoder.layer(0).attention.head_dim == 16 and spec.decoder.layer(0).attention.n_kv_heads == 8

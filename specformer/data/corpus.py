@@ -114,7 +114,8 @@ def _read_files(
     """Read ``items`` (key, path) as UTF-8 text and split them; files that are not UTF-8
     text are left out (listed in ``skipped`` when ``report``) and empty ones dropped. With
     ``text_field``, a JSON-lines file (``.jsonl``, ``.ndjson``) gives one document per line,
-    its ``text_field``, keyed ``file.jsonl:LINE``."""
+    its ``text_field``, keyed ``file.jsonl:LINE``, and a table (``.csv``, ``.tsv``, ``.json``)
+    one per row (:func:`_table_rows`)."""
     texts: list[str] = []
     keys: list[str] = []
     digests: list[bytes] = []
@@ -130,8 +131,10 @@ def _read_files(
                 if isinstance(exc, UnicodeDecodeError) and bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
                     utf16.append(key)
             continue
-        if text_field is not None and _is_json_lines(path):
-            for line, document in _json_lines(path, text, text_field):
+        kind = _table_kind(path)
+        if text_field is not None and (_is_json_lines(path) or kind is not None):
+            rows = _table_rows(path, text, text_field, kind) if kind else _json_lines(path, text, text_field)
+            for line, document in rows:
                 texts.append(document)
                 keys.append(f"{key}:{line}")
                 digests.append(_key_bytes(f"{key}:{line}:{text_field}") + hashlib.sha1(document.encode()).digest())
@@ -178,12 +181,75 @@ def _is_json_lines(path: Path) -> bool:
     return name.endswith(_JSON_LINES)
 
 
-def _is_table(path: Path) -> bool:
-    """A ``.csv``, ``.tsv`` or ``.json`` file, compressed or not: read as plain text, not parsed."""
+def _table_kind(path: Path) -> str | None:
+    """``csv``, ``tsv`` or ``json`` for a file of rows of that kind (compressed or not), else None."""
     name = path.name.lower()
     for suffix in _COMPRESSED:
         name = name.removesuffix(suffix)
-    return name.endswith((".csv", ".tsv", ".json"))
+    return next((kind for kind in ("csv", "tsv", "json") if name.endswith("." + kind)), None)
+
+
+def _missing_field(where: str, field: str, has: list[str], texts: list[str], *, noun: str = "field",
+                   holder: str) -> DataError:
+    """No ``field`` in a record (``holder``: "this line", "the header row"): the error names
+    what it has, and a text field to read instead."""
+    shown = ", ".join(map(repr, has[:8])) or f"no {noun}s"
+    hint = (f": to read its {texts[0]!r}, set training.data.text_field={texts[0]}"
+            f"{f' (or another of its text {noun}s)' if len(texts) > 1 else ''}") if texts else ""
+    return DataError(f"{where}: no {field!r} {noun} (training.data.text_field); {holder} has {shown}{hint}")
+
+
+def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[tuple[int, str]]:
+    """(row, text) of each document of a table: a ``.csv`` or ``.tsv`` file with a header
+    row naming its columns (``text_field`` is read, rows numbered by their line), or a
+    ``.json`` file holding an array of objects (numbered from 1) or JSON lines, as
+    ``datasets``' json loader reads both. Empty texts are dropped."""
+    import csv
+    import io
+    import json
+
+    where = f"training.data.paths: {path}"
+    text = text.removeprefix("\ufeff")
+    if kind == "json":
+        if not text.lstrip().startswith("["):
+            yield from _json_lines(path, text, text_field)
+            return
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+        for number, record in enumerate(records, start=1):
+            if not isinstance(record, dict):
+                raise DataError(f"{where}: item {number} is a JSON {type(record).__name__}, not an object with "
+                                f"its text under training.data.text_field ({text_field!r})")
+            if text_field not in record:
+                raise _missing_field(f"{where}: item {number}", text_field, list(record),
+                                     [k for k, v in record.items() if isinstance(v, str)], holder="this item")
+            value = record[text_field]
+            if not isinstance(value, str):
+                kind_of = "null" if value is None else f"a JSON {type(value).__name__}"
+                raise DataError(f"{where}: item {number}: {text_field!r} (training.data.text_field) is {kind_of}, "
+                                "not a string")
+            value, _ = _plain_text(value)
+            if value.strip():
+                yield number, value
+        return
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "tsv" else ",")
+    columns = list(reader.fieldnames or [])
+    if text_field not in columns:
+        # every column is text: the one with the longest values in the first rows is offered first
+        first = [row for _, row in zip(range(50), reader, strict=False)]
+        longest = sorted(columns, key=lambda c: -sum(len(row.get(c) or "") for row in first))
+        raise _missing_field(f"{where}:1", text_field, columns, longest, noun="column", holder="the header row")
+    for row in reader:
+        value = row.get(text_field)
+        if value is None:
+            raise DataError(f"{where}:{reader.line_num}: the row ends before its {text_field!r} column "
+                            f"(training.data.text_field): {len([v for v in row.values() if v is not None])} of "
+                            f"the header's {len(columns)} columns")
+        value, _ = _plain_text(value)
+        if value.strip():
+            yield reader.line_num, value
 
 
 def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, str]]:
@@ -206,12 +272,8 @@ def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, s
             raise DataError(f"{where}:{number}: a JSON {type(record).__name__}, not an object; a .jsonl file holds "
                             f"one object per line, its text under training.data.text_field ({text_field!r})")
         if text_field not in record:
-            has = ", ".join(map(repr, list(record)[:8])) or "no fields"
-            texts = [key for key, value in record.items() if isinstance(value, str)]
-            hint = (f": to read its {texts[0]!r}, set training.data.text_field={texts[0]}"
-                    f"{' (or another of its text fields)' if len(texts) > 1 else ''}") if texts else ""
-            raise DataError(f"{where}:{number}: no {text_field!r} field (training.data.text_field); this line "
-                            f"has {has}{hint}")
+            raise _missing_field(f"{where}:{number}", text_field, list(record),
+                                 [key for key, value in record.items() if isinstance(value, str)], holder="this line")
         value = record[text_field]
         if not isinstance(value, str):
             kind = "null" if value is None else f"a JSON {type(value).__name__}"
@@ -300,13 +362,6 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
         # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
         corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {_mb(size)} MB of "
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
-    tables = [key for key, path in keyed if key not in corpus.skipped and _is_table(path)]
-    if tables:
-        # a CSV or JSON file is trained on as it is written: header, commas, quotes and braces
-        its = "its" if len(tables) == 1 else "their"
-        corpus.notes.append(f"{_names(tables)} read as plain text, {its} markup included (.csv, .tsv and .json "
-                            "are not parsed; for one document per row, write JSON lines: a .jsonl file with a "
-                            "training.data.text_field)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]

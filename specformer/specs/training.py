@@ -144,8 +144,9 @@ class StdlibDataSpec(Spec):
 
 class FilesDataSpec(Spec):
     """Local text files: paths or globs (``**`` recurses), one document per file; ``.gz``,
-    ``.bz2`` and ``.xz`` files are read decompressed, and a JSON-lines file (``.jsonl``,
-    ``.ndjson``) gives one document per line."""
+    ``.bz2`` and ``.xz`` files are read decompressed, a JSON-lines file (``.jsonl``,
+    ``.ndjson``) gives one document per line, and a table (``.csv``, ``.tsv`` with a header
+    row, ``.json``) one per row."""
 
     type: Literal["files"] = "files"
     paths: tuple[str, ...] = Field(
@@ -163,7 +164,8 @@ class FilesDataSpec(Spec):
         "larger than the cap is read whole, and the run's data line says so.",
     )
     text_field: str = Field(
-        "text", min_length=1, description="The field of each line of a .jsonl file that holds its document's text."
+        "text", min_length=1, description="The field of each .jsonl line, .json object or .csv/.tsv column that "
+        "holds a document's text."
     )
 
     @field_validator("paths", mode="before")

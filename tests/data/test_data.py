@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import json
 import os
 import sysconfig
 from pathlib import Path
@@ -137,19 +138,42 @@ def test_a_utf16_file_is_left_out_with_how_to_make_it_readable(tmp_path: Path) -
         files_corpus(FilesDataSpec(paths=(str(tmp_path / "notepad.txt"),)))
 
 
-def test_a_csv_or_json_file_read_as_plain_text_is_said(tmp_path: Path) -> None:
-    # only JSON lines are parsed: a table is trained on with its header and commas, and the data line says so
-    (tmp_path / "rows.csv").write_text("id,text\n" + "".join(f'{i},"row number {i}"\n' for i in range(40)))
-    (tmp_path / "records.json.gz").write_bytes(__import__("gzip").compress(b'[{"text": "a record"}]\n' * 40))
-    (tmp_path / "notes.txt").write_text("plain notes\n" * 40)
+def test_csv_tsv_and_json_files_give_one_document_per_row(tmp_path: Path) -> None:
+    # a table's text_field column (a header row names them; quoted commas and newlines are
+    # the text's), a JSON array's objects, or JSON lines in a .json file: never the markup
+    (tmp_path / "rows.csv").write_text("id,text\n" + "".join(f'{i},"row {i}, with a comma"\n' for i in range(30))
+                                       + '30,"two\nlines"\n31,\n')
+    (tmp_path / "rows.tsv").write_text("text\tlabel\n" + "".join(f"tab row {i}\t{i % 2}\n" for i in range(5)))
+    (tmp_path / "records.json.gz").write_bytes(__import__("gzip").compress(
+        json.dumps([{"text": f"record {i}"} for i in range(5)]).encode()))
+    (tmp_path / "lines.json").write_text("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(5)))
     corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
-    assert corpus.notes == ["records.json.gz, rows.csv read as plain text, their markup included (.csv, .tsv and "
-                            ".json are not parsed; for one document per row, write JSON lines: a .jsonl file "
-                            "with a training.data.text_field)"]
-    assert any(text.startswith("id,text\n0,\"row number 0\"") for text in [*corpus.train, *corpus.val])
-    assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "rows.csv"),))).notes[0].startswith(
-        "rows.csv read as plain text, its markup included")
-    assert files_corpus(FilesDataSpec(paths=(str(tmp_path / "notes.txt"),))).notes == []
+    documents = sorted([*corpus.train, *corpus.val])
+    assert len(documents) == 31 + 5 + 5 + 5  # the empty row 31 is dropped
+    assert "row 7, with a comma" in documents and "two\nlines" in documents
+    assert {"tab row 0", "record 4", "line 2"} <= set(documents)
+    assert not any("," in d and d.startswith(("id", "0,")) or "{" in d for d in documents)
+    keys = {*corpus.train_ids, *corpus.val_ids}
+    assert {"rows.csv:2", "rows.csv:33", "rows.tsv:2", "records.json.gz:1", "lines.json:5"} <= keys  # line / item
+    assert corpus.notes == []
+
+
+def test_a_table_without_the_text_column_names_the_one_to_read(tmp_path: Path) -> None:
+    (tmp_path / "reviews.csv").write_text("id,stars,review\n1,5,a long review of the product\n2,1,too short\n")
+    with pytest.raises(DataError) as err:
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "reviews.csv"),)))
+    assert str(err.value) == (
+        f"training.data.paths: {tmp_path / 'reviews.csv'}:1: no 'text' column (training.data.text_field); the "
+        "header row has 'id', 'stars', 'review': to read its 'review', set training.data.text_field=review (or "
+        "another of its text columns)"
+    )
+    assert len(files_corpus(FilesDataSpec(paths=(str(tmp_path / "reviews.csv"),), text_field="review")).train) >= 1
+    (tmp_path / "items.json").write_text('[{"text": "fine"}, ["not", "an", "object"]]')
+    with pytest.raises(DataError, match=r"items.json: item 2 is a JSON list, not an object"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "items.json"),)))
+    (tmp_path / "short.csv").write_text("id,text\n1,ok\n2\n")
+    with pytest.raises(DataError, match=r"short.csv:3: the row ends before its 'text' column"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "short.csv"),)))
 
 
 def test_files_split_does_not_move_when_other_paths_are_added(tmp_path: Path) -> None:

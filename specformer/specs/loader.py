@@ -806,7 +806,8 @@ def load_spec_data(
     else:
         ref = str(source)
         path = Path(ref).expanduser()
-        if path.is_file():
+        # a bare preset name is the preset, as in `extends:` (./name is a file of that name)
+        if path.is_file() and (_looks_like_path(ref) or ref not in preset_names()):
             resolved = path.resolve()
         else:
             resolved = _resolve_source(ref, None, None)

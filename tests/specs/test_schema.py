@@ -375,3 +375,11 @@ def test_a_mapping_given_another_type_keeps_the_fields_of_its_whole_family(tmp_p
     # a positional scheme has no such fields: another type is the new mapping alone
     assert deep_merge({"positional": {"type": "rope", "base": 5e5}}, {"positional": {"type": "alibi"}}) == {
         "positional": {"type": "alibi"}}
+
+
+def test_a_bare_preset_name_is_the_preset_beside_a_file_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt-nano").write_text("extends: gpt-nano\nd_model: 64\n")
+    (tmp_path / "child.yaml").write_text("extends: gpt-nano\n")
+    assert load_spec("gpt-nano").d_model == load_spec("child.yaml").d_model == 128  # as extends reads it
+    assert load_spec("./gpt-nano").d_model == 64

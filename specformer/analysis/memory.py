@@ -12,6 +12,9 @@ step (linear layers, and the token table a tied head projects with); norms, posi
 and segment tables, T5's position bias and a token table that is only looked up stay
 in fp32.
 
+With ``training.activation_checkpointing``, each layer keeps only its input and one layer's
+activations are alive at a time, in the backward pass that computes them again.
+
 Activations are what autograd saves for the backward pass, counted tensor by tensor
 for the spec's layers, after the accounting of Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1), generalised to
@@ -212,6 +215,8 @@ def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-
         per_seq += n_embeds * t * d * act
     if emb.dropout > 0:
         per_seq += n_embeds * t * d
+    checkpointing = bool(getattr(spec.training, "activation_checkpointing", False))
+    layer_costs: list[float] = []  # what each layer keeps, per sequence
     for role, stack in spec.stacks():
         for layer in stack.layers():
             res_drop = layer.residual.dropout > 0
@@ -226,9 +231,15 @@ def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-
             tok += _ffn_saved(layer.ffn, d, act)
             tok += n_norms * d * act  # norm inputs
             tok += 2 * d if res_drop else 0
-            per_seq += t * tok
+            layer_costs.append(t * tok)
         if stack.final_norm:
             per_seq += t * d * act
+    if checkpointing and layer_costs:
+        # each layer keeps its input (the residual stream, in the weights' dtype) and runs
+        # again in the backward pass, where one layer's activations are alive at a time
+        per_seq += len(layer_costs) * t * d * p.weight + max(layer_costs)
+    else:
+        per_seq += sum(layer_costs)
     if spec.kind == "encoder-decoder":
         per_seq += t * d * act  # the encoder output, input of every kv_proj (kept once)
     head = spec.head

@@ -62,6 +62,8 @@ class SpecModule(L.LightningModule):
     # ------------------------------------------------------------------ model
 
     def configure_model(self) -> None:
+        if self.spec.training.activation_checkpointing:
+            self.model.gradient_checkpointing_enable()
         if self.spec.training.compile and self._compiled is None:
             # kept out of the module tree so state-dict names stay those of the model
             self.__dict__["_compiled"] = torch.compile(self.model)

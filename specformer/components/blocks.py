@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from specformer.components.attention import Attention
 from specformer.components.cache import CacheNotFilledError, KVCache
@@ -254,6 +255,7 @@ class Stack(nn.Module):
         self.add_module(positional.module_name, positional)
         self.final_norm = final_norm
         self.causal = causal
+        self.checkpoint_layers = False  # activation checkpointing (the model's gradient_checkpointing_enable)
 
     @property
     def positional_module(self) -> Positional:
@@ -305,8 +307,19 @@ class Stack(nn.Module):
         )
         all_weights: list[Tensor] = []
         all_cross: list[Tensor] = []
+        recompute = self.checkpoint_layers and self.training and torch.is_grad_enabled() and cache is None \
+            and not need_weights
+        if recompute:
+            # the masks are built once, here, not inside the first layer that asks: a layer run
+            # again in the backward pass must save the same tensors as its first run did
+            for layer in self.layers:
+                s.self_mask(getattr(getattr(layer, "self_attn", None), "sliding_window", None))
         for layer in self.layers:
-            x, weights, cross_weights = layer(x, s)
+            if recompute:
+                # keeps the layer's input; its forward runs again in the backward pass
+                x, weights, cross_weights = checkpoint(layer, x, s, use_reentrant=False)
+            else:
+                x, weights, cross_weights = layer(x, s)
             if need_weights:
                 all_weights.append(weights)
                 if cross_weights is not None:

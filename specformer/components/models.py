@@ -209,6 +209,26 @@ class _Model(nn.Module):
         """Distinct parameters (a tied matrix counts once), as Hugging Face's ``num_parameters``."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
+    def gradient_checkpointing_enable(self) -> None:
+        """Activation checkpointing, as Hugging Face's method of this name: in training, each
+        layer keeps only its input for the backward pass and runs its forward again there
+        (``torch.utils.checkpoint``, dropout masks repeated), trading about a third more
+        compute for the layers' activations. Decoding with a cache, and forwards asked for
+        attention weights, run as usual. ``training.activation_checkpointing: true`` sets it."""
+        self._set_checkpointing(True)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self._set_checkpointing(False)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return any(getattr(m, "checkpoint_layers", False) for m in self.modules())
+
+    def _set_checkpointing(self, enabled: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, Stack):
+                module.checkpoint_layers = enabled
+
 
 class DecoderModel(_Model):
     """Decoder-only Transformer (GPT, Llama): embed -> causal stack -> head."""

@@ -459,6 +459,10 @@ class TrainingSpec(Spec):
         "32", description="32 (or fp32), bf16-mixed (or bf16), 16-mixed (or 16; GPU), bf16-true or 64."
     )
     compile: bool = Field(False, description="Compile the model with torch.compile.")
+    activation_checkpointing: bool = Field(
+        False, description="Keep each layer's input only and run its forward again in the backward pass "
+        "(Hugging Face's gradient checkpointing): the layers' activations for about a third more compute."
+    )
     strategy: str = Field("auto", description="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ...")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
         "auto", description="Lightning accelerator: auto, cpu, gpu, cuda, mps, tpu."

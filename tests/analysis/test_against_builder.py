@@ -169,12 +169,15 @@ def test_flops_match_flop_counter(name: str, overrides: list[str]) -> None:
 # --------------------------------------------------------------------------- measured activations
 
 
-def _saved_activation_bytes(spec, batch: int, seq_len: int) -> int:
+def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bool = False) -> int:
     """Bytes of the distinct tensors autograd saves in a training forward (weights excluded),
     with the loss computed as training computes it (``labels=``; a masked-LM head on its
-    labelled positions, ``mask_prob`` of them)."""
+    labelled positions, ``mask_prob`` of them). With ``checkpointing``, what the
+    checkpointed layers save (for their recomputation only) is not seen."""
     torch.manual_seed(0)
     model = build_model(spec).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -216,6 +219,27 @@ def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[st
     measured = _saved_activation_bytes(spec, 2, 64)
     estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="fp32")
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
+
+
+@pytest.mark.parametrize("name", ["gpt-nano", "bert-nano"])
+def test_activation_checkpointing_keeps_the_layers_inputs_and_one_layer(name: str) -> None:
+    # measured: what a checkpointed forward saves outside its layers, and (from the forward
+    # without it) what each layer saves; each layer then keeps its input, (B, T, D) float32
+    from specformer.analysis import activation_bytes
+
+    spec = load_spec(name, overrides=["training.activation_checkpointing=true"])
+    full = _saved_activation_bytes(spec, 2, 64)
+    outside = _saved_activation_bytes(spec, 2, 64, checkpointing=True)
+    n_layers = sum(stack.n_layers for _, stack in spec.stacks())
+    per_layer = (full - outside) / n_layers
+    assert per_layer > 2 * 64 * spec.d_model * 4  # a layer keeps far more than its input
+    measured = outside + n_layers * 2 * 64 * spec.d_model * 4 + per_layer
+    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="fp32")
+    assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
+    plain = activation_bytes(spec.model_copy(update={"training": {**spec.training.model_dump(),
+                                                                   "activation_checkpointing": False}}),
+                             batch=2, seq_len=64, dtype="fp32")
+    assert estimate < 0.6 * plain
 
 
 @pytest.mark.parametrize(

@@ -68,3 +68,32 @@ def test_a_7b_model_counts_its_flops_on_the_meta_device() -> None:
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
         model(ids)
     assert counter.get_total_flops() / 256 == flops_per_token(spec, 256, count="executed").forward
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])
+@pytest.mark.parametrize("positional", ["rope", "t5", "learned"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny: Tiny, kind: str, positional: str) -> None:
+    import copy
+
+    # dropout on: the recomputed forward must draw the same masks
+    spec = tiny(kind, positional={"type": positional}, embedding={"dropout": 0.1},
+                stack={"residual": {"dropout": 0.1}, "attention": {"sliding_window": 5}})
+    torch.manual_seed(0)
+    plain = build_model(spec).train()
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.gradient_checkpointing_enable()
+    assert checkpointed.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    ids = torch.randint(0, spec.vocab_size, (2, 9))
+    labels = torch.randint(0, spec.vocab_size, (2, 9))
+    extra = {"decoder_input_ids": ids} if kind == "encoder-decoder" else {}
+    losses = []
+    for model in (plain, checkpointed):
+        torch.manual_seed(1)
+        loss = model(ids, labels=labels, **extra).loss
+        loss.backward()
+        losses.append(loss)
+    assert torch.equal(losses[0], losses[1])
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+    checkpointed.gradient_checkpointing_disable()
+    assert not checkpointed.is_gradient_checkpointing

@@ -37,6 +37,25 @@ def test_each_objective_lowers_the_validation_loss(tiny, kind: str, objective: s
         assert result.exact_match is not None and 0.0 <= result.exact_match <= 1.0
 
 
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_activation_checkpointing_trains_the_same_run(tiny, kind: str) -> None:
+    import lightning as L
+
+    seen: list[bool] = []
+
+    class Seen(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
+            seen.append(module.model.is_gradient_checkpointing)
+
+    plain = train(load_spec(tiny(kind, max_steps=6, val_interval=3)), progress=False, callbacks=[Seen()])
+    checkpointed = train(load_spec(tiny(kind, max_steps=6, val_interval=3, activation_checkpointing=True)),
+                         progress=False, callbacks=[Seen()])
+    assert seen == [False, True]
+    assert [h["val/loss"] for h in checkpointed.history] == pytest.approx(
+        [h["val/loss"] for h in plain.history], abs=1e-5)
+    assert checkpointed.train_loss == pytest.approx(plain.train_loss, abs=1e-5)
+
+
 def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path) -> None:
     spec = load_spec(tiny("decoder", max_steps=12, val_interval=6, log_interval=2))
     result = train(spec, progress=False)

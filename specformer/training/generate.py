@@ -403,6 +403,8 @@ def beam_search(
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1 (1 is greedy), got {num_beams!r}")
     b, k = input_ids.shape[0], num_beams
+    if max_new_tokens == 0:  # nothing to search: the prompts (an encoder-decoder's empty outputs)
+        return input_ids[:, :0] if start_id is not None else input_ids
     fill = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
     dev = input_ids.device
 

@@ -404,6 +404,7 @@ def test_beam_search_of_an_encoder_decoder_drops_the_start_token(tiny: Any) -> N
 def test_beam_search_checks_its_arguments(tiny: Any) -> None:
     spec, model = _model(tiny, "decoder")
     prompt = torch.randint(3, 256, (1, 4))
+    assert torch.equal(beam_search(model, prompt, num_beams=2, max_new_tokens=0, eos_id=None), prompt)
     with pytest.raises(ValueError, match="num_beams must be an integer >= 1"):
         beam_search(model, prompt, num_beams=0, max_new_tokens=3, eos_id=None)
     with pytest.raises(ValueError, match="must fit max_seq_len"):

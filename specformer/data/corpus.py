@@ -222,15 +222,7 @@ def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[t
             if not isinstance(record, dict):
                 raise DataError(f"{where}: item {number} is a JSON {type(record).__name__}, not an object with "
                                 f"its text under training.data.text_field ({text_field!r})")
-            if text_field not in record:
-                raise _missing_field(f"{where}: item {number}", text_field, list(record),
-                                     [k for k, v in record.items() if isinstance(v, str)], holder="this item")
-            value = record[text_field]
-            if not isinstance(value, str):
-                kind_of = "null" if value is None else f"a JSON {type(value).__name__}"
-                raise DataError(f"{where}: item {number}: {text_field!r} (training.data.text_field) is {kind_of}, "
-                                "not a string")
-            value, _ = _plain_text(value)
+            value = _record_text(record, text_field, f"{where}: item {number}", holder="this item")
             if value.strip():
                 yield number, value
         return
@@ -271,16 +263,22 @@ def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, s
         if not isinstance(record, dict):
             raise DataError(f"{where}:{number}: a JSON {type(record).__name__}, not an object; a .jsonl file holds "
                             f"one object per line, its text under training.data.text_field ({text_field!r})")
-        if text_field not in record:
-            raise _missing_field(f"{where}:{number}", text_field, list(record),
-                                 [key for key, value in record.items() if isinstance(value, str)], holder="this line")
-        value = record[text_field]
-        if not isinstance(value, str):
-            kind = "null" if value is None else f"a JSON {type(value).__name__}"
-            raise DataError(f"{where}:{number}: {text_field!r} (training.data.text_field) is {kind}, not a string")
-        value, _ = _plain_text(value)
+        value = _record_text(record, text_field, f"{where}:{number}", holder="this line")
         if value.strip():
             yield number, value
+
+
+def _record_text(record: dict[str, Any], text_field: str, place: str, *, holder: str) -> str:
+    """The ``text_field`` string of a JSON object, in plain text; a missing field or one that
+    is not a string is an error at ``place`` (``holder`` names the object in it)."""
+    if text_field not in record:
+        raise _missing_field(place, text_field, list(record),
+                             [key for key, value in record.items() if isinstance(value, str)], holder=holder)
+    value = record[text_field]
+    if not isinstance(value, str):
+        kind = "null" if value is None else f"a JSON {type(value).__name__}"
+        raise DataError(f"{place}: {text_field!r} (training.data.text_field) is {kind}, not a string")
+    return _plain_text(value)[0]
 
 
 # compressed files are read as the text inside them (standard-library codecs only)

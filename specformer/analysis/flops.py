@@ -23,15 +23,19 @@ Conventions (see ``docs/analysis.md``):
   product (Kaplan et al. 2020, section 2.1). A masked-LM head is the exception: training
   runs it on the labelled tokens only (``mask_prob`` of them), so the step counts 3× its
   forward on those.
+* A part built from a type registered by a plugin (an attention, an FFN, a head) has no
+  formula here: it is left out of the counts and named in ``not_counted``, so that
+  ``forward`` and ``training`` are then the FLOPs of the other parts only. Norms and
+  positional schemes are outside the count whatever their type.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from specformer.analysis.params import AnalysisError, as_spec, whole_number
+from specformer.analysis.params import BUILT_IN_TYPES, as_spec, plugin_components, whole_number
 
 __all__ = ["FlopCounts", "flops_per_token", "mean_attended_keys", "TRAINING_MULTIPLIER"]
 
@@ -45,13 +49,15 @@ class FlopCounts:
     head's part only for its ``mask_prob`` of labelled tokens), and the
     forward split into components (``decoder.attention.proj``, ``decoder.attention.scores``,
     ``decoder.cross_attention.proj``, ``decoder.cross_attention.scores``, ``decoder.ffn``,
-    ``head``)."""
+    ``head``). ``not_counted`` names the parts built from a plugin's type, which have no
+    formula and are left out of every figure (``{"decoder.ffn": "ffn type 'relu2'"}``)."""
 
     seq_len: int
     count: str
     forward: int
     training: int
     components: dict[str, int]
+    not_counted: dict[str, str] = field(default_factory=dict)
 
     @property
     def non_embedding_forward(self) -> int:
@@ -65,6 +71,7 @@ class FlopCounts:
             "forward": self.forward,
             "training": self.training,
             "components": dict(self.components),
+            "not_counted": dict(self.not_counted),
         }
 
 
@@ -97,18 +104,6 @@ def _attention_scores(att: Any, seq_len: int, *, causal: bool, count: Count) -> 
     return 2 * 2 * att.n_heads * att.head_dim * keys_total
 
 
-def _check_types(spec: Any) -> None:
-    for role, stack in spec.stacks():
-        for i in range(stack.n_layers):
-            layer = stack.layer(i)
-            for name, part in (("attention", layer.attention), ("cross_attention", layer.cross_attention),
-                               ("ffn", layer.ffn)):
-                if part is not None and part.type not in ("mha", "mlp", "glu"):
-                    raise AnalysisError(
-                        f"{role}.{name}: no analytic FLOP count for type {part.type!r} (layer {i})"
-                    )
-
-
 def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "needed") -> FlopCounts:
     """Forward and training FLOPs per token of ``spec`` at ``seq_len`` (default: max_seq_len).
 
@@ -118,7 +113,8 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     if count not in ("needed", "executed"):
         raise ValueError(f"count must be 'needed' or 'executed', got {count!r}")
     t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
-    _check_types(spec)
+    not_counted = {key: text for key, text in plugin_components(spec).items()
+                   if key == "head" or key.endswith(("attention", ".ffn"))}
     d = spec.d_model
     # totals over one sequence of t tokens (per stack); divided by t at the end
     totals: dict[str, int] = {}
@@ -131,18 +127,21 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
         for i in range(stack.n_layers):
             layer = stack.layer(i)
             att = layer.attention
-            h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
-            add(f"{role}.attention.proj", t * 2 * (d * (h + 2 * hkv) * dh + h * dh * d))
-            add(f"{role}.attention.scores", _attention_scores(att, t, causal=causal, count=count))
+            if att.type in BUILT_IN_TYPES["attention"]:
+                h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
+                add(f"{role}.attention.proj", t * 2 * (d * (h + 2 * hkv) * dh + h * dh * d))
+                add(f"{role}.attention.scores", _attention_scores(att, t, causal=causal, count=count))
             ca = layer.cross_attention
-            if ca is not None and role == "decoder" and spec.kind == "encoder-decoder":
+            if (ca is not None and role == "decoder" and spec.kind == "encoder-decoder"
+                    and ca.type in BUILT_IN_TYPES["attention"]):
                 ch, ckv, cdh = ca.n_heads, ca.n_kv_heads, ca.head_dim
                 # q and o over the t target tokens, k/v over the t source tokens
                 add(f"{role}.cross_attention.proj", t * 2 * (2 * d * ch * cdh + d * 2 * ckv * cdh))
                 add(f"{role}.cross_attention.scores", 2 * 2 * ch * cdh * t * t)
             ffn = layer.ffn
-            n_mats = 3 if ffn.type == "glu" else 2
-            add(f"{role}.ffn", t * 2 * n_mats * d * ffn.d_ff)
+            if ffn.type in BUILT_IN_TYPES["ffn"]:
+                n_mats = 3 if ffn.type == "glu" else 2
+                add(f"{role}.ffn", t * 2 * n_mats * d * ffn.d_ff)
     head = spec.head
     if head.type == "lm":
         add("head", t * 2 * d * spec.vocab_size)
@@ -151,8 +150,6 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     elif head.type == "classification":
         # one pooled vector per sequence
         add("head", 2 * (d * d * int(head.pooler) + d * head.n_classes))
-    else:
-        raise AnalysisError(f"head: no analytic FLOP count for head type {head.type!r}")
     components = {k: round(v / t) for k, v in totals.items()}
     forward = round(sum(totals.values()) / t)
     trained = sum(totals.values())
@@ -165,4 +162,5 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
         forward=forward,
         training=round(TRAINING_MULTIPLIER * trained / t),
         components=components,
+        not_counted=not_counted,
     )

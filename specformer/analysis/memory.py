@@ -29,19 +29,29 @@ labelled rows only (``mask_prob`` of them). T5's trained position bias has no fu
 attention kernel, so its self-attention keeps the probabilities as ``eager`` does.
 The sum of all parts is an upper bound on the peak: activations and gradients never
 reach their maxima together.
+
+A part built from a type registered by a plugin (an attention, FFN, norm, positional
+scheme or head) has its weights, gradients and optimizer states counted exactly, from the
+model built on the meta device; what it keeps for the backward pass and which of its
+weights autocast copies only its module knows, so they are left out of ``activations``
+and ``weight_casts`` and the part is named in ``MemoryEstimate.not_counted``. A plugin's
+self-attention stores keys and values as it chooses, so the public KV-cache functions
+refuse it (:class:`AnalysisError`) and :func:`specformer.analysis.analyze` reports the
+other layers' cache with the plugin's layers named as not counted.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specformer.analysis.params import (
+    BUILT_IN_TYPES,
     AnalysisError,
     as_spec,
     count_parameters,
-    parameter_shapes,
+    plugin_components,
     whole_number,
 )
 
@@ -117,48 +127,63 @@ def dtype_bytes(dtype: str) -> int:
                          f"or a training precision ({', '.join(PRECISIONS)})") from None
 
 
-def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16") -> int:
+def _cached_attention(spec: Any, *, cross: bool = False, skip_plugins: bool = False) -> list[Any]:
+    """The decoder's self- (or cross-) attention specs whose keys and values the cache holds,
+    one per layer. A plugin's attention type stores what it chooses: refused, or left out
+    with ``skip_plugins`` (whoever asks names it as not counted)."""
+    if spec.decoder is None or (cross and spec.kind != "encoder-decoder"):
+        return []
+    out = []
+    for layer in spec.decoder.layers():
+        att = layer.cross_attention if cross else layer.attention
+        if att is None:
+            continue
+        if att.type not in BUILT_IN_TYPES["attention"]:
+            if skip_plugins:
+                continue
+            which = "decoder.cross_attention" if cross else "decoder.attention"
+            raise AnalysisError(f"{which}: no KV-cache count for attention type {att.type!r}, which stores "
+                                "its keys and values as its own module chooses")
+        out.append(att)
+    return out
+
+
+def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16", *, skip_plugins: bool = False) -> int:
     """Bytes of decoder self-attention K and V cached per generated token, all layers.
 
     ``2 · n_kv_heads · head_dim`` elements per layer; 0 for an encoder-only model. A
-    layer with a sliding window W never holds more than W tokens.
+    layer with a sliding window W never holds more than W tokens. A plugin's attention
+    type is an :class:`AnalysisError`, or left out with ``skip_plugins``.
     """
     spec = as_spec(spec)
     b = dtype_bytes(dtype)
-    if spec.decoder is None:
-        return 0
-    return sum(2 * layer.attention.n_kv_heads * layer.attention.head_dim * b for layer in spec.decoder.layers())
+    return sum(2 * att.n_kv_heads * att.head_dim * b for att in _cached_attention(spec, skip_plugins=skip_plugins))
 
 
-def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf16") -> int:
+def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf16",
+                   skip_plugins: bool = False) -> int:
     """Bytes of decoder self-attention K and V held for the last token of ``batch``
     sequences of ``seq_len`` tokens: each layer holds ``min(seq_len, W)`` positions when
     it has a sliding window W (its cache is a rolling buffer), else ``seq_len``.
+    A plugin's attention type is an :class:`AnalysisError`, or left out with ``skip_plugins``.
     """
     spec = as_spec(spec)
     seq_len, batch = whole_number("seq_len", seq_len, 0), whole_number("batch", batch, 0)
     b = dtype_bytes(dtype)
-    if spec.decoder is None:
-        return 0
     total = 0
-    for layer in spec.decoder.layers():
-        att = layer.attention
+    for att in _cached_attention(spec, skip_plugins=skip_plugins):
         held = seq_len if att.sliding_window is None else min(seq_len, att.sliding_window)
         total += 2 * att.n_kv_heads * att.head_dim * b * held
     return total * batch
 
 
-def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16") -> int:
-    """Bytes of cross-attention K and V cached per source token (encoder-decoder only)."""
+def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16", *, skip_plugins: bool = False) -> int:
+    """Bytes of cross-attention K and V cached per source token (encoder-decoder only).
+    A plugin's attention type is an :class:`AnalysisError`, or left out with ``skip_plugins``."""
     spec = as_spec(spec)
     b = dtype_bytes(dtype)
-    if spec.kind != "encoder-decoder" or spec.decoder is None:
-        return 0
-    return sum(
-        2 * layer.cross_attention.n_kv_heads * layer.cross_attention.head_dim * b
-        for layer in spec.decoder.layers()
-        if layer.cross_attention is not None
-    )
+    return sum(2 * att.n_kv_heads * att.head_dim * b
+               for att in _cached_attention(spec, cross=True, skip_plugins=skip_plugins))
 
 
 # --------------------------------------------------------------------------- activations
@@ -201,38 +226,57 @@ def _ffn_saved(ffn: Any, d: int, act: int) -> float:
 
 
 def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-mixed") -> int:
-    """Bytes autograd keeps for the backward pass of one training step (see module docstring)."""
+    """Bytes autograd keeps for the backward pass of one training step (see module docstring).
+    A part built from a plugin's type is an :class:`AnalysisError` (:func:`memory_estimate`
+    counts the other parts and names it)."""
+    total, not_counted = _activations(spec, batch=batch, seq_len=seq_len, dtype=dtype)
+    if not_counted:
+        key, what = next(iter(not_counted.items()))
+        raise AnalysisError(f"{key}: no activation count for {what}, which keeps what its own module chooses")
+    return total
+
+
+def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[int, dict[str, str]]:
+    """:func:`activation_bytes` of the parts with a formula, and the parts without (a
+    plugin's types: ``{"decoder.ffn": "ffn type 'relu2'"}``)."""
     spec = as_spec(spec)
     batch, seq_len = whole_number("batch", batch), whole_number("seq_len", seq_len)
     p = precision(dtype)
     act = p.activation
     d, v = spec.d_model, spec.vocab_size
+    not_counted = plugin_components(spec)
     per_seq = 0.0
     t = seq_len
     emb = spec.embedding
     n_embeds = 2 if spec.kind == "encoder-decoder" else 1
-    if emb.norm is not None:
+    if emb.norm is not None and "embedding.norm" not in not_counted:
         per_seq += n_embeds * t * d * act
     if emb.dropout > 0:
         per_seq += n_embeds * t * d
     checkpointing = bool(getattr(spec.training, "activation_checkpointing", False))
     layer_costs: list[float] = []  # what each layer keeps, per sequence
+    built_in = BUILT_IN_TYPES
     for role, stack in spec.stacks():
         for layer in stack.layers():
             res_drop = layer.residual.dropout > 0
             n_norms = 2
-            tok = _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5")
+            tok = 0.0
+            if layer.attention.type in built_in["attention"]:
+                tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5")
             if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
                 n_norms += 1
                 ca = layer.cross_attention
-                tok += _attention_saved(ca, d, t, act, kv_len=t)
-                tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
+                if ca.type in built_in["attention"]:
+                    tok += _attention_saved(ca, d, t, act, kv_len=t)
+                    tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
                 tok += d if res_drop else 0
-            tok += _ffn_saved(layer.ffn, d, act)
-            tok += n_norms * d * act  # norm inputs
+            if layer.ffn.type in built_in["ffn"]:
+                tok += _ffn_saved(layer.ffn, d, act)
+            if layer.norm.type in built_in["norm"]:
+                tok += n_norms * d * act  # norm inputs
             tok += 2 * d if res_drop else 0
             layer_costs.append(t * tok)
-        if stack.final_norm:
+        if stack.final_norm and stack.norm.type in built_in["norm"]:
             per_seq += t * d * act
     if checkpointing and layer_costs:
         # each layer keeps its input (the residual stream, in the weights' dtype) and runs
@@ -254,16 +298,18 @@ def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-
             per_seq += rows * 3 * d * act  # dense input, activation input, norm input
         per_seq += rows * d * p.weight  # gradient of the head's input, residual-stream dtype
         per_step += v * d * p.weight + (v * p.weight if head.bias else 0)  # weight (and bias) gradient
-    else:
+    elif head.type in built_in["head"]:
         per_seq += 2 * d * act
-    return int(round(batch * per_seq + per_step))
+    return int(round(batch * per_seq + per_step)), not_counted
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Training memory in bytes: ``weights``, ``gradients``, ``optimizer`` (the states of the
     spec's optimizer: AdamW's two moments by default), ``weight_casts`` (autocast copies),
-    ``activations`` and their ``total``."""
+    ``activations`` and their ``total``. ``not_counted`` names the parts built from a
+    plugin's type, whose activations and autocast copies are left out (their weights,
+    gradients and optimizer states are counted)."""
 
     batch: int
     seq_len: int
@@ -273,6 +319,7 @@ class MemoryEstimate:
     optimizer: int
     weight_casts: int
     activations: int
+    not_counted: dict[str, str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -289,17 +336,19 @@ class MemoryEstimate:
             "weight_casts": self.weight_casts,
             "activations": self.activations,
             "total": self.total,
+            "not_counted": dict(self.not_counted),
         }
 
 
-def autocast_copied_parameters(spec: Any) -> int:
+def autocast_copied_parameters(spec: Any, *, skip_plugins: bool = False) -> int:
     """Parameters that autocast copies to half precision in a mixed-precision step: the
     weights and biases of matrix products, and the token table a tied LM or MLM head
     projects with. Norms (layer, RMS, qk), position and segment tables, T5's position
     bias and a token table that is only looked up (untied, or a classification head's)
-    run in fp32 and are never copied."""
+    run in fp32 and are never copied. Which weights of a plugin's module go through a
+    matrix product only it knows: an :class:`AnalysisError`, or left out with ``skip_plugins``."""
     spec = as_spec(spec)
-    shapes = parameter_shapes(spec)
+    shapes = count_parameters(spec).shapes
     head_table = None
     if spec.embedding.tie_output and spec.head.type in ("lm", "mlm"):
         # an encoder-decoder with its own decoder table projects with that one
@@ -309,8 +358,37 @@ def autocast_copied_parameters(spec: Any) -> int:
         looked_up = name.startswith(("embed.", "decoder_embed.")) and name != head_table
         if looked_up or "norm." in name or name.endswith("rel_bias.weight"):
             continue
+        plugin = _plugin_part(spec, name)
+        if plugin is not None:
+            if skip_plugins:
+                continue
+            raise AnalysisError(f"{name}: no autocast count for {plugin}, whose module alone knows which "
+                                "weights go through a matrix product")
         total += math.prod(shape)
     return total
+
+
+def _plugin_part(spec: Any, name: str) -> str | None:
+    """The plugin type parameter ``name`` belongs to (``"ffn type 'relu2'"``), or ``None``."""
+    parts = name.split(".")
+    family, part = "", None
+    if parts[0] in ("encoder", "decoder") and len(parts) > 3 and parts[1] == "layers":
+        layer = getattr(spec, parts[0]).layer(int(parts[2]))
+        family, part = {"self_attn": ("attention", layer.attention), "cross_attn": ("attention", layer.cross_attention),
+                        "ffn": ("ffn", layer.ffn)}.get(parts[3], ("norm", layer.norm))
+    elif parts[0] in ("encoder", "decoder") and parts[1] == "final_norm":
+        family, part = "norm", getattr(spec, parts[0]).norm
+    elif parts[0] in ("encoder", "decoder") and parts[1] != "rel_bias":
+        family, part = "positional", spec.positional  # a stack's positional module, under its module_name
+    elif parts[0] in ("embed", "decoder_embed") and parts[1] == "positions":
+        family, part = "positional", spec.positional
+    elif parts[0] in ("embed", "decoder_embed") and parts[1] == "norm":
+        family, part = "norm", spec.embedding.norm
+    elif parts[0] == "head":
+        family, part = "head", spec.head
+    if part is None or part.type in BUILT_IN_TYPES[family]:
+        return None
+    return f"{family} type {part.type!r}"
 
 
 def optimizer_state_elements(spec: Any) -> int:
@@ -327,7 +405,7 @@ def optimizer_state_elements(spec: Any) -> int:
         return n if optimizer.momentum > 0 else 0
     if optimizer.type == "adafactor":
         total = 0
-        for shape in parameter_shapes(spec).values():
+        for shape in count_parameters(spec).shapes.values():
             if len(shape) >= 2:
                 total += math.prod(shape[:-2]) * (shape[-2] + shape[-1])
             else:
@@ -346,7 +424,8 @@ def memory_estimate(
     t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
     p = precision(dtype)
     n = count_parameters(spec).total
-    cast = autocast_copied_parameters(spec) if p.weight_cast else 0
+    cast = autocast_copied_parameters(spec, skip_plugins=True) if p.weight_cast else 0
+    activations, not_counted = _activations(spec, batch=batch, seq_len=t, dtype=p.name)
     return MemoryEstimate(
         batch=batch,
         seq_len=t,
@@ -355,5 +434,6 @@ def memory_estimate(
         gradients=n * p.grad,
         optimizer=optimizer_state_elements(spec) * p.optimizer,
         weight_casts=cast * p.weight_cast,
-        activations=activation_bytes(spec, batch=batch, seq_len=t, dtype=p.name),
+        activations=activations,
+        not_counted=not_counted,
     )

@@ -3,7 +3,9 @@
 The counter enumerates the state-dict parameters that :func:`specformer.builder.build_model`
 creates — every name and shape — so the total equals
 ``sum(p.numel() for p in model.parameters())`` of the built model, tied weights counted once.
-Names follow the state-dict contract documented in ``docs/analysis.md``.
+Names follow the state-dict contract documented in ``docs/analysis.md``. A spec that uses a
+type registered by a plugin, whose parameters only its module knows, is counted from the
+model built on the meta device (nothing allocated), as exactly.
 
 "Embedding" parameters (excluded from ``non_embedding``, as in Kaplan et al. 2020,
 "Scaling Laws for Neural Language Models") are every vocabulary- or position-sized
@@ -25,13 +27,72 @@ __all__ = [
     "is_embedding_parameter",
     "component_of",
     "AnalysisError",
+    "plugin_components",
+    "BUILT_IN_TYPES",
 ]
 
 Shape = tuple[int, ...]
 
 
 class AnalysisError(ValueError):
-    """A spec uses a type the analytic model does not know (e.g. a plugin entry)."""
+    """A spec uses a type the analytic model does not know (e.g. a plugin entry), or its
+    model, needed to count such a type, cannot be built."""
+
+
+# the types whose parameters, FLOPs and memory the analysis works out from the spec
+BUILT_IN_TYPES: dict[str, tuple[str, ...]] = {
+    "attention": ("mha",),
+    "ffn": ("mlp", "glu"),
+    "norm": ("layernorm", "rmsnorm"),
+    "positional": ("sinusoidal", "learned", "rope", "alibi", "t5", "none"),
+    "head": ("lm", "mlm", "classification"),
+}
+
+
+def _layer_span(indices: list[int]) -> str:
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"layer{'s' * (len(indices) > 1)} {text}"
+
+
+def plugin_components(spec: Any) -> dict[str, str]:
+    """The parts of ``spec`` built from a type the analysis has no formula for (a plugin's),
+    each with what it is: ``{"decoder.ffn": "ffn type 'relu2'", ...}``. The keys are the
+    groups of :func:`component_of` (``{stack}.attention``, ``{stack}.cross_attention``,
+    ``{stack}.ffn``, ``{stack}.norms``, ``head``), ``embedding.norm`` and ``positional``.
+    A part that only some layers take from a plugin names them (``layers 0-3``)."""
+    spec = as_spec(spec)
+    out: dict[str, str] = {}
+    for role, stack in spec.stacks():
+        found: dict[tuple[str, str, str], list[int]] = {}
+        for i in range(stack.n_layers):
+            layer = stack.layer(i)
+            parts = [("attention", "attention", layer.attention), ("ffn", "ffn", layer.ffn),
+                     ("norms", "norm", layer.norm)]
+            if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
+                parts.insert(1, ("cross_attention", "attention", layer.cross_attention))
+            for group, family, part in parts:
+                if part.type not in BUILT_IN_TYPES[family]:
+                    found.setdefault((group, family, part.type), []).append(i)
+        if stack.final_norm and stack.norm.type not in BUILT_IN_TYPES["norm"]:
+            found.setdefault(("norms", "norm", stack.norm.type), [])
+        for (group, family, kind), layers in found.items():
+            key = f"{role}.{group}"
+            every = len(layers) == stack.n_layers or not layers
+            text = f"{family} type {kind!r}" + ("" if every else f" ({_layer_span(layers)})")
+            out[key] = f"{out[key]}; {text}" if key in out else text
+    if spec.embedding.norm is not None and spec.embedding.norm.type not in BUILT_IN_TYPES["norm"]:
+        out["embedding.norm"] = f"norm type {spec.embedding.norm.type!r}"
+    if spec.positional.type not in BUILT_IN_TYPES["positional"]:
+        out["positional"] = f"positional type {spec.positional.type!r}"
+    if spec.head.type not in BUILT_IN_TYPES["head"]:
+        out["head"] = f"head type {spec.head.type!r}"
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,6 +111,8 @@ class ParamCounts:
     components: dict[str, int]
     per_layer: dict[str, list[dict[str, int]]] = field(repr=False)  # a dict per layer: too long to print
     shapes: dict[str, Shape] = field(repr=False)
+    # "analytic" (from the spec) or "meta build" (a plugin type: the model built on meta)
+    method: str = "analytic"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +120,7 @@ class ParamCounts:
             "non_embedding": self.non_embedding,
             "embedding": self.embedding,
             "components": dict(self.components),
+            "counted_from": self.method,
         }
 
 
@@ -286,15 +350,50 @@ def _component_rank(key: str) -> tuple[int, int, str]:
     return top, sub, key
 
 
+# the last specs counted from a meta build, by id (the spec is kept, so its id stays its own)
+_BUILT: dict[int, tuple[Any, dict[str, Shape]]] = {}
+
+
+def built_parameter_shapes(spec: Any) -> dict[str, Shape]:
+    """Every parameter of ``spec``'s model built on the meta device (nothing allocated), by
+    name, as ``dict(model.named_parameters())``: tied weights once. For a type only its own
+    module knows the parameters of (a plugin's); a model that cannot be built is an
+    :class:`AnalysisError` saying why."""
+    spec = as_spec(spec)
+    hit = _BUILT.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    from specformer.builder import build_model
+
+    try:
+        model = build_model(spec, device="meta")
+    except Exception as exc:
+        parts = ", ".join(f"{key} ({what})" for key, what in plugin_components(spec).items())
+        raise AnalysisError(f"{spec.name}: the model cannot be built on the meta device to count the "
+                            f"parameters of {parts or 'its types'}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    if len(_BUILT) >= 8:
+        _BUILT.pop(next(iter(_BUILT)))
+    _BUILT[id(spec)] = (spec, shapes)
+    return shapes
+
+
 def count_parameters(spec: Any) -> ParamCounts:
-    """Exact parameter counts of ``spec`` (a validated :class:`ModelSpec`); no torch needed.
+    """Exact parameter counts of ``spec`` (a validated :class:`ModelSpec`); no torch needed,
+    except for a type registered by a plugin: the model is then built on the meta device
+    (nothing allocated) and its parameters counted (``method="meta build"``).
 
     >>> from specformer import load_spec
     >>> count_parameters(load_spec("gpt2-small")).total
     124439808
     """
     spec = as_spec(spec)
-    shapes = parameter_shapes(spec)
+    method = "analytic"
+    try:
+        shapes = parameter_shapes(spec)
+    except AnalysisError:
+        shapes, method = built_parameter_shapes(spec), "meta build"
     components: dict[str, int] = {}
     per_layer: dict[str, list[dict[str, int]]] = {
         role: [
@@ -311,7 +410,7 @@ def count_parameters(spec: Any) -> ParamCounts:
         if is_embedding_parameter(name):
             embedding += n
         parts = name.split(".")
-        if parts[0] in per_layer and parts[1] == "layers":
+        if parts[0] in per_layer and parts[1] == "layers" and parts[3] in _LAYER_PART:
             per_layer[parts[0]][int(parts[2])][_LAYER_PART[parts[3]]] += n
     components = dict(sorted(components.items(), key=lambda kv: _component_rank(kv[0])))
     total = sum(components.values())
@@ -322,4 +421,5 @@ def count_parameters(spec: Any) -> ParamCounts:
         components=components,
         per_layer=per_layer,
         shapes=shapes,
+        method=method,
     )

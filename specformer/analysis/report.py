@@ -6,7 +6,7 @@ its keys are stable and documented in ``docs/analysis.md``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specformer.analysis.flops import Count, FlopCounts, flops_per_token
@@ -18,7 +18,7 @@ from specformer.analysis.memory import (
     memory_estimate,
     precision,
 )
-from specformer.analysis.params import ParamCounts, as_spec, count_parameters
+from specformer.analysis.params import ParamCounts, as_spec, count_parameters, plugin_components
 
 __all__ = ["SpecReport", "analyze", "architecture_rows"]
 
@@ -35,6 +35,8 @@ class SpecReport:
     cross_kv_cache_bytes_per_source_token: int
     kv_dtype: str
     memory: MemoryEstimate
+    # decoder attention built from a plugin's type, left out of the three KV-cache figures
+    kv_cache_not_counted: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -67,6 +69,7 @@ class SpecReport:
             "kv_cache_bytes": self.kv_cache_bytes,
             "cross_kv_cache_bytes_per_source_token": self.cross_kv_cache_bytes_per_source_token,
             "kv_cache_dtype": self.kv_dtype,
+            "kv_cache_not_counted": dict(self.kv_cache_not_counted),
             "memory": self.memory.to_dict(),
         }
 
@@ -81,20 +84,30 @@ def analyze(
     the KV cache is counted in its activation dtype. ``count`` is :func:`flops_per_token`'s:
     ``"needed"`` attention scores (the keys each query's mask allows) or ``"executed"``
     (every query against every key, as a dense kernel computes).
+
+    A spec with a type registered by a plugin gets its parameters counted from the model
+    built on the meta device; the FLOPs, KV cache and memory its module alone knows are left
+    out and the parts named in ``flops.not_counted``, ``kv_cache_not_counted`` and
+    ``memory.not_counted``.
     """
     spec = as_spec(spec)
     p = precision(dtype)
     memory = memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name)
     kv_dtype = "fp32" if p.activation == 4 else ("bf16" if "bf16" in p.name else "fp16")
+    kv_plugins = {k: v for k, v in plugin_components(spec).items()
+                  if k in ("decoder.attention", "decoder.cross_attention")}
     return SpecReport(
         spec=spec,
         params=count_parameters(spec),
         flops=flops_per_token(spec, seq_len, count=count),
-        kv_cache_bytes_per_token=kv_cache_bytes_per_token(spec, kv_dtype),
-        kv_cache_bytes=kv_cache_bytes(spec, seq_len=memory.seq_len, batch=memory.batch, dtype=kv_dtype),
-        cross_kv_cache_bytes_per_source_token=cross_kv_cache_bytes_per_source_token(spec, kv_dtype),
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(spec, kv_dtype, skip_plugins=True),
+        kv_cache_bytes=kv_cache_bytes(spec, seq_len=memory.seq_len, batch=memory.batch, dtype=kv_dtype,
+                                      skip_plugins=True),
+        cross_kv_cache_bytes_per_source_token=cross_kv_cache_bytes_per_source_token(spec, kv_dtype,
+                                                                                    skip_plugins=True),
         kv_dtype=kv_dtype,
         memory=memory,
+        kv_cache_not_counted=kv_plugins,
     )
 
 
@@ -127,9 +140,11 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
             label = role if len(groups) == 1 else f"{role}[{span}]"
             attention = f"{att.n_heads}/{att.n_kv_heads}"
             extras = []
+            if att.type != "mha":
+                extras.append(f"attention {att.type}")
             if att.sliding_window is not None:
                 extras.append(f"window {att.sliding_window}")
-            if att.qk_norm != "none":
+            if getattr(att, "qk_norm", "none") != "none":
                 extras.append(f"qk-{att.qk_norm}")
             if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
                 extras.append("cross-attn")
@@ -144,8 +159,8 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
                     "kv_heads": att.n_kv_heads,
                     "head_dim": att.head_dim,
                     "heads_text": attention,
-                    "d_ff": ffn.d_ff,
-                    "ffn": f"{ffn.type} {ffn.activation}",
+                    "d_ff": getattr(ffn, "d_ff", None),  # a plugin's FFN may size itself otherwise
+                    "ffn": " ".join(str(x) for x in (ffn.type, getattr(ffn, "activation", None)) if x),
                     "norm": f"{norm.type} ({norm.placement})",
                     "positional": _positional(spec),
                     "extras": ", ".join(extras),

@@ -198,16 +198,17 @@ def _check_options(output_format: str, dtype: str, flops_count: str = "needed") 
 
 
 def _analysis_errors(fn: Any) -> Any:
-    """Run ``fn``; turn a ValueError (unknown dtype, plugin type without analytic counts) into
-    a message and exit status 1."""
+    """Run ``fn``; turn a ValueError (unknown dtype, a plugin's module that cannot be built to
+    count it) into a message and exit status 1."""
     from specformer.analysis.params import AnalysisError
 
     try:
         return fn()
     except AnalysisError as exc:
-        print_error(str(exc), "a plugin type has no analytic counts; `specformer show SPEC --tree` (in Python "
-                    "build_model(spec, device='meta')) counts its parameters, and `specformer diff` compares "
-                    "such specs field by field")
+        # a plugin's module that fails when built on the meta device to count it
+        if exc.__cause__ is not None and os.environ.get("SPECFORMER_DEBUG"):
+            raise
+        print_error(str(exc), "set SPECFORMER_DEBUG=1 to see the full traceback" if exc.__cause__ else "")
         raise typer.Exit(1) from None
     except ValueError as exc:
         print_error(str(exc))
@@ -292,7 +293,27 @@ def _params_section(report: Any) -> Section:
     spec = report.spec
     if spec.embedding.tie_output and spec.head.type in ("lm", "mlm"):
         s.notes.append("Tied weights are counted once: the output projection is embed.tokens.")
+    if counts.method == "meta build":
+        from specformer.analysis.params import plugin_components
+
+        s.notes.append(f"Counted from the model built on the meta device (nothing allocated), for the plugin "
+                       f"types: {_parts(plugin_components(spec))}.")
     return s
+
+
+def _parts(not_counted: dict[str, str]) -> str:
+    """``decoder.ffn (ffn type 'relu2'), head (head type 'x')``."""
+    return ", ".join(f"{key} ({what})" for key, what in not_counted.items())
+
+
+def _without(not_counted: dict[str, str]) -> str:
+    """The words a figure that leaves ``not_counted`` out is labelled with: `` without decoder.ffn``."""
+    return f", without {', '.join(not_counted)}" if not_counted else ""
+
+
+def _at_least(text: str, not_counted: dict[str, str]) -> str:
+    """A figure missing the parts ``not_counted`` names is a lower bound: ``≥ 918 kFLOP``."""
+    return f"≥ {text}" if not_counted else text
 
 
 def _compute_section(report: Any) -> Section:
@@ -305,15 +326,21 @@ def _compute_section(report: Any) -> Section:
     if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
         training += ", the masked-LM head on its labelled tokens only"
     s.notes.append(f"Matrix products only, 2 FLOPs per multiply-add; {scores}; {training}.")
+    missing = f.not_counted
+    if missing:
+        s.notes.append(f"Not counted: {_parts(missing)}: a plugin's type has no FLOP formula, so the totals "
+                       "leave it out and are lower bounds.")
     for key, n in f.components.items():
-        s.rows.append([key, human_flops(n), f"{n / f.forward:.1%}"])
-    s.rows.append(["forward", human_flops(f.forward), f"{f.forward:,}"])
+        s.rows.append([key, human_flops(n), f"{n / f.forward:.1%}" if f.forward and not missing else ""])
+    for key in missing:
+        s.rows.append([key, "not counted", ""])
+    s.rows.append([f"forward{_without(missing)}", _at_least(human_flops(f.forward), missing), f"{f.forward:,}"])
     if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
         share = getattr(report.spec.training.objective, "mask_prob", 1.0)
         step = f"training step (3× forward, head on {share:.0%} of tokens)"
     else:
         step = "training step (3× forward)"
-    s.rows.append([step, human_flops(f.training), f"{f.training:,}"])
+    s.rows.append([f"{step}{_without(missing)}", _at_least(human_flops(f.training), missing), f"{f.training:,}"])
     s.bold_rows = {len(s.rows) - 2, len(s.rows) - 1}
     return s
 
@@ -335,25 +362,40 @@ def _memory_section(report: Any) -> Section:
         ["item", "bytes", "size"],
         right={1, 2},
     )
+    kv_missing = report.kv_cache_not_counted
+    self_missing = {k: v for k, v in kv_missing.items() if k == "decoder.attention"}
+    cross_missing = {k: v for k, v in kv_missing.items() if k == "decoder.cross_attention"}
     kv = report.kv_cache_bytes_per_token
-    s.rows.append([f"KV cache per token ({report.kv_dtype})", f"{kv:,}", human_bytes(kv)])
+    s.rows.append([f"KV cache per token ({report.kv_dtype}){_without(self_missing)}", f"{kv:,}",
+                   _at_least(human_bytes(kv), self_missing)])
     held = report.kv_cache_bytes  # sliding-window layers hold at most W positions
-    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}", f"{held:,}", human_bytes(held)])
-    if report.cross_kv_cache_bytes_per_source_token:
+    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}{_without(self_missing)}", f"{held:,}",
+                   _at_least(human_bytes(held), self_missing)])
+    if report.cross_kv_cache_bytes_per_source_token or cross_missing:
         c = report.cross_kv_cache_bytes_per_source_token
-        s.rows.append([f"cross-attention KV per source token ({report.kv_dtype})", f"{c:,}", human_bytes(c)])
-    for label, value in (
-        ("weights", m.weights),
-        ("gradients", m.gradients),
-        (states, m.optimizer),
-        ("autocast weight copies", m.weight_casts),
-        ("activations", m.activations),
+        s.rows.append([f"cross-attention KV per source token ({report.kv_dtype}){_without(cross_missing)}",
+                       f"{c:,}", _at_least(human_bytes(c), cross_missing)])
+    missing = m.not_counted
+    for label, value, partial in (
+        ("weights", m.weights, False),
+        ("gradients", m.gradients, False),
+        (states, m.optimizer, False),
+        ("autocast weight copies", m.weight_casts, True),
+        ("activations", m.activations, True),
     ):
-        if label == "autocast weight copies" and not value:
+        if label == "autocast weight copies" and not value and not (missing and m.dtype.endswith("mixed")):
             continue
-        s.rows.append([label, f"{value:,}", human_bytes(value)])
-    s.rows.append(["training total", f"{m.total:,}", human_bytes(m.total)])
+        gap = missing if partial else {}
+        s.rows.append([f"{label}{_without(gap)}", f"{value:,}", _at_least(human_bytes(value), gap)])
+    s.rows.append([f"training total{_without(missing)}", f"{m.total:,}", _at_least(human_bytes(m.total), missing)])
     s.bold_rows = {len(s.rows) - 1}
+    if kv_missing:
+        s.notes.append(f"KV cache not counted for {_parts(kv_missing)}: a plugin's attention stores its keys "
+                       "and values as its module chooses.")
+    if missing:
+        s.notes.append(f"Activations and autocast weight copies not counted for {_parts(missing)}: only a "
+                       "plugin's module knows what it keeps for the backward pass; its weights, gradients and "
+                       "optimizer states are counted (from the meta build).")
     return s
 
 
@@ -385,7 +427,9 @@ def show(
     """Show a spec's architecture, parameters, FLOPs per token, KV cache and training memory.
 
     Everything is computed from the spec (nothing is allocated), so a 70B spec takes
-    well under a second.
+    well under a second. A type registered by a plugin is counted from the model built
+    on the meta device: its parameters exactly; its FLOPs, KV cache and activations,
+    which only its module knows, are left out and named, the totals marked ≥.
 
     Examples:
 
@@ -614,27 +658,34 @@ def _changes_section(d: Any) -> Section:
     return s
 
 
-def _metric_rows(report: Any) -> list[tuple[str, float, Any]]:
-    """(label, value, formatter) of every compared number of one report."""
-    rows: list[tuple[str, float, Any]] = []
+def _metric_rows(report: Any) -> list[tuple[str, float, Any, dict[str, str]]]:
+    """(label, value, formatter, parts not counted) of every compared number of one report:
+    a figure that leaves out a plugin's part names it."""
+    rows: list[tuple[str, float, Any, dict[str, str]]] = []
+    exact: dict[str, str] = {}
     for key, n in report.params.components.items():
-        rows.append((f"params: {_component_label(key)}", n, lambda x: f"{x:,.0f}"))
-    rows.append(("params: total", report.params.total, lambda x: f"{x:,.0f}"))
-    rows.append(("params: non-embedding", report.params.non_embedding, lambda x: f"{x:,.0f}"))
+        rows.append((f"params: {_component_label(key)}", n, lambda x: f"{x:,.0f}", exact))
+    rows.append(("params: total", report.params.total, lambda x: f"{x:,.0f}", exact))
+    rows.append(("params: non-embedding", report.params.non_embedding, lambda x: f"{x:,.0f}", exact))
     at = f"@ {report.flops.seq_len}" + (" (executed)" if report.flops.count == "executed" else "")
-    rows.append((f"FLOPs/token forward {at}", report.flops.forward, human_flops))
-    rows.append((f"FLOPs/token training {at}", report.flops.training, human_flops))
-    rows.append((f"KV cache bytes/token ({report.kv_dtype})", report.kv_cache_bytes_per_token, lambda x: f"{x:,.0f}"))
+    flops = report.flops.not_counted
+    rows.append((f"FLOPs/token forward {at}", report.flops.forward, human_flops, flops))
+    rows.append((f"FLOPs/token training {at}", report.flops.training, human_flops, flops))
+    kv = {k: v for k, v in report.kv_cache_not_counted.items() if k == "decoder.attention"}
+    cross = {k: v for k, v in report.kv_cache_not_counted.items() if k == "decoder.cross_attention"}
+    rows.append((f"KV cache bytes/token ({report.kv_dtype})", report.kv_cache_bytes_per_token,
+                 lambda x: f"{x:,.0f}", kv))
     # what a sliding window changes: the cache held at the length, not the bytes per token
     m = report.memory
-    rows.append((f"KV cache @ {m.seq_len}, batch {m.batch}", report.kv_cache_bytes, human_bytes))
-    if report.cross_kv_cache_bytes_per_source_token:
-        rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token, lambda x: f"{x:,.0f}"))
-    m = report.memory
-    for label, value in (("weights", m.weights), ("gradients", m.gradients), ("optimizer states", m.optimizer),
-                         ("autocast weight copies", m.weight_casts), ("activations", m.activations),
-                         ("training total", m.total)):
-        rows.append((f"memory: {label}", value, human_bytes))
+    rows.append((f"KV cache @ {m.seq_len}, batch {m.batch}", report.kv_cache_bytes, human_bytes, kv))
+    if report.cross_kv_cache_bytes_per_source_token or cross:
+        rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token,
+                     lambda x: f"{x:,.0f}", cross))
+    for label, value, gap in (("weights", m.weights, exact), ("gradients", m.gradients, exact),
+                              ("optimizer states", m.optimizer, exact),
+                              ("autocast weight copies", m.weight_casts, m.not_counted),
+                              ("activations", m.activations, m.not_counted), ("training total", m.total, m.not_counted)):
+        rows.append((f"memory: {label}", value, human_bytes, gap))
     return rows
 
 
@@ -657,22 +708,36 @@ def _consequences_section(d: Any) -> Section:
     first = reports[0]
     m = first.memory
     title = f"consequences (batch {m.batch} × seq_len {m.seq_len:,}, {m.dtype})"
-    per = [dict((label, (v, f)) for label, v, f in _metric_rows(r)) for r in reports]
+    per = [dict((label, (v, f, gap)) for label, v, f, gap in _metric_rows(r)) for r in reports]
     labels = _merged_order([list(rows) for rows in per])
     if len(reports) == 2:
         s = Section(title, ["", d.names[0], d.names[1], "Δ", "Δ%"], right={1, 2, 3, 4})
     else:
         s = Section(title, [""] + d.names, right=set(range(1, len(reports) + 1)))
+    partial = False
     for label in labels:
-        values = [rows.get(label, (0, None)) for rows in per]
-        fmt = next(f for _, f in values if f is not None)
-        base = values[0][0]
+        values = [rows.get(label, (0, None, {})) for rows in per]
+        fmt = next(f for _, f, _ in values if f is not None)
+        cells = [_at_least(fmt(v), gap) for v, _, gap in values]
+        base, base_gap = values[0][0], values[0][2]
+        partial = partial or any(gap for _, _, gap in values)
         if len(reports) == 2:
-            other = values[1][0]
-            s.rows.append([label, fmt(base), fmt(other), _signed(other - base, fmt), _signed_pct(other, base)])
+            other, other_gap = values[1][0], values[1][2]
+            # a difference between figures that leave out different parts means nothing
+            known = not base_gap and not other_gap
+            s.rows.append([label, *cells, _signed(other - base, fmt) if known else "?",
+                           _signed_pct(other, base) if known else "?"])
         else:
-            cells = [fmt(base)] + [f"{fmt(v)} ({_signed_pct(v, base)})" for v, _ in values[1:]]
-            s.rows.append([label] + cells)
+            s.rows.append([label, cells[0]] + [
+                f"{cell} ({_signed_pct(v, base)})" if not gap and not base_gap else cell
+                for cell, (v, _, gap) in zip(cells[1:], values[1:], strict=True)])
+    if partial:
+        for name, report in zip(d.names, reports, strict=True):
+            missing = {**report.flops.not_counted, **report.kv_cache_not_counted, **report.memory.not_counted}
+            if missing:
+                s.notes.append(f"≥: {name} leaves out {_parts(missing)}, a plugin's type with no formula for "
+                               "FLOPs, KV cache or activations (`specformer show` says which figures); its "
+                               "parameters are counted from the meta build.")
     return s
 
 
@@ -827,10 +892,10 @@ def diff(
         try:
             return run(True)
         except AnalysisError as exc:
-            # a plugin type has no analytic counts: its fields and checkpoints still compare
-            print_error(f"{exc}: the specs are compared field by field and for checkpoints, without "
-                        "parameters, FLOPs or memory", "a plugin type has no analytic counts; `specformer "
-                        "show SPEC --tree` counts its parameters", label="[yellow]warning:[/]")
+            # a model that cannot be built (a plugin's module failing on the meta device): its
+            # fields still compare
+            print_error(f"{exc}: the specs are compared field by field, without parameters, FLOPs or memory",
+                        label="[yellow]warning:[/]")
             return run(False)
 
     result = _analysis_errors(run_or_fields_only)

@@ -133,20 +133,107 @@ def test_registry_refuses_silent_replacement():
         registry.get("ffn", "moe")
 
 
-def test_show_of_a_plugin_type_says_what_works_instead(plugin_path, tmp_path):
-    # no analytic count for a plugin type: a clear error naming it, and the way to count it
+def _show_json(plugin_path, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", *args, "--format", "json"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_show_of_a_plugin_type_counts_its_parameters_and_names_what_it_cannot_count(plugin_path, tmp_path):
     spec = tmp_path / "p.yaml"
     spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
+    mine, nano = _show_json(plugin_path, str(spec)), _show_json(plugin_path, "gpt-nano")
+    # parameters: exact, from the meta build (up 128x32 + 32, down 32x128 + 128, 4 layers)
+    assert mine["params"]["counted_from"] == "meta build" and nano["params"]["counted_from"] == "analytic"
+    assert mine["params"]["components"]["decoder.ffn"] == 4 * (128 * 32 + 32 + 32 * 128 + 128) == 33408
+    assert mine["params"]["total"] == nano["params"]["total"] - nano["params"]["components"]["decoder.ffn"] + 33408
+    # FLOPs: the plugin's FFN is named and left out; every other part is gpt-nano's
+    flops, nano_flops = mine["flops_per_token"], nano["flops_per_token"]
+    assert flops["not_counted"] == {"decoder.ffn": "ffn type 'relu2'"} and nano_flops["not_counted"] == {}
+    assert "decoder.ffn" not in flops["components"]
+    assert flops["forward"] == nano_flops["forward"] - nano_flops["components"]["decoder.ffn"]
+    # memory: weights, gradients and AdamW states of the real parameters; activations name the FFN
+    memory = mine["memory"]
+    assert memory["weights"] == 4 * mine["params"]["total"] and memory["optimizer"] == 2 * memory["weights"]
+    assert memory["not_counted"] == {"decoder.ffn": "ffn type 'relu2'"}
+    assert memory["activations"] < nano["memory"]["activations"]
+    # the attention is the built-in one: its KV cache is counted
+    assert mine["kv_cache_bytes_per_token"] == nano["kv_cache_bytes_per_token"] and mine["kv_cache_not_counted"] == {}
+
     env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "300"}
     result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec)],
                             capture_output=True, text=True, env=env)
-    assert result.returncode == 1
-    assert "no analytic parameter count for ffn type 'relu2'" in result.stderr
-    assert "build_model(spec, device='meta')" in result.stderr and "Traceback" not in result.stderr
-    assert "`specformer show SPEC --tree`" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert "398,208 parameters" in result.stdout
+    lines = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 2}
+    assert "not counted" in lines["decoder.ffn"]
+    assert "≥ 918.5 kFLOP" in lines["forward, without decoder.ffn"]
+    assert "≥" in lines["activations, without decoder.ffn"] and "≥" not in lines["weights"]
+    assert "Counted from the model built on the meta device" in result.stdout
 
 
-def test_diff_of_a_plugin_type_compares_fields_and_checkpoints_without_counts(plugin_path, tmp_path):
+ATTENTION_PLUGIN = '''
+from typing import Literal
+
+from specformer.registry import register
+from specformer.specs.base import Spec
+
+
+class MyAttentionSpec(Spec):
+    type: Literal["myattn"] = "myattn"
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    sliding_window: int | None = None
+
+
+def build(spec, *, d_model, cross, layer_idx):
+    # the built-in attention under another name: the same parameters as mha
+    from specformer.components.attention import Attention
+    from specformer.specs.schema import AttentionSpec
+
+    inner = AttentionSpec(n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim)
+    return Attention(inner, d_model=d_model, cross=cross, layer_idx=layer_idx)
+
+
+register("attention", MyAttentionSpec, build)
+
+from specformer import load_spec
+from specformer.analysis import AnalysisError, analyze, activation_bytes, kv_cache_bytes_per_token
+
+mine = load_spec({"extends": "gpt-nano", "decoder": {"attention": {"type": "myattn", "n_heads": 4}}})
+nano = load_spec("gpt-nano")
+r, n = analyze(mine), analyze(nano)
+print(r.params.total == n.params.total, r.params.method, r.memory.weights == n.memory.weights)
+print(r.kv_cache_bytes_per_token, r.kv_cache_not_counted)
+print(sorted(r.flops.components), r.flops.not_counted)
+print(r.flops.forward == n.flops.forward - n.flops.components["decoder.attention.proj"]
+      - n.flops.components["decoder.attention.scores"])
+for fn in (lambda: kv_cache_bytes_per_token(mine), lambda: activation_bytes(mine, batch=1, seq_len=8)):
+    try:
+        fn()
+    except AnalysisError as exc:
+        print(exc)
+'''
+
+
+def test_a_plugin_attention_leaves_the_kv_cache_uncounted_and_says_so(tmp_path):
+    script = tmp_path / "attn.py"
+    script.write_text(ATTENTION_PLUGIN)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "True meta build True"  # the same parameters as mha, counted from the module
+    assert lines[1] == "0 {'decoder.attention': \"attention type 'myattn'\"}"
+    assert lines[2] == "['decoder.ffn', 'head'] {'decoder.attention': \"attention type 'myattn'\"}"
+    assert lines[3] == "True"
+    assert lines[4].startswith("decoder.attention: no KV-cache count for attention type 'myattn'")
+    assert lines[5].startswith("decoder.attention: no activation count for attention type 'myattn'")
+
+
+def test_diff_of_a_plugin_type_marks_the_figures_it_leaves_out(plugin_path, tmp_path):
     spec = tmp_path / "p.yaml"
     spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
     env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "300"}
@@ -156,13 +243,25 @@ def test_diff_of_a_plugin_type_compares_fields_and_checkpoints_without_counts(pl
     out = json.loads(result.stdout)
     changes = {c["path"]: c["values"] for c in out["changes"]}
     assert changes["decoder.ffn.type"] == ["mlp", "relu2"] and changes["decoder.ffn.d_ff"] == [512, 32]
-    assert out["reports"] == []
+    nano, mine = out["reports"]
+    assert mine["params"]["components"]["decoder.ffn"] == 33408
+    assert mine["flops_per_token"]["not_counted"] == {"decoder.ffn": "ffn type 'relu2'"}
     (compat, *_) = out["compatibility"]
     assert compat["compatible"] is False and compat["method"] == "analytic / meta build"
     assert {"key": "decoder.layers.0.ffn.up_proj.weight", "source": [512, 128], "target": [32, 128]} in (
         compat["mismatched"])
-    assert result.stderr.startswith("warning: decoder.layers.0.ffn: no analytic parameter count for ffn type 'relu2'")
-    assert "without parameters, FLOPs or memory" in result.stderr
+    assert result.stderr == ""
+
+    result = subprocess.run([sys.executable, "-m", "specformer", "diff", "gpt-nano", str(spec)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in result.stdout.splitlines() if line.count("│") > 3}
+    # exact figures get a difference; one that leaves the plugin's FFN out is a lower bound, with none
+    assert rows["params: decoder ffn"] == ["526,848", "33,408", "-493,440", "-93.7%"]
+    assert rows["FLOPs/token forward @ 256"] == ["1.967 MFLOP", "≥ 918.5 kFLOP", "?", "?"]
+    assert rows["memory: weights"][3] == "-55.3%" and rows["memory: training total"][2:] == ["?", "?"]
+    assert "p.yaml leaves out decoder.ffn (ffn type 'relu2')" in " ".join(result.stdout.split())
 
 
 def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
@@ -579,6 +678,13 @@ def test_show_tree_of_a_module_that_fails_in_its_constructor_says_which_error(pl
                             capture_output=True, text=True, env=env)
     assert result.returncode == 1
     assert result.stderr.startswith("error: gpt-nano: the model cannot be built: KeyError: 'experts'")
+    assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr
+    # show's tables count a plugin's parameters from the same build
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: gpt-nano: the model cannot be built on the meta device to count the "
+                                    "parameters of decoder.ffn (ffn type 'relu2'): KeyError: 'experts'")
     assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -25,6 +25,7 @@ materialising it (only when T == S and nothing else is masked).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,9 @@ from torch.nn import functional as F
 from specformer.components.cache import KVCache
 from specformer.components.positional import apply_rotary
 from specformer.registry import REGISTRY
-from specformer.specs.schema import AttentionSpec
+
+if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
+    from specformer.specs.schema import AttentionSpec
 
 __all__ = ["Attention", "sdpa_attention", "eager_attention", "repeat_kv", "BACKENDS"]
 

@@ -12,11 +12,14 @@ token table and has no ``tokens`` entry of its own.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from specformer.components.positional import Positional
-from specformer.specs.schema import EmbeddingSpec
+
+if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
+    from specformer.specs.schema import EmbeddingSpec
 
 __all__ = ["Embedding"]
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from specformer.specs.schema import GLUSpec, MLPSpec
+if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
+    from specformer.specs.schema import GLUSpec, MLPSpec
 
 __all__ = ["MLP", "GLU", "ACTIVATIONS"]
 

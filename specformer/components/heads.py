@@ -15,6 +15,8 @@ mlm), ``transform.dense`` / ``transform.norm`` (mlm), ``pooler`` / ``classifier`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -22,7 +24,9 @@ from torch.nn import functional as F
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import ACTIVATIONS
 from specformer.components.loss import IGNORE_INDEX, linear_cross_entropy
-from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadSpec
+
+if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
+    from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadSpec
 
 __all__ = ["LMHead", "MLMHead", "ClassificationHead"]
 

@@ -8,9 +8,12 @@ stacks in :mod:`specformer.components.blocks`; a norm module only normalises.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
-from specformer.specs.schema import LayerNormSpec, RMSNormSpec
+if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
+    from specformer.specs.schema import LayerNormSpec, RMSNormSpec
 
 __all__ = ["build_layernorm", "build_rmsnorm"]
 

@@ -27,19 +27,20 @@ checkpoint and are never stale after ``.to()``.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from specformer.specs.schema import (
-    AlibiSpec,
-    LearnedSpec,
-    NoPositionalSpec,
-    RopeSpec,
-    SinusoidalSpec,
-    T5BiasSpec,
-)
+if TYPE_CHECKING:  # annotations only: a plugin imports this module before the spec schema exists
+    from specformer.specs.schema import (
+        AlibiSpec,
+        LearnedSpec,
+        NoPositionalSpec,
+        RopeSpec,
+        SinusoidalSpec,
+        T5BiasSpec,
+    )
 
 __all__ = [
     "Positional",

@@ -712,3 +712,54 @@ def test_an_optimizer_spec_without_a_learning_rate_is_refused_at_registration():
     registry = Registry()
     with pytest.raises(TypeError, match=r"SignSGD lacks the field lr that every optimizer spec has .*declare lr: float"):
         registry.register("optimizer", SignSGD, "x:y")
+
+
+POSITIONAL_SCRIPT = '''
+from typing import Literal
+
+import torch
+from torch import nn
+
+from specformer.components.positional import Positional, apply_rotary  # the base class docs name
+from specformer.registry import register
+from specformer.specs.base import Spec
+
+
+class LearnedSlopeSpec(Spec):
+    type: Literal["learned_slope"] = "learned_slope"
+
+
+class LearnedSlope(Positional):
+    """ALiBi with one trained slope per head."""
+
+    module_name = "slopes"
+
+    def __init__(self, spec, *, d_model, max_seq_len, n_heads, head_dim, causal):
+        super().__init__()
+        self.slope = nn.Parameter(torch.zeros(n_heads))
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.slope)
+
+    def bias(self, q_index, k_index, *, dtype):
+        distance = (q_index[:, None] - k_index[None, :]).abs().to(dtype)  # (T, Tk)
+        return -(self.slope.to(dtype)[:, None, None] * distance)[None]  # (1, H, T, Tk)
+
+
+register("positional", LearnedSlopeSpec, LearnedSlope)
+
+from specformer import build_model
+
+model = build_model({"extends": "gpt-nano", "positional": {"type": "learned_slope"}})
+print(model(torch.randint(0, 512, (1, 8))).logits.shape, model.decoder.slopes.slope.shape)
+'''
+
+
+def test_a_script_subclasses_positional_before_it_registers(tmp_path):
+    # importing the components (Positional, apply_rotary, KVCache) leaves the schema unbuilt,
+    # so a script defines its module, then registers it
+    script = tmp_path / "pos.py"
+    script.write_text(POSITIONAL_SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "torch.Size([1, 8, 512]) torch.Size([4])"

@@ -241,7 +241,8 @@ def _architecture_section(report: Any) -> Section:
     for row in report.to_dict()["architecture"]:
         s.rows.append(
             [row["stack"], str(row["layers"]), str(row["d_model"]), row["heads_text"], str(row["head_dim"]),
-             str(row["d_ff"]), row["ffn"], row["norm"], row["positional"], row["extras"]]
+             "—" if row["d_ff"] is None else str(row["d_ff"]), row["ffn"], row["norm"], row["positional"],
+             row["extras"]]
         )
     spec = report.spec
     emb = spec.embedding
@@ -322,6 +323,8 @@ def _compute_section(report: Any) -> Section:
     scores = ("attention scores count every query against all T keys (--flops-count executed)"
               if f.count == "executed" else
               "attention scores count the keys each query attends (causal: (T+1)/2 on average; sliding windows capped)")
+    if not any(key.endswith("attention.scores") for key in f.components):
+        scores = "no attention of a built-in type"
     training = "training = 3 × forward"
     if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
         training += ", the masked-LM head on its labelled tokens only"

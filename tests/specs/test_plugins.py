@@ -200,6 +200,25 @@ def build(spec, *, d_model, cross, layer_idx):
 
 register("attention", MyAttentionSpec, build)
 
+
+class ZeroSpec(Spec):
+    """An FFN with no size of its own."""
+
+    type: Literal["zero"] = "zero"
+
+
+def zero(spec, *, d_model):
+    from torch import nn
+
+    class Zero(nn.Module):
+        def forward(self, x):
+            return x * 0
+
+    return Zero()
+
+
+register("ffn", ZeroSpec, zero)
+
 from specformer import load_spec
 from specformer.analysis import AnalysisError, analyze, activation_bytes, kv_cache_bytes_per_token
 
@@ -216,6 +235,10 @@ for fn in (lambda: kv_cache_bytes_per_token(mine), lambda: activation_bytes(mine
         fn()
     except AnalysisError as exc:
         print(exc)
+table = analyze(load_spec({"extends": "gpt-nano", "decoder": {"attention": {"type": "myattn", "n_heads": 4},
+                                                              "ffn": {"type": "zero"}}})).to_markdown()
+print([line for line in table.splitlines() if line.startswith("| decoder |")][0])
+print([line for line in table.splitlines() if line.startswith("Matrix products only")][0].split(";")[1])
 '''
 
 
@@ -231,6 +254,9 @@ def test_a_plugin_attention_leaves_the_kv_cache_uncounted_and_says_so(tmp_path):
     assert lines[3] == "True"
     assert lines[4].startswith("decoder.attention: no KV-cache count for attention type 'myattn'")
     assert lines[5].startswith("decoder.attention: no activation count for attention type 'myattn'")
+    # an FFN with no d_ff and no activation, an attention with no qk_norm: the architecture row says so
+    assert lines[6] == "| decoder | 4 | 128 | 4/4 | 32 | — | zero | layernorm (pre) | learned (256 rows) | attention myattn |"
+    assert lines[7] == " no attention of a built-in type"
 
 
 def test_diff_of_a_plugin_type_marks_the_figures_it_leaves_out(plugin_path, tmp_path):

@@ -378,7 +378,7 @@ def test_a_notebook_shows_a_report_and_a_diff_as_the_markdown_tables_and_reprs_t
     fewer = diff_specs(nano, nano.model_copy(update={"decoder": nano.decoder.model_copy(update={"n_layers": 2})}))
     assert fewer.names == ["gpt-nano", "gpt-nano #2"]
     assert "| decoder.n_layers | 4 | 2 |" in fewer.to_markdown() and "| field | gpt-nano | gpt-nano #2 |" in fewer.to_markdown()
-    # without reports (a plugin type has no analytic count) the changes still render
+    # without reports (a model that cannot be built to count it) the changes still render
     fields_only = diff_specs("gpt-nano", "bert-nano", reports=False, checkpoints=False).to_markdown()
     assert "| kind | decoder | encoder |" in fields_only and "consequences" not in fields_only
 

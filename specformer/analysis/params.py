@@ -65,7 +65,7 @@ def plugin_components(spec: Any) -> dict[str, str]:
     each with what it is: ``{"decoder.ffn": "ffn type 'relu2'", ...}``. The keys are the
     groups of :func:`component_of` (``{stack}.attention``, ``{stack}.cross_attention``,
     ``{stack}.ffn``, ``{stack}.norms``, ``head``), ``embedding.norm`` and ``positional``.
-    A part that only some layers take from a plugin names them (``layers 0-3``)."""
+    A part that only some layers take from a plugin names them (``"ffn type 'relu2' in layers 0-1"``)."""
     spec = as_spec(spec)
     out: dict[str, str] = {}
     for role, stack in spec.stacks():
@@ -84,7 +84,7 @@ def plugin_components(spec: Any) -> dict[str, str]:
         for (group, family, kind), layers in found.items():
             key = f"{role}.{group}"
             every = len(layers) == stack.n_layers or not layers
-            text = f"{family} type {kind!r}" + ("" if every else f" ({_layer_span(layers)})")
+            text = f"{family} type {kind!r}" + ("" if every else f" in {_layer_span(layers)}")
             out[key] = f"{out[key]}; {text}" if key in out else text
     if spec.embedding.norm is not None and spec.embedding.norm.type not in BUILT_IN_TYPES["norm"]:
         out["embedding.norm"] = f"norm type {spec.embedding.norm.type!r}"

@@ -307,9 +307,15 @@ def _parts(not_counted: dict[str, str]) -> str:
     return ", ".join(f"{key} ({what})" for key, what in not_counted.items())
 
 
+def _part_name(key: str, what: str) -> str:
+    """``decoder.ffn``, or ``decoder.ffn of layers 0-1`` when only those layers are a plugin's."""
+    _, found, layers = what.rpartition(" in layer")
+    return f"{key} of layer{layers}" if found else key
+
+
 def _without(not_counted: dict[str, str]) -> str:
     """The words a figure that leaves ``not_counted`` out is labelled with: `` without decoder.ffn``."""
-    return f", without {', '.join(not_counted)}" if not_counted else ""
+    return f", without {', '.join(_part_name(k, w) for k, w in not_counted.items())}" if not_counted else ""
 
 
 def _at_least(text: str, not_counted: dict[str, str]) -> str:
@@ -334,9 +340,10 @@ def _compute_section(report: Any) -> Section:
         s.notes.append(f"Not counted: {_parts(missing)}: a plugin's type has no FLOP formula, so the totals "
                        "leave it out and are lower bounds.")
     for key, n in f.components.items():
-        s.rows.append([key, human_flops(n), f"{n / f.forward:.1%}" if f.forward and not missing else ""])
-    for key in missing:
-        s.rows.append([key, "not counted", ""])
+        label = f"{key} of the other layers" if key in missing else key  # a plugin's in some layers only
+        s.rows.append([label, human_flops(n), f"{n / f.forward:.1%}" if f.forward and not missing else ""])
+    for key, what in missing.items():
+        s.rows.append([_part_name(key, what), "not counted", ""])
     s.rows.append([f"forward{_without(missing)}", _at_least(human_flops(f.forward), missing), f"{f.forward:,}"])
     if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
         share = getattr(report.spec.training.objective, "mask_prob", 1.0)

@@ -174,6 +174,27 @@ def test_show_of_a_plugin_type_counts_its_parameters_and_names_what_it_cannot_co
     assert "Counted from the model built on the meta device" in result.stdout
 
 
+def test_a_plugin_type_in_some_layers_only_is_named_with_them(plugin_path, tmp_path):
+    spec = tmp_path / "p.yaml"
+    spec.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0, 1], ffn: {type: relu2, d_ff: 64}}\n")
+    mine, nano = _show_json(plugin_path, str(spec)), _show_json(plugin_path, "gpt-nano")
+    flops, nano_flops = mine["flops_per_token"], nano["flops_per_token"]
+    assert flops["not_counted"] == {"decoder.ffn": "ffn type 'relu2' in layers 0-1"}
+    # layers 2 and 3 keep gpt-nano's MLP, counted: half its FFN FLOPs
+    assert flops["components"]["decoder.ffn"] * 2 == nano_flops["components"]["decoder.ffn"]
+    # 2 relu2 layers (128 -> 64 -> 128, with biases) and 2 of gpt-nano's 4 MLPs
+    assert mine["params"]["components"]["decoder.ffn"] == (
+        2 * (128 * 64 + 64 + 64 * 128 + 128) + nano["params"]["components"]["decoder.ffn"] // 2)
+    env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 2}
+    assert "524.3 kFLOP" in lines["decoder.ffn of the other layers"]
+    assert "not counted" in lines["decoder.ffn of layers 0-1"]
+    assert "≥ 1.443 MFLOP" in lines["forward, without decoder.ffn of layers 0-1"]
+
+
 ATTENTION_PLUGIN = '''
 from typing import Literal
 

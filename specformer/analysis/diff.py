@@ -409,9 +409,9 @@ def state_dict_shapes(spec: Any, method: str = "analytic") -> tuple[dict[str, tu
             return parameter_shapes(spec), "analytic"
         except AnalysisError:
             pass
-    from specformer.builder import build_model
+    from specformer.analysis.params import meta_build
 
-    model = build_model(spec, device="meta")
+    model = meta_build(spec, "to list its state dict for the checkpoint check")
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, "meta build"
 
 

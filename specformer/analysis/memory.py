@@ -309,7 +309,8 @@ class MemoryEstimate:
     spec's optimizer: AdamW's two moments by default), ``weight_casts`` (autocast copies),
     ``activations`` and their ``total``. ``not_counted`` names the parts built from a
     plugin's type, whose activations and autocast copies are left out (their weights,
-    gradients and optimizer states are counted)."""
+    gradients and optimizer states are counted), and ``training.optimizer`` when the
+    optimizer is a plugin's: ``optimizer`` is then 0, its states not counted."""
 
     batch: int
     seq_len: int
@@ -391,6 +392,9 @@ def _plugin_part(spec: Any, name: str) -> str | None:
     return f"{family} type {part.type!r}"
 
 
+_OPTIMIZERS = ("adamw", "sgd", "adafactor")  # the optimizers whose states are counted
+
+
 def optimizer_state_elements(spec: Any) -> int:
     """Elements the spec's ``training.optimizer`` keeps beside the parameters (their step
     counters aside): ``torch.optim.AdamW`` two per parameter, ``SGD`` one with momentum,
@@ -426,13 +430,18 @@ def memory_estimate(
     n = count_parameters(spec).total
     cast = autocast_copied_parameters(spec, skip_plugins=True) if p.weight_cast else 0
     activations, not_counted = _activations(spec, batch=batch, seq_len=t, dtype=p.name)
+    optimizer = spec.training.optimizer
+    if optimizer.type in _OPTIMIZERS:
+        states = optimizer_state_elements(spec) * p.optimizer
+    else:  # a plugin's optimizer keeps what it chooses
+        states, not_counted = 0, {**not_counted, "training.optimizer": f"optimizer type {optimizer.type!r}"}
     return MemoryEstimate(
         batch=batch,
         seq_len=t,
         dtype=p.name,
         weights=n * p.weight,
         gradients=n * p.grad,
-        optimizer=optimizer_state_elements(spec) * p.optimizer,
+        optimizer=states,
         weight_casts=cast * p.weight_cast,
         activations=activations,
         not_counted=not_counted,

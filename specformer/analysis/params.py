@@ -354,6 +354,23 @@ def _component_rank(key: str) -> tuple[int, int, str]:
 _BUILT: dict[int, tuple[Any, dict[str, Shape]]] = {}
 
 
+def meta_build(spec: Any, purpose: str) -> Any:
+    """``spec``'s model built on the meta device (nothing allocated), for ``purpose`` (``"to
+    count the parameters of ..."``). A module that fails to build is an :class:`AnalysisError`
+    naming its exception (a :class:`~specformer.registry.PluginError`, which names the plugin
+    and its target already, as it is)."""
+    from specformer.builder import build_model
+    from specformer.registry import PluginError
+
+    try:
+        return build_model(spec, device="meta")
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise AnalysisError(f"{spec.name}: the model cannot be built on the meta device {purpose}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+
+
 def built_parameter_shapes(spec: Any) -> dict[str, Shape]:
     """Every parameter of ``spec``'s model built on the meta device (nothing allocated), by
     name, as ``dict(model.named_parameters())``: tied weights once. For a type only its own
@@ -363,15 +380,8 @@ def built_parameter_shapes(spec: Any) -> dict[str, Shape]:
     hit = _BUILT.get(id(spec))
     if hit is not None and hit[0] is spec:
         return hit[1]
-    from specformer.builder import build_model
-
-    try:
-        model = build_model(spec, device="meta")
-    except Exception as exc:
-        parts = ", ".join(f"{key} ({what})" for key, what in plugin_components(spec).items())
-        raise AnalysisError(f"{spec.name}: the model cannot be built on the meta device to count the "
-                            f"parameters of {parts or 'its types'}: "
-                            f"{type(exc).__name__}: {exc}") from exc
+    parts = ", ".join(f"{key} ({what})" for key, what in plugin_components(spec).items())
+    model = meta_build(spec, f"to count the parameters of {parts or 'its types'}")
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     if len(_BUILT) >= 8:
         _BUILT.pop(next(iter(_BUILT)))

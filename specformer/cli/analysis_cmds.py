@@ -318,8 +318,16 @@ def _without(not_counted: dict[str, str]) -> str:
     return f", without {', '.join(_part_name(k, w) for k, w in not_counted.items())}" if not_counted else ""
 
 
-def _at_least(text: str, not_counted: dict[str, str]) -> str:
-    """A figure missing the parts ``not_counted`` names is a lower bound: ``≥ 918 kFLOP``."""
+def _exact(value: int, not_counted: dict[str, str]) -> str:
+    """The bytes column: the number, or nothing when none of it was counted."""
+    return "" if not_counted and value == 0 else f"{value:,}"
+
+
+def _at_least(text: str, not_counted: dict[str, str], value: float | None = None) -> str:
+    """A figure missing the parts ``not_counted`` names is a lower bound: ``≥ 918 kFLOP``;
+    with nothing counted (``value`` 0), ``not counted``."""
+    if not_counted and value == 0:
+        return "not counted"
     return f"≥ {text}" if not_counted else text
 
 
@@ -376,36 +384,44 @@ def _memory_section(report: Any) -> Section:
     self_missing = {k: v for k, v in kv_missing.items() if k == "decoder.attention"}
     cross_missing = {k: v for k, v in kv_missing.items() if k == "decoder.cross_attention"}
     kv = report.kv_cache_bytes_per_token
-    s.rows.append([f"KV cache per token ({report.kv_dtype}){_without(self_missing)}", f"{kv:,}",
-                   _at_least(human_bytes(kv), self_missing)])
+    s.rows.append([f"KV cache per token ({report.kv_dtype}){_without(self_missing)}", _exact(kv, self_missing),
+                   _at_least(human_bytes(kv), self_missing, kv)])
     held = report.kv_cache_bytes  # sliding-window layers hold at most W positions
-    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}{_without(self_missing)}", f"{held:,}",
-                   _at_least(human_bytes(held), self_missing)])
+    s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}{_without(self_missing)}",
+                   _exact(held, self_missing),
+                   _at_least(human_bytes(held), self_missing, held)])
     if report.cross_kv_cache_bytes_per_source_token or cross_missing:
         c = report.cross_kv_cache_bytes_per_source_token
         s.rows.append([f"cross-attention KV per source token ({report.kv_dtype}){_without(cross_missing)}",
-                       f"{c:,}", _at_least(human_bytes(c), cross_missing)])
+                       _exact(c, cross_missing), _at_least(human_bytes(c), cross_missing, c)])
     missing = m.not_counted
-    for label, value, partial in (
-        ("weights", m.weights, False),
-        ("gradients", m.gradients, False),
-        (states, m.optimizer, False),
-        ("autocast weight copies", m.weight_casts, True),
-        ("activations", m.activations, True),
+    parts = {k: v for k, v in missing.items() if k != "training.optimizer"}  # activations, weight copies
+    optimizer = {k: v for k, v in missing.items() if k == "training.optimizer"}
+    for label, value, gap in (
+        ("weights", m.weights, {}),
+        ("gradients", m.gradients, {}),
+        (states, m.optimizer, optimizer),
+        ("autocast weight copies", m.weight_casts, parts),
+        ("activations", m.activations, parts),
     ):
-        if label == "autocast weight copies" and not value and not (missing and m.dtype.endswith("mixed")):
+        if label == "autocast weight copies" and not value and not (parts and m.dtype.endswith("mixed")):
             continue
-        gap = missing if partial else {}
-        s.rows.append([f"{label}{_without(gap)}", f"{value:,}", _at_least(human_bytes(value), gap)])
+        if gap is optimizer and optimizer:
+            s.rows.append([label, "", "not counted"])
+            continue
+        s.rows.append([f"{label}{_without(gap)}", _exact(value, gap), _at_least(human_bytes(value), gap, value)])
     s.rows.append([f"training total{_without(missing)}", f"{m.total:,}", _at_least(human_bytes(m.total), missing)])
     s.bold_rows = {len(s.rows) - 1}
     if kv_missing:
         s.notes.append(f"KV cache not counted for {_parts(kv_missing)}: a plugin's attention stores its keys "
                        "and values as its module chooses.")
-    if missing:
-        s.notes.append(f"Activations and autocast weight copies not counted for {_parts(missing)}: only a "
+    if parts:
+        s.notes.append(f"Activations and autocast weight copies not counted for {_parts(parts)}: only a "
                        "plugin's module knows what it keeps for the backward pass; its weights, gradients and "
                        "optimizer states are counted (from the meta build).")
+    if optimizer:
+        s.notes.append(f"Optimizer states not counted: {_parts(optimizer)} is a plugin's, which keeps what "
+                       "it chooses.")
     return s
 
 
@@ -691,10 +707,12 @@ def _metric_rows(report: Any) -> list[tuple[str, float, Any, dict[str, str]]]:
     if report.cross_kv_cache_bytes_per_source_token or cross:
         rows.append(("cross KV bytes/source token", report.cross_kv_cache_bytes_per_source_token,
                      lambda x: f"{x:,.0f}", cross))
+    parts = {k: v for k, v in m.not_counted.items() if k != "training.optimizer"}
+    optimizer = {k: v for k, v in m.not_counted.items() if k == "training.optimizer"}
     for label, value, gap in (("weights", m.weights, exact), ("gradients", m.gradients, exact),
-                              ("optimizer states", m.optimizer, exact),
-                              ("autocast weight copies", m.weight_casts, m.not_counted),
-                              ("activations", m.activations, m.not_counted), ("training total", m.total, m.not_counted)):
+                              ("optimizer states", m.optimizer, optimizer),
+                              ("autocast weight copies", m.weight_casts, parts),
+                              ("activations", m.activations, parts), ("training total", m.total, m.not_counted)):
         rows.append((f"memory: {label}", value, human_bytes, gap))
     return rows
 
@@ -728,7 +746,7 @@ def _consequences_section(d: Any) -> Section:
     for label in labels:
         values = [rows.get(label, (0, None, {})) for rows in per]
         fmt = next(f for _, f, _ in values if f is not None)
-        cells = [_at_least(fmt(v), gap) for v, _, gap in values]
+        cells = [_at_least(fmt(v), gap, v) for v, _, gap in values]
         base, base_gap = values[0][0], values[0][2]
         partial = partial or any(gap for _, _, gap in values)
         if len(reports) == 2:
@@ -745,9 +763,10 @@ def _consequences_section(d: Any) -> Section:
         for name, report in zip(d.names, reports, strict=True):
             missing = {**report.flops.not_counted, **report.kv_cache_not_counted, **report.memory.not_counted}
             if missing:
+                built = "; its parameters are counted from the meta build" * (report.params.method == "meta build")
                 s.notes.append(f"≥: {name} leaves out {_parts(missing)}, a plugin's type with no formula for "
-                               "FLOPs, KV cache or activations (`specformer show` says which figures); its "
-                               "parameters are counted from the meta build.")
+                               f"FLOPs, KV cache, activations or optimizer states (`specformer show` says which "
+                               f"figures){built}.")
     return s
 
 
@@ -891,24 +910,9 @@ def diff(
     for spec_obj, label in zip(resolved, labels, strict=True):
         _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,
                                  name=label, given=seq_len is not None)
-    from specformer.analysis.params import AnalysisError
-
-    def run(reports: bool) -> Any:
-        return diff_specs(*resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
-                          checkpoint_method="meta" if meta else "analytic", labels=labels, count=flops_count,
-                          reports=reports)
-
-    def run_or_fields_only() -> Any:
-        try:
-            return run(True)
-        except AnalysisError as exc:
-            # a model that cannot be built (a plugin's module failing on the meta device): its
-            # fields still compare
-            print_error(f"{exc}: the specs are compared field by field, without parameters, FLOPs or memory",
-                        label="[yellow]warning:[/]")
-            return run(False)
-
-    result = _analysis_errors(run_or_fields_only)
+    result = _analysis_errors(lambda: diff_specs(
+        *resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
+        checkpoint_method="meta" if meta else "analytic", labels=labels, count=flops_count))
     if output_format == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return

@@ -705,7 +705,7 @@ def test_a_target_that_cannot_be_imported_is_named_by_the_commands_that_build(pl
     spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
     env = {**os.environ, "PYTHONPATH": str(plugin_path), "COLUMNS": "400"}
     env.pop("SPECFORMER_DEBUG", None)
-    for args in (["show", str(spec), "--tree"], ["diff", "gpt-nano", str(spec)]):
+    for args in (["show", str(spec), "--tree"], ["show", str(spec)], ["diff", "gpt-nano", str(spec)]):
         result = subprocess.run([sys.executable, "-m", "specformer", *args], capture_output=True, text=True, env=env)
         assert result.returncode == 1, args
         assert ("ffn type 'relu2' (registered by demo-plugin): its build target 'demo_plugin.torch_part:SquaredRelu' "
@@ -733,6 +733,21 @@ def test_show_tree_of_a_module_that_fails_in_its_constructor_says_which_error(pl
     assert result.stderr.startswith("error: gpt-nano: the model cannot be built on the meta device to count the "
                                     "parameters of decoder.ffn (ffn type 'relu2'): KeyError: 'experts'")
     assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr
+    # and so is diff's, its checkpoint check too: an error, never a traceback or half the tables
+    for args in (["gpt-nano", str(spec)], ["gpt-nano", str(spec), "--meta", "--no-checkpoints"]):
+        result = subprocess.run([sys.executable, "-m", "specformer", "diff", *args], capture_output=True, text=True,
+                                env=env)
+        assert result.returncode == 1 and result.stdout == "", args
+        assert "the model cannot be built on the meta device" in result.stderr and "KeyError: 'experts'" in (
+            result.stderr), args
+        assert "Traceback" not in result.stderr, args
+    # the checkpoint check alone, as diff_specs(reports=False) runs it
+    code = ("from specformer.analysis import AnalysisError, diff_specs\n"
+            f"try:\n    diff_specs('gpt-nano', {str(spec)!r}, reports=False)\n"
+            "except AnalysisError as exc:\n    print(exc)\n")
+    result = _run(plugin_path, code)
+    assert result.stdout.startswith("gpt-nano: the model cannot be built on the meta device to list its state dict "
+                                    "for the checkpoint check: KeyError: 'experts'"), result.stderr
 
 
 def test_a_type_registered_without_a_target_says_how_to_give_one():
@@ -810,3 +825,45 @@ def test_a_script_subclasses_positional_before_it_registers(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "torch.Size([1, 8, 512]) torch.Size([4])"
+
+
+OPTIMIZER_SCRIPT = '''
+from typing import Literal
+
+from specformer.registry import register
+from specformer.specs.base import Spec
+
+
+class LionSpec(Spec):
+    type: Literal["lion"] = "lion"
+    lr: float = 1e-4
+
+
+def lion(spec, *, model, precision):
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=spec.lr)  # stands in for Lion's one moment
+
+
+register("optimizer", LionSpec, lion)
+
+from specformer.analysis import analyze
+
+report = analyze({"extends": "gpt-nano", "training": {"optimizer": {"type": "lion"}}})
+memory = report.memory
+print(memory.optimizer, memory.not_counted, memory.weights == 4 * report.params.total, report.params.method)
+table = report.to_markdown()
+print([line for line in table.splitlines() if line.startswith("| lion states")][0])
+print([line for line in table.splitlines() if line.startswith("| training total")][0])
+'''
+
+
+def test_a_plugin_optimizer_leaves_its_states_uncounted_and_says_so(tmp_path):
+    script = tmp_path / "lion.py"
+    script.write_text(OPTIMIZER_SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "0 {'training.optimizer': \"optimizer type 'lion'\"} True analytic"
+    assert lines[1] == "| lion states |  | not counted |"
+    assert lines[2].startswith("| training total, without training.optimizer | ") and "| ≥ " in lines[2]

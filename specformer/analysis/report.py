@@ -44,10 +44,13 @@ class SpecReport:
 
     def __repr__(self) -> str:
         # one line: the dataclass repr would write out the whole spec
+        missing = {**self.flops.not_counted, **self.kv_cache_not_counted, **self.memory.not_counted}
+        # figures that leave a plugin's part out say so: they are lower bounds
+        left_out = f", not counted: {', '.join(missing)}" if missing else ""
         return (f"SpecReport({self.spec.name!r}, params={self.params.total:,}, "
                 f"forward_flops_per_token={self.flops.forward:,}, "
                 f"kv_cache_bytes_per_token={self.kv_cache_bytes_per_token:,}, "
-                f"training_memory_bytes={self.memory.total:,})")
+                f"training_memory_bytes={self.memory.total:,}{left_out})")
 
     def to_markdown(self) -> str:
         """The tables ``specformer show --format markdown`` prints."""

@@ -852,6 +852,7 @@ from specformer.analysis import analyze
 report = analyze({"extends": "gpt-nano", "training": {"optimizer": {"type": "lion"}}})
 memory = report.memory
 print(memory.optimizer, memory.not_counted, memory.weights == 4 * report.params.total, report.params.method)
+print(repr(report).split(", training_memory_bytes=")[1])
 table = report.to_markdown()
 print([line for line in table.splitlines() if line.startswith("| lion states")][0])
 print([line for line in table.splitlines() if line.startswith("| training total")][0])
@@ -865,5 +866,6 @@ def test_a_plugin_optimizer_leaves_its_states_uncounted_and_says_so(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "0 {'training.optimizer': \"optimizer type 'lion'\"} True analytic"
-    assert lines[1] == "| lion states |  | not counted |"
-    assert lines[2].startswith("| training total, without training.optimizer | ") and "| ≥ " in lines[2]
+    assert lines[1].endswith(", not counted: training.optimizer)")  # the one-line repr says so too
+    assert lines[2] == "| lion states |  | not counted |"
+    assert lines[3].startswith("| training total, without training.optimizer | ") and "| ≥ " in lines[3]

@@ -283,7 +283,9 @@ def parameter_shapes(spec: Any) -> dict[str, Shape]:
     """Every trainable parameter of the built model, by state-dict name, in model order.
 
     Tied weights appear once (under the token embedding), as in
-    ``dict(model.named_parameters())``.
+    ``dict(model.named_parameters())``. Worked out from the spec: a plugin's type is an
+    :class:`AnalysisError` (``count_parameters(spec).shapes`` builds such a model on the meta
+    device instead).
     """
     spec = as_spec(spec)
     out: dict[str, Shape] = {}

@@ -869,3 +869,17 @@ def test_a_plugin_optimizer_leaves_its_states_uncounted_and_says_so(tmp_path):
     assert lines[1].endswith(", not counted: training.optimizer)")  # the one-line repr says so too
     assert lines[2] == "| lion states |  | not counted |"
     assert lines[3].startswith("| training total, without training.optimizer | ") and "| ≥ " in lines[3]
+
+
+def test_a_plugin_that_imports_the_components_when_it_loads_registers(plugin_path, tmp_path):
+    # an entry point whose module imports specformer.components at its top (for Positional, say):
+    # loaded while the schema is being built, it must not need the schema itself
+    init = plugin_path / "demo_plugin" / "__init__.py"
+    init.write_text("from specformer.components.positional import Positional  # noqa: F401\n" + init.read_text())
+    spec = tmp_path / "p.yaml"
+    spec.write_text("extends: gpt-nano\ndecoder:\n  ffn: {type: relu2, d_ff: 32}\n")
+    env = {**os.environ, "PYTHONPATH": str(plugin_path)}
+    result = subprocess.run([sys.executable, "-m", "specformer", "validate", str(spec), "-q"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from specformer.data.tokenizers import decoder_start_id
+from specformer.data.tokenizers import decoder_start_id, forced_ids
 from specformer.registry import REGISTRY
 from specformer.training.checkpoint import (
     FORMAT_VERSION,
@@ -103,7 +103,9 @@ class SpecModule(L.LightningModule):
         exact = getattr(self.objective, "exact_match", None)
         if exact is not None and self.tokenizer is not None:
             start = decoder_start_id(self.tokenizer, self.spec.training.objective)
-            correct, total = exact(self.model, batch, start_id=start, eos_id=self.tokenizer.eos_id)
+            forced_start, _ = forced_ids(self.tokenizer, self.spec.training.objective)
+            correct, total = exact(self.model, batch, start_id=start, eos_id=self.tokenizer.eos_id,
+                                   forced_start_id=forced_start)
             self._val_sums["correct"] += correct
             self._val_sums["examples"] += total
 

@@ -74,6 +74,10 @@ def compact_spec_yaml(spec: Any, header: str = "") -> str:
     return header + text
 
 
+def _folder(source: Path) -> Path:
+    return source if source.is_dir() else source.parent
+
+
 @app.command("import-hf")
 def import_hf_cmd(
     source: Annotated[
@@ -109,6 +113,11 @@ def import_hf_cmd(
     ```
     specformer train my.yaml --init-from my.safetensors --set 'training.data={type: pairs, paths: [pairs.jsonl]}'
     ```
+
+    Tokens the model's generation_config.json forces (BART's forced_bos_token_id and
+    forced_eos_token_id) become `training.objective.forced_start` / `forced_end`, which
+    generate honours; its other settings (num_beams, no_repeat_ngram_size, ...) are listed,
+    with the generate option that gives each.
     """
     from specformer.analysis import count_parameters
     from specformer.interop.hf import (
@@ -116,8 +125,10 @@ def import_hf_cmd(
         HFConversionError,
         import_hf,
         model_tokenizer,
+        read_generation_config,
         read_hf_config,
         save_safetensors,
+        unread_generation_settings,
     )
 
     if not source.exists():
@@ -162,6 +173,13 @@ def import_hf_cmd(
         if start is not None:
             _say(f"  training.objective.decoder_start: {escape(start)} (the decoder's first token, as "
                  f"decoder_start_token_id {config.get('decoder_start_token_id')} in config.json)")
+        generation = read_generation_config(source)
+        where = "generation_config.json" if (_folder(source) / "generation_config.json").is_file() else "config.json"
+        for field, key, what in (("forced_start", "forced_bos_token_id", "the first token generate gives"),
+                                 ("forced_end", "forced_eos_token_id", "the last at its length limit")):
+            token = getattr(spec.training.objective, field, None)
+            if token is not None:
+                _say(f"  training.objective.{field}: {escape(token)} ({what}, as {key} {generation.get(key)} in {where})")
     else:
         print_error(
             f"{source} has no tokenizer.json, so the spec's training.tokenizer is a {tokenizer.type if tokenizer else 'new'} "
@@ -170,6 +188,9 @@ def import_hf_cmd(
             ".save_pretrained(folder)) and set training.tokenizer: {type: file, path: folder/tokenizer.json}",
             label="[yellow]warning:[/]",
         )
+    unread = unread_generation_settings(source, spec)
+    if unread:
+        _say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")
     if weights is not None:
         assert state is not None and report is not None
         _say(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors")

@@ -447,7 +447,7 @@ def generate_cmd(
     with _starting():
         import torch
 
-        from specformer.data.tokenizers import decoder_start_id
+        from specformer.data.tokenizers import decoder_start_id, forced_ids
         from specformer.training.generate import (
             _heals,
             beam_search,
@@ -557,6 +557,11 @@ def generate_cmd(
         if start is None:
             raise _fail("the tokenizer has no start token for the decoder (<s>, [CLS], <bos> or <|endoftext|>); "
                         "the spec names none as training.objective.decoder_start")
+        forced = forced_ids(tok, spec.training.objective)
+        for field, forced_id in zip(("forced_start", "forced_end"), forced, strict=True):
+            if forced_id is None and getattr(spec.training.objective, field, None) is not None:
+                raise _fail(f"training.objective.{field}: {getattr(spec.training.objective, field)!r} is not a "
+                            "token of the tokenizer")
         opening = tok.template()[0]  # the target was framed as the source: BART's outputs open with <s>
 
         def show_decoded() -> None:
@@ -570,6 +575,7 @@ def generate_cmd(
                 model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=limit, eos_id=tok.eos_id,
                 start_id=start, length_penalty=length_penalty, n_candidates=candidates,
                 repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                forced_start_id=forced[0], forced_end_id=forced[1],
             )
             new.extend(found[0].tolist())
         else:
@@ -579,6 +585,7 @@ def generate_cmd(
                     temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
                     n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                    forced_start_id=forced[0], forced_end_id=forced[1],
                 )
         show_decoded()
 

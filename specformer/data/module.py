@@ -174,9 +174,11 @@ def _check_specials(tokenizer: Tokenizer, objective: Any, spec_tokenizer: Any = 
                         "this one has none: use training.tokenizer type bpe or byte, or a tokenizer.json with one")
     if objective.type != "seq2seq":
         return
-    if objective.decoder_start is not None and tokenizer.token_id(objective.decoder_start) is None:
-        raise DataError(f"training.objective.decoder_start: {objective.decoder_start!r} is not a token of the "
-                        f"tokenizer; its special tokens: {_special_names(tokenizer)}")
+    for name in ("decoder_start", "forced_start", "forced_end"):
+        token = getattr(objective, name)
+        if token is not None and tokenizer.token_id(token) is None:
+            raise DataError(f"training.objective.{name}: {token!r} is not a token of the tokenizer; its special "
+                            f"tokens: {_special_names(tokenizer)}")
     ids = {"pad": tokenizer.pad_id, "start": decoder_start_id(tokenizer, objective), "end": tokenizer.eos_id}
     if None in ids.values():
         lacks = ", ".join(name for name, i in ids.items() if i is None)

@@ -42,6 +42,7 @@ from specformer.specs.training import (
 __all__ = [
     "Tokenizer",
     "decoder_start_id",
+    "forced_ids",
     "ByteTokenizer",
     "TaskTokenizer",
     "HFTokenizer",
@@ -123,6 +124,14 @@ def decoder_start_id(tokenizer: Tokenizer, objective: Any) -> int | None:
     (T5's ``<pad>``, BART's ``</s>``), else the tokenizer's start token."""
     token = getattr(objective, "decoder_start", None)
     return tokenizer.bos_id if token is None else tokenizer.token_id(token)
+
+
+def forced_ids(tokenizer: Tokenizer, objective: Any) -> tuple[int | None, int | None]:
+    """The ids of ``objective.forced_start`` and ``objective.forced_end`` (BART's ``<s>`` and
+    ``</s>``: the tokens generation puts first, and last at the length limit), None where
+    the objective names none or the tokenizer has no such token."""
+    start, end = getattr(objective, "forced_start", None), getattr(objective, "forced_end", None)
+    return (None if start is None else tokenizer.token_id(start), None if end is None else tokenizer.token_id(end))
 
 
 # a prompt's special-token strings, kept by the split as pieces of their own

@@ -58,6 +58,8 @@ __all__ = [
     "load_hf_weights",
     "import_hf",
     "model_tokenizer",
+    "read_generation_config",
+    "unread_generation_settings",
     "hf_state_dict",
     "save_hf",
     "write_files",
@@ -190,6 +192,7 @@ def import_hf(
     ``<pad>``, BART's ``</s>``) where that is not the tokenizer's own start token.
     """
     config = read_hf_config(source)
+    generation = read_generation_config(source)
     if name is None and not config.get("_name_or_path") and isinstance(source, str | Path):
         folder = Path(source) if Path(source).is_dir() else Path(source).resolve().parent
         name = folder.name or None
@@ -199,9 +202,15 @@ def import_hf(
         data = spec.to_dict()
         data["training"]["tokenizer"] = {"type": "file", "path": str(tokenizer)}
         if spec.kind == "encoder-decoder":
-            start = _decoder_start(tokenizer, config.get("decoder_start_token_id"))
-            if start is not None:
-                data["training"]["objective"] = {"type": "seq2seq", "decoder_start": start}
+            objective = {
+                "decoder_start": _decoder_start(tokenizer, config.get("decoder_start_token_id")),
+                # what generate() forces: BART's <s> first, </s> at the length limit
+                "forced_start": _token(tokenizer, generation.get("forced_bos_token_id")),
+                "forced_end": _token(tokenizer, generation.get("forced_eos_token_id")),
+            }
+            if any(v is not None for v in objective.values()):
+                data["training"]["objective"] = {
+                    "type": "seq2seq", **{k: v for k, v in objective.items() if v is not None}}
         spec = ModelSpec.model_validate(data)
     if state_dict is None and weights:
         if not isinstance(source, str | Path):
@@ -228,6 +237,87 @@ def _decoder_start(tokenizer_json: Path, start_id: Any) -> str | None:
     tok = HFTokenizer.from_str(tokenizer_json.read_text(encoding="utf-8"))
     token = tok.tok.id_to_token(start_id)
     return None if token is None or start_id == tok.bos_id else token
+
+
+def _token(tokenizer_json: Path, token_id: Any) -> str | None:
+    """The token string of ``token_id`` in the tokenizer, or None when it is not one id
+    (absent, a list) or no token of it."""
+    from specformer.data.tokenizers import HFTokenizer
+
+    if not isinstance(token_id, int) or isinstance(token_id, bool):
+        return None
+    return HFTokenizer.from_str(tokenizer_json.read_text(encoding="utf-8")).tok.id_to_token(token_id)
+
+
+def read_generation_config(source: Any) -> dict[str, Any]:
+    """The generation settings ``transformers``' ``generate`` starts from: the folder's
+    ``generation_config.json`` when it has one, else the ``config.json`` itself (older
+    models keep ``forced_bos_token_id``, ``num_beams``, ... there). ``{}`` when neither is
+    readable."""
+    if isinstance(source, str | Path):
+        path = Path(source)
+        found = (path if path.is_dir() else path.parent) / "generation_config.json"
+        if found.is_file():
+            try:
+                data = json.loads(found.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                return {}
+            return data if isinstance(data, dict) else {}
+    try:
+        return read_hf_config(source)
+    except HFConversionError:
+        return {}
+
+
+# generate()'s settings that specformer's generate takes as options instead, with
+# transformers' defaults (a value equal to its default is no setting)
+_GENERATION_OPTIONS = {
+    "do_sample": (False, "--temperature or --greedy"),
+    "temperature": (1.0, "--temperature"),
+    "top_k": (50, "--top-k"),
+    "top_p": (1.0, "--top-p"),
+    "num_beams": (1, "--num-beams"),
+    "length_penalty": (1.0, "--length-penalty"),
+    "repetition_penalty": (1.0, "--repetition-penalty"),
+    "no_repeat_ngram_size": (0, "--no-repeat-ngram"),
+    "max_new_tokens": (None, "--max-new-tokens"),
+    "max_length": (20, "--max-new-tokens"),
+    "min_length": (0, "not read"),
+    "min_new_tokens": (None, "not read"),
+    "early_stopping": (False, "not read"),
+    "num_return_sequences": (1, "not read"),
+}
+
+
+def unread_generation_settings(source: Any, spec: ModelSpec | None = None) -> list[str]:
+    """The model's generation settings (:func:`read_generation_config`) that specformer's
+    ``generate`` does not take from it, each with what to do instead: a sampling or beam
+    setting is an option of ``specformer generate`` (``num_beams=4: --num-beams``), and of
+    several end-of-sequence ids only the tokenizer's one ends an output. The forced tokens
+    of an encoder-decoder are read (``training.objective.forced_start``/``forced_end``);
+    another model's are listed."""
+    generation = read_generation_config(source)
+    notes = []
+    for key, (default, instead) in _GENERATION_OPTIONS.items():
+        value = generation.get(key)
+        if value is None or value == default or (key == "max_length" and "max_new_tokens" in generation):
+            continue
+        notes.append(f"{key}={json.dumps(value)} ({instead})" if instead == "not read" else
+                     f"{key}={json.dumps(value)} (give {instead})")
+    eos = generation.get("eos_token_id")
+    if isinstance(eos, list) and len(eos) > 1:
+        notes.append(f"eos_token_id={json.dumps(eos)} (an output ends at the tokenizer's one end token only)")
+    if spec is None or spec.kind != "encoder-decoder":
+        for key in ("forced_bos_token_id", "forced_eos_token_id"):
+            if generation.get(key) is not None:
+                notes.append(f"{key}={json.dumps(generation[key])} (not read: only an encoder-decoder's are)")
+    else:
+        objective = spec.training.objective
+        for key, field in (("forced_bos_token_id", "forced_start"), ("forced_eos_token_id", "forced_end")):
+            if generation.get(key) is not None and getattr(objective, field, None) is None:
+                notes.append(f"{key}={json.dumps(generation[key])} (not read: the spec names a token of the model's "
+                             f"tokenizer.json; set training.objective.{field})")
+    return notes
 
 
 def model_tokenizer(source: str | Path) -> Path | None:

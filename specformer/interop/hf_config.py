@@ -921,7 +921,10 @@ def hf_config_from_spec(
     defaults (GPT-2's 50256 lies outside most specformer vocabularies). An
     encoder-decoder's ``decoder_start_token_id`` is the one given, else its bos (the
     token specformer's decoder starts from unless ``training.objective.decoder_start``
-    names another).
+    names another); its ``forced_bos_token_id`` and ``forced_eos_token_id`` (the tokens of
+    ``training.objective.forced_start`` and ``forced_end``, which ``generate`` forces) are
+    written when given, and BART's are None otherwise (``BartConfig``'s defaults would
+    force tokens the model was not fine-tuned with).
     """
     model_type = hf_family(spec)
     _check_head_exports(spec, model_type)
@@ -1004,7 +1007,8 @@ def _check_head_exports(spec: ModelSpec, model_type: str) -> None:
     )
 
 
-_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_bos_token_id",
+               "forced_eos_token_id")
 
 
 def _set_token_ids(
@@ -1017,8 +1021,10 @@ def _set_token_ids(
     if spec.kind == "encoder-decoder":
         start = token_ids.get("decoder_start_token_id")
         ids["decoder_start_token_id"] = start if start is not None else ids["bos_token_id"]
-    if config["model_type"] == "bart":
-        ids["forced_eos_token_id"] = None  # BartConfig's default (2) would force a token at max length
+        for key in ("forced_bos_token_id", "forced_eos_token_id"):
+            # BartConfig's default forced_eos (2) would force a token the spec does not name
+            if token_ids.get(key) is not None or config["model_type"] == "bart":
+                ids[key] = token_ids.get(key)
     for key, value in ids.items():
         if value is not None and not (isinstance(value, int) and 0 <= value < spec.vocab_size):
             raise HFConversionError(

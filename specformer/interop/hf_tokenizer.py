@@ -25,12 +25,15 @@ __all__ = ["special_token_ids", "hf_tokenizer_json", "hf_tokenizer_files"]
 def special_token_ids(tokenizer: Any, spec: Any = None) -> dict[str, int | None]:
     """``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of a specformer tokenizer
     (None where it has no such token), and an encoder-decoder ``spec``'s
-    ``decoder_start_token_id`` (``training.objective.decoder_start``, else the bos)."""
+    ``decoder_start_token_id`` (``training.objective.decoder_start``, else the bos), and its
+    ``forced_bos_token_id`` / ``forced_eos_token_id`` (``training.objective.forced_start`` /
+    ``forced_end``; None when it names none)."""
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
     if spec is not None and spec.kind == "encoder-decoder":
-        from specformer.data.tokenizers import decoder_start_id
+        from specformer.data.tokenizers import decoder_start_id, forced_ids
 
         ids["decoder_start_token_id"] = decoder_start_id(tokenizer, spec.training.objective)
+        ids["forced_bos_token_id"], ids["forced_eos_token_id"] = forced_ids(tokenizer, spec.training.objective)
     return ids
 
 

@@ -125,6 +125,22 @@ class Seq2SeqSpec(Spec):
             "start token (<s>, [CLS], <bos> or <|endoftext|>)."
         ),
     )
+    forced_start: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A token generation puts first in the output, after decoder_start, whatever the model's "
+            "scores (Hugging Face's forced_bos_token_id: BART's <s>). Default: none, the model chooses."
+        ),
+    )
+    forced_end: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A token generation puts last when the output reaches its length limit without having ended "
+            "(Hugging Face's forced_eos_token_id: BART's </s>). Default: none."
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- data

@@ -184,6 +184,16 @@ def _finish(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, T
     return tokens, done | (tokens == eos_id)
 
 
+def _forced(scores: Tensor, token_id: int | None) -> Tensor:
+    """``scores`` (N, V) with every token but ``token_id`` at -inf and it at 0, as Hugging
+    Face's ForcedBOS/ForcedEOS logits processors leave them; unchanged when None."""
+    if token_id is None:
+        return scores
+    forced = torch.full_like(scores, float("-inf"))
+    forced[:, token_id] = 0.0
+    return forced
+
+
 def _learned_positions(model: nn.Module) -> int | None:
     """Positions a learned table gives the model (``spec.max_seq_len`` unless the table has
     other rows); ``None`` for every other positional scheme, which has no end."""
@@ -308,6 +318,8 @@ def generate_seq2seq(
     on_token: Callable[[Tensor], None] | None = None,
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
+    forced_start_id: int | None = None,
+    forced_end_id: int | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
     generated ids (B, N) without the start token ``start_id`` (the tokenizer's bos, or T5's
@@ -316,7 +328,10 @@ def generate_seq2seq(
     and no cap for the other positional schemes. ``n_candidates`` and ``on_token``: see
     :func:`sample_next` and :func:`generate`; ``repetition_penalty`` and
     ``no_repeat_ngram_size``: :func:`penalize_repeats`, over the decoder's tokens (its start
-    token included, as Hugging Face's)."""
+    token included, as Hugging Face's). ``forced_start_id`` is the first generated token and
+    ``forced_end_id`` the last one when the output reaches its length limit (the last of
+    ``max_new_tokens``, or ``max_len``) without having ended, whatever the scores: Hugging
+    Face's ``forced_bos_token_id`` and ``forced_eos_token_id`` (BART's ``<s>`` and ``</s>``)."""
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
@@ -330,7 +345,7 @@ def generate_seq2seq(
         seq = torch.full((b, 1), start_id, dtype=torch.long, device=input_ids.device)
         done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
         cache: Any = None
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             if use_cache and cache is not None:
                 dec_in = seq[:, -1:]
             else:
@@ -346,6 +361,8 @@ def generate_seq2seq(
             cache = out.cache
             scores = penalize_repeats(_last_logits(out.logits, model, "generate_seq2seq"), seq,
                                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+            scores = _forced(scores, forced_start_id if step == 0 else None)
+            scores = _forced(scores, forced_end_id if step == max_new_tokens - 1 else None)
             nxt = sample_next(scores, temperature=temperature,
                               top_k=top_k, top_p=top_p, generator=generator, n_candidates=n_candidates)
             nxt, done = _finish(nxt, done, eos_id)
@@ -377,6 +394,8 @@ def beam_search(
     allowed_tokens: Callable[[Tensor], Tensor | None] | None = None,
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
+    forced_start_id: int | None = None,
+    forced_end_id: int | None = None,
 ) -> Tensor:
     """The most likely continuation of each prompt found keeping the ``num_beams`` best
     partial sequences at every step, with the KV cache (reordered as beams are chosen).
@@ -394,7 +413,9 @@ def beam_search(
     ``num_beams`` sequences have finished. ``n_candidates`` and ``allowed_tokens`` (called
     with each beam's tokens so far, (B * num_beams, n)): see :func:`generate`.
     ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to each beam's
-    log-probabilities, as Hugging Face's do (:func:`penalize_repeats`)."""
+    log-probabilities, as Hugging Face's do (:func:`penalize_repeats`); ``forced_start_id`` and
+    ``forced_end_id`` (the first new token, and the last at ``max_new_tokens``) as in
+    :func:`generate_seq2seq`."""
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     from specformer.components.cache import CacheNotFilledError
 
@@ -472,6 +493,8 @@ def beam_search(
                 history_mask = torch.nn.functional.pad(expand(attention_mask), (0, cur - prompt_len), value=1)
             logp = penalize_repeats(logits.log_softmax(-1), seq.reshape(b * k, -1), history_mask=history_mask,
                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+            logp = _forced(logp, forced_start_id if cur == prompt_len else None)
+            logp = _forced(logp, forced_end_id if cur + 1 == max_len else None)
             scores = (logp.view(b, k, vocab) + running[:, :, None]).view(b, k * vocab)
             cand_scores, cand = torch.topk(scores, keep, dim=-1)  # (B, 2k)
             source, token = cand // vocab, cand % vocab

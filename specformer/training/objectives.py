@@ -110,8 +110,13 @@ class Seq2Seq(Objective):
         return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
 
     @torch.no_grad()
-    def exact_match(self, model: Any, batch: Mapping[str, Tensor], *, start_id: int, eos_id: int) -> tuple[int, int]:
-        """(correct, total): greedy decodes that equal the target exactly, end token included."""
+    def exact_match(
+        self, model: Any, batch: Mapping[str, Tensor], *, start_id: int, eos_id: int, forced_start_id: int | None = None
+    ) -> tuple[int, int]:
+        """(correct, total): greedy decodes that equal the target exactly, end token included.
+        ``forced_start_id`` (``training.objective.forced_start``) opens every decode, as it
+        does in ``generate``; ``forced_end`` is left out, since an end token forced at the
+        length limit would pass a decode that had not ended."""
         from specformer.components.cache import CacheNotFilledError
         from specformer.training.generate import generate_seq2seq
 
@@ -125,6 +130,7 @@ class Seq2Seq(Objective):
             eos_id=eos_id,
             max_new_tokens=labels.shape[1],
             temperature=0.0,
+            forced_start_id=forced_start_id,
         )
         try:
             out = decode()  # (B, <= L+1)

@@ -331,3 +331,65 @@ def test_generate_of_an_imported_encoder_decoder_starts_as_transformers_does(
     back.generation_config.eos_token_id = None
     again = back.generate(**hf_tok(prompt, return_tensors="pt"), do_sample=False, max_new_tokens=n)[0].tolist()
     assert again == theirs
+
+
+def test_bart_generation_forces_its_start_and_end_tokens_as_transformers_does(tmp_path: Path, monkeypatch) -> None:
+    """A BART whose generation_config.json forces ``<s>`` first and ``</s>`` at the length
+    limit (facebook/bart-large's forced_bos_token_id 0 and forced_eos_token_id 2): the
+    imported spec names both tokens, generate and beam search give transformers' ids, and
+    the export forces them again."""
+    folder, hf = _seq2seq_folder(tmp_path, "bart")
+    hf.generation_config.forced_bos_token_id, hf.generation_config.forced_eos_token_id = 0, 2
+    hf.generation_config.save_pretrained(folder)
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "my.safetensors"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    assert "forced_start: <s>" in result.output and "forced_end: </s>" in result.output
+    objective = load_spec(spec_path).training.objective
+    assert (objective.decoder_start, objective.forced_start, objective.forced_end) == ("</s>", "<s>", "</s>")
+
+    gen = importlib.import_module("specformer.training.generate")
+    seen = {}
+
+    def recording(name: str) -> Any:
+        real = getattr(gen, name)
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            out = real(*args, **kwargs)
+            seen["out"] = out[0].tolist()
+            return out
+        return record
+
+    monkeypatch.setattr(gen, "generate_seq2seq", recording("generate_seq2seq"))
+    monkeypatch.setattr(gen, "beam_search", recording("beam_search"))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = hf_tok("the model is here", return_tensors="pt")
+    source = [str(weights), "--spec", str(spec_path), "--prompt", "the model is here"]
+    for n, beams in ((1, 1), (2, 1), (6, 1), (6, 3)):
+        theirs = hf.generate(**ids, do_sample=False, num_beams=beams, max_new_tokens=n)[0].tolist()
+        assert theirs[1] == (2 if n == 1 else 0) and theirs[-1] == 2  # <s> first, </s> at the limit (which wins)
+        result = runner.invoke(app, ["generate", *source, "-n", str(n), "--num-beams", str(beams)])
+        assert result.exit_code == 0, result.output
+        assert seen["out"] == theirs[1:], (n, beams)
+
+    out = tmp_path / "exported"
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    back = type(hf).from_pretrained(out).eval()
+    assert (back.generation_config.forced_bos_token_id, back.generation_config.forced_eos_token_id) == (0, 2)
+    assert back.generate(**ids, do_sample=False, max_new_tokens=6).tolist() == hf.generate(
+        **ids, do_sample=False, max_new_tokens=6).tolist()
+
+
+def test_import_hf_names_the_generation_settings_generate_does_not_read(tmp_path: Path) -> None:
+    folder, hf = _llama_folder(tmp_path)
+    hf.generation_config.eos_token_id = [2, 0]
+    hf.generation_config.num_beams, hf.generation_config.no_repeat_ngram_size = 4, 3
+    hf.generation_config.temperature = 1.0  # transformers' default: no setting
+    hf.generation_config.save_pretrained(folder)
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "my.yaml")])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "generation settings specformer generate does not read" in said
+    assert "num_beams=4 (give --num-beams)" in said and "no_repeat_ngram_size=3 (give --no-repeat-ngram)" in said
+    assert "eos_token_id=[2, 0]" in said and "temperature" not in said

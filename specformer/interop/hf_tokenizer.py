@@ -78,6 +78,29 @@ def hf_tokenizer_json(state: Mapping[str, Any]) -> str:
     return tok.to_str()
 
 
+def _framing_tokens(data: Mapping[str, Any]) -> dict[str, str | None]:
+    """The ``unk_token``, ``cls_token`` and ``sep_token`` a ``tokenizer.json`` has (its
+    model's unknown token; the classification and separator tokens of its BERT or RoBERTa
+    post-processor, else ``[CLS]`` and ``[SEP]`` where it has them), which
+    ``tokenizer_config.json`` names for ``transformers`` (``tokenizer.sep_token_id``)."""
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    unk = model.get("unk_token")
+    if model.get("type") == "Unigram" and isinstance(model.get("unk_id"), int) and isinstance(vocab, list):
+        unk = vocab[model["unk_id"]][0] if 0 <= model["unk_id"] < len(vocab) else None
+    post = data.get("post_processor") or {}
+    processors = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    cls = sep = None
+    for processor in processors:
+        if (processor or {}).get("type") in ("BertProcessing", "RobertaProcessing"):
+            cls, sep = processor["cls"][0], processor["sep"][0]
+    added = {t.get("content") for t in data.get("added_tokens") or []}
+    known = added | (set(vocab) if isinstance(vocab, dict) else set())
+    cls = cls if cls is not None else "[CLS]" if "[CLS]" in known else None
+    sep = sep if sep is not None else "[SEP]" if "[SEP]" in known else None
+    return {"unk_token": unk if isinstance(unk, str) else None, "cls_token": cls, "sep_token": sep}
+
+
 def hf_tokenizer_files(state: Mapping[str, Any], *, max_length: int | None = None) -> dict[str, str]:
     """``{file name: text}``: ``tokenizer.json`` and a ``tokenizer_config.json`` naming the
     special tokens, for the tokenizer stored as ``state``."""
@@ -92,13 +115,16 @@ def hf_tokenizer_files(state: Mapping[str, Any], *, max_length: int | None = Non
     def token(i: int | None) -> str | None:
         return None if i is None else theirs.id_to_token(i)
 
+    framing = _framing_tokens(json.loads(text))
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": token(ours.bos_id),
         "eos_token": token(ours.eos_id),
         "pad_token": token(ours.pad_id),
         "mask_token": token(ours.mask_id),
-        "unk_token": token(getattr(ours, "unk_id", None)),
+        "unk_token": token(getattr(ours, "unk_id", None)) or framing["unk_token"],
+        "cls_token": framing["cls_token"],
+        "sep_token": framing["sep_token"],
         "clean_up_tokenization_spaces": False,
     }
     if max_length is not None:

@@ -393,3 +393,24 @@ def test_import_hf_names_the_generation_settings_generate_does_not_read(tmp_path
     assert "generation settings specformer generate does not read" in said
     assert "num_beams=4 (give --num-beams)" in said and "no_repeat_ngram_size=3 (give --no-repeat-ngram)" in said
     assert "eos_token_id=[2, 0]" in said and "temperature" not in said
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "t5", "bart"])
+def test_an_exported_import_names_the_tokenizers_special_tokens_as_the_original(tmp_path: Path, family: str) -> None:
+    """The exported tokenizer_config.json names the unknown, classification and separator
+    tokens the model's own does (BERT's [UNK], [CLS], [SEP]; Llama's <unk>), so
+    ``tokenizer.sep_token_id`` and ``unk_token_id`` are what they were."""
+    if family in ("t5", "bart"):
+        folder, _ = _seq2seq_folder(tmp_path, family)
+    else:
+        folder, _ = {"bert": _bert_folder, "llama": _llama_folder}[family](tmp_path)
+    spec_path, weights, out = tmp_path / "my.yaml", tmp_path / "my.safetensors", tmp_path / "exported"
+    assert runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)]).exit_code == 0
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    theirs, back = transformers.AutoTokenizer.from_pretrained(folder), transformers.AutoTokenizer.from_pretrained(out)
+    for name in ("unk_token", "cls_token", "sep_token", "pad_token", "mask_token", "eos_token"):
+        if getattr(theirs, name) is not None:
+            assert getattr(back, name) == getattr(theirs, name), name
+    assert back.unk_token_id is not None
+    assert back("the model zzz").input_ids == theirs("the model zzz").input_ids

@@ -486,3 +486,28 @@ def test_beam_search_of_an_attention_that_keeps_no_cache_says_to_sample_without_
     assert message.startswith("beam search reorders a KV cache as beams are chosen, and layer 0's self-attention "
                               "(_NoCache) did not store its keys and values")
     assert message.endswith("generate(..., use_cache=False) (specformer generate --no-cache, without --num-beams)")
+
+
+def test_forced_tokens_open_and_close_the_output_and_exact_match_opens_with_the_start(tiny: Any) -> None:
+    from specformer.specs.training import Seq2SeqSpec
+    from specformer.training.objectives import Seq2Seq
+
+    spec, model = _model(tiny, "encoder-decoder", positional={"type": "t5"})
+    src = torch.randint(5, 40, (3, 7))
+    free = generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=6)
+    forced_start = int((free[0, 0] + 1) % spec.vocab_size)  # a token the model does not choose first
+    out = generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=6, forced_start_id=forced_start,
+                           forced_end_id=2)
+    assert out[:, 0].tolist() == [forced_start] * 3 and out[:, -1].tolist() == [2] * 3
+    assert torch.equal(out[:, 1:-1], generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=5,
+                                                      forced_start_id=forced_start)[:, 1:])
+    beams = beam_search(model, src, num_beams=3, max_new_tokens=6, eos_id=None, start_id=1,
+                        forced_start_id=forced_start, forced_end_id=2)
+    assert beams[:, 0].tolist() == [forced_start] * 3 and beams[:, -1].tolist() == [2] * 3
+
+    # targets the model gives after the forced start: exact match decodes them only if it forces it too
+    labels = generate_seq2seq(model, src, start_id=1, eos_id=2, max_new_tokens=6, forced_start_id=forced_start)
+    objective = Seq2Seq(Seq2SeqSpec())
+    batch = {"input_ids": src, "labels": labels}
+    assert objective.exact_match(model, batch, start_id=1, eos_id=2) == (0, 3)
+    assert objective.exact_match(model, batch, start_id=1, eos_id=2, forced_start_id=forced_start) == (3, 3)

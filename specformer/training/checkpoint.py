@@ -156,6 +156,13 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
                 more = f" (and {len(runs) - 1} earlier)" if len(runs) > 1 else ""
                 raise CheckpointError(f"{path} holds the runs of a spec, not one run; its latest is {runs[-1]}{more}: "
                                       "give that run folder or its checkpoints/last.ckpt")
+            if (path / "config.json").is_file():  # what transformers or export-hf wrote
+                raise CheckpointError(
+                    f"{path} is a Hugging Face model folder (config.json), not a run: read it with `specformer "
+                    f"import-hf {path} -o spec.yaml --weights weights.safetensors`, then give weights.safetensors "
+                    "(train spec.yaml --init-from weights.safetensors; generate, eval and fill-mask with --spec "
+                    "spec.yaml)"
+                )
             raise CheckpointError(f"{path} is a folder with no last.ckpt (expected a run folder or a .ckpt file)")
         path = candidate
     if path.suffix.lower() in (".yaml", ".yml"):

@@ -277,6 +277,16 @@ def test_the_folder_of_a_specs_runs_names_its_latest_run(tmp_path: Path) -> None
         read_checkpoint(tmp_path)  # no run below it either
 
 
+def test_a_hugging_face_model_folder_given_as_a_checkpoint_says_to_import_it(tmp_path: Path) -> None:
+    # `train --init-from hf_folder`, `generate hf_out` after export-hf: the folder is transformers'
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}', encoding="utf-8")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path} is a Hugging Face model folder (config.json), not a run: read it "
+                                     f"with `specformer import-hf {tmp_path} -o spec.yaml --weights weights.safetensors`")
+
+
 def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() -> None:
     # a Llama-like checkpoint resumed with gpt-nano: 14 fields differ, among them the
     # positional type; the message lists 12 and names the rest, and a field only one of

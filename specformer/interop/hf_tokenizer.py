@@ -80,7 +80,7 @@ def hf_tokenizer_json(state: Mapping[str, Any]) -> str:
 
 def _framing_tokens(data: Mapping[str, Any]) -> dict[str, str | None]:
     """The ``unk_token``, ``cls_token`` and ``sep_token`` a ``tokenizer.json`` has (its
-    model's unknown token; the classification and separator tokens of its BERT or RoBERTa
+    model's unknown token, else ``<unk>`` or ``[UNK]``; the classification and separator tokens of its BERT or RoBERTa
     post-processor, else ``[CLS]`` and ``[SEP]`` where it has them), which
     ``tokenizer_config.json`` names for ``transformers`` (``tokenizer.sep_token_id``)."""
     model = data.get("model") or {}
@@ -98,7 +98,9 @@ def _framing_tokens(data: Mapping[str, Any]) -> dict[str, str | None]:
     known = added | (set(vocab) if isinstance(vocab, dict) else set())
     cls = cls if cls is not None else "[CLS]" if "[CLS]" in known else None
     sep = sep if sep is not None else "[SEP]" if "[SEP]" in known else None
-    return {"unk_token": unk if isinstance(unk, str) else None, "cls_token": cls, "sep_token": sep}
+    if not isinstance(unk, str):  # a byte-level BPE's model has none, yet RoBERTa's vocabulary holds <unk>
+        unk = next((name for name in ("<unk>", "[UNK]") if name in known), None)
+    return {"unk_token": unk, "cls_token": cls, "sep_token": sep}
 
 
 def hf_tokenizer_files(state: Mapping[str, Any], *, max_length: int | None = None) -> dict[str, str]:

@@ -174,3 +174,22 @@ def test_roberta_keeps_the_pad_id_that_places_its_positions() -> None:
     assert config["pad_token_id"] == 1 and config["eos_token_id"] == 256
     assert any("pad_token_id is 1 (it sets the position offset)" in w for w in warnings)
     assert spec_from_hf_config(config) == spec
+
+
+def test_tokenizer_config_names_robertas_cls_sep_and_unk() -> None:
+    # a byte-level BPE's model has no unknown token, and RoBERTa's post-processor names
+    # <s> and </s> as its classification and separator tokens
+    import json
+
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    from specformer.interop.hf_tokenizer import hf_tokenizer_files
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the model is here"] * 20, vocab_size=280,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tok = bpe._tokenizer
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    config = json.loads(hf_tokenizer_files({"type": "hf", "json": tok.to_str()})["tokenizer_config.json"])
+    assert {k: config.get(k) for k in ("cls_token", "sep_token", "unk_token", "pad_token", "mask_token")} == {
+        "cls_token": "<s>", "sep_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}

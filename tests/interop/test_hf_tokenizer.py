@@ -179,8 +179,6 @@ def test_roberta_keeps_the_pad_id_that_places_its_positions() -> None:
 def test_tokenizer_config_names_robertas_cls_sep_and_unk() -> None:
     # a byte-level BPE's model has no unknown token, and RoBERTa's post-processor names
     # <s> and </s> as its classification and separator tokens
-    import json
-
     from tokenizers import ByteLevelBPETokenizer, processors
 
     from specformer.interop.hf_tokenizer import hf_tokenizer_files

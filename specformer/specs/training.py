@@ -603,7 +603,10 @@ def training_issues(
         )
     if paired and objective is not None and objective.type != "seq2seq":
         what = "synthetic tasks are" if synthetic else "(source, target) pairs are"
-        yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models")
+        text = "" if synthetic else (
+            f"; a {kind} trains on text, every token with a loss (no loss mask for a prompt): type: files, "
+            "whose .jsonl lines give it as text_field")
+        yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models{text}")
     if tok is not None:
         if tok.type == "task" and not synthetic:
             yield ("training.tokenizer.type", "the task vocabulary only covers the synthetic tasks; use bpe or byte")

@@ -172,7 +172,9 @@ def test_the_spec_takes_pairs_for_seq2seq_only(tmp_path: Path) -> None:
         "decoder": {"n_layers": 1, "attention": {"n_heads": 2}},
         "training": {"data": {"type": "pairs", "paths": ["a.jsonl"]}},
     }
-    with pytest.raises(SpecError, match=r"\(source, target\) pairs are sequence-to-sequence"):
+    with pytest.raises(SpecError, match=r"\(source, target\) pairs are sequence-to-sequence: they train "
+                       r"encoder-decoder models; a decoder trains on text, every token with a loss \(no loss mask "
+                       r"for a prompt\): type: files"):
         load_spec(gpt)
     with pytest.raises(SpecError, match="source_field and target_field are both 'x'"):
         load_spec(

@@ -603,9 +603,10 @@ def training_issues(
         )
     if paired and objective is not None and objective.type != "seq2seq":
         what = "synthetic tasks are" if synthetic else "(source, target) pairs are"
+        files = "type: files, whose .jsonl lines give it as text_field"
         text = "" if synthetic else (
-            f"; a {kind} trains on text, every token with a loss (no loss mask for a prompt): type: files, "
-            "whose .jsonl lines give it as text_field")
+            f"; an encoder trains on text, masked LM ({files})" if kind == "encoder" else
+            f"; a decoder trains on text, every token with a loss (no loss mask for a prompt): {files}")
         yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models{text}")
     if tok is not None:
         if tok.type == "task" and not synthetic:

@@ -302,8 +302,15 @@ def unread_generation_settings(source: Any, spec: ModelSpec | None = None) -> li
         value = generation.get(key)
         if value is None or value == default or (key == "max_length" and "max_new_tokens" in generation):
             continue
-        notes.append(f"{key}={json.dumps(value)} ({instead})" if instead == "not read" else
-                     f"{key}={json.dumps(value)} (give {instead})")
+        if instead == "not read" or key == "do_sample":
+            notes.append(f"{key}={json.dumps(value)} ({instead})")
+        elif key == "max_length" and isinstance(value, int):
+            # transformers counts the decoder's start token (a decoder's prompt) in max_length
+            new = (f"give --max-new-tokens {value - 1}" if spec is not None and spec.kind == "encoder-decoder"
+                   else "give --max-new-tokens, which counts the new tokens alone")
+            notes.append(f"max_length={value} ({new})")
+        else:
+            notes.append(f"{key}={json.dumps(value)} (give {instead} {json.dumps(value)})")
     eos = generation.get("eos_token_id")
     if isinstance(eos, list) and len(eos) > 1:
         notes.append(f"eos_token_id={json.dumps(eos)} (an output ends at the tokenizer's one end token only)")

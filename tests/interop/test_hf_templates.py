@@ -391,7 +391,7 @@ def test_import_hf_names_the_generation_settings_generate_does_not_read(tmp_path
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "generation settings specformer generate does not read" in said
-    assert "num_beams=4 (give --num-beams)" in said and "no_repeat_ngram_size=3 (give --no-repeat-ngram)" in said
+    assert "num_beams=4 (give --num-beams 4)" in said and "no_repeat_ngram_size=3 (give --no-repeat-ngram 3)" in said
     assert "eos_token_id=[2, 0]" in said and "temperature" not in said
 
 

@@ -123,6 +123,7 @@ def import_hf_cmd(
     from specformer.interop.hf import (
         EXPORTED_AS,
         HFConversionError,
+        chat_template_source,
         import_hf,
         model_tokenizer,
         read_generation_config,
@@ -188,6 +189,9 @@ def import_hf_cmd(
             ".save_pretrained(folder)) and set training.tokenizer: {type: file, path: folder/tokenizer.json}",
             label="[yellow]warning:[/]",
         )
+    if tokenizer is not None and tokenizer.type == "file" and (chat := chat_template_source(source)) is not None:
+        _say(f"  the tokenizer's chat template ({escape(chat)}) is not carried: generate reads a prompt as plain "
+             "text, and export-hf writes the tokenizer without it (copy it into the exported folder to keep it)")
     unread = unread_generation_settings(source, spec)
     if unread:
         _say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")

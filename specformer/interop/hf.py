@@ -60,6 +60,7 @@ __all__ = [
     "model_tokenizer",
     "read_generation_config",
     "unread_generation_settings",
+    "chat_template_source",
     "hf_state_dict",
     "save_hf",
     "write_files",
@@ -325,6 +326,21 @@ def unread_generation_settings(source: Any, spec: ModelSpec | None = None) -> li
                 notes.append(f"{key}={json.dumps(generation[key])} (not read: the spec names a token of the model's "
                              f"tokenizer.json; set training.objective.{field})")
     return notes
+
+
+def chat_template_source(source: str | Path) -> str | None:
+    """Where the model's tokenizer keeps a chat template (``chat_template.jinja``, or
+    ``tokenizer_config.json``'s ``chat_template``), which a specformer tokenizer does not
+    carry; None when it has none."""
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return "chat_template.jinja" if (folder / "chat_template.jinja").is_file() else "chat_template.json"
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return "tokenizer_config.json's chat_template" if isinstance(config, dict) and config.get("chat_template") else None
 
 
 def model_tokenizer(source: str | Path) -> Path | None:

@@ -414,3 +414,16 @@ def test_an_exported_import_names_the_tokenizers_special_tokens_as_the_original(
             assert getattr(back, name) == getattr(theirs, name), name
     assert back.unk_token_id is not None
     assert back("the model zzz").input_ids == theirs("the model zzz").input_ids
+
+
+def test_import_hf_says_the_chat_template_is_not_carried(tmp_path: Path) -> None:
+    folder, _ = _llama_folder(tmp_path)
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "plain.yaml")])
+    assert result.exit_code == 0 and "chat template" not in result.output
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    tok.save_pretrained(folder)  # chat_template.jinja (transformers 5) or tokenizer_config.json's chat_template
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "chat.yaml")])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "the tokenizer's chat template (chat_template.jinja) is not carried" in said

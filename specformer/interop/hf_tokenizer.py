@@ -80,9 +80,10 @@ def hf_tokenizer_json(state: Mapping[str, Any]) -> str:
 
 def _framing_tokens(data: Mapping[str, Any]) -> dict[str, str | None]:
     """The ``unk_token``, ``cls_token`` and ``sep_token`` a ``tokenizer.json`` has (its
-    model's unknown token, else ``<unk>`` or ``[UNK]``; the classification and separator tokens of its BERT or RoBERTa
-    post-processor, else ``[CLS]`` and ``[SEP]`` where it has them), which
-    ``tokenizer_config.json`` names for ``transformers`` (``tokenizer.sep_token_id``)."""
+    model's unknown token, else ``<unk>`` or ``[UNK]``; the classification and separator
+    tokens of its BERT or RoBERTa post-processor, else ``[CLS]`` and ``[SEP]`` where it has
+    them), which ``tokenizer_config.json`` names for ``transformers``
+    (``tokenizer.sep_token_id``)."""
     model = data.get("model") or {}
     vocab = model.get("vocab")
     unk = model.get("unk_token")

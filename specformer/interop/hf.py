@@ -315,6 +315,13 @@ def unread_generation_settings(source: Any, spec: ModelSpec | None = None) -> li
     eos = generation.get("eos_token_id")
     if isinstance(eos, list) and len(eos) > 1:
         notes.append(f"eos_token_id={json.dumps(eos)} (an output ends at the tokenizer's one end token only)")
+    elif isinstance(eos, int) and isinstance(source, str | Path) and (found := model_tokenizer(source)) is not None:
+        from specformer.data.tokenizers import HFTokenizer
+
+        tok = HFTokenizer.from_str(found.read_text(encoding="utf-8"))
+        if tok.eos_id != eos:
+            ours = "none" if tok.eos_id is None else f"{tok.tok.id_to_token(tok.eos_id)} ({tok.eos_id})"
+            notes.append(f"eos_token_id={eos} (an output ends at the tokenizer's end token instead: {ours})")
     if spec is None or spec.kind != "encoder-decoder":
         for key in ("forced_bos_token_id", "forced_eos_token_id"):
             if generation.get(key) is not None:

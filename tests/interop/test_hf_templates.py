@@ -394,6 +394,12 @@ def test_import_hf_names_the_generation_settings_generate_does_not_read(tmp_path
     assert "num_beams=4 (give --num-beams 4)" in said and "no_repeat_ngram_size=3 (give --no-repeat-ngram 3)" in said
     assert "eos_token_id=[2, 0]" in said and "temperature" not in said
 
+    hf.generation_config.eos_token_id = 0  # <unk>: not the token the tokenizer ends a text with
+    hf.generation_config.save_pretrained(folder)
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "other.yaml")])
+    assert "eos_token_id=0 (an output ends at the tokenizer's end token instead: </s> (2))" in " ".join(
+        result.output.split())
+
 
 @pytest.mark.parametrize("family", ["bert", "llama", "t5", "bart"])
 def test_an_exported_import_names_the_tokenizers_special_tokens_as_the_original(tmp_path: Path, family: str) -> None:

@@ -511,3 +511,27 @@ def test_forced_tokens_open_and_close_the_output_and_exact_match_opens_with_the_
     batch = {"input_ids": src, "labels": labels}
     assert objective.exact_match(model, batch, start_id=1, eos_id=2) == (0, 3)
     assert objective.exact_match(model, batch, start_id=1, eos_id=2, forced_start_id=forced_start) == (3, 3)
+
+
+def test_validation_decodes_from_the_forced_start_the_spec_names(monkeypatch) -> None:
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.tokenizers import TaskTokenizer
+    from specformer.specs.loader import load_spec
+
+    spec = load_spec("t5-nano", ["training.objective.forced_start=<s>", "training.objective.forced_end=</s>"])
+    tok = TaskTokenizer()
+    module = SpecModule(spec, tokenizer=tok)
+    seen: dict[str, Any] = {}
+
+    def exact_match(model: Any, batch: Any, **kwargs: Any) -> tuple[int, int]:
+        seen.update(kwargs)
+        return 0, 1
+
+    monkeypatch.setattr(module.objective, "exact_match", exact_match)
+    module.on_validation_epoch_start()
+    src = torch.randint(5, 20, (2, 6))
+    dec = torch.full((2, 4), tok.bos_id)
+    module.validation_step({"input_ids": src, "attention_mask": torch.ones_like(src), "decoder_input_ids": dec,
+                            "decoder_attention_mask": torch.ones_like(dec), "labels": dec.clone()}, 0)
+    # the forced start opens every decode; the forced end is left out (it would end unfinished ones)
+    assert seen == {"start_id": tok.bos_id, "eos_id": tok.eos_id, "forced_start_id": tok.token_id("<s>")}

@@ -320,6 +320,7 @@ def train_cmd(
     specformer train gpt-nano
     specformer train bert-nano --set training.max_steps=200
     specformer train t5-nano --set training.data.task=sort
+    specformer train gpt-nano --set 'training.data={type: files, paths: [input.txt]}' --set training.tokenizer.type=byte
     specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
     specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
     specformer train gpt2.yaml --init-from gpt2.safetensors --set training.max_steps=200

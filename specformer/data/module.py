@@ -126,13 +126,16 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
 
 
 def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
-    """The data line's note when a BPE learnt fewer tokens than asked, or a tokenizer.json
-    has fewer than the model's vocab_size ('' otherwise)."""
+    """The data line's note when a BPE learnt fewer tokens than asked, or a tokenizer.json or
+    the byte tokenizer has fewer than the model's vocab_size ('' otherwise)."""
     settings = spec.training.tokenizer
-    if getattr(settings, "type", None) == "file" and tokenizer.vocab_size < spec.vocab_size:
-        # (an imported model's table may be padded on purpose; one's own tokenizer may want a smaller one)
+    kind = getattr(settings, "type", None)
+    if kind in ("file", "byte") and tokenizer.vocab_size < spec.vocab_size:
+        # (an imported model's table may be padded on purpose; one's own tokenizer may want a smaller one;
+        # a byte-level model of a preset's vocab_size starts at a loss of ln vocab_size, not ln 259)
+        smaller = f" (vocab_size={tokenizer.vocab_size} saves their rows)" if kind == "byte" else ""
         return (f"; the tokenizer has {tokenizer.vocab_size} tokens and vocab_size is {spec.vocab_size}: ids "
-                f"{tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+                f"{tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused{smaller}")
     asked = getattr(settings, "vocab_size", None)
     if asked is None or tokenizer.vocab_size >= asked:
         return ""

@@ -1114,3 +1114,18 @@ def test_a_tokenizer_json_without_an_end_of_text_token_is_named_with_its_special
         "its special tokens: [UNK], [PAD], [EOS]. Add one when training the tokenizer "
         '(special_tokens=["<|endoftext|>", ...]), or use training.tokenizer type bpe or byte')
     assert not (tmp_path / "cache" / "tokens").exists()
+
+
+def test_the_byte_tokenizer_below_vocab_size_is_pointed_out(tmp_path: Path) -> None:
+    # character-level training on a preset: 259 byte ids in a 512-row table
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    (tmp_path / "input.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200)
+    base = [f"training.data={{type: files, paths: ['{tmp_path}/input.txt']}}", "training.seq_len=16",
+            "training.tokenizer.type=byte", f"training.cache_dir={tmp_path / 'cache'}"]
+    data = prepare(load_spec("gpt-nano", base))  # vocab_size 512
+    assert data.tokenizer.vocab_size == 259
+    assert ("; the tokenizer has 259 tokens and vocab_size is 512: ids 259–511 stay unused "
+            "(vocab_size=259 saves their rows)") in data.description
+    assert "stay unused" not in prepare(load_spec("gpt-nano", [*base, "vocab_size=259"])).description

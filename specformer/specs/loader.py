@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
@@ -69,6 +70,8 @@ TYPE_HINTS = {
     "gpt": "a GPT-like model is `kind: decoder`",
     "llama": "a Llama-like model is `kind: decoder`",
     "seq2seq": "a sequence-to-sequence model is `kind: encoder-decoder`",
+    **dict.fromkeys(("char", "chars", "character"),
+                    "a character-level tokenizer is `type: byte` (UTF-8 bytes: one token a character of ASCII text)"),
     # training.precision takes Lightning's names
     **dict.fromkeys(
         ("fp16", "float16", "half"),
@@ -118,7 +121,49 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("warmup_iters", "warmup_steps"),
                     ("warmup_steps", "the warmup is `training: {schedule: {warmup_steps: N}}`")),
     "eval_interval": ("val_interval", "`training: {val_interval: N}`"),
+    "eval_iters": ("val_batches", "the batches of a validation are `training: {val_batches: N}`"),
+    "dtype": ("precision", "the training precision is `training: {precision: ...}`"),
+    "device": ("accelerator", "the device is `training: {accelerator: ...}` (cpu, gpu, mps, auto)"),
 }
+
+
+def field_path(name: str) -> tuple[str, list[str]] | None:
+    """The dotted path (for ``--set``) of the field that ``name`` stands for, a spec's own
+    field name or another tool's (``batch_size`` -> ``training.batch_size``, nanoGPT's
+    ``n_layer`` -> ``decoder.n_layers``), and the same field of the other stacks; None when
+    the name is no field, or names several unrelated ones (``dropout``, ``bias``).
+
+    A stack's field is given under ``decoder`` (GPT-like models, the common case), its
+    ``encoder`` twin in the list; a cross-attention's copy of a field is left out.
+    """
+    from specformer.specs.schema import ModelSpec
+
+    key = name.strip().lstrip("-").replace("-", "_").lower()
+    field = FIELD_HINTS.get(key, (key, ""))[0]
+    paths = [p for p in _field_paths(ModelSpec, field) if "cross_attention" not in p.split(".")]
+    if field in paths:  # a top-level field (vocab_size, not training.tokenizer.vocab_size)
+        return field, []
+    alike = {p.replace("encoder.", "decoder.", 1) if p.startswith("encoder.") else p for p in paths}
+    if len(alike) != 1:
+        return None
+    (path,) = alike
+    return path, [p for p in paths if p != path]
+
+
+def _field_paths(model: type[BaseModel], field: str, prefix: str = "", depth: int = 0) -> list[str]:
+    """Every dotted path to a field called ``field`` in ``model`` and the models below it
+    (each member of a union of types)."""
+    found: list[str] = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        if name == field:
+            found.append(path)
+        if depth >= 6:
+            continue
+        for member in _unwrap(info.annotation):
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                found += [p for p in _field_paths(member, field, f"{path}.", depth + 1) if p not in found]
+    return found
 
 
 # --------------------------------------------------------------------------- YAML with positions
@@ -870,10 +915,37 @@ def problems_from_validation(
                 SpecProblem(message, path=_dotted(path), position=_nearest(positions, path), hint=hint)
             )
     problems = [p for p in problems if not _copied_to_cross_attention(p, problems, positions)]
+    problems = [_set_elsewhere(p) for p in problems]
     problems += _stacks_the_kind_lacks(problems, positions, data)
     problems = [_inherited(p, positions.get(())) for p in problems]
     problems.sort(key=_order)
     return problems
+
+
+def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
+    """An unknown field set by ``--set name=value`` whose name is another tool's, or a field
+    of another section (``--set batch_size=32``, ``--set n_layer=4``): its hint gives the
+    ``--set`` that sets it, with the same value, before the way a file writes it."""
+    source = problem.position.source if problem.position is not None else ""
+    if not (source.startswith("--set ") and problem.message.startswith("unknown field ")):
+        return problem
+    key, _, raw = source[len("--set "):].partition("=")
+    name = problem.path.rpartition(".")[2]
+    if key.strip() != problem.path or problem.hint.startswith("did you mean"):
+        return problem
+    given = re.search(rf"give the type with it, (\S+)=\{{type: ([\w-]+), {re.escape(name)}: \.\.\.\}}", problem.hint)
+    if given:  # a field of another type of the family: the --set that gives both, with the value
+        both = shlex.quote(f"{given[1]}={{type: {given[2]}, {name}: {raw.strip()}}}")
+        return SpecProblem(problem.message, path=problem.path, position=problem.position,
+                           hint=problem.hint.replace(given[0], f"give the type with it: --set {both}"))
+    found = field_path(name)
+    if found is None or found[0] == problem.path:
+        return problem
+    path, others = found
+    also = f" (an encoder's: {', '.join(others)})" if others else ""
+    in_a_file = "in a file: " if name.lower() in FIELD_HINTS else ""
+    return SpecProblem(problem.message, path=problem.path, position=problem.position,
+                       hint=f"write --set {shlex.quote(f'{path}={raw.strip()}')}{also}; {in_a_file}{problem.hint}")
 
 
 def _stacks_the_kind_lacks(
@@ -961,6 +1033,8 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         if field is not None and field != guess:
             # a name from another tool, or a field of another section: say where it is written
             hint = f"{where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
+        elif guess is None and (elsewhere := _field_elsewhere(name, path, owner)):
+            hint = f"{elsewhere}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         else:
             hint = (f"did you mean {guess!r}? " if guess else "") + (
                 f"allowed: {', '.join(allowed)}" if allowed else ""
@@ -979,8 +1053,9 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         tags = _tags(annotation)
         if not isinstance(value, dict):  # `positional: rope`, or nothing, where a mapping belongs
             example = (did_you_mean(value, tags) if isinstance(value, str) else None) or (tags or ["..."])[0]
+            written = _path_example(value, annotation) or f"{{type: {example}}}"
             return [(path, f"expected a mapping with a type: field, got {value!r}",
-                     f"write {{type: {example}}}; allowed types: {', '.join(tags)}")]
+                     f"write {written}; allowed types: {', '.join(tags)}")]
         return [_unknown_type(path + ["type"], ctx.get("tag", value.get("type")), tags)]
 
     if kind == "literal_error":
@@ -1009,6 +1084,45 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if not isinstance(value, dict | list) and not said:
         message = f"{message}, got {value!r}"
     return [(path, message, "")]
+
+
+def _path_example(value: Any, annotation: Any) -> str:
+    """For a file name given where a mapping with a type belongs (``training.data: input.txt``),
+    the mapping of the type that reads files (``{type: files, paths: [input.txt]}``); ''
+    for anything else."""
+    if not isinstance(value, str) or not re.search(r"[./\\]", value) or " " in value:
+        return ""
+    for member in _unwrap(annotation):
+        fields = getattr(member, "model_fields", {})
+        kind = fields.get("type")
+        if kind is None or not isinstance(kind.default, str):
+            continue
+        if "paths" in fields:
+            return f"{{type: {kind.default}, paths: [{value}]}}"
+        if "path" in fields:
+            return f"{{type: {kind.default}, path: {value}}}"
+    return ""
+
+
+def _field_elsewhere(name: str, path: list, owner: Any) -> str:
+    """Where an unknown field ``name`` is a field after all: of another type of the same
+    family (``paths`` under ``training.data`` of type stdlib is a field of type files), or of
+    another section (``training.betas`` is ``training.optimizer.betas``); '' if nowhere."""
+    from specformer.registry import FAMILIES, REGISTRY
+
+    for family in FAMILIES:
+        classes = REGISTRY.spec_classes(family)
+        if owner not in classes:
+            continue
+        types = [c.model_fields["type"].default for c in classes if name in c.model_fields]
+        if types:
+            section = _dotted(path[:-1])
+            return (f"{name!r} is a field of type {', '.join(types)}, not of type {owner.model_fields['type'].default}: "
+                    f"give the type with it, {section}={{type: {types[0]}, {name}: ...}}")
+    found = field_path(name)
+    if found is None or found[0] == _dotted(path):
+        return ""
+    return f"{name!r} is a field of {found[0].rpartition('.')[0] or 'the top level'}"
 
 
 def _unknown_type(path: list, tag: Any, tags: list[str]) -> tuple[list, str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -606,3 +608,62 @@ def test_precision_names_from_other_tools_say_lightnings_name():
     with pytest.raises(SpecError) as info:
         load_spec("gpt-nano", overrides=["positional.type=fp16"])
     assert "16-mixed" not in str(info.value)
+
+
+# nanoGPT's and other tools' names, or a field of another section, set on the command line
+SET_ELSEWHERE = [
+    ("batch_size=32", "write --set training.batch_size=32; in a file: `training: {batch_size: N}`"),
+    ("n_layer=6", "write --set decoder.n_layers=6 (an encoder's: encoder.n_layers); in a file: "),
+    ("n_head=8", "write --set decoder.attention.n_heads=8 (an encoder's: encoder.attention.n_heads)"),
+    ("n_embd=384", "write --set d_model=384; in a file: the width is `d_model`"),
+    ("block_size=512", "write --set max_seq_len=512; "),
+    ("max_iters=5000", "write --set training.max_steps=5000; "),
+    ("learning_rate=6e-4", "write --set training.optimizer.lr=6e-4; "),
+    ("training.lr=3e-3", "write --set training.optimizer.lr=3e-3; "),
+    ("eval_iters=200", "write --set training.val_batches=200; "),
+    ("training.device=cpu", "write --set training.accelerator=cpu; "),
+    ("training.betas=[0.9, 0.99]",
+     "write --set 'training.optimizer.betas=[0.9, 0.99]'; 'betas' is a field of training.optimizer. allowed here:"),
+    ("training.data.paths=[input.txt]",
+     "'paths' is a field of type files, pairs, not of type stdlib: give the type with it: "
+     "--set 'training.data={type: files, paths: [input.txt]}'. allowed here: type,"),
+]
+
+
+@pytest.mark.parametrize(("override", "hint"), SET_ELSEWHERE, ids=[o for o, _ in SET_ELSEWHERE])
+def test_a_field_set_in_the_wrong_place_gets_the_set_that_sets_it(override, hint):
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=[override])
+    (problem,) = info.value.problems
+    assert problem.message.startswith("unknown field") and problem.hint.startswith(hint), problem.hint
+    # and the --set it gives is right
+    written = shlex.split(re.search(r"--set ('[^']*'|[^\s;]+)", problem.hint)[1])[0]
+    assert load_spec("gpt-nano", overrides=[written]).to_dict() != load_spec("gpt-nano").to_dict()
+
+
+def test_a_field_of_another_type_in_a_file_names_the_type(tmp_path):
+    problems = _problems(tmp_path, """
+        extends: gpt-nano
+        positional: {base: 500}
+        training:
+          betas: [0.9, 0.99]
+        """)
+    hints = {p.path: p.hint for p in problems}
+    assert hints["positional.base"].startswith(
+        "'base' is a field of type sinusoidal, rope, not of type learned: give the type with it, "
+        "positional={type: sinusoidal, base: ...}. allowed here: type, max_positions, offset")
+    assert hints["training.betas"].startswith("'betas' is a field of training.optimizer. allowed here: objective,")
+
+
+@pytest.mark.parametrize(("override", "hint"), [
+    ("training.data=input.txt", "write {type: files, paths: [input.txt]}; allowed types: stdlib, files"),
+    ("training.data=corpus/", "write {type: files, paths: [corpus/]}; "),
+    ("training.tokenizer=tok.json", "write {type: file, path: tok.json}; allowed types: bpe, byte, file"),
+    ("training.tokenizer=byte", "write {type: byte}; "),
+    ("training.tokenizer.type=char", "a character-level tokenizer is `type: byte`"),
+])
+def test_a_file_or_a_name_where_a_typed_mapping_belongs_gets_the_mapping(override, hint):
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=[override])
+    (problem,) = info.value.problems
+    assert problem.hint.startswith(hint), problem.hint

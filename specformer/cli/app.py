@@ -2,13 +2,61 @@
 
 from __future__ import annotations
 
+import shlex
+from typing import Any
+
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
-__all__ = ["app", "console", "err_console", "print_error"]
+__all__ = ["app", "console", "err_console", "print_error", "set_hint"]
+
+
+class _Group(TyperGroup):
+    """The command group; an unknown option that names a spec's field (nanoGPT's
+    ``--batch_size=32``, ``--n_layer=4``) is answered with the ``--set`` that sets it."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        self._args = list(args)  # the command line, for the hint below
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            # click's, or the copy typer ships (typer >= 0.20): the same class by name
+            command = getattr(getattr(exc, "ctx", None), "command", None)
+            takes_set = any("--set" in getattr(p, "opts", ()) for p in getattr(command, "params", ()))
+            if type(exc).__name__ == "NoSuchOption" and takes_set and (hint := set_hint(exc.option_name, self._args)):
+                exc.message = f"{exc.format_message().rstrip('.')}. {hint}"  # the command's own near options first
+                exc.possibilities = None
+            raise
+
+
+def set_hint(option: str, args: list[str]) -> str:
+    """'A spec's fields are set with --set: --set training.batch_size=32' for an option
+    named after a field (or another tool's name for one), with the value given to it;
+    '' for any other option."""
+    from specformer.specs.loader import FIELD_HINTS, field_path
+
+    found = field_path(option)
+    if found is None:
+        where = FIELD_HINTS.get(option.lstrip("-").replace("-", "_").lower(), ("", ""))[1]
+        return f"A spec's fields are set with --set; {where}" if where else ""
+    value = "..."
+    for i, arg in enumerate(args):
+        if arg.startswith(f"{option}="):
+            value = arg.partition("=")[2]
+            break
+        if arg == option and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            value = args[i + 1]
+            break
+    return f"A spec's fields are set with --set: --set {shlex.quote(f'{found[0]}={value}')}"
+
 
 app = typer.Typer(
+    cls=_Group,
     name="specformer",
     help=(
         "Describe a Transformer in YAML; validate, build, train, analyse and diff it.\n\n"

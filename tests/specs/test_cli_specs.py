@@ -274,3 +274,28 @@ def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():
         shown = " ".join(result.stdout.split())
         missing = sorted(t for t in tokens if t not in shown)
         assert not missing, f"{name} --help drops {missing}"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["train", "gpt-nano", "--batch_size=32"], "No such option: --batch_size. A spec's fields are set with --set: "
+                                               "--set training.batch_size=32"),
+    (["validate", "gpt-nano", "--n_layer", "6"], "--set decoder.n_layers=6"),
+    (["train", "gpt-nano", "--max-iters=100"], "--set training.max_steps=100"),
+    (["train", "gpt-nano", "--dropout=0.2"], "A spec's fields are set with --set; dropout is set where it applies"),
+    # the command's own near options are named first
+    (["show", "gpt-nano", "--batch_size=8"], "No such option: --batch_size (Possible options: --batch). A spec's "
+                                             "fields are set with --set: --set training.batch_size=8"),
+])
+def test_an_option_named_after_a_field_says_how_to_set_it(argv, said):
+    # nanoGPT's configurator takes --batch_size=32; here fields are --set
+    result = runner.invoke(app, argv, env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    text = " ".join(result.output.split()).replace("│", "").replace("  ", " ")
+    assert said in " ".join(text.split()), result.output
+
+
+def test_an_option_that_is_no_field_is_refused_as_before():
+    for argv in (["train", "gpt-nano", "--bogus=1"], ["generate", "x", "--seq_len", "3"]):
+        result = runner.invoke(app, argv, env={"COLUMNS": "400"})
+        assert result.exit_code == 2 and "No such option" in result.output
+        assert "--set" not in result.output.replace("--seed", "")

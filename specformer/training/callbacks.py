@@ -21,7 +21,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["SpecProgressBar", "ValidationLines", "PeriodicCheckpoint", "LogGlobalStep", "format_count", "validation_line"]
+__all__ = ["SpecProgressBar", "ValidationLines", "PeriodicCheckpoint", "LogGlobalStep", "format_count", "validation_line",
+           "recent_train_loss"]
 
 
 def format_count(n: float) -> str:
@@ -32,12 +33,22 @@ def format_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def validation_line(h: dict[str, Any]) -> str:
-    """One validation's line: step, loss, perplexity (and exact match)."""
-    text = f"step {h['step']:>6}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
+def validation_line(h: dict[str, Any], train_loss: float | None = None) -> str:
+    """One validation's line: step, the training loss of the last steps (when given), the
+    validation loss, perplexity (and exact match): the two losses side by side, as nanoGPT
+    prints them, so overfitting shows as it starts."""
+    train = f"  train loss {train_loss:.4f}" if train_loss is not None else ""
+    text = f"step {h['step']:>6}{train}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
     if "val/exact_match" in h:
         text += f"  exact match {100 * h['val/exact_match']:.1f}%"
     return text
+
+
+def recent_train_loss(pl_module: Any) -> float | None:
+    """The mean of the module's last training losses (``recent_losses``: the last
+    ``max(10, log_interval)`` micro-batches, the summary's train loss); None before any."""
+    losses = [float(x) for x in getattr(pl_module, "recent_losses", ())]
+    return sum(losses) / len(losses) if losses else None
 
 
 class ValidationLines(L.Callback):
@@ -50,7 +61,7 @@ class ValidationLines(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         history = getattr(pl_module, "val_history", [])
         if trainer.is_global_zero and not trainer.sanity_checking and history:
-            self.console.print(validation_line(history[-1]), highlight=False)
+            self.console.print(validation_line(history[-1], recent_train_loss(pl_module)), highlight=False)
 
 
 RATE_STEPS = 20  # the progress bar's tokens/s is over this many steps
@@ -155,7 +166,7 @@ class SpecProgressBar(ProgressBar):
         self._val_task = None
         history = getattr(pl_module, "val_history", [])
         if history and self.validation_lines:
-            self._progress.console.print(validation_line(history[-1]), highlight=False)
+            self._progress.console.print(validation_line(history[-1], recent_train_loss(pl_module)), highlight=False)
 
     def _stop(self) -> None:
         if self._progress is not None:

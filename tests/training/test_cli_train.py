@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,8 +44,12 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     result = _train([str(spec), "--set", "training.max_steps=12"])
     out = result.output
     # without the bar, each validation still leaves its line (steps 5, 10 and the last, 12)
-    assert [line.split("val loss")[0].split() for line in result.stderr.splitlines() if "val loss" in line] == [
-        ["step", "5"], ["step", "10"], ["step", "12"]]
+    lines = [line for line in result.stderr.splitlines() if "val loss" in line]
+    assert [line.split("train loss")[0].split() for line in lines] == [["step", "5"], ["step", "10"], ["step", "12"]]
+    # the training loss beside the validation loss, as nanoGPT prints them: at the last step, the summary's
+    summary = json.loads(next((tmp_path / "runs" / "tiny-decoder").glob("*/summary.json")).read_text())
+    assert lines[-1].split("train loss")[1].split()[0] == f"{summary['train_loss']:.4f}"
+    assert lines[-1].split("val loss")[1].split()[0] == f"{summary['val_loss']:.4f}"
     for label in ("val loss", "val perplexity", "unigram baseline", "tokens/s", "wall time", "checkpoint"):
         assert label in out
     ckpt = _checkpoint(tmp_path, "tiny-decoder")

@@ -269,7 +269,14 @@ def _summary_table(result: Any) -> Table:
         this_run = round(result.tokens_per_second * result.train_seconds)
         tokens += f"  ({format_count(this_run)} in this run, which tokens/s counts)"
     table.add_row("tokens", tokens)
-    table.add_row("tokens/s", format_count(result.tokens_per_second))
+    rate = format_count(result.tokens_per_second)
+    if result.flops_per_token and result.tokens_per_second:
+        from specformer.cli.analysis_cmds import human_flops
+
+        # nanoGPT's MFU is this over the hardware's peak (its 312 TFLOP/s of an A100 in bf16)
+        rate += (f"  ({human_flops(result.tokens_per_second * result.flops_per_token)}/s of model FLOPs, "
+                 f"{human_flops(result.flops_per_token)} a token; over the hardware's peak: MFU)")
+    table.add_row("tokens/s", rate)
     table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)})")
     return table
 

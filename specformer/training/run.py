@@ -83,8 +83,25 @@ class TrainResult:
     data: str
     resumed_from: str | None = None
     initialized_from: str | None = None
+    # the model FLOPs of a training step per token (show --flops-count executed: 6N + 12·L·T·d for
+    # a GPT, nanoGPT's and PaLM's count for MFU); None for an encoder-decoder, whose tokens differ
+    flops_per_token: float | None = None
     # one entry per validation: left out of the repr, which a notebook shows after train()
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
+
+
+def _training_flops(spec: Any) -> float | None:
+    """The training FLOPs per token of ``spec`` at its ``training.seq_len``, every query against
+    all keys (what MFU counts); None for an encoder-decoder (its step reads source and target
+    tokens, and tokens/s counts the inputs) or a type the analysis does not know."""
+    if spec.kind == "encoder-decoder":
+        return None
+    from specformer.analysis import flops_per_token
+
+    try:
+        return float(flops_per_token(spec, seq_len=spec.training.seq_len or spec.max_seq_len, count="executed").training)
+    except Exception:  # a component of a plugin's with no FLOP formula: the summary leaves the figure out
+        return None
 
 
 def stopped_by(signum: int) -> str:
@@ -489,6 +506,7 @@ def train(
         data=dm.data.description,
         resumed_from=str(resume) if resume else None,
         initialized_from=str(init_from) if init_from is not None else None,
+        flops_per_token=_training_flops(spec),
         history=[dict(h) for h in history],
     )
     if trainer.is_global_zero:

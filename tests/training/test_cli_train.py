@@ -806,3 +806,33 @@ def test_a_setting_refused_once_the_run_starts_is_placed_where_it_was_written(
                                   "--set", "training.precision=16-mixed"], env={"COLUMNS": "300"})
         assert out.exit_code == 1
         assert "--set training.precision=16-mixed: training.precision: 16-mixed cannot run on CPU" in out.output
+
+
+def test_the_summary_gives_the_model_flops_per_second_for_mfu(tiny: Any, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from specformer import load_spec
+    from specformer.analysis import flops_per_token
+    from specformer.cli.train_cmds import _summary_table
+    from specformer.training.run import TrainResult, _training_flops
+
+    # nanoGPT's MFU counts 6N + 12·L·T·d FLOPs a token: gpt-nano at seq_len 256 (N: its
+    # 851,968 weights of matrices, the tied head once) is 5,111,808 + 1,572,864
+    spec = load_spec("gpt-nano")
+    assert _training_flops(spec) == 6 * 851_968 + 12 * 4 * 256 * 128 == 6_684_672
+    assert _training_flops(load_spec("gpt-nano", ["training.seq_len=64"])) == flops_per_token(
+        spec, seq_len=64, count="executed").training
+    assert _training_flops(load_spec("t5-nano")) is None
+    result = TrainResult(spec_name="m", run_dir="r", checkpoint=None, steps=50, train_loss=1.0, val_loss=1.0,
+                         val_ppl=2.7, unigram_loss=None, exact_match=None, tokens=25_600,
+                         tokens_per_second=1000.0, train_seconds=8.0, wall_seconds=9.0, data="d",
+                         flops_per_token=6_684_672)
+    console = Console(width=200, record=True)
+    console.print(_summary_table(result))
+    assert ("│ tokens/s       │ 1k  (6.685 GFLOP/s of model FLOPs, 6.685 MFLOP a token; over the hardware's peak: "
+            "MFU)") in console.export_text()
+    # and a run writes it to summary.json
+    spec_path = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec_path)])
+    summary = json.loads(next((tmp_path / "runs" / "tiny-decoder").glob("*/summary.json")).read_text())
+    assert summary["flops_per_token"] == _training_flops(load_spec(spec_path)) > 0

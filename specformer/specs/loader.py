@@ -597,7 +597,31 @@ def _load_file(
     # relative to the file that says it; a pipe (/dev/stdin, /dev/fd/N) has no folder of
     # its own, so from there relative to the working directory
     base = path.parent if path.is_file() else Path.cwd()
-    return _load_text(text, source, base, chain + (path,))
+    try:
+        return _load_text(text, source, base, chain + (path,))
+    except SpecError as exc:
+        if not chain and path.suffix.lower() in TEXT_SUFFIXES and _unreadable_as_a_spec(exc, source):
+            # the text to train on given where the spec goes (nanoGPT reads its input.txt itself)
+            data = shlex.quote(f"training.data={{type: files, paths: [{source}]}}")
+            raise SpecError([SpecProblem(
+                "a text file, not a YAML spec", position=Position(source),
+                hint=f"a spec names the model and training.data the text: to train a small GPT on this text, "
+                f"specformer train gpt-nano --set {data}",
+            )]) from None
+        raise
+
+
+# data files a user may give where the spec goes
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".jsonl", ".ndjson", ".csv", ".tsv")
+
+
+def _unreadable_as_a_spec(error: SpecError, source: str) -> bool:
+    """Whether ``error`` says the file ``source`` is no YAML mapping at all (a syntax error,
+    or text that YAML reads as a string or a list), not that a spec in it is wrong."""
+    if len(error.problems) != 1:
+        return False
+    (problem,) = error.problems
+    return problem.position is not None and problem.position.source == source and not problem.path
 
 
 def _load_text(

@@ -667,3 +667,25 @@ def test_a_file_or_a_name_where_a_typed_mapping_belongs_gets_the_mapping(overrid
         load_spec("gpt-nano", overrides=[override])
     (problem,) = info.value.problems
     assert problem.hint.startswith(hint), problem.hint
+
+
+@pytest.mark.parametrize("text", ["First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak.\n",
+                                  "hello world\nthis is text\n", "- a list\n- of lines\n"])
+def test_a_text_file_given_as_the_spec_says_how_to_train_on_it(tmp_path, monkeypatch, text):
+    # nanoGPT reads its input.txt itself; here the text is training.data
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "input.txt").write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec("input.txt")
+    (problem,) = info.value.problems
+    assert (str(problem.position), problem.message) == ("input.txt", "a text file, not a YAML spec")
+    assert problem.hint.endswith("specformer train gpt-nano --set 'training.data={type: files, paths: [input.txt]}'")
+    # a YAML spec in a .txt is read as one, and a wrong one is told what is wrong with it
+    (tmp_path / "spec.txt").write_text("extends: gpt-nano\nd_modle: 64\n")
+    with pytest.raises(SpecError) as info:
+        load_spec("spec.txt")
+    assert info.value.problems[0].path == "d_modle"
+    (tmp_path / "broken.yaml").write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec("broken.yaml")
+    assert "text file" not in str(info.value)

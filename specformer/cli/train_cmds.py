@@ -433,6 +433,7 @@ def generate_cmd(
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Above 1, tokens already in the text are less likely: their scores are divided by it (multiplied when negative), as transformers' repetition_penalty. 1: none.")] = 1.0,
     no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
     length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
+    num_samples: Annotated[int, typer.Option("--num-samples", min=1, help="Texts to sample from the same prompt, one after another (as nanoGPT's sample.py), each after a line of dashes.")] = 1,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
@@ -447,6 +448,7 @@ def generate_cmd(
     ```
     specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def" --max-new-tokens 100
     specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
+    specformer generate CKPT --prompt "def" --top-k 200 --num-samples 5
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
     specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
@@ -487,6 +489,11 @@ def generate_cmd(
             if not cache:
                 raise _fail("--num-beams runs with the KV cache: leave out --no-cache")
         temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
+        if num_samples > 1 and (num_beams > 1 or temp == 0.0):
+            how = (f"--num-beams {num_beams}" if num_beams > 1 else "--greedy" if greedy
+                   else "--temperature 0" if temperature is not None else "an encoder-decoder's default, greedy decoding")
+            raise _fail(f"--num-samples draws several texts, and {how} gives the same text each time",
+                        "sample with a temperature above 0 (e.g. --temperature 0.8)")
         # a tokenizer smaller than the model's vocabulary (a BPE trained on little text) has no text for the rest
         candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
         learned = spec.positional.type == "learned"
@@ -539,14 +546,19 @@ def generate_cmd(
                 if stop_at_eot and tok.eot_id in new:
                     del new[new.index(tok.eot_id) + 1:]  # the rest is filler after the end
             else:
-                with _shown_on_interrupt(new, max_new_tokens, show):
-                    generate(
-                        model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp, top_k=top_k,
-                        top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
-                        max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates, on_token=keep,
-                        allowed_tokens=encoded.allowed_tokens, repetition_penalty=repetition_penalty,
-                        no_repeat_ngram_size=no_repeat_ngram,
-                    )
+                for sample in range(num_samples):
+                    if sample:
+                        show()
+                        _sample_separator()
+                        new.clear()
+                    with _shown_on_interrupt(new, max_new_tokens, show):
+                        generate(
+                            model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp,
+                            top_k=top_k, top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
+                            max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates,
+                            on_token=keep, allowed_tokens=encoded.allowed_tokens,
+                            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                        )
             show()
             return
         if not ids:
@@ -587,15 +599,25 @@ def generate_cmd(
             )
             new.extend(found[0].tolist())
         else:
-            with _shown_on_interrupt(new, max_new_tokens, show_decoded):
-                generate_seq2seq(
-                    model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
-                    temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
-                    n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
-                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
-                    forced_start_id=forced[0], forced_end_id=forced[1],
-                )
+            for sample in range(num_samples):
+                if sample:
+                    show_decoded()
+                    _sample_separator()
+                    new.clear()
+                with _shown_on_interrupt(new, max_new_tokens, show_decoded):
+                    generate_seq2seq(
+                        model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+                        temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
+                        n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
+                        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                        forced_start_id=forced[0], forced_end_id=forced[1],
+                    )
         show_decoded()
+
+
+def _sample_separator() -> None:
+    """The line between two of --num-samples' texts (nanoGPT's sample.py prints the same)."""
+    console.print("[dim]---------------[/]", highlight=False)
 
 
 @contextmanager

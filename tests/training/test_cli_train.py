@@ -91,6 +91,16 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     assert zero.exit_code == 1 and "--repetition-penalty must be above 0" in zero.stderr
     alone = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--length-penalty", "2"])
     assert alone.exit_code == 1 and "add --num-beams" in alone.stderr
+    # several samples, as nanoGPT's sample.py draws them: the first is the one --seed draws alone, the
+    # next go on from the same generator
+    one = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "-n", "10", "--seed", "4"])
+    three = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "-n", "10", "--seed", "4", "--num-samples", "3"])
+    assert three.exit_code == 0, three.output
+    texts = three.stdout.split("---------------\n")
+    assert len(texts) == 3 and texts[0] == one.stdout and len(set(texts)) > 1
+    assert all(text.startswith("import") for text in texts)
+    same = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--greedy", "--num-samples", "2"])
+    assert same.exit_code == 1 and "--greedy gives the same text each time" in same.stderr
 
     ev = runner.invoke(app, ["eval", str(ckpt), "--batches", "2"], env={"COLUMNS": "200"})
     assert ev.exit_code == 0, ev.output

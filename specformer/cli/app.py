@@ -38,11 +38,12 @@ def set_hint(option: str, args: list[str]) -> str:
     """'A spec's fields are set with --set: --set training.batch_size=32' for an option
     named after a field (or another tool's name for one), with the value given to it;
     '' for any other option."""
-    from specformer.specs.loader import FIELD_HINTS, field_path
+    from specformer.specs.loader import FIELD_HINTS, OTHER_MEANING, field_path
 
+    name = option.lstrip("-").replace("-", "_").lower()
     found = field_path(option)
-    if found is None:
-        where = FIELD_HINTS.get(option.lstrip("-").replace("-", "_").lower(), ("", ""))[1]
+    if found is None or name in OTHER_MEANING:
+        where = FIELD_HINTS.get(name, ("", ""))[1]
         return f"A spec's fields are set with --set; {where}" if where else ""
     value = "..."
     for i, arg in enumerate(args):

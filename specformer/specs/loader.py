@@ -124,7 +124,16 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
     "eval_iters": ("val_batches", "the batches of a validation are `training: {val_batches: N}`"),
     "dtype": ("precision", "the training precision is `training: {precision: ...}`"),
     "device": ("accelerator", "the device is `training: {accelerator: ...}` (cpu, gpu, mps, auto)"),
+    # names whose value means something else here: the hint says how to convert it
+    "min_lr": ("min_lr_ratio", "the schedule's floor is a ratio of the peak lr, `training: {schedule: "
+               "{min_lr_ratio: ...}}` (nanoGPT's min_lr / learning_rate: 0.1 for 6e-5 / 6e-4)"),
+    "lr_decay_iters": ("max_steps", "the cosine and linear schedules decay until the run's last step, "
+                       "`training: {max_steps: N}` (nanoGPT's lr_decay_iters = max_iters)"),
+    **dict.fromkeys(("beta1", "beta2"), ("betas", "Adam's betas are one pair, `training: {optimizer: "
+                                                  "{betas: [0.9, 0.99]}}`")),
 }
+# of FIELD_HINTS: another tool's value is not this field's (a --set of it is not written with the value)
+OTHER_MEANING = frozenset({"min_lr", "lr_decay_iters", "beta1", "beta2"})
 
 
 def field_path(name: str) -> tuple[str, list[str]] | None:
@@ -955,7 +964,7 @@ def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
         return problem
     key, _, raw = source[len("--set "):].partition("=")
     name = problem.path.rpartition(".")[2]
-    if key.strip() != problem.path or problem.hint.startswith("did you mean"):
+    if key.strip() != problem.path or problem.hint.startswith("did you mean") or name.lower() in OTHER_MEANING:
         return problem
     given = re.search(rf"give the type with it, (\S+)=\{{type: ([\w-]+), {re.escape(name)}: \.\.\.\}}", problem.hint)
     if given:  # a field of another type of the family: the --set that gives both, with the value
@@ -1054,7 +1063,7 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         name = str(path[-1]) if path else ""
         guess = did_you_mean(name, allowed)
         field, where = FIELD_HINTS.get(name.lower(), (None, ""))
-        if field is not None and field != guess:
+        if field is not None and (field != guess or name.lower() in OTHER_MEANING):
             # a name from another tool, or a field of another section: say where it is written
             hint = f"{where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         elif guess is None and (elsewhere := _field_elsewhere(name, path, owner)):

@@ -299,3 +299,9 @@ def test_an_option_that_is_no_field_is_refused_as_before():
         result = runner.invoke(app, argv, env={"COLUMNS": "400"})
         assert result.exit_code == 2 and "No such option" in result.output
         assert "--set" not in result.output.replace("--seed", "")
+
+
+def test_an_option_whose_value_means_another_thing_here_is_not_copied_into_a_set():
+    result = runner.invoke(app, ["train", "gpt-nano", "--min_lr=6e-5"], env={"COLUMNS": "400"})
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "min_lr_ratio" in text and "=6e-5" not in text

@@ -689,3 +689,17 @@ def test_a_text_file_given_as_the_spec_says_how_to_train_on_it(tmp_path, monkeyp
     with pytest.raises(SpecError) as info:
         load_spec("broken.yaml")
     assert "text file" not in str(info.value)
+
+
+@pytest.mark.parametrize(("override", "hint"), [
+    # nanoGPT's min_lr is a rate, min_lr_ratio a ratio: "did you mean" would have 6e-5 read as a ratio
+    ("training.schedule.min_lr=6e-5", "the schedule's floor is a ratio of the peak lr"),
+    ("min_lr=6e-5", "(nanoGPT's min_lr / learning_rate: 0.1 for 6e-5 / 6e-4)"),
+    ("training.schedule.lr_decay_iters=5000", "decay until the run's last step, `training: {max_steps: N}`"),
+    ("training.optimizer.beta2=0.99", "Adam's betas are one pair, `training: {optimizer: {betas: [0.9, 0.99]}}`"),
+])
+def test_a_name_whose_value_means_another_thing_here_says_how_to_convert_it(override, hint):
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=[override])
+    (problem,) = info.value.problems
+    assert hint in problem.hint and "did you mean" not in problem.hint and "write --set" not in problem.hint

@@ -374,13 +374,25 @@ def train_cmd(
         from specformer.training.run import train
 
         if report:
-            console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}) — preparing data…", highlight=False)
+            console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}{_parameters(spec_obj)}) — "
+                          "preparing data…", highlight=False)
         try:
             result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console)
         except SpecError as exc:
             raise _placed(exc, positions) from None
     if report:
         _print_summary(result)
+
+
+def _parameters(spec: Any) -> str:
+    """', 891,648 parameters' (tied weights once, as `show` counts them), said as a run starts
+    as nanoGPT says its own; '' for a component the count does not know (a plugin's)."""
+    from specformer.analysis import count_parameters
+
+    try:
+        return f", {count_parameters(spec).total:,} parameters"
+    except Exception:
+        return ""
 
 
 def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:

@@ -43,6 +43,12 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     spec = _write(tmp_path, tiny("decoder", max_steps=10, val_interval=5))
     result = _train([str(spec), "--set", "training.max_steps=12"])
     out = result.output
+    # the size of the model first, as nanoGPT says it, counted as show counts it
+    from specformer import load_spec
+    from specformer.analysis import count_parameters
+
+    n = count_parameters(load_spec(spec)).total
+    assert out.startswith(f"training tiny-decoder (decoder, {n:,} parameters) — preparing data…")
     # without the bar, each validation still leaves its line (steps 5, 10 and the last, 12)
     lines = [line for line in result.stderr.splitlines() if "val loss" in line]
     assert [line.split("train loss")[0].split() for line in lines] == [["step", "5"], ["step", "10"], ["step", "12"]]

@@ -58,6 +58,8 @@ class SpecModule(L.LightningModule):
         self._val_sums: dict[str, float] = {}
         self.train_started: float | None = None
         self.tokens_at_start = 0
+        self.val_seconds = 0.0  # spent in validations since training started (tokens/s leaves them out)
+        self._val_started: float | None = None
 
     # ------------------------------------------------------------------ model
 
@@ -91,6 +93,7 @@ class SpecModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {"loss": 0.0, "tokens": 0.0, "correct": 0.0, "examples": 0.0}
+        self._val_started = time.perf_counter() if self.train_started is not None else None
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         # validation reports the model's negative log-likelihood (the loss behind val/ppl
@@ -132,6 +135,9 @@ class SpecModule(L.LightningModule):
         return metrics
 
     def on_validation_epoch_end(self) -> None:
+        if self._val_started is not None:
+            self.val_seconds += time.perf_counter() - self._val_started
+            self._val_started = None
         metrics = self.val_metrics()
         if metrics is None:
             return
@@ -178,6 +184,7 @@ class SpecModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self.train_started = time.perf_counter()
+        self.val_seconds = 0.0
         self.tokens_at_start = self.tokens_seen
         # after a resume the optimizer holds the lr the old schedule gave; set this one's
         for config in self.trainer.lr_scheduler_configs:

@@ -266,7 +266,7 @@ def _summary_table(result: Any) -> Table:
     tokens = format_count(result.tokens)
     if result.resumed_from:
         # the tokens since step 0; tokens/s is this run's own, over the steps it trained
-        this_run = round(result.tokens_per_second * result.train_seconds)
+        this_run = round(result.tokens_per_second * (result.train_seconds - result.val_seconds))
         tokens += f"  ({format_count(this_run)} in this run, which tokens/s counts)"
     table.add_row("tokens", tokens)
     rate = format_count(result.tokens_per_second)
@@ -277,7 +277,8 @@ def _summary_table(result: Any) -> Table:
         rate += (f"  ({human_flops(result.tokens_per_second * result.flops_per_token)}/s of model FLOPs, "
                  f"{human_flops(result.flops_per_token)} a token; over the hardware's peak: MFU)")
     table.add_row("tokens/s", rate)
-    table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)})")
+    validation = f", validation {_duration(result.val_seconds)} of it" if result.val_seconds >= 0.05 else ""
+    table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)}{validation})")
     return table
 
 

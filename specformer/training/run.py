@@ -78,7 +78,7 @@ class TrainResult:
     exact_match: float | None
     tokens: int
     tokens_per_second: float
-    train_seconds: float
+    train_seconds: float  # from the first step to the last, validations included
     wall_seconds: float
     data: str
     resumed_from: str | None = None
@@ -86,6 +86,8 @@ class TrainResult:
     # the model FLOPs of a training step per token (show --flops-count executed: 6N + 12·L·T·d for
     # a GPT, nanoGPT's and PaLM's count for MFU); None for an encoder-decoder, whose tokens differ
     flops_per_token: float | None = None
+    # of train_seconds, the time validations took: tokens/s is over the rest, the steps' own time
+    val_seconds: float = 0.0
     # one entry per validation: left out of the repr, which a notebook shows after train()
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
 
@@ -471,6 +473,7 @@ def train(
                     module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
                 ))
                 train_seconds = time.perf_counter() - (module.train_started or started)
+                val_seconds = min(module.val_seconds, train_seconds)
                 if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
                     _interruptible(trainer, lambda signum: interrupted(signum, finished=True),
                                    lambda: trainer.validate(module, datamodule=dm, verbose=False))
@@ -500,8 +503,9 @@ def train(
         unigram_loss=dm.data.unigram_loss,
         exact_match=last.get("val/exact_match", metrics.get("val/exact_match")),
         tokens=int(module.tokens_seen * trainer.world_size),
-        tokens_per_second=tokens_run / train_seconds if train_seconds > 0 else 0.0,
+        tokens_per_second=tokens_run / (train_seconds - val_seconds) if train_seconds > val_seconds else 0.0,
         train_seconds=train_seconds,
+        val_seconds=val_seconds,
         wall_seconds=time.perf_counter() - started,
         data=dm.data.description,
         resumed_from=str(resume) if resume else None,

@@ -781,12 +781,12 @@ def test_a_resumed_runs_summary_says_which_tokens_its_rate_counts() -> None:
     from specformer.cli.train_cmds import _summary_table
     from specformer.training.run import TrainResult
 
-    # resumed at step 30 of a run of 512 tokens a step, trained to step 50 in 8 s: 25.6k
-    # tokens since step 0, of which this run's 10.2k make its 1.28k tokens/s
+    # resumed at step 30 of a run of 512 tokens a step, trained to step 50 in 8 s of which 1.6 s
+    # validated: 25.6k tokens since step 0, of which this run's 10.2k make its 1.6k tokens/s
     result = TrainResult(spec_name="m", run_dir="r", checkpoint=None, steps=50, train_loss=1.0, val_loss=1.0,
                          val_ppl=2.7, unigram_loss=None, exact_match=None, tokens=25_600,
-                         tokens_per_second=10_240 / 8.0, train_seconds=8.0, wall_seconds=9.0, data="d",
-                         resumed_from="old/last.ckpt")
+                         tokens_per_second=10_240 / 6.4, train_seconds=8.0, wall_seconds=9.0, data="d",
+                         resumed_from="old/last.ckpt", val_seconds=1.6)
 
     def rows(result: TrainResult) -> str:
         console = Console(width=200, record=True)
@@ -795,7 +795,8 @@ def test_a_resumed_runs_summary_says_which_tokens_its_rate_counts() -> None:
 
     text = rows(result)
     assert "│ tokens         │ 25.6k  (10.2k in this run, which tokens/s counts)" in text
-    assert "│ tokens/s       │ 1.28k" in text
+    assert "│ tokens/s       │ 1.6k" in text
+    assert "│ wall time      │ 9.0s  (training 8.0s, validation 1.6s of it)" in text
     result.resumed_from = None
     assert "in this run" not in rows(result)
 

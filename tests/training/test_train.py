@@ -72,6 +72,10 @@ def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path)
     assert summary["steps"] == 12 and summary["val_loss"] == pytest.approx(result.val_loss)
     assert summary["tokens"] == 12 * 8 * 32  # batch × seq_len per step, every step
     assert result.tokens_per_second > 0 and result.wall_seconds >= result.train_seconds > 0
+    # tokens/s is over the steps' own time: the validations' (here 2 of them) are left out, as
+    # nanoGPT's time per iteration leaves out its evaluations
+    assert 0 < result.val_seconds < result.train_seconds
+    assert result.tokens_per_second == pytest.approx(summary["tokens"] / (result.train_seconds - result.val_seconds))
     # what a notebook shows after train(): the numbers, not one dict per validation
     assert summary["history"] == result.history and len(result.history) == 2
     assert "history" not in repr(result) and f"val_loss={result.val_loss!r}" in repr(result)

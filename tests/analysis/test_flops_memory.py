@@ -274,3 +274,19 @@ def test_activations_close_to_korthikanti() -> None:
     # final norm input; the fused loss's gradients of the head input (s·b·h) and weight (V·h)
     head = s * b * h * 2 + s * b * h * 2 + 50257 * h * 2
     assert math.isclose(ours - head, korthikanti, rel_tol=0.10)
+
+
+def test_nanogpts_parameter_count_and_mfu_flops_are_ours_less_the_position_table() -> None:
+    # nanoGPT prints total less the position table, and counts 6N + 12·L·H·Dh·T a training token
+    from specformer.analysis import count_parameters, flops_per_token
+
+    n = count_parameters("gpt2-small").total - 1024 * 768
+    assert n == 123_653_376  # "number of parameters: 123.65M"
+    nanogpt = 6 * n + 12 * 12 * 1024 * 768
+    executed = flops_per_token("gpt2-small", seq_len=1024, count="executed").training
+    assert (nanogpt, executed) == (855_166_464, 854_438_400)
+    # the difference is 6 FLOPs for each bias and norm weight, which only nanoGPT counts
+    # per layer: ln_1 (2·D), qkv bias (3·D), o bias (D), ln_2 (2·D), up bias (4·D), down bias (D); then ln_f
+    biases_and_norms = 12 * (2 + 3 + 1 + 2 + 4 + 1) * 768 + 2 * 768
+    assert nanogpt - executed == 6 * biases_and_norms
+    assert count_parameters("gpt-nano").total - 256 * 128 == 858_880

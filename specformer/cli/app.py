@@ -15,7 +15,9 @@ __all__ = ["app", "console", "err_console", "print_error", "set_hint"]
 
 class _Group(TyperGroup):
     """The command group; an unknown option that names a spec's field (nanoGPT's
-    ``--batch_size=32``, ``--n_layer=4``) is answered with the ``--set`` that sets it."""
+    ``--batch_size=32``, ``--n_layer=4``) is answered with the ``--set`` that sets it, and
+    the extra arguments of a ``--set`` value the shell split (``{type: files, ...}`` unquoted)
+    with how to quote it."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         self._args = list(args)  # the command line, for the hint below
@@ -31,6 +33,10 @@ class _Group(TyperGroup):
             if type(exc).__name__ == "NoSuchOption" and takes_set and (hint := set_hint(exc.option_name, self._args)):
                 exc.message = f"{exc.format_message().rstrip('.')}. {hint}"  # the command's own near options first
                 exc.possibilities = None
+            elif (type(exc).__name__ == "UsageError" and takes_set and "--set" in self._args
+                  and str(getattr(exc, "message", "")).startswith("Got unexpected extra argument")):
+                exc.message += (". A --set value with spaces, commas or braces is quoted whole, or the shell splits "
+                                "it: --set 'training.data={type: files, paths: [input.txt]}'")
             raise
 
 

@@ -305,3 +305,17 @@ def test_an_option_whose_value_means_another_thing_here_is_not_copied_into_a_set
     result = runner.invoke(app, ["train", "gpt-nano", "--min_lr=6e-5"], env={"COLUMNS": "400"})
     text = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and "min_lr_ratio" in text and "=6e-5" not in text
+
+
+@pytest.mark.parametrize("split", [
+    ["training.data={type:", "files,", "paths:", "[input.txt]}"],  # spaces, unquoted
+    ["training.data=type:files", "training.data=paths:[input.txt]"],  # what bash's brace expansion makes
+])
+def test_a_set_value_the_shell_split_says_to_quote_it(split):
+    result = runner.invoke(app, ["validate", "gpt-nano", "--set", *split], env={"COLUMNS": "400"})
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "Got unexpected extra argument" in text
+    assert ("A --set value with spaces, commas or braces is quoted whole, or the shell splits it: "
+            "--set 'training.data={type: files, paths: [input.txt]}'") in text
+    plain = runner.invoke(app, ["validate", "gpt-nano", "extra"], env={"COLUMNS": "400"})
+    assert plain.exit_code == 2 and "quoted whole" not in plain.output

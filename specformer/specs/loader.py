@@ -1155,7 +1155,8 @@ def _field_elsewhere(name: str, path: list, owner: Any) -> str:
     found = field_path(name)
     if found is None or found[0] == _dotted(path):
         return ""
-    return f"{name!r} is a field of {found[0].rpartition('.')[0] or 'the top level'}"
+    sections = [p.rpartition(".")[0] or "the top level" for p in (found[0], *found[1])]
+    return f"{name!r} is a field of {' and of '.join(sections)}"
 
 
 def _unknown_type(path: list, tag: Any, tags: list[str]) -> tuple[list, str, str]:

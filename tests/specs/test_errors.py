@@ -645,10 +645,13 @@ def test_a_field_of_another_type_in_a_file_names_the_type(tmp_path):
     problems = _problems(tmp_path, """
         extends: gpt-nano
         positional: {base: 500}
+        embedding: {sliding_window: 8}
         training:
           betas: [0.9, 0.99]
         """)
     hints = {p.path: p.hint for p in problems}
+    assert hints["embedding.sliding_window"].startswith(
+        "'sliding_window' is a field of decoder.attention and of encoder.attention. allowed here:")
     assert hints["positional.base"].startswith(
         "'base' is a field of type sinusoidal, rope, not of type learned: give the type with it, "
         "positional={type: sinusoidal, base: ...}. allowed here: type, max_positions, offset")

@@ -28,12 +28,13 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except Exception as exc:
             # click's, or the copy typer ships (typer >= 0.20): the same class by name
+            args = getattr(self, "_args", [])
             command = getattr(getattr(exc, "ctx", None), "command", None)
             takes_set = any("--set" in getattr(p, "opts", ()) for p in getattr(command, "params", ()))
-            if type(exc).__name__ == "NoSuchOption" and takes_set and (hint := set_hint(exc.option_name, self._args)):
+            if type(exc).__name__ == "NoSuchOption" and takes_set and (hint := set_hint(exc.option_name, args)):
                 exc.message = f"{exc.format_message().rstrip('.')}. {hint}"  # the command's own near options first
                 exc.possibilities = None
-            elif (type(exc).__name__ == "UsageError" and takes_set and "--set" in self._args
+            elif (type(exc).__name__ == "UsageError" and takes_set and "--set" in args
                   and str(getattr(exc, "message", "")).startswith("Got unexpected extra argument")):
                 exc.message += (". A --set value with spaces, commas or braces is quoted whole, or the shell splits "
                                 "it: --set 'training.data={type: files, paths: [input.txt]}'")

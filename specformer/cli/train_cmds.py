@@ -320,7 +320,9 @@ def train_cmd(
 
     Writes `runs/<name>/<timestamp>/` with the resolved spec, `metrics.csv` and
     `checkpoints/last.ckpt`, and ends with a summary: train and validation loss,
-    perplexity, the unigram baseline, tokens/s, wall time and the checkpoint.
+    perplexity, the unigram baseline, tokens/s and the model FLOP/s behind them (for MFU),
+    wall time and the checkpoint. A field is set with `--set`: nanoGPT's `--batch_size=32`
+    is `--set training.batch_size=32`, `--n_layer=6` is `--set decoder.n_layers=6`.
 
     Examples:
 

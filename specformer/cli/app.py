@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import typer
@@ -45,7 +44,7 @@ def set_hint(option: str, args: list[str]) -> str:
     """'A spec's fields are set with --set: --set training.batch_size=32' for an option
     named after a field (or another tool's name for one), with the value given to it;
     '' for any other option."""
-    from specformer.specs.loader import FIELD_HINTS, OTHER_MEANING, field_path
+    from specformer.specs.loader import FIELD_HINTS, OTHER_MEANING, field_path, set_arguments
 
     name = option.lstrip("-").replace("-", "_").lower()
     found = field_path(option)
@@ -60,7 +59,7 @@ def set_hint(option: str, args: list[str]) -> str:
         if arg == option and i + 1 < len(args) and not args[i + 1].startswith("-"):
             value = args[i + 1]
             break
-    return f"A spec's fields are set with --set: --set {shlex.quote(f'{found[0]}={value}')}"
+    return f"A spec's fields are set with --set: {set_arguments(name, found[0], value)}"
 
 
 app = typer.Typer(

@@ -102,7 +102,10 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads"), _HEADS),
     **dict.fromkeys(("num_key_value_heads", "n_kv_head", "num_kv_heads", "n_query_groups", "n_kv_heads"), _KV_HEADS),
     **dict.fromkeys(("intermediate_size", "n_inner", "ffn_dim", "dim_feedforward", "ffn_hidden_size", "d_ff"), _D_FF),
-    **dict.fromkeys(("max_position_embeddings", "block_size", "n_positions", "n_ctx", "context_length",
+    # nanoGPT's block_size is the model's context and the length it trains at
+    "block_size": ("max_seq_len", "nanoGPT's block_size is the model's `max_seq_len`, at the top level, and the "
+                   "length a run trains at, `training: {seq_len: N}`"),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "context_length",
                      "max_seq_length"), _LENGTH),
     **dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"), _EPS),
     **dict.fromkeys(("rope_theta", "rotary_emb_base", "rope_base"),
@@ -134,6 +137,16 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
 }
 # of FIELD_HINTS: another tool's value is not this field's (a --set of it is not written with the value)
 OTHER_MEANING = frozenset({"min_lr", "lr_decay_iters", "beta1", "beta2"})
+# of FIELD_HINTS: another tool's name for two fields here, the second set with the same value
+ALSO_SET = {"block_size": "training.seq_len"}
+
+
+def set_arguments(name: str, path: str, value: str) -> str:
+    """``--set path=value`` (quoted for a shell), and the ``--set`` of the second field
+    another tool's ``name`` also stands for (nanoGPT's block_size: max_seq_len and
+    training.seq_len)."""
+    paths = [path, *([ALSO_SET[name.lower()]] if name.lower() in ALSO_SET else [])]
+    return " ".join(f"--set {shlex.quote(f'{p}={value}')}" for p in paths)
 
 
 def field_path(name: str) -> tuple[str, list[str]] | None:
@@ -978,7 +991,7 @@ def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
     also = f" (an encoder's: {', '.join(others)})" if others else ""
     in_a_file = "in a file: " if name.lower() in FIELD_HINTS else ""
     return SpecProblem(problem.message, path=problem.path, position=problem.position,
-                       hint=f"write --set {shlex.quote(f'{path}={raw.strip()}')}{also}; {in_a_file}{problem.hint}")
+                       hint=f"write {set_arguments(name, path, raw.strip())}{also}; {in_a_file}{problem.hint}")
 
 
 def _stacks_the_kind_lacks(

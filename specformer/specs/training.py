@@ -642,7 +642,8 @@ def training_issues(
     if training.seq_len is not None and training.seq_len > max_seq_len:
         yield (
             "training.seq_len",
-            f"seq_len={training.seq_len} is longer than the model's max_seq_len={max_seq_len}",
+            f"seq_len={training.seq_len} is longer than the model's max_seq_len={max_seq_len}: lower it with "
+            f"the model's (--set training.seq_len={max_seq_len}; nanoGPT's block_size is both) or raise max_seq_len",
         )
     if training.max_steps is None and training.max_epochs is None:
         yield ("training.max_steps", "give max_steps or max_epochs")

@@ -281,6 +281,8 @@ def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():
                                                "--set training.batch_size=32"),
     (["validate", "gpt-nano", "--n_layer", "6"], "--set decoder.n_layers=6"),
     (["train", "gpt-nano", "--max-iters=100"], "--set training.max_steps=100"),
+    # nanoGPT's block_size is both the model's context and the length it trains at
+    (["train", "gpt-nano", "--block_size=128"], "--set max_seq_len=128 --set training.seq_len=128"),
     (["train", "gpt-nano", "--dropout=0.2"], "A spec's fields are set with --set; dropout is set where it applies"),
     # the command's own near options are named first
     (["show", "gpt-nano", "--batch_size=8"], "No such option: --batch_size (Possible options: --batch). A spec's "

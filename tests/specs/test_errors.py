@@ -537,8 +537,9 @@ def test_field_names_from_other_tools_say_where_the_field_is_written(tmp_path):
           lr: 1.0e-3
     """)
     hints = {p.path: p.hint for p in problems if p.message.startswith("unknown field")}
-    # nanoGPT's block_size is the longest sequence, not a misspelt vocab_size
-    assert hints["block_size"].startswith("the longest sequence is `max_seq_len`, at the top level. allowed here: ")
+    # nanoGPT's block_size is the longest sequence (and the length it trains at), not a misspelt vocab_size
+    assert hints["block_size"].startswith("nanoGPT's block_size is the model's `max_seq_len`, at the top level, and "
+                                          "the length a run trains at, `training: {seq_len: N}`. allowed here: ")
     assert "did you mean" not in hints["block_size"]
     assert hints["hidden_size"].startswith("the width is `d_model`, at the top level.")
     assert hints["decoder.n_heads"].startswith("heads are set in a stack's attention: `attention: {n_heads: N}`.")
@@ -616,7 +617,7 @@ SET_ELSEWHERE = [
     ("n_layer=6", "write --set decoder.n_layers=6 (an encoder's: encoder.n_layers); in a file: "),
     ("n_head=8", "write --set decoder.attention.n_heads=8 (an encoder's: encoder.attention.n_heads)"),
     ("n_embd=384", "write --set d_model=384; in a file: the width is `d_model`"),
-    ("block_size=512", "write --set max_seq_len=512; "),
+    ("block_size=512", "write --set max_seq_len=512 --set training.seq_len=512; in a file: nanoGPT's block_size is"),
     ("max_iters=5000", "write --set training.max_steps=5000; "),
     ("learning_rate=6e-4", "write --set training.optimizer.lr=6e-4; "),
     ("training.lr=3e-3", "write --set training.optimizer.lr=3e-3; "),
@@ -639,6 +640,16 @@ def test_a_field_set_in_the_wrong_place_gets_the_set_that_sets_it(override, hint
     # and the --set it gives is right
     written = shlex.split(re.search(r"--set ('[^']*'|[^\s;]+)", problem.hint)[1])[0]
     assert load_spec("gpt-nano", overrides=[written]).to_dict() != load_spec("gpt-nano").to_dict()
+
+
+def test_a_train_length_over_the_context_says_how_to_lower_it():
+    # gpt-nano trains at seq_len 256: a shorter context (nanoGPT's block_size) needs both
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["max_seq_len=128"])
+    (problem,) = info.value.problems
+    assert problem.message == ("seq_len=256 is longer than the model's max_seq_len=128: lower it with the model's "
+                               "(--set training.seq_len=128; nanoGPT's block_size is both) or raise max_seq_len")
+    assert load_spec("gpt-nano", overrides=["max_seq_len=128", "training.seq_len=128"]).training.seq_len == 128
 
 
 def test_a_field_of_another_type_in_a_file_names_the_type(tmp_path):

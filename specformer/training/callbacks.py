@@ -86,6 +86,7 @@ class SpecProgressBar(ProgressBar):
         self._val_task: TaskID | None = None
         self._last_step = -1
         self._window: deque[tuple[float, int]] = deque(maxlen=RATE_STEPS + 1)  # (time, tokens) at step ends
+        self._val_started: float | None = None
         self.tokens_per_second = 0.0
 
     def disable(self) -> None:
@@ -154,6 +155,7 @@ class SpecProgressBar(ProgressBar):
         progress = self._start()
         batches = [n for n in trainer.num_val_batches if n != float("inf")]
         self._val_task = progress.add_task("validate", total=sum(batches) if batches else None, stats="")
+        self._val_started = time.perf_counter()
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if self._progress is not None and self._val_task is not None:
@@ -164,6 +166,11 @@ class SpecProgressBar(ProgressBar):
             return
         self._progress.remove_task(self._val_task)
         self._val_task = None
+        if self._val_started is not None:
+            # tok/s is the steps' rate, as the summary's: the validation's time is taken out of the window
+            spent = time.perf_counter() - self._val_started
+            self._window = deque(((t + spent, n) for t, n in self._window), maxlen=self._window.maxlen)
+            self._val_started = None
         history = getattr(pl_module, "val_history", [])
         if history and self.validation_lines:
             self._progress.console.print(validation_line(history[-1], recent_train_loss(pl_module)), highlight=False)

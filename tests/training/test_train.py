@@ -454,6 +454,24 @@ def test_progress_bar_tokens_per_second_is_tokens_over_time_when_steps_vary(monk
     assert run([30.0] + [0.01] * 40) == pytest.approx(1000 / 0.01)
     assert run([30.0] + [0.01] * 5) == pytest.approx(6000 / 30.05)  # and in it before: what the run has done
 
+    # a validation of 5 s between steps is not the steps' time: the rate stays theirs, as the summary's
+    bar = callbacks.SpecProgressBar(Console(file=io.StringIO(), width=200))
+    trainer = SimpleNamespace(is_global_zero=True, max_steps=400, global_step=0, world_size=1,
+                              accumulate_grad_batches=1, sanity_checking=False, num_val_batches=[2])
+    module = SimpleNamespace(tokens_seen=0, automatic_optimization=True, val_history=[])
+    bar.on_train_start(trainer, module)  # type: ignore[arg-type]
+    for step in range(1, 11):
+        clock[0] += 0.1
+        if step == 5:
+            bar.on_validation_start(trainer, module)  # type: ignore[arg-type]
+            clock[0] += 5.0
+            bar.on_validation_end(trainer, module)  # type: ignore[arg-type]
+        module.tokens_seen += 1000
+        trainer.global_step = step
+        bar.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, step)  # type: ignore[arg-type]
+    assert bar.tokens_per_second == pytest.approx(1000 / 0.1)
+    bar.on_train_end(trainer, module)  # type: ignore[arg-type]
+
 
 def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:
     spec = load_spec(tiny("decoder", max_steps=3, val_interval=3, precision="bf16-mixed"))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -9,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-__all__ = ["app", "console", "err_console", "print_error", "set_hint"]
+__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly"]
 
 
 class _Group(TyperGroup):
@@ -84,3 +88,34 @@ def print_error(message: str, hint: str = "", *, label: str = "[bold red]error:[
     err_console.print(f"{label} {escape(message)}", highlight=False, soft_wrap=True)
     if hint:
         err_console.print(f"  [dim]{escape(hint)}[/]", highlight=False, soft_wrap=True)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C's ``KeyboardInterrupt`` is (with its ``signum``)."""
+
+    signum = signal.SIGTERM
+
+
+@contextmanager
+def stops_cleanly(when: str) -> Iterator[None]:
+    """Ctrl-C (SIGINT) or SIGTERM (``kill``, ``timeout``, ``docker stop``) during the block
+    stops the command with one line, ``interrupted <when>`` or ``stopped by SIGTERM <when>``,
+    and the shell's status for the signal (130, 143). SIGTERM is raised where the program is,
+    as Ctrl-C is, so a file being written is removed on the way out instead of the process
+    dying silently and leaving it behind."""
+    main = threading.current_thread() is threading.main_thread()
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler) if main else None
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print_error(f"{said} {when}")
+        raise typer.Exit(128 + signum) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from specformer.cli.app import app, console, print_error
+from specformer.cli.app import app, console, print_error, stops_cleanly
 
 __all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
 
@@ -143,25 +143,26 @@ def import_hf_cmd(
         _check_output_file(weights, "--weights")
         if weights.resolve() == output.resolve():
             raise _fail(f"--output and --weights are the same file ({output})")
-    try:
-        config = read_hf_config(source)
-        spec, state, report = import_hf(source, weights=weights is not None, name=name)
-    except HFConversionError as exc:
-        raise _fail(str(exc)) from None
-    header = (
-        f"# Imported by `specformer import-hf` from the Hugging Face {config.get('model_type')} model at\n"
-        f"# {source.resolve()}\n"
-    )
-    text = compact_spec_yaml(spec, header)
-    writers: dict[Path, Callable[[Path], None]] = {output: lambda path: path.write_text(text, encoding="utf-8")}
-    if weights is not None:
-        assert state is not None
-        # the tokenizer the weights' ids belong to: `train --init-from` warns when the spec trains another
-        origin = {"specformer.imported_from": str(source.resolve())}
-        if (found := model_tokenizer(source)) is not None:
-            origin["specformer.tokenizer"] = str(found)
-        writers[weights] = lambda path: save_safetensors(state, path, metadata=origin)
-    _write_or_fail(writers)
+    with stops_cleanly("while importing; nothing was written"):
+        try:
+            config = read_hf_config(source)
+            spec, state, report = import_hf(source, weights=weights is not None, name=name)
+        except HFConversionError as exc:
+            raise _fail(str(exc)) from None
+        header = (
+            f"# Imported by `specformer import-hf` from the Hugging Face {config.get('model_type')} model at\n"
+            f"# {source.resolve()}\n"
+        )
+        text = compact_spec_yaml(spec, header)
+        writers: dict[Path, Callable[[Path], None]] = {output: lambda path: path.write_text(text, encoding="utf-8")}
+        if weights is not None:
+            assert state is not None
+            # the tokenizer the weights' ids belong to: `train --init-from` warns when the spec trains another
+            origin = {"specformer.imported_from": str(source.resolve())}
+            if (found := model_tokenizer(source)) is not None:
+                origin["specformer.tokenizer"] = str(found)
+            writers[weights] = lambda path: save_safetensors(state, path, metadata=origin)
+        _write_or_fail(writers)
     total = count_parameters(spec).total
     _say(f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
     if (model_type := config.get("model_type")) in EXPORTED_AS:
@@ -245,14 +246,15 @@ def export_hf_cmd(
     if output.exists() and not output.is_dir():
         raise _fail(f"--output {output}: is a file; export-hf writes a folder (config.json + model.safetensors)")
     _check_output_file(output / "config.json", "--output")
-    spec, state, tokenizer = _read_source(source, spec_source)
-    warnings: list[str] = []
-    try:
-        save_hf(state, spec, output, warnings=warnings, tokenizer=tokenizer)
-    except HFConversionError as exc:
-        raise _fail(str(exc)) from None
-    except OSError as exc:
-        raise _fail(_write_error(exc)) from None
+    with stops_cleanly("while exporting; nothing was written"):
+        spec, state, tokenizer = _read_source(source, spec_source)
+        warnings: list[str] = []
+        try:
+            save_hf(state, spec, output, warnings=warnings, tokenizer=tokenizer)
+        except HFConversionError as exc:
+            raise _fail(str(exc)) from None
+        except OSError as exc:
+            raise _fail(_write_error(exc)) from None
     for warning in warnings:
         print_error(warning, label="[yellow]warning:[/]")
     import json

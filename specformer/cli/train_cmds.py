@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from specformer.cli.app import app, console, err_console, print_error
+from specformer.cli.app import app, console, err_console, print_error, stops_cleanly
 from specformer.cli.spec_cmds import SetOption, print_problems
 from specformer.specs.errors import SpecError
 
@@ -48,31 +47,11 @@ def _stopped_by(exc: BaseException) -> str:
     return stopped_by(_signal_of(exc))
 
 
-@contextmanager
-def _starting() -> Iterator[None]:
+def _starting() -> AbstractContextManager[None]:
     """The imports of torch and Lightning (seconds): Ctrl-C or SIGTERM there is said, not
     silent (the handler of :func:`~specformer.training.run.sigterm_raises` is not in place
     before those imports)."""
-    main = threading.current_thread() is threading.main_thread()
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _TerminatedWhileStarting()
-
-    previous = signal.signal(signal.SIGTERM, handler) if main else None
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        signum = _signal_of(exc)
-        said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        print_error(f"{said} while starting; nothing was written")
-        raise typer.Exit(128 + signum) from None
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-class _TerminatedWhileStarting(KeyboardInterrupt):
-    signum = signal.SIGTERM
+    return stops_cleanly("while starting; nothing was written")
 
 
 @contextmanager

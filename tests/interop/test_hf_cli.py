@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,47 @@ def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch) -> None:
     result = runner.invoke(app, ["export-hf", str(ckpt), "-o", str(out / "hf")])
     _clean_error(result, "model.safetensors", "No space left on device")
     assert list((out / "hf").iterdir()) == []  # no config.json without its weights
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_write_stopped_by_ctrl_c_or_sigterm_keeps_the_old_files_and_says_so(tmp_path, monkeypatch, signum) -> None:
+    """Ctrl-C or SIGTERM (``kill``, ``timeout``) while the weights are written: the files from
+    before stay as they were, no temporary file is left beside them (SIGTERM killed the
+    process on the spot, leaving one as large as the weights), and one line says what happened."""
+    import os
+    import time
+
+    import specformer.interop.hf as hf
+
+    torch.manual_seed(0)
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in build_model(spec).state_dict().items()},
+                "specformer": {"format": 1, "spec": spec.to_dict()}}, ckpt)
+    out = tmp_path / "hf"
+    assert runner.invoke(app, ["export-hf", str(ckpt), "-o", str(out)]).exit_code == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    imported = tmp_path / "x.yaml"
+    imported.write_text("old\n")
+
+    def stopped(tensors, path, **_) -> None:
+        path.write_bytes(b"partial")
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the signal arrives here
+
+    monkeypatch.setattr(hf, "save_safetensors", stopped)
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    previous = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["export-hf", str(ckpt), "-o", str(out)])
+    assert result.exit_code == 128 + signum, result.output
+    assert result.stderr == f"error: {said} while exporting; nothing was written\n"
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # no .model.safetensors.<hex>.tmp
+    result = runner.invoke(app, ["import-hf", str(out), "-o", str(imported), "-w", str(tmp_path / "x.safetensors")])
+    assert result.exit_code == 128 + signum, result.output
+    assert result.stderr == f"error: {said} while importing; nothing was written\n"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["hf", "last.ckpt", "x.yaml"]
+    assert imported.read_text() == "old\n"
+    assert signal.getsignal(signal.SIGTERM) is previous  # the caller's handler is back
 
 
 def test_export_to_a_bad_output_is_a_clean_error(tmp_path, monkeypatch) -> None:

@@ -7,6 +7,11 @@ torch is imported inside commands that need it, so ``validate``, ``schema`` and
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
+from typing import NoReturn
+
 from specformer.cli.app import app, console, err_console
 
 # imported for their side effect: registering commands on `app`
@@ -24,11 +29,37 @@ def main() -> None:
     try:
         app()
     except PluginError as exc:  # an installed plugin breaks every command: say which, not a traceback
-        import os
-
         if os.environ.get("SPECFORMER_DEBUG"):
             raise
         from specformer.cli.app import print_error
 
         print_error(str(exc), "set SPECFORMER_DEBUG=1 to see the full traceback")
         raise SystemExit(1) from None
+    except OSError as exc:
+        if not _output_error(exc):
+            raise
+        _output_failed(exc)
+
+
+# what a write to a full disk, a quota or a failing device raises; the commands' own files
+# are named in their errors (exc.filename), standard output has no name
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def _output_error(exc: OSError) -> bool:
+    """Whether ``exc`` is a failed write of the standard output (``specformer schema > file``
+    on a full disk), not of a file a command names."""
+    return exc.filename is None and exc.errno in _WRITE_ERRORS and not os.environ.get("SPECFORMER_DEBUG")
+
+
+def _output_failed(exc: OSError) -> NoReturn:
+    """Say in one line that the output is incomplete, instead of a traceback."""
+    from specformer.cli.app import print_error
+
+    try:  # what is still buffered for stdout would fail again when Python exits
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    print_error(f"cannot write the output ({exc.strerror or exc}): what was written of it is incomplete",
+                "a full disk under a redirected output (> FILE)? free space there, or write elsewhere")
+    raise SystemExit(1) from None

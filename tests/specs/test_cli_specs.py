@@ -321,3 +321,18 @@ def test_a_set_value_the_shell_split_says_to_quote_it(split):
             "--set 'training.data={type: files, paths: [input.txt]}'") in text
     plain = runner.invoke(app, ["validate", "gpt-nano", "extra"], env={"COLUMNS": "400"})
     assert plain.exit_code == 2 and "quoted whole" not in plain.output
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, whose every write fails as on a full disk")
+@pytest.mark.parametrize("args", [["schema"], ["validate", "gpt-nano"], ["show", "gpt-nano"], ["list"]])
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(args):
+    """``specformer schema > file`` on a full disk: the command says the output is incomplete."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-m", "specformer", *args], stdout=full, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "COLUMNS": "200"})
+    assert run.returncode == 1
+    assert run.stderr.startswith("error: cannot write the output (No space left on device)"), run.stderr
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr

@@ -6,6 +6,7 @@ None of these import torch, so they start fast.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -160,16 +161,39 @@ def validate(
 
 
 @app.command()
-def schema() -> None:
+def schema(
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write it to this file instead of printing it: the file is replaced "
+                     "whole, or kept as it was when the write fails (a shell's > FILE empties it first)."),
+    ] = None,
+) -> None:
     """Print the JSON Schema of a spec file, for editors.
 
     Save it and point yaml-language-server at it with a first line in your spec:
 
     ```
-    specformer schema > specformer.schema.json
+    specformer schema -o specformer.schema.json
     # yaml-language-server: $schema=specformer.schema.json
     ```
     """
     from specformer.specs.jsonschema import spec_json_schema
 
-    typer.echo(json.dumps(spec_json_schema(), indent=2))
+    text = json.dumps(spec_json_schema(), indent=2) + "\n"
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    from specformer.data.cache import atomic_write_text
+
+    existing = next((folder for folder in output.parents if folder.exists()), Path("."))
+    if output.is_dir() or not existing.is_dir():
+        what = "is a folder; give the name of the file to write" if output.is_dir() else f"{existing} is a file, not a folder"
+        print_error(f"--output {output}: {what}")
+        raise typer.Exit(1)
+    try:
+        atomic_write_text(output, text)
+    except OSError as exc:
+        kept = "; the file from before is as it was" if output.is_file() else ""
+        print_error(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {escape(str(output))}", highlight=False, soft_wrap=True)

@@ -62,7 +62,7 @@ def test_shipped_schema_file_is_current():
     shipped = json.loads(resources.files("specformer.specs").joinpath("specformer.schema.json").read_text())
     assert shipped == spec_json_schema(), (
         "specformer/specs/specformer.schema.json is stale: regenerate it with "
-        "`specformer schema > specformer/specs/specformer.schema.json`"
+        "`specformer schema -o specformer/specs/specformer.schema.json`"
     )
 
 
@@ -336,3 +336,35 @@ def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(args):
     assert run.returncode == 1
     assert run.stderr.startswith("error: cannot write the output (No space left on device)"), run.stderr
     assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr
+
+
+def test_schema_output_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    out = tmp_path / "new" / "specformer.schema.json"
+    result = runner.invoke(app, ["schema", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text()) == spec_json_schema()
+    assert out.read_text() == runner.invoke(app, ["schema"]).stdout  # the same text as printed
+
+    import errno
+
+    import specformer.data.cache as cache
+
+    out.write_text("the schema from before\n")
+    real = cache.os.fsync
+
+    def disk_full(fd: int) -> None:  # the write reached the disk's end
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache.os, "fsync", disk_full)
+    result = runner.invoke(app, ["schema", "-o", str(out)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr == (f"error: --output {out}: cannot write (No space left on device); nothing was written; "
+                             "the file from before is as it was\n")
+    assert out.read_text() == "the schema from before\n"
+    assert [f.name for f in out.parent.iterdir()] == [out.name]  # no temporary file left beside it
+    monkeypatch.setattr(cache.os, "fsync", real)
+
+    (tmp_path / "afile").write_text("")
+    for bad, said in [(tmp_path, "is a folder"), (tmp_path / "afile" / "x.json", "afile is a file, not a folder")]:
+        result = runner.invoke(app, ["schema", "-o", str(bad)], env={"COLUMNS": "300"})
+        assert result.exit_code == 1 and said in result.stderr, result.output

@@ -470,7 +470,7 @@ def _umask_mode() -> int:
 
 def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     """Write several files all or nothing: ``writers[path](tmp)`` writes each to a temporary
-    file beside ``path``; once every one is written they are renamed into place. On an
+    file beside ``path``; once every one is written and flushed to disk they are renamed into place. On an
     error (an ``OSError`` is raised) no temporary file is left and no target is replaced
     by a partial file."""
     for path in writers:
@@ -484,6 +484,7 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
             staged.append((tmp, path))
             try:
                 write(tmp)
+                _fsync(tmp)
             except OSError as exc:
                 if exc.filename in (str(tmp), None):  # name the file the caller asked for
                     raise OSError(exc.errno, exc.strerror, str(path)) from None
@@ -497,6 +498,16 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path`` to the disk before it is renamed into place: after a power cut the
+    name then holds the old file or the whole new one, not an empty or torn one."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _needed(name: str, spec: ModelSpec) -> bool:

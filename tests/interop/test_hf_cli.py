@@ -338,6 +338,31 @@ def test_a_write_stopped_by_ctrl_c_or_sigterm_keeps_the_old_files_and_says_so(tm
     assert signal.getsignal(signal.SIGTERM) is previous  # the caller's handler is back
 
 
+def test_every_file_is_on_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch) -> None:
+    """As a checkpoint is: a power cut after the rename must not leave an empty model.safetensors."""
+    import os
+
+    import specformer.interop.hf as hf
+
+    synced: set[int] = set()
+    renamed: list[tuple[str, bool]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        synced.add(os.fstat(fd).st_ino)
+        fsync(fd)
+
+    def checking_replace(src, dst) -> None:
+        renamed.append((Path(dst).name, os.stat(src).st_ino in synced))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", checking_replace)
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+    hf.save_hf(build_model(spec), spec, tmp_path / "hf")
+    assert sorted(renamed) == [("config.json", True), ("model.safetensors", True)]
+
+
 def test_export_to_a_bad_output_is_a_clean_error(tmp_path, monkeypatch) -> None:
     import os
 

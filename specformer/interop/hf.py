@@ -22,12 +22,14 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from specformer.data.cache import locked, remove_temporaries
 from specformer.interop.hf_config import (
     EXPORTED_AS,
     SUPPORTED_MODEL_TYPES,
@@ -470,34 +472,46 @@ def _umask_mode() -> int:
 
 def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     """Write several files all or nothing: ``writers[path](tmp)`` writes each to a temporary
-    file beside ``path``; once every one is written and flushed to disk they are renamed into place. On an
-    error (an ``OSError`` is raised) no temporary file is left and no target is replaced
-    by a partial file."""
+    file beside ``path``; once every one is written and flushed to disk they are renamed into
+    place. On an error (an ``OSError`` is raised) no temporary file is left and no target is
+    replaced by a partial file.
+
+    The temporary files that a write killed midway (SIGKILL, the OOM killer) left beside
+    these targets, each as large as its file, are removed first, unless another process is
+    writing there now: each write holds a shared lock on its folders, as a checkpoint's does."""
     for path in writers:
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
     staged: list[tuple[Path, Path]] = []
-    try:
-        for path, write in writers.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-            staged.append((tmp, path))
-            try:
-                write(tmp)
-                _fsync(tmp)
-            except OSError as exc:
-                if exc.filename in (str(tmp), None):  # name the file the caller asked for
-                    raise OSError(exc.errno, exc.strerror, str(path)) from None
-                raise
-        mode = _umask_mode()
-        for tmp, path in staged:
-            # safetensors writes owner-only (0600) files: give them what a plain open
-            # gives (the umask applies), like every other file written here
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+    with ExitStack() as folders:
+        for folder in sorted({path.parent for path in writers}):
+            folder.mkdir(parents=True, exist_ok=True)
+            with locked(folder, wait=False) as alone:
+                if alone:
+                    for path in writers:
+                        if path.parent == folder:
+                            remove_temporaries(folder, path.name)
+            folders.enter_context(locked(folder, shared=True))
+        try:
+            for path, write in writers.items():
+                tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # atomic_file's names
+                staged.append((tmp, path))
+                try:
+                    write(tmp)
+                    _fsync(tmp)
+                except OSError as exc:
+                    if exc.filename in (str(tmp), None):  # name the file the caller asked for
+                        raise OSError(exc.errno, exc.strerror, str(path)) from None
+                    raise
+            mode = _umask_mode()
+            for tmp, path in staged:
+                # safetensors writes owner-only (0600) files: give them what a plain open
+                # gives (the umask applies), like every other file written here
+                os.chmod(tmp, mode)
+                os.replace(tmp, path)
+        finally:
+            for tmp, _ in staged:
+                tmp.unlink(missing_ok=True)
 
 
 def _fsync(path: Path) -> None:

@@ -363,6 +363,27 @@ def test_every_file_is_on_disk_before_it_is_renamed_into_place(tmp_path, monkeyp
     assert sorted(renamed) == [("config.json", True), ("model.safetensors", True)]
 
 
+def test_an_export_removes_the_temporary_files_a_killed_export_left(tmp_path) -> None:
+    """A SIGKILL while the weights are written leaves their hidden temporary file, as large as
+    the weights; the next export into the folder removes it, unless another process is writing there."""
+    import specformer.interop.hf as hf
+    from specformer.data.cache import locked
+
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1"])
+    model = build_model(spec)
+    out = tmp_path / "hf"
+    out.mkdir()
+    killed = [out / ".model.safetensors.0123456789abcdef.tmp", out / ".config.json.fedcba9876543210.tmp"]
+    others = [out / ".notes.txt.0123456789abcdef.tmp", out / "model.safetensors.bak"]  # not the export's
+    for path in killed + others:
+        path.write_bytes(b"partial")
+    with locked(out, shared=True):  # another export under way: its files are left alone
+        hf.save_hf(model, spec, out)
+    assert all(path.exists() for path in killed + others)
+    hf.save_hf(model, spec, out)
+    assert sorted(f.name for f in out.iterdir()) == sorted(["config.json", "model.safetensors"] + [p.name for p in others])
+
+
 def test_export_to_a_bad_output_is_a_clean_error(tmp_path, monkeypatch) -> None:
     import os
 

@@ -26,6 +26,7 @@ from specformer.data.cache import (
     cache_write_error,
     content_hash,
     made_once,
+    remove_temporaries,
     resolve_cache_dir,
 )
 from specformer.data.corpus import Corpus, DataError, relative_note
@@ -292,8 +293,14 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
     key = content_hash("bpe", "literal-specials", corpus.fingerprint, spec.model_dump(), tokenizers.__version__)
     root = resolve_cache_dir(cache_dir)
     path, lock = root / "tokenizers" / f"bpe-{key}.json", root / "locks" / f"bpe-{key}.lock"
+
+    def make(alone: bool) -> HFTokenizer:
+        if alone:  # what a write killed midway left (SIGKILL, the OOM killer): hidden, never read again
+            remove_temporaries(path.parent, path.name)
+        return _train_bpe(spec, texts, path)
+
     try:
-        return made_once(lock, lambda: _cached_bpe(path), lambda _: _train_bpe(spec, texts, path))
+        return made_once(lock, lambda: _cached_bpe(path), make)
     except OSError as exc:
         raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
 

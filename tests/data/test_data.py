@@ -355,6 +355,20 @@ def test_bpe_is_trained_once_and_cached_by_content(tmp_path: Path) -> None:
     assert tokenizer_from_state(tok.state()).encode(text) == ids
 
 
+def test_a_bpe_trained_again_removes_what_a_killed_write_left(tmp_path: Path) -> None:
+    corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
+    spec = BPETokenizerSpec(vocab_size=300)
+    bpe_tokenizer(spec, corpus=corpus, cache_dir=tmp_path)
+    (cached,) = (tmp_path / "tokenizers").glob("bpe-*.json")
+    cached.unlink()  # as if the process writing it had been killed: only its temporary file is there
+    left = cached.with_name(f".{cached.name}.0123456789abcdef.tmp")
+    other = cached.with_name(".bpe-another.json.0123456789abcdef.tmp")  # another entry's: not this write's
+    left.write_text("{")
+    other.write_text("{")
+    bpe_tokenizer(spec, corpus=corpus, cache_dir=tmp_path)
+    assert sorted(f.name for f in cached.parent.iterdir()) == sorted([cached.name, other.name])
+
+
 def test_a_tokenizer_json_template_is_read_from_its_post_processor(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 

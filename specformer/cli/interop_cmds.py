@@ -328,10 +328,12 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from specformer.data.corpus import DataError
+        from specformer.data.corpus import DataError, lfs_pointer
         from specformer.training.checkpoint import weights_tokenizer
 
         spec = load_or_exit(spec_source)
+        if pointer := lfs_pointer(source):
+            raise _fail(pointer)
         try:
             state = load_file(str(source))
         except (SafetensorError, OSError) as exc:

@@ -22,7 +22,7 @@ from typing import Any
 from specformer.data.cache import content_hash
 from specformer.specs.training import FilesDataSpec, HFDataSpec, StdlibDataSpec
 
-__all__ = ["Corpus", "DataError", "stdlib_corpus", "files_corpus", "hf_corpus", "split_by_path"]
+__all__ = ["Corpus", "DataError", "stdlib_corpus", "files_corpus", "hf_corpus", "split_by_path", "lfs_pointer"]
 
 MIN_STDLIB_FILES = 50
 
@@ -411,6 +411,24 @@ def relative_note(paths: list[str], setting: str) -> str:
         return ""
     return (f" (a relative path is read from the working directory, {Path.cwd()}, not from the spec's folder: "
             f"run from the folder it is relative to, or give it whole with --set {setting}=...)")
+
+
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def lfs_pointer(path: str | os.PathLike[str]) -> str:
+    """When ``path`` is a Git LFS pointer (the few lines of text that stand for a large file
+    in a repository cloned without Git LFS, as Hugging Face model repositories often are),
+    the message that says so and how to get the file; else ""."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_LFS_POINTER))
+    except OSError:
+        return ""
+    if head != _LFS_POINTER:
+        return ""
+    return (f"{path} is a Git LFS pointer, not the file itself (the repository was cloned without Git LFS): "
+            "fetch the file with `git lfs pull` in that repository, or download it with `hf download`")
 
 
 def _files_below(folder: Path) -> list[Path]:

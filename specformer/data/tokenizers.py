@@ -29,7 +29,7 @@ from specformer.data.cache import (
     remove_temporaries,
     resolve_cache_dir,
 )
-from specformer.data.corpus import Corpus, DataError, relative_note
+from specformer.data.corpus import Corpus, DataError, lfs_pointer, relative_note
 from specformer.specs.training import (
     BYTE_VOCAB_SIZE,
     TASK_SPECIALS,
@@ -350,7 +350,7 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
     try:
         return HFTokenizer(_Tok.from_file(str(path)))
     except Exception as exc:
-        raise DataError(f"training.tokenizer.path: {path} is not a tokenizer.json ({exc})") from None
+        raise DataError(f"training.tokenizer.path: {lfs_pointer(path) or f'{path} is not a tokenizer.json ({exc})'}") from None
 
 
 def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:

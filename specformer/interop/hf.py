@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from specformer.data.cache import locked, remove_temporaries
+from specformer.data.corpus import lfs_pointer
 from specformer.interop.hf_config import (
     EXPORTED_AS,
     SUPPORTED_MODEL_TYPES,
@@ -93,6 +94,8 @@ def read_hf_state_dict(source: str | Path) -> dict[str, Tensor]:
         path = found
     if not path.is_file():
         raise HFConversionError(f"{path}: no such file")
+    if pointer := lfs_pointer(path):
+        raise HFConversionError(pointer)
     if path.name.endswith(".index.json"):
         try:
             index = json.loads(path.read_text(encoding="utf-8"))

@@ -36,6 +36,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from specformer.data.cache import atomic_file, locked, remove_temporaries
+from specformer.data.corpus import lfs_pointer
 
 __all__ = [
     "FORMAT_VERSION",
@@ -172,6 +173,8 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
         )
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (an interrupted copy?)")
+    if pointer := lfs_pointer(path):
+        raise CheckpointError(pointer)
     if not zipfile.is_zipfile(path):
         # torch.save writes a zip archive; anything else is not one of ours (or lost its end)
         with open(path, "rb") as f:
@@ -409,6 +412,8 @@ def read_weights_and_tokenizer(
 
     if not path.is_file():
         raise CheckpointError(f"{path}: no such weights file")
+    if pointer := lfs_pointer(path):
+        raise CheckpointError(pointer)
     try:
         return load_file(path), None, None
     except (SafetensorError, OSError) as exc:

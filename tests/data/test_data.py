@@ -106,6 +106,20 @@ def test_a_relative_data_path_not_found_names_the_working_directory(
         file_tokenizer(FileTokenizerSpec(path="tok.json"))
 
 
+def test_a_tokenizer_json_that_is_a_git_lfs_pointer_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 1842767\n")
+    with pytest.raises(DataError) as err:
+        file_tokenizer(FileTokenizerSpec(path=str(tmp_path)))
+    assert str(err.value) == (
+        f"training.tokenizer.path: {path} is a Git LFS pointer, not the file itself (the repository was cloned "
+        "without Git LFS): fetch the file with `git lfs pull` in that repository, or download it with `hf download`"
+    )
+    path.write_text("{")  # any other file that is not a tokenizer.json says that
+    with pytest.raises(DataError, match=r"tokenizer.json is not a tokenizer.json \("):
+        file_tokenizer(FileTokenizerSpec(path=str(path)))
+
+
 def test_a_max_mb_below_the_one_file_read_is_said(tmp_path: Path) -> None:
     # the cap keeps or leaves out whole files and keeps one: a single 5 kB file under
     # max_mb=0.001 is read whole, and the data line says so instead of ignoring the cap

@@ -686,14 +686,20 @@ class _NotATensor:
         ("pickled_object", ["pytorch_model.bin: not a PyTorch weights file readable with weights_only=True",
                             "a Python object of class", "_NotATensor", "save the model's weights as safetensors"]),
         ("index_not_json", ["model.safetensors.index.json:1:2: not a weights index (not valid JSON"]),
+        # a model repository cloned without Git LFS: each weights file is a few lines of text
+        ("lfs_safetensors", ["model.safetensors is a Git LFS pointer, not the file itself", "git lfs pull"]),
+        ("lfs_bin", ["pytorch_model.bin is a Git LFS pointer, not the file itself", "git lfs pull"]),
     ],
 )
 def test_unreadable_weights_are_one_line_errors(tmp_path, make: str, words: list[str]) -> None:
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(_gpt2_config()))
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 548105171\n"
     if make == "pickled_object":
         torch.save({"weights": {}, "extra": _NotATensor()}, folder / "pytorch_model.bin")
+    elif make.startswith("lfs_"):
+        (folder / ("model.safetensors" if make == "lfs_safetensors" else "pytorch_model.bin")).write_bytes(pointer)
     else:
         (folder / "model.safetensors.index.json").write_text("{not json")
     out = tmp_path / "x.yaml"

@@ -263,11 +263,19 @@ def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) 
         (["train", "gpt-nano", "--resume", "garbage.ckpt"], "not a specformer checkpoint"),
         (["eval", "random.ckpt"], "it is not a torch zip file (truncated or not a checkpoint)"),
         (["eval", "truncated.ckpt"], "the zip archive is truncated or damaged"),
+        # a repository cloned without Git LFS holds a few lines of text in place of each large file
+        (["eval", "lfs.ckpt"], "lfs.ckpt is a Git LFS pointer, not the file itself (the repository was cloned "
+                               "without Git LFS): fetch the file with `git lfs pull`"),
+        (["eval", "lfs.safetensors", "--spec", "gpt-nano"], "lfs.safetensors is a Git LFS pointer"),
+        (["train", "gpt-nano", "--init-from", "lfs.safetensors"], "lfs.safetensors is a Git LFS pointer"),
     ],
 )
 def test_errors_are_one_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
     import torch
 
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 548105171\n"
+    (tmp_path / "lfs.ckpt").write_bytes(pointer)
+    (tmp_path / "lfs.safetensors").write_bytes(pointer)
     (tmp_path / "garbage.ckpt").write_bytes(b"\x00" * 100)
     (tmp_path / "random.ckpt").write_bytes(os.urandom(4096))
     torch.save({"state_dict": {"w": torch.zeros(1000)}}, tmp_path / "whole.ckpt")

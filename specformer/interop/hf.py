@@ -140,7 +140,14 @@ def _torch_load_reason(exc: BaseException) -> str:
     if found:
         return (f"it holds a Python object of class {found.group(1)}, not only tensors, and is not unpickled "
                 "here; save the model's weights as safetensors (save_pretrained) and import those")
-    return next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    if "Unsupported operand" in text or isinstance(exc, EOFError):
+        # bytes that no pickle begins with (torch's advice to load it without weights_only would not help)
+        return "its bytes are not what torch.save writes: the file is damaged, truncated or of another kind"
+    if "failed reading zip archive" in text:
+        return "the zip archive is truncated or damaged: an interrupted copy or download?"
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and "weights_only" not in line and "Weights only load failed" not in line]
+    return lines[0].split(". ")[0] if lines else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- import

@@ -689,6 +689,11 @@ class _NotATensor:
         # a model repository cloned without Git LFS: each weights file is a few lines of text
         ("lfs_safetensors", ["model.safetensors is a Git LFS pointer, not the file itself", "git lfs pull"]),
         ("lfs_bin", ["pytorch_model.bin is a Git LFS pointer, not the file itself", "git lfs pull"]),
+        # damaged or another kind of file: said so, without torch's advice to load it unsafely
+        ("random_bin", ["pytorch_model.bin: not a PyTorch weights file", "its bytes are not what torch.save writes"]),
+        ("html_bin", ["pytorch_model.bin: not a PyTorch weights file", "its bytes are not what torch.save writes"]),
+        ("empty_bin", ["pytorch_model.bin: not a PyTorch weights file", "its bytes are not what torch.save writes"]),
+        ("truncated_bin", ["pytorch_model.bin: not a PyTorch weights file", "the zip archive is truncated or damaged"]),
     ],
 )
 def test_unreadable_weights_are_one_line_errors(tmp_path, make: str, words: list[str]) -> None:
@@ -700,12 +705,19 @@ def test_unreadable_weights_are_one_line_errors(tmp_path, make: str, words: list
         torch.save({"weights": {}, "extra": _NotATensor()}, folder / "pytorch_model.bin")
     elif make.startswith("lfs_"):
         (folder / ("model.safetensors" if make == "lfs_safetensors" else "pytorch_model.bin")).write_bytes(pointer)
+    elif make == "truncated_bin":
+        torch.save({"w": torch.zeros(1000)}, folder / "pytorch_model.bin")
+        (folder / "pytorch_model.bin").write_bytes((folder / "pytorch_model.bin").read_bytes()[:3000])
+    elif make.endswith("_bin"):
+        data = {"random_bin": bytes(range(256)) * 8, "html_bin": b"<!DOCTYPE html><html>404</html>", "empty_bin": b""}
+        (folder / "pytorch_model.bin").write_bytes(data[make])
     else:
         (folder / "model.safetensors.index.json").write_text("{not json")
     out = tmp_path / "x.yaml"
     result = runner.invoke(app, ["import-hf", str(folder), "-o", str(out), "-w", str(tmp_path / "w.safetensors")])
     _clean_error(result, *words)
     assert len(result.stderr.strip().splitlines()) == 1 and "\x1b" not in result.stderr
+    assert "Re-running" not in result.stderr and "weights_only` set to `False" not in result.stderr
     assert not out.exists() and not (tmp_path / "w.safetensors").exists()
 
 

@@ -290,6 +290,12 @@ def _check_output_file(path: Path, option: str) -> None:
     part of its folder path is a file, or that folder is not writable."""
     if path.is_dir():
         raise _fail(f"{option} {path}: is a folder; give the name of the file to write")
+    from specformer.data.cache import is_stream
+
+    if is_stream(path):  # /dev/null, a pipe: written as it is
+        if not os.access(path, os.W_OK):
+            raise _fail(f"{option} {path}: is not writable")
+        return
     existing = next((p for p in path.parents if p.exists()), Path("."))
     if not existing.is_dir():
         raise _fail(f"{option} {path}: {existing} is a file, not a folder")

@@ -6,6 +6,7 @@ None of these import torch, so they start fast.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -183,17 +184,20 @@ def schema(
     if output is None:
         typer.echo(text, nl=False)
         return
-    from specformer.data.cache import atomic_write_text
+    from specformer.data.cache import atomic_write_text, is_stream
 
     existing = next((folder for folder in output.parents if folder.exists()), Path("."))
     if output.is_dir() or not existing.is_dir():
         what = "is a folder; give the name of the file to write" if output.is_dir() else f"{existing} is a file, not a folder"
         print_error(f"--output {output}: {what}")
         raise typer.Exit(1)
+    stream = is_stream(output)  # -o /dev/stdout, a pipe: written as it is
+    real = output if stream else os.path.realpath(output)  # a symbolic link stays one: the file it points to is replaced
     try:
-        atomic_write_text(output, text)
+        atomic_write_text(real, text)
     except OSError as exc:
         kept = "; the file from before is as it was" if output.is_file() else ""
         print_error(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}")
         raise typer.Exit(1) from None
-    console.print(f"wrote {escape(str(output))}", highlight=False, soft_wrap=True)
+    if not stream:  # -o /dev/stdout: the schema alone
+        console.print(f"wrote {escape(str(output))}", highlight=False, soft_wrap=True)

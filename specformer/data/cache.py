@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ __all__ = [
     "resolve_cache_dir",
     "content_hash",
     "atomic_file",
+    "is_stream",
     "atomic_write_bytes",
     "atomic_write_text",
     "cache_write_error",
@@ -63,14 +65,29 @@ def content_hash(*parts: Any, chunks: Iterable[bytes] = ()) -> str:
     return h.hexdigest()[:20]
 
 
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO): written
+    to as it is, never replaced by a file renamed over it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """A new file beside ``path`` to write to; when the block ends without an error it is
     fsynced and renamed over ``path`` (a reader sees the old file or the new one, never a
     torn one), otherwise removed. It gets the permissions a plain ``open`` gives (the
     umask applies), not ``mkstemp``'s owner-only 0600: a shared run folder or cache stays
-    readable by the group."""
+    readable by the group. A device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is
+    written as it is: there is no file to replace."""
     path = Path(path)
+    if is_stream(path):  # renaming a file over /dev/null or a pipe would replace it (as root, it can)
+        with open(path, "wb") as f:
+            yield f
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # see _TEMPORARY
     try:

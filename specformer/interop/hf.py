@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from specformer.data.cache import locked, remove_temporaries
+from specformer.data.cache import is_stream, locked, remove_temporaries
 from specformer.data.corpus import lfs_pointer
 from specformer.interop.hf_config import (
     EXPORTED_AS,
@@ -492,33 +492,40 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     for path in writers:
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    # a symbolic link stays one (the file it points to is replaced); a device or a pipe
+    # (/dev/null, a FIFO) is written as it is, never replaced by a file renamed over it
+    files = [path for path in writers if not is_stream(path)]
+    targets = {path: Path(os.path.realpath(path)) if path in files else path for path in writers}
     staged: list[tuple[Path, Path]] = []
     with ExitStack() as folders:
-        for folder in sorted({path.parent for path in writers}):
+        for folder in sorted({targets[path].parent for path in files}):
             folder.mkdir(parents=True, exist_ok=True)
             with locked(folder, wait=False) as alone:
                 if alone:
-                    for path in writers:
-                        if path.parent == folder:
-                            remove_temporaries(folder, path.name)
+                    for path in files:
+                        if targets[path].parent == folder:
+                            remove_temporaries(folder, targets[path].name)
             folders.enter_context(locked(folder, shared=True))
         try:
             for path, write in writers.items():
-                tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # atomic_file's names
-                staged.append((tmp, path))
+                target = targets[path]
+                tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp") if path in files else target
+                if path in files:
+                    staged.append((tmp, target))  # atomic_file's names
                 try:
                     write(tmp)
-                    _fsync(tmp)
+                    if path in files:
+                        _fsync(tmp)
                 except OSError as exc:
                     if exc.filename in (str(tmp), None):  # name the file the caller asked for
                         raise OSError(exc.errno, exc.strerror, str(path)) from None
                     raise
             mode = _umask_mode()
-            for tmp, path in staged:
+            for tmp, target in staged:
                 # safetensors writes owner-only (0600) files: give them what a plain open
                 # gives (the umask applies), like every other file written here
                 os.chmod(tmp, mode)
-                os.replace(tmp, path)
+                os.replace(tmp, target)
         finally:
             for tmp, _ in staged:
                 tmp.unlink(missing_ok=True)

@@ -384,6 +384,39 @@ def test_an_export_removes_the_temporary_files_a_killed_export_left(tmp_path) ->
     assert sorted(f.name for f in out.iterdir()) == sorted(["config.json", "model.safetensors"] + [p.name for p in others])
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes")
+def test_outputs_through_a_link_or_into_a_pipe_keep_them_what_they_are(tmp_path) -> None:
+    """-o through a symbolic link writes the file it points to and keeps the link; -o into a
+    pipe or a device (/dev/null) writes into it: a file renamed over it replaced it, /dev/null
+    included when run as root."""
+    import os
+    import threading
+
+    source = _hf_folder(tmp_path)
+    (tmp_path / "real.yaml").write_text("old\n")
+    (tmp_path / "link.yaml").symlink_to("real.yaml")
+    result = runner.invoke(app, ["import-hf", str(source), "-o", str(tmp_path / "link.yaml")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "link.yaml").is_symlink()
+    assert load_spec(tmp_path / "real.yaml").d_model == 32
+
+    pipe = tmp_path / "pipe.yaml"
+    os.mkfifo(pipe)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(pipe, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    result = runner.invoke(app, ["import-hf", str(source), "-o", str(pipe)])
+    reader.join(10)
+    assert result.exit_code == 0, result.output
+    assert pipe.is_fifo() and got and got[0].startswith(b"# Imported by `specformer import-hf`")
+    assert [f.name for f in tmp_path.iterdir() if f.name.endswith(".tmp")] == []
+
+
 def test_export_to_a_bad_output_is_a_clean_error(tmp_path, monkeypatch) -> None:
     import os
 

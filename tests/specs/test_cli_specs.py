@@ -368,3 +368,32 @@ def test_schema_output_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     for bad, said in [(tmp_path, "is a folder"), (tmp_path / "afile" / "x.json", "afile is a file, not a folder")]:
         result = runner.invoke(app, ["schema", "-o", str(bad)], env={"COLUMNS": "300"})
         assert result.exit_code == 1 and said in result.stderr, result.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_schema_output_through_a_link_or_into_a_pipe_keeps_it_what_it_is(tmp_path):
+    """A symbolic link stays one (the file it points to gets the schema), and a pipe or a
+    device (/dev/null, /dev/stdout) is written as it is: a file renamed over it would replace
+    it, /dev/null included when run as root."""
+    (tmp_path / "real.json").write_text("old\n")
+    (tmp_path / "link.json").symlink_to("real.json")
+    result = runner.invoke(app, ["schema", "-o", str(tmp_path / "link.json")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads((tmp_path / "real.json").read_text()) == spec_json_schema()
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(pipe, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    result = runner.invoke(app, ["schema", "-o", str(pipe)])
+    reader.join(10)
+    assert result.exit_code == 0, result.output
+    assert pipe.is_fifo() and json.loads(got[0]) == spec_json_schema()
+    assert "wrote" not in result.stdout  # the schema alone goes down a pipe (-o /dev/stdout)

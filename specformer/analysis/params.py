@@ -49,15 +49,19 @@ BUILT_IN_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _layer_span(indices: list[int]) -> str:
+def index_ranges(indices: list[int], sep: str = ", ") -> str:
+    """Sorted indices as runs: ``[0, 1, 3]`` -> ``'0-1, 3'``."""
     runs: list[list[int]] = []
     for i in indices:
         if runs and i == runs[-1][-1] + 1:
             runs[-1].append(i)
         else:
             runs.append([i])
-    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-    return f"layer{'s' * (len(indices) > 1)} {text}"
+    return sep.join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _layer_span(indices: list[int]) -> str:
+    return f"layer{'s' * (len(indices) > 1)} {index_ranges(indices)}"
 
 
 def plugin_components(spec: Any) -> dict[str, str]:

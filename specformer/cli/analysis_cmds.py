@@ -784,14 +784,9 @@ def _with_layers(group: str, keys: list[str]) -> str:
     indices = sorted({int(m.group(1)) for m in found if m is not None})
     if not indices or "*" not in group:
         return keys[0]
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    label = ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-    return group.replace(".layers.*.", f".layers.{label}.", 1)
+    from specformer.analysis.params import index_ranges
+
+    return group.replace(".layers.*.", f".layers.{index_ranges(indices, ',')}.", 1)
 
 
 def _group_keys(keys: list[str]) -> list[str]:

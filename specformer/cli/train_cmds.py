@@ -661,7 +661,7 @@ def _escape(text: str) -> str:
 def eval_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     set_: SetOption = None,
-    batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always uses its whole held-out set.")] = None,
+    batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always scores its whole held-out set, in batches large enough to hold it in this many.")] = None,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence) on the validation split.

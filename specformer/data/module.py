@@ -429,8 +429,14 @@ class SpecDataModule(L.LightningDataModule):
             self.data.unigram_loss = unigram_cross_entropy(
                 train.tokens, _scored(val.tokens, val, t, world), self.data.tokenizer.vocab_size
             )
-        n_batches = None if self.data.task is not None else t.val_batches
-        sampler = EvalBatchSampler(len(self.data.val), t.batch_size, n_batches=n_batches, rank=rank, world_size=world)
+        n_batches, batch = t.val_batches, t.batch_size
+        if self.data.task is not None:
+            # a synthetic task scores its whole held-out set, the same examples at any batch size;
+            # its batches grow to hold it in val_batches batches (batch_size 2 took 250 decodes)
+            if n_batches is not None:
+                batch = max(batch, -(-len(self.data.val) // (n_batches * world)))
+            n_batches = None
+        sampler = EvalBatchSampler(len(self.data.val), batch, n_batches=n_batches, rank=rank, world_size=world)
         return self._loader(self.data.val, sampler, rank, t.seed + 1, evaluation=True)
 
     def batches_per_pass(self, world_size: int | None = None) -> int:

@@ -465,7 +465,7 @@ class TrainingSpec(Spec):
         "max_epochs and no max_steps trains by epochs; the two together are an error)."
     )
     val_interval: PositiveInt = Field(100, description="Validate every this many optimizer steps (and at the end).")
-    val_batches: PositiveInt | None = Field(20, description="Batches per validation; null for the whole split.")
+    val_batches: PositiveInt | None = Field(20, description="Batches per validation; null for the whole split. A synthetic task always scores its whole held-out set, in batches made large enough to hold it in this many.")
     checkpoint_interval: PositiveInt | None = Field(
         None, description="Write a checkpoint every this many steps; default val_interval."
     )

@@ -821,6 +821,22 @@ def test_a_task_too_small_to_hold_out_is_refused() -> None:
         SyntheticTask(SyntheticDataSpec(n_symbols=2, min_len=2, max_len=3, n_val=100)).split("val")
 
 
+@pytest.mark.parametrize(("batch_size", "val_batches", "want"), [(2, 20, (20, 10)), (128, 20, (2, 128)),
+                                                                  (2, None, (100, 2))])
+def test_a_task_scores_its_whole_held_out_set_in_val_batches_batches(batch_size, val_batches, want) -> None:
+    # the same 200 examples at any batch size; small batches grow to hold them in val_batches
+    from specformer import load_spec
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec("t5-nano", [f"training.batch_size={batch_size}", f"training.val_batches={val_batches or 'null'}",
+                                 "training.data.n_train=2000", "training.data.n_val=200"])
+    dm = SpecDataModule(spec)
+    dm.setup()
+    batches = list(dm.val_dataloader())
+    assert (len(batches), batches[0]["input_ids"].shape[0]) == want
+    assert sum(b["input_ids"].shape[0] for b in batches) == 200
+
+
 def test_hugging_face_data_without_datasets_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 

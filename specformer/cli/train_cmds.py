@@ -666,13 +666,17 @@ def eval_cmd(
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence) on the validation split.
 
-    `--set training.*` changes what is evaluated (e.g. another corpus with the same tokenizer).
+    `--set training.*` changes what is evaluated (e.g. another corpus with the same tokenizer);
+    `--set max_seq_len=N` evaluates sequences of N tokens (training.seq_len follows unless set), past
+    the length the model was trained at: length extrapolation of RoPE, ALiBi, T5, sinusoidal or no
+    positions (a learned table reads only the positions it has rows for).
 
     Examples:
 
     ```
     specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
     specformer eval CKPT --batches 50
+    specformer eval CKPT --set max_seq_len=2048   # a RoPE model trained at 512, at 2048 tokens
     specformer eval my.safetensors --spec my.yaml --set 'training.data={type: files, paths: [my_texts/]}'
     ```
     """
@@ -693,16 +697,27 @@ def eval_cmd(
     with _errors_for_people(stopped=" before any batch was evaluated"):
         loaded = _load_checkpoint(checkpoint, spec_source)
         overrides = list(set_ or [])
-        model_fields = [o.partition("=")[0] for o in overrides if not o.partition("=")[0].strip().startswith("training.")]
+        keys = [o.partition("=")[0].strip() for o in overrides]
+        model_fields = [k for k in keys if not k.startswith("training.") and k != "max_seq_len"]
         if model_fields:
             raise _fail(f"--set {', '.join(model_fields)}: eval runs the checkpoint's own model; only training.* "
-                        "can change (what is evaluated, e.g. training.data)")
+                        "(what is evaluated, e.g. training.data) and max_seq_len (how long a sequence it reads) "
+                        "can change")
+        if "max_seq_len" in keys and "training.seq_len" not in keys:
+            # a longer max_seq_len is asked for to evaluate longer sequences: the checkpoint's own
+            # training.seq_len would otherwise keep them at the trained length
+            overrides.append("training.seq_len=null")
         tokenizer_fields = [o.partition("=")[0].strip() for o in overrides
                             if o.partition("=")[0].strip().startswith("training.tokenizer")]
         if tokenizer_fields:
             raise _fail(f"--set {', '.join(tokenizer_fields)}: eval reads the data with the checkpoint's own "
                         "tokenizer (its weights fit those ids); it cannot change")
         spec = load_spec(loaded.spec.to_dict(), overrides) if overrides else loaded.spec
+        if spec.max_seq_len != loaded.spec.max_seq_len:
+            _check_length_change(loaded.spec, spec.max_seq_len, "--set max_seq_len")
+            if spec.positional.type == "learned":  # the table keeps the checkpoint's rows
+                rows = loaded.spec.positional.rows(loaded.spec.max_seq_len)
+                spec = load_spec(spec.to_dict(), [f"positional.max_positions={rows}"])
         if batches is not None:
             # the data evaluated: the checkpoint's, or what --set training.data gives instead
             if spec.training.data is not None and spec.training.data.type == "synthetic":
@@ -756,6 +771,21 @@ def eval_cmd(
         print_error(f"{_stopped_by(interrupted)}: the numbers above are of the part of the validation split read "
                     f"before {cause}")
         raise typer.Exit(128 + signum)
+
+
+def _check_length_change(spec: Any, max_seq_len: int, option: str) -> None:
+    """Refuse to run a checkpoint at another ``max_seq_len`` when its weights depend on it: a
+    learned position table has one row per position, and the rows past it were never trained.
+    Every other positional scheme computes its positions (RoPE, ALiBi, sinusoids) or buckets
+    its distances (T5), so its weights read any length."""
+    if spec.positional.type != "learned":
+        return
+    usable = spec.positional.rows(spec.max_seq_len) - spec.positional.offset
+    if max_seq_len > usable:
+        raise _fail(f"{option}={max_seq_len}: this model's learned position table has {usable} positions "
+                    f"(0-{usable - 1}), and there is no trained row for a later one",
+                    f"use at most {usable}; a model with rope, alibi, sinusoidal, t5 or none positions runs "
+                    "at any length")
 
 
 def _scored_line(t: Any, data: Any, tokens: int) -> str:

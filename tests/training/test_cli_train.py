@@ -554,8 +554,40 @@ def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: P
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
     result = runner.invoke(app, ["eval", str(ckpt), "--set", "d_model=64"])
     assert result.exit_code == 1 and "--set d_model: eval runs the checkpoint's own model" in result.stderr
+    assert "only training.* (what is evaluated, e.g. training.data) and max_seq_len" in result.stderr
     result = runner.invoke(app, ["eval", str(ckpt), "--set", "training.tokenizer.type=bpe"])
     assert result.exit_code == 1 and "eval reads the data with the checkpoint's own tokenizer" in result.stderr
+
+
+def test_eval_reads_longer_sequences_with_a_longer_max_seq_len(tiny: Any, tmp_path: Path) -> None:
+    # trained at 32 tokens; a rope model evaluates at 128 (length extrapolation), with the same weights
+    data = tiny("decoder", max_steps=2, val_interval=2, val_batches=1)
+    data["positional"] = {"type": "rope"}
+    _train([str(_write(tmp_path, data))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+
+    def scored(result: Any) -> str:
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.stdout.splitlines() if "scored" in line).split()[3]
+
+    assert scored(runner.invoke(app, ["eval", ckpt], env={"COLUMNS": "200"})) == "256"  # 8 x 32
+    longer = runner.invoke(app, ["eval", ckpt, "--set", "max_seq_len=128"], env={"COLUMNS": "200"})
+    assert scored(longer) == "1,024"  # 8 x 128: training.seq_len follows max_seq_len
+    given = runner.invoke(app, ["eval", ckpt, "--set", "max_seq_len=128", "--set", "training.seq_len=64"],
+                          env={"COLUMNS": "200"})
+    assert scored(given) == "512"
+
+
+def test_eval_refuses_a_max_seq_len_past_a_learned_table(tiny: Any, tmp_path: Path) -> None:
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2, val_batches=1)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    result = runner.invoke(app, ["eval", ckpt, "--set", "max_seq_len=128"])
+    assert result.exit_code == 1
+    assert "--set max_seq_len=128: this model's learned position table has 64 positions (0-63)" in result.stderr
+    # within the table the weights still fit: a shorter max_seq_len keeps the table's 64 rows
+    shorter = runner.invoke(app, ["eval", ckpt, "--set", "max_seq_len=16"], env={"COLUMNS": "200"})
+    assert shorter.exit_code == 0, shorter.output
+    assert "128 tokens" in shorter.stdout  # 8 x 16
 
 
 def test_ctrl_c_in_eval_before_a_batch_exits_130_and_says_so(tiny: Any, tmp_path: Path, monkeypatch) -> None:

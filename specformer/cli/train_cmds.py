@@ -428,6 +428,7 @@ def generate_cmd(
     no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
     length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
     num_samples: Annotated[int, typer.Option("--num-samples", min=1, help="Texts to sample from the same prompt, one after another (as nanoGPT's sample.py), each after a line of dashes.")] = 1,
+    context: Annotated[int | None, typer.Option("--max-seq-len", min=1, help="Decoder: the most tokens read at once, where the context slides (default: the spec's max_seq_len). Larger lets a RoPE, ALiBi, T5, sinusoidal or NoPE model generate at positions past the length it was built for; a learned table reads only its rows.")] = None,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
@@ -446,6 +447,7 @@ def generate_cmd(
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
     specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
+    specformer generate CKPT --prompt "def" -n 4000 --max-seq-len 4096   # a RoPE model built for 1024
     ```
     """
     with _starting():
@@ -482,6 +484,12 @@ def generate_cmd(
                             f"{', '.join(sampling)}", "or sample with --num-beams 1")
             if not cache:
                 raise _fail("--num-beams runs with the KV cache: leave out --no-cache")
+        if context is not None:
+            if spec.kind != "decoder":
+                raise _fail("--max-seq-len is where a decoder's context slides; an encoder-decoder reads its whole "
+                            "input, and its output is capped only by a learned position table")
+            _check_length_change(spec, context, "--max-seq-len")
+        window = context if context is not None else spec.max_seq_len  # the most tokens read at once
         temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
         if num_samples > 1 and (num_beams > 1 or temp == 0.0):
             how = (f"--num-beams {num_beams}" if num_beams > 1 else "--greedy" if greedy
@@ -510,9 +518,10 @@ def generate_cmd(
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
                             "leading space): the text may go astray; leave out --no-heal to have the first new "
                             "token begin with it", label="[yellow]warning:[/]")
-            if len(ids) > spec.max_seq_len:
-                print_error(f"the prompt is {len(ids)} tokens and the model reads at most max_seq_len="
-                            f"{spec.max_seq_len} at once: only its last {spec.max_seq_len} are read (the context "
+            if len(ids) > window:
+                what = "--max-seq-len" if context is not None else "max_seq_len"
+                print_error(f"the prompt is {len(ids)} tokens and the model reads at most {what}="
+                            f"{window} at once: only its last {window} are read (the context "
                             "slides, as it does while generating)", label="[yellow]warning:[/]")
             shown = prompt if prompt.strip() or not encoded.healed else ""
 
@@ -526,15 +535,16 @@ def generate_cmd(
                 console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
 
             if num_beams > 1:
-                room = spec.max_seq_len - len(ids)
+                room = window - len(ids)
                 if room <= 0:
+                    what = "--max-seq-len" if context is not None else "max_seq_len"
                     raise _fail(f"the prompt is {len(ids)} tokens and beam search keeps every beam's context "
-                                f"within max_seq_len={spec.max_seq_len}: shorten the prompt")
+                                f"within {what}={window}: shorten the prompt")
                 found = beam_search(
                     model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=min(max_new_tokens, room),
                     eos_id=tok.eot_id if stop_at_eot else None, length_penalty=length_penalty,
                     n_candidates=candidates, allowed_tokens=encoded.allowed_tokens,
-                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram, max_seq_len=window,
                 )
                 new.extend(found[0, len(ids):].tolist())
                 if stop_at_eot and tok.eot_id in new:
@@ -549,7 +559,7 @@ def generate_cmd(
                         generate(
                             model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp,
                             top_k=top_k, top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
-                            max_seq_len=spec.max_seq_len, generator=generator, n_candidates=candidates,
+                            max_seq_len=window, generator=generator, n_candidates=candidates,
                             on_token=keep, allowed_tokens=encoded.allowed_tokens,
                             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                         )

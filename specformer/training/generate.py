@@ -396,6 +396,7 @@ def beam_search(
     no_repeat_ngram_size: int = 0,
     forced_start_id: int | None = None,
     forced_end_id: int | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
     """The most likely continuation of each prompt found keeping the ``num_beams`` best
     partial sequences at every step, with the KV cache (reordered as beams are chosen).
@@ -415,7 +416,9 @@ def beam_search(
     ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to each beam's
     log-probabilities, as Hugging Face's do (:func:`penalize_repeats`); ``forced_start_id`` and
     ``forced_end_id`` (the first new token, and the last at ``max_new_tokens``) as in
-    :func:`generate_seq2seq`."""
+    :func:`generate_seq2seq`. A decoder's beams do not slide: prompt and new tokens fit
+    ``max_seq_len`` (default: the model's ``spec.max_seq_len``; a larger one lets a model
+    without a position table run past it)."""
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     from specformer.components.cache import CacheNotFilledError
 
@@ -442,7 +445,7 @@ def beam_search(
                 return model(attention_mask=mask, decoder_input_ids=tokens, encoder_hidden_states=encoded,
                              cache=cache, use_cache=True, logits_to_keep=1)
         else:
-            limit = _spec_max_seq_len(model)
+            limit = max_seq_len if max_seq_len is not None else _spec_max_seq_len(model)
             if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
                 raise ValueError(
                     f"beam search keeps every beam's context: prompt ({input_ids.shape[1]}) + max_new_tokens "

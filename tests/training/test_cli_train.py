@@ -590,6 +590,48 @@ def test_eval_refuses_a_max_seq_len_past_a_learned_table(tiny: Any, tmp_path: Pa
     assert "128 tokens" in shorter.stdout  # 8 x 16
 
 
+@pytest.mark.parametrize("beams", [1, 2])
+def test_generate_max_seq_len_reads_positions_past_the_built_length(
+    tiny: Any, tmp_path: Path, monkeypatch, beams: int
+) -> None:
+    from specformer.components.positional import Rotary
+
+    data = tiny("decoder", max_steps=2, val_interval=2, val_batches=1)
+    data["positional"] = {"type": "rope"}  # max_seq_len 64
+    _train([str(_write(tmp_path, data))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    reached: list[int] = []
+    rotation = Rotary.rotation
+
+    def spy(self: Any, position_ids: Any, n_positions: int, *, dtype: Any) -> Any:
+        reached.append(int(position_ids.max()))
+        return rotation(self, position_ids, n_positions, dtype=dtype)
+
+    monkeypatch.setattr(Rotary, "rotation", spy)
+    args = ["generate", ckpt, "--prompt", "def", "-n", "100", "--num-beams", str(beams)]
+    if beams == 1:
+        args.append("--greedy")
+    default = runner.invoke(app, args)
+    assert default.exit_code == 0, default.output
+    # the context slides at max_seq_len, re-reading its last 64 tokens; beams stop at 64 tokens,
+    # the last of them not read back
+    assert max(reached) == (63 if beams == 1 else 62)
+    reached.clear()
+    longer = runner.invoke(app, [*args, "--max-seq-len", "256"])
+    assert longer.exit_code == 0, longer.output
+    # the prompt's 3 bytes and the first 99 new tokens (the last is not read back), none re-read
+    assert max(reached) == 3 + 99 - 1
+
+
+def test_generate_max_seq_len_past_a_learned_table_is_an_error(tiny: Any, tmp_path: Path) -> None:
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2, val_batches=1)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "def", "--max-seq-len", "65"])
+    assert result.exit_code == 1
+    assert "--max-seq-len=65: this model's learned position table has 64 positions (0-63)" in result.stderr
+    assert "Traceback" not in result.output
+
+
 def test_ctrl_c_in_eval_before_a_batch_exits_130_and_says_so(tiny: Any, tmp_path: Path, monkeypatch) -> None:
     from specformer.builder.lightning import SpecModule
 

@@ -458,6 +458,17 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
         lines = [f"{source}: the weights do not fit the model"]
         if shapes:
             lines += ["  different shapes:"] + [f"    {s}" for s in shapes[:10]]
+            tables = [k for k in own if k.endswith("positions.weight") and k in weights
+                      and weights[k].dim() == 2 and tuple(weights[k].shape[1:]) == tuple(own[k].shape[1:])
+                      and weights[k].shape[0] != own[k].shape[0]]
+            for k in tables:
+                lines.append(
+                    f"  {k} is a learned position table, one row per position: the weights have "
+                    f"{weights[k].shape[0]} rows and this spec's max_seq_len (or positional.max_positions) "
+                    f"asks for {own[k].shape[0]}; keep the weights' length, as a table has no trained row for "
+                    "a later position (rope, alibi, t5, sinusoidal and none positions have no table and run "
+                    "at any max_seq_len)"
+                )
         if missing:
             lines.append(f"  missing from the checkpoint: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
         if unexpected:

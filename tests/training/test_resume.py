@@ -980,6 +980,23 @@ def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
         train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)
 
 
+def test_init_from_a_shorter_learned_table_says_why_and_a_rope_model_takes_any_length(tiny: Any) -> None:
+    from specformer.builder import build_model
+    from specformer.training.checkpoint import CheckpointError, check_weights
+
+    data = tiny("decoder")  # max_seq_len 64, learned positions
+    weights = build_model(load_spec(data)).state_dict()
+    longer = build_model(load_spec({**data, "max_seq_len": 128}), device="meta")
+    with pytest.raises(CheckpointError) as info:
+        check_weights(longer, weights, source="w.safetensors")
+    assert ("embed.positions.weight is a learned position table, one row per position: the weights have 64 rows "
+            "and this spec's max_seq_len (or positional.max_positions) asks for 128") in str(info.value)
+    # without a table, a longer max_seq_len builds the same weights: fine-tuning at a longer length
+    rope = {**data, "positional": {"type": "rope"}}
+    check_weights(build_model(load_spec({**rope, "max_seq_len": 1024}), device="meta"),
+                  build_model(load_spec(rope)).state_dict(), source="w.safetensors")
+
+
 def test_a_resumed_run_says_which_training_settings_changed(tiny: Any) -> None:
     # an edited spec or a --set on resume takes effect: the run says which, so that a change
     # meant (or not) is seen before the steps run

@@ -7,7 +7,8 @@ One :class:`KVCache` serves a whole model: self-attention keys and values of the
 decoder stack, layer by layer, grow as tokens are decoded; cross-attention keys and
 values (encoder-decoder) are computed once from the encoder output and reused.
 Storage grows by doubling, so decoding N tokens copies O(N) elements in total
-instead of the O(N^2) of concatenating at every step.
+instead of the O(N^2) of concatenating at every step; a cache told the length it will
+reach (``KVCache(max_length=...)``, as generation does) never allocates past it.
 
 A layer with a sliding window W (Beltagy et al. 2020; Mistral) is a rolling buffer:
 between steps it keeps only the last W - 1 positions, the oldest any later query can
@@ -45,9 +46,17 @@ class KVCache:
     ``length`` is the number of positions already cached (the position of the next
     token). The model updates the cache in place; ``reorder`` (beam search) and
     ``crop`` (speculative decoding, rewinding) edit it between steps.
+
+    ``max_length``, when the caller knows it (a generation's prompt plus new tokens), is
+    the most positions the cache will be asked to hold: storage doubles up to it but not
+    past it, so a layer allocates at most ``max_length`` positions instead of up to twice
+    as many (past it, storage grows by doubling again).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_length: int | None = None) -> None:
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be at least 1, got {max_length}")
+        self.max_length = max_length
         self._keys: dict[int, Tensor] = {}  # layer -> (B, Hkv, C, Dh)
         self._values: dict[int, Tensor] = {}
         self._lengths: dict[int, int] = {}  # layer -> positions seen (absolute end)
@@ -116,6 +125,8 @@ class KVCache:
                 capacity = max(old + t - start, 2 * (buf_k.shape[2] if buf_k is not None else 0), 16)
             else:  # keep only what the new queries see, plus room to append
                 capacity = old + t - first + _slack(window)
+            if self.max_length is not None and old + t <= self.max_length:  # no room past the last position
+                capacity = min(capacity, self.max_length - first)
             buf_k = self._grow(buf_k, k, capacity, first - start, old - start)
             buf_v = self._grow(buf_v, v, capacity, first - start, old - start)
             start = first
@@ -127,6 +138,8 @@ class KVCache:
             # queries see only the last W - 1 of these, so move them into a fresh buffer
             keep = min(window - 1, old + t - start)
             capacity = window - 1 + _slack(window)
+            if self.max_length is not None and old + t <= self.max_length:
+                capacity = min(capacity, self.max_length - (old + t - keep))
             buf_k = self._grow(buf_k, k, capacity, old + t - start - keep, old + t - start)
             buf_v = self._grow(buf_v, v, capacity, old + t - start - keep, old + t - start)
             start = old + t - keep

@@ -204,6 +204,16 @@ def _learned_positions(model: nn.Module) -> int | None:
     return positional.rows(spec.max_seq_len) - positional.offset
 
 
+def _sized_cache(use_cache: bool, length: int, max_seq_len: int | None) -> Any:
+    """A new KV cache that will hold ``length`` positions (at most ``max_seq_len``): it allocates
+    that much and no more, where doubling would reach up to twice as many. None without a cache."""
+    if not use_cache:
+        return None
+    from specformer.components.cache import KVCache
+
+    return KVCache(max_length=max(1, min(length, max_seq_len) if max_seq_len is not None else length))
+
+
 def _spec_max_seq_len(model: nn.Module) -> int | None:
     spec = getattr(model, "spec", None)
     value = getattr(spec, "max_seq_len", None)
@@ -268,7 +278,7 @@ def generate(
     done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
     cache: Any = None
     with _eval_mode(model):
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             too_long = max_seq_len is not None and seq.shape[1] > max_seq_len
             if use_cache and cache is not None and not too_long:
                 logits = model(seq[:, -1:], attention_mask=mask, cache=cache).logits  # (B, 1, V)
@@ -276,7 +286,8 @@ def generate(
                 context = seq[:, -max_seq_len:] if max_seq_len is not None else seq
                 window = mask[:, -context.shape[1]:] if mask is not None else None
                 # only the last position's logits are sampled from: no (T, V) projection
-                out = model(context, attention_mask=window, use_cache=use_cache, logits_to_keep=1)
+                out = model(context, attention_mask=window, cache=_sized_cache(use_cache, context.shape[1] + (
+                    max_new_tokens - i - 1), max_seq_len), use_cache=use_cache, logits_to_keep=1)
                 cache, logits = out.cache, out.logits  # (B, 1, V)
                 if mask is not None:
                     mask = window  # the cache covers the window only
@@ -344,9 +355,9 @@ def generate_seq2seq(
         encoded = model.encode(input_ids, attention_mask)  # (B, S, D)
         seq = torch.full((b, 1), start_id, dtype=torch.long, device=input_ids.device)
         done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
-        cache: Any = None
+        cache: Any = _sized_cache(use_cache, max_new_tokens, None)  # the start token and N - 1 read back
         for step in range(max_new_tokens):
-            if use_cache and cache is not None:
+            if use_cache and cache is not None and cache.length:
                 dec_in = seq[:, -1:]
             else:
                 dec_in = seq
@@ -456,7 +467,7 @@ def beam_search(
 
             def step(tokens: Tensor, cache: Any) -> Any:
                 nonlocal mask
-                if cache is not None and mask is not None:
+                if cache is not None and cache.length and mask is not None:  # past the prompt
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 return model(tokens, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
 
@@ -472,7 +483,7 @@ def beam_search(
         top_k_mask = torch.arange(keep, device=dev) < k
         offsets = torch.arange(b, device=dev)[:, None] * k
         try:
-            out = step(seq.reshape(b * k, -1), None)
+            out = step(seq.reshape(b * k, -1), _sized_cache(True, max_len - 1, None))  # the last token is not read
         except CacheNotFilledError as exc:
             raise CacheNotFilledError(
                 f"beam search reorders a KV cache as beams are chosen, and {exc.detail}",

@@ -191,6 +191,32 @@ def test_sliding_window_cache_is_a_rolling_buffer(tiny: Tiny, positional: str) -
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_cache_told_its_length_allocates_no_more(tiny: Tiny, window: int | None) -> None:
+    # 10 prompt positions, then single steps to 100: doubling allocates 16, 32, 64, 128
+    # positions; told max_length=100 it stops at 100 and decodes the same. A window layer holds
+    # W - 1 + slack = 7 positions, and the last time it compacts only the 3 it still needs
+    model = build_model(tiny(stack={"attention": {"sliding_window": window}}, max_seq_len=128)).eval()
+    ids = torch.randint(0, 61, (1, 100))
+    runs = {}
+    for max_length in (None, 100):
+        cache = KVCache(max_length=max_length)
+        with torch.no_grad():
+            steps = [model(ids[:, :10], cache=cache).logits]
+            steps += [model(ids[:, t : t + 1], cache=cache).logits for t in range(10, 100)]
+        runs[max_length] = (torch.cat(steps, dim=1), cache._keys[0].shape[2])
+    assert torch.equal(runs[None][0], runs[100][0])
+    assert (runs[None][1], runs[100][1]) == ((128, 100) if window is None else (7, 3))
+    cache = KVCache(max_length=4)  # told too little: it still holds everything, by doubling again
+    with torch.no_grad():
+        steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(0, 10)]
+    assert cache.length == 10 and torch.allclose(torch.cat(steps, dim=1), runs[None][0][:, :10], atol=1e-5)
+    if window is None:
+        assert cache.keys(0).shape[2] == 10 and cache._keys[0].shape[2] == 16  # 4, then at least 16 as without it
+    with pytest.raises(ValueError, match="max_length must be at least 1, got 0"):
+        KVCache(max_length=0)
+
+
 def test_crop_within_a_sliding_window_and_beyond_it(tiny: Tiny) -> None:
     model = build_model(tiny(stack={"attention": {"sliding_window": 4}})).eval()
     ids = torch.randint(0, 61, (1, 20))

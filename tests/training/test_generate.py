@@ -75,6 +75,38 @@ def test_generation_slides_past_max_seq_len_the_same_way_with_and_without_cache(
     assert a.shape == (1, 25) and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("how", ["generate", "beam_search", "seq2seq"])
+def test_generation_allocates_the_kv_cache_for_the_length_it_reaches(tiny: Any, monkeypatch, how: str) -> None:
+    # a 10-token prompt and 90 new tokens: the cache is asked for 99 positions (the last token is
+    # not read back) and holds exactly that, not the 128 that doubling reaches
+    from specformer.components.cache import KVCache
+
+    kind = "encoder-decoder" if how == "seq2seq" else "decoder"
+    spec, model = _model(tiny, kind, positional={"type": "rope"}, max_seq_len=128)
+    made: list[KVCache] = []
+    init = KVCache.__init__
+
+    def spy(self: KVCache, max_length: int | None = None) -> None:
+        init(self, max_length)
+        made.append(self)
+
+    monkeypatch.setattr(KVCache, "__init__", spy)
+    prompt = torch.randint(0, spec.vocab_size, (1, 10))
+    if how == "generate":
+        out = generate(model, prompt, max_new_tokens=90, temperature=0.0)
+    elif how == "beam_search":
+        out = beam_search(model, prompt, num_beams=2, max_new_tokens=90, eos_id=None)
+    else:
+        out = generate_seq2seq(model, prompt, start_id=0, eos_id=None, max_new_tokens=99)
+    assert out.shape[1] == (99 if how == "seq2seq" else 100)
+    stored = made[0]._keys[0].shape[2]
+    assert made[0].length == 99 and stored == 99
+    if how == "generate":  # capped at max_seq_len when the context slides
+        made.clear()
+        generate(model, prompt, max_new_tokens=200, temperature=0.0)
+        assert made[0].max_length == 128 and made[0]._keys[0].shape[2] == 128
+
+
 def test_generation_builds_no_autograd_graph(tiny: Any) -> None:
     # generate runs without gradients, whatever the caller's grad mode
     spec, model = _model(tiny, "decoder")

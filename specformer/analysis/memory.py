@@ -27,6 +27,8 @@ train`` does): its forward computes and keeps the gradients of the head's input
 (N × D) and weight (V × D), never the N × V logits; a masked-LM head runs on the
 labelled rows only (``mask_prob`` of them). T5's trained position bias has no fused
 attention kernel, so its self-attention keeps the probabilities as ``eager`` does.
+ALiBi's bias is an (H, T, T) tensor per sequence, made once per stack and shared by
+its layers, which ``sdpa`` keeps as its mask: H·T² elements, past the rest at long T.
 The sum of all parts is an upper bound on the peak: activations and gradients never
 reach their maxima together.
 
@@ -278,6 +280,10 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             layer_costs.append(t * tok)
         if stack.final_norm and stack.norm.type in built_in["norm"]:
             per_seq += t * d * act
+        if spec.positional.type == "alibi" and any(layer.attention.backend == "sdpa" for layer in stack.layers()):
+            # the (H, T, T) bias is built once per stack forward and shared by its layers; the
+            # fused kernel keeps it, as its mask, for the backward pass
+            per_seq += stack.attention.n_heads * t * t * act
     if checkpointing and layer_costs:
         # each layer keeps its input (the residual stream, in the weights' dtype) and runs
         # again in the backward pass, where one layer's activations are alive at a time

@@ -292,3 +292,23 @@ def test_activation_estimate_counts_the_probabilities_of_t5s_trained_bias() -> N
     measured = _saved_activation_bytes(spec, 2, 256)
     estimate = activation_bytes(spec, batch=2, seq_len=256, dtype="fp32")
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_activation_estimate_counts_alibis_bias_where_the_kernel_keeps_it(backend: str) -> None:
+    # ALiBi's (B|1, H, T, T) bias is built once per stack: sdpa keeps it as its mask for the
+    # backward pass (H T^2 elements, 4 MiB at T = 512 with 4 heads in fp32, past what each
+    # layer keeps at long T); eager adds it to the scores and keeps nothing of it
+    from specformer.analysis import activation_bytes
+
+    def both(positional: str) -> tuple[int, int]:
+        spec = load_spec("gpt-nano", overrides=[f"positional={{type: {positional}}}", "decoder.n_layers=2",
+                                                f"decoder.attention.backend={backend}"])
+        return _saved_activation_bytes(spec, 1, 512), activation_bytes(spec, batch=1, seq_len=512, dtype="fp32")
+
+    (alibi_measured, alibi_estimate), (rope_measured, rope_estimate) = both("alibi"), both("rope")
+    bias = 4 * 512 * 512 * 4
+    assert alibi_estimate - rope_estimate == (bias if backend == "sdpa" else 0)
+    # measured: the bias, give or take what rotary keeps that ALiBi does not (under 1 MiB here)
+    kept = alibi_measured - rope_measured
+    assert abs(kept - (bias if backend == "sdpa" else 0)) < bias / 4, (kept, bias)

@@ -178,7 +178,10 @@ class AttentionSpec(Spec):
         "none", description="Normalise queries and keys per head before the dot product."
     )
     sliding_window: PositiveInt | None = Field(
-        None, description="Attend only to the last N positions (Longformer / Mistral)."
+        None,
+        description="Attend only to the last N positions, the query's own included: keys i - N < j <= i "
+        "(Mistral's window); in an encoder, keys within N - 1 either side (Longformer). Its KV cache keeps "
+        "N positions however long the generation.",
     )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa",

@@ -268,6 +268,23 @@ def test_sliding_window_limits_what_a_query_sees(tiny: Tiny) -> None:
     assert same == [True, True, False, False, False, True, True, True, True, True]
 
 
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_a_sliding_window_attends_exactly_the_keys_its_description_names(tiny: Tiny, kind: str) -> None:
+    # window 3: a decoder's query i sees keys i - 3 < j <= i, an encoder's |i - j| < 3; the
+    # left-padded row's first two keys are seen by no real query
+    spec = tiny(kind, stack={"attention": {"sliding_window": 3}, "n_layers": 1})
+    model = build_model(spec).eval()
+    ids = torch.randint(0, spec.vocab_size, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        weights = model(ids, attention_mask=mask, output_attentions=True).attentions[0]  # (B, H, T, T)
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    near = (i - j < 3) & (j <= i) if kind == "decoder" else (i - j).abs() < 3
+    assert torch.equal(weights[0] > 0, near.expand(4, 9, 9))
+    assert torch.equal(weights[1, :, 2:] > 0, (near & (j >= 2)).expand(4, 9, 9)[:, 2:])
+
+
 def test_learned_offset_reads_shifted_rows(tiny: Tiny) -> None:
     spec = tiny(positional={"type": "learned", "offset": 2, "max_positions": 66})
     model = build_model(spec)

@@ -28,7 +28,8 @@ train`` does): its forward computes and keeps the gradients of the head's input
 labelled rows only (``mask_prob`` of them). T5's trained position bias has no fused
 attention kernel, so its self-attention keeps the probabilities as ``eager`` does.
 ALiBi's bias is an (H, T, T) tensor per sequence, made once per stack and shared by
-its layers, which ``sdpa`` keeps as its mask: H·T² elements, past the rest at long T.
+its layers, which ``sdpa`` keeps as its mask: H·T² elements, past the rest at long T;
+a sliding window's mask is (T, T), one per distinct window.
 The sum of all parts is an upper bound on the peak: activations and gradients never
 reach their maxima together.
 
@@ -280,10 +281,15 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             layer_costs.append(t * tok)
         if stack.final_norm and stack.norm.type in built_in["norm"]:
             per_seq += t * d * act
-        if spec.positional.type == "alibi" and any(layer.attention.backend == "sdpa" for layer in stack.layers()):
+        fused = [layer.attention for layer in stack.layers() if layer.attention.backend == "sdpa"]
+        if spec.positional.type == "alibi" and fused:
             # the (H, T, T) bias is built once per stack forward and shared by its layers; the
             # fused kernel keeps it, as its mask, for the backward pass
             per_seq += stack.attention.n_heads * t * t * act
+        elif spec.positional.type != "t5":
+            # a (T, T) mask per distinct sliding window, in the compute dtype, shared likewise
+            windows = {att.sliding_window for att in fused if att.sliding_window is not None}
+            per_seq += len(windows) * t * t * act
     if checkpointing and layer_costs:
         # each layer keeps its input (the residual stream, in the weights' dtype) and runs
         # again in the backward pass, where one layer's activations are alive at a time

@@ -52,13 +52,33 @@ class LayerInputs:
     context_mask: Tensor | None = None  # (B, 1, 1, S) bool
     cache: KVCache | None = None
     need_weights: bool = False
+    compute_dtype: torch.dtype | None = None  # what attention computes in (autocast's dtype under autocast)
     _masks: dict[int | None, tuple[Tensor | None, bool]] = field(default_factory=dict)
+    _kernel_masks: dict[int | None, Tensor] = field(default_factory=dict)
 
     def self_mask(self, window: int | None) -> tuple[Tensor | None, bool]:
         """(mask, is_causal) for self-attention with ``window`` (None: unlimited)."""
         if window not in self._masks:
             self._masks[window] = self._build(window)
         return self._masks[window]
+
+    def kernel_mask(self, window: int | None) -> tuple[Tensor | None, bool]:
+        """:meth:`self_mask` as the fused kernel takes it: an additive float mask in the dtype
+        attention computes in (-inf where a key is masked, as SDPA makes of a boolean one),
+        made once and shared by the layers. Given a boolean mask, SDPA converts it at every
+        call, and autocast casts a float one: each layer kept its own T x Tk copy for the
+        backward pass. A trained bias (T5's) is returned as it is."""
+        mask, is_causal = self.self_mask(window)
+        if mask is None or mask.requires_grad:
+            return mask, is_causal
+        if window not in self._kernel_masks:
+            dtype = self.compute_dtype or self.dtype
+            if mask.dtype == torch.bool:
+                converted = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+            else:
+                converted = mask.to(dtype)
+            self._kernel_masks[window] = converted
+        return self._kernel_masks[window], is_causal
 
     def _build(self, window: int | None) -> tuple[Tensor | None, bool]:
         t = self.q_index.shape[0]
@@ -138,7 +158,11 @@ class Block(nn.Module):
 
     def _self(self, h: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None]:
         # an attention of another type need not have a window
-        mask, is_causal = s.self_mask(getattr(self.self_attn, "sliding_window", None))
+        window = getattr(self.self_attn, "sliding_window", None)
+        if getattr(self.self_attn, "backend", None) == "sdpa" and not s.need_weights:
+            mask, is_causal = s.kernel_mask(window)
+        else:
+            mask, is_causal = s.self_mask(window)
         result = self.self_attn(
             h, mask=mask, is_causal=is_causal, rope=s.rope, cache=s.cache, need_weights=s.need_weights
         )
@@ -304,6 +328,7 @@ class Stack(nn.Module):
             context_mask=context_mask.bool()[:, None, None, :] if context_mask is not None else None,
             cache=cache,
             need_weights=need_weights,
+            compute_dtype=_compute_dtype(x),
         )
         all_weights: list[Tensor] = []
         all_cross: list[Tensor] = []
@@ -313,7 +338,12 @@ class Stack(nn.Module):
             # the masks are built once, here, not inside the first layer that asks: a layer run
             # again in the backward pass must save the same tensors as its first run did
             for layer in self.layers:
-                s.self_mask(getattr(getattr(layer, "self_attn", None), "sliding_window", None))
+                attn = getattr(layer, "self_attn", None)
+                window = getattr(attn, "sliding_window", None)
+                if getattr(attn, "backend", None) == "sdpa":
+                    s.kernel_mask(window)
+                else:
+                    s.self_mask(window)
         for layer in self.layers:
             if recompute:
                 # keeps the layer's input; its forward runs again in the backward pass
@@ -333,6 +363,16 @@ class Stack(nn.Module):
         if not need_weights:
             return x, None, None
         return x, tuple(all_weights), (tuple(all_cross) if all_cross else None)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's where it is on for x's device, else x's."""
+    try:
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+    except RuntimeError:  # a device type autocast has no notion of (meta)
+        pass
+    return x.dtype
 
 
 def _described(value: object) -> str:

@@ -169,7 +169,8 @@ def test_flops_match_flop_counter(name: str, overrides: list[str]) -> None:
 # --------------------------------------------------------------------------- measured activations
 
 
-def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bool = False) -> int:
+def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bool = False,
+                            autocast: bool = False) -> int:
     """Bytes of the distinct tensors autograd saves in a training forward (weights excluded),
     with the loss computed as training computes it (``labels=``; a masked-LM head on its
     labelled positions, ``mask_prob`` of them). With ``checkpointing``, what the
@@ -192,7 +193,8 @@ def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bo
     if spec.head.type == "mlm":
         keep = torch.rand(batch, seq_len) < spec.training.objective.mask_prob
         labels[~keep] = -100
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         if spec.kind == "encoder-decoder":
             model(ids, decoder_input_ids=ids, labels=labels)
         else:
@@ -295,20 +297,44 @@ def test_activation_estimate_counts_the_probabilities_of_t5s_trained_bias() -> N
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
-def test_activation_estimate_counts_alibis_bias_where_the_kernel_keeps_it(backend: str) -> None:
-    # ALiBi's (B|1, H, T, T) bias is built once per stack: sdpa keeps it as its mask for the
-    # backward pass (H T^2 elements, 4 MiB at T = 512 with 4 heads in fp32, past what each
-    # layer keeps at long T); eager adds it to the scores and keeps nothing of it
+@pytest.mark.parametrize("n_layers", [2, 4])
+@pytest.mark.parametrize(("positional", "window", "per_token"), [("alibi", None, 4), ("rope", 64, 1)])
+def test_activation_estimate_counts_the_mask_the_layers_share(
+    backend: str, n_layers: int, positional: str, window: int | None, per_token: int
+) -> None:
+    # ALiBi's (H, T, T) bias and a sliding window's (T, T) mask are made once per stack, in the
+    # dtype attention computes in, and every sdpa layer keeps that one tensor for the backward
+    # pass: H T^2 elements (4 MiB at T = 512 with 4 heads in fp32), however many layers; eager
+    # adds it to the scores and keeps nothing of it
     from specformer.analysis import activation_bytes
 
-    def both(positional: str) -> tuple[int, int]:
-        spec = load_spec("gpt-nano", overrides=[f"positional={{type: {positional}}}", "decoder.n_layers=2",
+    def measure(overrides: list[str]) -> tuple[int, int]:
+        spec = load_spec("gpt-nano", overrides=[*overrides, f"decoder.n_layers={n_layers}",
                                                 f"decoder.attention.backend={backend}"])
         return _saved_activation_bytes(spec, 1, 512), activation_bytes(spec, batch=1, seq_len=512, dtype="fp32")
 
-    (alibi_measured, alibi_estimate), (rope_measured, rope_estimate) = both("alibi"), both("rope")
-    bias = 4 * 512 * 512 * 4
-    assert alibi_estimate - rope_estimate == (bias if backend == "sdpa" else 0)
-    # measured: the bias, give or take what rotary keeps that ALiBi does not (under 1 MiB here)
-    kept = alibi_measured - rope_measured
-    assert abs(kept - (bias if backend == "sdpa" else 0)) < bias / 4, (kept, bias)
+    changed = [f"positional={{type: {positional}}}"]
+    if window is not None:
+        changed.append(f"decoder.attention.sliding_window={window}")
+    # against the same model without the window, or without positions (no mask either way)
+    base = [f"positional={{type: {positional}}}"] if window is not None else ["positional={type: none}"]
+    (measured, estimate), (base_measured, base_estimate) = measure(changed), measure(base)
+    mask = per_token * 512 * 512 * 4 if backend == "sdpa" else 0
+    assert estimate - base_estimate == mask
+    # eager keeps a causal mask of T^2 bools per layer of its own where there is no other mask
+    slack = (n_layers if backend == "eager" else 1) * 512 * 512
+    assert abs(measured - base_measured - mask) <= slack, (measured - base_measured, mask)
+
+
+def test_under_autocast_the_layers_share_one_low_precision_copy_of_alibis_bias() -> None:
+    # the bias is made in fp32 and autocast casts what sdpa takes to bf16: once per stack, not
+    # once per layer (each layer kept its own cast for the backward pass)
+    def kept(n_layers: int) -> int:
+        def measure(positional: str) -> int:
+            spec = load_spec("gpt-nano", overrides=[f"positional={{type: {positional}}}", f"decoder.n_layers={n_layers}"])
+            return _saved_activation_bytes(spec, 1, 512, autocast=True)
+
+        return measure("alibi") - measure("none")
+
+    bias = 4 * 512 * 512 * 2  # (H, T, T) in bf16
+    assert abs(kept(2) - bias) <= 512 * 512 and abs(kept(4) - bias) <= 512 * 512, (kept(2), kept(4), bias)

@@ -459,6 +459,28 @@ def test_neox_query_key_value_is_regrouped_per_head() -> None:
     assert torch.equal(ours[h * dh: h * dh + dh], fused[dh: 2 * dh])  # k of head 0
 
 
+@pytest.mark.parametrize("n_heads", [1, 3, 5, 6, 12, 16, 20, 40, 71])
+def test_alibi_bias_is_blooms(n_heads: int) -> None:
+    # BLOOM's build_alibi_tensor is transformers' ALiBi (slopes for any head count, the paper's
+    # rule for a count that is not a power of two). It biases key j by slope * j, specformer by
+    # -slope * (i - j): for a causal query i the two differ by slope * i over all its keys,
+    # which the softmax cannot tell apart
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    from specformer.components.positional import ALiBi, alibi_slopes
+    from specformer.specs.schema import AlibiSpec
+
+    t = 9
+    ours = ALiBi(AlibiSpec(), n_heads=n_heads).bias(torch.arange(t), torch.arange(t), dtype=torch.float64)[0]
+    theirs = build_alibi_tensor(torch.ones(1, t), n_heads, torch.float64).view(n_heads, 1, t)  # (H, 1, Tk)
+    slopes = theirs[:, 0, 1]  # key 1's bias
+    torch.testing.assert_close(slopes, torch.tensor(alibi_slopes(n_heads), dtype=torch.float64), atol=1e-7, rtol=1e-6)
+    seen = torch.ones(t, t, dtype=torch.bool).tril()  # (query, key)
+    query = torch.arange(t, dtype=torch.float64)[:, None]
+    torch.testing.assert_close((theirs - ours).masked_fill(~seen, 0), (slopes[:, None, None] * query).masked_fill(~seen, 0),
+                               atol=1e-6, rtol=1e-6)
+
+
 def test_t5_relative_bias_moves_from_the_first_layer_to_the_stack() -> None:
     hf = _hf_model("t5")
     _, model = _imported(hf)

@@ -281,11 +281,13 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             layer_costs.append(t * tok)
         if stack.final_norm and stack.norm.type in built_in["norm"]:
             per_seq += t * d * act
-        fused = [layer.attention for layer in stack.layers() if layer.attention.backend == "sdpa"]
+        # a plugin attention need not have a backend; what its mask costs is its own
+        fused = [layer.attention for layer in stack.layers()
+                 if layer.attention.type in built_in["attention"] and layer.attention.backend == "sdpa"]
         if spec.positional.type == "alibi" and fused:
             # the (H, T, T) bias is built once per stack forward and shared by its layers; the
             # fused kernel keeps it, as its mask, for the backward pass
-            per_seq += stack.attention.n_heads * t * t * act
+            per_seq += getattr(stack.attention, "n_heads", fused[0].n_heads) * t * t * act
         elif spec.positional.type != "t5":
             # a (T, T) mask per distinct sliding window, in the compute dtype, shared likewise
             windows = {att.sliding_window for att in fused if att.sliding_window is not None}

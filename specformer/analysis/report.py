@@ -120,7 +120,12 @@ def _positional(spec: Any) -> str:
         return f"learned ({pos.rows(spec.max_seq_len)} rows)"
     if pos.type == "rope":
         frac = "" if pos.fraction == 1.0 else f", {pos.fraction:g} of head_dim"
-        return f"rope (base {pos.base:g}{frac})"
+        scaling = ""
+        if pos.scaling is not None:
+            scaling = f", {pos.scaling.type} x{pos.scaling.factor:g}"
+            original = getattr(pos.scaling, "original_max_position_embeddings", None)
+            scaling += f" of {original}" if original is not None else ""
+        return f"rope (base {pos.base:g}{frac}{scaling})"
     if pos.type == "t5":
         return f"t5 ({pos.num_buckets} buckets, max distance {pos.max_distance})"
     return pos.type

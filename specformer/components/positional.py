@@ -36,10 +36,13 @@ if TYPE_CHECKING:  # annotations only: a plugin imports this module before the s
     from specformer.specs.schema import (
         AlibiSpec,
         LearnedSpec,
+        LinearRopeScaling,
+        Llama3RopeScaling,
         NoPositionalSpec,
         RopeSpec,
         SinusoidalSpec,
         T5BiasSpec,
+        YarnRopeScaling,
     )
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "T5RelativeBias",
     "NoPositional",
     "sinusoidal_table",
+    "rope_frequencies",
     "alibi_slopes",
     "t5_relative_buckets",
     "apply_rotary",
@@ -206,6 +210,65 @@ class LearnedPositional(Positional):
 # --------------------------------------------------------------------------- rotary
 
 
+def rope_frequencies(
+    rot_dim: int,
+    base: float,
+    scaling: LinearRopeScaling | Llama3RopeScaling | YarnRopeScaling | None = None,
+    *,
+    device: torch.device | None = None,
+) -> tuple[Tensor, float]:
+    """The rotary inverse frequencies θ_i (R/2,) float32 and the factor cos and sin are
+    multiplied by, for ``rot_dim`` rotated features.
+
+    Unscaled, θ_i = base^(-2i/R). ``scaling`` rescales them once, with no dependence
+    on the sequence length, as Hugging Face's rope types of the same names do (the same
+    float32 operations, so the same bits):
+
+    * ``linear``: θ_i / factor (position interpolation, Chen et al. 2023);
+    * ``llama3``: wavelengths 2π/θ_i longer than L / low_freq_factor are divided by
+      factor, shorter than L / high_freq_factor kept, and between them blended with
+      s = (L / wavelength - low) / (high - low): (1 - s) θ_i / factor + s θ_i, for
+      L = original_max_position_embeddings;
+    * ``yarn``: dimension d turns L θ_d / 2π times over the original context; a linear
+      ramp over d, from the dimension turning beta_fast times to the one turning beta_slow
+      times, blends θ_d (kept) into θ_d / factor (interpolated); the factor returned is
+      the YaRN attention factor (Peng et al. 2023).
+    """
+    inv_freq = 1.0 / base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)
+    if scaling is None:
+        return inv_freq, 1.0
+    factor = scaling.factor
+    if scaling.type == "linear":
+        return inv_freq / factor, 1.0
+    if scaling.type == "llama3":
+        context = scaling.original_max_position_embeddings
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+        smooth = (context / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < context / high) * ~(wavelen > context / low)
+        return torch.where(medium, blended, scaled), 1.0
+    if scaling.type == "yarn":
+
+        def dimension(rotations: float) -> float:
+            # the dimension whose frequency turns `rotations` times over the original context
+            context = scaling.original_max_position_embeddings
+            return rot_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        lo, hi = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
+        if scaling.truncate:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, rot_dim - 1)
+        if lo == hi:
+            hi += 0.001  # a ramp of one step
+        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1).to(device)
+        keep = 1 - ramp  # 1: the frequency as is, 0: interpolated by factor
+        powers = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)
+        return (1.0 / (factor * powers)) * (1 - keep) + (1.0 / powers) * keep, scaling.attention_scale
+    raise ValueError(f"rope scaling {scaling.type!r} is not supported (supported: linear, llama3, yarn)")
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate the first R features of x (..., Dh) by ``(cos, sin)`` (..., R), as
     :meth:`Rotary.rotation` returns them (broadcasting over heads: x (B, T, heads, Dh),
@@ -242,6 +305,7 @@ class Rotary(Positional):
     ) -> None:
         super().__init__()
         self.base = spec.base
+        self.scaling = spec.scaling
         self.head_dim = head_dim
         self.rot_dim = int(head_dim * spec.fraction)
         self.max_seq_len = max_seq_len
@@ -250,9 +314,10 @@ class Rotary(Positional):
     def tables(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(cos, signed sin), each (P >= n_positions, R), cached per device and dtype.
 
-        Row p holds cos(p θ_i) and sin(p θ_i) for the frequencies θ_i = base^(-2i/R),
-        each repeated over the two halves; the sine's first half is negated (see
-        :func:`apply_rotary`). The table covers ``max_seq_len`` positions and at least
+        Row p holds cos(p θ_i) and sin(p θ_i) for the frequencies θ_i of
+        :func:`rope_frequencies` (base^(-2i/R), scaled when the spec says so), each
+        repeated over the two halves and multiplied by its attention factor (YaRN's;
+        1 otherwise); the sine's first half is negated (see :func:`apply_rotary`). The table covers ``max_seq_len`` positions and at least
         doubles when a sequence runs past it, so decoding long sequences recomputes it
         O(log n) times, not at every step.
         """
@@ -260,11 +325,12 @@ class Rotary(Positional):
         cached = self._tables.get(key)
         if cached is None or cached[0].shape[0] < n_positions:
             rows = max(n_positions, self.max_seq_len, 2 * cached[0].shape[0] if cached is not None else 0)
-            half = torch.arange(0, self.rot_dim, 2, dtype=torch.float32, device=device)
-            inv_freq = 1.0 / self.base ** (half / self.rot_dim)  # (R/2,)
+            inv_freq, scale = rope_frequencies(self.rot_dim, self.base, self.scaling, device=device)  # (R/2,)
             t = torch.arange(rows, dtype=torch.float32, device=device)
             freqs = torch.outer(t, inv_freq)  # (P, R/2)
             cos, sin = freqs.cos(), freqs.sin()
+            if scale != 1.0:
+                cos, sin = cos * scale, sin * scale
             cached = (torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype))
             self._tables[key] = cached
         return cached
@@ -276,7 +342,10 @@ class Rotary(Positional):
         return cos[position_ids].unsqueeze(2), sin[position_ids].unsqueeze(2)  # (B|1, T, 1, R)
 
     def extra_repr(self) -> str:
-        return f"rot_dim={self.rot_dim}/{self.head_dim}, base={self.base:g}"
+        scaling = ""
+        if self.scaling is not None:
+            scaling = f", scaling={self.scaling.type} x{self.scaling.factor:g}"
+        return f"rot_dim={self.rot_dim}/{self.head_dim}, base={self.base:g}{scaling}"
 
 
 # --------------------------------------------------------------------------- attention biases

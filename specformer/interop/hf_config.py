@@ -53,6 +53,9 @@ _ACT_IN = {
     "swish": "silu",
 }
 
+# the rope_types whose frequencies are fixed by the config, as positional.scaling types
+_ROPE_SCALING = ("linear", "llama3", "yarn")
+
 
 class _Config:
     """Read access to a config dict that records which keys were read."""
@@ -97,17 +100,55 @@ class _Config:
         if isinstance(scaling, Mapping):
             params = {**scaling, **params}
         rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type not in (None, "default"):
+        if rope_type not in (None, "default", *_ROPE_SCALING):
             raise self.refuse(
                 f"rope scaling {rope_type!r}",
-                "specformer's rotary embedding has no frequency scaling: only rope_type 'default' "
-                "(rope_scaling null) imports, with any rope_theta",
+                "specformer's rotary scaling is computed once from the config: rope_type "
+                f"{', '.join(repr(t) for t in ('default', *_ROPE_SCALING))} import; 'dynamic' and "
+                "'longrope' change the frequencies with the sequence length",
             )
         theta = params.get("rope_theta", self("rope_theta", self("rotary_emb_base", default_theta)))
         fraction = params.get(
             "partial_rotary_factor", self("partial_rotary_factor", self("rotary_pct", default_fraction))
         )
-        return {"type": "rope", "base": float(theta), "fraction": float(fraction)}
+        rope = {"type": "rope", "base": float(theta), "fraction": float(fraction)}
+        if rope_type in _ROPE_SCALING:
+            rope["scaling"] = self._rope_scaling(rope_type, params)
+        return rope
+
+    def _rope_scaling(self, rope_type: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The spec's ``positional.scaling`` for a scaled rope_type, with the defaults
+        transformers fills in (an original context of max_position_embeddings, YaRN's
+        factor from the two lengths, its betas 32 and 1)."""
+        def get(key: str, default: Any = None) -> Any:
+            value = params.get(key)
+            return default if value is None else value
+
+        out: dict[str, Any] = {"type": rope_type}
+        if rope_type != "linear":
+            # Phi-3 writes the pretraining length beside rope_scaling; transformers prefers it
+            original = self("original_max_position_embeddings", get("original_max_position_embeddings"))
+            out["original_max_position_embeddings"] = original or self("max_position_embeddings")
+        factor = get("factor")
+        if factor is None and rope_type == "yarn" and out["original_max_position_embeddings"]:
+            factor = self("max_position_embeddings", 0) / out["original_max_position_embeddings"]
+        if factor is None:
+            raise HFConversionError(f"{self.family} config: rope scaling {rope_type!r} has no factor")
+        out["factor"] = float(factor)
+        if rope_type == "llama3":
+            for key in ("low_freq_factor", "high_freq_factor"):
+                if get(key) is None:
+                    raise HFConversionError(f"{self.family} config: rope scaling 'llama3' has no {key}")
+                out[key] = float(get(key))
+        elif rope_type == "yarn":
+            # transformers reads a beta of 0 as its default, and a mscale of 0 as unset
+            out["beta_fast"] = float(get("beta_fast") or 32.0)
+            out["beta_slow"] = float(get("beta_slow") or 1.0)
+            for key in ("attention_factor", "mscale", "mscale_all_dim"):
+                if get(key):
+                    out[key] = float(get(key))
+            out["truncate"] = bool(get("truncate", True))
+        return out
 
 
 def _dropout(value: Any) -> float:
@@ -833,6 +874,17 @@ def _export_bart(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def _rope_parameters(rope: Any) -> dict[str, Any]:
+    """Hugging Face's ``rope_parameters`` for a :class:`RopeSpec`: its base and scaling
+    (rope_type 'default' without one); a YaRN field left unset stays unset."""
+    out: dict[str, Any] = {"rope_type": "default", "rope_theta": rope.base}
+    if rope.scaling is not None:
+        fields = rope.scaling.model_dump(exclude_none=True)
+        out["rope_type"] = fields.pop("type")
+        out.update(fields)
+    return out
+
+
 def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     s = spec.decoder
     assert s is not None
@@ -851,7 +903,7 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         "initializer_range": spec.init.std,
         "rms_norm_eps": s.norm.eps,
         "tie_word_embeddings": spec.embedding.tie_output,
-        "rope_parameters": {"rope_type": "default", "rope_theta": spec.positional.base},
+        "rope_parameters": _rope_parameters(spec.positional),
         "attention_dropout": att.dropout,
     }
     if model_type == "mistral":
@@ -875,8 +927,7 @@ def _export_gpt_neox(spec: ModelSpec) -> dict[str, Any]:
         "intermediate_size": s.ffn.d_ff,
         "hidden_act": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
         "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": spec.positional.base,
+            **_rope_parameters(spec.positional),
             "partial_rotary_factor": spec.positional.fraction,
         },
         "attention_dropout": s.attention.dropout,

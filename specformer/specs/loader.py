@@ -62,6 +62,13 @@ TYPE_HINTS = {
     "rms_norm": "RMSNorm is `type: rmsnorm`",
     "gqa": "grouped-query attention is `type: mha` with `n_kv_heads` < `n_heads`",
     "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
+    # rope scalings: the static ones are types here; those that follow the sequence length are not
+    **dict.fromkeys(
+        ("ntk", "dynamic", "longrope"),
+        "frequencies that change with the sequence length (dynamic NTK, LongRoPE) are not supported; "
+        "NTK-by-parts interpolation is `yarn`, and `linear` and `llama3` are the others",
+    ),
+    "pi": "position interpolation is `linear`",
     "swish": "Swish (SiLU) is `activation: silu` of a `type: mlp` or `type: glu` FFN",
     "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",
     "mlm": "masked language modelling is `masked_lm`",
@@ -1181,10 +1188,14 @@ def _unknown_type(path: list, tag: Any, tags: list[str]) -> tuple[list, str, str
     guess = did_you_mean(str(tag), tags) if tag is not None and not known else None
     if guess:
         hint_parts.append(f"did you mean {guess!r}?")
-    from specformer.registry import BUILT_IN_ONLY, REGISTRY
+    from specformer.registry import BUILT_IN_ONLY, FAMILIES, REGISTRY
 
-    # a name another tool gives a built-in type is that type, not one of the user's own
-    fixed = known or any(set(REGISTRY.names(family)) == set(tags) for family in BUILT_IN_ONLY)
+    # a name another tool gives a built-in type is that type, not one of the user's own; and
+    # only a registry family takes types of one's own (not objectives, not rope scalings)
+    pluggable = any(
+        set(REGISTRY.names(family)) == set(tags) for family in FAMILIES if family not in BUILT_IN_ONLY
+    )
+    fixed = known or not pluggable
     hint_parts.append(f"allowed: {', '.join(tags)}" + ("" if fixed else "; a type of your own is registered "
                       "first (docs/components.md#adding-a-component)"))
     return (path, f"unknown type {tag!r}", " ".join(hint_parts))

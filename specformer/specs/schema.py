@@ -40,6 +40,10 @@ __all__ = [
     "SinusoidalSpec",
     "LearnedSpec",
     "RopeSpec",
+    "LinearRopeScaling",
+    "Llama3RopeScaling",
+    "YarnRopeScaling",
+    "RopeScaling",
     "AlibiSpec",
     "T5BiasSpec",
     "NoPositionalSpec",
@@ -111,6 +115,110 @@ class LearnedSpec(Spec):
         return self.max_positions if self.max_positions is not None else max_seq_len + self.offset
 
 
+_FACTOR = "Context extension factor: the new context length over the one the model was trained at, 1 or more."
+_ORIGINAL = "Context length the model was pretrained at, before the extension."
+
+
+class LinearRopeScaling(Spec):
+    """Linear position interpolation (Chen et al. 2023): every rotary frequency divided by
+    ``factor``, so position p rotates as p / factor did (Hugging Face rope_type ``linear``)."""
+
+    type: Literal["linear"] = "linear"
+    factor: float = Field(..., ge=1.0, description=_FACTOR)
+
+
+class Llama3RopeScaling(Spec):
+    """Llama 3.1's frequency-dependent interpolation (Hugging Face rope_type ``llama3``):
+    wavelengths longer than original_max_position_embeddings / low_freq_factor are
+    divided by ``factor``, those shorter than original_max_position_embeddings /
+    high_freq_factor kept, and those between blended smoothly."""
+
+    type: Literal["llama3"] = "llama3"
+    factor: float = Field(8.0, ge=1.0, description=_FACTOR + " Llama 3.1: 8, Llama 3.2: 32.")
+    low_freq_factor: PositiveFloat = Field(
+        1.0, description="Wavelengths above original_max_position_embeddings / low_freq_factor are interpolated in full."
+    )
+    high_freq_factor: PositiveFloat = Field(
+        4.0,
+        description="Wavelengths below original_max_position_embeddings / high_freq_factor are kept; "
+        "more than low_freq_factor.",
+    )
+    original_max_position_embeddings: PositiveInt = Field(
+        8192, le=MAX_INDEX, description=_ORIGINAL + " Llama 3.1: 8192."
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> Llama3RopeScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise _issue(
+                "high_freq_factor",
+                f"high_freq_factor={self.high_freq_factor:g} must exceed low_freq_factor={self.low_freq_factor:g}: "
+                "the wavelengths between original_max_position_embeddings / high_freq_factor and "
+                "original_max_position_embeddings / low_freq_factor are blended (Llama 3.1: 4 and 1)",
+            )
+        return self
+
+
+class YarnRopeScaling(Spec):
+    """YaRN (Peng et al. 2023, Hugging Face rope_type ``yarn``): frequencies that turn fewer
+    than beta_slow times over the original context are interpolated by ``factor``, those that
+    turn more than beta_fast times are kept, a linear ramp blends the dimensions between, and
+    cos/sin are multiplied by an attention factor (default 0.1 ln(factor) + 1)."""
+
+    type: Literal["yarn"] = "yarn"
+    factor: float = Field(..., ge=1.0, description=_FACTOR)
+    original_max_position_embeddings: PositiveInt = Field(..., le=MAX_INDEX, description=_ORIGINAL)
+    beta_fast: PositiveFloat = Field(
+        32.0, description="Rotations over the original context above which a frequency is kept as is."
+    )
+    beta_slow: PositiveFloat = Field(
+        1.0, description="Rotations over the original context below which a frequency is interpolated in full."
+    )
+    attention_factor: PositiveFloat | None = Field(
+        None,
+        description="Multiplier of cos and sin (so of the attention logits, squared); default from mscale "
+        "and mscale_all_dim when both are set, else 0.1 ln(factor) + 1.",
+    )
+    mscale: PositiveFloat | None = Field(
+        None,
+        description="With mscale_all_dim: attention factor (0.1 mscale ln(factor) + 1) / "
+        "(0.1 mscale_all_dim ln(factor) + 1) (DeepSeek).",
+    )
+    mscale_all_dim: PositiveFloat | None = Field(None, description="See mscale.")
+    truncate: bool = Field(
+        True, description="Round the ramp's ends outward to whole dimensions (false: gpt-oss)."
+    )
+
+    @model_validator(mode="after")
+    def _betas(self) -> YarnRopeScaling:
+        if self.beta_fast <= self.beta_slow:
+            raise _issue(
+                "beta_fast",
+                f"beta_fast={self.beta_fast:g} must exceed beta_slow={self.beta_slow:g}: frequencies turning "
+                "more than beta_fast times over the original context are kept, fewer than beta_slow "
+                "times interpolated (YaRN: 32 and 1)",
+            )
+        return self
+
+    @property
+    def attention_scale(self) -> float:
+        """The multiplier of cos and sin: ``attention_factor``, or the one YaRN derives from ``factor``."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return float(mscale(self.factor, self.mscale) / mscale(self.factor, self.mscale_all_dim))
+        return mscale(self.factor)
+
+
+RopeScaling = Annotated[
+    LinearRopeScaling | Llama3RopeScaling | YarnRopeScaling, Field(discriminator="type")
+]
+
+
 class RopeSpec(Spec):
     """Rotary position embedding applied to queries and keys (Su et al. 2021, RoFormer)."""
 
@@ -118,6 +226,11 @@ class RopeSpec(Spec):
     base: PositiveFloat = Field(10000.0, description="Frequency base theta.")
     fraction: float = Field(
         1.0, gt=0.0, le=1.0, description="Fraction of head_dim that is rotated (GPT-NeoX: 0.25)."
+    )
+    scaling: RopeScaling | None = Field(
+        None,
+        description="Frequency scaling for a longer context, computed once from these fields: "
+        "linear (position interpolation), llama3 (Llama 3.1), yarn; null: none.",
     )
 
 

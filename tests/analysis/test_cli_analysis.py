@@ -452,3 +452,20 @@ def test_flops_count_executed_is_the_dense_6n_plus_12ltd_figure() -> None:
         ["diff", "gpt2-small", "-s", "decoder.n_layers=6", "--flops-count", "executed", "-f", "markdown"]).stdout
     result = runner.invoke(app, ["show", "gpt2-small", "--flops-count", "dense"])
     assert result.exit_code == 2 and "--flops-count must be one of needed, executed, got 'dense'" in result.stderr
+
+
+def test_show_and_diff_name_the_rope_scaling(tmp_path: Path) -> None:
+    out = _ok(["show", "llama2-7b", "-s", "positional.scaling={type: llama3, factor: 8}", "-f", "markdown"]).stdout
+    assert "| rope (base 10000, llama3 x8 of 8192) |" in out
+    assert "| rope (base 10000, linear x4) |" in _ok(
+        ["show", "llama2-7b", "-s", "positional.scaling={type: linear, factor: 4}", "-f", "markdown"]).stdout
+    for factor in (8, 32):
+        (tmp_path / f"x{factor}.yaml").write_text(
+            f"extends: llama2-7b\nname: x{factor}\npositional:\n  scaling: {{type: llama3, factor: {factor}}}\n")
+    data = json.loads(_ok(["diff", str(tmp_path / "x8.yaml"), str(tmp_path / "x32.yaml"), "-f", "json"]).stdout)
+    changes = {c["path"]: (c["left"], c["right"]) for c in data["changes"]}
+    assert changes == {"name": ("x8", "x32"), "positional.scaling.factor": (8.0, 32.0)}
+    assert data["compatibility"][0]["compatible"] is True  # no tensor depends on it
+    out = _ok(["diff", "llama2-7b", str(tmp_path / "x8.yaml"), "-f", "markdown", "--no-checkpoints"]).stdout
+    assert "| positional.scaling.type | — | llama3 |" in out
+    assert "| positional.scaling.original_max_position_embeddings | — | 8192 |" in out

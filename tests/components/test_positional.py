@@ -14,6 +14,7 @@ from specformer.components.positional import (
     SinusoidalPositional,
     alibi_slopes,
     apply_rotary,
+    rope_frequencies,
     sinusoidal_table,
     t5_relative_buckets,
 )
@@ -320,3 +321,110 @@ def test_learned_table_overflow_is_a_readable_error(tiny: Tiny) -> None:
     model = build_model(tiny(positional={"type": "learned"}, max_seq_len=8))
     with pytest.raises(ValueError, match="past the learned position table, which has 8 positions"):
         model(torch.randint(0, 61, (1, 9)))
+
+
+# rope scalings as Hugging Face configs write them (rope_parameters), several factors each
+_SCALINGS = [
+    {"rope_type": "linear", "factor": 1.0},
+    {"rope_type": "linear", "factor": 2.5},
+    {"rope_type": "linear", "factor": 16.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 0.5, "high_freq_factor": 3.0,
+     "original_max_position_embeddings": 512},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707},
+    {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 2048, "attention_factor": 1.5,
+     "beta_fast": 16, "beta_slow": 2},
+    {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 2048},
+]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("rot_dim", [128, 64, 24])
+@pytest.mark.parametrize("params", _SCALINGS, ids=lambda p: f"{p['rope_type']}-{p['factor']:g}")
+def test_scaled_rope_frequencies_are_transformers(params: dict, rot_dim: int) -> None:
+    # the inverse frequencies and the cos/sin factor of transformers' ROPE_INIT_FUNCTIONS, to the bit
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    base = 500000.0
+    config = transformers.LlamaConfig(
+        hidden_size=2 * rot_dim, num_attention_heads=2, max_position_embeddings=131072,
+        rope_parameters={"rope_theta": base, **params},
+    )
+    theirs, their_factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, torch.device("cpu"))
+    scaling = {("type" if k == "rope_type" else k): v for k, v in params.items()}
+    ours, our_factor = rope_frequencies(rot_dim, base, RopeSpec(base=base, scaling=scaling).scaling)
+    assert ours.dtype == torch.float32 and ours.shape == (rot_dim // 2,)
+    assert torch.equal(ours, theirs)
+    assert our_factor == their_factor
+
+
+def test_scaled_rope_frequencies_follow_their_definitions() -> None:
+    rot, base = 64, 10000.0
+    plain, one = rope_frequencies(rot, base)
+    assert one == 1.0
+    torch.testing.assert_close(plain, torch.tensor([base ** (-2 * i / rot) for i in range(rot // 2)]))
+    linear, _ = rope_frequencies(rot, base, RopeSpec(scaling={"type": "linear", "factor": 4.0}).scaling)
+    torch.testing.assert_close(linear, plain / 4)
+    # Llama 3.1: wavelengths under 8192 / 4 kept, over 8192 / 1 divided by 8, blended between
+    llama3, _ = rope_frequencies(rot, base, RopeSpec(scaling={"type": "llama3"}).scaling)
+    wavelength = 2 * math.pi / plain
+    short, long = wavelength < 2048, wavelength > 8192
+    assert short.sum() == 21 and long.sum() == 7  # and 4 between
+    assert torch.equal(llama3[short], plain[short])
+    torch.testing.assert_close(llama3[long], plain[long] / 8)
+    between = ~short & ~long
+    assert ((llama3[between] < plain[between]) & (llama3[between] > plain[between] / 8)).all()
+    # YaRN: the fastest kept, the slowest interpolated, cos/sin scaled by 0.1 ln(4) + 1
+    yarn, factor = rope_frequencies(
+        rot, base, RopeSpec(scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}).scaling
+    )
+    assert factor == pytest.approx(0.1 * math.log(4) + 1)
+    assert torch.equal(yarn[:4], plain[:4])
+    torch.testing.assert_close(yarn[-4:], plain[-4:] / 4)
+
+
+def test_yarn_attention_factor_scales_the_rotation() -> None:
+    # |cos|^2 + |sin|^2 is the factor squared: queries and keys are each scaled by it
+    spec = RopeSpec(scaling={"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32})
+    rope = Rotary(spec, max_seq_len=64, head_dim=16)
+    cos, sin = rope.rotation(torch.arange(64)[None], 64, dtype=torch.float32)
+    scale = 0.1 * math.log(16) + 1
+    torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, scale**2))
+    assert "scaling=yarn x16" in repr(rope)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "field", "words"),
+    [
+        ({"type": "linear", "factor": 0.5}, "factor", "greater than or equal to 1"),
+        ({"type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 4.0}, "high_freq_factor", "must exceed"),
+        ({"type": "yarn", "factor": 4.0}, "original_max_position_embeddings", "Field required"),
+        ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 1.0},
+         "beta_fast", "must exceed beta_slow=1"),
+        ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 0.0},
+         "attention_factor", "greater than 0"),
+        ({"type": "dynamic", "factor": 2.0}, "scaling", "'linear', 'llama3', 'yarn'"),
+    ],
+)
+def test_rope_scaling_fields_are_validated(scaling: dict, field: str, words: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        RopeSpec(scaling=scaling)
+    text = str(info.value)
+    assert field in text and words in text
+
+
+def test_a_rope_spec_without_scaling_is_unchanged() -> None:
+    assert RopeSpec().scaling is None
+    assert "scaling" not in RopeSpec().model_dump(exclude_defaults=True)
+    rope = Rotary(RopeSpec(base=500.0), max_seq_len=8, head_dim=8)
+    cos, _ = rope.rotation(torch.tensor([[5]]), 8, dtype=torch.float32)
+    assert cos[0, 0, 0, 1].item() == pytest.approx(math.cos(5 * 500.0 ** (-2 / 8)), abs=1e-6)

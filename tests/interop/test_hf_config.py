@@ -235,10 +235,14 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
     [
         ({**PUBLISHED["gpt2-small"], "scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx"]),
         ({**PUBLISHED["bert-base"], "position_embedding_type": "relative_key"}, ["relative_key"]),
-        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, ["llama3", "rope scaling"]),
-        # transformers 4.x's key, and what does import
-        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"type": "linear", "factor": 2.0}},
-         ["rope scaling 'linear'", "only rope_type 'default' (rope_scaling null) imports"]),
+        # frequencies that change with the sequence length, under transformers 4.x's key too;
+        # the message names what does import
+        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+         ["rope scaling 'dynamic'", "'default', 'linear', 'llama3', 'yarn' import"]),
+        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"type": "longrope", "factor": 2.0}},
+         ["rope scaling 'longrope'", "'linear', 'llama3', 'yarn'"]),
+        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+         ["rope scaling 'llama3' has no low_freq_factor"]),
         ({**PUBLISHED["llama2-7b"], "hidden_act": "quick_gelu"}, ["quick_gelu", "silu"]),
         # transformers 5's Llama/Mistral ignore it (4.x honoured it): which model is unknown
         ({**PUBLISHED["llama2-7b"], "partial_rotary_factor": 0.5}, ["partial_rotary_factor=0.5", "ignores"]),
@@ -537,3 +541,63 @@ def test_a_config_that_makes_an_invalid_spec_names_the_field_without_pydantics_d
         "d_model=64 is not divisible by n_heads=12",
     ])
     assert "input_value" not in message and "type=" not in message
+
+
+# meta-llama/Llama-3.1-8B's published config.json, architecture keys verbatim
+_LLAMA31 = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256,
+}
+
+
+def test_llama_3_1_imports_with_its_rope_scaling_and_exports_it_back() -> None:
+    spec = spec_from_hf_config(_LLAMA31)
+    assert spec.max_seq_len == 131072
+    assert spec.positional.base == 500000.0
+    assert spec.positional.scaling.model_dump() == {
+        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert hf_config_from_spec(spec)["rope_parameters"] == {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+    }
+    assert spec_from_hf_config(hf_config_from_spec(spec)).model_copy(update={"name": spec.name}) == spec
+
+
+@pytest.mark.parametrize(
+    ("rope", "extra", "scaling"),
+    [
+        # transformers 4.x's key and name
+        ({"type": "linear", "factor": 4}, {}, {"type": "linear", "factor": 4.0}),
+        # YaRN's factor from the two lengths, and the betas and truncation transformers assumes
+        ({"rope_type": "yarn", "original_max_position_embeddings": 4096}, {},
+         {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+          "beta_slow": 1.0, "attention_factor": None, "mscale": None, "mscale_all_dim": None, "truncate": True}),
+        # DeepSeek's mscales; gpt-oss's untruncated ramp
+        ({"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 1.0,
+          "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1, "truncate": False}, {},
+         {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+          "beta_slow": 1.0, "attention_factor": None, "mscale": 1.0, "mscale_all_dim": 0.707, "truncate": False}),
+        # Phi-3 writes the pretraining length beside the scaling; transformers reads it from there
+        ({"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4},
+         {"original_max_position_embeddings": 2048},
+         {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 2048}),
+        # without any, the model's own length
+        ({"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4}, {},
+         {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32768}),
+    ],
+)
+def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, scaling: dict) -> None:
+    config = {**PUBLISHED["llama2-7b"], "max_position_embeddings": 32768, "rope_scaling": rope, **extra}
+    spec = spec_from_hf_config(config)
+    assert spec.positional.scaling.model_dump() == scaling
+    assert spec_from_hf_config(hf_config_from_spec(spec)).model_copy(update={"name": spec.name}) == spec

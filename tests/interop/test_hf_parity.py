@@ -89,11 +89,28 @@ TINY: dict[str, dict[str, Any]] = {
     "llama": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
               "rope_theta": 500.0, "rms_norm_eps": 1e-5},
+    # scaled rotary frequencies: head_dim 16 over rope_theta 500 has wavelengths 6.3 to 1442,
+    # so Llama 3's three bands (kept below 16 / 2, interpolated above 16 / 1, blended between)
+    # all hold some, and YaRN's ramp runs over the middle ones
+    "llama-llama3": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
+                     "rms_norm_eps": 1e-5,
+                     "rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+                                         "original_max_position_embeddings": 16}},
+    "llama-yarn": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                   "intermediate_size": 64, "max_position_embeddings": 64,
+                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                       "original_max_position_embeddings": 16}},
     "mistral": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
                 "sliding_window": 5, "head_dim": 16},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
+    "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                        "intermediate_size": 64, "max_position_embeddings": 64,
+                        "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.5,
+                                            "partial_rotary_factor": 0.5}},
     "gpt_neox-sequential": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                             "intermediate_size": 64, "max_position_embeddings": 64,
                             "use_parallel_residual": False, "tie_word_embeddings": True},
@@ -835,3 +852,28 @@ def test_mt5_and_xlm_roberta_classes_without_a_spec_head_are_refused_by_name(
         spec_from_hf_config({"model_type": model_type, **_SMALL, **kwargs, "architectures": [name]})
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("family", ["llama-llama3", "llama-yarn", "gpt_neox-linear"])
+def test_scaled_rope_matches_transformers_past_the_original_context(family: str) -> None:
+    # 60 positions, past the original context (16 for the Llama ones) and its longest blended
+    # wavelength: in one forward, and decoded one token at a time with the cache after a prompt of 20
+    hf = _hf_model(family)
+    spec, model = _imported(hf)
+    assert spec.positional.scaling is not None and spec.positional.scaling.type == family.split("-")[1]
+    ids = torch.randint(3, V, (2, 60), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+        ours = model(ids).logits
+        out = model(ids[:, :20], use_cache=True)
+        steps = [out.logits]
+        for t in range(20, 60):
+            out = model(ids[:, t : t + 1], cache=out.cache)
+            steps.append(out.logits)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.cat(steps, dim=1), theirs, atol=1e-4, rtol=0)
+    # the scaling is what makes them agree: the same weights unscaled are another model
+    plain = build_model(spec.model_copy(update={"positional": {**spec.positional.model_dump(), "scaling": None}}))
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (plain.eval()(ids).logits - theirs).abs().max() > 0.1

@@ -116,6 +116,13 @@ BAD_INPUTS = [
     ("huge-d-model-heads", "kind: decoder\nvocab_size: 8\nd_model: 1048573\ndecoder: {n_layers: 1}\n", 4,
      "decoder.attention.n_heads",
      ["not divisible", "choose n_heads from 1, 1048573"]),
+    # a rope scaling: its types, and its fields' rules
+    ("rope-scaling-type", "extends: llama2-7b\npositional:\n  scaling: {type: dynamic, factor: 2}\n", 3,
+     "positional.scaling.type", ["unknown type 'dynamic'", "dynamic NTK", "allowed: linear, llama3, yarn"]),
+    ("rope-scaling-band", "extends: llama2-7b\npositional:\n  scaling:\n    type: llama3\n    high_freq_factor: 1\n",
+     5, "positional.scaling.high_freq_factor", ["must exceed low_freq_factor=1", "Llama 3.1: 4 and 1"]),
+    ("rope-scaling-yarn-length", "extends: llama2-7b\npositional:\n  scaling: {type: yarn, factor: 4}\n", 3,
+     "positional.scaling.original_max_position_embeddings", ["required field is missing"]),
     ("tab-separator", "extends: gpt-nano\nname:\tx\n", 2, "", ["tab character between values", "with a space"]),
     ("case-only-enum", "extends: gpt-nano\nkind: Decoder\n", 2, "kind", ["did you mean 'decoder'"]),
     ("mqa-name", "extends: gpt-nano\ndecoder:\n  attention: {type: mqa}\n", 3, "decoder.attention.type",
@@ -717,3 +724,13 @@ def test_a_name_whose_value_means_another_thing_here_says_how_to_convert_it(over
         load_spec("gpt-nano", overrides=[override])
     (problem,) = info.value.problems
     assert hint in problem.hint and "did you mean" not in problem.hint and "write --set" not in problem.hint
+
+
+def test_a_type_that_cannot_be_registered_is_not_offered_as_ones_own(tmp_path):
+    # rope scalings are not a registry family: no "a type of your own is registered first"
+    problems = _problems(tmp_path, "extends: llama2-7b\npositional:\n  scaling: {type: ntk_by_parts, factor: 2}\n")
+    assert "allowed: linear, llama3, yarn" in str(problems[0])
+    assert "registered" not in str(problems[0])
+    # a registry family still says it
+    problems = _problems(tmp_path, "extends: gpt-nano\ndecoder:\n  ffn: {type: moe}\n")
+    assert "a type of your own is registered first" in str(problems[0])

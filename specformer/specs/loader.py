@@ -1109,7 +1109,10 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
             written = _path_example(value, annotation) or f"{{type: {example}}}"
             return [(path, f"expected a mapping with a type: field, got {value!r}",
                      f"write {written}; allowed types: {', '.join(tags)}")]
-        return [_unknown_type(path + ["type"], ctx.get("tag", value.get("type")), tags)]
+        tag = ctx.get("tag", value.get("type"))
+        if tag is None:  # a mapping without a type:, where the section has no default type
+            return [(path + ["type"], "required field is missing", f"allowed types: {', '.join(tags)}")]
+        return [_unknown_type(path + ["type"], tag, tags)]
 
     if kind == "literal_error":
         expected = ctx.get("expected", "")

@@ -80,7 +80,7 @@ def _models() -> list[tuple[str, type[BaseModel]]]:
         for name, entry in REGISTRY.entries(family).items():
             out.append((f"{where} `type: {name}`", entry.spec))
         if family == "positional":
-            for scaling in typing.get_args(typing.get_args(schema.RopeScaling)[0]):
+            for scaling in schema.ROPE_SCALINGS:
                 out.append((f"`positional.scaling:` `type: {scaling.model_fields['type'].default}`", scaling))
     extra = getattr(schema, "REFERENCE_EXTRA", ())
     out.extend(extra)

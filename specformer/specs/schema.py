@@ -19,11 +19,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    Discriminator,
     Field,
     ModelWrapValidatorHandler,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "Llama3RopeScaling",
     "YarnRopeScaling",
     "RopeScaling",
+    "ROPE_SCALINGS",
     "AlibiSpec",
     "T5BiasSpec",
     "NoPositionalSpec",
@@ -214,8 +217,20 @@ class YarnRopeScaling(Spec):
         return mscale(self.factor)
 
 
+ROPE_SCALINGS: tuple[type[Spec], ...] = (LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling)
+
+
+def _scaling_type(value: Any) -> Any:
+    # a mapping's type (None when it has none), or a built scaling's; None for anything else, so
+    # that `scaling: linear` is told to write a mapping rather than shown pydantic's model error
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
 RopeScaling = Annotated[
-    LinearRopeScaling | Llama3RopeScaling | YarnRopeScaling, Field(discriminator="type")
+    Annotated[LinearRopeScaling, Tag("linear")]
+    | Annotated[Llama3RopeScaling, Tag("llama3")]
+    | Annotated[YarnRopeScaling, Tag("yarn")],
+    Discriminator(_scaling_type),
 ]
 
 

@@ -679,7 +679,9 @@ def eval_cmd(
     `--set training.*` changes what is evaluated (e.g. another corpus with the same tokenizer);
     `--set max_seq_len=N` evaluates sequences of N tokens (training.seq_len follows unless set), past
     the length the model was trained at: length extrapolation of RoPE, ALiBi, T5, sinusoidal or no
-    positions (a learned table reads only the positions it has rows for).
+    positions (a learned table reads only the positions it has rows for). With it, `--set
+    positional.scaling=...` evaluates a RoPE model with scaled frequencies (position interpolation),
+    the same weights.
 
     Examples:
 
@@ -687,6 +689,7 @@ def eval_cmd(
     specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
     specformer eval CKPT --batches 50
     specformer eval CKPT --set max_seq_len=2048   # a RoPE model trained at 512, at 2048 tokens
+    specformer eval CKPT --set max_seq_len=2048 --set 'positional.scaling={type: linear, factor: 4}'
     specformer eval my.safetensors --spec my.yaml --set 'training.data={type: files, paths: [my_texts/]}'
     ```
     """
@@ -708,11 +711,13 @@ def eval_cmd(
         loaded = _load_checkpoint(checkpoint, spec_source)
         overrides = list(set_ or [])
         keys = [o.partition("=")[0].strip() for o in overrides]
-        model_fields = [k for k in keys if not k.startswith("training.") and k != "max_seq_len"]
+        # a rope scaling changes no weight: position interpolation of the trained model, at any length
+        model_fields = [k for k in keys if k not in ("max_seq_len", "positional.scaling")
+                        and not k.startswith(("training.", "positional.scaling."))]
         if model_fields:
             raise _fail(f"--set {', '.join(model_fields)}: eval runs the checkpoint's own model; only training.* "
-                        "(what is evaluated, e.g. training.data) and max_seq_len (how long a sequence it reads) "
-                        "can change")
+                        "(what is evaluated, e.g. training.data), max_seq_len (how long a sequence it reads) "
+                        "and positional.scaling (a rope model's frequency scaling) can change")
         if "max_seq_len" in keys and "training.seq_len" not in keys:
             # a longer max_seq_len is asked for to evaluate longer sequences: the checkpoint's own
             # training.seq_len would otherwise keep them at the trained length

@@ -554,7 +554,8 @@ def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: P
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
     result = runner.invoke(app, ["eval", str(ckpt), "--set", "d_model=64"])
     assert result.exit_code == 1 and "--set d_model: eval runs the checkpoint's own model" in result.stderr
-    assert "only training.* (what is evaluated, e.g. training.data) and max_seq_len" in result.stderr
+    assert ("only training.* (what is evaluated, e.g. training.data), max_seq_len (how long a sequence it "
+            "reads) and positional.scaling") in result.stderr
     result = runner.invoke(app, ["eval", str(ckpt), "--set", "training.tokenizer.type=bpe"])
     assert result.exit_code == 1 and "eval reads the data with the checkpoint's own tokenizer" in result.stderr
 
@@ -576,6 +577,40 @@ def test_eval_reads_longer_sequences_with_a_longer_max_seq_len(tiny: Any, tmp_pa
     given = runner.invoke(app, ["eval", ckpt, "--set", "max_seq_len=128", "--set", "training.seq_len=64"],
                           env={"COLUMNS": "200"})
     assert scored(given) == "512"
+
+
+def test_eval_interpolates_positions_with_a_rope_scaling(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    # the checkpoint's weights with scaled rotary frequencies, at a longer max_seq_len
+    import math
+
+    from specformer.components import positional
+
+    data = tiny("decoder", max_steps=2, val_interval=2, val_batches=1)
+    data["positional"] = {"type": "rope"}
+    _train([str(_write(tmp_path, data))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    computed: list[tuple[Any, float]] = []
+    frequencies = positional.rope_frequencies
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        computed.append(frequencies(*args, **kwargs))
+        return computed[-1]
+
+    monkeypatch.setattr(positional, "rope_frequencies", spy)
+
+    def evaluated(*options: str) -> tuple[Any, float]:
+        computed.clear()
+        result = runner.invoke(app, ["eval", ckpt, "--set", "max_seq_len=128", *options], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "1,024 tokens" in result.stdout  # 8 x 128 either way
+        return computed[0]
+
+    plain, one = evaluated()
+    assert one == 1.0
+    linear, _ = evaluated("--set", "positional.scaling={type: linear, factor: 4}")
+    torch.testing.assert_close(linear, plain / 4)
+    yarn, factor = evaluated("--set", "positional.scaling={type: yarn, factor: 4, original_max_position_embeddings: 32}")
+    assert factor == 0.1 * math.log(4) + 1 and torch.equal(yarn[0], plain[0]) and yarn[-1] < plain[-1]
 
 
 def test_eval_refuses_a_max_seq_len_past_a_learned_table(tiny: Any, tmp_path: Path) -> None:

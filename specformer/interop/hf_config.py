@@ -144,9 +144,11 @@ class _Config:
             # transformers reads a beta of 0 as its default, and a mscale of 0 as unset
             out["beta_fast"] = float(get("beta_fast") or 32.0)
             out["beta_slow"] = float(get("beta_slow") or 1.0)
-            for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            for key in ("mscale", "mscale_all_dim"):
                 if get(key):
                     out[key] = float(get(key))
+            if get("attention_factor") is not None:
+                out["attention_factor"] = float(get("attention_factor"))
             out["truncate"] = bool(get("truncate", True))
         return out
 

@@ -601,3 +601,17 @@ def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, sca
     spec = spec_from_hf_config(config)
     assert spec.positional.scaling.model_dump() == scaling
     assert spec_from_hf_config(hf_config_from_spec(spec)).model_copy(update={"name": spec.name}) == spec
+
+
+@pytest.mark.parametrize(
+    ("rope", "words"),
+    [
+        # transformers multiplies cos and sin by an attention_factor of 0: refused, not replaced by the default
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 4096, "attention_factor": 0},
+         ["positional.scaling.attention_factor: input should be greater than 0"]),
+        ({"rope_type": "linear", "factor": 0.5}, ["positional.scaling.factor", "greater than or equal to 1"]),
+        ({"rope_type": "linear"}, ["rope scaling 'linear' has no factor"]),
+    ],
+)
+def test_a_rope_scaling_that_makes_an_invalid_spec_is_refused_by_field(rope: dict, words: list[str]) -> None:
+    _refused(lambda: spec_from_hf_config({**_LLAMA31, "rope_scaling": rope}), words)

@@ -234,39 +234,48 @@ def rope_frequencies(
       times, blends θ_d (kept) into θ_d / factor (interpolated); the factor returned is
       the YaRN attention factor (Peng et al. 2023).
     """
-    inv_freq = 1.0 / base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)
+    powers = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)  # (R/2,)
     if scaling is None:
-        return inv_freq, 1.0
-    factor = scaling.factor
-    if scaling.type == "linear":
-        return inv_freq / factor, 1.0
-    if scaling.type == "llama3":
+        return 1.0 / powers, 1.0
+    return _SCALED_FREQUENCIES[scaling.type](scaling, powers, rot_dim, base)
+
+
+def _linear(scaling: LinearRopeScaling, powers: Tensor, rot_dim: int, base: float) -> tuple[Tensor, float]:
+    return 1.0 / powers / scaling.factor, 1.0
+
+
+def _llama3(scaling: Llama3RopeScaling, powers: Tensor, rot_dim: int, base: float) -> tuple[Tensor, float]:
+    inv_freq, factor = 1.0 / powers, scaling.factor
+    context = scaling.original_max_position_embeddings
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < context / high) * ~(wavelen > context / low)
+    return torch.where(medium, blended, scaled), 1.0
+
+
+def _yarn(scaling: YarnRopeScaling, powers: Tensor, rot_dim: int, base: float) -> tuple[Tensor, float]:
+    def dimension(rotations: float) -> float:
+        # the dimension whose frequency turns `rotations` times over the original context
         context = scaling.original_max_position_embeddings
-        low, high = scaling.low_freq_factor, scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
-        smooth = (context / wavelen - low) / (high - low)
-        blended = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < context / high) * ~(wavelen > context / low)
-        return torch.where(medium, blended, scaled), 1.0
-    if scaling.type == "yarn":
+        return rot_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-        def dimension(rotations: float) -> float:
-            # the dimension whose frequency turns `rotations` times over the original context
-            context = scaling.original_max_position_embeddings
-            return rot_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
+    if scaling.truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, rot_dim - 1)
+    if lo == hi:
+        hi += 0.001  # a ramp of one step
+    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1).to(powers.device)
+    keep = 1 - ramp  # 1: the frequency as is, 0: interpolated by factor
+    inv_freq = (1.0 / (scaling.factor * powers)) * (1 - keep) + (1.0 / powers) * keep
+    return inv_freq, scaling.attention_scale
 
-        lo, hi = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
-        if scaling.truncate:
-            lo, hi = math.floor(lo), math.ceil(hi)
-        lo, hi = max(lo, 0), min(hi, rot_dim - 1)
-        if lo == hi:
-            hi += 0.001  # a ramp of one step
-        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1).to(device)
-        keep = 1 - ramp  # 1: the frequency as is, 0: interpolated by factor
-        powers = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)
-        return (1.0 / (factor * powers)) * (1 - keep) + (1.0 / powers) * keep, scaling.attention_scale
-    raise ValueError(f"rope scaling {scaling.type!r} is not supported (supported: linear, llama3, yarn)")
+
+# positional.scaling's type -> its frequencies from base^(2i/R), as rope_frequencies documents them
+_SCALED_FREQUENCIES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn}
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

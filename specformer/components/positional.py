@@ -326,9 +326,9 @@ class Rotary(Positional):
         Row p holds cos(p θ_i) and sin(p θ_i) for the frequencies θ_i of
         :func:`rope_frequencies` (base^(-2i/R), scaled when the spec says so), each
         repeated over the two halves and multiplied by its attention factor (YaRN's;
-        1 otherwise); the sine's first half is negated (see :func:`apply_rotary`). The table covers ``max_seq_len`` positions and at least
-        doubles when a sequence runs past it, so decoding long sequences recomputes it
-        O(log n) times, not at every step.
+        1 otherwise); the sine's first half is negated (see :func:`apply_rotary`). The
+        table covers ``max_seq_len`` positions and at least doubles when a sequence runs
+        past it, so decoding long sequences recomputes it O(log n) times, not at every step.
         """
         key = (device, dtype)
         cached = self._tables.get(key)

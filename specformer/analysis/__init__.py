@@ -31,6 +31,7 @@ from specformer.analysis.memory import (
     kv_cache_bytes_per_token,
     memory_estimate,
     precision,
+    trainable_parameters,
 )
 from specformer.analysis.params import (
     AnalysisError,
@@ -68,4 +69,5 @@ __all__ = [
     "parameter_shapes",
     "precision",
     "state_dict_shapes",
+    "trainable_parameters",
 ]

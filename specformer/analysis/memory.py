@@ -33,6 +33,10 @@ a sliding window's mask is (T, T), one per distinct window.
 The sum of all parts is an upper bound on the peak: activations and gradients never
 reach their maxima together.
 
+Parameters that ``training.optimizer.freeze`` matches have weights but no gradients and
+no optimizer states. Activations are counted as if every parameter trained: a frozen
+bottom of the model (its embeddings, its first layers) keeps less than is counted.
+
 A part built from a type registered by a plugin (an attention, FFN, norm, positional
 scheme or head) has its weights, gradients and optimizer states counted exactly, from the
 model built on the meta device; what it keeps for the backward pass and which of its
@@ -71,6 +75,8 @@ __all__ = [
     "activation_bytes",
     "autocast_copied_parameters",
     "optimizer_state_elements",
+    "trainable_parameters",
+    "trainable_shapes",
 ]
 
 
@@ -409,21 +415,44 @@ def _plugin_part(spec: Any, name: str) -> str | None:
 _OPTIMIZERS = ("adamw", "sgd", "adafactor")  # the optimizers whose states are counted
 
 
+def trainable_shapes(spec: Any) -> dict[str, tuple[int, ...]]:
+    """The shapes of the parameters a run trains, by name: all of them but those the spec's
+    ``training.optimizer.freeze`` matches (a pattern that matches none is a
+    :class:`~specformer.specs.errors.SpecError`)."""
+    from specformer.specs.training import parameter_plan
+
+    spec = as_spec(spec)
+    shapes = count_parameters(spec).shapes
+    if not getattr(spec.training.optimizer, "freeze", ()) and not getattr(spec.training.optimizer, "lr_scale", ()):
+        return dict(shapes)
+    plan = parameter_plan(spec.training.optimizer, list(shapes))
+    return {name: shape for name, shape in shapes.items() if plan[name] is not None}
+
+
+def trainable_parameters(spec: Any) -> int:
+    """Parameters a run of ``spec`` trains (tied weights once): those its
+    ``training.optimizer.freeze`` leaves."""
+    return sum(math.prod(shape) for shape in trainable_shapes(spec).values())
+
+
 def optimizer_state_elements(spec: Any) -> int:
-    """Elements the spec's ``training.optimizer`` keeps beside the parameters (their step
-    counters aside): ``torch.optim.AdamW`` two per parameter, ``SGD`` one with momentum,
-    ``Adafactor`` rows + columns of each matrix (per leading index of a larger tensor) and
-    one per element of a vector."""
+    """Elements the spec's ``training.optimizer`` keeps beside the trained parameters (their
+    step counters aside; frozen parameters have none): ``torch.optim.AdamW`` two per
+    parameter, ``SGD`` one with momentum, ``Adafactor`` rows + columns of each matrix (per
+    leading index of a larger tensor) and one per element of a vector."""
     spec = as_spec(spec)
     optimizer = spec.training.optimizer
-    n = count_parameters(spec).total
+    if optimizer.type not in _OPTIMIZERS:
+        raise AnalysisError(f"training.optimizer: no memory count for optimizer type {optimizer.type!r}")
+    shapes = trainable_shapes(spec)
+    n = sum(math.prod(shape) for shape in shapes.values())
     if optimizer.type == "adamw":
         return 2 * n
     if optimizer.type == "sgd":
         return n if optimizer.momentum > 0 else 0
     if optimizer.type == "adafactor":
         total = 0
-        for shape in count_parameters(spec).shapes.values():
+        for shape in shapes.values():
             if len(shape) >= 2:
                 total += math.prod(shape[:-2]) * (shape[-2] + shape[-1])
             else:
@@ -445,6 +474,7 @@ def memory_estimate(
     cast = autocast_copied_parameters(spec, skip_plugins=True) if p.weight_cast else 0
     activations, not_counted = _activations(spec, batch=batch, seq_len=t, dtype=p.name)
     optimizer = spec.training.optimizer
+    trained = trainable_parameters(spec)  # gradients and optimizer states: frozen parameters have none
     if optimizer.type in _OPTIMIZERS:
         states = optimizer_state_elements(spec) * p.optimizer
     else:  # a plugin's optimizer keeps what it chooses
@@ -454,7 +484,7 @@ def memory_estimate(
         seq_len=t,
         dtype=p.name,
         weights=n * p.weight,
-        gradients=n * p.grad,
+        gradients=trained * p.grad,
         optimizer=states,
         weight_casts=cast * p.weight_cast,
         activations=activations,

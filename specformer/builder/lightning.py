@@ -22,6 +22,7 @@ from specformer.data.tokenizers import decoder_start_id, forced_ids
 from specformer.registry import REGISTRY
 from specformer.training.checkpoint import (
     FORMAT_VERSION,
+    CheckpointError,
     check_resumable,
     rng_state,
     set_rng_state,
@@ -48,6 +49,10 @@ class SpecModule(L.LightningModule):
         if t.objective is None:
             raise ValueError("the spec's training section has no objective")
         self.model = build_model(self.spec)
+        from specformer.training.optim import apply_freeze
+
+        # frozen before anything sees the model: the optimizer, DDP and Lightning's summary
+        apply_freeze(self.model, t.optimizer)
         self.objective = REGISTRY.build("objective", t.objective, model_spec=self.spec)
         self.tokenizer = tokenizer
         self.tokens_seen = 0  # read by this rank, since the run began (resumes included)
@@ -88,7 +93,9 @@ class SpecModule(L.LightningModule):
         self.recent_losses.append(out.loss.detach())
         self.log("train/loss", out.loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         if self._trainer is not None and self.trainer.optimizers:
-            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True)
+            # the schedule's lr (training.optimizer.lr's), which each group scales by its lr_scale
+            group = self.trainer.optimizers[0].param_groups[0]
+            self.log("train/lr", group["lr"] / group.get("lr_scale", 1.0), on_step=True)
         return out.loss
 
     def on_validation_epoch_start(self) -> None:
@@ -171,6 +178,18 @@ class SpecModule(L.LightningModule):
         # the hyperparameters only: implementation flags (fused, foreach) stay the live optimizer's
         from specformer.training.optim import HYPERPARAMETERS as keys
         settings = [{k: group[k] for k in keys if k in group} for group in fresh.param_groups]
+        names = [group.get("param_names") for group in fresh.param_groups]
+        for state in checkpoint.get("optimizer_states", []):
+            groups = state.get("param_groups", []) if isinstance(state, dict) else []
+            saved = [group.get("param_names") for group in groups]
+            # a checkpoint written before groups carried names trained every parameter at lr
+            grouped = any(getattr(t.optimizer, key, ()) for key in ("freeze", "lr_scale"))
+            if saved != names and (any(saved) or grouped):
+                raise CheckpointError(
+                    "the checkpoint's optimizer state holds other parameter groups than this spec's "
+                    "training.optimizer.freeze and lr_scale make: resume with the checkpoint's freeze and "
+                    "lr_scale patterns (a factor may change), or start a new run from its weights with --init-from"
+                )
         for state in checkpoint.get("optimizer_states", []):
             groups = state.get("param_groups", []) if isinstance(state, dict) else []
             if len(groups) != len(settings):

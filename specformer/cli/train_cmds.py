@@ -227,6 +227,8 @@ def _summary_table(result: Any) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("data", result.data)
+    if result.trainable_parameters < result.parameters:
+        table.add_row("parameters", _trainable(result.parameters, result.trainable_parameters))
     # the path it started from is printed on a line of its own, below
     start = ("  (resumed: see below)" if result.resumed_from
              else "  (from the weights below)" if result.initialized_from else "")
@@ -368,13 +370,21 @@ def train_cmd(
 
 def _parameters(spec: Any) -> str:
     """', 891,648 parameters' (tied weights once, as `show` counts them), said as a run starts
-    as nanoGPT says its own; '' for a component the count does not know (a plugin's)."""
+    as nanoGPT says its own, with the trainable ones when training.optimizer.freeze leaves
+    some out; '' for a component the count does not know (a plugin's)."""
     from specformer.analysis import count_parameters
+    from specformer.analysis.memory import trainable_parameters
 
     try:
-        return f", {count_parameters(spec).total:,} parameters"
-    except Exception:
+        total, trained = count_parameters(spec).total, trainable_parameters(spec)
+    except Exception:  # a plugin's part, or a pattern that matches nothing (the run says which)
         return ""
+    return f", {_trainable(total, trained)}" if trained < total else f", {total:,} parameters"
+
+
+def _trainable(total: int, trained: int) -> str:
+    """'891,648 parameters, 793,344 trainable (89.0%)', as Hugging Face's PEFT says it."""
+    return f"{total:,} parameters, {trained:,} trainable ({100 * trained / total:.1f}%)"
 
 
 def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:

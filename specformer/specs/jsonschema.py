@@ -38,6 +38,8 @@ _ALSO_ACCEPTED: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("TrainingSpec", "precision"): [{"enum": [32, 16, 64, "32-true", "fp32", "bf16", "16"]}],
     # FilesDataSpec._one_path: one path alone, `paths: data/`
     ("FilesDataSpec", "paths"): [{"type": "string"}],
+    # training._patterns: one pattern alone, `freeze: embed.*`
+    **{(model, "freeze"): [{"type": "string", "minLength": 1}] for model in ("AdamWSpec", "SGDSpec", "AdafactorSpec")},
     # fill_training (in ModelSpec._fill_derived): null is the default section
     ("ModelSpec", "training"): [{"type": "null"}],
 }

@@ -16,10 +16,13 @@ reverse task; ``type: pairs`` trains one on the user's own (source, target) file
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import difflib
+import fnmatch
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    BeforeValidator,
     Field,
     NonNegativeInt,
     PositiveFloat,
@@ -45,6 +48,9 @@ __all__ = [
     "BPETokenizerSpec",
     "FileTokenizerSpec",
     "TaskTokenizerSpec",
+    "Freeze",
+    "LRScale",
+    "LRScaleSpec",
     "AdamWSpec",
     "SGDSpec",
     "AdafactorSpec",
@@ -64,6 +70,8 @@ __all__ = [
     "OBJECTIVE_FOR_KIND",
     "fill_training",
     "training_issues",
+    "parameter_plan",
+    "optimizer_groups",
     "reference_models",
 ]
 
@@ -309,6 +317,50 @@ class TaskTokenizerSpec(Spec):
 
 # --------------------------------------------------------------------------- optimizer + schedules
 
+_NAMES = (
+    "Patterns are shell-style globs (fnmatch: * matches any characters, dots included; [0-5] one "
+    "character of a set) over the model's parameter names as `specformer show SPEC --tree` lists "
+    "them, e.g. embed.tokens.weight, decoder.layers.0.self_attn.qkv_proj.weight; a tied output "
+    "head's weight is the token table's, embed.tokens.weight. In YAML, quote a pattern that starts "
+    "with * or holds [ ]: '*.bias'."
+)
+
+
+class LRScaleSpec(Spec):
+    """One entry of ``lr_scale``: the parameters a pattern matches train at lr × factor."""
+
+    pattern: str = Field(min_length=1, description="Which parameters, e.g. 'embed.*'. " + _NAMES)
+    factor: PositiveFloat = Field(
+        description="Multiplier of the optimizer's lr for these parameters (the schedule scales every group "
+        "alike); to stop a parameter training, freeze it."
+    )
+
+
+def _patterns(value: Any) -> Any:
+    # `freeze: embed.*` means the one pattern, as `freeze: [embed.*]` does
+    return (value,) if isinstance(value, str) else value
+
+
+Freeze = Annotated[
+    tuple[Annotated[str, Field(min_length=1)], ...],
+    BeforeValidator(_patterns),
+    Field(
+        (), strict=False,
+        description="Parameters that do not train (requires_grad False, no gradient, no optimizer state), "
+        "e.g. ['embed.*', 'decoder.layers.[0-5].*']. " + _NAMES + " A pattern that matches no parameter "
+        "is an error; so is freezing every parameter.",
+    ),
+]
+LRScale = Annotated[
+    tuple[LRScaleSpec, ...],
+    Field(
+        (), strict=False,
+        description="Per-parameter learning rates: a list of {pattern, factor}; the parameters a pattern "
+        "matches train at lr × factor, the others at lr. Where several patterns match a parameter the "
+        "last one applies. A pattern that matches no trained parameter is an error.",
+    ),
+]
+
 
 class AdamWSpec(Spec):
     """Adam with decoupled weight decay (Loshchilov & Hutter 2019); biases, norms and other
@@ -319,6 +371,8 @@ class AdamWSpec(Spec):
     betas: tuple[Probability, Probability] = Field((0.9, 0.95), strict=False, description="Adam's beta1, beta2.")
     eps: PositiveFloat = Field(1e-8, description="Adam's epsilon.")
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.1, description="Decoupled weight decay of matrices.")
+    freeze: Freeze
+    lr_scale: LRScale
 
 
 class SGDSpec(Spec):
@@ -330,6 +384,8 @@ class SGDSpec(Spec):
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.9, description="Momentum; 0 keeps no state.")
     nesterov: bool = Field(False, description="Nesterov momentum (needs momentum > 0).")
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="L2 weight decay of matrices.")
+    freeze: Freeze
+    lr_scale: LRScale
 
     @model_validator(mode="after")
     def _nesterov(self) -> SGDSpec:
@@ -352,6 +408,8 @@ class AdafactorSpec(Spec):
     eps: PositiveFloat = Field(1e-3, description="Floor of the parameter scale the update is relative to.")
     d: PositiveFloat = Field(1.0, description="Update clipping threshold.")
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="Decoupled weight decay of matrices.")
+    freeze: Freeze
+    lr_scale: LRScale
 
 
 _WARMUP = "Linear warmup over this many steps: step k (from 0) runs at (k + 1) / warmup_steps of lr."
@@ -656,10 +714,117 @@ def training_issues(
         )
 
 
+def parameter_plan(
+    optimizer: Any, names: Sequence[str], *, tied: dict[str, str] | None = None
+) -> dict[str, float | None]:
+    """Each parameter name's learning-rate factor under ``optimizer``'s ``freeze`` and
+    ``lr_scale``, in the order of ``names``: 1.0 by default, an lr_scale entry's factor
+    (the last that matches), None for a frozen parameter.
+
+    ``names`` are the model's parameter names (``named_parameters()``, each tensor once);
+    ``tied`` maps the other names of a shared tensor to its name (``head.weight`` ->
+    ``embed.tokens.weight``), for the message of a pattern that names only those.
+    A pattern that matches no parameter, an lr_scale pattern that matches only frozen
+    ones and a freeze that leaves nothing to train are a
+    :class:`~specformer.specs.errors.SpecError` naming the field, the pattern and the
+    nearest real names."""
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    names = list(names)
+    plan: dict[str, float | None] = dict.fromkeys(names, 1.0)
+    problems: list[SpecProblem] = []
+    for i, pattern in enumerate(getattr(optimizer, "freeze", ())):
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            problems.append(_unmatched(f"training.optimizer.freeze.{i}", pattern, names, tied))
+        plan.update(dict.fromkeys(hits))
+    for i, entry in enumerate(getattr(optimizer, "lr_scale", ())):
+        hits = [n for n in names if fnmatch.fnmatchcase(n, entry.pattern)]
+        trained = [n for n in hits if plan[n] is not None]
+        if not hits:
+            problems.append(_unmatched(f"training.optimizer.lr_scale.{i}.pattern", entry.pattern, names, tied))
+        elif not trained:
+            problems.append(SpecProblem(
+                f"{entry.pattern!r} matches only frozen parameters ({_some(hits)}), which train at no lr",
+                path=f"training.optimizer.lr_scale.{i}.pattern",
+                hint="remove the entry, or the freeze pattern that matches them",
+            ))
+        plan.update(dict.fromkeys(trained, entry.factor))
+    if names and not problems and all(factor is None for factor in plan.values()):
+        problems.append(SpecProblem(
+            f"the patterns freeze all {len(names)} parameters of the model: nothing would train",
+            path="training.optimizer.freeze",
+            hint="freeze fewer (`specformer show SPEC --tree` lists the parameter names)",
+        ))
+    if problems:
+        raise SpecError(problems)
+    return plan
+
+
+def optimizer_groups(
+    optimizer: Any, shapes: dict[str, tuple[int, ...]], *, tied: dict[str, str] | None = None
+) -> list[tuple[float, bool, list[str]]]:
+    """The optimizer's parameter groups as (lr factor, decayed, parameter names): for each lr
+    factor (1 first, then in the order of ``lr_scale``) the matrices, decayed, then the 1-D
+    parameters (biases, norm gains), not decayed; frozen parameters in none, empty groups
+    left out. ``shapes`` maps the model's parameter names (each tensor once) to their shapes."""
+    plan = parameter_plan(optimizer, list(shapes), tied=tied)
+    factors = dict.fromkeys([1.0, *(e.factor for e in getattr(optimizer, "lr_scale", ()))])
+    groups = {(f, decayed): [] for f in factors for decayed in (True, False)}
+    for name, shape in shapes.items():
+        factor = plan[name]
+        if factor is not None:
+            groups[(factor, len(shape) >= 2)].append(name)
+    return [(f, decayed, names) for (f, decayed), names in groups.items() if names]
+
+
+def _some(names: Sequence[str], n: int = 3) -> str:
+    more = len(names) - n
+    return ", ".join(names[:n]) + (f" and {more} more" if more > 0 else "")
+
+
+def _unmatched(path: str, pattern: str, names: Sequence[str], tied: dict[str, str] | None) -> Any:
+    """The problem of a pattern that matches no parameter, with the real names nearest to it."""
+    from specformer.specs.errors import SpecProblem
+
+    aliases = {a: n for a, n in (tied or {}).items() if fnmatch.fnmatchcase(a, pattern)}
+    if aliases:
+        a, n = next(iter(aliases.items()))
+        return SpecProblem(
+            f"pattern {pattern!r} matches only {a}, which is tied to {n}: the one tensor goes by {n}",
+            path=path,
+            hint=f"name it as {n} (freezing or scaling it acts on both uses)",
+        )
+    inside = [n for n in names if n.startswith(pattern.rstrip(".") + ".")]
+    if inside:  # a module's name: its parameters' names go on (`decoder.layers.0` -> `.weight`)
+        hint = f"a pattern matches whole names: {pattern.rstrip('.')}.* matches {_some(inside)}"
+    else:
+        # the names that share the longest start with the pattern's literal part, nearest first
+        literal = pattern
+        for i, ch in enumerate(pattern):
+            if ch in "*?[":
+                literal = pattern[:i]
+                break
+        pool: list[str] = []
+        while literal and not pool:
+            pool = [n for n in names if n.startswith(literal)]
+            literal = literal[:-1]
+        pool = pool or list(names)
+        near = sorted(pool, key=lambda n: -difflib.SequenceMatcher(None, pattern, n).ratio())
+        hint = f"nearest names: {', '.join(near[:3])}"
+    return SpecProblem(
+        f"pattern {pattern!r} matches no parameter of the model",
+        path=path,
+        hint=f"{hint}; `specformer show SPEC --tree` lists every parameter name",
+    )
+
+
 def reference_models() -> list[tuple[str, type[Spec]]]:
     """(title, model) of every training spec model, for the field reference in docs/spec.md."""
     out: list[tuple[str, type[Spec]]] = [("`training:`", TrainingSpec)]
     for family in _FAMILY_ENTRIES:
         for name, entry in REGISTRY.entries(family).items():
             out.append((f"`training.{family}:` `type: {name}`", entry.spec))
+        if family == "optimizer":
+            out.append(("`training.optimizer.lr_scale:` entries", LRScaleSpec))
     return out

@@ -88,6 +88,10 @@ class TrainResult:
     flops_per_token: float | None = None
     # of train_seconds, the time validations took: tokens/s is over the rest, the steps' own time
     val_seconds: float = 0.0
+    # the model's parameters (tied weights once), and of them those the run trained: all but
+    # the ones training.optimizer.freeze matches
+    parameters: int = 0
+    trainable_parameters: int = 0
     # one entry per validation: left out of the repr, which a notebook shows after train()
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
 
@@ -340,6 +344,13 @@ def train(
                 f"moments), which another optimizer cannot take; keep training.optimizer.type, or start a "
                 f"new run from these weights with --init-from {resume}"
             )
+        regrouped = _optimizer_group_change(raw, spec)
+        if regrouped:
+            raise CheckpointError(
+                f"{resume}: {regrouped}: a resumed run goes on with the checkpoint's optimizer state, kept per "
+                f"parameter group; resume with the checkpoint's training.optimizer.freeze and lr_scale patterns "
+                f"(a factor may change), or start a new run from these weights with --init-from {resume}"
+            )
         position = _resumed_position(raw)
         stored = raw.get(SpecDataModule.__qualname__)
         saved_data = stored.get("data") if isinstance(stored, dict) else None
@@ -511,6 +522,8 @@ def train(
         resumed_from=str(resume) if resume else None,
         initialized_from=str(init_from) if init_from is not None else None,
         flops_per_token=_training_flops(spec),
+        parameters=sum(p.numel() for p in module.model.parameters()),
+        trainable_parameters=sum(p.numel() for p in module.model.parameters() if p.requires_grad),
         history=[dict(h) for h in history],
     )
     if trainer.is_global_zero:
@@ -534,9 +547,46 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
             path="head.type",
         )])
     t = spec.training
+    if getattr(t.optimizer, "freeze", ()) or getattr(t.optimizer, "lr_scale", ()):
+        # a pattern that matches no parameter: said now, with the names nearest to it
+        from specformer.analysis.params import meta_build
+        from specformer.training.optim import plan_of
+
+        plan_of(meta_build(spec, "to match training.optimizer's patterns to its parameters"), t.optimizer)
     check_folders(t)
     if hardware:
         _check_hardware(t)
+
+
+def _optimizer_group_change(raw: dict[str, Any], spec: Any) -> str:
+    """What a resumed run's ``training.optimizer.freeze`` and ``lr_scale`` change in the
+    optimizer's parameter groups ("now frozen: embed.tokens.weight"), else ""."""
+    from specformer.analysis import count_parameters
+    from specformer.specs.training import optimizer_groups
+
+    meta = raw.get("specformer")
+    saved = meta.get("spec", {}).get("training", {}).get("optimizer") if isinstance(meta, dict) else None
+    new = spec.training.optimizer
+    if not isinstance(saved, dict) or saved.get("type") != new.type:
+        return ""
+    try:
+        old = type(new).model_validate(saved)
+    except ValueError:
+        return ""  # the fit itself compares the groups' names
+    shapes = count_parameters(spec).shapes
+    before = {n: (f, d) for f, d, names in optimizer_groups(old, shapes) for n in names}
+    after = {n: (f, d) for f, d, names in optimizer_groups(new, shapes) for n in names}
+    if [names for *_, names in optimizer_groups(old, shapes)] == [names for *_, names in optimizer_groups(new, shapes)]:
+        return ""
+    parts = []
+    frozen = [n for n in before if n not in after]
+    thawed = [n for n in after if n not in before]
+    moved = [n for n in after if n in before and before[n][0] != after[n][0]]
+    for what, names in (("now frozen", frozen), ("no longer frozen", thawed), ("in another lr_scale group", moved)):
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            parts.append(f"{what}: {shown}")
+    return "; ".join(parts) or "training.optimizer.lr_scale groups the parameters otherwise"
 
 
 def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
@@ -656,7 +706,9 @@ def _training_changes(raw: dict[str, Any], spec: Any) -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             if a.get("type") != b.get("type"):  # another kind of section: its fields are another's
                 return [f"{path}.type {a.get('type')} → {b.get('type')}"]
-            return [change for key in sorted(set(a) | set(b)) for change in walk(a.get(key), b.get(key), f"{path}.{key}")]
+            # a setting the checkpoint's specformer did not have yet, left at its default ([])
+            keys = [k for k in sorted(set(a) | set(b)) if k in a or b.get(k) not in ([], ())]
+            return [change for key in keys for change in walk(a.get(key), b.get(key), f"{path}.{key}")]
         return [] if a == b or (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)) else [
             f"{path} {_shown(a)} → {_shown(b)}"]
 

@@ -88,9 +88,10 @@ def _nodes(node: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
 
 def test_only_a_list_item_requires_fields():
     # `extends`, overrides and --set complete a file, so no field of a mapping is required
-    # there; a list item is replaced whole, never merged, so an override needs its layers
+    # there; a list item is replaced whole, never merged, so an override needs its layers and
+    # an lr_scale entry its pattern and factor
     required = {where: node["required"] for where, node in _nodes(_shipped_schema()) if "required" in node}
-    assert required == {"/$defs/LayerOverride": ["layers"]}
+    assert required == {"/$defs/LayerOverride": ["layers"], "/$defs/LRScaleSpec": ["pattern", "factor"]}
 
 
 def test_family_unions_accept_a_mapping_without_type():

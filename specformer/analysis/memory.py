@@ -59,6 +59,7 @@ from specformer.analysis.params import (
     as_spec,
     count_parameters,
     plugin_components,
+    tied_names,
     whole_number,
 )
 
@@ -425,7 +426,7 @@ def trainable_shapes(spec: Any) -> dict[str, tuple[int, ...]]:
     shapes = count_parameters(spec).shapes
     if not getattr(spec.training.optimizer, "freeze", ()) and not getattr(spec.training.optimizer, "lr_scale", ()):
         return dict(shapes)
-    plan = parameter_plan(spec.training.optimizer, list(shapes))
+    plan = parameter_plan(spec.training.optimizer, list(shapes), tied=tied_names(spec, shapes))
     return {name: shape for name, shape in shapes.items() if plan[name] is not None}
 
 

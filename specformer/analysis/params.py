@@ -24,6 +24,7 @@ __all__ = [
     "ParamCounts",
     "count_parameters",
     "parameter_shapes",
+    "tied_names",
     "is_embedding_parameter",
     "component_of",
     "AnalysisError",
@@ -310,6 +311,18 @@ def parameter_shapes(spec: Any) -> dict[str, Shape]:
 _EMBED_PREFIXES = ("embed.tokens.", "embed.positions.", "embed.segments.",
                    "decoder_embed.tokens.", "decoder_embed.positions.", "decoder_embed.segments.",
                    "head.proj.")
+
+
+def tied_names(spec: Any, shapes: dict[str, Shape] | None = None) -> dict[str, str]:
+    """The names a tied weight goes by besides its own: ``{"head.weight": "embed.tokens.weight"}``
+    for an LM or MLM head that projects with the token table (an encoder-decoder's decoder
+    table where it has its own), else ``{}``."""
+    spec = as_spec(spec)
+    if not (spec.embedding.tie_output and spec.head.type in ("lm", "mlm")):
+        return {}
+    shapes = shapes if shapes is not None else count_parameters(spec).shapes
+    table = next((t for t in ("decoder_embed.tokens.weight", "embed.tokens.weight") if t in shapes), None)
+    return {"head.weight": table} if table is not None else {}
 
 
 def is_embedding_parameter(name: str) -> bool:

@@ -422,6 +422,13 @@ def _memory_section(report: Any) -> Section:
     if optimizer:
         s.notes.append(f"Optimizer states not counted: {_parts(optimizer)} is a plugin's, which keeps what "
                        "it chooses.")
+    from specformer.analysis import trainable_parameters
+
+    total, trained = report.params.total, trainable_parameters(report.spec)
+    if trained < total:
+        s.notes.append(f"Gradients and optimizer states of the {trained:,} trained parameters: "
+                       f"training.optimizer.freeze leaves out {total - trained:,} of {total:,} "
+                       f"({100 * (total - trained) / total:.1f}%). Activations are counted as if every layer trained.")
     return s
 
 

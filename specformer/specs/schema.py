@@ -768,7 +768,7 @@ class ModelSpec(Spec):
 
     @model_validator(mode="after")
     def _cross_field(self) -> ModelSpec:
-        issues = list(self._issues())
+        issues = list(self._issues()) or list(self._pattern_issues())
         if issues:
             raise PydanticCustomError(
                 "cross_field",
@@ -776,6 +776,26 @@ class ModelSpec(Spec):
                 {"issues": issues},
             )
         return self
+
+    def _pattern_issues(self) -> Iterator[tuple[str, str]]:
+        """training.optimizer's freeze and lr_scale patterns against the model's parameter names,
+        when the spec alone gives them (a plugin's type: when the model is built)."""
+        optimizer = self.training.optimizer if self.training is not None else None
+        if not (getattr(optimizer, "freeze", ()) or getattr(optimizer, "lr_scale", ())):
+            return
+        from specformer.analysis.params import AnalysisError, parameter_shapes, tied_names
+        from specformer.specs.errors import SpecError
+        from specformer.specs.training import parameter_plan
+
+        try:
+            shapes = parameter_shapes(self)
+        except AnalysisError:
+            return
+        try:
+            parameter_plan(optimizer, list(shapes), tied=tied_names(self, shapes))
+        except SpecError as exc:
+            for problem in exc.problems:
+                yield problem.path, f"{problem.message} ({problem.hint})"
 
     def _issues(self) -> Iterator[tuple[str, str]]:
         has = {"encoder": self.encoder is not None, "decoder": self.decoder is not None}

@@ -347,7 +347,8 @@ def train(
         regrouped = _optimizer_group_change(raw, spec)
         if regrouped:
             raise CheckpointError(
-                f"{resume}: {regrouped}: a resumed run goes on with the checkpoint's optimizer state, kept per "
+                f"{resume}: training.optimizer.freeze or lr_scale puts parameters in other groups than the "
+                f"checkpoint's ({regrouped}); a resumed run goes on with the checkpoint's optimizer state, kept per "
                 f"parameter group; resume with the checkpoint's training.optimizer.freeze and lr_scale patterns "
                 f"(a factor may change), or start a new run from these weights with --init-from {resume}"
             )
@@ -706,9 +707,9 @@ def _training_changes(raw: dict[str, Any], spec: Any) -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             if a.get("type") != b.get("type"):  # another kind of section: its fields are another's
                 return [f"{path}.type {a.get('type')} → {b.get('type')}"]
-            # a setting the checkpoint's specformer did not have yet, left at its default ([])
-            keys = [k for k in sorted(set(a) | set(b)) if k in a or b.get(k) not in ([], ())]
-            return [change for key in keys for change in walk(a.get(key), b.get(key), f"{path}.{key}")]
+            # a list the checkpoint's specformer did not have yet (training.optimizer.freeze) was empty
+            old = {k: a[k] if k in a or not isinstance(b.get(k), list | tuple) else [] for k in set(a) | set(b)}
+            return [change for key in sorted(old) for change in walk(old[key], b.get(key), f"{path}.{key}")]
         return [] if a == b or (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)) else [
             f"{path} {_shown(a)} → {_shown(b)}"]
 

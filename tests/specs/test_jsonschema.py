@@ -276,6 +276,11 @@ def test_schema_agrees_with_the_loader_on_every_field(name, validator):
             child = _nest(path, copy.deepcopy(wrong))
             loads = _validates(deep_merge(parent, child))
             passes = validator.is_valid({"extends": name, **child})
+            if path[-1] == "freeze" and wrong == "x":
+                # one pattern alone is a list of one, which the loader checks against the
+                # model's parameter names (a cross-field rule): 'x' names none
+                assert passes and not loads
+                continue
             if loads != passes:
                 disagree.append((".".join(path), wrong, "loader accepts" if loads else "loader refuses"))
     assert disagree == []

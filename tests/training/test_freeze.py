@@ -284,3 +284,18 @@ def test_the_train_command_says_how_many_parameters_train(tiny: Any, tmp_path: A
     assert f"│ parameters       │ {total:,} parameters, {trained:,} trainable ({share})" in result.output
     summary = json.loads(next((tmp_path / "runs" / "tiny-decoder").glob("*/summary.json")).read_text())
     assert (summary["parameters"], summary["trainable_parameters"]) == (total, trained)
+
+
+def test_show_says_what_the_memory_of_a_frozen_model_counts() -> None:
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    result = CliRunner().invoke(app, ["show", "gpt-nano", "--set", 'training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*"]'],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert ("Gradients and optimizer states of the 396,800 trained parameters: training.optimizer.freeze leaves "
+            "out 494,848 of 891,648 (55.5%).") in result.output
+    assert "│ gradients                         │  1,587,200 │" in result.output  # 396,800 × 4 bytes
+    assert trainable_parameters(load_spec("gpt-nano", overrides=[
+        'training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*"]'])) == 396_800

@@ -383,7 +383,7 @@ def _parameters(spec: Any) -> str:
 
 
 def _trainable(total: int, trained: int) -> str:
-    """'891,648 parameters, 793,344 trainable (89.0%)', as Hugging Face's PEFT says it."""
+    """'891,648 parameters, 793,344 trainable (89.0%)': the numbers PEFT's print_trainable_parameters() gives."""
     return f"{total:,} parameters, {trained:,} trainable ({100 * trained / total:.1f}%)"
 
 

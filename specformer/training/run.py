@@ -549,11 +549,14 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
         )])
     t = spec.training
     if getattr(t.optimizer, "freeze", ()) or getattr(t.optimizer, "lr_scale", ()):
-        # a pattern that matches no parameter: said now, with the names nearest to it
-        from specformer.analysis.params import meta_build
-        from specformer.training.optim import plan_of
+        from specformer.analysis.params import meta_build, plugin_components
 
-        plan_of(meta_build(spec, "to match training.optimizer's patterns to its parameters"), t.optimizer)
+        if plugin_components(spec):
+            # the spec checked its patterns against the names it gives; a plugin's module names
+            # its own parameters: a pattern that matches none is said now, not after the data
+            from specformer.training.optim import plan_of
+
+            plan_of(meta_build(spec, "to match training.optimizer's patterns to its parameters"), t.optimizer)
     check_folders(t)
     if hardware:
         _check_hardware(t)

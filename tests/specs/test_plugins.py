@@ -883,3 +883,33 @@ def test_a_plugin_that_imports_the_components_when_it_loads_registers(plugin_pat
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
+
+
+def test_freeze_patterns_meet_a_plugin_modules_parameter_names(plugin_path):
+    # the spec alone does not name a plugin's parameters: its patterns are checked against the
+    # model built on the meta device, before a run prepares its data, and counted by memory
+    import specformer
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(specformer.__file__)))
+    code = textwrap.dedent("""
+        from specformer import load_spec
+        from specformer.analysis import count_parameters, trainable_parameters
+        from specformer.specs.errors import SpecError
+        from specformer.training.run import _check_before_data
+
+        ffn = 'decoder.ffn={type: relu2, d_ff: 32}'
+        s = load_spec('gpt-nano', overrides=[ffn, 'training.optimizer.freeze=[decoder.layers.0.ffn.up.*]'])
+        try:
+            _check_before_data(s, hardware=False)
+        except SpecError as exc:
+            print(exc.problems[0].path, '|', exc.problems[0].hint.split(',')[0])
+        s = load_spec('gpt-nano', overrides=[ffn, 'training.optimizer.freeze=[decoder.layers.*.ffn.*]'])
+        _check_before_data(s, hardware=False)
+        print(count_parameters(s).total - trainable_parameters(s))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), root])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=plugin_path)
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.strip().splitlines()
+    assert first.startswith("training.optimizer.freeze.0 | nearest names: decoder.layers.0.ffn.up_proj.")
+    assert int(second) == 4 * (128 * 32 + 32 + 32 * 128 + 128)  # up_proj and down_proj of 4 layers

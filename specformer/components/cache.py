@@ -12,9 +12,11 @@ reach (``KVCache(max_length=...)``, as generation does) never allocates past it.
 
 A layer with a sliding window W (Beltagy et al. 2020; Mistral) is a rolling buffer:
 between steps it keeps only the last W - 1 positions, the oldest any later query can
-see. Its storage is at most W + slack positions (slack = min(W, 128)); when the slack
-is used up, the last W - 1 positions move to a fresh buffer, a copy of W - 1 positions
-every ``slack`` tokens or so. Memory stays O(W) however long the sequence.
+see. Its storage is at most W - 1 + slack positions (slack = min(W, 128):
+:func:`window_positions`); when the slack is used up, the last W - 1 positions move to a
+fresh buffer, a copy of W - 1 positions every ``slack`` tokens. A prompt (or chunk) longer
+than that is read where it is and only its last W - 1 positions are stored. Memory stays
+O(W) however long the sequence.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "CacheNotFilledError"]
+__all__ = ["KVCache", "CacheNotFilledError", "window_positions"]
 
 
 class CacheNotFilledError(ValueError):
@@ -105,6 +107,13 @@ class KVCache:
         has dropped older positions."""
         return self._starts[layer]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors the cache holds: self-attention storage (allocated positions,
+        not only those in use) and cross-attention keys and values."""
+        stored = [*self._keys.values(), *self._values.values(), *(t for kv in self._cross.values() for t in kv)]
+        return sum(t.numel() * t.element_size() for t in stored)
+
     def cross(self, layer: int) -> tuple[Tensor, Tensor] | None:
         """Cached cross-attention (keys, values) of ``layer``, or None before the first step."""
         return self._cross.get(layer)
@@ -115,37 +124,67 @@ class KVCache:
         """Append ``k``, ``v`` (B, Hkv, T, Dh) to ``layer``; return the keys and values the new
         queries attend to (B, Hkv, S, Dh): all L + T positions, or with a sliding ``window``
         W the positions from max(0, L - (W - 1)) on (the oldest the first new query sees)."""
+        if window is not None:
+            return self._update_window(layer, k, v, window)
+        t = k.shape[2]
+        old = self._lengths.get(layer, 0)
+        buf_k, buf_v = self._keys.get(layer), self._values.get(layer)
+        if buf_k is None or buf_k.shape[2] < old + t:
+            capacity = max(old + t, 2 * (buf_k.shape[2] if buf_k is not None else 0), 16)
+            if self.max_length is not None and old + t <= self.max_length:  # no room past the last position
+                capacity = min(capacity, self.max_length)
+            buf_k = self._grow(buf_k, k, capacity, 0, old)
+            buf_v = self._grow(buf_v, v, capacity, 0, old)
+        buf_k[:, :, old : old + t] = k
+        buf_v[:, :, old : old + t] = v
+        self._keys[layer], self._values[layer] = buf_k, buf_v
+        self._lengths[layer], self._starts[layer], self._windows[layer] = old + t, 0, None
+        return buf_k[:, :, : old + t], buf_v[:, :, : old + t]
+
+    def _update_window(self, layer: int, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor]:
+        """:meth:`update` of a layer with a sliding window: a rolling buffer of at most
+        :func:`window_positions` (W - 1 + min(W, 128)) positions."""
         t = k.shape[2]
         old = self._lengths.get(layer, 0)
         start = self._starts.get(layer, 0)
-        first = start if window is None else max(start, old - (window - 1))
+        end = old + t
+        first = max(start, old - (window - 1))  # the oldest stored key a new query sees
+        room = window_positions(window)
         buf_k, buf_v = self._keys.get(layer), self._values.get(layer)
-        if buf_k is None or buf_k.shape[2] < old + t - start:
-            if window is None:
-                capacity = max(old + t - start, 2 * (buf_k.shape[2] if buf_k is not None else 0), 16)
-            else:  # keep only what the new queries see, plus room to append
-                capacity = old + t - first + _slack(window)
-            if self.max_length is not None and old + t <= self.max_length:  # no room past the last position
-                capacity = min(capacity, self.max_length - first)
+        if buf_k is not None and end - start <= buf_k.shape[2]:  # room to append in place
+            buf_k[:, :, old - start : end - start] = k
+            buf_v[:, :, old - start : end - start] = v
+            seen_k, seen_v = buf_k[:, :, first - start : end - start], buf_v[:, :, first - start : end - start]
+        elif end - first <= room:  # a fresh buffer holds what the new queries see, plus slack to append
+            capacity = self._clamped(min(room, end - first + _slack(window)), first, end)
             buf_k = self._grow(buf_k, k, capacity, first - start, old - start)
             buf_v = self._grow(buf_v, v, capacity, first - start, old - start)
             start = first
-        buf_k[:, :, old - start : old + t - start] = k
-        buf_v[:, :, old - start : old + t - start] = v
-        seen_k, seen_v = buf_k[:, :, first - start : old + t - start], buf_v[:, :, first - start : old + t - start]
-        if window is not None and old + t - start > window - 1 + _slack(window):
-            # more than the window is stored (a long prompt, or the slack used up): later
-            # queries see only the last W - 1 of these, so move them into a fresh buffer
-            keep = min(window - 1, old + t - start)
-            capacity = window - 1 + _slack(window)
-            if self.max_length is not None and old + t <= self.max_length:
-                capacity = min(capacity, self.max_length - (old + t - keep))
-            buf_k = self._grow(buf_k, k, capacity, old + t - start - keep, old + t - start)
-            buf_v = self._grow(buf_v, v, capacity, old + t - start - keep, old + t - start)
-            start = old + t - keep
+            buf_k[:, :, old - start : end - start] = k
+            buf_v[:, :, old - start : end - start] = v
+            seen_k, seen_v = buf_k[:, :, : end - start], buf_v[:, :, : end - start]
+        else:  # more than the buffer holds (a long prompt or chunk): the queries read the keys where
+            # they are, and the buffer keeps the last W - 1, the oldest any later query sees
+            if old > first:
+                seen_k = torch.cat([buf_k[:, :, first - start : old - start], k], dim=2)
+                seen_v = torch.cat([buf_v[:, :, first - start : old - start], v], dim=2)
+            else:
+                seen_k, seen_v = k, v
+            keep = window - 1
+            start = end - keep
+            capacity = self._clamped(room, start, end)
+            n = seen_k.shape[2]
+            buf_k = self._grow(seen_k, k, capacity, n - keep, n)
+            buf_v = self._grow(seen_v, v, capacity, n - keep, n)
         self._keys[layer], self._values[layer] = buf_k, buf_v
-        self._lengths[layer], self._starts[layer], self._windows[layer] = old + t, start, window
+        self._lengths[layer], self._starts[layer], self._windows[layer] = end, start, window
         return seen_k, seen_v
+
+    def _clamped(self, capacity: int, start: int, end: int) -> int:
+        """``capacity`` for a buffer from position ``start``, no larger than ``max_length`` needs."""
+        if self.max_length is not None and end <= self.max_length:  # no room past the last position
+            capacity = min(capacity, self.max_length - start)
+        return max(capacity, end - start)
 
     def set_cross(self, layer: int, k: Tensor, v: Tensor) -> None:
         """Store the cross-attention keys and values (B, Hkv, S, Dh) of ``layer``."""
@@ -200,3 +239,10 @@ class KVCache:
 def _slack(window: int) -> int:
     """Room a sliding-window buffer keeps beyond its W - 1 positions before it compacts."""
     return min(window, 128)
+
+
+def window_positions(window: int) -> int:
+    """The most positions a layer with a sliding ``window`` W stores, however long the
+    sequence: the W - 1 a later query can see, plus min(W, 128) of room to append before
+    they move to a fresh buffer."""
+    return window - 1 + _slack(window)

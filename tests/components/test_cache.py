@@ -170,7 +170,7 @@ def test_a_mask_that_does_not_cover_the_cache_is_a_readable_error(tiny: Tiny) ->
 
 @pytest.mark.parametrize("positional", REGISTRY.names("positional"))
 def test_sliding_window_cache_is_a_rolling_buffer(tiny: Tiny, positional: str) -> None:
-    # window 3: slack 3, storage at most W + slack = 6 positions; a 9-token prompt, a chunk of 4 and
+    # window 3: slack 3, storage at most W - 1 + slack = 5 positions; a 9-token prompt, a chunk of 4 and
     # 26 single steps cross the compaction point many times
     spec = tiny(positional={"type": positional}, stack={"attention": {"sliding_window": 3}}, max_seq_len=64)
     model = build_model(spec).eval()
@@ -186,7 +186,8 @@ def test_sliding_window_cache_is_a_rolling_buffer(tiny: Tiny, positional: str) -
             assert cache.first_position(0) == t + 1 - stored.shape[2]
             assert 2 <= stored.shape[2] <= 5  # at least the W - 1 the next query needs
             b, hkv, _, dh = stored.shape
-            assert stored.untyped_storage().nbytes() <= b * hkv * 6 * dh * 4  # fp32
+            assert stored.untyped_storage().nbytes() == b * hkv * 5 * dh * 4  # fp32
+            assert cache.nbytes == 2 * 2 * b * hkv * 5 * dh * 4  # keys and values of 2 layers
     assert cache.length == 39
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
@@ -195,7 +196,8 @@ def test_sliding_window_cache_is_a_rolling_buffer(tiny: Tiny, positional: str) -
 def test_a_cache_told_its_length_allocates_no_more(tiny: Tiny, window: int | None) -> None:
     # 10 prompt positions, then single steps to 100: doubling allocates 16, 32, 64, 128
     # positions; told max_length=100 it stops at 100 and decodes the same. A window layer holds
-    # W - 1 + slack = 7 positions, and the last time it compacts only the 3 it still needs
+    # W - 1 + slack = 7 positions, and the last time it moves only the 5 up to position 100: the
+    # W - 1 = 3 that position 98 sees, and 98 and 99
     model = build_model(tiny(stack={"attention": {"sliding_window": window}}, max_seq_len=128)).eval()
     ids = torch.randint(0, 61, (1, 100))
     runs = {}
@@ -206,7 +208,7 @@ def test_a_cache_told_its_length_allocates_no_more(tiny: Tiny, window: int | Non
             steps += [model(ids[:, t : t + 1], cache=cache).logits for t in range(10, 100)]
         runs[max_length] = (torch.cat(steps, dim=1), cache._keys[0].shape[2])
     assert torch.equal(runs[None][0], runs[100][0])
-    assert (runs[None][1], runs[100][1]) == ((128, 100) if window is None else (7, 3))
+    assert (runs[None][1], runs[100][1]) == ((128, 100) if window is None else (7, 5))
     cache = KVCache(max_length=4)  # told too little: it still holds everything, by doubling again
     with torch.no_grad():
         steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(0, 10)]

@@ -162,7 +162,8 @@ def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16", *, skip_plugins: bo
     """Bytes of decoder self-attention K and V cached per generated token, all layers.
 
     ``2 · n_kv_heads · head_dim`` elements per layer; 0 for an encoder-only model. A
-    layer with a sliding window W never holds more than W tokens. A plugin's attention
+    layer with a sliding window W stops growing at W - 1 + min(W, 128) positions
+    (:func:`kv_cache_bytes`). A plugin's attention
     type is an :class:`AnalysisError`, or left out with ``skip_plugins``.
     """
     spec = as_spec(spec)
@@ -172,17 +173,21 @@ def kv_cache_bytes_per_token(spec: Any, dtype: str = "bf16", *, skip_plugins: bo
 
 def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf16",
                    skip_plugins: bool = False) -> int:
-    """Bytes of decoder self-attention K and V held for the last token of ``batch``
-    sequences of ``seq_len`` tokens: each layer holds ``min(seq_len, W)`` positions when
-    it has a sliding window W (its cache is a rolling buffer), else ``seq_len``.
+    """Bytes of decoder self-attention K and V the cache allocates for ``batch`` sequences of
+    ``seq_len`` tokens (as generation sizes it): ``seq_len`` positions per layer, or with a
+    sliding window W at most ``min(seq_len, W - 1 + min(W, 128))``, its rolling buffer (the
+    W - 1 positions a later query sees and room to append before they move:
+    :func:`specformer.components.cache.window_positions`).
     A plugin's attention type is an :class:`AnalysisError`, or left out with ``skip_plugins``.
     """
+    from specformer.components.cache import window_positions
+
     spec = as_spec(spec)
     seq_len, batch = whole_number("seq_len", seq_len, 0), whole_number("batch", batch, 0)
     b = dtype_bytes(dtype)
     total = 0
     for att in _cached_attention(spec, skip_plugins=skip_plugins):
-        held = seq_len if att.sliding_window is None else min(seq_len, att.sliding_window)
+        held = seq_len if att.sliding_window is None else min(seq_len, window_positions(att.sliding_window))
         total += 2 * att.n_kv_heads * att.head_dim * b * held
     return total * batch
 

@@ -386,7 +386,7 @@ def _memory_section(report: Any) -> Section:
     kv = report.kv_cache_bytes_per_token
     s.rows.append([f"KV cache per token ({report.kv_dtype}){_without(self_missing)}", _exact(kv, self_missing),
                    _at_least(human_bytes(kv), self_missing, kv)])
-    held = report.kv_cache_bytes  # sliding-window layers hold at most W positions
+    held = report.kv_cache_bytes  # sliding-window layers hold at most W - 1 + min(W, 128) positions
     s.rows.append([f"KV cache at seq_len {m.seq_len:,}, batch {m.batch}{_without(self_missing)}",
                    _exact(held, self_missing),
                    _at_least(human_bytes(held), self_missing, held)])

@@ -420,12 +420,12 @@ def test_analyze_takes_a_preset_name_as_the_other_analysis_functions_do(tmp_path
 
 
 def test_diff_shows_what_a_sliding_window_saves_of_the_kv_cache() -> None:
-    # the bytes per token stay; the cache held at 4,096 tokens is 512 of them per layer:
-    # 32 layers × 2 × 4096 × 2 bytes × 4096 tokens = 2 GiB, and × 512 = 256 MiB
+    # the bytes per token stay; the cache held at 4,096 tokens is 511 + 128 = 639 of them per layer
+    # (its rolling buffer): 32 layers × 2 × 4096 × 2 bytes × 4096 tokens = 2 GiB, and × 639 = 319.5 MiB
     out = _ok(["diff", "llama2-7b", "--set", "decoder.attention.sliding_window=512", "-f", "markdown",
                "--no-checkpoints"]).stdout
     assert "| KV cache bytes/token (bf16) | 524,288 | 524,288 | 0 | 0% |" in out
-    assert "| KV cache @ 4096, batch 1 | 2 GiB | 256 MiB | -1.75 GiB | -87.5% |" in out
+    assert "| KV cache @ 4096, batch 1 | 2 GiB | 319.5 MiB | -1.688 GiB | -84.4% |" in out
 
 
 def test_flops_count_executed_is_the_dense_6n_plus_12ltd_figure() -> None:

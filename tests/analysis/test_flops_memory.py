@@ -164,13 +164,14 @@ def test_kv_cache_published_sizes() -> None:
 def test_kv_cache_at_a_length_caps_sliding_window_layers() -> None:
     llama = load_spec("llama2-7b")
     assert kv_cache_bytes(llama, seq_len=4096, batch=2) == 2 * 4096 * 512 * 1024  # 4 GiB
-    # Mistral-style window 512: every layer's rolling buffer holds 512 positions
+    # Mistral-style window 512: every layer's rolling buffer holds the 511 positions a later query
+    # sees and 128 of room to append, 639 in all
     windowed = load_spec("llama2-7b", overrides=["decoder.attention.sliding_window=512"])
-    assert kv_cache_bytes(windowed, seq_len=4096, batch=2) == 2 * 512 * 512 * 1024
-    assert kv_cache_bytes(windowed, seq_len=100) == 100 * 512 * 1024  # shorter than the window
-    # window on half the layers: 16 layers × 4096 + 16 layers × 512 positions, 16 KiB each
+    assert kv_cache_bytes(windowed, seq_len=4096, batch=2) == 2 * 639 * 512 * 1024
+    assert kv_cache_bytes(windowed, seq_len=600) == 600 * 512 * 1024  # shorter than the buffer
+    # window on half the layers: 16 layers × 4096 + 16 layers × 639 positions, 16 KiB each
     half = load_spec("llama2-7b", overrides=["decoder.overrides=[{layers: '0-15', attention: {sliding_window: 512}}]"])
-    assert kv_cache_bytes(half, seq_len=4096) == 16 * 16 * 1024 * (4096 + 512)
+    assert kv_cache_bytes(half, seq_len=4096) == 16 * 16 * 1024 * (4096 + 639)
     assert kv_cache_bytes(load_spec("bert-base"), seq_len=512) == 0
 
 

@@ -309,7 +309,8 @@ class AttentionSpec(Spec):
         None,
         description="Attend only to the last N positions, the query's own included: keys i - N < j <= i "
         "(Mistral's window); in an encoder, keys within N - 1 either side (Longformer). Its KV cache keeps "
-        "N positions however long the generation.",
+        "at most N - 1 + min(N, 128) positions however long the generation; a decoder with a window in every "
+        "layer generates past max_seq_len with it.",
     )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa",

@@ -214,6 +214,52 @@ def _sized_cache(use_cache: bool, length: int, max_seq_len: int | None) -> Any:
     return KVCache(max_length=max(1, min(length, max_seq_len) if max_seq_len is not None else length))
 
 
+_ANY_POSITION = ("rope", "alibi", "none", "t5", "sinusoidal")
+
+
+def _rolling_reach(model: nn.Module) -> int | None:
+    """For a decoder whose every self-attention layer has a sliding window W and whose
+    positional scheme gives any position (not a learned table): how many tokens decide the
+    next one's logits, Σ_layers (W − 1) + 1, each layer reaching W − 1 further back. Such a
+    model decodes past ``max_seq_len`` with its rolling cache at the tokens' own positions,
+    as Mistral does; None for any other model (a full-attention layer sees everything)."""
+    spec = getattr(model, "spec", None)
+    if getattr(getattr(spec, "positional", None), "type", None) not in _ANY_POSITION:
+        return None
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    if not layers:
+        return None
+    windows = [getattr(getattr(layer, "self_attn", None), "sliding_window", None) for layer in layers]
+    if not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in windows):
+        return None
+    return sum(w - 1 for w in windows) + 1
+
+
+def _positions(full_mask: Tensor | None, total: int, length: int, device: torch.device) -> Tensor:
+    """Positions (B|1, length) of the last ``length`` of ``total`` tokens, counted over the real
+    tokens of ``full_mask`` (B, total) when there is one, as the model counts them."""
+    from specformer.components.models import default_position_ids
+
+    return default_position_ids(full_mask, total - length, length, device)
+
+
+def _prefill(model: nn.Module, context: Tensor, mask: Tensor | None, positions: Tensor | None, cache: Any,
+             chunk: int | None) -> Any:
+    """The model's output for ``context`` (B, T), its last position's logits only, read into ``cache`` in chunks
+    of at most ``chunk`` tokens (a rolling cache keeps only what later queries see, so a
+    context longer than ``max_seq_len`` never makes a T x T mask); in one forward without a
+    cache."""
+    t = context.shape[1]
+    step = t if cache is None or chunk is None else max(1, chunk)
+    out = None
+    for a in range(0, t, step):
+        b = min(t, a + step)
+        out = model(context[:, a:b], attention_mask=mask[:, :b] if mask is not None else None,
+                    position_ids=positions[:, a:b] if positions is not None else None,
+                    cache=cache, use_cache=cache is not None, logits_to_keep=1)
+    return out
+
+
 def _spec_max_seq_len(model: nn.Module) -> int | None:
     spec = getattr(model, "spec", None)
     value = getattr(spec, "max_seq_len", None)
@@ -259,7 +305,8 @@ def generate(
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
-    if max_seq_len is None:
+    reach = _rolling_reach(model) if max_seq_len is None else None
+    if max_seq_len is None and reach is None:
         max_seq_len = _spec_max_seq_len(model)
     seq = input_ids
     if attention_mask is not None:
@@ -277,11 +324,25 @@ def generate(
     full_mask = attention_mask  # every token so far, for the penalties (mask slides with the context)
     done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
     cache: Any = None
+    absolute = False  # a rolling model read from past its first token: positions are passed
     with _eval_mode(model):
         for i in range(max_new_tokens):
             too_long = max_seq_len is not None and seq.shape[1] > max_seq_len
             if use_cache and cache is not None and not too_long:
-                logits = model(seq[:, -1:], attention_mask=mask, cache=cache).logits  # (B, 1, V)
+                positions = _positions(full_mask, seq.shape[1], 1, seq.device) if absolute else None
+                logits = model(seq[:, -1:], attention_mask=mask, position_ids=positions,
+                               cache=cache).logits  # (B, 1, V)
+            elif reach is not None:
+                # every layer has a window: the last `reach` tokens decide the next one, read at
+                # their own positions, and the rolling cache goes on from there without an end
+                context = seq[:, -reach:]
+                absolute = context.shape[1] < seq.shape[1]
+                mask = full_mask[:, -context.shape[1]:] if full_mask is not None else None
+                positions = _positions(full_mask, seq.shape[1], context.shape[1], seq.device) if absolute else None
+                cache = _sized_cache(use_cache, context.shape[1] + max_new_tokens - i - 1, None)
+                logits = _prefill(model, context, mask, positions, cache, _spec_max_seq_len(model)).logits
+                if not use_cache:
+                    cache = None
             else:
                 context = seq[:, -max_seq_len:] if max_seq_len is not None else seq
                 window = mask[:, -context.shape[1]:] if mask is not None else None
@@ -446,6 +507,7 @@ def beam_search(
     def expand(t: Tensor | None) -> Tensor | None:  # (B, ...) -> (B * k, ...), each row k times
         return None if t is None else t.repeat_interleave(k, dim=0)
 
+    dropped = 0  # prompt tokens left unread (by a model with a window in every layer)
     with _eval_mode(model):
         if start_id is not None:
             mask = expand(attention_mask)
@@ -456,20 +518,33 @@ def beam_search(
                 return model(attention_mask=mask, decoder_input_ids=tokens, encoder_hidden_states=encoded,
                              cache=cache, use_cache=True, logits_to_keep=1)
         else:
-            limit = max_seq_len if max_seq_len is not None else _spec_max_seq_len(model)
+            reach = _rolling_reach(model) if max_seq_len is None else None
+            limit = max_seq_len if max_seq_len is not None else None if reach is not None else _spec_max_seq_len(model)
             if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
                 raise ValueError(
                     f"beam search keeps every beam's context: prompt ({input_ids.shape[1]}) + max_new_tokens "
                     f"({max_new_tokens}) must fit max_seq_len ({limit})"
                 )
-            mask = expand(attention_mask)
+            # a model with a window in every layer reads only the prompt's last `reach` tokens, at
+            # their own positions, and its rolling cache goes on past max_seq_len
+            dropped = max(0, input_ids.shape[1] - reach) if reach is not None else 0
+            full_mask = expand(attention_mask)  # every token so far, for the positions
+            mask = full_mask[:, dropped:] if full_mask is not None else None  # what the cache covers
             seq = input_ids[:, None, :].expand(b, k, -1).clone()
 
             def step(tokens: Tensor, cache: Any) -> Any:
-                nonlocal mask
-                if cache is not None and cache.length and mask is not None:  # past the prompt
+                nonlocal mask, full_mask
+                if cache.length == 0:  # the prompt
+                    context = tokens[:, dropped:]
+                    positions = _positions(full_mask, tokens.shape[1], context.shape[1], dev) if dropped else None
+                    return _prefill(model, context, mask, positions, cache, _spec_max_seq_len(model) if reach else None)
+                if mask is not None and full_mask is not None:  # past the prompt
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-                return model(tokens, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
+                    full_mask = torch.cat([full_mask, full_mask.new_ones(full_mask.shape[0], 1)], dim=1)
+                total = dropped + cache.length + tokens.shape[1]
+                positions = _positions(full_mask, total, tokens.shape[1], dev) if dropped else None
+                return model(tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1)
 
         prompt_len = seq.shape[-1]
         max_len = prompt_len + max_new_tokens
@@ -483,7 +558,7 @@ def beam_search(
         top_k_mask = torch.arange(keep, device=dev) < k
         offsets = torch.arange(b, device=dev)[:, None] * k
         try:
-            out = step(seq.reshape(b * k, -1), _sized_cache(True, max_len - 1, None))  # the last token is not read
+            out = step(seq.reshape(b * k, -1), _sized_cache(True, max_len - 1 - dropped, None))  # the last is not read
         except CacheNotFilledError as exc:
             raise CacheNotFilledError(
                 f"beam search reorders a KV cache as beams are chosen, and {exc.detail}",

@@ -1,0 +1,158 @@
+"""Decoders with a sliding window in every layer generate past max_seq_len with their rolling KV
+cache, at the tokens' own positions (as Mistral does), equal to one forward over the whole text."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+
+from specformer import load_spec
+from specformer.analysis import kv_cache_bytes
+from specformer.builder import build_model
+from specformer.components.cache import window_positions
+from specformer.training.generate import beam_search, generate
+
+WINDOWS = (8, 12)  # reach: the last (8 - 1) + (12 - 1) + 1 = 19 tokens decide the next one
+REACH = sum(w - 1 for w in WINDOWS) + 1
+
+
+def _windowed(positional: str, windows: tuple[int | None, ...] = WINDOWS, max_seq_len: int = 16) -> Any:
+    data = {
+        "name": "window", "kind": "decoder", "vocab_size": 50, "d_model": 32, "max_seq_len": max_seq_len,
+        "positional": {"type": positional},
+        "decoder": {"n_layers": len(windows), "attention": {"n_heads": 4, "n_kv_heads": 2},
+                    "ffn": {"d_ff": 64},
+                    "overrides": [{"layers": [i], "attention": {"sliding_window": w}}
+                                  for i, w in enumerate(windows) if w is not None]},
+    }
+    torch.manual_seed(0)
+    model = build_model(load_spec(data)).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # far from the initialisation, so that tokens vary
+            p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def _recorded(model: Any) -> list[tuple[int, torch.Tensor, Any]]:
+    """Each forward's (input length, last logits, cache storage) as generate calls the model: the
+    storage as {layer: key tensor shape} and the cache's bytes, then."""
+    calls: list[tuple[int, torch.Tensor, Any]] = []
+
+    def record(module: Any, args: Any, out: Any) -> None:
+        storage = None
+        if out.cache is not None:
+            storage = ({layer: tuple(k.shape) for layer, k in out.cache._keys.items()}, out.cache.nbytes,
+                       out.cache.length, [out.cache.keys(layer).shape[2] for layer in out.cache._keys])
+        calls.append((args[0].shape[1], out.logits[:, -1], storage))
+
+    model.register_forward_hook(record)
+    return calls
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi", "none", "sinusoidal", "t5"])
+@pytest.mark.parametrize("prompt_len", [5, 30])
+def test_every_layer_windowed_decodes_past_max_seq_len_as_one_forward_over_the_whole_text(
+    positional: str, prompt_len: int
+) -> None:
+    # max_seq_len 16, 60 new tokens: with the cache every step reads one token, never the context
+    # again, and its logits are those of a forward over all 65 (or 90) tokens at their positions
+    model = _windowed(positional)
+    calls = _recorded(model)
+    prompt = torch.randint(0, 50, (2, prompt_len), generator=torch.Generator().manual_seed(1))
+    sampled = {"temperature": 1.0}  # sampled, so that the text varies (greedy repeats a token)
+    out = generate(model, prompt, max_new_tokens=60, generator=torch.Generator().manual_seed(0), **sampled)
+    assert out.shape == (2, prompt_len + 60)
+    # the prompt is read once (its last REACH tokens, in chunks of max_seq_len), then one token a step
+    first = min(prompt_len, REACH)
+    chunks = [min(16, first - a) for a in range(0, first, 16)]
+    assert [n for n, _, _ in calls] == [*chunks, *[1] * 59]
+    steps = torch.stack([logits for _, logits, _ in calls[len(chunks) - 1:]], dim=1)
+    stored = [storage for _, _, storage in calls]
+    with torch.no_grad():
+        full = model(out).logits  # (2, T + 60, V), no cache
+    torch.testing.assert_close(steps, full[:, prompt_len - 1 : -1], atol=1e-5, rtol=0)
+    assert len(set(out[0, prompt_len:].tolist())) > 3  # not one token repeated
+    # the cache's storage is bounded: W - 1 + min(W, 128) positions per layer, whatever the length
+    assert stored[-1][2] == first + 59  # positions seen
+    assert all(w - 1 <= kept <= window_positions(w) for kept, w in zip(stored[-1][3], WINDOWS, strict=True))
+    for layer, w in enumerate(WINDOWS):  # B, Hkv, positions, Dh
+        assert max(shapes[layer] for shapes, *_ in stored) == (2, 2, window_positions(w), 8)
+    assert max(nbytes for _, nbytes, *_ in stored) == 2 * 2 * 2 * 8 * 4 * sum(map(window_positions, WINDOWS))
+    # without the cache every step reads the REACH tokens that decide it, and draws the same
+    again = generate(model, prompt, max_new_tokens=60, generator=torch.Generator().manual_seed(0), use_cache=False,
+                     **sampled)
+    assert torch.equal(again, out)
+
+
+def test_left_padded_prompts_of_a_windowed_model_decode_as_each_would_alone() -> None:
+    model = _windowed("rope")
+    g = torch.Generator().manual_seed(2)
+    short, long = torch.randint(3, 50, (1, 20), generator=g), torch.randint(3, 50, (1, 25), generator=g)
+    batch = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), short], dim=1), long])  # (2, 25)
+    mask = torch.ones_like(batch)
+    mask[0, :5] = 0
+    for use_cache in (True, False):
+        both = generate(model, batch, attention_mask=mask, max_new_tokens=30, temperature=0.0, use_cache=use_cache)
+        for row, prompt in enumerate((short, long)):
+            alone = generate(model, prompt, max_new_tokens=30, temperature=0.0)
+            assert torch.equal(both[row, 25:], alone[0, prompt.shape[1]:])
+
+
+def test_a_model_with_a_full_attention_layer_still_slides_at_max_seq_len() -> None:
+    # one layer sees every position: past max_seq_len the context slides and is read again
+    model = _windowed("rope", windows=(8, None))
+    calls = _recorded(model)
+    prompt = torch.randint(0, 50, (1, 5))
+    out = generate(model, prompt, max_new_tokens=20, temperature=0.0)
+    assert max(n for n, _, _ in calls) == 16  # re-read at max_seq_len
+    assert torch.equal(out, generate(model, prompt, max_new_tokens=20, temperature=0.0, max_seq_len=16))
+    # and a learned table is a table: it slides too
+    learned = _windowed("learned")
+    calls = _recorded(learned)
+    generate(learned, prompt, max_new_tokens=20, temperature=0.0)
+    assert max(n for n, _, _ in calls) == 16
+
+
+def test_a_windowed_model_slides_where_max_seq_len_is_given() -> None:
+    model = _windowed("rope")
+    calls = _recorded(model)
+    prompt = torch.randint(0, 50, (1, 5))
+    generate(model, prompt, max_new_tokens=20, temperature=0.0, max_seq_len=16)
+    assert max(n for n, _, _ in calls) == 16
+
+
+def test_beam_search_of_a_windowed_model_runs_past_max_seq_len() -> None:
+    # beams keep their context within max_seq_len unless every layer has a window: then the
+    # rolling cache goes on, and one beam is greedy decoding
+    model = _windowed("rope")
+    prompt = torch.randint(0, 50, (1, 30), generator=torch.Generator().manual_seed(4))
+    one = beam_search(model, prompt, num_beams=1, max_new_tokens=40, eos_id=None)
+    assert torch.equal(one, generate(model, prompt, max_new_tokens=40, temperature=0.0))
+    four = beam_search(model, prompt, num_beams=4, max_new_tokens=40, eos_id=None)
+    assert four.shape == (1, 70)
+    with pytest.raises(ValueError, match="must fit max_seq_len"):
+        beam_search(_windowed("rope", windows=(8, None)), prompt[:, :10], num_beams=2, max_new_tokens=10, eos_id=None)
+
+
+def test_show_reports_the_bytes_a_windowed_cache_holds_after_a_long_generation(tmp_path: Any) -> None:
+    # windows 3 (storage 2 + 3 = 5 positions) and 200 (199 + 128 = 327), 2 KV heads of 8, fp32
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    model = _windowed("rope", windows=(3, 200), max_seq_len=64)
+    calls = _recorded(model)
+    prompt = torch.randint(0, 50, (1, 10))
+    generate(model, prompt, max_new_tokens=500, temperature=0.0)
+    peak = max(storage[1] for _, _, storage in calls)  # the bytes of the cache's tensors
+    path = tmp_path / "window.yaml"
+    path.write_text(model.spec.to_yaml())
+    result = CliRunner().invoke(app, ["show", str(path), "--seq-len", "510", "--dtype", "fp32", "-f", "markdown"])
+    assert result.exit_code == 0, result.output
+    shown = re.search(r"\| KV cache at seq_len 510, batch 1 \| ([\d,]+) \|", result.output)
+    assert shown is not None, result.output
+    assert int(shown.group(1).replace(",", "")) == 2 * 2 * 8 * 4 * (5 + 327) == peak
+    assert kv_cache_bytes(model.spec, seq_len=100, dtype="fp32") == 2 * 2 * 8 * 4 * (5 + 100)

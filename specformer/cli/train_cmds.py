@@ -438,7 +438,7 @@ def generate_cmd(
     no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
     length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
     num_samples: Annotated[int, typer.Option("--num-samples", min=1, help="Texts to sample from the same prompt, one after another (as nanoGPT's sample.py), each after a line of dashes.")] = 1,
-    context: Annotated[int | None, typer.Option("--max-seq-len", min=1, help="Decoder: the most tokens read at once, where the context slides (default: the spec's max_seq_len). Larger lets a RoPE, ALiBi, T5, sinusoidal or NoPE model generate at positions past the length it was built for; a learned table reads only its rows.")] = None,
+    context: Annotated[int | None, typer.Option("--max-seq-len", min=1, help="Decoder: the most tokens read at once, where the context slides (default: the spec's max_seq_len; none for a model with a sliding window in every layer and no learned table, whose rolling KV cache goes on as Mistral's). Larger lets a RoPE, ALiBi, T5, sinusoidal or NoPE model generate at positions past the length it was built for; a learned table reads only its rows.")] = None,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
@@ -466,6 +466,7 @@ def generate_cmd(
         from specformer.data.tokenizers import decoder_start_id, forced_ids
         from specformer.training.generate import (
             _heals,
+            _rolling_reach,
             beam_search,
             encode_prompt,
             generate,
@@ -499,7 +500,10 @@ def generate_cmd(
                 raise _fail("--max-seq-len is where a decoder's context slides; an encoder-decoder reads its whole "
                             "input, and its output is capped only by a learned position table")
             _check_length_change(spec, context, "--max-seq-len")
-        window = context if context is not None else spec.max_seq_len  # the most tokens read at once
+        # the most tokens read at once; none for a decoder with a window in every layer (and positions
+        # that are not a table), whose rolling cache goes on past max_seq_len unless --max-seq-len is given
+        rolling = spec.kind == "decoder" and context is None and _rolling_reach(model) is not None
+        window = context if context is not None else spec.max_seq_len
         temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
         if num_samples > 1 and (num_beams > 1 or temp == 0.0):
             how = (f"--num-beams {num_beams}" if num_beams > 1 else "--greedy" if greedy
@@ -528,7 +532,7 @@ def generate_cmd(
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
                             "leading space): the text may go astray; leave out --no-heal to have the first new "
                             "token begin with it", label="[yellow]warning:[/]")
-            if len(ids) > window:
+            if len(ids) > window and not rolling:
                 what = "--max-seq-len" if context is not None else "max_seq_len"
                 print_error(f"the prompt is {len(ids)} tokens and the model reads at most {what}="
                             f"{window} at once: only its last {window} are read (the context "
@@ -545,7 +549,7 @@ def generate_cmd(
                 console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
 
             if num_beams > 1:
-                room = window - len(ids)
+                room = window - len(ids) if not rolling else max_new_tokens
                 if room <= 0:
                     what = "--max-seq-len" if context is not None else "max_seq_len"
                     raise _fail(f"the prompt is {len(ids)} tokens and beam search keeps every beam's context "
@@ -554,7 +558,8 @@ def generate_cmd(
                     model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=min(max_new_tokens, room),
                     eos_id=tok.eot_id if stop_at_eot else None, length_penalty=length_penalty,
                     n_candidates=candidates, allowed_tokens=encoded.allowed_tokens,
-                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram, max_seq_len=window,
+                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                    max_seq_len=None if rolling else window,
                 )
                 new.extend(found[0, len(ids):].tolist())
                 if stop_at_eot and tok.eot_id in new:
@@ -569,7 +574,7 @@ def generate_cmd(
                         generate(
                             model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp,
                             top_k=top_k, top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
-                            max_seq_len=window, generator=generator, n_candidates=candidates,
+                            max_seq_len=None if rolling else window, generator=generator, n_candidates=candidates,
                             on_token=keep, allowed_tokens=encoded.allowed_tokens,
                             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                         )

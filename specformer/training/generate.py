@@ -7,7 +7,8 @@ With the cache (the default), each step runs the model on one new token and reus
 the keys and values of everything before it; without it, each step re-runs the
 whole sequence. Both give the same greedy output. When a sequence outgrows the
 model's ``max_seq_len``, the context slides: the last ``max_seq_len`` tokens are
-re-read from scratch.
+re-read from scratch; a model with a sliding window in every layer (Mistral's) goes on
+with its rolling cache instead (:func:`generate`).
 """
 
 from __future__ import annotations
@@ -300,7 +301,12 @@ def generate(
 
     ``max_seq_len`` (default: the model's ``spec.max_seq_len``) is where the context
     slides; pass a larger number to let a model without a position table (RoPE, ALiBi)
-    run past it. ``repetition_penalty`` and ``no_repeat_ngram_size``: see
+    run past it. A model with a sliding window in every self-attention layer and positions
+    that are not a learned table does not slide by default: as Mistral's, its rolling cache
+    goes on past ``spec.max_seq_len`` at the tokens' own positions, one token a step; only
+    the last Σ(W − 1) + 1 tokens decide the next one, so a longer prompt is read from there
+    (in chunks of ``spec.max_seq_len``) and, without the cache, each step reads those. A
+    ``max_seq_len`` given slides it there all the same. ``repetition_penalty`` and ``no_repeat_ngram_size``: see
     :func:`penalize_repeats` (over the prompt and the tokens generated)."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
     _check_sampling(temperature, top_k, top_p)
@@ -490,7 +496,8 @@ def beam_search(
     ``forced_end_id`` (the first new token, and the last at ``max_new_tokens``) as in
     :func:`generate_seq2seq`. A decoder's beams do not slide: prompt and new tokens fit
     ``max_seq_len`` (default: the model's ``spec.max_seq_len``; a larger one lets a model
-    without a position table run past it)."""
+    without a position table run past it), except that a model with a sliding window in
+    every layer runs on by default with its rolling cache, as in :func:`generate`."""
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     from specformer.components.cache import CacheNotFilledError
 

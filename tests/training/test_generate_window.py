@@ -156,3 +156,45 @@ def test_show_reports_the_bytes_a_windowed_cache_holds_after_a_long_generation(t
     assert shown is not None, result.output
     assert int(shown.group(1).replace(",", "")) == 2 * 2 * 8 * 4 * (5 + 327) == peak
     assert kv_cache_bytes(model.spec, seq_len=100, dtype="fp32") == 2 * 2 * 8 * 4 * (5 + 100)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_the_cli_generates_past_max_seq_len_with_a_windowed_models_rolling_cache(
+    tmp_path: Any, monkeypatch: Any, beams: int
+) -> None:
+    # max_seq_len 16 and -n 40: every step reads one token, none re-reads the context, and no
+    # warning says the prompt is read in part
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+    from specformer.interop.hf import save_safetensors
+
+    model = _windowed("rope", max_seq_len=16)
+    data = model.spec.to_dict()
+    data["vocab_size"] = 300
+    data["training"] = {"tokenizer": {"type": "byte"}}
+    spec = load_spec(data)
+    torch.manual_seed(0)
+    model = build_model(spec)
+    save_safetensors(model.state_dict(), tmp_path / "w.safetensors")
+    (tmp_path / "w.yaml").write_text(spec.to_yaml())
+    lengths: list[int] = []
+    forward = type(model).forward
+
+    def spy(self: Any, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        lengths.append(input_ids.shape[1])
+        return forward(self, input_ids, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    prompt = "a prompt of more than sixteen bytes"  # 35 tokens: the last REACH are read, in chunks of 16
+    args = ["generate", str(tmp_path / "w.safetensors"), "--spec", str(tmp_path / "w.yaml"), "-p", prompt,
+            "-n", "40", "--num-beams", str(beams)] + (["--greedy"] if beams == 1 else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output
+    assert lengths[:2] == [16, REACH - 16] and set(lengths[2:]) == {1} and len(lengths) == 41
+    # --max-seq-len slides it as before
+    lengths.clear()
+    result = CliRunner().invoke(app, [*args, "--max-seq-len", "64"])
+    assert result.exit_code == 0, result.output
+    assert lengths[0] == len(prompt)

@@ -877,3 +877,35 @@ def test_scaled_rope_matches_transformers_past_the_original_context(family: str)
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert (plain.eval()(ids).logits - theirs).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_mistral_generates_past_max_position_embeddings_as_transformers_does(padded: bool) -> None:
+    # window 6 and 8 positions: transformers' Mistral decodes on past them with its sliding-window
+    # cache at the tokens' own positions, and so does specformer's generate. Re-reading the last 8
+    # tokens at 8 would lose some of the 2 × (6 - 1) + 1 = 11 that decide the next one
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        "mistral", **{**_SMALL, **TINY["mistral"], "max_position_embeddings": 8, "sliding_window": 6})
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    spec, model = _imported(hf)
+    assert spec.max_seq_len == 8 and [a.attention.sliding_window for a in spec.decoder.layers()] == [6, 6]
+    ids = torch.randint(3, V, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :3] = 0
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, num_beams=1,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    from specformer.training.generate import generate
+
+    steps: list[torch.Tensor] = []
+    model.register_forward_hook(lambda m, args, out: steps.append(out.logits[:, -1]))
+    ours = generate(model, ids, attention_mask=mask, max_new_tokens=40, temperature=0.0)
+    assert ours.shape == (2, 47) and torch.equal(ours, theirs.sequences)
+    torch.testing.assert_close(torch.stack(steps, dim=1), torch.stack(theirs.logits, dim=1), atol=1e-4, rtol=1e-4)
+    assert len(set(ours[0, 7:].tolist())) > 1

@@ -36,7 +36,8 @@ class LayerInputs:
     ``q_index``/``k_index`` are absolute query (T,) and key (Tk,) indices, used for
     causal, sliding-window and relative-bias masks; ``key_padding`` (B, Tk) is True
     for real keys. Self-attention masks are built lazily, once per distinct sliding
-    window, and reused by every layer with that window. With a cache, a sliding-window
+    window, and reused by every layer with that window. ``k_index`` starts at ``k_start``
+    (0 unless every layer has a window, with a cache). With a cache, a sliding-window
     layer attends to the keys from max(0, past - (W - 1)) on only (what its rolling
     cache returns), so its mask starts there too.
     """
@@ -53,6 +54,7 @@ class LayerInputs:
     cache: KVCache | None = None
     need_weights: bool = False
     compute_dtype: torch.dtype | None = None  # what attention computes in (autocast's dtype under autocast)
+    k_start: int = 0  # the absolute index of k_index[0] (past 0 when every layer's window has left it)
     _masks: dict[int | None, tuple[Tensor | None, bool]] = field(default_factory=dict)
     _kernel_masks: dict[int | None, Tensor] = field(default_factory=dict)
 
@@ -84,8 +86,8 @@ class LayerInputs:
         t = self.q_index.shape[0]
         k_index, key_padding, bias = self.k_index, self.key_padding, self.bias
         if window is not None and self.cache is not None:
-            past = self.k_index.shape[0] - t
-            offset = max(0, past - (window - 1))  # the cache returns keys from here on
+            past = self.k_start + self.k_index.shape[0] - t
+            offset = max(0, past - (window - 1)) - self.k_start  # the cache returns keys from here on
             k_index = k_index[offset:]
             key_padding = key_padding[:, offset:] if key_padding is not None else None
             bias = bias[..., offset:] if bias is not None else None
@@ -309,12 +311,22 @@ class Stack(nn.Module):
                 f"attention_mask covers {attention_mask.shape[-1]} positions but there are {past + t} "
                 f"keys ({past} cached + {t} new); with a cache, pass the mask of past and new tokens"
             )
+        # with a cache and a window in every layer, no query sees a key older than the widest
+        # window's: the key indices, padding and bias start there, so that a step costs O(W)
+        # however long the sequence (not O(past))
+        k_start = 0
+        if cache is not None and past:
+            windows = [getattr(getattr(layer, "self_attn", None), "sliding_window", None) for layer in self.layers]
+            if windows and all(isinstance(w, int) and w > 0 for w in windows):
+                k_start = max(0, past - (max(windows) - 1))
+        if attention_mask is not None and k_start:
+            attention_mask = attention_mask[:, k_start:]
         key_padding = attention_mask.bool() if attention_mask is not None else None
         if key_padding is not None and not torch.compiler.is_compiling() and bool(key_padding.all()):
             # nothing is padded: drop the mask so causal attention keeps SDPA's is_causal path
             key_padding = None
         q_index = torch.arange(past, past + t, device=x.device)  # (T,)
-        k_index = torch.arange(past + t, device=x.device)  # (Tk,)
+        k_index = torch.arange(k_start, past + t, device=x.device)  # (Tk,)
         pos = self.positional_module
         s = LayerInputs(
             q_index=q_index,
@@ -329,6 +341,7 @@ class Stack(nn.Module):
             cache=cache,
             need_weights=need_weights,
             compute_dtype=_compute_dtype(x),
+            k_start=k_start,
         )
         all_weights: list[Tensor] = []
         all_cross: list[Tensor] = []

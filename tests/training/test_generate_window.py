@@ -198,3 +198,27 @@ def test_the_cli_generates_past_max_seq_len_with_a_windowed_models_rolling_cache
     result = CliRunner().invoke(app, [*args, "--max-seq-len", "64"])
     assert result.exit_code == 0, result.output
     assert lengths[0] == len(prompt)
+
+
+def test_a_decoding_step_of_a_windowed_model_builds_its_bias_over_the_window_only(monkeypatch: Any) -> None:
+    # ALiBi's bias and the padding cover the keys the widest window sees (12), not every position
+    # so far: a step costs the same at the 100th token as at the 20th
+    from specformer.components.positional import ALiBi
+
+    keys: list[int] = []
+    bias = ALiBi.bias
+
+    def spy(self: Any, q_index: torch.Tensor, k_index: torch.Tensor, *, dtype: torch.dtype) -> torch.Tensor:
+        keys.append(k_index.shape[0])
+        return bias(self, q_index, k_index, dtype=dtype)
+
+    monkeypatch.setattr(ALiBi, "bias", spy)
+    model = _windowed("alibi")
+    prompt = torch.randint(3, 50, (2, 6))
+    mask = torch.ones_like(prompt)
+    mask[0, :2] = 0
+    out = generate(model, prompt, attention_mask=mask, max_new_tokens=100, temperature=0.0)
+    assert keys[0] == 6 and max(keys[1:]) == max(WINDOWS) and keys[-1] == max(WINDOWS)
+    with torch.no_grad():  # and the tokens are those of one forward over the whole text
+        logits = model(out, attention_mask=torch.cat([mask, torch.ones(2, 100, dtype=torch.long)], dim=1)).logits
+    assert torch.equal(logits[:, 5:-1].argmax(-1), out[:, 6:])

@@ -41,14 +41,15 @@ def _recorded(model: Any) -> list[tuple[int, torch.Tensor, Any]]:
     storage as {layer: key tensor shape} and the cache's bytes, then."""
     calls: list[tuple[int, torch.Tensor, Any]] = []
 
-    def record(module: Any, args: Any, out: Any) -> None:
+    def record(module: Any, args: Any, kwargs: Any, out: Any) -> None:
         storage = None
         if out.cache is not None:
             storage = ({layer: tuple(k.shape) for layer, k in out.cache._keys.items()}, out.cache.nbytes,
                        out.cache.length, [out.cache.keys(layer).shape[2] for layer in out.cache._keys])
-        calls.append((args[0].shape[1], out.logits[:, -1], storage))
+        ids = args[0] if args else kwargs.get("input_ids", kwargs.get("decoder_input_ids"))
+        calls.append((ids.shape[1], out.logits[:, -1], storage))
 
-    model.register_forward_hook(record)
+    model.register_forward_hook(record, with_kwargs=True)
     return calls
 
 
@@ -222,3 +223,25 @@ def test_a_decoding_step_of_a_windowed_model_builds_its_bias_over_the_window_onl
     with torch.no_grad():  # and the tokens are those of one forward over the whole text
         logits = model(out, attention_mask=torch.cat([mask, torch.ones(2, 100, dtype=torch.long)], dim=1)).logits
     assert torch.equal(logits[:, 5:-1].argmax(-1), out[:, 6:])
+
+
+def test_an_encoder_decoder_with_a_windowed_decoder_decodes_past_max_seq_len_with_its_rolling_cache() -> None:
+    # generate_seq2seq caps the output only at a learned table: the decoder's rolling cache goes
+    # on, its storage bounded, and the tokens are those decoded without the cache
+    from specformer.training.generate import generate_seq2seq
+
+    data = {
+        "name": "window-t5", "kind": "encoder-decoder", "vocab_size": 50, "d_model": 32, "max_seq_len": 16,
+        "positional": {"type": "rope"},
+        "encoder": {"n_layers": 1, "attention": {"n_heads": 4}, "ffn": {"d_ff": 64}},
+        "decoder": {"n_layers": 2, "attention": {"n_heads": 4, "sliding_window": 4}, "ffn": {"d_ff": 64}},
+    }
+    torch.manual_seed(0)
+    model = build_model(load_spec(data)).eval()
+    calls = _recorded(model)
+    src = torch.randint(3, 50, (2, 10))
+    out = generate_seq2seq(model, src, start_id=0, eos_id=None, max_new_tokens=40, temperature=0.0)
+    assert out.shape == (2, 40)
+    assert torch.equal(out, generate_seq2seq(model, src, start_id=0, eos_id=None, max_new_tokens=40, use_cache=False))
+    shapes = [storage[0] for *_, storage in calls[:40]]
+    assert max(s[layer] for s in shapes for layer in s) == (2, 4, window_positions(4), 8)

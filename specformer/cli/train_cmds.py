@@ -315,7 +315,13 @@ def train_cmd(
     specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
     specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
     specformer train gpt2.yaml --init-from gpt2.safetensors --set training.max_steps=200
+    specformer train gpt2.yaml --init-from gpt2.safetensors --set training.objective.type=sft --set 'training.data={type: pairs, paths: [qa.jsonl]}'
     ```
+
+    A decoder given (prompt, response) pairs (`training.data` of type pairs: .jsonl lines
+    with a source and a target) fine-tunes on prompt + response + end token with the loss
+    on the response alone (objective sft, as TRL's and torchtune's SFT; a spec import-hf
+    wrote names objective causal_lm, hence the --set training.objective.type=sft above).
 
     `--resume` continues a run where it stopped; `--init-from` starts a new run from
     weights (those of `specformer import-hf MODEL_DIR -o gpt2.yaml --weights

@@ -17,8 +17,9 @@ import torch
 from specformer.components.loss import IGNORE_INDEX  # -100, as torch's cross_entropy
 from specformer.specs.training import MaskedLMSpec
 
-__all__ = ["IGNORE_INDEX", "CausalLMCollator", "MaskedLMCollator", "Seq2SeqCollator", "batch_generator"]
-
+__all__ = [
+    "IGNORE_INDEX", "CausalLMCollator", "MaskedLMCollator", "Seq2SeqCollator", "SFTCollator", "batch_generator",
+]
 
 
 def batch_generator(seed: int, position: int, rank: int = 0) -> torch.Generator:
@@ -120,3 +121,33 @@ class Seq2SeqCollator:
             "decoder_attention_mask": decoder_mask,
             "labels": labels,
         }
+
+
+class SFTCollator:
+    """(prompt, response) id lists -> one causal sequence each, the loss on the response.
+
+    A pair's ids are prompt + response, the response already ending in the end token
+    (:func:`~specformer.data.tokens.pair_token_ids` puts it there, and leaves it off a
+    response it cuts). The inputs are that sequence less its last token, the labels the
+    sequence less its first; a label whose token belongs to the prompt is -100, so the loss
+    and its token count cover the response (and its end token) only. Rows are padded on the
+    right with ``pad_id``: attention_mask 0 and labels -100 there.
+    """
+
+    def __init__(self, *, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, items: Sequence[tuple[int, tuple[list[int], list[int]]]]) -> dict[str, torch.Tensor]:
+        rows = [(list(prompt), list(response)) for _, (prompt, response) in items]
+        width = max(len(p) + len(r) for p, r in rows) - 1
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (B, T)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        for i, (prompt, response) in enumerate(rows):
+            sequence = torch.tensor(prompt + response, dtype=torch.long)
+            n = len(sequence) - 1
+            input_ids[i, :n] = sequence[:-1]
+            attention_mask[i, :n] = 1
+            # label j is token j + 1: the first response token is label len(prompt) - 1
+            labels[i, len(prompt) - 1 : n] = sequence[len(prompt) :]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

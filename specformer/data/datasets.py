@@ -56,10 +56,13 @@ class PairDataset(Dataset):
         *,
         ids: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
+        end_token: bool = True,
     ) -> None:
         if (pairs is None) == (ids is None or lengths is None):
             raise ValueError("give the pairs as lists, or as ids and lengths")
         self._pairs = pairs
+        # whether the collator adds an end token after each target (a decoder's responses hold theirs)
+        self._end = int(end_token)
         self._ids = PackedBlocks(ids, 1) if ids is not None else None  # (memory maps travel by file name)
         self._ends = None if lengths is None else np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
 
@@ -86,7 +89,7 @@ class PairDataset(Dataset):
 
     def n_tokens(self) -> int:
         """The tokens a pass over the pairs predicts or reads: each source and target, and
-        the end token after each target."""
+        the end token the collator adds after each target."""
         if self._pairs is not None:
-            return sum(len(s) + len(g) + 1 for s, g in self._pairs)
-        return int(self._ends[-1]) + len(self)
+            return sum(len(s) + len(g) + self._end for s, g in self._pairs)
+        return int(self._ends[-1]) + self._end * len(self)

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from specformer.data.cache import content_hash
-from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator
+from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator, SFTCollator
 from specformer.data.corpus import DataError, _names
 from specformer.data.datasets import PackedBlocks, PairDataset
 from specformer.data.pairs import PairCorpus
@@ -167,9 +167,10 @@ def _tokenizer_setting(spec: Any) -> str:
 def _check_specials(tokenizer: Tokenizer, objective: Any, spec_tokenizer: Any = None) -> None:
     """The special tokens the objective's collator places: refused now, before the data is
     tokenised and a run folder made, rather than when the first batch is drawn."""
-    if objective.type in ("causal_lm", "masked_lm") and tokenizer.eot_id is None:
+    if objective.type in ("causal_lm", "masked_lm", "sft") and tokenizer.eot_id is None:
+        where = "after each response" if objective.type == "sft" else "between documents"
         raise DataError(f"{_tokenizer_setting(spec_tokenizer)}the tokenizer has no end-of-text token, which "
-                        f"{objective.type} training puts between documents (one of {', '.join(EOT_NAMES)}); its "
+                        f"{objective.type} training puts {where} (one of {', '.join(EOT_NAMES)}); its "
                         f"special tokens: {_special_names(tokenizer)}. Add one when training the tokenizer "
                         f"(special_tokens=[\"<|endoftext|>\", ...]), or use training.tokenizer type bpe or byte")
     if objective.type == "masked_lm" and tokenizer.mask_id is None:
@@ -266,8 +267,10 @@ def _prepare_pairs(
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
-    _check_specials(tokenizer, t.objective)
+    _check_specials(tokenizer, t.objective, t.tokenizer)
     seq_len = t.seq_len or spec.max_seq_len
+    if t.objective.type == "sft":
+        return _prepare_prompt_responses(spec, corpus, tokenizer, seq_len, cache_dir)
     ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir)
     train, val, cut = ids.train, ids.val, ids.cut
     n_files = len(corpus.files)
@@ -289,6 +292,51 @@ def _prepare_pairs(
         n_train_tokens=train.n_tokens(),
         n_val_tokens=val.n_tokens(),
         extra={"truncated_sources": cut["source"], "truncated_targets": cut["target"], "token_cache": str(ids.path)},
+        fingerprint=corpus.fingerprint,
+    )
+
+
+def _prepare_prompt_responses(
+    spec: Any, corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None
+) -> PreparedData:
+    """A decoder's (prompt, response) pairs for supervised fine-tuning, tokenised once and cached
+    (:func:`pair_token_ids` with ``decoder=True``): each read as prompt + response + end token,
+    at most ``seq_len`` tokens read. A longer response is cut, a pair whose prompt alone is longer
+    than ``seq_len`` is left out, and the data line says how many of each."""
+    ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir, decoder=True)
+    train, val, left_out = ids.train, ids.val, ids.left_out or {"train": 0, "val": 0}
+    held_out = "val_paths" if getattr(spec.training.data, "val_paths", None) is not None else "paths"
+    for split, pairs, setting in (("training", train, "paths"), ("held-out", val, held_out)):
+        if len(pairs) == 0:
+            raise DataError(
+                f"training.data.{setting}: every {split} prompt is longer than seq_len={seq_len} tokens, so no "
+                "response would be predicted; raise training.seq_len (and the model's max_seq_len) or shorten "
+                "the prompts"
+            )
+    n_files = len(corpus.files)
+    description = (
+        f"pairs: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} held-out "
+        "(prompt, response) pairs, the loss on the responses"
+    )
+    cut, dropped = ids.cut["target"], left_out["train"] + left_out["val"]
+    if cut or dropped:
+        parts = []
+        if dropped:
+            parts.append(f"left out {dropped} pair{'s' if dropped != 1 else ''} whose prompt is longer than "
+                         f"{seq_len} tokens ({left_out['train']} training, {left_out['val']} held-out)")
+        if cut:
+            parts.append(f"cut {cut} response{'s' if cut != 1 else ''} (and {'its' if cut == 1 else 'their'} end "
+                         "token) to fit")
+        description += f"; prompt + response longer than seq_len={seq_len}: " + ", ".join(parts)
+    description += _notes(spec, tokenizer, corpus.notes, cached=ids.cached)
+    return PreparedData(
+        tokenizer=tokenizer,
+        train=train,
+        val=val,
+        description=description,
+        n_train_tokens=train.n_tokens(),
+        n_val_tokens=val.n_tokens(),
+        extra={"truncated_responses": cut, "left_out_pairs": dict(left_out), "token_cache": str(ids.path)},
         fingerprint=corpus.fingerprint,
     )
 
@@ -381,6 +429,9 @@ class SpecDataModule(L.LightningDataModule):
         _check_specials(tok, t.objective)
         if kind == "causal_lm":
             return CausalLMCollator()
+        if kind == "sft":
+            assert tok.eot_id is not None
+            return SFTCollator(pad_id=tok.pad_id if tok.pad_id is not None else tok.eot_id)
         if kind == "masked_lm":
             assert tok.mask_id is not None
             return MaskedLMCollator(

@@ -174,13 +174,20 @@ class PairIds:
     cached: bool
     room: int  # the longest source and target, in tokens, before they are framed
     target_room: int
+    # (prompt, response) pairs of a decoder: those whose prompt alone fills seq_len, left out
+    left_out: dict[str, int] | None = None
 
 
 _PAIRS_PER_CHUNK = 16384
 
 
 def pair_token_ids(
-    corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None = None
+    corpus: PairCorpus,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    cache_dir: str | Path | None = None,
+    *,
+    decoder: bool = False,
 ) -> PairIds:
     """The pairs of ``corpus`` tokenised, from the cache when it is there. A source is cut to
     ``seq_len`` tokens with the template around it, a target to ``seq_len - 1`` (the decoder
@@ -189,7 +196,18 @@ def pair_token_ids(
     and target one after another (``<split>.bin``) and their lengths (``<split>.lengths.bin``);
     its key is the pairs' fingerprint (the files' contents and the ``training.data`` settings,
     which decide the split), the tokenizer, its template and ``seq_len``. A ``seq_len`` too
-    short for a framed source or target is a :class:`DataError`."""
+    short for a framed source or target is a :class:`DataError`.
+
+    With ``decoder`` (supervised fine-tuning of a decoder) a pair is a prompt (the source
+    after the template's opening tokens, Llama's ``<s>``, as ``generate`` frames a prompt)
+    and a response (the target, then the tokenizer's end-of-text token), which the decoder
+    reads as one sequence of at most ``seq_len + 1`` tokens (its last token is only
+    predicted): a longer response is cut to fit, losing its end token, and a pair whose
+    prompt alone is longer than ``seq_len`` tokens, which leaves no response token to
+    predict, is left out. ``cut["target"]`` counts the responses cut, ``left_out`` the pairs
+    left out of each split."""
+    if decoder:
+        return _prompt_response_ids(corpus, tokenizer, seq_len, cache_dir)
     before, after = tokenizer.template()
     closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
     room = seq_len - len(before) - len(after)
@@ -245,6 +263,72 @@ def pair_token_ids(
     (pairs, cut), cached = _entry(folder, "the token cache", load, make)
     return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached, room=room,
                    target_room=target_room)
+
+
+def _prompt_response_ids(
+    corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None
+) -> PairIds:
+    """:func:`pair_token_ids` for a decoder: (prompt, response + end token) of each pair."""
+    eot = tokenizer.eot_id
+    if eot is None:
+        raise DataError("the tokenizer has no end-of-text token to end each response with")
+    before, _ = tokenizer.template()
+    if len(before) + 1 > seq_len:
+        raise DataError(f"training.seq_len={seq_len} leaves no room for a prompt and a response; raise it")
+    key = content_hash("prompt-response-tokens", corpus.fingerprint, *_key_parts(tokenizer), before, eot, seq_len)
+    folder = resolve_cache_dir(cache_dir) / "tokens" / key
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+
+    def make() -> dict:
+        counts: dict[str, dict[str, int]] = {"tokens": {}, "pairs": {}, "left_out": {}}
+        cut = 0
+        for split, pairs in (("train", corpus.train), ("val", corpus.val)):
+            ids: list[np.ndarray] = []
+            lengths: list[np.ndarray] = []
+            kept = left_out = 0
+            for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
+                chunk = pairs[first : first + _PAIRS_PER_CHUNK]
+                sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
+                targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
+                flat: list[int] = []
+                sizes: list[int] = []
+                for src, tgt in zip(sources, targets, strict=True):
+                    prompt, response = [*before, *src], [*tgt, eot]
+                    room = seq_len + 1 - len(prompt)  # the decoder reads all but the last token
+                    if room < 1:
+                        left_out += 1
+                        continue
+                    cut += len(response) > room
+                    response = response[:room]
+                    flat += prompt
+                    flat += response
+                    sizes += (len(prompt), len(response))
+                    kept += 1
+                ids.append(np.asarray(flat, dtype=dtype))
+                lengths.append(np.asarray(sizes, dtype=np.uint32))
+            joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
+            _write_array(folder / f"{split}.bin", joined)
+            _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
+            counts["tokens"][split], counts["pairs"][split], counts["left_out"][split] = len(joined), kept, left_out
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"],
+                "left_out": counts["left_out"], "cut": {"source": 0, "target": cut}, "vocab_size": tokenizer.vocab_size}
+
+    def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int], dict[str, int]]:
+        out = {}
+        for split in ("train", "val"):
+            n = int(meta["n_tokens"][split])
+            ids = _array(folder, f"{split}.bin", meta["dtype"], n)
+            lengths = _array(folder, f"{split}.lengths.bin", np.uint32, 2 * int(meta["n_pairs"][split]), mapped=False)
+            if int(lengths.sum(dtype=np.int64)) != n or (n and int(ids.max()) >= tokenizer.vocab_size):
+                raise ValueError(f"{folder}: the {split} ids do not fit their lengths or the vocabulary")
+            out[split] = PairDataset(ids=ids, lengths=lengths, end_token=False)
+        cut = {"source": 0, "target": int(meta["cut"]["target"])}
+        return out, cut, {split: int(meta["left_out"][split]) for split in ("train", "val")}
+
+    (pairs, cut, left_out), cached = _entry(folder, "the token cache", load, make)
+    return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached,
+                   room=seq_len - len(before), target_room=seq_len, left_out=left_out)
 
 
 def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:

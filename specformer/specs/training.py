@@ -8,7 +8,8 @@ plugin can register, say, a new schedule and name it in YAML.
 Defaults that depend on the model are filled by :func:`fill_training` while the
 :class:`~specformer.specs.schema.ModelSpec` validates, so a resolved spec says
 exactly what will run: the objective follows the model's kind (decoder → causal
-LM, encoder → masked LM, encoder-decoder → sequence-to-sequence), the data is the
+LM, or supervised fine-tuning on the responses of ``type: pairs`` data; encoder → masked
+LM; encoder-decoder → sequence-to-sequence), the data is the
 Python standard library's source (or, for an encoder-decoder, the synthetic
 reverse task; ``type: pairs`` trains one on the user's own (source, target) files), and a BPE tokenizer gets the model's vocabulary size.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "CausalLMSpec",
     "MaskedLMSpec",
     "Seq2SeqSpec",
+    "SFTSpec",
     "StdlibDataSpec",
     "FilesDataSpec",
     "HFDataSpec",
@@ -151,6 +153,16 @@ class Seq2SeqSpec(Spec):
     )
 
 
+class SFTSpec(Spec):
+    """Supervised fine-tuning of a decoder on (prompt, response) pairs, as torchtune's and TRL's
+    SFT: the decoder reads prompt + response + end token as one sequence, and the loss (and
+    its token count) covers the response and its end token only. Trains on ``type: pairs``
+    data, the prompt under ``source_field`` and the response under ``target_field``."""
+
+    type: Literal["sft"] = "sft"
+    label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy.")
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -245,11 +257,13 @@ class SyntheticDataSpec(Spec):
 
 
 class PairsDataSpec(Spec):
-    """(source, target) text pairs for sequence-to-sequence training, e.g. translation or
-    summarisation: JSON-lines files (``.jsonl``, ``.ndjson``), one object per line with a
-    source and a target field, or two-column tab-separated files (``.tsv``); ``.gz``,
-    ``.bz2`` and ``.xz`` files are read decompressed. Pairs longer than ``seq_len`` tokens
-    are truncated, and the run's data line says how many."""
+    """(source, target) text pairs: for an encoder-decoder, sequence-to-sequence training
+    (translation, summarisation); for a decoder, (prompt, response) pairs of supervised
+    fine-tuning (objective sft, the loss on the response alone). JSON-lines files
+    (``.jsonl``, ``.ndjson``), one object per line with a source and a target field, or
+    two-column tab-separated files (``.tsv``); ``.gz``, ``.bz2`` and ``.xz`` files are read
+    decompressed. Pairs longer than ``seq_len`` tokens are cut (a decoder's pair whose
+    prompt alone is longer than seq_len is left out), and the run's data line says how many."""
 
     type: Literal["pairs"] = "pairs"
     paths: tuple[str, ...] = Field(
@@ -454,6 +468,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
         (CausalLMSpec, "specformer.training.objectives:CausalLM"),
         (MaskedLMSpec, "specformer.training.objectives:MaskedLM"),
         (Seq2SeqSpec, "specformer.training.objectives:Seq2Seq"),
+        (SFTSpec, "specformer.training.objectives:SFT"),
     ],
     "data": [
         (StdlibDataSpec, "specformer.data.corpus:stdlib_corpus"),
@@ -503,7 +518,8 @@ class TrainingSpec(Spec):
     ``--set training.<field>=...`` override."""
 
     objective: ObjectiveSpec | None = Field(
-        None, description="Default follows the kind: causal_lm (decoder), masked_lm (encoder), seq2seq (encoder-decoder)."
+        None, description="Default follows the kind: causal_lm (decoder; sft for a decoder given pairs data), "
+        "masked_lm (encoder), seq2seq (encoder-decoder)."
     )
     data: DataSpec | None = Field(
         None, description="Default stdlib (the Python standard library's source); synthetic reverse for encoder-decoders."
@@ -604,9 +620,10 @@ def fill_training(data: dict[str, Any]) -> None:
     training = copy.deepcopy(training)
     # a section given without `type:` (e.g. `--set training.data.n_val=100`) gets the
     # type this kind of model defaults to, not the family's first entry
-    _default_type(training, "objective", OBJECTIVE_FOR_KIND[kind])
     _default_type(training, "data", "synthetic" if kind == "encoder-decoder" else "stdlib")
     data_type = training["data"].get("type") if isinstance(training["data"], dict) else None
+    # a decoder given (prompt, response) pairs fine-tunes on the responses
+    _default_type(training, "objective", "sft" if kind == "decoder" and data_type == "pairs" else OBJECTIVE_FOR_KIND[kind])
     vocab = data.get("vocab_size")
     if data_type == "synthetic":
         _default_type(training, "tokenizer", "task")
@@ -641,15 +658,17 @@ def training_issues(
     """Cross-field problems between the training section and the model, as (field, message)."""
     objective, data, tok = training.objective, training.data, training.tokenizer
     allowed = {
-        "decoder": ("causal_lm",),
+        "decoder": ("causal_lm", "sft"),
         "encoder": ("masked_lm",),
         "encoder-decoder": ("seq2seq",),
     }[kind]
     if objective is not None and objective.type not in allowed:
+        sft = (" (sft fine-tunes a decoder on (prompt, response) pairs; an encoder-decoder trains on pairs "
+               "with seq2seq)") if objective.type == "sft" else ""
         yield (
             "training.objective.type",
             f"objective {objective.type!r} does not train {'an' if kind.startswith('encoder') else 'a'} {kind} model "
-            f"(allowed: {', '.join(allowed)})",
+            f"(allowed: {', '.join(allowed)}){sft}",
         )
     synthetic = data is not None and data.type == "synthetic"
     paired = data is not None and data.type in ("synthetic", "pairs")
@@ -659,13 +678,26 @@ def training_issues(
             f"the seq2seq objective needs paired data, not {data.type!r}: use type: pairs (your own "
             "(source, target) files) or type: synthetic",
         )
-    if paired and objective is not None and objective.type != "seq2seq":
+    if objective is not None and objective.type == "sft" and kind == "decoder" and data is not None and data.type != "pairs":
+        yield (
+            "training.data.type",
+            f"the sft objective trains on (prompt, response) pairs, not {data.type!r}: use type: pairs "
+            "(.jsonl or .tsv files, the prompt under source_field, the response under target_field); "
+            "text trains with objective causal_lm",
+        )
+    elif paired and objective is not None and objective.type not in ("seq2seq", "sft"):
         what = "synthetic tasks are" if synthetic else "(source, target) pairs are"
         files = "type: files, whose .jsonl lines give it as text_field"
-        text = "" if synthetic else (
-            f"; an encoder trains on text, masked LM ({files})" if kind == "encoder" else
-            f"; a decoder trains on text, every token with a loss (no loss mask for a prompt): {files}")
-        yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models{text}")
+        if kind == "decoder" and not synthetic:
+            yield (
+                "training.objective.type",
+                f"(source, target) pairs train a decoder with objective sft (prompt + response, the loss on the "
+                f"response alone): set training.objective.type: sft (a spec import-hf wrote names causal_lm); "
+                f"{objective.type} trains on text, with a loss on every token ({files})",
+            )
+        else:
+            text = "" if synthetic else f"; an encoder trains on text, masked LM ({files})"
+            yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models{text}")
     if tok is not None:
         if tok.type == "task" and not synthetic:
             yield ("training.tokenizer.type", "the task vocabulary only covers the synthetic tasks; use bpe or byte")

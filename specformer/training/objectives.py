@@ -3,7 +3,8 @@
 Shapes: B batch, T (target) length, S source length, V vocabulary.
 
 The objective follows the model's kind unless the spec's ``training.objective``
-says otherwise: causal LM for decoders, masked LM for encoders, sequence-to-sequence
+says otherwise: causal LM for decoders (supervised fine-tuning on the responses when
+the data is (prompt, response) pairs), masked LM for encoders, sequence-to-sequence
 with teacher forcing for encoder-decoders. The loss is the model's own (its forward
 with ``labels``): the heads compute it in chunks, without the (B, T, V) logits, in
 float32 whatever the autocast dtype.
@@ -20,9 +21,9 @@ import torch
 from torch import Tensor
 
 from specformer.data.collate import IGNORE_INDEX
-from specformer.specs.training import CausalLMSpec, MaskedLMSpec, Seq2SeqSpec
+from specformer.specs.training import CausalLMSpec, MaskedLMSpec, Seq2SeqSpec, SFTSpec
 
-__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "MaskedLM", "Seq2Seq"]
+__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "SFT", "MaskedLM", "Seq2Seq"]
 
 Forward = Callable[..., Any]
 
@@ -69,6 +70,16 @@ class CausalLM(Objective):
         ).loss
         n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         return ObjectiveOutput(loss, self._count(labels), n_input)
+
+
+class SFT(CausalLM):
+    """Supervised fine-tuning: next-token prediction over prompt + response + end token,
+    the loss on the response and its end token alone. The collator
+    (:class:`~specformer.data.collate.SFTCollator`) puts -100 on the labels of the prompt
+    and the padding, so the loss and ``n_predicted`` cover the response tokens only."""
+
+    name = "sft"
+    spec: SFTSpec
 
 
 class MaskedLM(Objective):

@@ -543,7 +543,7 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
 
     if spec.head is not None and spec.head.type == "classification":
         raise SpecError([SpecProblem(
-            "no training objective trains a classification head (causal_lm and seq2seq train an lm head, "
+            "no training objective trains a classification head (causal_lm, sft and seq2seq train an lm head, "
             "masked_lm an mlm head); build the model with specformer.build_model and train it in your own loop",
             path="head.type",
         )])

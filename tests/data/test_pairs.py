@@ -153,7 +153,7 @@ def _s2s(tmp_path: Path, data: dict[str, Any], **training: Any) -> dict[str, Any
     }
 
 
-def test_the_spec_takes_pairs_for_seq2seq_only(tmp_path: Path) -> None:
+def test_the_spec_takes_pairs_for_seq2seq_and_sft_only(tmp_path: Path) -> None:
     spec = load_spec(_s2s(tmp_path, {"type": "pairs", "paths": "train.jsonl"}))
     assert spec.training.objective.type == "seq2seq"
     assert spec.training.data.paths == ("train.jsonl",)
@@ -172,9 +172,13 @@ def test_the_spec_takes_pairs_for_seq2seq_only(tmp_path: Path) -> None:
         "decoder": {"n_layers": 1, "attention": {"n_heads": 2}},
         "training": {"data": {"type": "pairs", "paths": ["a.jsonl"]}},
     }
-    with pytest.raises(SpecError, match=r"\(source, target\) pairs are sequence-to-sequence: they train "
-                       r"encoder-decoder models; a decoder trains on text, every token with a loss \(no loss mask "
-                       r"for a prompt\): type: files"):
+    # a decoder given pairs fine-tunes on the responses (objective sft); causal_lm is for text
+    assert load_spec(gpt).training.objective.type == "sft"
+    gpt["training"]["objective"] = {"type": "causal_lm"}
+    with pytest.raises(SpecError, match=r"\(source, target\) pairs train a decoder with objective sft \(prompt "
+                       r"\+ response, the loss on the response alone\): set training.objective.type: sft \(a "
+                       r"spec import-hf wrote names causal_lm\); causal_lm trains on text, with a loss on every "
+                       r"token \(type: files"):
         load_spec(gpt)
     with pytest.raises(SpecError, match="source_field and target_field are both 'x'"):
         load_spec(

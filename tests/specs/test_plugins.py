@@ -581,8 +581,8 @@ def test_a_type_named_as_a_built_in_one_is_refused_not_swapped_in(tmp_path):
 
 
 def test_a_new_objective_is_refused_at_registration_saying_objectives_are_built_in():
-    # the data pipeline and the kind checks know the three objectives one by one: a fourth
-    # one validated nowhere ("does not train a decoder model (allowed: causal_lm)")
+    # the data pipeline and the kind checks know the four objectives one by one: a fifth
+    # one validated nowhere ("does not train a decoder model (allowed: causal_lm, sft)")
     from typing import Literal
 
     from specformer.specs.base import Spec
@@ -611,7 +611,7 @@ def test_an_unregistered_type_is_unknown_in_every_family_and_the_hint_says_to_re
     assert problems["decoder.ffn.type"].hint.endswith("allowed: mlp, glu; a type of your own is registered first "
                                                      "(docs/components.md#adding-a-component)")
     # objectives take no new types: no advice to register one
-    assert problems["training.objective.type"].hint == "allowed: causal_lm, masked_lm, seq2seq"
+    assert problems["training.objective.type"].hint == "allowed: causal_lm, masked_lm, seq2seq, sft"
 
 
 def test_a_checkpoint_of_an_unregistered_attention_type_says_to_register_it(tmp_path):

@@ -435,7 +435,7 @@ def generate_cmd(
     top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
-    stop_at_eot: Annotated[bool, typer.Option("--stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document) instead of going on into a new one.")] = False,
+    stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there; off otherwise.")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
@@ -486,6 +486,9 @@ def generate_cmd(
             raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
         if spec.kind == "encoder":
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
+        if stop_at_eot is None:  # a model fine-tuned on (prompt, response) pairs learnt to end its response there
+            objective = spec.training.objective if spec.training is not None else None
+            stop_at_eot = objective is not None and objective.type == "sft"
         if top_p is not None and top_p <= 0.0:
             raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
         if not repetition_penalty > 0:

@@ -212,8 +212,25 @@ def test_a_few_steps_on_pairs_lower_the_response_loss_and_generate_continues_a_p
     assert losses[-1] == pytest.approx(total / n, rel=1e-4)
 
     cli = CliRunner().invoke(app, ["generate", str(result.checkpoint), "--prompt", "reverse red cat:", "-n", "12",
-                                   "--greedy", "--stop-at-eot"])
+                                   "--greedy"])
     assert cli.exit_code == 0, cli.output
     # (a smoke test: 40 steps of a 1-layer byte model mostly say " ", the responses' first byte)
     text = cli.output.removesuffix("\n")
     assert text.startswith("reverse red cat:") and len(text) > len("reverse red cat:"), cli.output
+
+    # an sft model's response ends at the end token: generate stops there unless told not to
+    import importlib
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    made = [*loaded.tokenizer.encode("ab", specials=False), loaded.tokenizer.eot_id, *loaded.tokenizer.encode("cd")]
+    for flag, said in (([], "x:ab\n"), (["--no-stop-at-eot"], None)):
+        steps = iter(made)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(gen, "sample_next", lambda logits, steps=steps, **_: torch.tensor([next(steps)]))
+            cli = CliRunner().invoke(app, ["generate", str(result.checkpoint), "--prompt", "x:", "-n", str(len(made)),
+                                           *flag])
+        assert cli.exit_code == 0, cli.output
+        if said is not None:
+            assert cli.stdout == said
+        else:
+            assert cli.stdout.startswith("x:ab") and cli.stdout.rstrip("\n").endswith("cd"), cli.stdout

@@ -34,8 +34,9 @@ __all__ = ["SpecModule"]
 class SpecModule(L.LightningModule):
     """Train the model a spec describes, with the objective its ``training:`` section names.
 
-    Logged metrics: ``train/loss``, ``train/lr``, ``val/loss``, ``val/ppl`` and, for
-    sequence-to-sequence, ``val/exact_match``.
+    Logged metrics: ``train/loss``, ``train/lr``, ``val/loss``, ``val/ppl``, for
+    sequence-to-sequence ``val/exact_match``, and for sequence classification
+    ``val/accuracy``.
     """
 
     def __init__(self, spec: Any, *, tokenizer: Any = None) -> None:
@@ -110,6 +111,9 @@ class SpecModule(L.LightningModule):
             return
         self._val_sums["loss"] += float(out.loss) * out.n_predicted
         self._val_sums["tokens"] += out.n_predicted
+        if out.correct is not None:
+            self._val_sums["correct"] += out.correct
+            self._val_sums["examples"] += out.n_predicted
         exact = getattr(self.objective, "exact_match", None)
         if exact is not None and self.tokenizer is not None:
             start = decoder_start_id(self.tokenizer, self.spec.training.objective)
@@ -125,7 +129,8 @@ class SpecModule(L.LightningModule):
         return self(*args, **kwargs)
 
     def val_metrics(self) -> dict[str, float] | None:
-        """``val/loss``, ``val/ppl`` (and ``val/exact_match``) of the validation batches scored
+        """``val/loss``, ``val/ppl`` (and ``val/exact_match``; ``val/accuracy`` for sequence
+        classification) of the validation batches scored
         so far, summed over the processes; None before any token was scored."""
         sums = torch.tensor(
             [self._val_sums[k] for k in ("loss", "tokens", "correct", "examples")], dtype=torch.float64
@@ -138,7 +143,7 @@ class SpecModule(L.LightningModule):
         loss = loss_sum / tokens
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
         if examples:
-            metrics["val/exact_match"] = correct / examples
+            metrics["val/accuracy" if self.objective.name == "classification" else "val/exact_match"] = correct / examples
         return metrics
 
     def on_validation_epoch_end(self) -> None:

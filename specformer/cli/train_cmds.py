@@ -244,6 +244,8 @@ def _summary_table(result: Any) -> Table:
         table.add_row("unigram baseline", _fmt(result.unigram_loss) + better)
     if result.exact_match is not None:
         table.add_row("exact match", f"{100 * result.exact_match:.1f}% of held-out examples")
+    if result.accuracy is not None:
+        table.add_row("accuracy", f"{100 * result.accuracy:.1f}% of held-out texts")
     tokens = format_count(result.tokens)
     if result.resumed_from:
         # the tokens since step 0; tokens/s is this run's own, over the steps it trained
@@ -698,7 +700,7 @@ def eval_cmd(
     batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always scores its whole held-out set, in batches large enough to hold it in this many.")] = None,
     spec_source: SpecOfWeights = None,
 ) -> None:
-    """Loss and perplexity (and exact match for sequence-to-sequence) on the validation split.
+    """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split.
 
     `--set training.*` changes what is evaluated (e.g. another corpus with the same tokenizer);
     `--set max_seq_len=N` evaluates sequences of N tokens (training.seq_len follows unless set), past
@@ -803,6 +805,8 @@ def eval_cmd(
         table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
     if "val/exact_match" in h:
         table.add_row("exact match", f"{100 * h['val/exact_match']:.1f}%")
+    if "val/accuracy" in h:
+        table.add_row("accuracy", f"{100 * h['val/accuracy']:.1f}%")
     console.print(table)
     if interrupted is not None:
         signum = _signal_of(interrupted)
@@ -833,10 +837,12 @@ def _scored_line(t: Any, data: Any, tokens: int) -> str:
     the split holds reads no more)."""
     held = len(data.val)
     read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
-    unit = "example" if data.task is not None or not hasattr(data.val, "length") else "sequence"
+    classify = "label_names" in data.extra  # one prediction a text: the count is of texts
+    unit = ("text" if classify else "example" if data.task is not None or not hasattr(data.val, "length")
+            else "sequence")
     whole = (f"all {held:,} held-out {unit}{'s' if held != 1 else ''}" if read == held
              else f"{read:,} of the {held:,} held-out {unit}s: --batches reads more")
-    return f"{tokens:,} tokens ({whole})"
+    return whole if classify else f"{tokens:,} tokens ({whole})"
 
 
 def _precision(precision: str) -> str:

@@ -18,7 +18,7 @@ from specformer.components.loss import IGNORE_INDEX  # -100, as torch's cross_en
 from specformer.specs.training import MaskedLMSpec
 
 __all__ = [
-    "IGNORE_INDEX", "CausalLMCollator", "MaskedLMCollator", "Seq2SeqCollator", "SFTCollator", "batch_generator",
+    "IGNORE_INDEX", "CausalLMCollator", "ClassificationCollator", "MaskedLMCollator", "Seq2SeqCollator", "SFTCollator", "batch_generator",
 ]
 
 
@@ -150,4 +150,23 @@ class SFTCollator:
             attention_mask[i, :n] = 1
             # label j is token j + 1: the first response token is label len(prompt) - 1
             labels[i, len(prompt) - 1 : n] = sequence[len(prompt) :]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class ClassificationCollator:
+    """(ids, class id) items -> input_ids (B, T) padded on the right with ``pad_id``,
+    attention_mask (B, T) (0 on padding) and labels (B,), one class id per text."""
+
+    def __init__(self, *, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, items: Sequence[tuple[int, tuple[Sequence[int], int]]]) -> dict[str, torch.Tensor]:
+        rows = [(list(ids), int(label)) for _, (ids, label) in items]
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (ids, _) in enumerate(rows):
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, : len(ids)] = 1
+        labels = torch.tensor([label for _, label in rows], dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

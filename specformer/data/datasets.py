@@ -93,3 +93,25 @@ class PairDataset(Dataset):
         if self._pairs is not None:
             return sum(len(s) + len(g) + self._end for s, g in self._pairs)
         return int(self._ends[-1]) + self._end * len(self)
+
+
+class LabelledTexts(Dataset):
+    """Token ids of texts and a class id each, for sequence classification; items are
+    ``(position, (ids, label))`` for the batch samplers' ``(position, index)`` keys."""
+
+    def __init__(self, rows: list[tuple[list[int], int]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, tuple[list[int], int]]:
+        pos, i = key
+        return pos, self.rows[i]
+
+    @property
+    def labels(self) -> list[int]:
+        return [label for _, label in self.rows]
+
+    def n_tokens(self) -> int:
+        return sum(len(ids) for ids, _ in self.rows)

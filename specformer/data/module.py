@@ -22,9 +22,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from specformer.data.cache import content_hash
-from specformer.data.collate import CausalLMCollator, MaskedLMCollator, Seq2SeqCollator, SFTCollator
+from specformer.data.collate import (
+    CausalLMCollator,
+    ClassificationCollator,
+    MaskedLMCollator,
+    Seq2SeqCollator,
+    SFTCollator,
+)
 from specformer.data.corpus import DataError, _names
-from specformer.data.datasets import PackedBlocks, PairDataset
+from specformer.data.datasets import LabelledTexts, PackedBlocks, PairDataset
+from specformer.data.labelled import LabelledCorpus, label_ids
 from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
@@ -81,6 +88,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
             f"{BYTE_VOCAB_SIZE}); raise vocab_size or set training.tokenizer"
         )
     corpus = REGISTRY.build("data", t.data)
+    if isinstance(corpus, LabelledCorpus):
+        return _prepare_labelled(spec, corpus, tokenizer, cache_dir)
     if isinstance(corpus, PairCorpus):
         return _prepare_pairs(spec, corpus, tokenizer, cache_dir)
     if tokenizer is None:
@@ -341,6 +350,56 @@ def _prepare_prompt_responses(
     )
 
 
+def _prepare_labelled(
+    spec: Any, corpus: LabelledCorpus, tokenizer: Tokenizer | None, cache_dir: str | Path | None
+) -> PreparedData:
+    """Labelled texts for sequence classification: each text's ids, framed by a
+    ``tokenizer.json``'s template (BERT's ``[CLS] … [SEP]``, whose first token the head pools)
+    and cut to ``seq_len`` tokens, and its class id (:func:`label_ids`); ``extra["label_names"]``
+    holds the class names the labels were numbered by (None for integer labels)."""
+    t = spec.training
+    if tokenizer is None:
+        tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
+    _check_vocab(tokenizer, spec.vocab_size)
+    seq_len = t.seq_len or spec.max_seq_len
+    before, after = tokenizer.template()
+    room = seq_len - len(before) - len(after)
+    if room < 1:
+        raise DataError(f"seq_len={seq_len} leaves no room for a text between the tokenizer's "
+                        f"{len(before) + len(after)} template tokens; raise training.seq_len")
+    head = spec.head
+    train_held = "val_paths" if getattr(t.data, "val_paths", None) is not None else "paths"
+    if not corpus.val:
+        raise DataError("training.data.paths: no row was held out for validation; raise training.data.val_fraction "
+                        "or give the held-out rows in training.data.val_paths")
+    labels, names = label_ids([label for _, label in corpus.train], head.n_classes, head.labels)
+    val_labels, _ = label_ids([label for _, label in corpus.val], head.n_classes,
+                              names if names is not None else head.labels, setting=f"training.data.{train_held}")
+    cut = 0
+
+    def encode(rows: list[tuple[str, Any]], ids: list[int]) -> LabelledTexts:
+        nonlocal cut
+        out = []
+        for (text, _), label in zip(rows, ids, strict=True):
+            tokens = tokenizer.encode(text, specials=False)
+            cut += len(tokens) > room
+            out.append(([*before, *tokens[:room], *after], label))
+        return LabelledTexts(out)
+
+    train, val = encode(corpus.train, labels), encode(corpus.val, val_labels)
+    n_files = len(corpus.files)
+    classes = f"{head.n_classes} classes" + (f" ({', '.join(names)})" if names is not None else "")
+    description = (f"labelled: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} "
+                   f"held-out texts, {classes}")
+    if cut:
+        description += f"; cut {cut} text{'s' if cut != 1 else ''} longer than {room} tokens to fit seq_len={seq_len}"
+    return PreparedData(
+        tokenizer=tokenizer, train=train, val=val, description=description,
+        n_train_tokens=train.n_tokens(), n_val_tokens=val.n_tokens(),
+        extra={"label_names": names, "truncated_texts": cut}, fingerprint=corpus.fingerprint,
+    )
+
+
 class SpecDataModule(L.LightningDataModule):
     """The data a spec trains on, as a Lightning data module.
 
@@ -429,6 +488,9 @@ class SpecDataModule(L.LightningDataModule):
         _check_specials(tok, t.objective)
         if kind == "causal_lm":
             return CausalLMCollator()
+        if kind == "classification":
+            pad = next((i for i in (tok.pad_id, tok.eot_id) if i is not None), 0)
+            return ClassificationCollator(pad_id=pad)
         if kind == "sft":
             assert tok.eot_id is not None
             return SFTCollator(pad_id=tok.pad_id if tok.pad_id is not None else tok.eot_id)

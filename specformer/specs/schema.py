@@ -898,7 +898,8 @@ class ModelSpec(Spec):
                         "placement and final apply to the whole stack; set them in the stack's norm",
                     )
         yield from training_issues(
-            self.training, kind=self.kind, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len
+            self.training, kind=self.kind, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+            head=self.head.type if self.head is not None else None,
         )
 
     # ---- convenience

@@ -163,6 +163,16 @@ class SFTSpec(Spec):
     label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy.")
 
 
+class ClassificationSpec(Spec):
+    """Sequence classification (BERT's fine-tuning, Devlin et al. 2019): the cross-entropy of
+    a classification head's logits against each text's label. Trains an encoder with
+    ``head: {type: classification}`` on ``type: labelled`` data; validation reports the loss
+    and the accuracy."""
+
+    type: Literal["classification"] = "classification"
+    label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy.")
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -292,6 +302,45 @@ class PairsDataSpec(Spec):
     def _two_fields(cls, value: str, info: Any) -> str:
         if value == info.data.get("source_field"):
             raise ValueError(f"source_field and target_field are both {value!r}; they name two fields of a line")
+        return value
+
+
+class LabelledDataSpec(Spec):
+    """Texts with a class label each, for sequence classification (objective classification):
+    a table (``.csv`` or ``.tsv`` with a header row, ``.json``) or JSON lines (``.jsonl``,
+    ``.ndjson``), one text and its label per row; ``.gz``, ``.bz2`` and ``.xz`` files are read
+    decompressed. Labels are class ids 0..n-1 (integers, or digit strings as a CSV holds them),
+    or names: names are the head's ``labels`` in their order when the head gives them, else
+    sorted, and the run writes them into the saved spec's ``head.labels``, so ``eval`` maps a
+    name to the same id. A text longer than ``seq_len`` tokens is cut."""
+
+    type: Literal["labelled"] = "labelled"
+    paths: tuple[str, ...] = Field(
+        strict=False, min_length=1,
+        description="Files, directories or globs of labelled texts, e.g. ['data/train.csv'] (one may be given "
+        "alone); relative to the working directory.",
+    )
+    val_paths: tuple[str, ...] | None = Field(
+        None, strict=False, min_length=1,
+        description="Files of held-out texts; default: val_fraction of the rows in paths, chosen by a hash of "
+        "the text.",
+    )
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.1, description="Fraction of rows held out for validation and accuracy when val_paths is not given."
+    )
+    text_field: str = Field("text", min_length=1, description="The column (or JSON field) that holds the text.")
+    label_field: str = Field("label", min_length=1, description="The column (or JSON field) that holds the label.")
+
+    @field_validator("paths", "val_paths", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        return value if value is None else _paths(value)
+
+    @field_validator("label_field")
+    @classmethod
+    def _two_fields(cls, value: str, info: Any) -> str:
+        if value == info.data.get("text_field"):
+            raise ValueError(f"text_field and label_field are both {value!r}; they name two columns of a row")
         return value
 
 
@@ -469,6 +518,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
         (MaskedLMSpec, "specformer.training.objectives:MaskedLM"),
         (Seq2SeqSpec, "specformer.training.objectives:Seq2Seq"),
         (SFTSpec, "specformer.training.objectives:SFT"),
+        (ClassificationSpec, "specformer.training.objectives:Classification"),
     ],
     "data": [
         (StdlibDataSpec, "specformer.data.corpus:stdlib_corpus"),
@@ -476,6 +526,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
         (HFDataSpec, "specformer.data.corpus:hf_corpus"),
         (SyntheticDataSpec, "specformer.data.synthetic:SyntheticTask"),
         (PairsDataSpec, "specformer.data.pairs:pair_corpus"),
+        (LabelledDataSpec, "specformer.data.labelled:labelled_corpus"),
     ],
     "tokenizer": [
         (BPETokenizerSpec, "specformer.data.tokenizers:bpe_tokenizer"),
@@ -519,7 +570,7 @@ class TrainingSpec(Spec):
 
     objective: ObjectiveSpec | None = Field(
         None, description="Default follows the kind: causal_lm (decoder; sft for a decoder given pairs data), "
-        "masked_lm (encoder), seq2seq (encoder-decoder)."
+        "masked_lm (encoder; classification for one with a classification head), seq2seq (encoder-decoder)."
     )
     data: DataSpec | None = Field(
         None, description="Default stdlib (the Python standard library's source); synthetic reverse for encoder-decoders."
@@ -620,10 +671,20 @@ def fill_training(data: dict[str, Any]) -> None:
     training = copy.deepcopy(training)
     # a section given without `type:` (e.g. `--set training.data.n_val=100`) gets the
     # type this kind of model defaults to, not the family's first entry
-    _default_type(training, "data", "synthetic" if kind == "encoder-decoder" else "stdlib")
-    data_type = training["data"].get("type") if isinstance(training["data"], dict) else None
+    head = data.get("head")
+    classify = isinstance(head, dict) and head.get("type") == "classification"
+    objective_type = training["objective"].get("type") if isinstance(training.get("objective"), dict) else None
+    if classify and kind == "encoder" and training.get("data") is None and objective_type in (None, "classification"):
+        pass  # a classifier's labelled texts have no default: `train` asks for them
+    else:
+        _default_type(training, "data", "synthetic" if kind == "encoder-decoder" else "stdlib")
+    data_type = training["data"].get("type") if isinstance(training.get("data"), dict) else None
     # a decoder given (prompt, response) pairs fine-tunes on the responses
-    _default_type(training, "objective", "sft" if kind == "decoder" and data_type == "pairs" else OBJECTIVE_FOR_KIND[kind])
+    # ... and an encoder with a classification head (or given labelled texts) learns to classify
+    objective = ("sft" if kind == "decoder" and data_type == "pairs"
+                 else "classification" if kind == "encoder" and (classify or data_type == "labelled")
+                 else OBJECTIVE_FOR_KIND[kind])
+    _default_type(training, "objective", objective)
     vocab = data.get("vocab_size")
     if data_type == "synthetic":
         _default_type(training, "tokenizer", "task")
@@ -653,13 +714,15 @@ def _default_type(training: dict[str, Any], key: str, type_: str) -> None:
 
 
 def training_issues(
-    training: TrainingSpec, *, kind: str, vocab_size: int, max_seq_len: int
+    training: TrainingSpec, *, kind: str, vocab_size: int, max_seq_len: int, head: str | None = None
 ) -> Iterator[tuple[str, str]]:
-    """Cross-field problems between the training section and the model, as (field, message)."""
+    """Cross-field problems between the training section and the model (``head``: its head's
+    type), as (field, message)."""
     objective, data, tok = training.objective, training.data, training.tokenizer
+    yield from _classification_issues(objective, data, kind, head)
     allowed = {
         "decoder": ("causal_lm", "sft"),
-        "encoder": ("masked_lm",),
+        "encoder": ("masked_lm", "classification"),
         "encoder-decoder": ("seq2seq",),
     }[kind]
     if objective is not None and objective.type not in allowed:
@@ -743,6 +806,32 @@ def training_issues(
             f"max_epochs={training.max_epochs:g} and max_steps={training.max_steps} are both set (max_steps "
             "perhaps by the spec this one extends); a run has one length: to train by epochs also set "
             "max_steps to null (--set training.max_steps=null), or remove max_epochs",
+        )
+
+
+def _classification_issues(objective: Any, data: Any, kind: str, head: str | None) -> Iterator[tuple[str, str]]:
+    """A classification objective, a classification head and labelled data go together."""
+    classify = objective is not None and objective.type == "classification"
+    labelled = data is not None and data.type == "labelled"
+    # (a classification head with another objective is refused by `train`: such a spec still
+    # builds, exports and analyses)
+    if classify and kind == "encoder" and head != "classification":
+        yield (
+            "head.type",
+            f"objective classification trains a classification head, and this model's head is {head or 'none'}: "
+            "set head: {type: classification, n_classes: N}",
+        )
+    if classify and data is not None and not labelled:
+        yield (
+            "training.data.type",
+            f"objective classification trains on labelled texts, not {data.type!r}: use type: labelled "
+            "(a .csv, .tsv, .json or .jsonl table with text_field and label_field columns)",
+        )
+    elif labelled and objective is not None and not classify:
+        yield (
+            "training.data.type",
+            f"labelled texts train objective classification, not {objective.type!r}: set "
+            "training.objective.type: classification (and head: {type: classification})",
         )
 
 

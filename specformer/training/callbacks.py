@@ -41,6 +41,8 @@ def validation_line(h: dict[str, Any], train_loss: float | None = None) -> str:
     text = f"step {h['step']:>6}{train}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
     if "val/exact_match" in h:
         text += f"  exact match {100 * h['val/exact_match']:.1f}%"
+    if "val/accuracy" in h:
+        text += f"  accuracy {100 * h['val/accuracy']:.1f}%"
     return text
 
 

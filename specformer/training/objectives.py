@@ -21,9 +21,15 @@ import torch
 from torch import Tensor
 
 from specformer.data.collate import IGNORE_INDEX
-from specformer.specs.training import CausalLMSpec, MaskedLMSpec, Seq2SeqSpec, SFTSpec
+from specformer.specs.training import (
+    CausalLMSpec,
+    ClassificationSpec,
+    MaskedLMSpec,
+    Seq2SeqSpec,
+    SFTSpec,
+)
 
-__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "SFT", "MaskedLM", "Seq2Seq"]
+__all__ = ["ObjectiveOutput", "Objective", "CausalLM", "SFT", "MaskedLM", "Seq2Seq", "Classification"]
 
 Forward = Callable[..., Any]
 
@@ -36,6 +42,8 @@ class ObjectiveOutput:
     loss: Tensor
     n_predicted: int
     n_input: int
+    # sequence classification: how many of the n_predicted labelled texts the logits' argmax gets right
+    correct: int | None = None
 
 
 class Objective:
@@ -99,6 +107,25 @@ class MaskedLM(Objective):
         ).loss
         n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
+
+
+class Classification(Objective):
+    """Sequence classification (Devlin et al. 2019): the mean cross-entropy of the
+    classification head's logits (B, C) against the labels (B,), one class id per text
+    (-100: a row with no label, as the last validation batch's filler rows). ``correct``
+    counts the labelled texts whose highest logit is their class: validation's accuracy."""
+
+    name = "classification"
+    spec: ClassificationSpec
+
+    def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        mask = batch.get("attention_mask")
+        labels = batch["labels"]
+        out = forward(batch["input_ids"], attention_mask=mask, labels=labels, label_smoothing=self.spec.label_smoothing)
+        scored = labels != IGNORE_INDEX
+        correct = int((out.logits.detach().argmax(-1)[scored] == labels[scored]).sum())
+        n_input = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        return ObjectiveOutput(out.loss, int(scored.sum()), n_input, correct=correct)
 
 
 class Seq2Seq(Objective):

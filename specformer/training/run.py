@@ -92,6 +92,8 @@ class TrainResult:
     # the ones training.optimizer.freeze matches
     parameters: int = 0
     trainable_parameters: int = 0
+    # sequence classification: the share of held-out texts classified right at the last validation
+    accuracy: float | None = None
     # one entry per validation: left out of the repr, which a notebook shows after train()
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
 
@@ -399,6 +401,12 @@ def train(
     dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
+    names = dm.data.extra.get("label_names")
+    if names is not None and spec.head.labels != tuple(names):
+        # the class names the labels were numbered by go into the saved spec: eval and predict
+        # map a name to the id it was trained as
+        spec = load_spec(spec.to_dict(), [f"head.labels={json.dumps(list(names))}"])
+        module.spec = dm.spec = spec
     if saved_data is not None and dm.data.fingerprint is not None and saved_data != dm.data.fingerprint:
         _warn(console, f"the training data differs from the data {resume} was trained on (a file edited, added "
                        "or removed, or training.data changed): the run reads on from the same example number in "
@@ -514,6 +522,7 @@ def train(
         val_ppl=last.get("val/ppl", metrics.get("val/ppl")),
         unigram_loss=dm.data.unigram_loss,
         exact_match=last.get("val/exact_match", metrics.get("val/exact_match")),
+        accuracy=last.get("val/accuracy", metrics.get("val/accuracy")),
         tokens=int(module.tokens_seen * trainer.world_size),
         tokens_per_second=tokens_run / (train_seconds - val_seconds) if train_seconds > val_seconds else 0.0,
         train_seconds=train_seconds,
@@ -541,13 +550,21 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
     large corpus), each named with what to do instead."""
     from specformer.specs.errors import SpecError, SpecProblem
 
-    if spec.head is not None and spec.head.type == "classification":
+    t = spec.training
+    if spec.head is not None and spec.head.type == "classification" and t.objective is not None \
+            and t.objective.type != "classification":
         raise SpecError([SpecProblem(
-            "no training objective trains a classification head (causal_lm, sft and seq2seq train an lm head, "
-            "masked_lm an mlm head); build the model with specformer.build_model and train it in your own loop",
+            f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
+            "classification: train it with objective classification on type: labelled data "
+            "(--set training.objective.type=classification --set 'training.data={type: labelled, paths: [train.csv]}')",
             path="head.type",
         )])
-    t = spec.training
+    if t.objective is not None and t.objective.type == "classification" and t.data is None:
+        raise SpecError([SpecProblem(
+            "a classifier trains on labelled texts, which have no default: set training.data: {type: labelled, "
+            "paths: [train.csv]} (a .csv, .tsv, .json or .jsonl table with a text and a label column)",
+            path="training.data",
+        )])
     if getattr(t.optimizer, "freeze", ()) or getattr(t.optimizer, "lr_scale", ()):
         from specformer.analysis.params import meta_build, plugin_components
 

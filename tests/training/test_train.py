@@ -172,8 +172,10 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
         train(load_spec(tiny("decoder", out_dir=str(tmp_path / "f" / "x"))), progress=False)
     with pytest.raises(DataError, match=r"training.cache_dir: .*/f is a file, not a folder"):
         train(load_spec(tiny("decoder", cache_dir=str(tmp_path / "f"))), progress=False)
-    with pytest.raises(SpecError, match="no training objective trains a classification head"):
-        train(load_spec({**tiny("encoder"), "head": {"type": "classification", "n_classes": 2}}), progress=False)
+    classifier = {**tiny("encoder"), "head": {"type": "classification", "n_classes": 2}}
+    del classifier["training"]["data"]
+    with pytest.raises(SpecError, match=r"training.data: a classifier trains on labelled texts, which have no default"):
+        train(load_spec(classifier), progress=False)
     for field, value in (("accelerator", "banana"), ("devices", [])):
         with pytest.raises(SpecError, match=f"training.{field}"):
             load_spec(tiny("decoder", **{field: value}))

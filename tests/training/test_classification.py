@@ -1,0 +1,176 @@
+"""Sequence classification training: labelled tables, the label map, the loss and accuracy."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specformer.data.corpus import DataError
+from specformer.specs.errors import SpecError
+from specformer.specs.loader import load_spec
+
+
+def _table(path: Path, n: int = 400, seed: int = 0) -> Path:
+    """Texts holding "good" (label pos) or "bad" (label neg) among random filler words."""
+    rng = random.Random(seed)
+    words = ["the", "a", "film", "was", "plot", "very", "and", "acting", "it", "so"]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(n):
+            good = rng.random() < 0.5
+            body = [rng.choice(words) for _ in range(rng.randint(2, 4))]
+            body.insert(rng.randint(0, len(body)), "good" if good else "bad")
+            w.writerow([" ".join(body) + f" {i}", "pos" if good else "neg"])
+    return path
+
+
+def _spec(tiny: Any, table: Path, **training: Any) -> dict[str, Any]:
+    training.setdefault("seq_len", 64)
+    spec = tiny("encoder", data={"type": "labelled", "paths": [str(table)], "val_fraction": 0.25}, **training)
+    spec["head"] = {"type": "classification", "n_classes": 2, "pooling": "mean"}
+    return spec
+
+
+def test_the_collated_labels_are_the_tables_labels_in_sorted_name_order(tiny: Any, tmp_path: Path) -> None:
+    from specformer.data.module import SpecDataModule
+
+    table = _table(tmp_path / "t.csv", n=40)
+    spec = load_spec(_spec(tiny, table))
+    assert spec.training.objective.type == "classification"  # the head's default objective
+    dm = SpecDataModule(spec)
+    dm.setup("fit")
+    assert dm.data.extra["label_names"] == ("neg", "pos")  # sorted
+    rows = {r["text"]: r["label"] for r in csv.DictReader(table.open())}
+    collate = dm._collator(0)
+    batch = collate([(i, dm.data.train.rows[i]) for i in range(8)])
+    texts = [dm.data.tokenizer.decode(ids) for ids, _ in dm.data.train.rows[:8]]
+    assert batch["labels"].tolist() == [("neg", "pos").index(rows[t]) for t in texts]
+    assert batch["input_ids"].shape[0] == 8
+    assert batch["attention_mask"].sum(1).tolist() == [len(ids) for ids, _ in dm.data.train.rows[:8]]
+    assert len(dm.data.train) + len(dm.data.val) == 40 and len(dm.data.val) > 0
+
+
+def test_the_loss_is_the_cross_entropy_of_the_logits_and_accuracy_counts_the_argmax(tiny: Any, tmp_path: Path) -> None:
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec(_spec(tiny, _table(tmp_path / "t.csv", n=40)))
+    module = SpecModule(spec)
+    dm = SpecDataModule(spec)
+    dm.setup("fit")
+    batch = dm._collator(0)([(i, dm.data.train.rows[i]) for i in range(6)])
+    batch["labels"][5] = -100  # a filler row: no label
+    module.eval()
+    out = module.objective(module, batch)
+    logits = module.model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert logits.shape == (6, 2)
+    want = F.cross_entropy(logits[:5], batch["labels"][:5])
+    assert torch.allclose(out.loss, want, atol=1e-6)
+    assert out.n_predicted == 5
+    assert out.correct == int((logits[:5].argmax(-1) == batch["labels"][:5]).sum())
+
+
+def test_a_tiny_run_learns_a_separable_table_and_saves_its_label_map(tiny: Any, tmp_path: Path) -> None:
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+    from specformer.training import train
+    from specformer.training.checkpoint import load_checkpoint
+
+    table = _table(tmp_path / "t.csv")
+    result = train(load_spec(_spec(tiny, table, max_steps=60, val_interval=60, val_batches=None)), progress=False)
+    assert result.accuracy is not None and result.accuracy >= 0.9, result  # chance is 0.5
+    assert result.history[-1]["val/accuracy"] == result.accuracy
+    loaded = load_checkpoint(result.checkpoint)
+    assert loaded.spec.head.labels == ("neg", "pos")  # the label map went with the run
+    # evaluating the checkpoint on the same table scores the same accuracy (the same ids)
+    module = SpecModule(loaded.spec, tokenizer=loaded.tokenizer)
+    module.model.load_state_dict(loaded.model.state_dict())
+    dm = SpecDataModule(loaded.spec, tokenizer=loaded.tokenizer)
+    dm.setup("validate")
+    import lightning as L
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.validate(module, datamodule=dm, verbose=False)
+    assert module.val_history[-1]["val/accuracy"] == pytest.approx(result.accuracy)
+
+
+def test_the_head_names_fix_the_label_order(tmp_path: Path) -> None:
+    from specformer.data.labelled import label_ids
+
+    assert label_ids(["pos", "neg", "pos"], 2, None) == ([1, 0, 1], ("neg", "pos"))
+    assert label_ids(["pos", "neg"], 2, ("pos", "neg")) == ([0, 1], ("pos", "neg"))
+    assert label_ids([1, 0, 2], 3, None) == ([1, 0, 2], None)
+    with pytest.raises(DataError, match=r"3 label names \('a', 'b', 'c'\) and the classification head has "
+                                        r"n_classes=2: set head.n_classes=3"):
+        label_ids(["a", "b", "c"], 2, None)
+    with pytest.raises(DataError, match=r"label 2 is not a class id .* n_classes=2 \(ids 0-1\)"):
+        label_ids([0, 1, 2], 2, None)
+    with pytest.raises(DataError, match=r"label 'meh' is not one of the classification head's labels"):
+        label_ids(["pos", "meh"], 2, ("neg", "pos"))
+
+
+def test_a_labelled_jsonl_and_tsv_read_as_the_csv(tmp_path: Path) -> None:
+    from specformer.data.labelled import labelled_corpus
+    from specformer.specs.training import LabelledDataSpec
+
+    (tmp_path / "a.jsonl").write_text('{"text": "x y", "label": 1}\n{"text": "z", "label": "0"}\n')
+    (tmp_path / "b.tsv").write_text("label\ttext\n1\tx y\n0\tz\n")
+    for name in ("a.jsonl", "b.tsv"):
+        corpus = labelled_corpus(LabelledDataSpec(paths=[str(tmp_path / name)], val_fraction=0.5))
+        assert sorted(corpus.train + corpus.val) == [("x y", 1), ("z", 0)]
+    (tmp_path / "c.csv").write_text("text,y\nx,1\n")
+    with pytest.raises(DataError, match=r"c.csv:1: no 'label' column \(training.data.label_field\); the header "
+                                        r"row has 'text', 'y'"):
+        labelled_corpus(LabelledDataSpec(paths=[str(tmp_path / "c.csv")]))
+
+
+def test_classification_goes_with_a_classification_head_and_labelled_data(tiny: Any, tmp_path: Path) -> None:
+    table = _table(tmp_path / "t.csv", n=10)
+    spec = _spec(tiny, table)
+    from specformer.training import train
+
+    masked = load_spec({**spec, "training": {**spec["training"], "objective": {"type": "masked_lm"},
+                                             "data": {"type": "stdlib"}}})  # builds and exports; does not train
+    with pytest.raises(SpecError, match=r"head.type: objective 'masked_lm' trains a vocabulary head, and this "
+                                        r"model's head is type: classification"):
+        train(masked, progress=False)
+    with pytest.raises(SpecError, match=r"objective classification trains on labelled texts, not 'files'"):
+        load_spec({**spec, "training": {**spec["training"], "data": {"type": "files", "paths": ["x"]}}})
+    with pytest.raises(SpecError, match=r"head.type: objective classification trains a classification head"):
+        load_spec({**spec, "head": None})
+    with pytest.raises(SpecError, match=r"objective 'classification' does not train a decoder model"):
+        load_spec({**tiny("decoder", data=spec["training"]["data"], objective={"type": "classification"})})
+    with pytest.raises(DataError, match=r"the data has 2 label names \('neg', 'pos'\) and the classification head "
+                                        r"has n_classes=3"):
+        train(load_spec({**spec, "head": {"type": "classification", "n_classes": 3}}), progress=False)
+
+
+def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: Path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    spec = _spec(tiny, _table(tmp_path / "t.csv", n=200), max_steps=40, val_interval=40, val_batches=None)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    runner = CliRunner()
+    out = runner.invoke(app, ["train", str(path), "--no-progress"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "accuracy" in out.output and "% of held-out texts" in out.output
+    run = next((tmp_path / "runs").glob("*/*"))
+    assert yaml.safe_load((run / "spec.yaml").read_text())["head"]["labels"] == ["neg", "pos"]
+    out = runner.invoke(app, ["eval", str(run)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    held = int(out.output.split(" training and ")[1].split(" held-out")[0])
+    assert f"all {held} held-out texts" in out.output
+    accuracy = float(out.output.split("accuracy")[1].split("%")[0].strip(" │|"))
+    assert accuracy >= 90.0

@@ -332,6 +332,8 @@ def train(
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
         raw = read_checkpoint(resume)
+        spec = _with_checkpoint_label_names(spec, raw)
+        t = spec.training
         check_resumable(raw, spec, source=str(resume))
         resumed_step = int(raw.get("global_step", 0))
         tokenizer = checkpoint_tokenizer(raw)
@@ -577,6 +579,20 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
     check_folders(t)
     if hardware:
         _check_hardware(t)
+
+
+def _with_checkpoint_label_names(spec: Any, raw: dict[str, Any]) -> Any:
+    """``spec`` with the class names a classifier's checkpoint was trained with, when the spec
+    names none: the run wrote them into the checkpoint's spec (the order its labels were
+    numbered by), and a resumed run numbers its labels the same way."""
+    from specformer.specs.loader import load_spec
+
+    saved = raw.get("specformer", {}).get("spec", {}) if isinstance(raw.get("specformer"), dict) else {}
+    head = saved.get("head") if isinstance(saved, dict) else None
+    names = head.get("labels") if isinstance(head, dict) else None
+    if names is None or spec.head is None or spec.head.type != "classification" or spec.head.labels is not None:
+        return spec
+    return load_spec(spec.to_dict(), [f"head.labels={json.dumps(list(names))}"])
 
 
 def _optimizer_group_change(raw: dict[str, Any], spec: Any) -> str:

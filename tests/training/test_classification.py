@@ -174,3 +174,16 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
     assert f"all {held} held-out texts" in out.output
     accuracy = float(out.output.split("accuracy")[1].split("%")[0].strip(" │|"))
     assert accuracy >= 90.0
+
+
+def test_a_run_resumed_from_the_users_own_spec_numbers_labels_as_the_checkpoint(tiny: Any, tmp_path: Path) -> None:
+    from specformer.training import train
+    from specformer.training.checkpoint import load_checkpoint
+
+    spec = _spec(tiny, _table(tmp_path / "t.csv", n=60), max_steps=4, val_interval=4)
+    first = train(load_spec(spec), progress=False)
+    # the spec names no labels; the checkpoint's ('neg', 'pos') are taken, not refused as another model
+    spec["training"]["max_steps"] = 6
+    resumed = train(load_spec(spec), resume=first.checkpoint, progress=False)
+    assert resumed.steps == 6
+    assert load_checkpoint(resumed.checkpoint).spec.head.labels == ("neg", "pos")

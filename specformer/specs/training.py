@@ -570,10 +570,12 @@ class TrainingSpec(Spec):
 
     objective: ObjectiveSpec | None = Field(
         None, description="Default follows the kind: causal_lm (decoder; sft for a decoder given pairs data), "
-        "masked_lm (encoder; classification for one with a classification head), seq2seq (encoder-decoder)."
+        "masked_lm (encoder; classification for one with a classification head or given labelled data), "
+        "seq2seq (encoder-decoder)."
     )
     data: DataSpec | None = Field(
-        None, description="Default stdlib (the Python standard library's source); synthetic reverse for encoder-decoders."
+        None, description="Default stdlib (the Python standard library's source); synthetic reverse for encoder-decoders; "
+        "none for an encoder with a classification head (it trains on labelled data, which must be given)."
     )
     tokenizer: TokenizerSpec | None = Field(
         None, description="Default bpe with the model's vocab_size; task for synthetic data."

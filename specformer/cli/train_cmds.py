@@ -445,7 +445,7 @@ def generate_cmd(
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Above 1, tokens already in the text are less likely: their scores are divided by it (multiplied when negative), as transformers' repetition_penalty. 1: none.")] = 1.0,
     no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
     length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
-    num_samples: Annotated[int, typer.Option("--num-samples", min=1, help="Texts to sample from the same prompt, one after another (as nanoGPT's sample.py), each after a line of dashes.")] = 1,
+    num_samples: Annotated[int, typer.Option("--num-samples", min=1, help="Texts to sample from the same prompt, one after another (as nanoGPT's sample.py), separated by a line of dashes.")] = 1,
     context: Annotated[int | None, typer.Option("--max-seq-len", min=1, help="Decoder: the most tokens read at once, where the context slides (default: the spec's max_seq_len; none for a model with a sliding window in every layer and no learned table, whose rolling KV cache goes on as Mistral's). Larger lets a RoPE, ALiBi, T5, sinusoidal or NoPE model generate at positions past the length it was built for; a learned table reads only its rows.")] = None,
     spec_source: SpecOfWeights = None,
 ) -> None:

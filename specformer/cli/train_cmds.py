@@ -303,7 +303,8 @@ def train_cmd(
 
     Writes `runs/<name>/<timestamp>/` with the resolved spec, `metrics.csv` and
     `checkpoints/last.ckpt`, and ends with a summary: train and validation loss,
-    perplexity, the unigram baseline, tokens/s and the model FLOP/s behind them (for MFU),
+    perplexity, the unigram baseline (text), exact match (sequence-to-sequence) or accuracy
+    (classification), tokens/s and the model FLOP/s behind them (for MFU),
     wall time and the checkpoint. A field is set with `--set`: nanoGPT's `--batch_size=32`
     is `--set training.batch_size=32`, `--n_layer=6` is `--set decoder.n_layers=6`.
 
@@ -324,6 +325,9 @@ def train_cmd(
     with a source and a target) fine-tunes on prompt + response + end token with the loss
     on the response alone (objective sft, as TRL's and torchtune's SFT; a spec import-hf
     wrote names objective causal_lm, hence the --set training.objective.type=sft above).
+    An encoder with a classification head trains on labelled texts (`training.data` of
+    type labelled: .csv/.tsv/.json/.jsonl rows of a text and its label; objective
+    classification), reporting accuracy.
 
     `--resume` continues a run where it stopped; `--init-from` starts a new run from
     weights (those of `specformer import-hf MODEL_DIR -o gpt2.yaml --weights

@@ -469,7 +469,7 @@ def test_a_problem_in_an_extended_preset_says_where_to_change_it(tmp_path):
 @pytest.mark.parametrize(
     "preset,objective,message",
     [
-        ("bert-nano", "causal_lm", "objective 'causal_lm' does not train an encoder model (allowed: masked_lm)"),
+        ("bert-nano", "causal_lm", "objective 'causal_lm' does not train an encoder model (allowed: masked_lm, classification)"),
         ("t5-nano", "masked_lm", "objective 'masked_lm' does not train an encoder-decoder model (allowed: seq2seq)"),
         ("gpt-nano", "masked_lm", "objective 'masked_lm' does not train a decoder model (allowed: causal_lm, sft)"),
     ],
@@ -573,7 +573,7 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     assert hint("kind=gpt") == "a GPT-like model is `kind: decoder`. allowed: encoder, decoder, encoder-decoder"
     assert hint("kind=bert").startswith("a BERT-like model is `kind: encoder`.")
     assert hint("training.objective.type=mlm") == (
-        "masked language modelling is `masked_lm`. allowed: causal_lm, masked_lm, seq2seq, sft")
+        "masked language modelling is `masked_lm`. allowed: causal_lm, masked_lm, seq2seq, sft, classification")
     # a hint whose name is not among this field's choices is not given: `bert` is no positional type
     assert hint("positional.type=bert") == "allowed: sinusoidal, learned, rope, alibi, t5, none" + OWN_TYPE
     assert hint("decoder.ffn.type=swiglu").startswith("SwiGLU is `type: glu` with `activation: silu`.")
@@ -637,7 +637,7 @@ SET_ELSEWHERE = [
     ("training.betas=[0.9, 0.99]",
      "write --set 'training.optimizer.betas=[0.9, 0.99]'; 'betas' is a field of training.optimizer. allowed here:"),
     ("training.data.paths=[input.txt]",
-     "'paths' is a field of type files, pairs, not of type stdlib: give the type with it: "
+     "'paths' is a field of type files, pairs, labelled, not of type stdlib: give the type with it: "
      "--set 'training.data={type: files, paths: [input.txt]}'. allowed here: type,"),
 ]
 

@@ -611,7 +611,7 @@ def test_an_unregistered_type_is_unknown_in_every_family_and_the_hint_says_to_re
     assert problems["decoder.ffn.type"].hint.endswith("allowed: mlp, glu; a type of your own is registered first "
                                                      "(docs/components.md#adding-a-component)")
     # objectives take no new types: no advice to register one
-    assert problems["training.objective.type"].hint == "allowed: causal_lm, masked_lm, seq2seq, sft"
+    assert problems["training.objective.type"].hint == "allowed: causal_lm, masked_lm, seq2seq, sft, classification"
 
 
 def test_a_checkpoint_of_an_unregistered_attention_type_says_to_register_it(tmp_path):

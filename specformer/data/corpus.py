@@ -376,6 +376,23 @@ def _mb(size: int) -> str:
     return f"{size / 1e6:,.0f}" if size >= 10e6 else f"{size / 1e6:.2g}"
 
 
+def read_texts(patterns: tuple[str, ...], setting: str, digests: list[bytes]) -> Iterator[tuple[str, Path, str]]:
+    """(key, path, text) of every file ``patterns`` find, in order, decompressed and decoded
+    as UTF-8 (a byte-order mark dropped); each file's key and content hash go to ``digests``.
+    A file that cannot be read, or is not UTF-8, is an error naming it and ``setting``."""
+    for key, path in _expand_paths(patterns, setting):
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise DataError(f"{setting}: cannot read {path} ({exc.strerror or exc})") from None
+        try:
+            text = _decompressed(path, raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{setting}: {path} is not UTF-8 text (byte {exc.start})") from None
+        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
+        yield key, path, text.removeprefix("\ufeff")
+
+
 def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Path]]:
     """(key, path) of every file that ``patterns`` (files, directories, globs) find, sorted
     by key; a pattern that finds nothing is an error naming ``setting``."""

@@ -14,7 +14,6 @@ JSON number, or digits in a CSV cell), names otherwise, numbered in the head's o
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 from collections.abc import Iterator, Sequence
@@ -25,12 +24,10 @@ from specformer.data.cache import content_hash
 from specformer.data.corpus import (
     Corpus,
     DataError,
-    _decompressed,
-    _expand_paths,
     _is_json_lines,
-    _key_bytes,
     _plain_text,
     _table_kind,
+    read_texts,
     split_by_path,
 )
 from specformer.specs.training import LabelledDataSpec
@@ -120,17 +117,8 @@ def _read(
 ) -> tuple[list[tuple[str, Label]], list[str]]:
     rows: list[tuple[str, Label]] = []
     keys = []
-    for key, path in _expand_paths(patterns, setting):
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise DataError(f"{setting}: cannot read {path} ({exc.strerror or exc})") from None
-        try:
-            text = _decompressed(path, raw).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{setting}: {path} is not UTF-8 text (byte {exc.start})") from None
-        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
-        found = list(_rows(path, text.removeprefix("\ufeff"), spec, setting))
+    for key, path, text in read_texts(patterns, setting, digests):
+        found = list(_rows(path, text, spec, setting))
         if not found:
             raise DataError(f"{setting}: {path} holds no rows (it is empty, or only a header)")
         rows += found

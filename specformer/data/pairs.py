@@ -10,7 +10,6 @@ and a source that occurs twice is never both trained on and scored.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,11 +19,9 @@ from specformer.data.cache import content_hash
 from specformer.data.corpus import (
     Corpus,
     DataError,
-    _decompressed,
-    _expand_paths,
     _is_json_lines,
-    _key_bytes,
     _plain_text,
+    read_texts,
     split_by_path,
 )
 from specformer.specs.training import PairsDataSpec
@@ -97,16 +94,7 @@ def _read(
     """The pairs of every file ``patterns`` find, in order, and the files' keys."""
     pairs: list[tuple[str, str]] = []
     keys = []
-    for key, path in _expand_paths(patterns, setting):
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise DataError(f"{setting}: cannot read {path} ({exc.strerror or exc})") from None
-        try:
-            text = _decompressed(path, raw).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{setting}: {path} is not UTF-8 text (byte {exc.start})") from None
-        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
+    for key, path, text in read_texts(patterns, setting, digests):
         found = list(_pairs(path, text, spec, setting))
         if not found:
             raise DataError(f"{setting}: {path} holds no pairs (it is empty, or only blank lines)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -221,30 +221,14 @@ def pair_token_ids(
     def make() -> dict:
         counts: dict[str, dict[str, int]] = {"tokens": {}, "pairs": {}}
         cut = {"source": 0, "target": 0}
+
+        def lay(src: list[int], tgt: list[int]) -> tuple[list[int], list[int]]:
+            cut["source"] += len(src) > room
+            cut["target"] += len(tgt) > target_room
+            return tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]
+
         for split, pairs in (("train", corpus.train), ("val", corpus.val)):
-            ids: list[np.ndarray] = []
-            lengths: list[np.ndarray] = []
-            # a chunk at a time: the tokenizer's encodings and Python lists of ids take ~50 times
-            # the arrays' memory, which for millions of pairs would not fit
-            for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
-                chunk = pairs[first : first + _PAIRS_PER_CHUNK]
-                sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
-                targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
-                flat: list[int] = []
-                sizes: list[int] = []
-                for src, tgt in zip(sources, targets, strict=True):
-                    cut["source"] += len(src) > room
-                    cut["target"] += len(tgt) > target_room
-                    src, tgt = tokenizer.with_template(src[:room]), [*before, *tgt[:target_room], *closing]
-                    flat += src
-                    flat += tgt
-                    sizes += (len(src), len(tgt))
-                ids.append(np.asarray(flat, dtype=dtype))
-                lengths.append(np.asarray(sizes, dtype=np.uint32))
-            joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
-            _write_array(folder / f"{split}.bin", joined)
-            _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
-            counts["tokens"][split], counts["pairs"][split] = len(joined), len(pairs)
+            counts["tokens"][split], counts["pairs"][split] = _write_pairs(folder, split, pairs, tokenizer, dtype, lay)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"], "cut": cut,
                 "vocab_size": tokenizer.vocab_size}
@@ -265,6 +249,45 @@ def pair_token_ids(
                    target_room=target_room)
 
 
+def _write_pairs(
+    folder: Path,
+    split: str,
+    pairs: Sequence[tuple[str, str]],
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    lay: Callable[[list[int], list[int]], tuple[list[int], list[int]] | None],
+) -> tuple[int, int]:
+    """Write ``split``'s pairs as ``{split}.bin`` (each pair's two runs of ids, as ``lay``
+    makes them from the source's and the target's; None leaves the pair out) and
+    ``{split}.lengths.bin`` (the two runs' lengths); (tokens written, pairs kept).
+
+    A chunk at a time: the tokenizer's encodings and Python lists of ids take ~50 times the
+    arrays' memory, which for millions of pairs would not fit."""
+    ids: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    kept = 0
+    for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
+        chunk = pairs[first : first + _PAIRS_PER_CHUNK]
+        sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
+        targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
+        flat: list[int] = []
+        sizes: list[int] = []
+        for src, tgt in zip(sources, targets, strict=True):
+            laid = lay(src, tgt)
+            if laid is None:
+                continue
+            flat += laid[0]
+            flat += laid[1]
+            sizes += (len(laid[0]), len(laid[1]))
+            kept += 1
+        ids.append(np.asarray(flat, dtype=dtype))
+        lengths.append(np.asarray(sizes, dtype=np.uint32))
+    joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
+    _write_array(folder / f"{split}.bin", joined)
+    _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
+    return len(joined), kept
+
+
 def _prompt_response_ids(
     corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None
 ) -> PairIds:
@@ -282,34 +305,19 @@ def _prompt_response_ids(
     def make() -> dict:
         counts: dict[str, dict[str, int]] = {"tokens": {}, "pairs": {}, "left_out": {}}
         cut = 0
+
+        def lay(src: list[int], tgt: list[int]) -> tuple[list[int], list[int]] | None:
+            nonlocal cut
+            prompt, response = [*before, *src], [*tgt, eot]
+            room = seq_len + 1 - len(prompt)  # the decoder reads all but the last token
+            if room < 1:
+                return None
+            cut += len(response) > room
+            return prompt, response[:room]
+
         for split, pairs in (("train", corpus.train), ("val", corpus.val)):
-            ids: list[np.ndarray] = []
-            lengths: list[np.ndarray] = []
-            kept = left_out = 0
-            for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
-                chunk = pairs[first : first + _PAIRS_PER_CHUNK]
-                sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
-                targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
-                flat: list[int] = []
-                sizes: list[int] = []
-                for src, tgt in zip(sources, targets, strict=True):
-                    prompt, response = [*before, *src], [*tgt, eot]
-                    room = seq_len + 1 - len(prompt)  # the decoder reads all but the last token
-                    if room < 1:
-                        left_out += 1
-                        continue
-                    cut += len(response) > room
-                    response = response[:room]
-                    flat += prompt
-                    flat += response
-                    sizes += (len(prompt), len(response))
-                    kept += 1
-                ids.append(np.asarray(flat, dtype=dtype))
-                lengths.append(np.asarray(sizes, dtype=np.uint32))
-            joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
-            _write_array(folder / f"{split}.bin", joined)
-            _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
-            counts["tokens"][split], counts["pairs"][split], counts["left_out"][split] = len(joined), kept, left_out
+            n_tokens, kept = _write_pairs(folder, split, pairs, tokenizer, dtype, lay)
+            counts["tokens"][split], counts["pairs"][split], counts["left_out"][split] = n_tokens, kept, len(pairs) - kept
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"],
                 "left_out": counts["left_out"], "cut": {"source": 0, "target": cut}, "vocab_size": tokenizer.vocab_size}

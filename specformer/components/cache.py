@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specformer.specs.schema import window_positions, window_slack
+
 __all__ = ["KVCache", "CacheNotFilledError", "window_positions"]
 
 
@@ -156,7 +158,7 @@ class KVCache:
             buf_v[:, :, old - start : end - start] = v
             seen_k, seen_v = buf_k[:, :, first - start : end - start], buf_v[:, :, first - start : end - start]
         elif end - first <= room:  # a fresh buffer holds what the new queries see, plus slack to append
-            capacity = self._clamped(min(room, end - first + _slack(window)), first, end)
+            capacity = self._clamped(min(room, end - first + window_slack(window)), first, end)
             buf_k = self._grow(buf_k, k, capacity, first - start, old - start)
             buf_v = self._grow(buf_v, v, capacity, first - start, old - start)
             start = first
@@ -235,14 +237,3 @@ class KVCache:
     def __repr__(self) -> str:
         return f"KVCache(length={self.length}, layers={self.n_layers}, cross={len(self._cross)})"
 
-
-def _slack(window: int) -> int:
-    """Room a sliding-window buffer keeps beyond its W - 1 positions before it compacts."""
-    return min(window, 128)
-
-
-def window_positions(window: int) -> int:
-    """The most positions a layer with a sliding ``window`` W stores, however long the
-    sequence: the W - 1 a later query can see, plus min(W, 128) of room to append before
-    they move to a fresh buffer."""
-    return window - 1 + _slack(window)

@@ -469,3 +469,24 @@ def test_show_and_diff_name_the_rope_scaling(tmp_path: Path) -> None:
     out = _ok(["diff", "llama2-7b", str(tmp_path / "x8.yaml"), "-f", "markdown", "--no-checkpoints"]).stdout
     assert "| positional.scaling.type | — | llama3 |" in out
     assert "| positional.scaling.original_max_position_embeddings | — | 8192 |" in out
+
+
+def test_show_and_diff_do_not_import_torch(tmp_path: Path) -> None:
+    """show and diff are spec arithmetic: importing torch (~2 s, ~200 MB) would make them
+    as slow as a training run's start. A sliding window sizes its KV cache too."""
+    import subprocess
+    import sys
+
+    big = tmp_path / "llama2-70b.yaml"
+    big.write_text(LLAMA_70B_YAML)
+    windowed = tmp_path / "windowed.yaml"
+    windowed.write_text("extends: llama2-7b\ndecoder:\n  attention: {sliding_window: 512}\n")
+    code = (
+        "import sys; from typer.testing import CliRunner; from specformer.cli import app; r = CliRunner()\n"
+        f"for args in (['show', {str(big)!r}], ['show', {str(windowed)!r}, '--format', 'json'],\n"
+        f"             ['diff', 'llama2-7b', {str(big)!r}], ['diff', 'llama2-7b', {str(windowed)!r}]):\n"
+        "    res = r.invoke(app, args); assert res.exit_code == 0, res.output\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,5 +1,6 @@
 """Training-step throughput: forward + cross-entropy + backward + AdamW step, tokens/s, in
-float32 and in bfloat16 autocast, specformer against transformers and x-transformers.
+float32 and in bfloat16 autocast (and, with ``--precisions bf16-true``, with bfloat16
+weights), specformer against transformers and x-transformers.
 
 The same script measures plain matrix-multiply throughput at exactly the matrix shapes
 the specformer step runs (recorded from one step) and reports the fraction of it the
@@ -47,6 +48,9 @@ __all__ = ["main", "record_matmuls", "matmul_throughput", "compiled_adapter", "e
 aten = torch.ops.aten
 _MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm",
             aten.baddbmm.default: "baddbmm"}
+
+# the weights' dtype of each --precisions choice
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.float32, "bf16-true": torch.bfloat16}
 
 # (op, ((shape, stride), ...), dtype)
 Signature = tuple[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], torch.dtype]
@@ -146,7 +150,9 @@ def compiled_adapter(ours: Adapter, kind: str, dev: torch.device, mode: str | No
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
-    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=list(PRECISIONS),
+                   help="fp32; bf16 (float32 weights, bfloat16 autocast); bf16-true (bfloat16 weights "
+                        "and AdamW state, no autocast, as training.precision: bf16-true)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--repeat", type=int, default=None)
     p.add_argument("--compile", action="store_true",
@@ -177,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         repeat = args.repeat if args.repeat is not None else (1 if args.quick else (3 if shape.larger else 5))
         for precision in args.precisions:
             bf16 = precision == "bf16"
+            for a in adapters:  # bf16-true: every library's weights in bfloat16 (back to float32 after)
+                a.model.to(PRECISIONS[precision])
             runs = {}
             for a in adapters:
                 opt = make_optimizer(a.model, dev)

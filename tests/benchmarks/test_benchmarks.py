@@ -117,6 +117,24 @@ def test_train_without_x_transformers(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [r["library"] for r in payload["results"]] == ["specformer", "transformers"]
 
 
+def test_train_bf16_true_runs_bfloat16_weights_without_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    real = train.training_step
+
+    def spy(adapter, batch, opt, *, bf16, dev):  # type: ignore[no-untyped-def]
+        seen.append((adapter.library, next(adapter.model.parameters()).dtype, bf16))
+        return real(adapter, batch, opt, bf16=bf16, dev=dev)
+
+    monkeypatch.setattr(train, "training_step", spy)
+    payload = train.main(["--quick", "--shapes", "llama-style", "--libraries", "specformer", "transformers",
+                          "--precisions", "fp32", "bf16-true", "bf16"])
+    assert seen == [("specformer", torch.float32, False), ("transformers", torch.float32, False),
+                    ("specformer", torch.bfloat16, False), ("transformers", torch.bfloat16, False),
+                    ("specformer", torch.float32, True), ("transformers", torch.float32, True)]
+    assert [r["precision"] for r in payload["results"]] == ["fp32"] * 2 + ["bf16-true"] * 2 + ["bf16"] * 2
+    assert all(r["step_ms"] > 0 for r in payload["results"])
+
+
 @pytest.mark.slow
 def test_train_compile_rows_one_per_mode() -> None:
     payload = train.main(["--quick", "--shapes", "gpt2-style", "--libraries", "specformer", "--precisions",

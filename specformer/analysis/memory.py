@@ -177,10 +177,10 @@ def kv_cache_bytes(spec: Any, *, seq_len: int, batch: int = 1, dtype: str = "bf1
     ``seq_len`` tokens (as generation sizes it): ``seq_len`` positions per layer, or with a
     sliding window W at most ``min(seq_len, W - 1 + min(W, 128))``, its rolling buffer (the
     W - 1 positions a later query sees and room to append before they move:
-    :func:`specformer.specs.schema.window_positions`).
+    :func:`specformer.specs.window.window_positions`).
     A plugin's attention type is an :class:`AnalysisError`, or left out with ``skip_plugins``.
     """
-    from specformer.specs.schema import window_positions
+    from specformer.specs.window import window_positions
 
     spec = as_spec(spec)
     seq_len, batch = whole_number("seq_len", seq_len, 0), whole_number("batch", batch, 0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specformer.specs.schema import window_positions, window_slack
+from specformer.specs.window import window_positions, window_slack
 
 __all__ = ["KVCache", "CacheNotFilledError", "window_positions"]
 

@@ -51,8 +51,6 @@ __all__ = [
     "T5BiasSpec",
     "NoPositionalSpec",
     "AttentionSpec",
-    "window_positions",
-    "window_slack",
     "MLPSpec",
     "GLUSpec",
     "LayerNormSpec",
@@ -330,18 +328,6 @@ class AttentionSpec(Spec):
             )
         return self
 
-
-def window_slack(window: int) -> int:
-    """Room a sliding-window KV cache keeps beyond its W - 1 positions before it compacts."""
-    return min(window, 128)
-
-
-def window_positions(window: int) -> int:
-    """The most positions a layer with a sliding ``window`` W stores in its KV cache, however
-    long the sequence: the W - 1 a later query can see, plus min(W, 128) of room to append
-    before they move to a fresh buffer (:class:`specformer.components.cache.KVCache`; here,
-    without torch, so that ``show`` and ``diff`` size the cache without importing it)."""
-    return window - 1 + window_slack(window)
 
 def _divisors(n: int) -> list[int]:
     # trial division up to sqrt(n), and no further than 10^6: a mistyped d_model of 10^20

@@ -32,7 +32,7 @@ from specformer.data.corpus import (
 )
 from specformer.specs.training import LabelledDataSpec
 
-__all__ = ["LabelledCorpus", "labelled_corpus", "label_ids"]
+__all__ = ["LabelledCorpus", "labelled_corpus", "label_ids", "Columns", "is_table", "table_records", "row_values"]
 
 Label = int | str
 
@@ -117,39 +117,69 @@ def _read(
 ) -> tuple[list[tuple[str, Label]], list[str]]:
     rows: list[tuple[str, Label]] = []
     keys = []
+    columns = Columns(text=spec.text_field, label=spec.label_field)
     for key, path, text in read_texts(patterns, setting, digests):
-        found = list(_rows(path, text, spec, setting))
+        if _table_kind(path) is None and not _is_json_lines(path):
+            raise DataError(f"{setting}: {path} is not a table: labelled texts are read from .csv, .tsv, .json, "
+                            ".jsonl and .ndjson files (compressed or not)")
+        _, records = table_records(path, text, setting, columns)
+        found = [row_values(record, where, columns) for where, record in records]
         if not found:
             raise DataError(f"{setting}: {path} holds no rows (it is empty, or only a header)")
-        rows += found
+        rows += found  # type: ignore[arg-type]  # every row has a label: columns.label is set
         keys.append(key)
     return rows, keys
 
 
-def _rows(path: Path, text: str, spec: LabelledDataSpec, setting: str) -> Iterator[tuple[str, Label]]:
-    """(text, label) of each row; anything else is an error naming the file, the row and the setting."""
+@dataclass(frozen=True)
+class Columns:
+    """The columns (or JSON fields) a table's rows are read by, and the setting that names
+    each, for the errors: a training spec's fields, or a command's options."""
+
+    text: str
+    label: str | None
+    text_setting: str = "training.data.text_field"
+    label_setting: str = "training.data.label_field"
+
+    def named(self) -> list[tuple[str, str]]:
+        """(column, the setting that names it) of the columns every row must have."""
+        pairs = [(self.text, self.text_setting)]
+        return pairs if self.label is None else [*pairs, (self.label, self.label_setting)]
+
+
+def is_table(path: Path) -> bool:
+    """Whether ``path`` is a file of rows: ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or
+    ``.ndjson``, compressed or not."""
+    return _table_kind(path) is not None or _is_json_lines(path)
+
+
+def table_records(
+    path: Path, text: str, setting: str, columns: Columns
+) -> tuple[list[str] | None, Iterator[tuple[str, object]]]:
+    """The header of a table's rows (a CSV's or TSV's columns; None for JSON, whose records
+    name their own fields) and each row as (where, record): where is "``setting``: path:line"
+    (or ": item n" in a JSON array), for errors; a record is a dict of the row's columns as
+    read, or whatever a JSON line holds (:func:`row_values` checks it). A CSV header without
+    one of ``columns`` is an error naming the columns it has."""
     kind = _table_kind(path)
     if kind in ("csv", "tsv"):
         reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "tsv" else ",")
-        columns = list(reader.fieldnames or [])
-        for name, what in ((spec.text_field, "text_field"), (spec.label_field, "label_field")):
-            if name not in columns:
-                raise DataError(f"{setting}: {path}:1: no {name!r} column (training.data.{what}); the header row "
-                                f"has {', '.join(map(repr, columns[:8])) or 'no columns'}")
-        for row in reader:
-            yield _row(row, f"{setting}: {path}:{reader.line_num}", spec)
-        return
+        header = list(reader.fieldnames or [])
+        for name, what in columns.named():
+            if name not in header:
+                raise DataError(f"{setting}: {path}:1: no {name!r} column ({what}); the header row "
+                                f"has {', '.join(map(repr, header[:8])) or 'no columns'}")
+        return header, ((f"{setting}: {path}:{reader.line_num}", row) for row in reader)
     if kind == "json" and text.lstrip().startswith("["):
         try:
             records = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{setting}: {path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
-        for number, record in enumerate(records, start=1):
-            yield _row(record, f"{setting}: {path}: item {number}", spec)
-        return
-    if kind is None and not _is_json_lines(path):
-        raise DataError(f"{setting}: {path} is not a table: labelled texts are read from .csv, .tsv, .json, "
-                        ".jsonl and .ndjson files (compressed or not)")
+        return None, ((f"{setting}: {path}: item {number}", record) for number, record in enumerate(records, start=1))
+    return None, _json_lines(path, text, setting)
+
+
+def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, object]]:
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -158,33 +188,37 @@ def _rows(path: Path, text: str, spec: LabelledDataSpec, setting: str) -> Iterat
         except json.JSONDecodeError as exc:
             raise DataError(f"{setting}: {path}:{number}: not a JSON object ({exc.msg} at column {exc.colno}); a "
                             ".jsonl file holds one JSON object per line") from None
-        yield _row(record, f"{setting}: {path}:{number}", spec)
+        yield f"{setting}: {path}:{number}", record
 
 
-def _row(record: object, where: str, spec: LabelledDataSpec) -> tuple[str, Label]:
+def row_values(record: object, where: str, columns: Columns) -> tuple[str, Label | None]:
+    """(text, label) of a row (label None without a label column); anything else is an error
+    naming the row (``where``) and the setting of the column at fault."""
     if not isinstance(record, dict):
-        raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with {spec.text_field!r} and "
-                        f"{spec.label_field!r} fields")
-    values = []
-    for name, what in ((spec.text_field, "text_field"), (spec.label_field, "label_field")):
+        fields = " and ".join(repr(name) for name, _ in columns.named())
+        raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with {fields} "
+                        f"field{'s' if columns.label is not None else ''}")
+    for name, what in columns.named():
         if name not in record:
             has = ", ".join(map(repr, list(record)[:8])) or "no fields"
-            raise DataError(f"{where}: no {name!r} field (training.data.{what}); this row has {has}")
-        values.append(record[name])
-    text, label = values
+            raise DataError(f"{where}: no {name!r} field ({what}); this row has {has}")
+    text = record[columns.text]
     if not isinstance(text, str):
-        raise DataError(f"{where}: the text ({spec.text_field!r}) is {_kind(text)}, not a string")
+        raise DataError(f"{where}: the text ({columns.text!r}) is {_kind(text)}, not a string")
     text, _ = _plain_text(text)
     if not text.strip():
-        raise DataError(f"{where}: the text ({spec.text_field!r}) is empty; every row needs a text to classify")
+        raise DataError(f"{where}: the text ({columns.text!r}) is empty; every row needs a text to classify")
+    if columns.label is None:
+        return text, None
+    label = record[columns.label]
     if isinstance(label, str):
         label = label.strip()
         if label.isdigit():
             label = int(label)
         elif not label:
-            raise DataError(f"{where}: the label ({spec.label_field!r}) is empty")
+            raise DataError(f"{where}: the label ({columns.label!r}) is empty")
     elif isinstance(label, bool) or not isinstance(label, int):
-        raise DataError(f"{where}: the label ({spec.label_field!r}) is {_kind(label)}: a label is a class id "
+        raise DataError(f"{where}: the label ({columns.label!r}) is {_kind(label)}: a label is a class id "
                         "(an integer) or a name (a string)")
     return text, label
 

@@ -40,7 +40,8 @@ from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_e
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE, TASK_SPECIALS
 
-__all__ = ["PreparedData", "prepare", "SpecDataModule", "default_num_workers"]
+__all__ = ["PreparedData", "prepare", "SpecDataModule", "default_num_workers", "classification_ids", "classification_pad_id",
+           "text_room"]
 
 
 @dataclass
@@ -362,11 +363,7 @@ def _prepare_labelled(
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
     seq_len = t.seq_len or spec.max_seq_len
-    before, after = tokenizer.template()
-    room = seq_len - len(before) - len(after)
-    if room < 1:
-        raise DataError(f"seq_len={seq_len} leaves no room for a text between the tokenizer's "
-                        f"{len(before) + len(after)} template tokens; raise training.seq_len")
+    room = text_room(tokenizer, seq_len)
     head = spec.head
     train_held = "val_paths" if getattr(t.data, "val_paths", None) is not None else "paths"
     if not corpus.val:
@@ -381,9 +378,9 @@ def _prepare_labelled(
         nonlocal cut
         out = []
         for (text, _), label in zip(rows, ids, strict=True):
-            tokens = tokenizer.encode(text, specials=False)
-            cut += len(tokens) > room
-            out.append(([*before, *tokens[:room], *after], label))
+            framed, was_cut = classification_ids(tokenizer, text, seq_len)
+            cut += was_cut
+            out.append((framed, label))
         return LabelledTexts(out)
 
     train, val = encode(corpus.train, labels), encode(corpus.val, val_labels)
@@ -398,6 +395,33 @@ def _prepare_labelled(
         n_train_tokens=train.n_tokens(), n_val_tokens=val.n_tokens(),
         extra={"label_names": names, "truncated_texts": cut}, fingerprint=corpus.fingerprint,
     )
+
+
+def text_room(tokenizer: Tokenizer, seq_len: int, *, setting: str = "training.seq_len") -> int:
+    """How many of a text's tokens fit a sequence of ``seq_len`` beside the tokenizer's template
+    (BERT's ``[CLS] … [SEP]``); too few for one is an error naming ``setting``."""
+    before, after = tokenizer.template()
+    room = seq_len - len(before) - len(after)
+    if room < 1:
+        raise DataError(f"seq_len={seq_len} leaves no room for a text between the tokenizer's "
+                        f"{len(before) + len(after)} template tokens; raise {setting}")
+    return room
+
+
+def classification_ids(tokenizer: Tokenizer, text: str, seq_len: int) -> tuple[list[int], bool]:
+    """The ids a classifier reads for ``text``, and whether it was cut: its tokens framed by
+    the tokenizer's template, the text's first tokens kept so that the whole fits ``seq_len``
+    (the template's tokens stay). Training, evaluation and ``classify`` read a text so."""
+    before, after = tokenizer.template()
+    room = text_room(tokenizer, seq_len)
+    tokens = tokenizer.encode(text, specials=False)
+    return [*before, *tokens[:room], *after], len(tokens) > room
+
+
+def classification_pad_id(tokenizer: Tokenizer) -> int:
+    """The id a batch of classified texts is padded with (masked out: any id would do, the
+    tokenizer's padding token when it has one)."""
+    return next((i for i in (tokenizer.pad_id, tokenizer.eot_id) if i is not None), 0)
 
 
 class SpecDataModule(L.LightningDataModule):
@@ -489,8 +513,7 @@ class SpecDataModule(L.LightningDataModule):
         if kind == "causal_lm":
             return CausalLMCollator()
         if kind == "classification":
-            pad = next((i for i in (tok.pad_id, tok.eot_id) if i is not None), 0)
-            return ClassificationCollator(pad_id=pad)
+            return ClassificationCollator(pad_id=classification_pad_id(tok))
         if kind == "sft":
             assert tok.eot_id is not None
             return SFTCollator(pad_id=tok.pad_id if tok.pad_id is not None else tok.eot_id)

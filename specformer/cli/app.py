@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -13,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly"]
+__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "check_output_file"]
 
 
 class _Group(TyperGroup):
@@ -119,3 +121,26 @@ def stops_cleanly(when: str) -> Iterator[None]:
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Fail before any work if ``path`` cannot be a file we write: it is a folder, or a
+    part of its folder path is a file, or that folder is not writable."""
+
+    def fail(message: str) -> typer.Exit:
+        print_error(message)
+        return typer.Exit(1)
+
+    if path.is_dir():
+        raise fail(f"{option} {path}: is a folder; give the name of the file to write")
+    from specformer.data.cache import is_stream
+
+    if is_stream(path):  # /dev/null, a pipe: written as it is
+        if not os.access(path, os.W_OK):
+            raise fail(f"{option} {path}: is not writable")
+        return
+    existing = next((p for p in path.parents if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise fail(f"{option} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise fail(f"{option} {path}: the folder {existing} is not writable")

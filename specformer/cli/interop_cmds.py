@@ -6,7 +6,6 @@ plain safetensors (``pytorch_model.bin`` is read with ``torch.load(weights_only=
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from specformer.cli.app import app, console, print_error, stops_cleanly
+from specformer.cli.app import app, check_output_file, console, print_error, stops_cleanly
 
 __all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
 
@@ -138,9 +137,9 @@ def import_hf_cmd(
         raise _fail("--name is empty; give a name, or leave --name out for the model's own")
     if weights is not None and weights.suffix != ".safetensors":
         raise _fail(f"--weights {weights}: the converted weights are written as safetensors; use a .safetensors name")
-    _check_output_file(output, "--output")
+    check_output_file(output, "--output")
     if weights is not None:
-        _check_output_file(weights, "--weights")
+        check_output_file(weights, "--weights")
         if weights.resolve() == output.resolve():
             raise _fail(f"--output and --weights are the same file ({output})")
     with stops_cleanly("while importing; nothing was written"):
@@ -245,7 +244,7 @@ def export_hf_cmd(
         raise _fail(f"{source}: no such file or folder")
     if output.exists() and not output.is_dir():
         raise _fail(f"--output {output}: is a file; export-hf writes a folder (config.json + model.safetensors)")
-    _check_output_file(output / "config.json", "--output")
+    check_output_file(output / "config.json", "--output")
     with stops_cleanly("while exporting; nothing was written"):
         spec, state, tokenizer = _read_source(source, spec_source)
         warnings: list[str] = []
@@ -283,24 +282,6 @@ def export_hf_cmd(
                 "are these weights' tokenizer",
                 label="[yellow]warning:[/]",
             )
-
-
-def _check_output_file(path: Path, option: str) -> None:
-    """Fail before any work if ``path`` cannot be a file we write: it is a folder, or a
-    part of its folder path is a file, or that folder is not writable."""
-    if path.is_dir():
-        raise _fail(f"{option} {path}: is a folder; give the name of the file to write")
-    from specformer.data.cache import is_stream
-
-    if is_stream(path):  # /dev/null, a pipe: written as it is
-        if not os.access(path, os.W_OK):
-            raise _fail(f"{option} {path}: is not writable")
-        return
-    existing = next((p for p in path.parents if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise _fail(f"{option} {path}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise _fail(f"{option} {path}: the folder {existing} is not writable")
 
 
 def _write_error(exc: OSError) -> str:

@@ -1,4 +1,4 @@
-"""``specformer train``, ``generate``, ``eval`` and ``fill-mask``: training and using models.
+"""``specformer train``, ``generate``, ``eval``, ``fill-mask`` and ``classify``: training and using models.
 
 Thin: each command loads, calls :mod:`specformer.training` / :mod:`specformer.data`,
 and prints. torch and Lightning are imported inside the commands.
@@ -22,7 +22,7 @@ from specformer.cli.app import app, console, err_console, print_error, stops_cle
 from specformer.cli.spec_cmds import SetOption, print_problems
 from specformer.specs.errors import SpecError
 
-__all__ = ["train_cmd", "generate_cmd", "eval_cmd", "fill_mask_cmd", "load_training_file"]
+__all__ = ["train_cmd", "generate_cmd", "eval_cmd", "fill_mask_cmd", "classify_cmd", "load_training_file"]
 
 DEBUG_ENV = "SPECFORMER_DEBUG"
 
@@ -945,3 +945,322 @@ def _encode_with_masks(tok: Any, text: str) -> list[int]:
             if piece:
                 ids.extend(tok.encode(piece))
     return ids
+
+
+_OUTPUT_KINDS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json"}
+
+
+@app.command("classify")
+def classify_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or run folder of a classifier, or a .safetensors file of its weights with --spec.")],
+    texts: Annotated[list[str] | None, typer.Argument(help="Texts to classify; - reads them from standard input, one a line.", show_default=False)] = None,
+    file: Annotated[str | None, typer.Option("--file", "-f", help="Texts to classify: a table (.csv, .tsv with a header row, .json, .jsonl, .ndjson; .gz, .bz2, .xz read decompressed) or a plain text file, one text a line; - is standard input.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the predictions to this file, as its extension says: .csv, .tsv, .jsonl (.ndjson) or .json; a table's own columns are kept. Default: a table on the screen.")] = None,
+    text_column: Annotated[str | None, typer.Option("--text-column", help="The table's column (or JSON field) of texts. Default: the one the model was trained on (training.data.text_field), else text.")] = None,
+    label_column: Annotated[str | None, typer.Option("--label-column", help="The table's column of true labels, for an accuracy line. Default: the one the model was trained on (training.data.label_field, else label) when the table has it.")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Labels shown (and written) per text, most likely first.")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Texts read by the model at once.")] = 32,
+    max_length: Annotated[int | None, typer.Option("--max-length", min=1, help="The most tokens of a text read, template included. Default: the length the model was trained at (training.seq_len, else max_seq_len), where training cut its texts.")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto (a GPU when there is one: cuda, then mps), cpu, cuda, cuda:N or mps.")] = "auto",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar while a file's texts are classified.")] = True,
+    spec_source: SpecOfWeights = None,
+) -> None:
+    """Classify texts with a trained sequence classifier: each text's most likely label and its probability.
+
+    As Hugging Face's `pipeline("text-classification")`: the probabilities are the softmax
+    of the classification head's logits, and the labels the names the model was trained
+    with (`head.labels`; class ids for a model trained on integer labels). Each text is
+    read as training read it: framed by the tokenizer's template and cut to the length the
+    model was trained at (a warning says how many texts were cut).
+
+    A few texts are shown as a table; `-o` writes every prediction to a file (replaced
+    whole when done: Ctrl-C leaves no half-written file), with the input table's own
+    columns and `prediction`, `probability` (and `prediction_2`, `probability_2`, ... with
+    `--top-k`). A table with a column of true labels (the model's own label column, or
+    `--label-column`) also gets an accuracy line: a test set scored as `eval` scores the
+    held-out rows.
+
+    Examples:
+
+    ```
+    specformer classify runs/my-bert/<timestamp> "a good film" "the plot was bad"
+    specformer classify CKPT --file test.csv -o predictions.csv   # accuracy when test.csv has a label column
+    specformer classify CKPT --file reviews.jsonl --text-column review --top-k 3 -o out.jsonl
+    cat texts.txt | specformer classify CKPT -
+    specformer classify my.safetensors --spec my.yaml "a good film"   # import-hf's classifier
+    ```
+    """
+    from specformer.cli.app import check_output_file
+
+    given = list(texts or [])
+    stdin = given == ["-"] or file == "-"
+    if given and file is not None:
+        raise _fail("give texts or --file, not both")
+    if not given and file is None:
+        raise _fail("give texts to classify, --file FILE, or - to read them from standard input",
+                    'e.g. specformer classify CKPT "a good film"')
+    if "-" in given and len(given) > 1:
+        raise _fail("- reads the texts from standard input: give it alone")
+    if output is not None:
+        if output.suffix.lower() not in _OUTPUT_KINDS:
+            raise _fail(f"--output {output}: the extension says how it is written; give a .csv, .tsv, .jsonl, "
+                        ".ndjson or .json name")
+        check_output_file(output, "--output")
+    table_options = [name for name, value in (("--text-column", text_column), ("--label-column", label_column))
+                     if value is not None]
+    if table_options and file is None:
+        raise _fail(f"{', '.join(table_options)} name{'s' if len(table_options) == 1 else ''} a column of a "
+                    "--file table; texts given on the command line have none")
+    with _starting():
+        import torch
+
+        from specformer.training.classify import NotAClassifier, check_classifier, classify, score
+
+    with _errors_for_people(stopped="; nothing was written"):
+        loaded = _load_checkpoint(checkpoint, spec_source)
+        spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
+        try:
+            check_classifier(spec)
+        except NotAClassifier as exc:
+            raise _fail(f"{checkpoint}: {exc}") from None
+        if tok is None:
+            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
+        table = _classify_inputs(given, file, stdin, spec, text_column, label_column)
+        length = max_length if max_length is not None else (spec.training.seq_len or spec.max_seq_len)
+        if max_length is not None:
+            _check_length_change(spec, max_length, "--max-length")
+        from specformer.data.module import text_room
+
+        text_room(tok, length, setting="--max-length")
+        model.to(_classify_device(device, torch))
+        n = len(table.texts)
+        bar = progress and file is not None and err_console.is_terminal and n > batch_size
+        with _classify_progress(bar, n) as advance:
+            result = classify(model, tok, table.texts, top_k=top_k, batch_size=batch_size, seq_len=length,
+                              on_batch=advance)
+        if result.truncated:
+            trained = "the length the model was trained at" if max_length is None else "--max-length"
+            print_error(f"{result.truncated} of {n} text{'s' if n != 1 else ''} are longer than {length} tokens "
+                        f"({trained}, template included): each was cut to its first tokens, as training cut them",
+                        label="[yellow]warning:[/]")
+        if output is not None:
+            _write_predictions(output, table, result.predictions, top_k=min(top_k, len(result.labels)))
+        else:
+            _show_predictions(table, result.predictions)
+        if table.labels is not None:
+            scored = score(result.predictions, table.labels, result.labels)
+            _show_score(scored, result.labels, table.label_column)
+    if output is not None:
+        console.print(f"wrote {len(result.predictions):,} predictions to {escape(str(output))}", highlight=False,
+                      soft_wrap=True)
+
+
+@contextmanager
+def _classify_progress(shown: bool, total: int) -> Iterator[Callable[[int], None] | None]:
+    """A rich bar over the texts classified (on stderr), or nothing."""
+    if not shown:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("[bold]classify"), BarColumn(bar_width=None), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("classify", total=total)
+        yield lambda done: bar.update(task, completed=done)
+
+
+def _classify_device(name: str, torch: Any) -> Any:
+    """The device of ``--device``: auto takes a GPU when there is one (cuda, then mps)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
+    try:
+        found = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise _fail(f"--device {name}: not a device; give auto, cpu, cuda, cuda:N or mps") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise _fail(f"--device {name}: this machine has no CUDA GPU (or torch was built without CUDA)",
+                    "leave --device out (auto) to run where it can")
+    if found.type == "cuda" and found.index is not None and found.index >= torch.cuda.device_count():
+        raise _fail(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPUs (cuda:0-"
+                    f"{torch.cuda.device_count() - 1})")
+    if found.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise _fail(f"--device {name}: this machine has no MPS GPU")
+    if found.type not in ("cpu", "cuda", "mps"):
+        raise _fail(f"--device {name}: give auto, cpu, cuda, cuda:N or mps")
+    return found
+
+
+class _Inputs:
+    """The texts to classify: a table's rows (its columns kept for the output) or bare texts."""
+
+    def __init__(self, texts: list[str], *, columns: list[str] | None = None, records: list[dict] | None = None,
+                 labels: list[Any] | None = None, label_column: str | None = None) -> None:
+        self.texts, self.labels, self.label_column = texts, labels, label_column
+        self.columns = columns if columns is not None else ["text"]
+        self.records = records if records is not None else [{"text": t} for t in texts]
+
+
+def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any, text_column: str | None,
+                     label_column: str | None) -> _Inputs:
+    """What ``classify`` reads: texts on the command line, lines of standard input, a plain
+    text file's lines, or a table's rows (the reader of labelled training data, with the
+    columns the model was trained on unless the options name others)."""
+    import sys
+
+    from specformer.data.corpus import DataError, read_texts
+    from specformer.data.labelled import Columns, is_table, read_text_table
+
+    if given and not stdin:
+        empty = [i for i, text in enumerate(given, start=1) if not text.strip()]
+        if empty:
+            raise _fail(f"text {empty[0]} is empty; every text needs something to classify")
+        return _Inputs(given)
+    if stdin:
+        if text_column or label_column:
+            raise _fail("standard input is read as plain text, one text a line: --text-column and --label-column "
+                        "name a column of a --file table")
+        if sys.stdin.isatty():
+            print_error("reading texts from standard input, one a line (Ctrl-D ends them)", label="[dim]note:[/]")
+        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        texts = [line for line in lines if line.strip()]
+        if not texts:
+            raise _fail("standard input holds no texts (it is empty, or blank lines only)")
+        return _Inputs(texts)
+    assert file is not None
+    path = Path(file).expanduser()
+    if not path.exists():
+        raise _fail(f"--file {file}: no such file")
+    if path.is_dir():
+        raise _fail(f"--file {file}: is a folder; give the file of texts")
+    key, path, text = next(read_texts((str(path),), "--file", []))
+    if not is_table(path):
+        if table_options := [o for o, v in (("--text-column", text_column), ("--label-column", label_column)) if v]:
+            raise _fail(f"--file {file} is plain text, one text a line: {', '.join(table_options)} name a column of a "
+                        "table (.csv, .tsv, .json, .jsonl, .ndjson)")
+        texts = [line for line in text.splitlines() if line.strip()]
+        if not texts:
+            raise _fail(f"--file {file} holds no texts (it is empty, or blank lines only)")
+        return _Inputs(texts)
+    data = spec.training.data if spec.training is not None else None
+    trained = data if data is not None and data.type == "labelled" else None
+    columns = Columns(
+        text=text_column or (trained.text_field if trained else "text"),
+        label=label_column or (trained.label_field if trained else "label"),
+        text_setting="--text-column", label_setting="--label-column",
+    )
+    try:
+        table = read_text_table(path, text, "--file", columns, optional_label=label_column is None)
+    except DataError as exc:
+        raise _fail(str(exc)) from None
+    return _Inputs(table.texts, columns=table.columns, records=table.records, labels=table.labels,
+                   label_column=columns.label if table.labels is not None else None)
+
+
+def _prediction_fields(prediction: Any, top_k: int) -> dict[str, Any]:
+    """``prediction``, ``probability`` (and ``prediction_2``, ``probability_2``, ...)."""
+    fields: dict[str, Any] = {}
+    for rank, (label, p) in enumerate(prediction.top[:top_k], start=1):
+        suffix = "" if rank == 1 else f"_{rank}"
+        fields[f"prediction{suffix}"] = label
+        fields[f"probability{suffix}"] = p
+    return fields
+
+
+def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, top_k: int) -> None:
+    """The input's rows with their predictions, written atomically as ``output``'s extension
+    says; the file is replaced only once it is whole."""
+    import csv
+    import io
+    import json
+
+    from specformer.data.cache import atomic_file
+
+    rows = [{**record, **_prediction_fields(p, top_k)} for record, p in zip(table.records, predictions, strict=True)]
+    added = list(_prediction_fields(predictions[0], top_k))
+    replaced = [c for c in added if c in table.columns]
+    if replaced:
+        print_error(f"the input's column{'s' if len(replaced) > 1 else ''} {', '.join(map(repr, replaced))} "
+                    f"{'are' if len(replaced) > 1 else 'is'} replaced by the predictions in {output}",
+                    label="[yellow]warning:[/]")
+    columns = [*table.columns, *(c for c in added if c not in table.columns)]
+    kind = _OUTPUT_KINDS[output.suffix.lower()]
+    if kind in ("csv", "tsv"):
+        buffer = io.StringIO(newline="")
+        writer = csv.writer(buffer, delimiter="\t" if kind == "tsv" else ",", lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row.get(c)) for c in columns])
+        data = buffer.getvalue()
+    else:
+        lines = [json.dumps({c: row[c] for c in columns if c in row}, ensure_ascii=False) for row in rows]
+        data = "\n".join(lines) + "\n" if kind == "jsonl" else "[\n" + ",\n".join(lines) + "\n]\n"
+    try:
+        with atomic_file(output) as f:
+            f.write(data.encode("utf-8"))
+    except OSError as exc:
+        kept = "; the file from before is as it was" if output.is_file() else ""
+        raise _fail(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}") from None
+
+
+def _cell(value: Any) -> str:
+    """A table cell: a string as it is, a JSON value (from a .jsonl input) as JSON, nothing as ''."""
+    import json
+
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _show_predictions(table: _Inputs, predictions: list[Any]) -> None:
+    """The predictions as a table on the screen: each text, then its labels by rank."""
+    from rich.text import Text
+
+    ranks = max(len(p.top) for p in predictions)
+    out = Table(show_lines=ranks > 1)
+    out.add_column("#", justify="right", style="dim")
+    out.add_column("text", overflow="fold", ratio=1)
+    if ranks > 1:
+        out.add_column("rank", justify="right")
+    out.add_column("label")
+    out.add_column("probability", justify="right")
+    if table.labels is not None:
+        out.add_column(f"true ({table.label_column})")
+    for n, (text, p) in enumerate(zip(table.texts, predictions, strict=True), start=1):
+        shown = text if len(text) <= 200 else text[:199] + "…"
+        truth = [str(table.labels[n - 1])] if table.labels is not None else []
+        labels = [Text(str(label)) for label, _ in p.top]
+        probs = [f"{q:.3f}" for _, q in p.top]
+        if ranks > 1:
+            out.add_row(str(n), Text(shown), "\n".join(str(r) for r in range(1, len(p.top) + 1)),
+                        Text("\n").join(labels), "\n".join(probs), *truth)
+        else:
+            out.add_row(str(n), Text(shown), labels[0], probs[0], *truth)
+    console.print(out)
+
+
+def _show_score(scored: Any, names: tuple[Any, ...], column: str | None) -> None:
+    """The accuracy line, and the labels the model does not know."""
+    if scored.unknown:
+        shown = ", ".join(f"{label!r} ({count} text{'s' if count != 1 else ''})"
+                          for label, count in list(scored.unknown.items())[:10])
+        more = f", and {len(scored.unknown) - 10} more" if len(scored.unknown) > 10 else ""
+        print_error(f"the {column!r} column has labels this model does not have: {shown}{more}; they are left out "
+                    f"of the accuracy (the model's labels: {', '.join(map(repr, names))})",
+                    label="[yellow]warning:[/]")
+    if scored.counted:
+        console.print(f"[bold]accuracy[/] {100 * scored.accuracy:.1f}% ({scored.correct:,} of {scored.counted:,} "
+                      f"texts with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)

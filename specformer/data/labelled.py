@@ -32,7 +32,8 @@ from specformer.data.corpus import (
 )
 from specformer.specs.training import LabelledDataSpec
 
-__all__ = ["LabelledCorpus", "labelled_corpus", "label_ids", "Columns", "is_table", "table_records", "row_values"]
+__all__ = ["LabelledCorpus", "labelled_corpus", "label_ids", "Columns", "is_table", "table_records", "row_values",
+           "TextTable", "read_text_table"]
 
 Label = int | str
 
@@ -225,3 +226,38 @@ def row_values(record: object, where: str, columns: Columns) -> tuple[str, Label
 
 def _kind(value: object) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
+
+
+@dataclass
+class TextTable:
+    """The rows of one table of texts to classify: its columns in order (a CSV's header, or
+    the JSON fields in the order they first occur), each row as read, and each row's text
+    and label (labels None without a label column)."""
+
+    columns: list[str]
+    records: list[dict[str, object]]
+    texts: list[str]
+    labels: list[Label] | None
+
+
+def read_text_table(path: Path, text: str, setting: str, columns: Columns, *, optional_label: bool = False) -> TextTable:
+    """The rows of a table file's ``text`` (:func:`table_records`) read by ``columns``. With
+    ``optional_label``, a table without ``columns.label`` (a CSV header without it, or a JSON
+    row) is read without labels instead of being an error."""
+    if optional_label and columns.label is not None:
+        header, records = table_records(path, text, setting, Columns(columns.text, None, columns.text_setting))
+        rows = list(records)
+        has_label = (columns.label in header if header is not None
+                     else bool(rows) and all(isinstance(r, dict) and columns.label in r for _, r in rows))
+        if not has_label:
+            columns = Columns(columns.text, None, columns.text_setting, columns.label_setting)
+    else:
+        header, records = table_records(path, text, setting, columns)
+        rows = list(records)
+    values = [row_values(record, where, columns) for where, record in rows]
+    if not values:
+        raise DataError(f"{setting}: {path} holds no rows (it is empty, or only a header)")
+    order = list(header) if header is not None else list(dict.fromkeys(k for _, r in rows for k in r))  # type: ignore[union-attr]
+    records_ = [{k: v for k, v in r.items() if k is not None} for _, r in rows]  # type: ignore[union-attr]
+    return TextTable(columns=order, records=records_, texts=[t for t, _ in values],
+                     labels=[label for _, label in values] if columns.label is not None else None)  # type: ignore[misc]

@@ -1,5 +1,5 @@
-"""Training: objectives, schedules, the optimizer, checkpoints, callbacks, generation and
-the :func:`train` entry point behind ``specformer train``."""
+"""Training: objectives, schedules, the optimizer, checkpoints, callbacks, generation,
+classification and the :func:`train` entry point behind ``specformer train``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ __all__ = [
     "generate_seq2seq",
     "beam_search",
     "encode_prompt",
+    "classify",
     "load_checkpoint",
     "CheckpointError",
 ]
@@ -38,6 +39,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-# eager, not lazy: the submodule ``generate`` has the function's name, and importing a
-# submodule binds it on the package, which would hand out the module instead
+# eager, not lazy: the submodules ``generate`` and ``classify`` have their functions' names, and
+# importing a submodule binds it on the package, which would hand out the module instead
+from specformer.training.classify import classify  # noqa: E402
 from specformer.training.generate import beam_search, encode_prompt, generate, generate_seq2seq  # noqa: E402

@@ -63,8 +63,9 @@ def _llama_folder(tmp_path: Path) -> tuple[Path, Any]:
     return folder, model
 
 
-def _bert_folder(tmp_path: Path) -> tuple[Path, Any]:
-    """A tiny BERT whose WordPiece tokenizer.json frames every text as ``[CLS] … [SEP]``."""
+def _bert_folder(tmp_path: Path, head: str = "BertForMaskedLM", **settings: Any) -> tuple[Path, Any]:
+    """A tiny BERT whose WordPiece tokenizer.json frames every text as ``[CLS] … [SEP]``
+    (``head``: its class in transformers; ``settings``: more of its config)."""
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -88,9 +89,9 @@ def _bert_folder(tmp_path: Path) -> tuple[Path, Any]:
         mask_token="[MASK]")
     config = transformers.BertConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+        intermediate_size=64, max_position_embeddings=64, pad_token_id=0, **settings)
     torch.manual_seed(0)
-    model = _perturbed(transformers.BertForMaskedLM(config), 2)
+    model = _perturbed(getattr(transformers, head)(config), 2)
     folder = tmp_path / "bert"
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
@@ -192,6 +193,35 @@ def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tm
     ids = inputs.input_ids[0].tolist()
     ids[at] = best.indices[0].item()
     assert filled == "filled: " + hf_tok.decode(ids[1:-1])
+
+
+@pytest.mark.parametrize("source", ["checkpoint", "weights"])
+def test_classify_of_an_imported_bert_classifier_gives_the_text_classification_pipelines_scores(
+    tmp_path: Path, source: str
+) -> None:
+    import json
+
+    folder, hf = _bert_folder(tmp_path, "BertForSequenceClassification", num_labels=3,
+                              id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
+    args = _imported_source(folder, tmp_path, source)
+    texts = ["the model is here", "said the modeller to the other model.", "the model " * 40]  # the last: cut
+    pipe = transformers.pipeline("text-classification", model=hf, tokenizer=transformers.AutoTokenizer
+                                 .from_pretrained(folder), top_k=None, truncation=True, max_length=64)
+    theirs = [{d["label"]: d["score"] for d in found} for found in pipe(texts)]
+
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["classify", *args, *texts, "--top-k", "3", "-o", str(out), "--batch-size", "2"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "1 of 3 texts are longer than 64 tokens" in " ".join(result.output.split())
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["text"] for row in rows] == texts
+    for row, scores in zip(rows, theirs, strict=True):
+        ours = {row[f"prediction{s}"]: row[f"probability{s}"] for s in ("", "_2", "_3")}
+        assert set(ours) == {"neg", "neu", "pos"}
+        for label, p in scores.items():
+            assert ours[label] == pytest.approx(p, abs=1e-5), (label, ours, scores)
+        assert row["prediction"] == max(scores, key=scores.get)
 
 
 # --------------------------------------------------------------------------- encoder-decoders

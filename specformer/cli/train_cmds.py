@@ -1047,6 +1047,9 @@ def classify_cmd(
             _write_predictions(output, table, result.predictions, top_k=min(top_k, len(result.labels)))
         else:
             _show_predictions(table, result.predictions)
+            if n > 50:
+                print_error(f"{n:,} texts: -o predictions.csv (or .tsv, .jsonl, .json) writes them to a file",
+                            label="[dim]note:[/]")
         if table.labels is not None:
             scored = score(result.predictions, table.labels, result.labels)
             _show_score(scored, result.labels, table.label_column)

@@ -189,6 +189,7 @@ def test_the_training_columns_are_the_default_and_a_label_column_gives_accuracy(
     assert "true (label)" in out.output
     accuracy = float(out.output.split("accuracy")[1].split("%")[0])
     assert accuracy >= 90.0 and "of 60 texts with a label, the 'label' column" in out.output
+    assert "note: 60 texts: -o predictions.csv (or .tsv, .jsonl, .json) writes them to a file" in out.output
     plain = tmp_path / "texts.txt"
     plain.write_text("good film\n\nbad plot\n")
     out = _cli(classifier, "--file", str(plain))
@@ -220,6 +221,13 @@ def test_errors_name_the_file_the_columns_and_the_command_that_fits(
     assert out.exit_code == 1 and "--text-column names a column of a --file table" in out.output
     out = _cli(classifier, "--file", "-", "--text-column", "x", input="good\n")
     assert out.exit_code == 1 and "standard input is read as plain text, one text a line" in out.output
+    if not torch.cuda.is_available():
+        out = _cli(classifier, "a", "--device", "cuda")
+        assert out.exit_code == 1 and "--device cuda: this machine has no CUDA GPU" in out.output
+    out = _cli(classifier, "a", "--device", "tpu")
+    assert out.exit_code == 1 and "--device tpu: not a device; give auto, cpu, cuda, cuda:N or mps" in out.output
+    out = _cli(classifier, "a", "--max-length", "100")  # the model's learned table has 64 rows
+    assert out.exit_code == 1 and "--max-length=100: this model's learned position table has 64 positions" in out.output
     decoder = train(load_spec(tiny("decoder", max_steps=2, val_interval=2)), progress=False).checkpoint
     out = _cli(decoder, "a text")
     assert out.exit_code == 1

@@ -1162,7 +1162,7 @@ def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any,
         text_setting="--text-column", label_setting="--label-column",
     )
     try:
-        table = read_text_table(path, text, "--file", columns, optional_label=label_column is None)
+        table = read_text_table(path, text, "--file", columns, optional_label=label_column is None, blank_labels=True)
     except DataError as exc:
         raise _fail(str(exc)) from None
     return _Inputs(table.texts, columns=table.columns, records=table.records, labels=table.labels,
@@ -1244,7 +1244,7 @@ def _show_predictions(table: _Inputs, predictions: list[Any]) -> None:
         out.add_column(f"true ({table.label_column})")
     for n, (text, p) in enumerate(zip(table.texts, predictions, strict=True), start=1):
         shown = text if len(text) <= 200 else text[:199] + "…"
-        truth = [str(table.labels[n - 1])] if table.labels is not None else []
+        truth = [Text("" if table.labels[n - 1] is None else str(table.labels[n - 1]))] if table.labels is not None else []
         labels = [Text(str(label)) for label, _ in p.top]
         probs = [f"{q:.3f}" for _, q in p.top]
         if ranks > 1:

@@ -192,9 +192,10 @@ def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, obje
         yield f"{setting}: {path}:{number}", record
 
 
-def row_values(record: object, where: str, columns: Columns) -> tuple[str, Label | None]:
-    """(text, label) of a row (label None without a label column); anything else is an error
-    naming the row (``where``) and the setting of the column at fault."""
+def row_values(record: object, where: str, columns: Columns, *, blank_label: bool = False) -> tuple[str, Label | None]:
+    """(text, label) of a row (label None without a label column, or with ``blank_label`` where
+    the row's label is empty or null); anything else is an error naming the row (``where``)
+    and the setting of the column at fault."""
     if not isinstance(record, dict):
         fields = " and ".join(repr(name) for name, _ in columns.named())
         raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with {fields} "
@@ -212,6 +213,8 @@ def row_values(record: object, where: str, columns: Columns) -> tuple[str, Label
     if columns.label is None:
         return text, None
     label = record[columns.label]
+    if blank_label and (label is None or (isinstance(label, str) and not label.strip())):
+        return text, None
     if isinstance(label, str):
         label = label.strip()
         if label.isdigit():
@@ -232,18 +235,20 @@ def _kind(value: object) -> str:
 class TextTable:
     """The rows of one table of texts to classify: its columns in order (a CSV's header, or
     the JSON fields in the order they first occur), each row as read, and each row's text
-    and label (labels None without a label column)."""
+    and label (labels None without a label column; a label None where a row has none)."""
 
     columns: list[str]
     records: list[dict[str, object]]
     texts: list[str]
-    labels: list[Label] | None
+    labels: list[Label | None] | None
 
 
-def read_text_table(path: Path, text: str, setting: str, columns: Columns, *, optional_label: bool = False) -> TextTable:
+def read_text_table(path: Path, text: str, setting: str, columns: Columns, *, optional_label: bool = False,
+                    blank_labels: bool = False) -> TextTable:
     """The rows of a table file's ``text`` (:func:`table_records`) read by ``columns``. With
     ``optional_label``, a table without ``columns.label`` (a CSV header without it, or a JSON
-    row) is read without labels instead of being an error."""
+    row) is read without labels instead of being an error; with ``blank_labels``, a row whose
+    label is empty (or null) has the label None."""
     if optional_label and columns.label is not None:
         header, records = table_records(path, text, setting, Columns(columns.text, None, columns.text_setting))
         rows = list(records)
@@ -254,7 +259,7 @@ def read_text_table(path: Path, text: str, setting: str, columns: Columns, *, op
     else:
         header, records = table_records(path, text, setting, columns)
         rows = list(records)
-    values = [row_values(record, where, columns) for where, record in rows]
+    values = [row_values(record, where, columns, blank_label=blank_labels) for where, record in rows]
     if not values:
         raise DataError(f"{setting}: {path} holds no rows (it is empty, or only a header)")
     order = list(header) if header is not None else list(dict.fromkeys(k for _, r in rows for k in r))  # type: ignore[union-attr]

@@ -135,6 +135,9 @@ def classify(
     if spec is None:
         raise ValueError("classify takes a model built from a spec (build_model, load_checkpoint(...).model)")
     check_classifier(spec)
+    if tokenizer is None:
+        raise ValueError("classify needs the model's tokenizer (load_checkpoint(...).tokenizer): the texts are read "
+                         "as its token ids")
     if isinstance(texts, str):
         raise ValueError("texts is a list of texts; one text is [text]")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -193,17 +196,19 @@ class Score:
         return self.correct / self.counted if self.counted else None
 
 
-def score(predictions: Sequence[Prediction], labels: Sequence[Label], names: Sequence[Label]) -> Score:
+def score(predictions: Sequence[Prediction], labels: Sequence[Label | None], names: Sequence[Label]) -> Score:
     """Compare ``predictions`` with the texts' ``labels`` as training numbers labels: when
     every label is an integer they are class ids, else names of ``names`` (the model's
     classes, :func:`class_names`). A label the model does not have is counted in
-    ``unknown``, not as a wrong prediction."""
+    ``unknown``, not as a wrong prediction; a text whose label is None is not counted."""
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions and {len(labels)} labels")
-    ids = all(isinstance(x, int) for x in labels)
+    ids = all(isinstance(x, int) for x in labels if x is not None)
     index = {str(name): i for i, name in enumerate(names)}
     result = Score(correct=0, counted=0)
     for prediction, label in zip(predictions, labels, strict=True):
+        if label is None:
+            continue
         if ids:
             gold = label if 0 <= int(label) < len(names) else None
         else:

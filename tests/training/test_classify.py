@@ -94,6 +94,11 @@ def test_a_model_without_names_labels_by_class_id_and_the_score_counts_unknown_l
     assert s.accuracy == pytest.approx(2 / 3)
     s = score(predictions, [1, 0, 0, 0, 7], ("neg", "pos"))  # all integers: class ids, as training reads them
     assert (s.correct, s.counted, s.unknown) == (3, 4, {7: 1})
+    s = score(predictions, [None, 0, None, 0, 1], ("neg", "pos"))  # None: the row has no label
+    assert (s.correct, s.counted, s.unknown) == (3, 3, {})
+    s = score(predictions, [None, 0, None, "neg", "pos"], ("neg", "pos"))  # names, as training reads a mix
+    assert (s.correct, s.counted, s.unknown) == (2, 2, {0: 1})
+    assert score(predictions, [None] * 5, ("neg", "pos")).accuracy is None
 
 
 @pytest.mark.parametrize(("kind", "head", "command"), [
@@ -190,6 +195,11 @@ def test_the_training_columns_are_the_default_and_a_label_column_gives_accuracy(
     accuracy = float(out.output.split("accuracy")[1].split("%")[0])
     assert accuracy >= 90.0 and "of 60 texts with a label, the 'label' column" in out.output
     assert "note: 60 texts: -o predictions.csv (or .tsv, .jsonl, .json) writes them to a file" in out.output
+    blank = tmp_path / "blank.csv"
+    blank.write_text("text,label\ngood film,pos\nbad plot,\nso bad,neg\n")  # a row without its label
+    out = _cli(classifier, "--file", str(blank))
+    assert out.exit_code == 0, out.output
+    assert "accuracy 100.0% (2 of 2 texts with a label, the 'label' column)" in out.output
     plain = tmp_path / "texts.txt"
     plain.write_text("good film\n\nbad plot\n")
     out = _cli(classifier, "--file", str(plain))

@@ -1040,8 +1040,10 @@ def classify_cmd(
                               on_batch=advance)
         if result.truncated:
             trained = "the length the model was trained at" if max_length is None else "--max-length"
-            print_error(f"{result.truncated} of {n} text{'s' if n != 1 else ''} are longer than {length} tokens "
-                        f"({trained}, template included): each was cut to its first tokens, as training cut them",
+            cut = result.truncated
+            which = ("the text is" if n == 1 else f"{cut} of the {n:,} texts {'is' if cut == 1 else 'are'}")
+            print_error(f"{which} longer than {length} tokens ({trained}, template included): "
+                        f"{'it was' if cut == 1 else 'each was'} cut to its first tokens, as training cuts a text",
                         label="[yellow]warning:[/]")
         if output is not None:
             _write_predictions(output, table, result.predictions, top_k=min(top_k, len(result.labels)))
@@ -1265,5 +1267,6 @@ def _show_score(scored: Any, names: tuple[Any, ...], column: str | None) -> None
                     f"of the accuracy (the model's labels: {', '.join(map(repr, names))})",
                     label="[yellow]warning:[/]")
     if scored.counted:
+        texts = "text" if scored.counted == 1 else "texts"
         console.print(f"[bold]accuracy[/] {100 * scored.accuracy:.1f}% ({scored.correct:,} of {scored.counted:,} "
-                      f"texts with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)
+                      f"{texts} with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)

@@ -170,7 +170,7 @@ def table_records(
             if name not in header:
                 raise DataError(f"{setting}: {path}:1: no {name!r} column ({what}); the header row "
                                 f"has {', '.join(map(repr, header[:8])) or 'no columns'}")
-        return header, ((f"{setting}: {path}:{reader.line_num}", row) for row in reader)
+        return header, iter(_csv_rows(reader, f"{setting}: {path}", len(text)))
     if kind == "json" and text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -178,6 +178,20 @@ def table_records(
             raise DataError(f"{setting}: {path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
         return None, ((f"{setting}: {path}: item {number}", record) for number, record in enumerate(records, start=1))
     return None, _json_lines(path, text, setting)
+
+
+def _csv_rows(reader: csv.DictReader, where: str, size: int) -> list[tuple[str, object]]:
+    """(where, row) of every row of ``reader``, whose whole text is ``size`` characters: a
+    field as long as the text is read (the csv module refuses one past 128 KiB, a long
+    document's text), and a row it cannot read is an error naming its line."""
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, size))
+    try:
+        return [(f"{where}:{reader.line_num}", row) for row in reader]
+    except csv.Error as exc:
+        raise DataError(f"{where}: the row after line {reader.line_num} cannot be read ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, object]]:

@@ -213,7 +213,7 @@ def test_classify_of_an_imported_bert_classifier_gives_the_text_classification_p
     result = runner.invoke(app, ["classify", *args, *texts, "--top-k", "3", "-o", str(out), "--batch-size", "2"],
                            env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "1 of 3 texts are longer than 64 tokens" in " ".join(result.output.split())
+    assert "1 of the 3 texts is longer than 64 tokens" in " ".join(result.output.split())
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["text"] for row in rows] == texts
     for row, scores in zip(rows, theirs, strict=True):

@@ -132,6 +132,22 @@ def test_a_labelled_jsonl_and_tsv_read_as_the_csv(tmp_path: Path) -> None:
         labelled_corpus(LabelledDataSpec(paths=[str(tmp_path / "c.csv")]))
 
 
+def test_a_labelled_csv_reads_a_text_past_the_csv_modules_field_limit(tmp_path: Path) -> None:
+    import csv as csv_module
+
+    from specformer.data.labelled import labelled_corpus
+    from specformer.specs.training import LabelledDataSpec
+
+    long = "word " * 40_000  # 200,000 characters: the csv module refuses a field past 131,072
+    with (tmp_path / "t.csv").open("w", newline="") as f:
+        w = csv_module.writer(f)
+        w.writerows([["text", "label"], [long, "pos"], ["short", "neg"]])
+    limit = csv_module.field_size_limit()
+    corpus = labelled_corpus(LabelledDataSpec(paths=[str(tmp_path / "t.csv")], val_fraction=0.5))
+    assert sorted(corpus.train + corpus.val) == [("short", "neg"), (long, "pos")]
+    assert csv_module.field_size_limit() == limit  # as it was
+
+
 def test_classification_goes_with_a_classification_head_and_labelled_data(tiny: Any, tmp_path: Path) -> None:
     table = _table(tmp_path / "t.csv", n=10)
     spec = _spec(tiny, table)

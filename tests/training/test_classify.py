@@ -177,7 +177,7 @@ def test_a_tables_predictions_are_written_with_its_own_columns_and_scored(
     assert f"accuracy {100 * correct / 4:.1f}% ({correct} of 4 texts with a label, the 'gold' column)" in out.output
     assert "labels this model does not have: 'meh' (1 text); they are left out of the accuracy (the model's " \
            "labels: 'neg', 'pos')" in " ".join(out.output.split())
-    assert "1 of 5 texts are longer than 64 tokens" in " ".join(out.output.split())
+    assert "1 of the 5 texts is longer than 64 tokens" in " ".join(out.output.split())
     assert f"wrote 5 predictions to {out_path}" in out.output.replace("\n", "")
     # the file read back is the same table: classified again, its own columns are kept
     again = _cli(classifier, "--file", str(out_path), "--text-column", "review", "-o", str(tmp_path / "again.csv"))

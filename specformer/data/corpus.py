@@ -15,6 +15,7 @@ import hashlib
 import os
 import sysconfig
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,13 +200,26 @@ def _missing_field(where: str, field: str, has: list[str], texts: list[str], *, 
     return DataError(f"{where}: no {field!r} {noun} (training.data.text_field); {holder} has {shown}{hint}")
 
 
+@contextmanager
+def csv_fields_up_to(size: int) -> Iterator[None]:
+    """The csv module reads fields of up to ``size`` characters (a table's whole text) while
+    the block runs: it refuses one past 128 KiB by default, which a long document's text is.
+    The limit is the module's own, restored after."""
+    import csv
+
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, size))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(limit)
+
+
 def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[tuple[int, str]]:
     """(row, text) of each document of a table: a ``.csv`` or ``.tsv`` file with a header
     row naming its columns (``text_field`` is read, rows numbered by their line), or a
     ``.json`` file holding an array of objects (numbered from 1) or JSON lines, as
     ``datasets``' json loader reads both. Empty texts are dropped."""
-    import csv
-    import io
     import json
 
     where = f"training.data.paths: {path}"
@@ -226,6 +240,15 @@ def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[t
             if value.strip():
                 yield number, value
         return
+    with csv_fields_up_to(len(text)):
+        yield from _csv_documents(path, text, text_field, kind)
+
+
+def _csv_documents(path: Path, text: str, text_field: str, kind: str) -> Iterator[tuple[int, str]]:
+    import csv
+    import io
+
+    where = f"training.data.paths: {path}"
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "tsv" else ",")
     columns = list(reader.fieldnames or [])
     if text_field not in columns:

@@ -27,6 +27,7 @@ from specformer.data.corpus import (
     _is_json_lines,
     _plain_text,
     _table_kind,
+    csv_fields_up_to,
     read_texts,
     split_by_path,
 )
@@ -184,14 +185,11 @@ def _csv_rows(reader: csv.DictReader, where: str, size: int) -> list[tuple[str, 
     """(where, row) of every row of ``reader``, whose whole text is ``size`` characters: a
     field as long as the text is read (the csv module refuses one past 128 KiB, a long
     document's text), and a row it cannot read is an error naming its line."""
-    limit = csv.field_size_limit()
-    csv.field_size_limit(max(limit, size))
     try:
-        return [(f"{where}:{reader.line_num}", row) for row in reader]
+        with csv_fields_up_to(size):
+            return [(f"{where}:{reader.line_num}", row) for row in reader]
     except csv.Error as exc:
         raise DataError(f"{where}: the row after line {reader.line_num} cannot be read ({exc})") from None
-    finally:
-        csv.field_size_limit(limit)
 
 
 def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, object]]:

@@ -172,6 +172,18 @@ def test_csv_tsv_and_json_files_give_one_document_per_row(tmp_path: Path) -> Non
     assert corpus.notes == []
 
 
+def test_a_csv_document_past_the_csv_modules_field_limit_is_read(tmp_path: Path) -> None:
+    import csv
+
+    long = "word " * 40_000  # 200,000 characters: the csv module refuses a field past 131,072
+    with (tmp_path / "docs.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["text"], [long], ["short"]])
+    limit = csv.field_size_limit()
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / "docs.csv"),)))
+    assert sorted([*corpus.train, *corpus.val]) == sorted([long, "short"])
+    assert csv.field_size_limit() == limit  # as it was
+
+
 def test_a_table_without_the_text_column_names_the_one_to_read(tmp_path: Path) -> None:
     (tmp_path / "reviews.csv").write_text("id,stars,review\n1,5,a long review of the product\n2,1,too short\n")
     with pytest.raises(DataError) as err:

@@ -1046,15 +1046,15 @@ def classify_cmd(
                         f"{'it was' if cut == 1 else 'each was'} cut to its first tokens, as training cuts a text",
                         label="[yellow]warning:[/]")
         if output is not None:
-            _write_predictions(output, table, result.predictions, top_k=min(top_k, len(result.labels)))
+            _write_predictions(output, table, result.predictions, top_k=min(top_k, len(result.classes)))
         else:
             _show_predictions(table, result.predictions)
             if n > 50:
                 print_error(f"{n:,} texts: -o predictions.csv (or .tsv, .jsonl, .json) writes them to a file",
                             label="[dim]note:[/]")
         if table.labels is not None:
-            scored = score(result.predictions, table.labels, result.labels)
-            _show_score(scored, result.labels, table.label_column)
+            scored = score(result.predictions, table.labels, result.classes)
+            _show_score(scored, result.classes, table.label_column)
     if output is not None:
         console.print(f"wrote {len(result.predictions):,} predictions to {escape(str(output))}", highlight=False,
                       soft_wrap=True)
@@ -1243,7 +1243,7 @@ def _show_predictions(table: _Inputs, predictions: list[Any]) -> None:
     out.add_column("label")
     out.add_column("probability", justify="right")
     if table.labels is not None:
-        out.add_column(f"true ({table.label_column})")
+        out.add_column(f"true ({escape(str(table.label_column))})")
     for n, (text, p) in enumerate(zip(table.texts, predictions, strict=True), start=1):
         shown = text if len(text) <= 200 else text[:199] + "…"
         truth = [Text("" if table.labels[n - 1] is None else str(table.labels[n - 1]))] if table.labels is not None else []

@@ -76,13 +76,13 @@ class Prediction:
 @dataclass
 class Classified:
     """What :func:`classify` returns: a :class:`Prediction` per text, in the texts' order;
-    how many texts were cut to fit ``seq_len`` tokens (as training cut them), and the class
-    names."""
+    how many texts were cut to fit ``seq_len`` tokens (as training cut them), and the model's
+    classes in class order (:func:`class_names`)."""
 
     predictions: list[Prediction]
     truncated: int
     seq_len: int
-    labels: tuple[Label, ...]
+    classes: tuple[Label, ...]
 
 
 @torch.no_grad()
@@ -178,7 +178,7 @@ def classify(
         predictions.append(Prediction(label=top[0][0], probability=top[0][1], top=top,
                                       probabilities=probs.tolist(), truncated=cut))
     return Classified(predictions=predictions, truncated=sum(cut for _, cut in encoded), seq_len=length,
-                      labels=names)
+                      classes=names)
 
 
 @dataclass

@@ -45,7 +45,7 @@ def test_the_probabilities_are_the_softmax_of_the_logits_of_the_ids_training_rea
     assert loaded.spec.head.labels == ("neg", "pos")
     texts = ["the plot was good", "a bad film", LONG]
     result = classify(loaded.model, loaded.tokenizer, texts, top_k=2)
-    assert result.seq_len == 64 and result.labels == ("neg", "pos")
+    assert result.seq_len == 64 and result.classes == ("neg", "pos")
     assert result.truncated == 1 and [p.truncated for p in result.predictions] == [False, False, True]
     for text, prediction in zip(texts, result.predictions, strict=True):
         ids, _ = classification_ids(loaded.tokenizer, text, 64)

@@ -23,6 +23,14 @@ Conventions (see ``docs/analysis.md``):
   product (Kaplan et al. 2020, section 2.1). A masked-LM head is the exception: training
   runs it on the labelled tokens only (``mask_prob`` of them), so the step counts 3× its
   forward on those.
+* With ``training.optimizer.freeze``, the step is the forward plus the backward products
+  autograd runs (:mod:`specformer.analysis.gradflow`): a linear layer's input gradient
+  where something below it trains, its weight gradient where its weight trains;
+  attention's ``dQ``, ``dK``, ``dV`` where Q, K, V need a gradient and ``dA`` where Q or K
+  does. Below the lowest trained parameter nothing is differentiated: freezing the
+  embeddings and the lower half of the layers removes all their backward work.
+  Embedding lookups have no products. ``trained_parameters`` and ``parameters`` say how
+  many of the parameters train.
 * A part built from a type registered by a plugin (an attention, an FFN, a head) has no
   formula here: it is left out of the counts and named in ``not_counted``, so that
   ``forward`` and ``training`` are then the FLOPs of the other parts only. Norms and
@@ -46,7 +54,8 @@ Count = Literal["needed", "executed"]
 @dataclass(frozen=True)
 class FlopCounts:
     """FLOPs per token at ``seq_len``: ``forward``, ``training`` (3 × forward; a masked-LM
-    head's part only for its ``mask_prob`` of labelled tokens), and the
+    head's part only for its ``mask_prob`` of labelled tokens; with frozen parameters, the
+    forward and the backward products the trained ones need), and the
     forward split into components (``decoder.attention.proj``, ``decoder.attention.scores``,
     ``decoder.cross_attention.proj``, ``decoder.cross_attention.scores``, ``decoder.ffn``,
     ``head``). ``not_counted`` names the parts built from a plugin's type, which have no
@@ -58,6 +67,10 @@ class FlopCounts:
     training: int
     components: dict[str, int]
     not_counted: dict[str, str] = field(default_factory=dict)
+    # with training.optimizer.freeze: the parameters that train (tied weights once) and all
+    # of them; ``training`` then counts the backward products those need. None: all train
+    trained_parameters: int | None = None
+    parameters: int | None = None
 
     @property
     def non_embedding_forward(self) -> int:
@@ -72,7 +85,8 @@ class FlopCounts:
             "training": self.training,
             "components": dict(self.components),
             "not_counted": dict(self.not_counted),
-        }
+        } | ({} if self.trained_parameters is None else {"trained_parameters": self.trained_parameters,
+                                                         "parameters": self.parameters})
 
 
 @lru_cache(maxsize=256)
@@ -104,6 +118,17 @@ def _attention_scores(att: Any, seq_len: int, *, causal: bool, count: Count) -> 
     return 2 * 2 * att.n_heads * att.head_dim * keys_total
 
 
+def _flow(spec: Any) -> Any:
+    """The gradient flow of ``spec``'s training step when its ``training.optimizer.freeze``
+    leaves parameters out, else None (every product has both backward products)."""
+    if not getattr(spec.training.optimizer, "freeze", ()):
+        return None
+    from specformer.analysis.gradflow import grad_flow
+
+    flow = grad_flow(spec)
+    return flow if flow.frozen else None
+
+
 def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "needed") -> FlopCounts:
     """Forward and training FLOPs per token of ``spec`` at ``seq_len`` (default: max_seq_len).
 
@@ -122,45 +147,87 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     def add(key: str, value: int) -> None:
         totals[key] = totals.get(key, 0) + value
 
+    flow = _flow(spec)
+    backward = 0.0  # the backward products a frozen model runs, over one sequence
+
+    def back(value: float, *needed: bool) -> None:
+        # each needed backward product costs what the forward product costs
+        nonlocal backward
+        backward += value * sum(needed)
+
     for role, stack in spec.stacks():
         causal = role == "decoder"
         for i in range(stack.n_layers):
             layer = stack.layer(i)
+            lf = flow.stacks[role].layers[i] if flow else None
             att = layer.attention
             if att.type in BUILT_IN_TYPES["attention"]:
                 h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
-                add(f"{role}.attention.proj", t * 2 * (d * (h + 2 * hkv) * dh + h * dh * d))
-                add(f"{role}.attention.scores", _attention_scores(att, t, causal=causal, count=count))
+                qkv, o = t * 2 * d * (h + 2 * hkv) * dh, t * 2 * h * dh * d
+                scores = _attention_scores(att, t, causal=causal, count=count)
+                add(f"{role}.attention.proj", qkv + o)
+                add(f"{role}.attention.scores", scores)
+                if lf:
+                    a = lf.attention
+                    back(qkv, a.q_in, a.q_w)
+                    back(o, a.o_in, a.o_w)
+                    back(scores / 2 * a.score_products, True)
             ca = layer.cross_attention
             if (ca is not None and role == "decoder" and spec.kind == "encoder-decoder"
                     and ca.type in BUILT_IN_TYPES["attention"]):
                 ch, ckv, cdh = ca.n_heads, ca.n_kv_heads, ca.head_dim
                 # q and o over the t target tokens, k/v over the t source tokens
-                add(f"{role}.cross_attention.proj", t * 2 * (2 * d * ch * cdh + d * 2 * ckv * cdh))
-                add(f"{role}.cross_attention.scores", 2 * 2 * ch * cdh * t * t)
+                q, kv, o = t * 2 * d * ch * cdh, t * 2 * d * 2 * ckv * cdh, t * 2 * ch * cdh * d
+                scores = 2 * 2 * ch * cdh * t * t
+                add(f"{role}.cross_attention.proj", q + kv + o)
+                add(f"{role}.cross_attention.scores", scores)
+                if lf and lf.cross_attention:
+                    c = lf.cross_attention
+                    back(q, c.q_in, c.q_w)
+                    back(kv, c.kv_in, c.kv_w)
+                    back(o, c.o_in, c.o_w)
+                    back(scores / 2 * c.score_products, True)
             ffn = layer.ffn
             if ffn.type in BUILT_IN_TYPES["ffn"]:
-                n_mats = 3 if ffn.type == "glu" else 2
-                add(f"{role}.ffn", t * 2 * n_mats * d * ffn.d_ff)
+                one = t * 2 * d * ffn.d_ff
+                add(f"{role}.ffn", one * (3 if ffn.type == "glu" else 2))
+                if lf:
+                    f = lf.ffn
+                    back(one, f.in_, f.up_w)
+                    if ffn.type == "glu":
+                        back(one, f.in_, f.gate_w)
+                    back(one, f.down_in, f.down_w)
     head = spec.head
+    # a masked-LM head trains on its labelled tokens only (MLMHead.loss)
+    share = getattr(spec.training.objective, "mask_prob", 1.0) if head.type == "mlm" else 1.0
     if head.type == "lm":
         add("head", t * 2 * d * spec.vocab_size)
+        if flow:
+            back(t * 2 * d * spec.vocab_size, *flow.head.products["proj"])
     elif head.type == "mlm":
         add("head", t * 2 * (d * d + d * spec.vocab_size))
+        if flow:
+            back(share * t * 2 * d * d, *flow.head.products["dense"])
+            back(share * t * 2 * d * spec.vocab_size, *flow.head.products["proj"])
     elif head.type == "classification":
         # one pooled vector per sequence
         add("head", 2 * (d * d * int(head.pooler) + d * head.n_classes))
+        if flow:
+            back(2 * d * d * int(head.pooler), *flow.head.products["pooler"])
+            back(2 * d * head.n_classes, *flow.head.products["classifier"])
     components = {k: round(v / t) for k, v in totals.items()}
     forward = round(sum(totals.values()) / t)
     trained = sum(totals.values())
     if head.type == "mlm":
-        # training runs a masked-LM head on its labelled tokens only (MLMHead.loss)
-        trained -= totals["head"] * (1 - getattr(spec.training.objective, "mask_prob", 1.0))
+        trained -= totals["head"] * (1 - share)
+    training = round(TRAINING_MULTIPLIER * trained / t) if flow is None else round((trained + backward) / t)
     return FlopCounts(
         seq_len=t,
         count=count,
         forward=forward,
-        training=round(TRAINING_MULTIPLIER * trained / t),
+        training=training,
         components=components,
         not_counted=not_counted,
+        trained_parameters=flow.trained if flow else None,
+        parameters=flow.total if flow else None,
     )

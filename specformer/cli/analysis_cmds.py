@@ -331,6 +331,11 @@ def _at_least(text: str, not_counted: dict[str, str], value: float | None = None
     return f"≥ {text}" if not_counted else text
 
 
+def _trained(flops: Any) -> str:
+    """``396,800 of 891,648 parameters trained``: what a frozen model's training FLOPs count."""
+    return f"{flops.trained_parameters:,} of {flops.parameters:,} parameters trained"
+
+
 def _compute_section(report: Any) -> Section:
     f = report.flops
     s = Section(f"FLOPs per token at seq_len {f.seq_len:,}", ["component", "forward", "share"], right={1, 2})
@@ -339,8 +344,13 @@ def _compute_section(report: Any) -> Section:
               "attention scores count the keys each query attends (causal: (T+1)/2 on average; sliding windows capped)")
     if not any(key.endswith("attention.scores") for key in f.components):
         scores = "no attention of a built-in type"
-    training = "training = 3 × forward"
-    if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
+    mlm = report.spec.head.type == "mlm" and getattr(report.spec.training.objective, "mask_prob", 1.0) < 1
+    if f.trained_parameters is None:
+        training = "training = 3 × forward"
+    else:
+        training = (f"training = forward + the backward products needed with {_trained(f)} (a frozen "
+                    "weight gets no weight gradient; nothing below the lowest trained parameter is differentiated)")
+    if mlm and (f.training != 3 * f.forward or f.trained_parameters is not None):
         training += ", the masked-LM head on its labelled tokens only"
     s.notes.append(f"Matrix products only, 2 FLOPs per multiply-add; {scores}; {training}.")
     missing = f.not_counted
@@ -353,8 +363,11 @@ def _compute_section(report: Any) -> Section:
     for key, what in missing.items():
         s.rows.append([_part_name(key, what), "not counted", ""])
     s.rows.append([f"forward{_without(missing)}", _at_least(human_flops(f.forward), missing), f"{f.forward:,}"])
-    if report.spec.head.type == "mlm" and f.training != 3 * f.forward:
-        share = getattr(report.spec.training.objective, "mask_prob", 1.0)
+    share = getattr(report.spec.training.objective, "mask_prob", 1.0)
+    if f.trained_parameters is not None:
+        step = f"training step (forward + backward, {_trained(f)}" + (
+            f", head on {share:.0%} of tokens)" if mlm else ")")
+    elif report.spec.head.type == "mlm" and f.training != 3 * f.forward:
         step = f"training step (3× forward, head on {share:.0%} of tokens)"
     else:
         step = "training step (3× forward)"
@@ -766,6 +779,12 @@ def _consequences_section(d: Any) -> Section:
             s.rows.append([label, cells[0]] + [
                 f"{cell} ({_signed_pct(v, base)})" if not gap and not base_gap else cell
                 for cell, (v, _, gap) in zip(cells[1:], values[1:], strict=True)])
+    for name, report in zip(d.names, reports, strict=True):
+        f = report.flops
+        if f.trained_parameters is not None:
+            s.notes.append(f"{name} trains {_trained(f).removesuffix(' trained')} (training.optimizer.freeze): "
+                           "its training FLOPs count the backward products those need, its gradients and optimizer "
+                           "states those parameters alone.")
     if partial:
         for name, report in zip(d.names, reports, strict=True):
             missing = {**report.flops.not_counted, **report.kv_cache_not_counted, **report.memory.not_counted}

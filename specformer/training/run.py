@@ -84,7 +84,8 @@ class TrainResult:
     resumed_from: str | None = None
     initialized_from: str | None = None
     # the model FLOPs of a training step per token (show --flops-count executed: 6N + 12·L·T·d for
-    # a GPT, nanoGPT's and PaLM's count for MFU); None for an encoder-decoder, whose tokens differ
+    # a GPT, nanoGPT's and PaLM's count for MFU; with training.optimizer.freeze, the forward and
+    # the backward products the trained parameters need); None for an encoder-decoder, whose tokens differ
     flops_per_token: float | None = None
     # of train_seconds, the time validations took: tokens/s is over the rest, the steps' own time
     val_seconds: float = 0.0

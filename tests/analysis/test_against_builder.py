@@ -166,6 +166,84 @@ def test_flops_match_flop_counter(name: str, overrides: list[str]) -> None:
     assert math.isclose(measured, analytic, rel_tol=0.05), (measured, analytic, counter.get_flop_counts())
 
 
+_FROZEN = [
+    ("gpt-nano", [], '[embed.*, "decoder.layers.[0-1].*"]'),
+    ("gpt-nano", ["decoder.attention.n_kv_heads=2", "decoder.ffn={type: glu, d_ff: 256}", "positional={type: rope}",
+                  "embedding.tie_output=false", "decoder.attention.qk_norm=rmsnorm"],
+     '[embed.*, decoder.layers.0.*, "decoder.layers.1.attn_norm.*", "*.up_proj.*"]'),
+    ("gpt-nano", ["decoder.norm.placement=post"], '[embed.*, "decoder.layers.0.*"]'),
+    ("gpt-nano", ["decoder.residual.type=parallel"], '[embed.*, "decoder.layers.0.*"]'),
+    ("gpt-nano", ["decoder.attention.backend=eager", "decoder.attention.sliding_window=16"], '["*.weight"]'),
+    ("gpt-nano", ["embedding.tie_output=false"], '[embed.*, "decoder.*"]'),
+    ("bert-nano", [], '[embed.*, "encoder.layers.[0-1].*"]'),
+    ("bert-nano", ["head={type: classification, n_classes: 3}"], '[embed.*, "encoder.layers.[0-2].*"]'),
+    ("t5-nano", [], '[embed.*, "encoder.*"]'),
+    # the encoder and the cross-attention's keys and values frozen: only Q needs a gradient
+    ("t5-nano", ["embedding.share_encoder_decoder=false", "decoder.cross_attention.qk_norm=layernorm"],
+     '[embed.*, "encoder.*", "*.kv_proj.*"]'),
+]
+_FROZEN_IDS = ["gpt-nano", "gpt-nano-gqa-glu-qk-norm", "gpt-nano-post-norm", "gpt-nano-parallel",
+               "gpt-nano-eager-window-biases-train", "gpt-nano-untied-head-trains", "bert-nano",
+               "bert-nano-classifier", "t5-nano", "t5-nano-cross-q-only"]
+
+
+def _labels(spec, ids):
+    if spec.head.type == "classification":
+        return torch.randint(0, spec.head.n_classes, (ids.shape[0],))
+    labels = ids.clone()
+    if spec.head.type == "mlm":
+        labels[torch.rand(ids.shape) >= spec.training.objective.mask_prob] = -100
+    return labels
+
+
+@pytest.mark.parametrize(("name", "overrides", "freeze"), _FROZEN, ids=_FROZEN_IDS)
+def test_training_flops_of_a_frozen_model_are_the_products_autograd_runs(
+        name: str, overrides: list[str], freeze: str) -> None:
+    # every matrix product of a training forward (the loss as training computes it, labels=)
+    # and its backward, with the frozen parameters' requires_grad off, as a run sets it
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specformer.training.optim import apply_freeze
+
+    aten = torch.ops.aten
+    products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+    class Products(TorchDispatchMode):
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in products:
+                a, b = [x for x in args if isinstance(x, torch.Tensor)][-2:]  # addmm: the bias first
+                self.flops += 2 * a.numel() * b.shape[-1]
+            return func(*args, **(kwargs or {}))
+
+    def measure(spec) -> tuple[float, float]:
+        torch.manual_seed(0)
+        model = build_model(spec).train()
+        apply_freeze(model, spec.training.optimizer)
+        ids = torch.randint(0, spec.vocab_size, (2, 64))
+        labels = _labels(spec, ids)
+        counter = Products()
+        # the math kernel runs attention as visible products, each gradient only where needed
+        with sdpa_kernel(SDPBackend.MATH), counter:
+            extra = {"decoder_input_ids": ids} if spec.kind == "encoder-decoder" else {}
+            model(ids, labels=labels, **extra).loss.backward()
+        return counter.flops / ids.numel(), float((labels != -100).float().mean())
+
+    plain = load_spec(name, overrides=overrides)
+    spec = load_spec(name, overrides=[*overrides, f"training.optimizer.freeze={freeze}"])
+    measured, labelled = measure(spec)
+    analytic = flops_per_token(spec, 64, count="executed").training
+    unfrozen, _ = measure(plain)
+    assert measured < 0.9 * unfrozen
+    if spec.head.type == "mlm":  # mask_prob of the tokens labelled on average, here a draw of them
+        assert math.isclose(measured, analytic, rel_tol=0.05), (measured, analytic, labelled)
+    else:
+        assert analytic == measured, (analytic, measured)
+        assert flops_per_token(plain, 64, count="executed").training == unfrozen
+
+
 # --------------------------------------------------------------------------- measured activations
 
 

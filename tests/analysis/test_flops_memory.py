@@ -291,3 +291,41 @@ def test_nanogpts_parameter_count_and_mfu_flops_are_ours_less_the_position_table
     biases_and_norms = 12 * (2 + 3 + 1 + 2 + 4 + 1) * 768 + 2 * 768
     assert nanogpt - executed == 6 * biases_and_norms
     assert count_parameters("gpt-nano").total - 256 * 128 == 858_880
+
+
+def test_frozen_layers_need_no_backward_products() -> None:
+    # gpt-nano: D 128, 4 layers of 4 heads of 32, MLP 512, vocabulary 512, tied head; at T 64
+    # a layer's products per token are qkv 2·D·3D, o 2·D·D, FFN 2·2·D·F, and 4·D per attended
+    # key, (T + 1) / 2 of them under the causal mask; the head 2·D·V
+    d, f, v, t = 128, 512, 512, 64
+    qkv, o, ffn, scores = 2 * d * 3 * d, 2 * d * d, 2 * 2 * d * f, 4 * d * (t + 1) / 2
+    layer = qkv + o + ffn + scores
+    head = 2 * d * v
+    forward = 4 * layer + head
+    plain = flops_per_token("gpt-nano", t)
+    assert plain.forward == round(forward) and plain.training == round(3 * forward)
+    assert plain.trained_parameters is None and "trained_parameters" not in plain.to_dict()
+    # the embeddings (and with them the tied head's weight) and layers 0-1 frozen: the two
+    # lower layers run forward only, the two upper ones both backward products of each
+    # forward product, the head only the gradient of its input (its weight is the table)
+    frozen = flops_per_token(load_spec("gpt-nano", [
+        'training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*"]']), t)
+    assert frozen.forward == plain.forward
+    assert frozen.training == round(forward + 2 * 2 * layer + head)
+    assert (frozen.trained_parameters, frozen.parameters) == (396_800, 891_648)
+    assert frozen.to_dict()["trained_parameters"] == 396_800
+    # layer 2's attention norm frozen as well: nothing below its qkv projection trains, so
+    # that projection skips the gradient of its input (its weight's gradient is still needed)
+    no_input = flops_per_token(load_spec("gpt-nano", [
+        'training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*", decoder.layers.2.attn_norm.*]']), t)
+    assert no_input.training == round(forward + 2 * 2 * layer + head - qkv)
+    # only the top layer's FFN down projection trains: its weight gradient, and nothing else
+    top = flops_per_token(load_spec("gpt-nano", [
+        'training.optimizer.freeze=[embed.*, "decoder.layers.[0-2].*", "decoder.layers.3.self_attn.*", '
+        '"decoder.layers.3.*norm.*", "decoder.layers.3.ffn.up_proj.*", "decoder.final_norm.*"]']), t)
+    # the head's input depends on the trained down projection: its input gradient runs too
+    assert top.training == round(forward + ffn / 2 + head)
+    # lr_scale alone freezes nothing
+    scaled = flops_per_token(load_spec("gpt-nano", ["training.optimizer.lr_scale=[{pattern: 'embed.*', factor: 0.1}]"]), t)
+    assert scaled == plain
+

@@ -299,3 +299,22 @@ def test_show_says_what_the_memory_of_a_frozen_model_counts() -> None:
     assert "│ gradients                         │  1,587,200 │" in result.output  # 396,800 × 4 bytes
     assert trainable_parameters(load_spec("gpt-nano", overrides=[
         'training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*"]'])) == 396_800
+    # the training FLOPs: the forward and the backward products the trained parameters need
+    # (the two upper layers' both products, the tied head's input gradient), 2 x forward here
+    assert ("│ training step (forward + backward, 396,800 of 891,648 parameters trained) │ 3.934 MFLOP │ 3,934,208 │"
+            in result.output)
+
+
+def test_diff_says_how_many_parameters_a_frozen_spec_trains() -> None:
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    freeze = 'training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*"]'
+    result = CliRunner().invoke(app, ["diff", "gpt-nano", "gpt-nano", "--set", freeze], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "│ FLOPs/token training @ 256     │ 5.901 MFLOP │      3.934 MFLOP │ -1.967 MFLOP │ -33.3% │" in result.output
+    assert ("gpt-nano (--set) trains 396,800 of 891,648 parameters (training.optimizer.freeze): its training FLOPs "
+            "count the backward products those need") in result.output
+    plain = CliRunner().invoke(app, ["diff", "gpt-nano", "gpt-nano"], env={"COLUMNS": "300"})
+    assert "trains" not in plain.output

@@ -34,8 +34,12 @@ The sum of all parts is an upper bound on the peak: activations and gradients ne
 reach their maxima together.
 
 Parameters that ``training.optimizer.freeze`` matches have weights but no gradients and
-no optimizer states. Activations are counted as if every parameter trained: a frozen
-bottom of the model (its embeddings, its first layers) keeps less than is counted.
+no optimizer states. Autograd keeps a tensor only for a gradient it will compute
+(:mod:`specformer.analysis.gradflow`), so activations follow the frozen parameters too:
+layers below the lowest trained parameter keep nothing, a linear layer keeps its input
+only if its weight trains, an attention its Q, K, V and output only if one of them needs
+a gradient, and the fused loss keeps the head's input and weight gradients only where
+those are needed.
 
 A part built from a type registered by a plugin (an attention, FFN, norm, positional
 scheme or head) has its weights, gradients and optimizer states counted exactly, from the
@@ -205,21 +209,30 @@ def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16", *, ski
 
 
 def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | None = None,
-                     learned_bias: bool = False) -> float:
+                     learned_bias: bool = False, flow: Any = None) -> float:
     """Bytes autograd keeps per query token for one attention sublayer (projections included).
 
     ``kv_len`` set means cross-attention: K and V belong to the source and are counted
     by the caller; only the query side is counted here. ``learned_bias``: a trained
     additive bias (T5's) has no fused kernel, so the probabilities are kept as in eager.
+    ``flow``: the sublayer's :class:`~specformer.analysis.gradflow.AttentionFlow` when
+    parameters are frozen: a projection keeps its input only if its weight trains, and
+    the attention keeps its tensors only if one of Q, K, V needs a gradient.
     """
     h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
     keys = seq_len if kv_len is None else kv_len
-    elems = d  # input of the q/k/v projection
-    elems += h * dh if kv_len is not None else (h + 2 * hkv) * dh  # Q (K, V) for the kernel
+    kernel = flow is None or flow.kernel
+    elems = d if flow is None or flow.q_w else 0  # input of the q/k/v projection
+    if kernel:
+        elems += h * dh if kv_len is not None else (h + 2 * hkv) * dh  # Q (K, V) for the kernel
     if att.qk_norm != "none":
-        elems += h * dh + (hkv * dh if kv_len is None else 0)  # inputs of the q/k norms
-    elems += 2 * h * dh  # attention output, and its reshaped copy fed to o_proj
+        elems += h * dh if flow is None or flow.q else 0  # input of the q norm
+        elems += hkv * dh if kv_len is None and (flow is None or flow.k) else 0  # of the k norm
+    elems += h * dh if kernel else 0  # attention output
+    elems += h * dh if flow is None or flow.o_w else 0  # its reshaped copy, input of o_proj
     extra = 0.0
+    if not kernel:
+        return elems * act
     if att.backend == "eager" or learned_bias:
         elems += h * keys  # softmax probabilities
         if att.dropout > 0:
@@ -230,13 +243,24 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
     return elems * act + extra
 
 
-def _ffn_saved(ffn: Any, d: int, act: int) -> float:
-    elems = d  # input of up (and gate)
+def _ffn_saved(ffn: Any, d: int, act: int, flow: Any = None) -> float:
+    """Bytes an FFN keeps per token; ``flow`` (its :class:`~specformer.analysis.gradflow.FFNFlow`
+    when parameters are frozen) leaves out what no gradient needs."""
+    if flow is None:
+        elems = d  # input of up (and gate)
+        if ffn.type == "glu":
+            elems += 4 * ffn.d_ff  # gate out (act input), act out, up out, product (down input)
+        else:
+            elems += 2 * ffn.d_ff  # act input, act output (down input)
+        extra = ffn.d_ff if ffn.dropout > 0 else 0
+        return elems * act + extra
+    elems = d if flow.up_w or flow.gate_w else 0
     if ffn.type == "glu":
-        elems += 4 * ffn.d_ff  # gate out (act input), act out, up out, product (down input)
+        elems += ffn.d_ff * (int(flow.gate) + int(flow.up) + int(flow.gate))  # act input, act out, up out
     else:
-        elems += 2 * ffn.d_ff  # act input, act output (down input)
-    extra = ffn.d_ff if ffn.dropout > 0 else 0
+        elems += ffn.d_ff if flow.up else 0  # act input
+    elems += ffn.d_ff if flow.down_w else 0  # down input
+    extra = ffn.d_ff if ffn.dropout > 0 and flow.down_in else 0
     return elems * act + extra
 
 
@@ -263,39 +287,53 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
     per_seq = 0.0
     t = seq_len
     emb = spec.embedding
-    n_embeds = 2 if spec.kind == "encoder-decoder" else 1
+    # with training.optimizer.freeze: which tensors need a gradient (autograd keeps nothing
+    # for a part of the graph where none does); None: every one does
+    flow = _flow(spec)
+    roles = [role for role, _ in spec.stacks()]
+    embedded = [flow is None or flow.stacks[role].embedding for role in roles] if spec.kind == "encoder-decoder" \
+        else [flow is None or flow.stacks[roles[0]].embedding]
     if emb.norm is not None and "embedding.norm" not in not_counted:
-        per_seq += n_embeds * t * d * act
+        per_seq += sum(embedded) * t * d * act
     if emb.dropout > 0:
-        per_seq += n_embeds * t * d
+        per_seq += sum(embedded) * t * d
     checkpointing = bool(getattr(spec.training, "activation_checkpointing", False))
     layer_costs: list[float] = []  # what each layer keeps, per sequence
     built_in = BUILT_IN_TYPES
     for role, stack in spec.stacks():
-        for layer in stack.layers():
+        flows = flow.stacks[role].layers if flow else [None] * stack.n_layers
+        for layer, lf in zip(stack.layers(), flows, strict=True):
+            if lf is not None and not lf.recorded:
+                continue  # below the lowest trained parameter: nothing is kept
             res_drop = layer.residual.dropout > 0
             n_norms = 2
             tok = 0.0
             if layer.attention.type in built_in["attention"]:
-                tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5")
+                tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5",
+                                        flow=lf and lf.attention)
             if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
                 n_norms += 1
                 ca = layer.cross_attention
+                cf = lf and lf.cross_attention
                 if ca.type in built_in["attention"]:
-                    tok += _attention_saved(ca, d, t, act, kv_len=t)
-                    tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
-                tok += d if res_drop else 0
+                    tok += _attention_saved(ca, d, t, act, kv_len=t, flow=cf)
+                    if cf is None or cf.kernel:
+                        tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
+                tok += d if res_drop and (cf is None or cf.out) else 0
             if layer.ffn.type in built_in["ffn"]:
-                tok += _ffn_saved(layer.ffn, d, act)
+                tok += _ffn_saved(layer.ffn, d, act, lf and lf.ffn)
             if layer.norm.type in built_in["norm"]:
-                tok += n_norms * d * act  # norm inputs
-            tok += 2 * d if res_drop else 0
+                # norm inputs: a norm keeps its input where it is differentiated
+                tok += (n_norms if lf is None else sum(lf.norms)) * d * act
+            if res_drop:
+                tok += d * (2 if lf is None else int(lf.attention.out) + int(lf.ffn.out))
             layer_costs.append(t * tok)
-        if stack.final_norm and stack.norm.type in built_in["norm"]:
+        if stack.final_norm and stack.norm.type in built_in["norm"] and (flow is None or flow.stacks[role].final_norm):
             per_seq += t * d * act
         # a plugin attention need not have a backend; what its mask costs is its own
-        fused = [layer.attention for layer in stack.layers()
-                 if layer.attention.type in built_in["attention"] and layer.attention.backend == "sdpa"]
+        fused = [layer.attention for layer, lf in zip(stack.layers(), flows, strict=True)
+                 if layer.attention.type in built_in["attention"] and layer.attention.backend == "sdpa"
+                 and (lf is None or lf.attention.kernel)]
         if spec.positional.type == "alibi" and fused:
             # the (H, T, T) bias is built once per stack forward and shared by its layers; the
             # fused kernel keeps it, as its mask, for the backward pass
@@ -310,22 +348,29 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
         per_seq += len(layer_costs) * t * d * p.weight + max(layer_costs)
     else:
         per_seq += sum(layer_costs)
-    if spec.kind == "encoder-decoder":
+    if spec.kind == "encoder-decoder" and (flow is None or any(
+            lf.cross_attention is not None and lf.cross_attention.kv_w for lf in flow.stacks["decoder"].layers)):
         per_seq += t * d * act  # the encoder output, input of every kv_proj (kept once)
     head = spec.head
     per_step = 0.0
+    hf = flow.head.products if flow else {}
     if head.type in ("lm", "mlm"):
         # training runs the head through the fused loss (model(..., labels=)): its forward
         # computes the gradients of the head's input (N x D) and weight (V x D) and keeps
         # those, never the (N x V) logits; a masked-LM head runs on the labelled rows only
+        need_x, need_w = hf.get("proj", (True, True))
         rows = t
         if head.type == "mlm":
             rows = t * getattr(spec.training.objective, "mask_prob", 1.0)
-            per_seq += rows * 3 * d * act  # dense input, activation input, norm input
-        per_seq += rows * d * p.weight  # gradient of the head's input, residual-stream dtype
-        per_step += v * d * p.weight + (v * p.weight if head.bias else 0)  # weight (and bias) gradient
+            if flow is None:
+                per_seq += rows * 3 * d * act  # dense input, activation input, norm input
+            else:  # the dense layer's input, the activation's, the norm's
+                per_seq += rows * (int(hf["dense"][1]) + int(flow.head.dense) + int(flow.head.norm)) * d * act
+        per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
+        per_step += v * d * p.weight if need_w else 0  # weight gradient
+        per_step += v * p.weight if head.bias and (flow is None or flow.head.bias) else 0  # bias gradient
     elif head.type in built_in["head"]:
-        per_seq += 2 * d * act
+        per_seq += 2 * d * act if flow is None or any(any(x) for x in hf.values()) else 0
     return int(round(batch * per_seq + per_step)), not_counted
 
 
@@ -416,6 +461,12 @@ def _plugin_part(spec: Any, name: str) -> str | None:
     if part is None or part.type in BUILT_IN_TYPES[family]:
         return None
     return f"{family} type {part.type!r}"
+
+
+def _flow(spec: Any) -> Any:
+    from specformer.analysis.flops import _flow as flow
+
+    return flow(spec)
 
 
 _OPTIMIZERS = ("adamw", "sgd", "adafactor")  # the optimizers whose states are counted

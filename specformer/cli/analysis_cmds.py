@@ -441,7 +441,8 @@ def _memory_section(report: Any) -> Section:
     if trained < total:
         s.notes.append(f"Gradients and optimizer states of the {trained:,} trained parameters: "
                        f"training.optimizer.freeze leaves out {total - trained:,} of {total:,} "
-                       f"({100 * (total - trained) / total:.1f}%). Activations are counted as if every layer trained.")
+                       f"({100 * (total - trained) / total:.1f}%). Activations: what the backward pass of "
+                       "those keeps, nothing below the lowest trained parameter.")
     return s
 
 
@@ -783,8 +784,8 @@ def _consequences_section(d: Any) -> Section:
         f = report.flops
         if f.trained_parameters is not None:
             s.notes.append(f"{name} trains {_trained(f).removesuffix(' trained')} (training.optimizer.freeze): "
-                           "its training FLOPs count the backward products those need, its gradients and optimizer "
-                           "states those parameters alone.")
+                           "its training FLOPs count the backward products those need, its gradients, optimizer "
+                           "states and activations what their backward pass keeps.")
     if partial:
         for name, report in zip(d.names, reports, strict=True):
             missing = {**report.flops.not_counted, **report.kv_cache_not_counted, **report.memory.not_counted}

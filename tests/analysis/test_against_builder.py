@@ -248,13 +248,18 @@ def test_training_flops_of_a_frozen_model_are_the_products_autograd_runs(
 
 
 def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bool = False,
-                            autocast: bool = False) -> int:
+                            autocast: bool = False, freeze: bool = False) -> int:
     """Bytes of the distinct tensors autograd saves in a training forward (weights excluded),
     with the loss computed as training computes it (``labels=``; a masked-LM head on its
     labelled positions, ``mask_prob`` of them). With ``checkpointing``, what the
-    checkpointed layers save (for their recomputation only) is not seen."""
+    checkpointed layers save (for their recomputation only) is not seen. With ``freeze``, the
+    parameters the spec's ``training.optimizer.freeze`` matches do not require grad."""
     torch.manual_seed(0)
     model = build_model(spec).train()
+    if freeze:
+        from specformer.training.optim import apply_freeze
+
+        apply_freeze(model, spec.training.optimizer)
     if checkpointing:
         model.gradient_checkpointing_enable()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -267,10 +272,7 @@ def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bo
         return t
 
     ids = torch.randint(0, spec.vocab_size, (batch, seq_len))
-    labels = ids.clone()
-    if spec.head.type == "mlm":
-        keep = torch.rand(batch, seq_len) < spec.training.objective.mask_prob
-        labels[~keep] = -100
+    labels = _labels(spec, ids)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         if spec.kind == "encoder-decoder":
@@ -299,6 +301,19 @@ def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[st
     measured = _saved_activation_bytes(spec, 2, 64)
     estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="fp32")
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
+
+
+@pytest.mark.parametrize(("name", "overrides", "freeze"), _FROZEN, ids=_FROZEN_IDS)
+def test_activation_estimate_of_a_frozen_model_matches_saved_tensors(
+        name: str, overrides: list[str], freeze: str) -> None:
+    from specformer.analysis import activation_bytes
+
+    plain = load_spec(name, overrides=overrides)
+    spec = load_spec(name, overrides=[*overrides, f"training.optimizer.freeze={freeze}"])
+    measured = _saved_activation_bytes(spec, 2, 64, freeze=True)
+    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="fp32")
+    assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
+    assert estimate < activation_bytes(plain, batch=2, seq_len=64, dtype="fp32")
 
 
 @pytest.mark.parametrize("name", ["gpt-nano", "bert-nano"])

@@ -329,3 +329,12 @@ def test_frozen_layers_need_no_backward_products() -> None:
     scaled = flops_per_token(load_spec("gpt-nano", ["training.optimizer.lr_scale=[{pattern: 'embed.*', factor: 0.1}]"]), t)
     assert scaled == plain
 
+
+def test_frozen_layers_keep_no_activations() -> None:
+    plain = load_spec("gpt-nano")
+    frozen = load_spec("gpt-nano", ['training.optimizer.freeze=[embed.*, "decoder.layers.[0-1].*"]'])
+    a, b = (activation_bytes(s, batch=2, seq_len=64, dtype="fp32") for s in (plain, frozen))
+    # the two lower layers keep nothing; the head keeps no weight gradient (the table is frozen)
+    top = load_spec("gpt-nano", ["decoder.n_layers=2"])
+    assert b == activation_bytes(top, batch=2, seq_len=64, dtype="fp32") - 4 * 512 * 128 < a
+    assert memory_estimate(frozen, batch=2, seq_len=64, dtype="fp32").activations == b

@@ -369,8 +369,24 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
         per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
         per_step += v * d * p.weight if need_w else 0  # weight gradient
         per_step += v * p.weight if head.bias and (flow is None or flow.head.bias) else 0  # bias gradient
-    elif head.type in built_in["head"]:
-        per_seq += 2 * d * act if flow is None or any(any(x) for x in hf.values()) else 0
+    elif head.type == "classification":
+        # (does the product's input need a gradient, does its weight train) per product
+        x_grad, pool_w = hf["pooler"] if flow else (True, True)
+        in_grad, cls_w = hf["classifier"] if flow else (True, True)
+        # the first token's vector is a view of the final hidden states: a product that keeps
+        # it for its weight gradient keeps all T of them, unless autocast copies it first
+        view = head.pooling == "first" and p.activation == p.weight
+        pooled = t * d * p.weight if view else d * act
+        cls_input, kept = pooled, False
+        if head.pooler:
+            per_seq += pooled if pool_w else 0
+            kept = in_grad  # tanh keeps its output for its backward
+            per_seq += d * act if kept else 0
+            cls_input = d * act
+        if head.dropout > 0:
+            per_seq += (d if in_grad else 0) + (d * act if cls_w else 0)  # its mask; its output, the classifier's input
+        elif cls_w and not kept:
+            per_seq += cls_input
     return int(round(batch * per_seq + per_step)), not_counted
 
 

@@ -263,11 +263,18 @@ def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bo
     if checkpointing:
         model.gradient_checkpointing_enable()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    # autocast's low-precision copies of the weights are the estimate's weight_casts
+    casts = [p.detach().to(torch.bfloat16) for p in model.parameters()] if autocast else []
+
+    def is_cast(t) -> bool:  # a weight's copy, or its transpose (a product's right factor)
+        views = (t, t.mT) if t.dim() == 2 else (t,)
+        return t.dtype == torch.bfloat16 and any(c.shape == v.shape and torch.equal(c, v) for c in casts for v in views)
+
     saved: dict[int, int] = {}
 
     def pack(t):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
+        if storage.data_ptr() not in weights and not is_cast(t):
             saved[storage.data_ptr()] = storage.nbytes()
         return t
 
@@ -431,3 +438,24 @@ def test_under_autocast_the_layers_share_one_low_precision_copy_of_alibis_bias()
 
     bias = 4 * 512 * 512 * 2  # (H, T, T) in bf16
     assert abs(kept(2) - bias) <= 512 * 512 and abs(kept(4) - bias) <= 512 * 512, (kept(2), kept(4), bias)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("frozen", [True, False], ids=["head-alone", "all"])
+@pytest.mark.parametrize(("pooling", "pooler", "dropout"),
+                         [("first", True, 0.0), ("first", False, 0.0), ("first", False, 0.1), ("first", True, 0.1),
+                          ("mean", True, 0.0), ("mean", False, 0.1)])
+def test_activation_estimate_of_a_classifier_head(pooling: str, pooler: bool, dropout: float, frozen: bool,
+                                                  autocast: bool) -> None:
+    """The first token's vector is a view of the final hidden states: the product that keeps
+    it for its weight gradient keeps all T of them, which is most of what a classifier with a
+    frozen body saves. Mean pooling makes a new (B, D) tensor, and so does autocast's copy."""
+    from specformer.analysis import activation_bytes
+
+    head = f"head={{type: classification, n_classes: 3, pooling: {pooling}, pooler: {str(pooler).lower()}, " \
+           f"dropout: {dropout}}}"
+    freeze = ['training.optimizer.freeze=[embed.*, "encoder.*"]'] if frozen else []
+    spec = load_spec("bert-nano", overrides=[head, *freeze])
+    measured = _saved_activation_bytes(spec, 2, 64, freeze=frozen, autocast=autocast)
+    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="bf16-mixed" if autocast else "fp32")
+    assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)

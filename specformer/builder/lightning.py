@@ -130,7 +130,7 @@ class SpecModule(L.LightningModule):
 
     def val_metrics(self) -> dict[str, float] | None:
         """``val/loss``, ``val/ppl`` (and ``val/exact_match``; ``val/accuracy`` for sequence
-        classification) of the validation batches scored
+        classification, with ``val/examples``, how many they are of) of the validation batches scored
         so far, summed over the processes; None before any token was scored."""
         sums = torch.tensor(
             [self._val_sums[k] for k in ("loss", "tokens", "correct", "examples")], dtype=torch.float64
@@ -144,6 +144,7 @@ class SpecModule(L.LightningModule):
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
         if examples:
             metrics["val/accuracy" if self.objective.name == "classification" else "val/exact_match"] = correct / examples
+            metrics["val/examples"] = examples  # what the share is of: held-out texts, or examples
         return metrics
 
     def on_validation_epoch_end(self) -> None:
@@ -154,6 +155,8 @@ class SpecModule(L.LightningModule):
         if metrics is None:
             return
         for name, value in metrics.items():
+            if name == "val/examples":  # a count, kept in the history beside the share it is of
+                continue
             self.log(name, value, prog_bar=name == "val/loss", sync_dist=False, rank_zero_only=True)
         step = self.trainer.global_step if self._trainer is not None else 0
         self.val_history.append({"step": step, **metrics})

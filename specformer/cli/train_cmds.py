@@ -221,7 +221,7 @@ def _duration(seconds: float) -> str:
 
 
 def _summary_table(result: Any) -> Table:
-    from specformer.training.callbacks import format_count
+    from specformer.training.callbacks import format_count, share_of_held_out
 
     table = Table(title=f"trained {result.spec_name}", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -243,9 +243,9 @@ def _summary_table(result: Any) -> Table:
             better = f"  (val loss is {abs(gap):.3f} nats/token {'below' if gap >= 0 else 'above'} it)"
         table.add_row("unigram baseline", _fmt(result.unigram_loss) + better)
     if result.exact_match is not None:
-        table.add_row("exact match", f"{100 * result.exact_match:.1f}% of held-out examples")
+        table.add_row("exact match", share_of_held_out(result.exact_match, result.val_examples, "example"))
     if result.accuracy is not None:
-        table.add_row("accuracy", f"{100 * result.accuracy:.1f}% of held-out texts")
+        table.add_row("accuracy", share_of_held_out(result.accuracy, result.val_examples, "text"))
     tokens = format_count(result.tokens)
     if result.resumed_from:
         # the tokens since step 0; tokens/s is this run's own, over the steps it trained
@@ -729,7 +729,7 @@ def eval_cmd(
         from specformer.builder.lightning import SpecModule
         from specformer.data.module import SpecDataModule
         from specformer.specs.loader import load_spec
-        from specformer.training.callbacks import SpecProgressBar
+        from specformer.training.callbacks import SpecProgressBar, share_of_held_out
         from specformer.training.run import (
             Terminated,
             _interruptible,
@@ -795,11 +795,15 @@ def eval_cmd(
         if not module.val_history:
             raise _fail("the validation split gave no batches")
         h = module.val_history[-1]
-    part = f", interrupted after {int(module._val_sums['tokens']):,} scored tokens" if interrupted is not None else ""
+    assert dm.data is not None
+    # a classifier scores one prediction a text: its count is of texts, not of their tokens
+    scored, unit = ((h.get("val/examples", 0), "text") if dm.data.unit == "text"
+                    else (module._val_sums["tokens"], "token"))
+    part = (f", interrupted after {int(scored):,} scored {unit}{'s' if int(scored) != 1 else ''}"
+            if interrupted is not None else "")
     table = Table(title=f"{spec.name} at step {loaded.step}{part}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    assert dm.data is not None
     table.add_row("data", dm.data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
     table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
@@ -808,9 +812,9 @@ def eval_cmd(
     if dm.data.unigram_loss is not None and interrupted is None:  # measured on the whole of what was asked
         table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
     if "val/exact_match" in h:
-        table.add_row("exact match", f"{100 * h['val/exact_match']:.1f}%")
+        table.add_row("exact match", share_of_held_out(h["val/exact_match"], h.get("val/examples"), "example"))
     if "val/accuracy" in h:
-        table.add_row("accuracy", f"{100 * h['val/accuracy']:.1f}%")
+        table.add_row("accuracy", share_of_held_out(h["val/accuracy"], h.get("val/examples"), "text"))
     console.print(table)
     if interrupted is not None:
         signum = _signal_of(interrupted)
@@ -841,9 +845,8 @@ def _scored_line(t: Any, data: Any, tokens: int) -> str:
     the split holds reads no more)."""
     held = len(data.val)
     read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
-    classify = "label_names" in data.extra  # one prediction a text: the count is of texts
-    unit = ("text" if classify else "example" if data.task is not None or not hasattr(data.val, "length")
-            else "sequence")
+    unit = data.unit
+    classify = unit == "text"  # one prediction a text: the count is of texts
     whole = (f"all {held:,} held-out {unit}{'s' if held != 1 else ''}" if read == held
              else f"{read:,} of the {held:,} held-out {unit}s: --batches reads more")
     return whole if classify else f"{tokens:,} tokens ({whole})"

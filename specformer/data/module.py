@@ -61,6 +61,15 @@ class PreparedData:
     # on other data (a file edited, added or removed) is told
     fingerprint: str | None = None
 
+    @property
+    def unit(self) -> str:
+        """What one row of the splits is, as messages count them: ``text`` (a labelled text,
+        one prediction each), ``sequence`` (a block of ``seq_len`` tokens of a corpus) or
+        ``example`` (a pair, or a synthetic task's example)."""
+        if "label_names" in self.extra:
+            return "text"
+        return "sequence" if isinstance(self.val, PackedBlocks) and self.task is None else "example"
+
 
 def default_num_workers() -> int:
     """Worker processes for loading: none on small machines, where a batch is a slice of a

@@ -22,7 +22,7 @@ from rich.progress import (
 )
 
 __all__ = ["SpecProgressBar", "ValidationLines", "PeriodicCheckpoint", "LogGlobalStep", "format_count", "validation_line",
-           "recent_train_loss"]
+           "recent_train_loss", "share_of_held_out"]
 
 
 def format_count(n: float) -> str:
@@ -44,6 +44,16 @@ def validation_line(h: dict[str, Any], train_loss: float | None = None) -> str:
     if "val/accuracy" in h:
         text += f"  accuracy {100 * h['val/accuracy']:.1f}%"
     return text
+
+
+def share_of_held_out(share: float, count: float | None, unit: str) -> str:
+    """A share of held-out rows, as ``train``'s summary and ``eval`` both word it:
+    '37.5% of 32 held-out texts' (without ``count``, as a history saved before it was
+    kept: '37.5% of held-out texts')."""
+    if count is None:
+        return f"{100 * share:.1f}% of held-out {unit}s"
+    n = int(count)
+    return f"{100 * share:.1f}% of {n:,} held-out {unit}{'s' if n != 1 else ''}"
 
 
 def recent_train_loss(pl_module: Any) -> float | None:

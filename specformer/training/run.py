@@ -95,6 +95,8 @@ class TrainResult:
     trainable_parameters: int = 0
     # sequence classification: the share of held-out texts classified right at the last validation
     accuracy: float | None = None
+    # how many held-out texts (classification) or examples (exact match) the share is of
+    val_examples: int | None = None
     # one entry per validation: left out of the repr, which a notebook shows after train()
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
 
@@ -417,7 +419,9 @@ def train(
     if len(dm.data.train) < t.batch_size:
         # the sampler fills each batch by cycling: what looks like an epoch of steps is many passes
         n = len(dm.data.train)
-        _warn(console, f"the training split has {n} sequence{'s' if n != 1 else ''} of seq_len tokens, fewer "
+        unit = dm.data.unit  # blocks of a corpus; labelled texts and pairs are rows of their own
+        what = f"{unit}{'s' if n != 1 else ''}" + (" of seq_len tokens" if unit == "sequence" else "")
+        _warn(console, f"the training split has {n} {what}, fewer "
                        f"than one batch (training.batch_size={t.batch_size}): every batch repeats them; add "
                        "data or lower training.batch_size")
     created = not os.environ.get(RUN_DIR_ENV)  # not a folder another process of this run made
@@ -526,6 +530,7 @@ def train(
         unigram_loss=dm.data.unigram_loss,
         exact_match=last.get("val/exact_match", metrics.get("val/exact_match")),
         accuracy=last.get("val/accuracy", metrics.get("val/accuracy")),
+        val_examples=int(last["val/examples"]) if "val/examples" in last else None,
         tokens=int(module.tokens_seen * trainer.world_size),
         tokens_per_second=tokens_run / (train_seconds - val_seconds) if train_seconds > val_seconds else 0.0,
         train_seconds=train_seconds,

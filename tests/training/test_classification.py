@@ -181,15 +181,58 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
     runner = CliRunner()
     out = runner.invoke(app, ["train", str(path), "--no-progress"], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
-    assert "accuracy" in out.output and "% of held-out texts" in out.output
+    held = int(out.output.split(" training and ")[1].split(" held-out")[0])
+
+    def row(output: str) -> str:
+        return next(line for line in output.splitlines() if "│ accuracy" in line).split("│")[2].strip()
+
+    trained = row(out.output)
+    assert trained.endswith(f"% of {held} held-out texts"), trained
     run = next((tmp_path / "runs").glob("*/*"))
     assert yaml.safe_load((run / "spec.yaml").read_text())["head"]["labels"] == ["neg", "pos"]
     out = runner.invoke(app, ["eval", str(run)], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
-    held = int(out.output.split(" training and ")[1].split(" held-out")[0])
     assert f"all {held} held-out texts" in out.output
-    accuracy = float(out.output.split("accuracy")[1].split("%")[0].strip(" │|"))
-    assert accuracy >= 90.0
+    assert row(out.output) == trained  # the same words and number as the training summary's
+    assert float(trained.split("%")[0]) >= 90.0
+
+
+def test_ctrl_c_in_eval_of_a_classifier_counts_the_texts_scored(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.cli import app
+    from specformer.training import train
+
+    result = train(load_spec(_spec(tiny, _table(tmp_path / "t.csv", n=80), max_steps=2, val_interval=2)),
+                   progress=False)
+    step, calls = SpecModule.validation_step, []
+
+    def stopped_in_the_third(self: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpecModule, "validation_step", stopped_in_the_third)
+    out = CliRunner().invoke(app, ["eval", result.checkpoint], env={"COLUMNS": "200"})
+    assert out.exit_code == 130, out.output
+    # two batches of 8 texts were scored; their tokens are many more than 16
+    assert "interrupted after 16 scored texts" in out.stdout and "tokens" not in out.stdout
+    assert "% of 16 held-out texts" in out.stdout
+
+
+def test_a_labelled_split_smaller_than_a_batch_is_counted_in_texts(tiny: Any, tmp_path: Path, capsys) -> None:
+    from rich.console import Console
+
+    from specformer.training import train
+
+    spec = _spec(tiny, _table(tmp_path / "t.csv", n=8), max_steps=1, val_interval=1, batch_size=16)
+    result = train(load_spec(spec), progress=False, console=Console(stderr=True, width=300))
+    err = capsys.readouterr().err
+    n = int(result.data.split(", ")[1].split(" training")[0])
+    assert 0 < n < 8
+    assert f"the training split has {n} texts, fewer than one batch (training.batch_size=16)" in err, err
 
 
 def test_a_run_resumed_from_the_users_own_spec_numbers_labels_as_the_checkpoint(tiny: Any, tmp_path: Path) -> None:

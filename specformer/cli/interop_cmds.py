@@ -82,7 +82,7 @@ def import_hf_cmd(
     source: Annotated[
         Path, typer.Argument(help="A Hugging Face model folder (config.json + weights) or a config.json.")
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the spec YAML.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the spec YAML (missing folders on its path are made).")],
     weights: Annotated[
         Path | None,
         typer.Option("--weights", "-w", help="Also convert the weights and write them here (.safetensors)."),
@@ -214,7 +214,7 @@ def export_hf_cmd(
             help="A specformer checkpoint (.ckpt or a run folder), or a .safetensors file of weights with --spec."
         ),
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for config.json + model.safetensors.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for config.json + model.safetensors (made, with any missing parents).")],
     spec_source: Annotated[
         str | None,
         typer.Option("--spec", help="The spec of a .safetensors SOURCE (a preset name or YAML path)."),

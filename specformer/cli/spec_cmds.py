@@ -166,7 +166,8 @@ def schema(
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Write it to this file instead of printing it: the file is replaced "
-                     "whole, or kept as it was when the write fails (a shell's > FILE empties it first)."),
+                     "whole, or kept as it was when the write fails (a shell's > FILE empties it first); "
+                     "missing folders on its path are made, as import-hf's and export-hf's -o make theirs."),
     ] = None,
 ) -> None:
     """Print the JSON Schema of a spec file, for editors.

@@ -338,6 +338,16 @@ def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(args):
     assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr
 
 
+def test_schema_output_makes_missing_folders_and_its_help_says_so(tmp_path):
+    out = tmp_path / "new" / "deeper" / "specformer.schema.json"
+    result = runner.invoke(app, ["schema", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text()) == spec_json_schema()
+    for command in (["schema"], ["import-hf"], ["export-hf"]):
+        text = " ".join(runner.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}).stdout.split())
+        assert "missing folders on its path are made" in text or "made, with any missing parents" in text, command
+
+
 def test_schema_output_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     out = tmp_path / "new" / "specformer.schema.json"
     result = runner.invoke(app, ["schema", "-o", str(out)])

@@ -59,6 +59,9 @@ class SpecModule(L.LightningModule):
         self.tokens_seen = 0  # read by this rank, since the run began (resumes included)
         self.recent_losses: deque[torch.Tensor] = deque(maxlen=max(10, t.log_interval))
         self.val_history: list[dict[str, float]] = []
+        # the Hugging Face model_type import-hf recorded in the weights the run started from:
+        # export-hf writes an mt5 or xlm-roberta back under that name
+        self.imported_model_type: str | None = None
         self._compiled: Any = None
         self._pending_rng: dict[str, Any] | None = None
         self._val_sums: dict[str, float] = {}
@@ -242,6 +245,7 @@ class SpecModule(L.LightningModule):
             "val_history": [dict(h) for h in self.val_history],
             # the summary's "mean of the last steps": a resumed run averages the same steps
             "recent_losses": [float(x) for x in self.recent_losses],
+            "imported_model_type": self.imported_model_type,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -259,6 +263,7 @@ class SpecModule(L.LightningModule):
         self._resume_optimizer_settings(checkpoint)
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.val_history = list(meta.get("val_history", []))
+        self.imported_model_type = meta.get("imported_model_type")
         self.recent_losses.clear()
         self.recent_losses.extend(torch.tensor(x) for x in meta.get("recent_losses", []))
         self._pending_rng = meta.get("rng")

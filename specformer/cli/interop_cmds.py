@@ -157,7 +157,10 @@ def import_hf_cmd(
         if weights is not None:
             assert state is not None
             # the tokenizer the weights' ids belong to: `train --init-from` warns when the spec trains another
-            origin = {"specformer.imported_from": str(source.resolve())}
+            # and its model_type: an mt5 or xlm-roberta (T5's and RoBERTa's model, which the spec
+            # is) exports back under that name
+            origin = {"specformer.imported_from": str(source.resolve()),
+                      "specformer.imported_model_type": str(config.get("model_type"))}
             if (found := model_tokenizer(source)) is not None:
                 origin["specformer.tokenizer"] = str(found)
             writers[weights] = lambda path: save_safetensors(state, path, metadata=origin)
@@ -165,8 +168,12 @@ def import_hf_cmd(
     total = count_parameters(spec).total
     _say(f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
     if (model_type := config.get("model_type")) in EXPORTED_AS:
-        _say(f"  {escape(model_type)} is {EXPORTED_AS[model_type]}'s model under another name: export-hf writes "
-             f"it back as Hugging Face {EXPORTED_AS[model_type]} (same weights, same outputs)")
+        family = EXPORTED_AS[model_type]
+        back = (f"the weights record it, and export-hf writes them (and a run started from them) back as Hugging "
+                f"Face {model_type}" if weights is not None else
+                f"export-hf writes weights of this spec as Hugging Face {family}, or as {model_type} when they "
+                "come from import-hf --weights")
+        _say(f"  {escape(model_type)} is {family}'s model under another name (the spec is {family}'s): {back}")
     tokenizer = spec.training.tokenizer
     if tokenizer is not None and tokenizer.type == "file":
         _say(f"  training.tokenizer: the model's own, {escape(tokenizer.path)}")
@@ -224,7 +231,8 @@ def export_hf_cmd(
     `AutoModel*.from_pretrained(OUTPUT)`.
 
     The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral or GPT-NeoX;
-    an imported XLM-RoBERTa or mT5 is written as RoBERTa or T5 (the same model). A field with no equivalent there is named in the error. Dropout and init settings
+    weights imported from XLM-RoBERTa or mT5 (and runs started from them) are written under
+    that name again, which their file records. A field with no equivalent there is named in the error. Dropout and init settings
     that the family cannot express are reported and left out (they do not change a
     trained model's outputs). A checkpoint's tokenizer is written too (tokenizer.json,
     for `AutoTokenizer.from_pretrained(OUTPUT)`) and gives config.json its bos/eos/pad
@@ -246,10 +254,10 @@ def export_hf_cmd(
         raise _fail(f"--output {output}: is a file; export-hf writes a folder (config.json + model.safetensors)")
     check_output_file(output / "config.json", "--output")
     with stops_cleanly("while exporting; nothing was written"):
-        spec, state, tokenizer = _read_source(source, spec_source)
+        spec, state, tokenizer, imported_as = _read_source(source, spec_source)
         warnings: list[str] = []
         try:
-            save_hf(state, spec, output, warnings=warnings, tokenizer=tokenizer)
+            save_hf(state, spec, output, warnings=warnings, tokenizer=tokenizer, imported_as=imported_as)
         except HFConversionError as exc:
             raise _fail(str(exc)) from None
         except OSError as exc:
@@ -265,10 +273,9 @@ def export_hf_cmd(
         f"({escape(repr(spec.name))}); load it with transformers.{_auto_name(spec)}"
         f".from_pretrained({escape(repr(str(output)))})"
     )
-    same = [name for name, family in EXPORTED_AS.items() if family == model_type]
-    if same:
-        _say(f"  an imported {' or '.join(same)} is written as {model_type} too: the same model under "
-             "another name, which the spec does not record")
+    if model_type in EXPORTED_AS:
+        _say(f"  {model_type}, the name the weights were imported under ({EXPORTED_AS[model_type]}'s model, "
+             "which the spec is)")
     if tokenizer is None:
         why = ("the spec's training.tokenizer is not a tokenizer.json" if source.suffix == ".safetensors"
                else "the source carries none")
@@ -305,8 +312,9 @@ def _auto_name(spec: Any) -> str:
     return hf_auto_name(spec)
 
 
-def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, Any], Any]:
-    """(spec, specformer state dict, tokenizer or None) of a checkpoint, or of weights + --spec."""
+def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, Any], Any, str | None]:
+    """(spec, specformer state dict, tokenizer or None, the model_type the weights were
+    imported under or None) of a checkpoint, or of weights + --spec."""
     from specformer.cli.spec_cmds import load_or_exit
 
     if source.suffix == ".safetensors":
@@ -316,7 +324,7 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
         from safetensors.torch import load_file
 
         from specformer.data.corpus import DataError, lfs_pointer
-        from specformer.training.checkpoint import weights_tokenizer
+        from specformer.training.checkpoint import weights_origin, weights_tokenizer
 
         spec = load_or_exit(spec_source)
         if pointer := lfs_pointer(source):
@@ -326,7 +334,8 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
         except (SafetensorError, OSError) as exc:
             raise _fail(f"{source}: not a readable safetensors file ({exc})") from None
         try:  # the spec's tokenizer.json (import-hf writes it so): the one the weights' ids belong to
-            return spec, state, weights_tokenizer(source, spec)
+            imported_as = weights_origin(source).get("specformer.imported_model_type")
+            return spec, state, weights_tokenizer(source, spec), imported_as
         except DataError as exc:
             raise _fail(f"--spec {spec_source}: {exc}") from None
     from specformer.specs.errors import SpecError
@@ -357,4 +366,6 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
             tokenizer = tokenizer_from_state(meta["tokenizer"])
         except Exception as exc:  # DataError, or `tokenizers`' bare Exception on a bad tokenizer.json
             raise _fail(f"{source}: the checkpoint's tokenizer cannot be rebuilt ({exc})") from None
-    return spec, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, tokenizer
+    imported_as = meta.get("imported_model_type")
+    return (spec, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, tokenizer,
+            imported_as if isinstance(imported_as, str) else None)

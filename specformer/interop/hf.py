@@ -426,9 +426,13 @@ def save_hf(
     *,
     warnings: list[str] | None = None,
     tokenizer: Any = None,
+    imported_as: str | None = None,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` that ``transformers`` loads with
     ``AutoModel*.from_pretrained(out_dir)``. Needs no ``transformers``.
+
+    ``imported_as``: the ``model_type`` the weights were imported under; an ``mt5`` or
+    ``xlm-roberta`` model is written under that name (see :func:`hf_config_from_spec`).
 
     ``tokenizer`` (a specformer tokenizer, e.g. a checkpoint's) gives the config its
     bos/eos/pad token ids and is written as ``tokenizer.json`` + ``tokenizer_config.json``
@@ -442,10 +446,10 @@ def save_hf(
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
     token_ids = special_token_ids(tokenizer, spec) if tokenizer is not None else None
-    config = hf_config_from_spec(spec, warnings=warnings, token_ids=token_ids)
+    config = hf_config_from_spec(spec, warnings=warnings, token_ids=token_ids, imported_as=imported_as)
     tensors = hf_state_dict(model, spec)
     # tied copies are left out, as transformers' save_pretrained does; loading re-ties them
-    family = _FAMILIES[config["model_type"]]
+    family = _FAMILIES[hf_family(spec)]
     tensors = _unshared({k: v for k, v in tensors.items() if k not in family.tied_copies or _needed(k, spec)})
     dtype = next(iter(tensors.values())).dtype
     config["torch_dtype"] = str(dtype).removeprefix("torch.")

@@ -468,9 +468,12 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
 
-# Imported families whose model is another family's under another name: export writes
-# that family's model_type and classes (the spec does not record which name it came from)
+# Imported families whose model is another family's under another name: the spec is that
+# family's, and export writes its model_type and classes, unless it is told the name the
+# weights were imported under (import-hf records it in their file): then that one
 EXPORTED_AS: dict[str, str] = {"xlm-roberta": "roberta", "mt5": "t5"}
+# the class names of each such family: its model's, with the prefix of the family it is
+_CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRoberta"), "mt5": ("T5", "MT5")}
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
@@ -962,8 +965,14 @@ def hf_config_from_spec(
     *,
     warnings: list[str] | None = None,
     token_ids: Mapping[str, int | None] | None = None,
+    imported_as: str | None = None,
 ) -> dict[str, Any]:
     """The Hugging Face ``config.json`` dict of a spec that maps onto a supported family.
+
+    ``imported_as`` is the ``model_type`` the weights were imported under (``import-hf``
+    records it): an ``mt5`` or ``xlm-roberta`` model, whose spec is T5's or RoBERTa's, is
+    written under its own name and classes (``MT5ForConditionalGeneration``), which
+    ``AutoModel*`` loads; any other name leaves the family's.
 
     Raises :class:`HFConversionError` naming every spec field that the family cannot
     express. Dropout and initialisation settings the family cannot express are appended
@@ -1021,6 +1030,10 @@ def hf_config_from_spec(
     if warnings is not None:
         warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
     _set_token_ids(config, spec, token_ids or {}, notes=warnings)
+    if imported_as is not None and EXPORTED_AS.get(imported_as) == model_type:
+        theirs, own = _CLASS_PREFIXES[imported_as]
+        config["model_type"] = imported_as
+        config["architectures"] = [own + name.removeprefix(theirs) for name in config["architectures"]]
     return config
 
 

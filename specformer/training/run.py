@@ -400,6 +400,7 @@ def train(
     if weights is not None:
         module.model.load_state_dict(weights, strict=True)  # keys and shapes checked above
         del weights
+        module.imported_model_type = weights_origin(init_from).get("specformer.imported_model_type")
     # a checkpoint's weights fit the token ids of its own tokenizer: the data is
     # tokenized with it, not with a tokenizer trained afresh on this run's data
     dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)

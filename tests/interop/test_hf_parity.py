@@ -764,15 +764,21 @@ def test_keys_a_mistral_config_omits_take_mistral_defaults() -> None:
 @pytest.mark.parametrize(
     ("family", "auto", "written_as"),
     [
-        ("mt5", "AutoModelForSeq2SeqLM", ("t5", "T5ForConditionalGeneration")),
-        ("mt5-untied", "AutoModelForSeq2SeqLM", ("t5", "T5ForConditionalGeneration")),
-        ("xlm-roberta", "AutoModelForMaskedLM", ("roberta", "RobertaForMaskedLM")),
-        ("xlm-roberta-cls", "AutoModelForSequenceClassification", ("roberta", "RobertaForSequenceClassification")),
+        ("mt5", "AutoModelForSeq2SeqLM", ("mt5", "MT5ForConditionalGeneration")),
+        ("mt5-untied", "AutoModelForSeq2SeqLM", ("mt5", "MT5ForConditionalGeneration")),
+        ("xlm-roberta", "AutoModelForMaskedLM", ("xlm-roberta", "XLMRobertaForMaskedLM")),
+        ("xlm-roberta-cls", "AutoModelForSequenceClassification",
+         ("xlm-roberta", "XLMRobertaForSequenceClassification")),
+        ("t5", "AutoModelForSeq2SeqLM", ("t5", "T5ForConditionalGeneration")),
+        ("roberta", "AutoModelForMaskedLM", ("roberta", "RobertaForMaskedLM")),
     ],
 )
-def test_mt5_and_xlm_roberta_folders_import_and_export_as_t5_and_roberta(
+def test_mt5_and_xlm_roberta_weights_export_under_their_own_name(
     family: str, auto: str, written_as: tuple[str, str], tmp_path
 ) -> None:
+    """The spec of an mT5 or XLM-R is T5's or RoBERTa's; the weights import-hf writes record
+    the model_type, so export-hf writes them back under it, and AutoModel loads MT5 / XLM-R
+    classes; a plain T5 or RoBERTa stays itself, with no word of the other names."""
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
@@ -788,7 +794,9 @@ def test_mt5_and_xlm_roberta_folders_import_and_export_as_t5_and_roberta(
     runner = CliRunner()
     result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "-o", str(spec_path), "-w", str(weights)])
     assert result.exit_code == 0, result.output
-    assert f"export-hf writes it back as Hugging Face {written_as[0]}" in result.output
+    renamed = model_type in ("mt5", "xlm-roberta")
+    assert ("export-hf writes them (and a run started from them) back as Hugging Face "
+            f"{written_as[0]}" in " ".join(result.output.split())) == renamed, result.output
     spec = load_spec(spec_path)
     assert spec.embedding.tie_output == (family != "mt5-untied")
     # the parameters transformers holds, a tied tensor once
@@ -807,13 +815,26 @@ def test_mt5_and_xlm_roberta_folders_import_and_export_as_t5_and_roberta(
     assert expected[real].std() > 0.1
     result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert f"an imported {model_type} is written as {written_as[0]} too" in result.output
+    said = " ".join(result.output.split()).replace(str(tmp_path), "TMP")  # the test's name has mt5 in it
+    assert f"Hugging Face {written_as[0]} config.json" in said
+    assert ("the name the weights were imported under" in said) == renamed
+    assert not any(name in said for name in ("mt5", "xlm-roberta") if name != model_type), said
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["model_type"], config["architectures"]) == (written_as[0], [written_as[1]])
     back = getattr(transformers, auto).from_pretrained(tmp_path / "out").eval()
     assert type(back).__name__ == written_as[1]
     with torch.no_grad():
         torch.testing.assert_close(back(**kwargs).logits, expected, atol=1e-5, rtol=0)
+    # weights with no record of an import (saved by another tool) are written as the family the spec is
+    from safetensors.torch import save_file
+
+    save_file(load_file(str(weights)), str(tmp_path / "plain.safetensors"))
+    result = runner.invoke(app, ["export-hf", str(tmp_path / "plain.safetensors"), "--spec", str(spec_path),
+                                 "-o", str(tmp_path / "plain")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "plain" / "config.json").read_text())["model_type"] == {
+        "mt5": "t5", "xlm-roberta": "roberta"}.get(model_type, model_type)
+    assert "imported under" not in result.output
 
 
 def test_an_mt5_config_never_scales_the_decoder_output() -> None:
@@ -909,3 +930,41 @@ def test_mistral_generates_past_max_position_embeddings_as_transformers_does(pad
     assert ours.shape == (2, 47) and torch.equal(ours, theirs.sequences)
     torch.testing.assert_close(torch.stack(steps, dim=1), torch.stack(theirs.logits, dim=1), atol=1e-4, rtol=1e-4)
     assert len(set(ours[0, 7:].tolist())) > 1
+
+
+def test_a_run_started_from_imported_xlm_roberta_weights_exports_as_xlm_roberta(tmp_path) -> None:
+    """The model_type the weights record goes into the checkpoints of a run started from
+    them (and of its resumes), so export-hf of the fine-tuned run is an XLM-R too."""
+    import sysconfig
+
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+    from specformer.specs.loader import load_spec
+    from specformer.training import train
+
+    config = transformers.AutoConfig.for_model("xlm-roberta", **{**TINY["xlm-roberta"], "vocab_size": 300})
+    transformers.AutoModelForMaskedLM.from_config(config).save_pretrained(tmp_path / "hf")
+    runner = CliRunner()
+    spec_path, weights = tmp_path / "m.yaml", tmp_path / "m.safetensors"
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    text = str(sysconfig.get_paths()["stdlib"]) + "/json/*.py"
+    spec = load_spec(spec_path, [f"training.data={{type: files, paths: ['{text}']}}", "training.tokenizer={type: byte}",
+                                 "training.batch_size=2", "training.seq_len=16", "training.max_steps=1",
+                                 "training.val_interval=1", "training.val_batches=1", "training.accelerator=cpu",
+                                 "training.devices=1", "training.num_workers=0", f"training.out_dir={tmp_path / 'runs'}",
+                                 f"training.cache_dir={tmp_path / 'cache'}"])
+    first = train(spec, init_from=weights, progress=False)
+    resumed = train(load_spec(spec.to_dict(), ["training.max_steps=2"]), resume=first.checkpoint, progress=False)
+    for run, out in ((first, "first"), (resumed, "resumed")):
+        result = runner.invoke(app, ["export-hf", str(run.checkpoint), "-o", str(tmp_path / out)])
+        assert result.exit_code == 0, result.output
+        config = json.loads((tmp_path / out / "config.json").read_text())
+        assert (config["model_type"], config["architectures"]) == ("xlm-roberta", ["XLMRobertaForMaskedLM"])
+        assert type(transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / out)).__name__ == "XLMRobertaForMaskedLM"
+    # started from scratch, the same spec is RoBERTa's
+    scratch = train(load_spec(spec.to_dict(), ["name=scratch"]), progress=False)
+    result = runner.invoke(app, ["export-hf", str(scratch.checkpoint), "-o", str(tmp_path / "scratch")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "scratch" / "config.json").read_text())["model_type"] == "roberta"

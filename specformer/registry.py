@@ -128,6 +128,8 @@ class Registry:
         self._families: dict[str, dict[str, Entry]] = {}
         self._built: set[str] = set()  # families whose schema union exists: no new spec classes
         self.builtin_defaults: dict[str, str] = {}  # each family's first built-in type
+        # (family, name) -> the build target of specformer's own type of that name
+        self.builtin_targets: dict[tuple[str, str], Target] = {}
 
     def register(
         self,
@@ -224,6 +226,14 @@ class Registry:
         entry = Entry(family=family, name=name, spec=spec, target=target, source=source or spec.__module__)
         entries[name] = entry
         return entry
+
+    def is_builtin(self, family: str, name: str) -> bool:
+        """Whether ``family`` type ``name`` builds specformer's own module: a built-in type
+        whose build target no one replaced. ``register(family, spec, target, replace=True)``
+        under a built-in name makes it a plugin's type, whose module only a build can measure."""
+        entry = self._families.get(family, {}).get(name)
+        return (entry is not None and (family, name) in self.builtin_targets
+                and entry.target == self.builtin_targets[(family, name)])
 
     def mark_built(self, family: str) -> None:
         """Record that a schema union was made from ``family``'s spec classes."""
@@ -351,6 +361,7 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
     REGISTRY.builtin_defaults.setdefault(family, name)
     if existing is None:
         REGISTRY.register(family, spec, target, source="specformer")
+        REGISTRY.builtin_targets[(family, name)] = target
     elif existing.spec is not spec:
         error = ValueError(
             f"{family} type {name!r} is built in, and {existing.spec.__name__}, registered under that "

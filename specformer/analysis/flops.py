@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from specformer.analysis.params import BUILT_IN_TYPES, as_spec, plugin_components, whole_number
+from specformer.analysis.params import analysed, as_spec, plugin_components, whole_number
 
 __all__ = ["FlopCounts", "flops_per_token", "mean_attended_keys", "TRAINING_MULTIPLIER"]
 
@@ -161,7 +161,7 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
             layer = stack.layer(i)
             lf = flow.stacks[role].layers[i] if flow else None
             att = layer.attention
-            if att.type in BUILT_IN_TYPES["attention"]:
+            if analysed("attention", att.type):
                 h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
                 qkv, o = t * 2 * d * (h + 2 * hkv) * dh, t * 2 * h * dh * d
                 scores = _attention_scores(att, t, causal=causal, count=count)
@@ -174,7 +174,7 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
                     back(scores / 2 * a.score_products, True)
             ca = layer.cross_attention
             if (ca is not None and role == "decoder" and spec.kind == "encoder-decoder"
-                    and ca.type in BUILT_IN_TYPES["attention"]):
+                    and analysed("attention", ca.type)):
                 ch, ckv, cdh = ca.n_heads, ca.n_kv_heads, ca.head_dim
                 # q and o over the t target tokens, k/v over the t source tokens
                 q, kv, o = t * 2 * d * ch * cdh, t * 2 * d * 2 * ckv * cdh, t * 2 * ch * cdh * d
@@ -188,7 +188,7 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
                     back(o, c.o_in, c.o_w)
                     back(scores / 2 * c.score_products, True)
             ffn = layer.ffn
-            if ffn.type in BUILT_IN_TYPES["ffn"]:
+            if analysed("ffn", ffn.type):
                 one = t * 2 * d * ffn.d_ff
                 add(f"{role}.ffn", one * (3 if ffn.type == "glu" else 2))
                 if lf:
@@ -200,7 +200,9 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     head = spec.head
     # a masked-LM head trains on its labelled tokens only (MLMHead.loss)
     share = getattr(spec.training.objective, "mask_prob", 1.0) if head.type == "mlm" else 1.0
-    if head.type == "lm":
+    if not analysed("head", head.type):
+        pass  # a plugin's head: named in not_counted
+    elif head.type == "lm":
         add("head", t * 2 * d * spec.vocab_size)
         if flow:
             back(t * 2 * d * spec.vocab_size, *flow.head.products["proj"])
@@ -218,7 +220,7 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     components = {k: round(v / t) for k, v in totals.items()}
     forward = round(sum(totals.values()) / t)
     trained = sum(totals.values())
-    if head.type == "mlm":
+    if head.type == "mlm" and "head" in totals:
         trained -= totals["head"] * (1 - share)
     training = round(TRAINING_MULTIPLIER * trained / t) if flow is None else round((trained + backward) / t)
     return FlopCounts(

@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specformer.analysis.params import (
-    BUILT_IN_TYPES,
     AnalysisError,
+    analysed,
     as_spec,
     count_parameters,
     plugin_components,
@@ -152,7 +152,7 @@ def _cached_attention(spec: Any, *, cross: bool = False, skip_plugins: bool = Fa
         att = layer.cross_attention if cross else layer.attention
         if att is None:
             continue
-        if att.type not in BUILT_IN_TYPES["attention"]:
+        if not analysed("attention", att.type):
             if skip_plugins:
                 continue
             which = "decoder.cross_attention" if cross else "decoder.attention"
@@ -299,7 +299,6 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
         per_seq += sum(embedded) * t * d
     checkpointing = bool(getattr(spec.training, "activation_checkpointing", False))
     layer_costs: list[float] = []  # what each layer keeps, per sequence
-    built_in = BUILT_IN_TYPES
     for role, stack in spec.stacks():
         flows = flow.stacks[role].layers if flow else [None] * stack.n_layers
         for layer, lf in zip(stack.layers(), flows, strict=True):
@@ -308,31 +307,31 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             res_drop = layer.residual.dropout > 0
             n_norms = 2
             tok = 0.0
-            if layer.attention.type in built_in["attention"]:
+            if analysed("attention", layer.attention.type):
                 tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5",
                                         flow=lf and lf.attention)
             if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
                 n_norms += 1
                 ca = layer.cross_attention
                 cf = lf and lf.cross_attention
-                if ca.type in built_in["attention"]:
+                if analysed("attention", ca.type):
                     tok += _attention_saved(ca, d, t, act, kv_len=t, flow=cf)
                     if cf is None or cf.kernel:
                         tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
                 tok += d if res_drop and (cf is None or cf.out) else 0
-            if layer.ffn.type in built_in["ffn"]:
+            if analysed("ffn", layer.ffn.type):
                 tok += _ffn_saved(layer.ffn, d, act, lf and lf.ffn)
-            if layer.norm.type in built_in["norm"]:
+            if analysed("norm", layer.norm.type):
                 # norm inputs: a norm keeps its input where it is differentiated
                 tok += (n_norms if lf is None else sum(lf.norms)) * d * act
             if res_drop:
                 tok += d * (2 if lf is None else int(lf.attention.out) + int(lf.ffn.out))
             layer_costs.append(t * tok)
-        if stack.final_norm and stack.norm.type in built_in["norm"] and (flow is None or flow.stacks[role].final_norm):
+        if stack.final_norm and analysed("norm", stack.norm.type) and (flow is None or flow.stacks[role].final_norm):
             per_seq += t * d * act
         # a plugin attention need not have a backend; what its mask costs is its own
         fused = [layer.attention for layer, lf in zip(stack.layers(), flows, strict=True)
-                 if layer.attention.type in built_in["attention"] and layer.attention.backend == "sdpa"
+                 if analysed("attention", layer.attention.type) and layer.attention.backend == "sdpa"
                  and (lf is None or lf.attention.kernel)]
         if spec.positional.type == "alibi" and fused:
             # the (H, T, T) bias is built once per stack forward and shared by its layers; the
@@ -354,7 +353,7 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
     head = spec.head
     per_step = 0.0
     hf = flow.head.products if flow else {}
-    if head.type in ("lm", "mlm"):
+    if head.type in ("lm", "mlm") and analysed("head", head.type):
         # training runs the head through the fused loss (model(..., labels=)): its forward
         # computes the gradients of the head's input (N x D) and weight (V x D) and keeps
         # those, never the (N x V) logits; a masked-LM head runs on the labelled rows only
@@ -369,7 +368,7 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
         per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
         per_step += v * d * p.weight if need_w else 0  # weight gradient
         per_step += v * p.weight if head.bias and (flow is None or flow.head.bias) else 0  # bias gradient
-    elif head.type == "classification":
+    elif head.type == "classification" and analysed("head", head.type):
         # (does the product's input need a gradient, does its weight train) per product
         x_grad, pool_w = hf["pooler"] if flow else (True, True)
         in_grad, cls_w = hf["classifier"] if flow else (True, True)
@@ -474,7 +473,7 @@ def _plugin_part(spec: Any, name: str) -> str | None:
         family, part = "norm", spec.embedding.norm
     elif parts[0] == "head":
         family, part = "head", spec.head
-    if part is None or part.type in BUILT_IN_TYPES[family]:
+    if part is None or analysed(family, part.type):
         return None
     return f"{family} type {part.type!r}"
 
@@ -486,6 +485,14 @@ def _flow(spec: Any) -> Any:
 
 
 _OPTIMIZERS = ("adamw", "sgd", "adafactor")  # the optimizers whose states are counted
+
+
+def _counted_optimizer(name: str) -> bool:
+    """One of :data:`_OPTIMIZERS`, built by specformer's own function: a plugin that gave
+    the name a target of its own (``replace=True``) keeps the states it chooses."""
+    from specformer.registry import REGISTRY
+
+    return name in _OPTIMIZERS and REGISTRY.is_builtin("optimizer", name)
 
 
 def trainable_shapes(spec: Any) -> dict[str, tuple[int, ...]]:
@@ -515,7 +522,7 @@ def optimizer_state_elements(spec: Any) -> int:
     leading index of a larger tensor) and one per element of a vector."""
     spec = as_spec(spec)
     optimizer = spec.training.optimizer
-    if optimizer.type not in _OPTIMIZERS:
+    if not _counted_optimizer(optimizer.type):
         raise AnalysisError(f"training.optimizer: no memory count for optimizer type {optimizer.type!r}")
     shapes = trainable_shapes(spec)
     n = sum(math.prod(shape) for shape in shapes.values())
@@ -548,7 +555,7 @@ def memory_estimate(
     activations, not_counted = _activations(spec, batch=batch, seq_len=t, dtype=p.name)
     optimizer = spec.training.optimizer
     trained = trainable_parameters(spec)  # gradients and optimizer states: frozen parameters have none
-    if optimizer.type in _OPTIMIZERS:
+    if _counted_optimizer(optimizer.type):
         states = optimizer_state_elements(spec) * p.optimizer
     else:  # a plugin's optimizer keeps what it chooses
         states, not_counted = 0, {**not_counted, "training.optimizer": f"optimizer type {optimizer.type!r}"}

@@ -5,7 +5,8 @@ creates — every name and shape — so the total equals
 ``sum(p.numel() for p in model.parameters())`` of the built model, tied weights counted once.
 Names follow the state-dict contract documented in ``docs/analysis.md``. A spec that uses a
 type registered by a plugin, whose parameters only its module knows, is counted from the
-model built on the meta device (nothing allocated), as exactly.
+model built on the meta device (nothing allocated), as exactly; so is a built-in type name
+that a plugin gave a build target of its own (``register(..., replace=True)``).
 
 "Embedding" parameters (excluded from ``non_embedding``, as in Kaplan et al. 2020,
 "Scaling Laws for Neural Language Models") are every vocabulary- or position-sized
@@ -30,6 +31,7 @@ __all__ = [
     "AnalysisError",
     "plugin_components",
     "BUILT_IN_TYPES",
+    "analysed",
 ]
 
 Shape = tuple[int, ...]
@@ -48,6 +50,32 @@ BUILT_IN_TYPES: dict[str, tuple[str, ...]] = {
     "positional": ("sinusoidal", "learned", "rope", "alibi", "t5", "none"),
     "head": ("lm", "mlm", "classification"),
 }
+
+
+def analysed(family: str, name: str) -> bool:
+    """Whether the analysis has formulas for ``family`` type ``name``: one of
+    :data:`BUILT_IN_TYPES` that still builds specformer's own module. A plugin may give a
+    built-in name a build target of its own (``register(family, spec, target,
+    replace=True)``); what that builds is the plugin's, counted like a new plugin type."""
+    from specformer.registry import REGISTRY
+
+    return name in BUILT_IN_TYPES[family] and REGISTRY.is_builtin(family, name)
+
+
+def _type_words(family: str, name: str) -> str:
+    """``ffn type 'relu2'``; a built-in name built by a plugin's target says whose:
+    ``attention type 'mha', built by my_pkg.attn:Attn``."""
+    text = f"{family} type {name!r}"
+    if name in BUILT_IN_TYPES[family]:
+        from specformer.registry import REGISTRY
+
+        target = REGISTRY.get(family, name).target
+        if isinstance(target, str):
+            shown = target
+        else:
+            shown = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', target)}"
+        text += f", built by {shown}"
+    return text
 
 
 def index_ranges(indices: list[int], sep: str = ", ") -> str:
@@ -82,21 +110,21 @@ def plugin_components(spec: Any) -> dict[str, str]:
             if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
                 parts.insert(1, ("cross_attention", "attention", layer.cross_attention))
             for group, family, part in parts:
-                if part.type not in BUILT_IN_TYPES[family]:
+                if not analysed(family, part.type):
                     found.setdefault((group, family, part.type), []).append(i)
-        if stack.final_norm and stack.norm.type not in BUILT_IN_TYPES["norm"]:
+        if stack.final_norm and not analysed("norm", stack.norm.type):
             found.setdefault(("norms", "norm", stack.norm.type), [])
         for (group, family, kind), layers in found.items():
             key = f"{role}.{group}"
             every = len(layers) == stack.n_layers or not layers
-            text = f"{family} type {kind!r}" + ("" if every else f" in {_layer_span(layers)}")
+            text = _type_words(family, kind) + ("" if every else f" in {_layer_span(layers)}")
             out[key] = f"{out[key]}; {text}" if key in out else text
-    if spec.embedding.norm is not None and spec.embedding.norm.type not in BUILT_IN_TYPES["norm"]:
-        out["embedding.norm"] = f"norm type {spec.embedding.norm.type!r}"
-    if spec.positional.type not in BUILT_IN_TYPES["positional"]:
-        out["positional"] = f"positional type {spec.positional.type!r}"
-    if spec.head.type not in BUILT_IN_TYPES["head"]:
-        out["head"] = f"head type {spec.head.type!r}"
+    if spec.embedding.norm is not None and not analysed("norm", spec.embedding.norm.type):
+        out["embedding.norm"] = _type_words("norm", spec.embedding.norm.type)
+    if not analysed("positional", spec.positional.type):
+        out["positional"] = _type_words("positional", spec.positional.type)
+    if not analysed("head", spec.head.type):
+        out["head"] = _type_words("head", spec.head.type)
     return out
 
 
@@ -293,6 +321,11 @@ def parameter_shapes(spec: Any) -> dict[str, Shape]:
     device instead).
     """
     spec = as_spec(spec)
+    # a plugin's type, a built-in name that a plugin's target builds included: the formulas
+    # below are of specformer's own modules
+    if parts := plugin_components(spec):
+        key, what = next(iter(parts.items()))
+        raise AnalysisError(f"{key}: no analytic parameter count for {what}")
     out: dict[str, Shape] = {}
     out.update(_embedding("embed", spec))
     if spec.kind == "encoder-decoder" and not spec.embedding.share_encoder_decoder:

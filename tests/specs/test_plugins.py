@@ -174,6 +174,58 @@ def test_show_of_a_plugin_type_counts_its_parameters_and_names_what_it_cannot_co
     assert "Counted from the model built on the meta device" in result.stdout
 
 
+GATED_MHA = '''
+import torch
+from torch import nn
+
+
+def register(registry):
+    # the built-in name with a module of the plugin's own: mha with a learned gate per head
+    registry.register("attention", registry.get("attention", "mha").spec, "gated_mha:build", replace=True)
+
+
+def build(spec, *, d_model, cross, layer_idx):
+    from specformer.components.attention import Attention
+
+    attention = Attention(spec, d_model=d_model, cross=cross, layer_idx=layer_idx)
+    attention.gate = nn.Parameter(torch.ones(spec.n_heads))
+    return attention
+'''
+
+
+def test_a_built_in_type_name_a_plugin_builds_is_counted_as_a_plugin_type(tmp_path):
+    """A plugin that gives `mha` a build target of its own (replace=True): show counts its
+    parameters from the meta build and leaves its FLOPs and KV cache out, naming them, as
+    for a new plugin type name, rather than the built-in formulas."""
+    (tmp_path / "gated_mha.py").write_text(GATED_MHA)
+    dist = tmp_path / "gated_mha-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gated-mha\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\ngated = gated_mha:register\n")
+    mine = _show_json(tmp_path, "gpt-nano")
+    nano = _show_json(tmp_path / "elsewhere", "gpt-nano")  # no plugin on the path
+    assert nano["params"]["counted_from"] == "analytic" and nano["flops_per_token"]["not_counted"] == {}
+    # parameters: exact, the gate's 4 per layer included (4 layers)
+    assert mine["params"]["counted_from"] == "meta build"
+    assert mine["params"]["total"] == nano["params"]["total"] + 4 * 4
+    assert mine["params"]["components"]["decoder.attention"] == nano["params"]["components"]["decoder.attention"] + 16
+    what = "attention type 'mha', built by gated_mha:build"
+    assert mine["flops_per_token"]["not_counted"] == {"decoder.attention": what}
+    assert not any(key.startswith("decoder.attention") for key in mine["flops_per_token"]["components"])
+    assert mine["flops_per_token"]["forward"] == nano["flops_per_token"]["forward"] - sum(
+        v for k, v in nano["flops_per_token"]["components"].items() if k.startswith("decoder.attention"))
+    assert mine["kv_cache_bytes_per_token"] == 0 and mine["kv_cache_not_counted"] == {"decoder.attention": what}
+    assert mine["memory"]["not_counted"] == {"decoder.attention": what}
+    assert mine["memory"]["activations"] < nano["memory"]["activations"]
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", "gpt-nano"], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Counted from the model built on the meta device" in result.stdout
+    assert "≥" in result.stdout and "built by gated_mha:build" in " ".join(result.stdout.split())
+
+
 def test_a_plugin_type_in_some_layers_only_is_named_with_them(plugin_path, tmp_path):
     spec = tmp_path / "p.yaml"
     spec.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0, 1], ffn: {type: relu2, d_ff: 64}}\n")

@@ -965,3 +965,31 @@ def test_freeze_patterns_meet_a_plugin_modules_parameter_names(plugin_path):
     first, second = result.stdout.strip().splitlines()
     assert first.startswith("training.optimizer.freeze.0 | nearest names: decoder.layers.0.ffn.up_proj.")
     assert int(second) == 4 * (128 * 32 + 32 + 32 * 128 + 128)  # up_proj and down_proj of 4 layers
+
+
+REPLACED_ADAMW = '''
+import specformer.specs.training  # noqa: F401  (registers the built-in optimizers)
+from specformer.registry import REGISTRY, register
+
+
+def mine(spec, *, model, precision):
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=spec.lr)  # keeps other states than AdamW's
+
+
+register("optimizer", REGISTRY.get("optimizer", "adamw").spec, mine, replace=True)
+
+from specformer.analysis import analyze
+
+memory = analyze("gpt-nano").memory
+print(memory.optimizer, memory.not_counted)
+'''
+
+
+def test_a_built_in_optimizer_name_a_script_builds_leaves_its_states_uncounted(tmp_path):
+    script = tmp_path / "adamw.py"
+    script.write_text(REPLACED_ADAMW)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "0 {'training.optimizer': \"optimizer type 'adamw'\"}"

@@ -51,6 +51,7 @@ __all__ = [
     "check_resumable",
     "read_weights",
     "read_weights_and_tokenizer",
+    "read_weights_tokenizer_and_origin",
     "checkpoint_tokenizer",
     "checkpoint_tokenizer_spec",
     "load_weights",
@@ -402,11 +403,25 @@ def read_weights_and_tokenizer(
     """:func:`read_weights`, the checkpoint's tokenizer and its ``training.tokenizer``
     settings (None, None for a ``.safetensors`` file): weights fit the token ids they
     were trained on."""
+    weights, tokenizer, settings, _ = read_weights_tokenizer_and_origin(path)
+    return weights, tokenizer, settings
+
+
+def read_weights_tokenizer_and_origin(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, torch.Tensor], Any, dict[str, Any] | None, dict[str, str]]:
+    """:func:`read_weights_and_tokenizer` and the weights' origin: :func:`weights_origin` of a
+    ``.safetensors`` file; of a checkpoint, the ``specformer.imported_model_type`` its run
+    kept from the imported weights it started from (empty when there is none)."""
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
         raw = read_checkpoint(path)
         tokenizer = checkpoint_tokenizer(raw)
-        return _model_weights(raw, path), tokenizer, checkpoint_tokenizer_spec(raw) if tokenizer else None
+        meta = raw.get("specformer")
+        imported = meta.get("imported_model_type") if isinstance(meta, dict) else None
+        origin = {"specformer.imported_model_type": imported} if isinstance(imported, str) else {}
+        return (_model_weights(raw, path), tokenizer, checkpoint_tokenizer_spec(raw) if tokenizer else None,
+                origin)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -415,7 +430,7 @@ def read_weights_and_tokenizer(
     if pointer := lfs_pointer(path):
         raise CheckpointError(pointer)
     try:
-        return load_file(path), None, None
+        return load_file(path), None, None, weights_origin(path)
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
 

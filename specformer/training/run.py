@@ -53,7 +53,7 @@ from specformer.training.checkpoint import (
     checkpoint_tokenizer,
     checkpoint_tokenizer_spec,
     read_checkpoint,
-    read_weights_and_tokenizer,
+    read_weights_tokenizer_and_origin,
     remove_stale_temporaries,
     weights_origin,
 )
@@ -385,10 +385,10 @@ def train(
             _warn(console, f"{recut}: the data position is a count of sequences, so this run reads on from the "
                            "same count in the text cut into sequences of the new length, not from where the "
                            "checkpoint stopped: some text of the current pass is read twice and some not at all")
-    weights = None
+    weights, origin = None, {}
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
-        weights, tokenizer, tokenizer_spec = read_weights_and_tokenizer(init_from)
+        weights, tokenizer, tokenizer_spec, origin = read_weights_tokenizer_and_origin(init_from)
         # the weights' shapes first: a checkpoint of another model is that, not a tokenizer problem
         check_weights(build_model(spec, device="meta"), weights, source=str(init_from))
         _check_imported_tokenizer(spec, init_from, console)
@@ -400,7 +400,7 @@ def train(
     if weights is not None:
         module.model.load_state_dict(weights, strict=True)  # keys and shapes checked above
         del weights
-        module.imported_model_type = weights_origin(init_from).get("specformer.imported_model_type")
+        module.imported_model_type = origin.get("specformer.imported_model_type")
     # a checkpoint's weights fit the token ids of its own tokenizer: the data is
     # tokenized with it, not with a tokenizer trained afresh on this run's data
     dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)

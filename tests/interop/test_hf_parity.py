@@ -934,7 +934,8 @@ def test_mistral_generates_past_max_position_embeddings_as_transformers_does(pad
 
 def test_a_run_started_from_imported_xlm_roberta_weights_exports_as_xlm_roberta(tmp_path) -> None:
     """The model_type the weights record goes into the checkpoints of a run started from
-    them (and of its resumes), so export-hf of the fine-tuned run is an XLM-R too."""
+    them (of its resumes, and of a run started from its checkpoint), so export-hf of the
+    fine-tuned run is an XLM-R too."""
     import sysconfig
 
     from typer.testing import CliRunner
@@ -957,7 +958,8 @@ def test_a_run_started_from_imported_xlm_roberta_weights_exports_as_xlm_roberta(
                                  f"training.cache_dir={tmp_path / 'cache'}"])
     first = train(spec, init_from=weights, progress=False)
     resumed = train(load_spec(spec.to_dict(), ["training.max_steps=2"]), resume=first.checkpoint, progress=False)
-    for run, out in ((first, "first"), (resumed, "resumed")):
+    again = train(load_spec(spec.to_dict(), ["name=again"]), init_from=resumed.checkpoint, progress=False)
+    for run, out in ((first, "first"), (resumed, "resumed"), (again, "again")):
         result = runner.invoke(app, ["export-hf", str(run.checkpoint), "-o", str(tmp_path / out)])
         assert result.exit_code == 0, result.output
         config = json.loads((tmp_path / out / "config.json").read_text())

@@ -173,7 +173,7 @@ def _plugin(t: _Trained, prefix: str, in_: bool) -> bool:
 
 
 def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: bool) -> LayerFlow:
-    from specformer.analysis.params import BUILT_IN_TYPES
+    from specformer.analysis.params import analysed
 
     layer = getattr(spec, role).layer(i)
     p = f"{role}.layers.{i}."
@@ -195,13 +195,13 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         return norms[-1]
 
     def attention(name: str, q_in: bool, kv_in: bool, spec_part: Any, cross: bool) -> AttentionFlow:
-        if spec_part.type in BUILT_IN_TYPES["attention"]:
+        if analysed("attention", spec_part.type):
             return _attention(t, f"{p}{name}.", q_in, kv_in, cross=cross, bias=bias and not cross)
         out = _plugin(t, f"{p}{name}.", q_in or kv_in)
         return AttentionFlow(q_in, kv_in, False, False, out, out, out, False, out, False, out)
 
     def ffn(in_: bool) -> FFNFlow:
-        if layer.ffn.type in BUILT_IN_TYPES["ffn"]:
+        if analysed("ffn", layer.ffn.type):
             return _ffn(t, f"{p}ffn.", in_, layer.ffn.type == "glu")
         out = _plugin(t, f"{p}ffn.", in_)
         return FFNFlow(in_, False, False, out, False, out, False, out)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:  # annotations only: a plugin imports this module before the spec schema exists
     from specformer.specs.schema import (
         AlibiSpec,
+        DynamicRopeScaling,
         LearnedSpec,
         LinearRopeScaling,
         Llama3RopeScaling,
@@ -213,16 +214,18 @@ class LearnedPositional(Positional):
 def rope_frequencies(
     rot_dim: int,
     base: float,
-    scaling: LinearRopeScaling | Llama3RopeScaling | YarnRopeScaling | None = None,
+    scaling: LinearRopeScaling | Llama3RopeScaling | YarnRopeScaling | DynamicRopeScaling | None = None,
     *,
+    seq_len: int | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor, float]:
     """The rotary inverse frequencies θ_i (R/2,) float32 and the factor cos and sin are
-    multiplied by, for ``rot_dim`` rotated features.
+    multiplied by, for ``rot_dim`` rotated features, in a forward whose positions reach
+    ``seq_len - 1`` (None: no further than the original context).
 
-    Unscaled, θ_i = base^(-2i/R). ``scaling`` rescales them once, with no dependence
-    on the sequence length, as Hugging Face's rope types of the same names do (the same
-    float32 operations, so the same bits):
+    Unscaled, θ_i = base^(-2i/R). ``scaling`` rescales them as Hugging Face's rope types of
+    the same names do (the same float32 operations, so the same bits); all but ``dynamic``
+    once, with no dependence on the sequence length:
 
     * ``linear``: θ_i / factor (position interpolation, Chen et al. 2023);
     * ``llama3``: wavelengths 2π/θ_i longer than L / low_freq_factor are divided by
@@ -232,19 +235,26 @@ def rope_frequencies(
     * ``yarn``: dimension d turns L θ_d / 2π times over the original context; a linear
       ramp over d, from the dimension turning beta_fast times to the one turning beta_slow
       times, blends θ_d (kept) into θ_d / factor (interpolated); the factor returned is
-      the YaRN attention factor (Peng et al. 2023).
+      the YaRN attention factor (Peng et al. 2023);
+    * ``dynamic`` (dynamic NTK): for ``seq_len`` = n past the original context L, the
+      base grows to base (factor n / L - (factor - 1))^(R / (R - 2)), computed as
+      transformers computes it from a tensor n (in float32); up to L, the base as is.
     """
     powers = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)  # (R/2,)
     if scaling is None:
         return 1.0 / powers, 1.0
-    return _SCALED_FREQUENCIES[scaling.type](scaling, powers, rot_dim, base)
+    return _SCALED_FREQUENCIES[scaling.type](scaling, powers, rot_dim, base, seq_len)
 
 
-def _linear(scaling: LinearRopeScaling, powers: Tensor, rot_dim: int, base: float) -> tuple[Tensor, float]:
+def _linear(
+    scaling: LinearRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+) -> tuple[Tensor, float]:
     return 1.0 / powers / scaling.factor, 1.0
 
 
-def _llama3(scaling: Llama3RopeScaling, powers: Tensor, rot_dim: int, base: float) -> tuple[Tensor, float]:
+def _llama3(
+    scaling: Llama3RopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+) -> tuple[Tensor, float]:
     inv_freq, factor = 1.0 / powers, scaling.factor
     context = scaling.original_max_position_embeddings
     low, high = scaling.low_freq_factor, scaling.high_freq_factor
@@ -256,7 +266,9 @@ def _llama3(scaling: Llama3RopeScaling, powers: Tensor, rot_dim: int, base: floa
     return torch.where(medium, blended, scaled), 1.0
 
 
-def _yarn(scaling: YarnRopeScaling, powers: Tensor, rot_dim: int, base: float) -> tuple[Tensor, float]:
+def _yarn(
+    scaling: YarnRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+) -> tuple[Tensor, float]:
     def dimension(rotations: float) -> float:
         # the dimension whose frequency turns `rotations` times over the original context
         context = scaling.original_max_position_embeddings
@@ -274,8 +286,25 @@ def _yarn(scaling: YarnRopeScaling, powers: Tensor, rot_dim: int, base: float) -
     return inv_freq, scaling.attention_scale
 
 
+def _dynamic(
+    scaling: DynamicRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+) -> tuple[Tensor, float]:
+    factor, context = scaling.factor, scaling.original_max_position_embeddings
+    exponent = rot_dim / (rot_dim - 2)
+    if seq_len is None or seq_len <= context:
+        # transformers' frequencies at initialisation: its formula at n = L, in Python floats
+        grown: float | Tensor = base * ((factor * context / context) - (factor - 1)) ** exponent
+    else:
+        # past L, from n as transformers has it while decoding (max(position_ids) + 1, an int64
+        # tensor), so in float32 tensor arithmetic: the same bits
+        n = torch.tensor(seq_len, dtype=torch.int64, device=powers.device)
+        grown = base * ((factor * n / context) - (factor - 1)) ** exponent
+    shape = torch.arange(0, rot_dim, 2, dtype=torch.int64, device=powers.device).float() / rot_dim  # (R/2,)
+    return 1.0 / (grown**shape), 1.0
+
+
 # positional.scaling's type -> its frequencies from base^(2i/R), as rope_frequencies documents them
-_SCALED_FREQUENCIES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn}
+_SCALED_FREQUENCIES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn, "dynamic": _dynamic}
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -318,6 +347,8 @@ class Rotary(Positional):
         self.head_dim = head_dim
         self.rot_dim = int(head_dim * spec.fraction)
         self.max_seq_len = max_seq_len
+        # past this length a forward's frequencies follow its last position (dynamic NTK)
+        self.follows_length_past = self.scaling.follows_length_past if self.scaling is not None else None
         self._tables: dict[_Key, tuple[Tensor, Tensor]] = {}
 
     def tables(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -329,6 +360,8 @@ class Rotary(Positional):
         1 otherwise); the sine's first half is negated (see :func:`apply_rotary`). The
         table covers ``max_seq_len`` positions and at least doubles when a sequence runs
         past it, so decoding long sequences recomputes it O(log n) times, not at every step.
+        With dynamic scaling these are the frequencies of a forward within the original
+        context; :meth:`rotation` computes those of a longer one.
         """
         key = (device, dtype)
         cached = self._tables.get(key)
@@ -347,8 +380,28 @@ class Rotary(Positional):
     def rotation(
         self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
+        """(cos, sin) of the tables at ``position_ids``; with dynamic scaling, past the original
+        context, of the frequencies of this forward's last position (its largest id + 1, as
+        transformers takes it), computed for these positions only: decoding with a cache, each
+        step rotates its query and new keys with its own frequencies, and the cached keys keep
+        those of their step, as in transformers."""
+        past = self.follows_length_past
+        if past is not None and n_positions > past:
+            seq_len = int(position_ids.max()) + 1  # n_positions bounds it; padding may leave it lower
+            if seq_len > past:
+                return self._rotation_at(position_ids, seq_len, dtype)
         cos, sin = self.tables(n_positions, position_ids.device, dtype)
         return cos[position_ids].unsqueeze(2), sin[position_ids].unsqueeze(2)  # (B|1, T, 1, R)
+
+    def _rotation_at(self, position_ids: Tensor, seq_len: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        device = position_ids.device
+        inv_freq, scale = rope_frequencies(self.rot_dim, self.base, self.scaling, seq_len=seq_len, device=device)
+        freqs = position_ids[..., None].float() * inv_freq  # (B|1, T, R/2)
+        cos, sin = freqs.cos(), freqs.sin()
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        cos, sin = torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+        return cos.unsqueeze(2), sin.unsqueeze(2)  # (B|1, T, 1, R)
 
     def extra_repr(self) -> str:
         scaling = ""

@@ -53,8 +53,8 @@ _ACT_IN = {
     "swish": "silu",
 }
 
-# the rope_types whose frequencies are fixed by the config, as positional.scaling types
-_ROPE_SCALING = ("linear", "llama3", "yarn")
+# the rope_types that import, as positional.scaling types
+_ROPE_SCALING = ("linear", "llama3", "yarn", "dynamic")
 
 
 class _Config:
@@ -103,9 +103,8 @@ class _Config:
         if rope_type not in (None, "default", *_ROPE_SCALING):
             raise self.refuse(
                 f"rope scaling {rope_type!r}",
-                "specformer's rotary scaling is computed once from the config: rope_type "
-                f"{', '.join(repr(t) for t in ('default', *_ROPE_SCALING))} import; 'dynamic' and "
-                "'longrope' change the frequencies with the sequence length",
+                f"rope_type {', '.join(repr(t) for t in ('default', *_ROPE_SCALING))} import; "
+                "'longrope' (Phi-3's lists of per-frequency factors) does not",
             )
         theta = params.get("rope_theta", self("rope_theta", self("rotary_emb_base", default_theta)))
         fraction = params.get(
@@ -125,7 +124,10 @@ class _Config:
             return default if value is None else value
 
         out: dict[str, Any] = {"type": rope_type}
-        if rope_type != "linear":
+        if rope_type == "dynamic":
+            # transformers grows the base past max_position_embeddings, whatever else the config says
+            out["original_max_position_embeddings"] = self("max_position_embeddings")
+        elif rope_type != "linear":
             # Phi-3 writes the pretraining length beside rope_scaling; transformers prefers it
             original = self("original_max_position_embeddings", get("original_max_position_embeddings"))
             out["original_max_position_embeddings"] = original or self("max_position_embeddings")
@@ -881,11 +883,15 @@ def _export_bart(spec: ModelSpec) -> dict[str, Any]:
 
 def _rope_parameters(rope: Any) -> dict[str, Any]:
     """Hugging Face's ``rope_parameters`` for a :class:`RopeSpec`: its base and scaling
-    (rope_type 'default' without one); a YaRN field left unset stays unset."""
+    (rope_type 'default' without one); a YaRN field left unset stays unset. Dynamic NTK's
+    original context is max_position_embeddings there: a spec whose original context is
+    another length comes back different from the re-import, which names the field."""
     out: dict[str, Any] = {"rope_type": "default", "rope_theta": rope.base}
     if rope.scaling is not None:
         fields = rope.scaling.model_dump(exclude_none=True)
         out["rope_type"] = fields.pop("type")
+        if out["rope_type"] == "dynamic":
+            fields.pop("original_max_position_embeddings")
         out.update(fields)
     return out
 

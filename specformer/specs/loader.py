@@ -62,12 +62,10 @@ TYPE_HINTS = {
     "rms_norm": "RMSNorm is `type: rmsnorm`",
     "gqa": "grouped-query attention is `type: mha` with `n_kv_heads` < `n_heads`",
     "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
-    # rope scalings: the static ones are types here; those that follow the sequence length are not
-    **dict.fromkeys(
-        ("ntk", "dynamic", "longrope"),
-        "frequencies that change with the sequence length (dynamic NTK, LongRoPE) are not supported; "
-        "NTK-by-parts interpolation is `yarn`, and `linear` and `llama3` are the others",
-    ),
+    # rope scalings: what other tools call them
+    "ntk": "dynamic NTK scaling is `dynamic`; NTK-by-parts interpolation is `yarn`",
+    "longrope": "LongRoPE (Phi-3's lists of per-frequency factors) is not supported; the scalings are "
+    "`linear`, `llama3`, `yarn` and `dynamic` (dynamic NTK)",
     "pi": "position interpolation is `linear`",
     "swish": "Swish (SiLU) is `activation: silu` of a `type: mlp` or `type: glu` FFN",
     "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",

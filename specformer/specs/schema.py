@@ -122,7 +122,17 @@ _FACTOR = "Context extension factor: the new context length over the one the mod
 _ORIGINAL = "Context length the model was pretrained at, before the extension."
 
 
-class LinearRopeScaling(Spec):
+class _RopeScaling(Spec):
+    """What every positional.scaling type answers."""
+
+    @property
+    def follows_length_past(self) -> int | None:
+        """The length past which a forward's frequencies depend on how far its positions
+        reach; None when they are fixed by the fields alone."""
+        return None
+
+
+class LinearRopeScaling(_RopeScaling):
     """Linear position interpolation (Chen et al. 2023): every rotary frequency divided by
     ``factor``, so position p rotates as p / factor did (Hugging Face rope_type ``linear``)."""
 
@@ -130,7 +140,7 @@ class LinearRopeScaling(Spec):
     factor: float = Field(..., ge=1.0, description=_FACTOR)
 
 
-class Llama3RopeScaling(Spec):
+class Llama3RopeScaling(_RopeScaling):
     """Llama 3.1's frequency-dependent interpolation (Hugging Face rope_type ``llama3``):
     wavelengths longer than original_max_position_embeddings / low_freq_factor are
     divided by ``factor``, those shorter than original_max_position_embeddings /
@@ -162,7 +172,7 @@ class Llama3RopeScaling(Spec):
         return self
 
 
-class YarnRopeScaling(Spec):
+class YarnRopeScaling(_RopeScaling):
     """YaRN (Peng et al. 2023, Hugging Face rope_type ``yarn``): frequencies that turn fewer
     than beta_slow times over the original context are interpolated by ``factor``, those that
     turn more than beta_fast times are kept, a linear ramp blends the dimensions between, and
@@ -217,7 +227,35 @@ class YarnRopeScaling(Spec):
         return mscale(self.factor)
 
 
-ROPE_SCALINGS: tuple[type[Spec], ...] = (LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling)
+class DynamicRopeScaling(_RopeScaling):
+    """Dynamic NTK scaling (Hugging Face rope_type ``dynamic``): the frequencies are the plain
+    ones while a forward's positions stay within original_max_position_embeddings L; past it,
+    for a forward reaching position n - 1, the base grows to
+    base * (factor n / L - (factor - 1)) ^ (R / (R - 2)) (R: rotated features), so the slowest
+    frequency stretches with the sequence. Decoding with a cache, each step's new keys and query
+    use the frequencies of their step; the keys already cached keep the rotation of theirs."""
+
+    type: Literal["dynamic"] = "dynamic"
+    factor: float = Field(
+        ...,
+        ge=1.0,
+        description="Slope of the growth, 1 or more: a forward of n tokens past the original context L "
+        "scales the base as NTK-aware scaling by s = factor (n / L - 1) + 1 does.",
+    )
+    original_max_position_embeddings: PositiveInt = Field(
+        ...,
+        le=MAX_INDEX,
+        description=_ORIGINAL + " Past it the base grows; transformers takes it to be max_position_embeddings.",
+    )
+
+    @property
+    def follows_length_past(self) -> int | None:
+        return self.original_max_position_embeddings
+
+
+ROPE_SCALINGS: tuple[type[Spec], ...] = (
+    LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling, DynamicRopeScaling,
+)
 
 
 def _scaling_type(value: Any) -> Any:
@@ -229,7 +267,8 @@ def _scaling_type(value: Any) -> Any:
 RopeScaling = Annotated[
     Annotated[LinearRopeScaling, Tag("linear")]
     | Annotated[Llama3RopeScaling, Tag("llama3")]
-    | Annotated[YarnRopeScaling, Tag("yarn")],
+    | Annotated[YarnRopeScaling, Tag("yarn")]
+    | Annotated[DynamicRopeScaling, Tag("dynamic")],
     Discriminator(_scaling_type),
 ]
 
@@ -244,8 +283,9 @@ class RopeSpec(Spec):
     )
     scaling: RopeScaling | None = Field(
         None,
-        description="Frequency scaling for a longer context, computed once from these fields: "
-        "linear (position interpolation), llama3 (Llama 3.1), yarn; null: none.",
+        description="Frequency scaling for a longer context: linear (position interpolation), "
+        "llama3 (Llama 3.1) and yarn, computed once from their fields; dynamic (dynamic NTK), "
+        "from the length of each forward past the original context; null: none.",
     )
 
 
@@ -857,6 +897,13 @@ class ModelSpec(Spec):
                             "positional.fraction",
                             f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim}{of} "
                             f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
+                        )
+                    elif rot == 2 and isinstance(pos.scaling, DynamicRopeScaling):
+                        yield (
+                            "positional.scaling.type",
+                            "dynamic scaling raises the base to the power R / (R - 2) of the rotated "
+                            f"dimension R, which is 2 here (head_dim={att.head_dim} × fraction={pos.fraction}); "
+                            "rotate 4 features or more, or use another scaling",
                         )
             # positions built once per stack, for the stack's own attention sizes
             shared = {RopeSpec: "head_dim", AlibiSpec: "n_heads", T5BiasSpec: "n_heads"}.get(type(pos))

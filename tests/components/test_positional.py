@@ -390,6 +390,60 @@ def test_scaled_rope_frequencies_follow_their_definitions() -> None:
     torch.testing.assert_close(yarn[-4:], plain[-4:] / 4)
 
 
+@pytest.mark.reference
+@pytest.mark.parametrize(("factor", "original"), [(1.0, 16), (2.0, 2048), (2.5, 4000), (8.0, 8192)])
+@pytest.mark.parametrize("rot_dim", [128, 64, 24, 4])
+def test_dynamic_ntk_frequencies_are_transformers(factor: float, original: int, rot_dim: int) -> None:
+    # at initialisation (no length), within the original context, and at lengths past it, as
+    # transformers' decoding gives them (max(position_ids) + 1, an int64 tensor): to the bit
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    base = 500000.0
+    config = transformers.LlamaConfig(
+        hidden_size=2 * rot_dim, num_attention_heads=2, max_position_embeddings=original,
+        rope_parameters={"rope_theta": base, "rope_type": "dynamic", "factor": factor},
+    )
+    scaling = RopeSpec(base=base, scaling={"type": "dynamic", "factor": factor,
+                                           "original_max_position_embeddings": original}).scaling
+    plain, _ = rope_frequencies(rot_dim, base)
+    for seq_len in (None, original // 2, original, original + 1, 3 * original + 7, 100003):
+        length = None if seq_len is None else torch.tensor(seq_len)
+        theirs, their_factor = ROPE_INIT_FUNCTIONS["dynamic"](config, torch.device("cpu"), seq_len=length)
+        ours, our_factor = rope_frequencies(rot_dim, base, scaling, seq_len=seq_len)
+        assert torch.equal(ours, theirs), seq_len
+        assert our_factor == their_factor == 1.0
+        if seq_len is not None and seq_len > original:  # the base grew: every frequency but the first slower
+            assert ours[0] == plain[0] and (ours[1:] < plain[1:]).all()
+        else:
+            torch.testing.assert_close(ours, plain, atol=0, rtol=1e-6)
+
+
+def test_dynamic_ntk_rotates_with_the_frequencies_of_the_forwards_last_position() -> None:
+    # within the original context the table's; past it, base (factor n / L - (factor - 1))^(R/(R-2))
+    # for n = the largest position + 1, at every position of the forward
+    spec = RopeSpec(base=100.0, scaling={"type": "dynamic", "factor": 3.0, "original_max_position_embeddings": 8})
+    rope = Rotary(spec, max_seq_len=8, head_dim=8)
+    plain = Rotary(RopeSpec(base=100.0), max_seq_len=8, head_dim=8)
+
+    def angle(cos: torch.Tensor, sin: torch.Tensor, i: int) -> float:
+        return math.atan2(sin[0, -1, 0, 4 + i].item(), cos[0, -1, 0, i].item())
+
+    for positions, n in [(torch.arange(8)[None], 8), (torch.arange(12)[None], 12), (torch.tensor([[19]]), 20),
+                         (torch.tensor([[3, 4], [0, 9]]), 14)]:
+        cos, sin = rope.rotation(positions, n, dtype=torch.float32)
+        assert cos.shape == (positions.shape[0], positions.shape[1], 1, 8)
+        seq_len = int(positions.max()) + 1  # not n: padding can leave the positions lower
+        grown = 100.0 * (3.0 * seq_len / 8 - 2.0) ** (8 / 6) if seq_len > 8 else 100.0
+        last = positions[0, -1].item()
+        for i in range(4):
+            expected = math.remainder(last * grown ** (-2 * i / 8), 2 * math.pi)
+            assert angle(cos, sin, i) == pytest.approx(expected, abs=1e-4)
+        if seq_len <= 8:
+            assert torch.equal(cos, plain.rotation(positions, n, dtype=torch.float32)[0])
+    assert "scaling=dynamic x3" in repr(rope)
+
+
 def test_yarn_attention_factor_scales_the_rotation() -> None:
     # |cos|^2 + |sin|^2 is the factor squared: queries and keys are each scaled by it
     spec = RopeSpec(scaling={"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32})
@@ -410,7 +464,10 @@ def test_yarn_attention_factor_scales_the_rotation() -> None:
          "beta_fast", "must exceed beta_slow=1"),
         ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 0.0},
          "attention_factor", "greater than 0"),
-        ({"type": "dynamic", "factor": 2.0}, "scaling", "'linear', 'llama3', 'yarn'"),
+        ({"type": "dynamic", "factor": 2.0}, "original_max_position_embeddings", "Field required"),
+        ({"type": "dynamic", "factor": 0.5, "original_max_position_embeddings": 64}, "factor",
+         "greater than or equal to 1"),
+        ({"type": "longrope", "factor": 2.0}, "scaling", "'linear', 'llama3', 'yarn', 'dynamic'"),
     ],
 )
 def test_rope_scaling_fields_are_validated(scaling: dict, field: str, words: str) -> None:

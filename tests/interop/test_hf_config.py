@@ -235,12 +235,9 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
     [
         ({**PUBLISHED["gpt2-small"], "scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx"]),
         ({**PUBLISHED["bert-base"], "position_embedding_type": "relative_key"}, ["relative_key"]),
-        # frequencies that change with the sequence length, under transformers 4.x's key too;
-        # the message names what does import
-        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
-         ["rope scaling 'dynamic'", "'default', 'linear', 'llama3', 'yarn' import"]),
+        # LongRoPE, under transformers 4.x's key too; the message names what does import
         ({**PUBLISHED["llama2-7b"], "rope_scaling": {"type": "longrope", "factor": 2.0}},
-         ["rope scaling 'longrope'", "'linear', 'llama3', 'yarn'"]),
+         ["rope scaling 'longrope'", "'default', 'linear', 'llama3', 'yarn', 'dynamic' import"]),
         ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
          ["rope scaling 'llama3' has no low_freq_factor"]),
         ({**PUBLISHED["llama2-7b"], "hidden_act": "quick_gelu"}, ["quick_gelu", "silu"]),
@@ -308,6 +305,10 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         ("transformer-base", [], ["encoder-decoder", "'sinusoidal'"]),
         # t5-nano keeps the usual 1/sqrt(head_dim) softmax scale; T5 has none
         ("t5-nano", [], ["encoder.attention.scale = None (Hugging Face t5 has 1.0)"]),
+        # dynamic NTK grows the base past max_position_embeddings there, and past its own length here
+        ("llama2-7b", ["positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 4096}"], []),
+        ("llama2-7b", ["positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 2048}"],
+         ["positional.scaling.original_max_position_embeddings = 2048 (Hugging Face llama has 4096)"]),
     ],
 )
 def test_export_refuses_fields_with_no_equivalent(preset: str, overrides: list[str], words: list[str]) -> None:
@@ -594,6 +595,12 @@ def test_llama_3_1_imports_with_its_rope_scaling_and_exports_it_back() -> None:
         ({"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4}, {},
          {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32768}),
+        # dynamic NTK grows the base past max_position_embeddings, whatever other length is written
+        ({"type": "dynamic", "factor": 2}, {}, {"type": "dynamic", "factor": 2.0,
+                                                "original_max_position_embeddings": 32768}),
+        ({"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 4096},
+         {"original_max_position_embeddings": 2048},
+         {"type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 32768}),
     ],
 )
 def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, scaling: dict) -> None:
@@ -611,6 +618,7 @@ def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, sca
          ["positional.scaling.attention_factor: input should be greater than 0"]),
         ({"rope_type": "linear", "factor": 0.5}, ["positional.scaling.factor", "greater than or equal to 1"]),
         ({"rope_type": "linear"}, ["rope scaling 'linear' has no factor"]),
+        ({"rope_type": "dynamic"}, ["rope scaling 'dynamic' has no factor"]),
     ],
 )
 def test_a_rope_scaling_that_makes_an_invalid_spec_is_refused_by_field(rope: dict, words: list[str]) -> None:

@@ -102,6 +102,11 @@ TINY: dict[str, dict[str, Any]] = {
                    "intermediate_size": 64, "max_position_embeddings": 64,
                    "rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
                                        "original_max_position_embeddings": 16}},
+    # dynamic NTK past an original context of 20: greedy decoding's prompt and 20 new tokens
+    # reach 27, so its cached steps past 20 grow the base each (beam search stays within 17)
+    "llama-dynamic": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 20,
+                      "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0}},
     "mistral": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
                 "sliding_window": 5, "head_dim": 16},
@@ -970,3 +975,51 @@ def test_a_run_started_from_imported_xlm_roberta_weights_exports_as_xlm_roberta(
     result = runner.invoke(app, ["export-hf", str(scratch.checkpoint), "-o", str(tmp_path / "scratch")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "scratch" / "config.json").read_text())["model_type"] == "roberta"
+
+
+def test_dynamic_ntk_matches_transformers_in_a_forward_and_in_cached_generation() -> None:
+    # one forward of 60 positions (three times the original context of 20): the frequencies of
+    # its last position for every position, as transformers computes them
+    from specformer.training.generate import generate
+
+    hf = _hf_model("llama-dynamic")
+    spec, model = _imported(hf)
+    assert spec.positional.scaling.model_dump() == {
+        "type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 20}
+    ids = torch.randint(3, V, (2, 60), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+        ours = model(ids).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    # transformers keeps the frequencies of its longest forward until one within the original
+    # context: a fresh copy generates as a model that has read nothing yet
+    hf = _hf_model("llama-dynamic")
+    hf.generation_config.eos_token_id = None
+    prompt = ids[:, :12]
+    with torch.no_grad():
+        out = hf.generate(input_ids=prompt, max_new_tokens=40, do_sample=False, num_beams=1, pad_token_id=0,
+                          output_logits=True, return_dict_in_generate=True)
+    # 40 greedy tokens with the cache, 32 of them past position 20: the same tokens, and each
+    # step's logits (the query and new key rotated at the step's length, cached keys as they were)
+    tokens = generate(model, prompt, max_new_tokens=40, temperature=0.0, max_seq_len=64)
+    assert torch.equal(tokens, out.sequences)
+    _, steps = _greedy(model, spec, prompt, torch.ones_like(prompt), 40)
+    torch.testing.assert_close(steps, torch.stack(out.logits, dim=1), atol=1e-4, rtol=0)
+    assert len(set(tokens[0, 12:].tolist())) > 3
+    # with a cache, each key keeps its step's rotation: the last logits differ from one forward
+    # over the whole sequence, in both libraries alike
+    with torch.no_grad():
+        whole = model(out.sequences[:, :-1]).logits[:, -1]
+    assert (whole - steps[:, -1]).abs().max() > 1e-2
+    # the base grew past the original context: the same weights unscaled are another model
+    plain = build_model(spec.model_copy(update={"positional": {**spec.positional.model_dump(), "scaling": None}}))
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (plain.eval()(ids).logits - theirs).abs().max() > 0.1
+        # within the original context the frequencies are the plain ones, whatever came before;
+        # the transformers copy that generated keeps its grown ones for a forward of 20 positions
+        # (it returns to the plain ones below 20 only), a fresh one does not
+        short = model(ids[:, :20]).logits
+        torch.testing.assert_close(short, plain(ids[:, :20]).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(short, _hf_model("llama-dynamic")(input_ids=ids[:, :20]).logits, atol=1e-4, rtol=0)
+        assert (hf(input_ids=ids[:, :20]).logits - short).abs().max() > 1e-2

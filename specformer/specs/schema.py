@@ -176,7 +176,8 @@ class YarnRopeScaling(_RopeScaling):
     """YaRN (Peng et al. 2023, Hugging Face rope_type ``yarn``): frequencies that turn fewer
     than beta_slow times over the original context are interpolated by ``factor``, those that
     turn more than beta_fast times are kept, a linear ramp blends the dimensions between, and
-    cos/sin are multiplied by an attention factor (default 0.1 ln(factor) + 1)."""
+    cos/sin are multiplied by an attention factor (default 0.1 ln(factor) + 1). The context it
+    extends to, factor × original_max_position_embeddings, must reach max_seq_len."""
 
     type: Literal["yarn"] = "yarn"
     factor: float = Field(..., ge=1.0, description=_FACTOR)
@@ -868,6 +869,22 @@ class ModelSpec(Spec):
                     "positional.max_positions",
                     f"the learned table has {pos.max_positions - pos.offset} usable positions but "
                     f"max_seq_len is {self.max_seq_len}; use max_positions >= {self.max_seq_len + pos.offset}",
+                )
+        scaling = pos.scaling if isinstance(pos, RopeSpec) else None
+        if isinstance(scaling, YarnRopeScaling):
+            # transformers warns when max_position_embeddings / original_max_position_embeddings is
+            # not the factor (unless it is 1: an original length filled in from the model's own);
+            # a shorter max_seq_len uses part of the extended context, a longer one runs past it
+            original = scaling.original_max_position_embeddings
+            if self.max_seq_len / original > scaling.factor:
+                reach = scaling.factor * original
+                yield (
+                    "positional.scaling.factor",
+                    f"YaRN's factor={scaling.factor:g} extends original_max_position_embeddings={original} "
+                    f"to {reach:g} positions, but max_seq_len={self.max_seq_len} is longer: its last "
+                    "positions would turn the slowest frequencies further than pretraining did; use "
+                    f"factor: {self.max_seq_len / original:g} (max_seq_len / original_max_position_embeddings) "
+                    f"or a max_seq_len of at most {math.floor(reach)}",
                 )
         for role, stack in self.stacks():
             for where, att in _attentions(stack):

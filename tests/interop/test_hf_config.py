@@ -581,7 +581,12 @@ def test_llama_3_1_imports_with_its_rope_scaling_and_exports_it_back() -> None:
         ({"rope_type": "yarn", "original_max_position_embeddings": 4096}, {},
          {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
           "beta_slow": 1.0, "attention_factor": None, "mscale": None, "mscale_all_dim": None, "truncate": True}),
-        # DeepSeek's mscales; gpt-oss's untruncated ramp
+        # Qwen2.5's: the original length is max_position_embeddings (a ratio of 1, as transformers
+        # accepts it), the factor reaches past it
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, {},
+         {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0,
+          "beta_slow": 1.0, "attention_factor": None, "mscale": None, "mscale_all_dim": None, "truncate": True}),
+        # DeepSeek's mscales (40 x 4096 reaches past max_position_embeddings); gpt-oss's untruncated ramp
         ({"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 1.0,
           "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1, "truncate": False}, {},
          {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
@@ -619,6 +624,10 @@ def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, sca
         ({"rope_type": "linear", "factor": 0.5}, ["positional.scaling.factor", "greater than or equal to 1"]),
         ({"rope_type": "linear"}, ["rope scaling 'linear' has no factor"]),
         ({"rope_type": "dynamic"}, ["rope scaling 'dynamic' has no factor"]),
+        # max_position_embeddings past what the YaRN factor extends the original context to
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 8192},
+         ["positional.scaling.factor", "extends original_max_position_embeddings=8192 to 32768 positions, "
+          "but max_seq_len=131072 is longer", "use factor: 16"]),
     ],
 )
 def test_a_rope_scaling_that_makes_an_invalid_spec_is_refused_by_field(rope: dict, words: list[str]) -> None:

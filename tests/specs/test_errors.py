@@ -128,6 +128,13 @@ BAD_INPUTS = [
      "kind: decoder\nvocab_size: 8\nd_model: 16\nmax_seq_len: 32\ndecoder: {n_layers: 1, attention: {n_heads: 4}}\n"
      "positional:\n  type: rope\n  fraction: 0.5\n  scaling: {type: dynamic, factor: 2, original_max_position_embeddings: 16}\n",
      9, "positional.scaling.type", ["power R / (R - 2)", "which is 2 here (head_dim=4 × fraction=0.5)"]),
+    # transformers' check that a YaRN factor is max_position_embeddings / original_max_position_embeddings,
+    # where max_seq_len runs past the extended context
+    ("rope-scaling-yarn-factor",
+     "extends: llama2-7b\npositional:\n  scaling:\n    type: yarn\n    factor: 2\n"
+     "    original_max_position_embeddings: 1024\n", 5, "positional.scaling.factor",
+     ["factor=2 extends original_max_position_embeddings=1024 to 2048 positions, but max_seq_len=4096",
+      "use factor: 4 (max_seq_len / original_max_position_embeddings) or a max_seq_len of at most 2048"]),
     ("rope-scaling-band", "extends: llama2-7b\npositional:\n  scaling:\n    type: llama3\n    high_freq_factor: 1\n",
      5, "positional.scaling.high_freq_factor", ["must exceed low_freq_factor=1", "Llama 3.1: 4 and 1"]),
     ("rope-scaling-without-type", "extends: llama2-7b\npositional:\n  scaling: {factor: 4}\n", 3,

@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # annotations only: a plugin imports this module before the s
         LearnedSpec,
         LinearRopeScaling,
         Llama3RopeScaling,
+        LongRopeScaling,
         NoPositionalSpec,
+        RopeScaling,
         RopeSpec,
         SinusoidalSpec,
         T5BiasSpec,
@@ -214,7 +216,7 @@ class LearnedPositional(Positional):
 def rope_frequencies(
     rot_dim: int,
     base: float,
-    scaling: LinearRopeScaling | Llama3RopeScaling | YarnRopeScaling | DynamicRopeScaling | None = None,
+    scaling: RopeScaling | None = None,
     *,
     seq_len: int | None = None,
     device: torch.device | None = None,
@@ -238,7 +240,9 @@ def rope_frequencies(
       the YaRN attention factor (Peng et al. 2023);
     * ``dynamic`` (dynamic NTK): for ``seq_len`` = n past the original context L, the
       base grows to base (factor n / L - (factor - 1))^(R / (R - 2)), computed as
-      transformers computes it from a tensor n (in float32); up to L, the base as is.
+      transformers computes it from a tensor n (in float32); up to L, the base as is;
+    * ``longrope``: θ_i / short_factor[i] up to the original context, θ_i / long_factor[i]
+      past it; the factor returned is LongRoPE's attention factor.
     """
     powers = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)  # (R/2,)
     if scaling is None:
@@ -303,8 +307,17 @@ def _dynamic(
     return 1.0 / (grown**shape), 1.0
 
 
+def _longrope(
+    scaling: LongRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+) -> tuple[Tensor, float]:
+    long = seq_len is not None and seq_len > scaling.original_max_position_embeddings
+    factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32,
+                           device=powers.device)  # (R/2,)
+    return 1.0 / (factors * powers), scaling.attention_scale
+
+
 # positional.scaling's type -> its frequencies from base^(2i/R), as rope_frequencies documents them
-_SCALED_FREQUENCIES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn, "dynamic": _dynamic}
+_SCALED_FREQUENCIES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn, "dynamic": _dynamic, "longrope": _longrope}
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -347,7 +360,7 @@ class Rotary(Positional):
         self.head_dim = head_dim
         self.rot_dim = int(head_dim * spec.fraction)
         self.max_seq_len = max_seq_len
-        # past this length a forward's frequencies follow its last position (dynamic NTK)
+        # past this length a forward's frequencies follow its last position (dynamic NTK, LongRoPE)
         self.follows_length_past = self.scaling.follows_length_past if self.scaling is not None else None
         self._tables: dict[_Key, tuple[Tensor, Tensor]] = {}
 
@@ -356,12 +369,12 @@ class Rotary(Positional):
 
         Row p holds cos(p θ_i) and sin(p θ_i) for the frequencies θ_i of
         :func:`rope_frequencies` (base^(-2i/R), scaled when the spec says so), each
-        repeated over the two halves and multiplied by its attention factor (YaRN's;
-        1 otherwise); the sine's first half is negated (see :func:`apply_rotary`). The
+        repeated over the two halves and multiplied by its attention factor (YaRN's,
+        LongRoPE's; 1 otherwise); the sine's first half is negated (see :func:`apply_rotary`). The
         table covers ``max_seq_len`` positions and at least doubles when a sequence runs
         past it, so decoding long sequences recomputes it O(log n) times, not at every step.
-        With dynamic scaling these are the frequencies of a forward within the original
-        context; :meth:`rotation` computes those of a longer one.
+        With dynamic and LongRoPE scaling these are the frequencies of a forward within the
+        original context; :meth:`rotation` computes those of a longer one.
         """
         key = (device, dtype)
         cached = self._tables.get(key)
@@ -380,11 +393,11 @@ class Rotary(Positional):
     def rotation(
         self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
-        """(cos, sin) of the tables at ``position_ids``; with dynamic scaling, past the original
-        context, of the frequencies of this forward's last position (its largest id + 1, as
-        transformers takes it), computed for these positions only: decoding with a cache, each
-        step rotates its query and new keys with its own frequencies, and the cached keys keep
-        those of their step, as in transformers."""
+        """(cos, sin) of the tables at ``position_ids``; with dynamic or LongRoPE scaling, past
+        the original context, of the frequencies of this forward's last position (its largest
+        id + 1, as transformers takes it), computed for these positions only: decoding with a
+        cache, each step rotates its query and new keys with its own frequencies, and the
+        cached keys keep those of their step, as in transformers."""
         past = self.follows_length_past
         if past is not None and n_positions > past:
             seq_len = int(position_ids.max()) + 1  # n_positions bounds it; padding may leave it lower

@@ -54,7 +54,7 @@ _ACT_IN = {
 }
 
 # the rope_types that import, as positional.scaling types
-_ROPE_SCALING = ("linear", "llama3", "yarn", "dynamic")
+_ROPE_SCALING = ("linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 class _Config:
@@ -103,8 +103,7 @@ class _Config:
         if rope_type not in (None, "default", *_ROPE_SCALING):
             raise self.refuse(
                 f"rope scaling {rope_type!r}",
-                f"rope_type {', '.join(repr(t) for t in ('default', *_ROPE_SCALING))} import; "
-                "'longrope' (Phi-3's lists of per-frequency factors) does not",
+                f"rope_type {', '.join(repr(t) for t in ('default', *_ROPE_SCALING))} import",
             )
         theta = params.get("rope_theta", self("rope_theta", self("rotary_emb_base", default_theta)))
         fraction = params.get(
@@ -117,8 +116,8 @@ class _Config:
 
     def _rope_scaling(self, rope_type: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """The spec's ``positional.scaling`` for a scaled rope_type, with the defaults
-        transformers fills in (an original context of max_position_embeddings, YaRN's
-        factor from the two lengths, its betas 32 and 1)."""
+        transformers fills in (an original context of max_position_embeddings, YaRN's and
+        LongRoPE's factor from the two lengths, YaRN's betas 32 and 1)."""
         def get(key: str, default: Any = None) -> Any:
             value = params.get(key)
             return default if value is None else value
@@ -132,7 +131,7 @@ class _Config:
             original = self("original_max_position_embeddings", get("original_max_position_embeddings"))
             out["original_max_position_embeddings"] = original or self("max_position_embeddings")
         factor = get("factor")
-        if factor is None and rope_type == "yarn" and out["original_max_position_embeddings"]:
+        if factor is None and rope_type in ("yarn", "longrope") and out["original_max_position_embeddings"]:
             factor = self("max_position_embeddings", 0) / out["original_max_position_embeddings"]
         if factor is None:
             raise HFConversionError(f"{self.family} config: rope scaling {rope_type!r} has no factor")
@@ -152,6 +151,13 @@ class _Config:
             if get("attention_factor") is not None:
                 out["attention_factor"] = float(get("attention_factor"))
             out["truncate"] = bool(get("truncate", True))
+        elif rope_type == "longrope":
+            for key in ("short_factor", "long_factor"):
+                if get(key) is None:
+                    raise HFConversionError(f"{self.family} config: rope scaling 'longrope' has no {key}")
+                out[key] = [float(x) for x in get(key)]
+            if get("attention_factor") is not None:
+                out["attention_factor"] = float(get("attention_factor"))
         return out
 
 

@@ -64,8 +64,6 @@ TYPE_HINTS = {
     "mqa": "multi-query attention is `type: mha` with `n_kv_heads: 1`",
     # rope scalings: what other tools call them
     "ntk": "dynamic NTK scaling is `dynamic`; NTK-by-parts interpolation is `yarn`",
-    "longrope": "LongRoPE (Phi-3's lists of per-frequency factors) is not supported; the scalings are "
-    "`linear`, `llama3`, `yarn` and `dynamic` (dynamic NTK)",
     "pi": "position interpolation is `linear`",
     "swish": "Swish (SiLU) is `activation: silu` of a `type: mlp` or `type: glu` FFN",
     "silu_glu": "SwiGLU is `type: glu` with `activation: silu`",

@@ -44,7 +44,9 @@ __all__ = [
     "RopeSpec",
     "LinearRopeScaling",
     "Llama3RopeScaling",
+    "LongRopeScaling",
     "YarnRopeScaling",
+    "DynamicRopeScaling",
     "RopeScaling",
     "ROPE_SCALINGS",
     "AlibiSpec",
@@ -254,8 +256,49 @@ class DynamicRopeScaling(_RopeScaling):
         return self.original_max_position_embeddings
 
 
+class LongRopeScaling(_RopeScaling):
+    """LongRoPE (Ding et al. 2024; Phi-3, Hugging Face rope_type ``longrope``): each rotary
+    frequency i divided by its own factor, short_factor[i] while a forward's positions stay
+    within original_max_position_embeddings and long_factor[i] for a forward reaching past it,
+    and cos/sin multiplied by an attention factor (default sqrt(1 + ln(factor) / ln(original))).
+    Decoding with a cache, the keys cached before the switch keep their short-factor rotation."""
+
+    type: Literal["longrope"] = "longrope"
+    short_factor: list[PositiveFloat] = Field(
+        ..., min_length=1, description="One divisor per rotary frequency (R/2 of them) within the original context."
+    )
+    long_factor: list[PositiveFloat] = Field(
+        ..., min_length=1, description="One divisor per rotary frequency (R/2 of them) past the original context."
+    )
+    original_max_position_embeddings: PositiveInt = Field(..., le=MAX_INDEX, description=_ORIGINAL)
+    factor: float = Field(
+        ...,
+        ge=1.0,
+        description=_FACTOR + " Sets the default attention factor only (Phi-3: max_position_embeddings / "
+        "original_max_position_embeddings).",
+    )
+    attention_factor: PositiveFloat | None = Field(
+        None,
+        description="Multiplier of cos and sin; default sqrt(1 + ln(factor) / ln(original_max_position_embeddings)), "
+        "1 for a factor of 1.",
+    )
+
+    @property
+    def follows_length_past(self) -> int | None:
+        return self.original_max_position_embeddings
+
+    @property
+    def attention_scale(self) -> float:
+        """The multiplier of cos and sin: ``attention_factor``, or the one LongRoPE derives from ``factor``."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position_embeddings))
+
+
 ROPE_SCALINGS: tuple[type[Spec], ...] = (
-    LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling, DynamicRopeScaling,
+    LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling, DynamicRopeScaling, LongRopeScaling,
 )
 
 
@@ -269,7 +312,8 @@ RopeScaling = Annotated[
     Annotated[LinearRopeScaling, Tag("linear")]
     | Annotated[Llama3RopeScaling, Tag("llama3")]
     | Annotated[YarnRopeScaling, Tag("yarn")]
-    | Annotated[DynamicRopeScaling, Tag("dynamic")],
+    | Annotated[DynamicRopeScaling, Tag("dynamic")]
+    | Annotated[LongRopeScaling, Tag("longrope")],
     Discriminator(_scaling_type),
 ]
 
@@ -285,8 +329,8 @@ class RopeSpec(Spec):
     scaling: RopeScaling | None = Field(
         None,
         description="Frequency scaling for a longer context: linear (position interpolation), "
-        "llama3 (Llama 3.1) and yarn, computed once from their fields; dynamic (dynamic NTK), "
-        "from the length of each forward past the original context; null: none.",
+        "llama3 (Llama 3.1) and yarn, computed once from their fields; dynamic (dynamic NTK) and "
+        "longrope (Phi-3), from the length of each forward past the original context; null: none.",
     )
 
 
@@ -915,6 +959,16 @@ class ModelSpec(Spec):
                             f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim}{of} "
                             f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
                         )
+                    elif isinstance(pos.scaling, LongRopeScaling):
+                        for field in ("short_factor", "long_factor"):
+                            given = len(getattr(pos.scaling, field))
+                            if given != rot // 2:
+                                yield (
+                                    f"positional.scaling.{field}",
+                                    f"{given} factors, but the rotary has {rot // 2} frequencies (head_dim="
+                                    f"{att.head_dim} × fraction={pos.fraction} = {rot} rotated features, "
+                                    "one frequency per two): give one factor per frequency",
+                                )
                     elif rot == 2 and isinstance(pos.scaling, DynamicRopeScaling):
                         yield (
                             "positional.scaling.type",

@@ -419,6 +419,38 @@ def test_dynamic_ntk_frequencies_are_transformers(factor: float, original: int, 
             torch.testing.assert_close(ours, plain, atol=0, rtol=1e-6)
 
 
+@pytest.mark.reference
+@pytest.mark.parametrize(("factor", "original", "max_positions"), [(None, 4096, 131072), (8.0, 2048, 4096),
+                                                                   (None, 16, 16), (1.0, 512, 4096)])
+@pytest.mark.parametrize("rot_dim", [96, 64, 24])
+def test_longrope_frequencies_are_transformers(
+    factor: float | None, original: int, max_positions: int, rot_dim: int
+) -> None:
+    # the short factors within the original context, the long ones past it, and the attention
+    # factor (from max_position_embeddings / original_max_position_embeddings when no factor is given)
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    g = torch.Generator().manual_seed(rot_dim)
+    short = (1 + torch.rand(rot_dim // 2, generator=g)).tolist()
+    long = (1 + 10 * torch.rand(rot_dim // 2, generator=g)).tolist()
+    params = {"rope_theta": 10000.0, "rope_type": "longrope", "short_factor": short, "long_factor": long,
+              "original_max_position_embeddings": original, **({"factor": factor} if factor else {})}
+    config = transformers.LlamaConfig(hidden_size=2 * rot_dim, num_attention_heads=2,
+                                      max_position_embeddings=max_positions, rope_parameters=params)
+    scaling = RopeSpec(scaling={"type": "longrope", "short_factor": short, "long_factor": long,
+                                "original_max_position_embeddings": original,
+                                "factor": factor or max_positions / original}).scaling
+    plain, _ = rope_frequencies(rot_dim, 10000.0)
+    for seq_len, factors in [(None, short), (original, short), (original + 1, long), (10 * original, long)]:
+        theirs, their_factor = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=seq_len)
+        ours, our_factor = rope_frequencies(rot_dim, 10000.0, scaling, seq_len=seq_len)
+        assert torch.equal(ours, theirs) and our_factor == their_factor
+        torch.testing.assert_close(ours, plain / torch.tensor(factors), atol=0, rtol=1e-6)
+    ratio = factor or max_positions / original
+    assert our_factor == (1.0 if ratio == 1 else math.sqrt(1 + math.log(ratio) / math.log(original)))
+
+
 def test_dynamic_ntk_rotates_with_the_frequencies_of_the_forwards_last_position() -> None:
     # within the original context the table's; past it, base (factor n / L - (factor - 1))^(R/(R-2))
     # for n = the largest position + 1, at every position of the forward
@@ -467,7 +499,11 @@ def test_yarn_attention_factor_scales_the_rotation() -> None:
         ({"type": "dynamic", "factor": 2.0}, "original_max_position_embeddings", "Field required"),
         ({"type": "dynamic", "factor": 0.5, "original_max_position_embeddings": 64}, "factor",
          "greater than or equal to 1"),
-        ({"type": "longrope", "factor": 2.0}, "scaling", "'linear', 'llama3', 'yarn', 'dynamic'"),
+        ({"type": "longrope", "factor": 2.0, "original_max_position_embeddings": 64, "long_factor": [1.0]},
+         "short_factor", "Field required"),
+        ({"type": "longrope", "factor": 2.0, "original_max_position_embeddings": 64, "long_factor": [1.0],
+          "short_factor": [0.0]}, "short_factor", "greater than 0"),
+        ({"type": "ntk", "factor": 2.0}, "scaling", "'linear', 'llama3', 'yarn', 'dynamic', 'longrope'"),
     ],
 )
 def test_rope_scaling_fields_are_validated(scaling: dict, field: str, words: str) -> None:

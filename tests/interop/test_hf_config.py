@@ -235,9 +235,10 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
     [
         ({**PUBLISHED["gpt2-small"], "scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx"]),
         ({**PUBLISHED["bert-base"], "position_embedding_type": "relative_key"}, ["relative_key"]),
-        # LongRoPE, under transformers 4.x's key too; the message names what does import
-        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"type": "longrope", "factor": 2.0}},
-         ["rope scaling 'longrope'", "'default', 'linear', 'llama3', 'yarn', 'dynamic' import"]),
+        # a rope type of transformers' with no equivalent, under its 4.x key too; the message
+        # names what does import
+        ({**PUBLISHED["llama2-7b"], "rope_scaling": {"type": "proportional"}},
+         ["rope scaling 'proportional'", "'default', 'linear', 'llama3', 'yarn', 'dynamic', 'longrope' import"]),
         ({**PUBLISHED["llama2-7b"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
          ["rope scaling 'llama3' has no low_freq_factor"]),
         ({**PUBLISHED["llama2-7b"], "hidden_act": "quick_gelu"}, ["quick_gelu", "silu"]),
@@ -606,6 +607,11 @@ def test_llama_3_1_imports_with_its_rope_scaling_and_exports_it_back() -> None:
         ({"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 4096},
          {"original_max_position_embeddings": 2048},
          {"type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        # Phi-3's: the pretraining length beside the scaling, the factor from the two lengths
+        ({"type": "longrope", "short_factor": [1.0] * 64, "long_factor": [1.5] * 32 + [4.0] * 32},
+         {"original_max_position_embeddings": 4096},
+         {"type": "longrope", "short_factor": [1.0] * 64, "long_factor": [1.5] * 32 + [4.0] * 32,
+          "original_max_position_embeddings": 4096, "factor": 8.0, "attention_factor": None}),
     ],
 )
 def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, scaling: dict) -> None:
@@ -624,6 +630,11 @@ def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, sca
         ({"rope_type": "linear", "factor": 0.5}, ["positional.scaling.factor", "greater than or equal to 1"]),
         ({"rope_type": "linear"}, ["rope scaling 'linear' has no factor"]),
         ({"rope_type": "dynamic"}, ["rope scaling 'dynamic' has no factor"]),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 64, "original_max_position_embeddings": 8192},
+         ["rope scaling 'longrope' has no long_factor"]),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 64, "long_factor": [2.0] * 32,
+          "original_max_position_embeddings": 8192},
+         ["positional.scaling.long_factor", "32 factors, but the rotary has 64 frequencies"]),
         # max_position_embeddings past what the YaRN factor extends the original context to
         ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 8192},
          ["positional.scaling.factor", "extends original_max_position_embeddings=8192 to 32768 positions, "

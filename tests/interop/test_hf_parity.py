@@ -8,6 +8,7 @@ generation with the KV cache, and that an export loads back into transformers.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -107,6 +108,14 @@ TINY: dict[str, dict[str, Any]] = {
     "llama-dynamic": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 20,
                       "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0}},
+    # LongRoPE past an original context of 20 (greedy decoding switches to the long factors
+    # at its 14th step); the factor from the two lengths, 3.2, sets the attention factor
+    "llama-longrope": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
+                       "rope_parameters": {"rope_type": "longrope", "rope_theta": 500.0,
+                                           "original_max_position_embeddings": 20,
+                                           "short_factor": [1.0, 1.1, 1.0, 1.3, 1.2, 1.5, 2.0, 1.9],
+                                           "long_factor": [1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 9.0, 12.0]}},
     "mistral": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
                 "sliding_window": 5, "head_dim": 16},
@@ -1023,3 +1032,39 @@ def test_dynamic_ntk_matches_transformers_in_a_forward_and_in_cached_generation(
         torch.testing.assert_close(short, plain(ids[:, :20]).logits, atol=1e-5, rtol=0)
         torch.testing.assert_close(short, _hf_model("llama-dynamic")(input_ids=ids[:, :20]).logits, atol=1e-4, rtol=0)
         assert (hf(input_ids=ids[:, :20]).logits - short).abs().max() > 1e-2
+
+
+def test_longrope_matches_transformers_in_a_forward_and_in_cached_generation() -> None:
+    # one forward of 60 positions takes the long factors at every position; decoding with the
+    # cache, the keys of the first 20 positions keep their short-factor rotation, as in transformers
+    from specformer.training.generate import generate
+
+    hf = _hf_model("llama-longrope")
+    spec, model = _imported(hf)
+    scaling = spec.positional.scaling
+    assert (scaling.type, scaling.factor, scaling.original_max_position_embeddings) == ("longrope", 3.2, 20)
+    assert scaling.attention_scale == pytest.approx(math.sqrt(1 + math.log(3.2) / math.log(20)))
+    ids = torch.randint(3, V, (2, 60), generator=torch.Generator().manual_seed(5))
+    hf.generation_config.eos_token_id = None
+    prompt = ids[:, :12]
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+        short = hf(input_ids=ids[:, :20]).logits
+        out = hf.generate(input_ids=prompt, max_new_tokens=40, do_sample=False, num_beams=1, pad_token_id=0,
+                          output_logits=True, return_dict_in_generate=True)
+        torch.testing.assert_close(model(ids).logits, theirs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(model(ids[:, :20]).logits, short, atol=1e-4, rtol=0)
+    tokens = generate(model, prompt, max_new_tokens=40, temperature=0.0)
+    assert torch.equal(tokens, out.sequences)
+    _, steps = _greedy(model, spec, prompt, torch.ones_like(prompt), 40)
+    torch.testing.assert_close(steps, torch.stack(out.logits, dim=1), atol=1e-4, rtol=0)
+    assert len(set(tokens[0, 12:].tolist())) > 3
+    with torch.no_grad():
+        whole = model(out.sequences[:, :-1]).logits[:, -1]
+    assert (whole - steps[:, -1]).abs().max() > 1e-2
+    # the switch is what makes them agree: the short factors throughout are another model
+    kept = spec.positional.model_copy(update={"scaling": scaling.model_copy(update={"long_factor": scaling.short_factor})})
+    same = build_model(spec.model_copy(update={"positional": kept})).eval()
+    same.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (same(ids).logits - theirs).abs().max() > 0.1

@@ -117,9 +117,15 @@ BAD_INPUTS = [
      "decoder.attention.n_heads",
      ["not divisible", "choose n_heads from 1, 1048573"]),
     # a rope scaling: its types, and its fields' rules
-    ("rope-scaling-type", "extends: llama2-7b\npositional:\n  scaling: {type: longrope, factor: 2}\n", 3,
-     "positional.scaling.type",
-     ["unknown type 'longrope'", "Phi-3's lists", "allowed: linear, llama3, yarn, dynamic"]),
+    ("rope-scaling-type", "extends: llama2-7b\npositional:\n  scaling: {type: ntk_by_parts, factor: 2}\n", 3,
+     "positional.scaling.type", ["unknown type 'ntk_by_parts'", "allowed: linear, llama3, yarn, dynamic, longrope"]),
+    # one LongRoPE factor per rotary frequency: llama2-7b rotates 128 features, 64 frequencies
+    ("rope-scaling-longrope-length",
+     "extends: llama2-7b\npositional:\n  scaling:\n    type: longrope\n    factor: 2\n"
+     "    original_max_position_embeddings: 2048\n    short_factor: [1, 1]\n    long_factor: [" + ", ".join(["2"] * 64)
+     + "]\n", 7,
+     "positional.scaling.short_factor",
+     ["2 factors, but the rotary has 64 frequencies (head_dim=128 × fraction=1.0 = 128 rotated features"]),
     ("rope-scaling-ntk", "extends: llama2-7b\npositional:\n  scaling: {type: ntk, factor: 2}\n", 3,
      "positional.scaling.type", ["unknown type 'ntk'", "dynamic NTK scaling is `dynamic`"]),
     ("rope-scaling-dynamic-length", "extends: llama2-7b\npositional:\n  scaling: {type: dynamic, factor: 2}\n", 3,
@@ -138,7 +144,7 @@ BAD_INPUTS = [
     ("rope-scaling-band", "extends: llama2-7b\npositional:\n  scaling:\n    type: llama3\n    high_freq_factor: 1\n",
      5, "positional.scaling.high_freq_factor", ["must exceed low_freq_factor=1", "Llama 3.1: 4 and 1"]),
     ("rope-scaling-without-type", "extends: llama2-7b\npositional:\n  scaling: {factor: 4}\n", 3,
-     "positional.scaling.type", ["required field is missing", "allowed types: linear, llama3, yarn, dynamic"]),
+     "positional.scaling.type", ["required field is missing", "allowed types: linear, llama3, yarn, dynamic, longrope"]),
     ("rope-scaling-as-a-word", "extends: llama2-7b\npositional:\n  scaling: llama3\n", 3, "positional.scaling",
      ["expected a mapping with a type: field, got 'llama3'", "write {type: llama3}"]),
     ("rope-scaling-yarn-length", "extends: llama2-7b\npositional:\n  scaling: {type: yarn, factor: 4}\n", 3,
@@ -749,7 +755,7 @@ def test_a_name_whose_value_means_another_thing_here_says_how_to_convert_it(over
 def test_a_type_that_cannot_be_registered_is_not_offered_as_ones_own(tmp_path):
     # rope scalings are not a registry family: no "a type of your own is registered first"
     problems = _problems(tmp_path, "extends: llama2-7b\npositional:\n  scaling: {type: ntk_by_parts, factor: 2}\n")
-    assert "allowed: linear, llama3, yarn, dynamic" in str(problems[0])
+    assert "allowed: linear, llama3, yarn, dynamic, longrope" in str(problems[0])
     assert "registered" not in str(problems[0])
     # a registry family still says it
     problems = _problems(tmp_path, "extends: gpt-nano\ndecoder:\n  ffn: {type: moe}\n")

@@ -459,6 +459,8 @@ def test_show_and_diff_name_the_rope_scaling(tmp_path: Path) -> None:
     assert "| rope (base 10000, llama3 x8 of 8192) |" in out
     assert "| rope (base 10000, linear x4) |" in _ok(
         ["show", "llama2-7b", "-s", "positional.scaling={type: linear, factor: 4}", "-f", "markdown"]).stdout
+    assert "| rope (base 10000, dynamic x2 of 4096) |" in _ok(["show", "llama2-7b", "-s", "positional.scaling="
+        "{type: dynamic, factor: 2, original_max_position_embeddings: 4096}", "-f", "markdown"]).stdout
     for factor in (8, 32):
         (tmp_path / f"x{factor}.yaml").write_text(
             f"extends: llama2-7b\nname: x{factor}\npositional:\n  scaling: {{type: llama3, factor: {factor}}}\n")

@@ -227,7 +227,7 @@ def rope_frequencies(
 
     Unscaled, θ_i = base^(-2i/R). ``scaling`` rescales them as Hugging Face's rope types of
     the same names do (the same float32 operations, so the same bits); all but ``dynamic``
-    once, with no dependence on the sequence length:
+    and ``longrope`` once, with no dependence on the sequence length:
 
     * ``linear``: θ_i / factor (position interpolation, Chen et al. 2023);
     * ``llama3``: wavelengths 2π/θ_i longer than L / low_freq_factor are divided by

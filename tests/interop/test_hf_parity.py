@@ -1008,8 +1008,8 @@ def test_dynamic_ntk_matches_transformers_in_a_forward_and_in_cached_generation(
     with torch.no_grad():
         out = hf.generate(input_ids=prompt, max_new_tokens=40, do_sample=False, num_beams=1, pad_token_id=0,
                           output_logits=True, return_dict_in_generate=True)
-    # 40 greedy tokens with the cache, 32 of them past position 20: the same tokens, and each
-    # step's logits (the query and new key rotated at the step's length, cached keys as they were)
+    # 40 greedy tokens with the cache, 31 of them from a step past position 20: the same tokens,
+    # and each step's logits (the query and new key rotated at the step's length, cached keys as they were)
     tokens = generate(model, prompt, max_new_tokens=40, temperature=0.0, max_seq_len=64)
     assert torch.equal(tokens, out.sequences)
     _, steps = _greedy(model, spec, prompt, torch.ones_like(prompt), 40)

@@ -1068,3 +1068,27 @@ def test_longrope_matches_transformers_in_a_forward_and_in_cached_generation() -
     same.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert (same(ids).logits - theirs).abs().max() > 0.1
+
+
+def test_a_windowed_model_with_dynamic_ntk_reads_a_long_prompt_in_one_forward_when_max_seq_len_covers_it() -> None:
+    # by default a model with a window in every layer reads a prompt past max_seq_len in chunks, each
+    # rotated with the frequencies of its own end (transformers reads it in one forward, all of it with
+    # those of the prompt's end); a max_seq_len that covers prompt and new tokens gives its tokens
+    from specformer.training.generate import generate
+
+    config = transformers.MistralConfig(
+        **_SMALL, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        intermediate_size=64, head_dim=16, max_position_embeddings=8, sliding_window=6,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0})
+    torch.manual_seed(0)
+    hf = transformers.MistralForCausalLM(config).eval()
+    hf.config.architectures = ["MistralForCausalLM"]
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    _, model = _imported(hf)
+    ids = torch.randint(3, V, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(generate(model, ids, max_new_tokens=10, temperature=0.0, max_seq_len=30), theirs)
+    assert not torch.equal(generate(model, ids, max_new_tokens=10, temperature=0.0), theirs)

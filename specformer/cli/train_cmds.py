@@ -710,8 +710,8 @@ def eval_cmd(
     `--set max_seq_len=N` evaluates sequences of N tokens (training.seq_len follows unless set), past
     the length the model was trained at: length extrapolation of RoPE, ALiBi, T5, sinusoidal or no
     positions (a learned table reads only the positions it has rows for). With it, `--set
-    positional.scaling=...` evaluates a RoPE model with scaled frequencies (position interpolation),
-    the same weights.
+    positional.scaling=...` evaluates a RoPE model with scaled frequencies (position interpolation,
+    YaRN, dynamic NTK: docs/spec.md lists the types), the same weights.
 
     Examples:
 
@@ -720,6 +720,7 @@ def eval_cmd(
     specformer eval CKPT --batches 50
     specformer eval CKPT --set max_seq_len=2048   # a RoPE model trained at 512, at 2048 tokens
     specformer eval CKPT --set max_seq_len=2048 --set 'positional.scaling={type: linear, factor: 4}'
+    specformer eval CKPT --set max_seq_len=2048 --set 'positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 512}'
     specformer eval my.safetensors --spec my.yaml --set 'training.data={type: files, paths: [my_texts/]}'
     ```
     """

@@ -611,6 +611,11 @@ def test_eval_interpolates_positions_with_a_rope_scaling(tiny: Any, tmp_path: Pa
     torch.testing.assert_close(linear, plain / 4)
     yarn, factor = evaluated("--set", "positional.scaling={type: yarn, factor: 4, original_max_position_embeddings: 32}")
     assert factor == 0.1 * math.log(4) + 1 and torch.equal(yarn[0], plain[0]) and yarn[-1] < plain[-1]
+    # dynamic NTK: sequences of 128 past an original context of 32 grow the base by (2 * 128 / 32 - 1)^(R/(R-2))
+    dynamic, _ = evaluated("--set", "positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 32}")
+    r = 2 * plain.shape[0]
+    grown = plain[1].item() ** (-r / 2) * 7 ** (r / (r - 2))  # the plain base, times (2 * 128 / 32 - 1)^(R/(R-2))
+    torch.testing.assert_close(dynamic, torch.tensor([grown ** (-2 * i / r) for i in range(r // 2)]), atol=0, rtol=1e-4)
 
 
 def test_eval_refuses_a_max_seq_len_past_a_learned_table(tiny: Any, tmp_path: Path) -> None:

@@ -197,8 +197,9 @@ def import_hf_cmd(
             label="[yellow]warning:[/]",
         )
     if tokenizer is not None and tokenizer.type == "file" and (chat := chat_template_source(source)) is not None:
-        _say(f"  the tokenizer's chat template ({escape(chat)}) is not carried: generate reads a prompt as plain "
-             "text, and export-hf writes the tokenizer without it (copy it into the exported folder to keep it)")
+        _say(f"  the tokenizer has a chat template ({escape(chat)}): generate --chat frames a prompt as a user turn, "
+             "and training.objective: {type: sft, chat_template: true} fine-tunes on pairs rendered as conversations "
+             "(export-hf writes the tokenizer without it: copy it into the exported folder to keep it)")
     unread = unread_generation_settings(source, spec)
     if unread:
         _say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")

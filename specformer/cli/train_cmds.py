@@ -441,7 +441,8 @@ def generate_cmd(
     top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
-    stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there; off otherwise.")] = None,
+    stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response; with --chat, the tokenizer's eos_token, an instruct model's end of turn) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there, and with --chat; off otherwise.")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Decoder: frame the prompt as a user turn of the tokenizer's chat template, followed by its generation prompt (transformers' apply_chat_template(..., add_generation_prompt=True)), as an instruct model reads a question. The template is the one beside the spec's training.tokenizer (chat_template.jinja or tokenizer_config.json). Default: on for a model fine-tuned with sft and chat_template: true; off otherwise.")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
@@ -468,6 +469,7 @@ def generate_cmd(
     specformer generate CKPT --prompt "def" --top-k 200 --num-samples 5
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
+    specformer generate my.safetensors --spec my.yaml --prompt "What is 2+2?" --chat   # an instruct model
     specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
     specformer generate CKPT --prompt "def" -n 4000 --max-seq-len 4096   # a RoPE model built for 1024
     ```
@@ -480,6 +482,7 @@ def generate_cmd(
             _heals,
             _rolling_reach,
             beam_search,
+            chat_prompt,
             encode_prompt,
             generate,
             generate_seq2seq,
@@ -492,9 +495,15 @@ def generate_cmd(
             raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
         if spec.kind == "encoder":
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
-        if stop_at_eot is None:  # a model fine-tuned on (prompt, response) pairs learnt to end its response there
-            objective = spec.training.objective if spec.training is not None else None
-            stop_at_eot = objective is not None and objective.type == "sft"
+        objective = spec.training.objective if spec.training is not None else None
+        if chat is None:  # a model fine-tuned on conversations reads a prompt as a user turn
+            chat = objective is not None and objective.type == "sft" and objective.chat_template
+        if stop_at_eot is None:  # a model fine-tuned on (prompt, response) pairs learnt to end its response there,
+            # and an instruct model its turn
+            stop_at_eot = chat or (objective is not None and objective.type == "sft")
+        if chat and spec.kind != "decoder":
+            raise _fail("--chat frames a prompt as a user turn for a decoder to answer; an encoder-decoder reads "
+                        "its input as it is")
         if top_p is not None and top_p <= 0.0:
             raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
         if not repetition_penalty > 0:
@@ -537,12 +546,20 @@ def generate_cmd(
             new.append(int(nxt[0]))
 
         if spec.kind == "decoder":
-            encoded = encode_prompt(tok, prompt, heal=heal)
+            end_id = tok.eot_id  # where --stop-at-eot ends the text
+            if chat:
+                from specformer.data.chat import chat_template_for
+
+                template = chat_template_for(spec.training)
+                encoded = chat_prompt(tok, prompt, template)
+                end_id = template.end_id(tok)
+            else:
+                encoded = encode_prompt(tok, prompt, heal=heal)
             ids = encoded.ids
-            if not prompt.strip() and tok.eot_id is None and not any(tok.template()):
+            if not chat and not prompt.strip() and tok.eot_id is None and not any(tok.template()):
                 raise _fail("give a --prompt: this tokenizer has no end-of-text token (nor a template's start "
                             "token) to start from")
-            if not heal and _heals(tok, prompt):
+            if not heal and not chat and _heals(tok, prompt):
                 print_error(f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}), which this tokenizer "
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
                             "leading space): the text may go astray; leave out --no-heal to have the first new "
@@ -557,7 +574,7 @@ def generate_cmd(
             def show() -> None:
                 # --stop-at-eot ends the text at the end of its document, the marker left out (as
                 # an encoder-decoder's end token is)
-                row = new[: new.index(tok.eot_id)] if stop_at_eot and tok.eot_id in new else new
+                row = new[: new.index(end_id)] if stop_at_eot and end_id in new else new
                 text = _continuation(tok, ids, row)
                 # the healed whitespace is the prompt's, shown with it
                 text = text.removeprefix(encoded.healed) if shown else text
@@ -571,14 +588,14 @@ def generate_cmd(
                                 f"within {what}={window}: shorten the prompt")
                 found = beam_search(
                     model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=min(max_new_tokens, room),
-                    eos_id=tok.eot_id if stop_at_eot else None, length_penalty=length_penalty,
+                    eos_id=end_id if stop_at_eot else None, length_penalty=length_penalty,
                     n_candidates=candidates, allowed_tokens=encoded.allowed_tokens,
                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                     max_seq_len=None if rolling else window,
                 )
                 new.extend(found[0, len(ids):].tolist())
-                if stop_at_eot and tok.eot_id in new:
-                    del new[new.index(tok.eot_id) + 1:]  # the rest is filler after the end
+                if stop_at_eot and end_id in new:
+                    del new[new.index(end_id) + 1:]  # the rest is filler after the end
             else:
                 for sample in range(num_samples):
                     if sample:
@@ -588,7 +605,7 @@ def generate_cmd(
                     with _shown_on_interrupt(new, max_new_tokens, show):
                         generate(
                             model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp,
-                            top_k=top_k, top_p=top_p, eos_id=tok.eot_id if stop_at_eot else None, use_cache=cache,
+                            top_k=top_k, top_p=top_p, eos_id=end_id if stop_at_eot else None, use_cache=cache,
                             max_seq_len=None if rolling else window, generator=generator, n_candidates=candidates,
                             on_token=keep, allowed_tokens=encoded.allowed_tokens,
                             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,

@@ -322,7 +322,12 @@ def _prepare_prompt_responses(
     (:func:`pair_token_ids` with ``decoder=True``): each read as prompt + response + end token,
     at most ``seq_len`` tokens read. A longer response is cut, a pair whose prompt alone is longer
     than ``seq_len`` is left out, and the data line says how many of each."""
-    ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir, decoder=True)
+    chat = None
+    if spec.training.objective.chat_template:
+        from specformer.data.chat import chat_template_for
+
+        chat = chat_template_for(spec.training)
+    ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir, decoder=True, chat=chat)
     train, val, left_out = ids.train, ids.val, ids.left_out or {"train": 0, "val": 0}
     held_out = "val_paths" if getattr(spec.training.data, "val_paths", None) is not None else "paths"
     for split, pairs, setting in (("training", train, "paths"), ("held-out", val, held_out)):
@@ -337,6 +342,8 @@ def _prepare_prompt_responses(
         f"pairs: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} held-out "
         "(prompt, response) pairs, the loss on the responses"
     )
+    if chat is not None:
+        description += f" (each a user turn and an assistant turn of the chat template, {chat.source})"
     cut, dropped = ids.cut["target"], left_out["train"] + left_out["val"]
     if cut or dropped:
         parts = []

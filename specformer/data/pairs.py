@@ -38,11 +38,24 @@ class PairCorpus:
     fingerprint: str
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    spec: PairsDataSpec | None = None  # where the pairs were read from, for :meth:`locate`
 
     def text_corpus(self) -> Corpus:
         """Both sides of the training pairs as documents: what a BPE is trained on."""
         texts = [text for pair in self.train for text in pair if text.strip()]
         return Corpus(name="pairs", train=texts, val=[], fingerprint=self.fingerprint)
+
+    def locate(self, pair: tuple[str, str]) -> str:
+        """Where ``pair`` was read: 'training.data.paths: data/qa.jsonl:12' (the first line that
+        holds it; the files are read again, so only an error should ask)."""
+        if self.spec is not None:
+            for setting, patterns in (("training.data.paths", self.spec.paths),
+                                      ("training.data.val_paths", self.spec.val_paths or ())):
+                for _, path, text in read_texts(patterns, setting, []):
+                    for where, source, target in _numbered_pairs(path, text, self.spec, setting):
+                        if (source, target) == pair:
+                            return where
+        return "training.data.paths"
 
 
 def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
@@ -85,7 +98,7 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
             [p for p in train if p[0] in held_out],
         )
     fingerprint = content_hash("pairs", settings, chunks=digests)
-    return PairCorpus(train=train, val=val, fingerprint=fingerprint, files=files, notes=notes)
+    return PairCorpus(train=train, val=val, fingerprint=fingerprint, files=files, notes=notes, spec=spec)
 
 
 def _read(
@@ -106,6 +119,12 @@ def _read(
 def _pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) -> Iterator[tuple[str, str]]:
     """(source, target) of each non-blank line of a ``.jsonl``/``.ndjson`` or ``.tsv`` file;
     anything else is an error naming the file, the line and the setting."""
+    for _, source, target in _numbered_pairs(path, text, spec, setting):
+        yield source, target
+
+
+def _numbered_pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) -> Iterator[tuple[str, str, str]]:
+    """:func:`_pairs`, each with where it is: 'training.data.paths: data/qa.jsonl:12'."""
     src_f, tgt_f = spec.source_field, spec.target_field
     fields = f"training.data.source_field ({src_f!r}) and training.data.target_field ({tgt_f!r})"
     tsv = _is_tsv(path)
@@ -163,7 +182,7 @@ def _pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) -> Iterator
         target, _ = _plain_text(target)
         if not source.strip():
             raise DataError(f"{where}: the source is empty; every pair needs an input to read")
-        yield source, target
+        yield where, source, target
 
 
 def _is_tsv(path: Path) -> bool:

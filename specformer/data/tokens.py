@@ -33,6 +33,7 @@ from specformer.data.cache import (
     remove_temporaries,
     resolve_cache_dir,
 )
+from specformer.data.chat import ChatTemplate, NotAPrefixError
 from specformer.data.corpus import Corpus, DataError
 from specformer.data.datasets import PairDataset
 from specformer.data.pairs import PairCorpus
@@ -188,6 +189,7 @@ def pair_token_ids(
     cache_dir: str | Path | None = None,
     *,
     decoder: bool = False,
+    chat: ChatTemplate | None = None,
 ) -> PairIds:
     """The pairs of ``corpus`` tokenised, from the cache when it is there. A source is cut to
     ``seq_len`` tokens with the template around it, a target to ``seq_len - 1`` (the decoder
@@ -205,9 +207,16 @@ def pair_token_ids(
     predicted): a longer response is cut to fit, losing its end token, and a pair whose
     prompt alone is longer than ``seq_len`` tokens, which leaves no response token to
     predict, is left out. ``cut["target"]`` counts the responses cut, ``left_out`` the pairs
-    left out of each split."""
+    left out of each split.
+
+    With ``chat`` as well (``training.objective.chat_template``), a pair is rendered through
+    that chat template (:class:`~specformer.data.chat.ChatTemplate`): the prompt is the user
+    turn with the generation prompt, the response the rest of the rendering of both turns
+    (the template's own end of turn included, no end token added). A pair whose prompt
+    rendering is not the start of its full rendering in token ids is a
+    :class:`~specformer.data.chat.NotAPrefixError` naming its file and line."""
     if decoder:
-        return _prompt_response_ids(corpus, tokenizer, seq_len, cache_dir)
+        return _prompt_response_ids(corpus, tokenizer, seq_len, cache_dir, chat)
     before, after = tokenizer.template()
     closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
     room = seq_len - len(before) - len(after)
@@ -256,10 +265,12 @@ def _write_pairs(
     tokenizer: Tokenizer,
     dtype: np.dtype,
     lay: Callable[[list[int], list[int]], tuple[list[int], list[int]] | None],
+    encode: Callable[[Sequence[tuple[str, str]]], list[tuple[list[int], list[int]]]] | None = None,
 ) -> tuple[int, int]:
     """Write ``split``'s pairs as ``{split}.bin`` (each pair's two runs of ids, as ``lay``
     makes them from the source's and the target's; None leaves the pair out) and
-    ``{split}.lengths.bin`` (the two runs' lengths); (tokens written, pairs kept).
+    ``{split}.lengths.bin`` (the two runs' lengths); (tokens written, pairs kept). ``encode``
+    gives a chunk's (source ids, target ids); by default each side is encoded alone.
 
     A chunk at a time: the tokenizer's encodings and Python lists of ids take ~50 times the
     arrays' memory, which for millions of pairs would not fit."""
@@ -268,11 +279,15 @@ def _write_pairs(
     kept = 0
     for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
         chunk = pairs[first : first + _PAIRS_PER_CHUNK]
-        sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
-        targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
+        if encode is None:
+            sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
+            targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
+            encoded = list(zip(sources, targets, strict=True))
+        else:
+            encoded = encode(chunk)
         flat: list[int] = []
         sizes: list[int] = []
-        for src, tgt in zip(sources, targets, strict=True):
+        for src, tgt in encoded:
             laid = lay(src, tgt)
             if laid is None:
                 continue
@@ -289,16 +304,39 @@ def _write_pairs(
 
 
 def _prompt_response_ids(
-    corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None
+    corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None,
+    chat: ChatTemplate | None = None,
 ) -> PairIds:
-    """:func:`pair_token_ids` for a decoder: (prompt, response + end token) of each pair."""
+    """:func:`pair_token_ids` for a decoder: (prompt, response + end token) of each pair, or
+    the two parts of its rendering through ``chat``."""
     eot = tokenizer.eot_id
-    if eot is None:
-        raise DataError("the tokenizer has no end-of-text token to end each response with")
-    before, _ = tokenizer.template()
+    encode = None
+    if chat is not None:
+        # the template frames both turns and ends the assistant's: no opening or end token of our own
+        before, eot, parts = [], None, (chat.template, sorted(chat.special_tokens.items()))
+
+        def encode(chunk: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+            out = []
+            for pair, ids in zip(chunk, chat.pair_ids(tokenizer, chunk), strict=True):
+                if isinstance(ids, int):
+                    raise NotAPrefixError(
+                        f"{corpus.locate(pair)}: the chat template's rendering of the prompt (a user turn and the "
+                        f"generation prompt) is not the start of its rendering with the response, in token ids "
+                        f"(they differ at token {ids}), so the loss cannot be put on the response alone; the "
+                        f"template ({chat.source}) renders the user turn differently when an assistant turn "
+                        "follows, or the tokenizer merges the last prompt token with the first of the response"
+                    )
+                out.append(ids)
+            return out
+    else:
+        if eot is None:
+            raise DataError("the tokenizer has no end-of-text token to end each response with")
+        before, _ = tokenizer.template()
+        parts = ()
     if len(before) + 1 > seq_len:
         raise DataError(f"training.seq_len={seq_len} leaves no room for a prompt and a response; raise it")
-    key = content_hash("prompt-response-tokens", corpus.fingerprint, *_key_parts(tokenizer), before, eot, seq_len)
+    key = content_hash("prompt-response-tokens", corpus.fingerprint, *_key_parts(tokenizer), before, eot, seq_len,
+                       *(("chat", *parts) if chat is not None else ()))
     folder = resolve_cache_dir(cache_dir) / "tokens" / key
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
 
@@ -308,7 +346,7 @@ def _prompt_response_ids(
 
         def lay(src: list[int], tgt: list[int]) -> tuple[list[int], list[int]] | None:
             nonlocal cut
-            prompt, response = [*before, *src], [*tgt, eot]
+            prompt, response = [*before, *src], [*tgt, eot] if eot is not None else list(tgt)
             room = seq_len + 1 - len(prompt)  # the decoder reads all but the last token
             if room < 1:
                 return None
@@ -316,7 +354,7 @@ def _prompt_response_ids(
             return prompt, response[:room]
 
         for split, pairs in (("train", corpus.train), ("val", corpus.val)):
-            n_tokens, kept = _write_pairs(folder, split, pairs, tokenizer, dtype, lay)
+            n_tokens, kept = _write_pairs(folder, split, pairs, tokenizer, dtype, lay, encode)
             counts["tokens"][split], counts["pairs"][split], counts["left_out"][split] = n_tokens, kept, len(pairs) - kept
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"],

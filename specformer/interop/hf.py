@@ -349,8 +349,8 @@ def unread_generation_settings(source: Any, spec: ModelSpec | None = None) -> li
 
 def chat_template_source(source: str | Path) -> str | None:
     """Where the model's tokenizer keeps a chat template (``chat_template.jinja``, or
-    ``tokenizer_config.json``'s ``chat_template``), which a specformer tokenizer does not
-    carry; None when it has none."""
+    ``tokenizer_config.json``'s ``chat_template``), which ``sft`` with ``chat_template: true``
+    and ``generate --chat`` read beside the spec's ``training.tokenizer``; None when it has none."""
     path = Path(source)
     folder = path if path.is_dir() else path.parent
     if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():

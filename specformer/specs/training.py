@@ -161,6 +161,14 @@ class SFTSpec(Spec):
 
     type: Literal["sft"] = "sft"
     label_smoothing: Fraction = Field(0.0, description="Label smoothing of the cross-entropy.")
+    chat_template: bool = Field(
+        False,
+        description="Render each pair as a conversation through the tokenizer's chat template, as TRL and "
+        "torchtune do for an instruct model: a user turn (the prompt) and an assistant turn (the response), "
+        "the loss on the assistant part alone. The template is the one beside training.tokenizer's "
+        "tokenizer.json (type: file: chat_template.jinja, or tokenizer_config.json's chat_template), rendered "
+        "by transformers (the [hf] extra). false: prompt + response + end token, as plain text.",
+    )
 
 
 class ClassificationSpec(Spec):
@@ -742,6 +750,14 @@ def training_issues(
             "training.data.type",
             f"the seq2seq objective needs paired data, not {data.type!r}: use type: pairs (your own "
             "(source, target) files) or type: synthetic",
+        )
+    if (objective is not None and objective.type == "sft" and objective.chat_template
+            and (tok is None or tok.type != "file")):
+        yield (
+            "training.objective.chat_template",
+            f"a chat template is read from a tokenizer.json's folder, and training.tokenizer is "
+            f"{'unset' if tok is None else 'type ' + tok.type}: set training.tokenizer: {{type: file, path: "
+            "folder/tokenizer.json}} (an instruct model's, as import-hf writes it), or chat_template: false",
         )
     if objective is not None and objective.type == "sft" and kind == "decoder" and data is not None and data.type != "pairs":
         yield (

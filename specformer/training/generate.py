@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["sample_next", "penalize_repeats", "generate", "generate_seq2seq", "beam_search", "Prompt",
-           "encode_prompt"]
+           "encode_prompt", "chat_prompt"]
 
 
 def sample_next(
@@ -683,6 +683,15 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     texts = _token_texts(tokenizer, ids[-8:])
     trailing = text[len(stripped):]
     return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing))
+
+
+def chat_prompt(tokenizer: Any, text: str, template: Any) -> Prompt:
+    """``text`` as a user turn of ``template`` (a :class:`~specformer.data.chat.ChatTemplate`,
+    e.g. ``chat_template_for(spec.training)``) followed by its generation prompt, in token ids:
+    ``tokenizer.apply_chat_template([{"role": "user", "content": text}],
+    add_generation_prompt=True)``'s ids, which an instruct model continues with its answer.
+    The template frames the text, so nothing is healed or added."""
+    return Prompt(ids=template.prompt_ids(tokenizer, text))
 
 
 def _heals(tokenizer: Any, text: str) -> bool:

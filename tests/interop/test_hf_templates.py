@@ -452,7 +452,7 @@ def test_an_exported_import_names_the_tokenizers_special_tokens_as_the_original(
     assert back("the model zzz").input_ids == theirs("the model zzz").input_ids
 
 
-def test_import_hf_says_the_chat_template_is_not_carried(tmp_path: Path) -> None:
+def test_import_hf_says_where_the_chat_template_is_used(tmp_path: Path) -> None:
     folder, _ = _llama_folder(tmp_path)
     result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "plain.yaml")])
     assert result.exit_code == 0 and "chat template" not in result.output
@@ -462,4 +462,5 @@ def test_import_hf_says_the_chat_template_is_not_carried(tmp_path: Path) -> None
     result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "chat.yaml")])
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert "the tokenizer's chat template (chat_template.jinja) is not carried" in said
+    assert ("the tokenizer has a chat template (chat_template.jinja): generate --chat frames a prompt as a user "
+            "turn, and training.objective: {type: sft, chat_template: true} fine-tunes") in said

@@ -1,0 +1,264 @@
+"""An instruct model's chat template: ``sft`` with ``chat_template: true`` renders each pair as a
+user turn and an assistant turn, and ``generate --chat`` a prompt as a user turn with the
+generation prompt, token for token as ``transformers``' ``apply_chat_template`` does."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+transformers = pytest.importorskip(
+    "transformers", reason="the [hf] extra (transformers) is not installed: pip install 'specformer[hf]'"
+)
+
+from specformer.cli import app  # noqa: E402
+from specformer.data.chat import NotAPrefixError, read_chat_template  # noqa: E402
+from specformer.data.collate import IGNORE_INDEX, SFTCollator  # noqa: E402
+from specformer.data.corpus import DataError  # noqa: E402
+from specformer.data.module import prepare  # noqa: E402
+from specformer.data.tokenizers import file_tokenizer  # noqa: E402
+from specformer.specs.errors import SpecError  # noqa: E402
+from specformer.specs.loader import load_spec  # noqa: E402
+from specformer.training.generate import chat_prompt  # noqa: E402
+from specformer.training.run import train  # noqa: E402
+
+pytestmark = pytest.mark.reference
+runner = CliRunner()
+
+# Meta-Llama-3-8B-Instruct's template (bos_token comes from the tokenizer's special tokens)
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+# SmolLM2-Instruct's ChatML template, with its default system turn
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# renders the last turn differently: a user turn alone is not the start of the user + assistant rendering
+NOT_A_PREFIX = (
+    "{% for m in messages %}{{ m['role'] }}{% if loop.last %}!{% endif %}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+            "<|im_start|>", "<|im_end|>"]
+WORDS = ["red", "blue", "cat", "dog", "sun", "sky", "big", "old"]
+TEXT = ["user assistant system You are a helpful AI assistant named SmolLM, trained by Hugging Face"] * 20 + [
+    "reverse " + " ".join(WORDS[i:] + WORDS[:i]) for i in range(8)] * 20
+
+
+def _chat_folder(tmp_path: Path, template: str | None, name: str = "chat") -> tuple[Path, Any]:
+    """A tiny Llama saved as an instruct model is: a byte-level BPE tokenizer.json whose chat
+    tokens are special, and the chat template beside it (None: no template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                                                eos_token="<|endoftext|>")
+    if template is not None:
+        fast.chat_template = template
+    config = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, bos_token_id=1, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.config.architectures = ["LlamaForCausalLM"]
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder, model.eval()
+
+
+def _ids(hf_tok: Any, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
+    out = hf_tok.apply_chat_template(messages, tokenize=True, **kwargs)
+    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+
+def _turns(prompt: str, response: str | None = None) -> list[dict[str, str]]:
+    user = [{"role": "user", "content": prompt}]
+    return user if response is None else [*user, {"role": "assistant", "content": response}]
+
+
+def _imported(folder: Path, tmp_path: Path) -> tuple[Path, Path]:
+    spec_path, weights = tmp_path / "my.yaml", tmp_path / "my.safetensors"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(spec_path), "-w", str(weights)])
+    assert result.exit_code == 0, result.output
+    return spec_path, weights
+
+
+def _sft_spec(spec_path: Path, tmp_path: Path, train_path: Path, val_path: Path, **training: Any) -> Any:
+    raw = load_spec(spec_path).to_dict()
+    raw["training"].update(
+        objective={"type": "sft", "chat_template": True},
+        data={"type": "pairs", "paths": [str(train_path)], "val_paths": [str(val_path)]},
+        out_dir=str(tmp_path / "runs"), cache_dir=str(tmp_path / "cache"), num_workers=0, accelerator="cpu",
+        devices=1, seq_len=96, **training)
+    return load_spec(raw)
+
+
+def _jsonl(path: Path, pairs: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in pairs))
+    return path
+
+
+PAIRS = [("What is the sky?", "Blue, mostly."), (" reverse red cat ", "cat red\nreverse"), ("big", "old dog")]
+
+
+@pytest.mark.parametrize("template", [LLAMA3, CHATML], ids=["llama3", "chatml"])
+def test_prompt_and_full_rendering_are_apply_chat_template_s_ids(tmp_path: Path, template: str) -> None:
+    folder, _ = _chat_folder(tmp_path, template)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    chat = read_chat_template(folder / "tokenizer.json")
+    assert chat.template == template and chat.special_tokens["bos_token"] == "<|begin_of_text|>"
+    tok = file_tokenizer(load_spec(_imported(folder, tmp_path)[0]).training.tokenizer)
+    for (prompt, response), ids in zip(PAIRS, chat.pair_ids(tok, PAIRS), strict=True):
+        assert not isinstance(ids, int)
+        want_prompt = _ids(hf_tok, _turns(prompt), add_generation_prompt=True)
+        assert ids[0] == want_prompt
+        assert ids[0] + ids[1] == _ids(hf_tok, _turns(prompt, response))
+        assert chat_prompt(tok, prompt, chat).ids == want_prompt
+    # the end of the assistant's turn is the template's own: no end token added
+    if template == CHATML:
+        assert tok.decode(ids[1]) == "old dog<|im_end|>\n"
+    else:
+        assert tok.decode(ids[1]) == "old dog<|eot_id|>"
+
+
+def test_sft_with_the_chat_template_puts_the_loss_on_the_assistant_turn_and_lowers_it(tmp_path: Path) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, _ = _imported(folder, tmp_path)
+    rng = __import__("random").Random(0)
+    pairs = []
+    for _ in range(120):
+        words = rng.sample(WORDS, rng.randint(2, 4))
+        pairs.append((f"reverse {' '.join(words)}", " ".join(reversed(words))))
+    train_path, val_path = _jsonl(tmp_path / "train.jsonl", pairs[:100]), _jsonl(tmp_path / "val.jsonl", pairs[100:])
+    spec = _sft_spec(spec_path, tmp_path, train_path, val_path, batch_size=8, max_steps=30, val_interval=15,
+                     val_batches=2, log_interval=5, optimizer={"type": "adamw", "lr": 3e-3},
+                     schedule={"type": "constant", "warmup_steps": 0})
+    data = prepare(spec)
+    assert "each a user turn and an assistant turn of the chat template" in data.description
+    for (prompt, response), (p_ids, r_ids) in zip(pairs[:3], data.train.pairs[:3], strict=True):
+        assert p_ids == _ids(hf_tok, _turns(prompt), add_generation_prompt=True)
+        assert p_ids + r_ids == _ids(hf_tok, _turns(prompt, response))
+    rows = [data.train.pairs[0], data.train.pairs[1]]
+    batch = SFTCollator(pad_id=data.tokenizer.pad_id or data.tokenizer.eot_id)([(0, r) for r in rows])
+    width = batch["labels"].shape[1]
+    for i, (p_ids, r_ids) in enumerate(rows):
+        full = p_ids + r_ids
+        scored = [j for j in range(width) if batch["labels"][i, j] != IGNORE_INDEX]
+        # label j is token j + 1: -100 on every prompt position and the padding, the assistant's tokens after
+        assert scored == list(range(len(p_ids) - 1, len(full) - 1))
+        assert batch["labels"][i, scored].tolist() == r_ids
+    assert width == max(len(p) + len(r) for p, r in rows) - 1
+
+    result = train(spec, progress=False)
+    losses = [h["val/loss"] for h in result.history]
+    assert len(losses) == 2 and losses[-1] < losses[0] - 0.3, losses
+
+
+def test_generate_chat_frames_the_prompt_as_apply_chat_template_and_generates_as_transformers(
+    tmp_path: Path, monkeypatch
+) -> None:
+    folder, hf = _chat_folder(tmp_path, LLAMA3)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, weights = _imported(folder, tmp_path)
+    prompt, n = "reverse red cat", 10
+    ids = _ids(hf_tok, _turns(prompt), add_generation_prompt=True)
+    hf.generation_config.eos_token_id = None  # all n tokens, as specformer's generate without --stop-at-eot
+    theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         do_sample=False, max_new_tokens=n)[0].tolist()
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    real, seen = gen.generate, {}
+
+    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
+        out = real(model, ids, **kwargs)
+        seen["out"] = out[0].tolist()
+        return out
+
+    monkeypatch.setattr(gen, "generate", recording)
+    args = ["generate", str(weights), "--spec", str(spec_path), "--prompt", prompt, "-n", str(n), "--greedy",
+            "--no-stop-at-eot"]
+    result = runner.invoke(app, [*args, "--chat"])
+    assert result.exit_code == 0, result.output
+    assert seen["out"] == theirs  # token for token, the template's tokens included
+    assert result.stdout == prompt + hf_tok.decode(theirs[len(ids):]) + "\n"
+    # without --chat (a spec that fine-tuned with no chat template) the prompt is plain text
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["out"][: len(hf_tok(prompt, add_special_tokens=False).input_ids)] == hf_tok(
+        prompt, add_special_tokens=False).input_ids
+
+
+def test_generate_chat_stops_at_the_end_of_the_assistant_s_turn(tmp_path: Path, monkeypatch) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|im_end|>"}))  # SmolLM2's
+    spec_path, weights = _imported(folder, tmp_path)
+    tok = file_tokenizer(load_spec(spec_path).training.tokenizer)
+    end = tok.token_id("<|im_end|>")
+    assert end is not None and end != tok.eot_id
+    made = [*tok.encode("ab", specials=False), end, *tok.encode("cd", specials=False)]
+    gen = importlib.import_module("specformer.training.generate")
+    for flags, said in ((["--chat"], "hi ab\n"), (["--chat", "--no-stop-at-eot"], None), ([], None)):
+        steps = iter(made)
+        monkeypatch.setattr(gen, "sample_next", lambda logits, steps=steps, **_: torch.tensor([next(steps)]))
+        result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "--prompt", "hi ",
+                                     "-n", str(len(made)), *flags])
+        assert result.exit_code == 0, result.output
+        if said is not None:
+            assert result.stdout == said
+        else:  # past the end of turn (without --chat, an imported spec's generate stops nowhere by default)
+            assert result.stdout.rstrip("\n").endswith("cd"), result.stdout
+
+
+def test_chat_template_errors_name_what_is_missing_and_where(tmp_path: Path, monkeypatch) -> None:
+    # a tokenizer with no chat template
+    plain, _ = _chat_folder(tmp_path, None, name="plain")
+    with pytest.raises(DataError, match=r"training.tokenizer.path: the tokenizer in .*plain has no chat template"):
+        read_chat_template(plain / "tokenizer.json")
+    spec_path, weights = _imported(plain, tmp_path)
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "--prompt", "hi", "--chat"])
+    assert result.exit_code == 1 and "has no chat template" in " ".join(result.output.split())
+
+    # a template whose prompt rendering is not the start of the full one: the pair's line is named
+    odd, _ = _chat_folder(tmp_path, NOT_A_PREFIX, name="odd")
+    spec_path, _ = _imported(odd, tmp_path)
+    train_path = _jsonl(tmp_path / "t.jsonl", PAIRS)
+    spec = _sft_spec(spec_path, tmp_path, train_path, _jsonl(tmp_path / "v.jsonl", PAIRS[:1]))
+    with pytest.raises(NotAPrefixError, match=r"training.data.paths: .*t.jsonl:1: the chat template's rendering "
+                                              r"of the prompt .* is not the start of its rendering with the response"):
+        prepare(spec)
+
+    # chat_template with a tokenizer that has no folder to keep one
+    raw = spec.to_dict()
+    raw["training"]["tokenizer"] = {"type": "byte"}
+    with pytest.raises(SpecError, match="training.objective.chat_template"):
+        load_spec(raw)
+
+    # without transformers, the error says what to install
+    chat = read_chat_template(odd)
+    for name in ("transformers", "transformers.utils", "transformers.utils.chat_template_utils"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(DataError, match=r"pip install 'specformer\[hf\]'"):
+        chat.render(_turns("hi"))

@@ -198,8 +198,8 @@ def import_hf_cmd(
         )
     if tokenizer is not None and tokenizer.type == "file" and (chat := chat_template_source(source)) is not None:
         _say(f"  the tokenizer has a chat template ({escape(chat)}): generate --chat frames a prompt as a user turn, "
-             "and training.objective: {type: sft, chat_template: true} fine-tunes on pairs rendered as conversations "
-             "(export-hf writes the tokenizer without it: copy it into the exported folder to keep it)")
+             "training.objective: {type: sft, chat_template: true} fine-tunes on pairs rendered as conversations, "
+             "and export-hf writes it back as chat_template.jinja")
     unread = unread_generation_settings(source, spec)
     if unread:
         _say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")
@@ -236,7 +236,8 @@ def export_hf_cmd(
     that name again, which their file records. A field with no equivalent there is named in the error. Dropout and init settings
     that the family cannot express are reported and left out (they do not change a
     trained model's outputs). A checkpoint's tokenizer is written too (tokenizer.json,
-    for `AutoTokenizer.from_pretrained(OUTPUT)`) and gives config.json its bos/eos/pad
+    for `AutoTokenizer.from_pretrained(OUTPUT)`, and an instruct model's chat template,
+    kept beside the spec's tokenizer.json, as chat_template.jinja) and gives config.json its bos/eos/pad
     token ids, as is the tokenizer.json that the --spec of weights names (import-hf's
     spec names the model's own); without one they are null.
 

@@ -436,7 +436,8 @@ def save_hf(
 
     ``tokenizer`` (a specformer tokenizer, e.g. a checkpoint's) gives the config its
     bos/eos/pad token ids and is written as ``tokenizer.json`` + ``tokenizer_config.json``
-    for ``AutoTokenizer.from_pretrained(out_dir)``; without it those ids are None. The
+    for ``AutoTokenizer.from_pretrained(out_dir)``, with ``chat_template.jinja`` when the
+    spec's ``training.tokenizer`` folder has a chat template; without it those ids are None. The
     files are written under temporary names and renamed into place once all are written.
     """
     from specformer.interop.hf_tokenizer import hf_tokenizer_files, special_token_ids
@@ -456,6 +457,8 @@ def save_hf(
     texts = {"config.json": json.dumps(config, indent=2) + "\n"}
     if tokenizer is not None:
         texts.update(hf_tokenizer_files(tokenizer.state(), max_length=spec.max_seq_len))
+        if (chat := _chat_template_text(spec)) is not None:
+            texts["chat_template.jinja"] = chat
     out = Path(out_dir)
     writers: dict[Path, Callable[[Path], None]] = {
         out / name: (lambda path, text=text: path.write_text(text, encoding="utf-8")) for name, text in texts.items()
@@ -463,6 +466,18 @@ def save_hf(
     writers[out / "model.safetensors"] = lambda path: save_safetensors(tensors, path)
     write_files(writers)
     return out
+
+
+def _chat_template_text(spec: ModelSpec) -> str | None:
+    """The chat template beside the spec's ``training.tokenizer`` (an imported instruct
+    model's), which an exported tokenizer keeps as ``chat_template.jinja``; None when none."""
+    from specformer.data.chat import chat_template_for
+    from specformer.data.corpus import DataError
+
+    try:
+        return chat_template_for(spec.training).template
+    except DataError:
+        return None
 
 
 def save_safetensors(tensors: Mapping[str, Tensor], path: Path, *, metadata: Mapping[str, str] | None = None) -> None:

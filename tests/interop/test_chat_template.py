@@ -232,6 +232,24 @@ def test_generate_chat_stops_at_the_end_of_the_assistant_s_turn(tmp_path: Path, 
             assert result.stdout.rstrip("\n").endswith("cd"), result.stdout
 
 
+def test_export_hf_writes_the_chat_template_back(tmp_path: Path) -> None:
+    folder, _ = _chat_folder(tmp_path, LLAMA3)
+    spec_path, weights = _imported(folder, tmp_path)
+    out = tmp_path / "exported"
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == LLAMA3
+    theirs, back = transformers.AutoTokenizer.from_pretrained(folder), transformers.AutoTokenizer.from_pretrained(out)
+    for prompt, response in PAIRS:
+        assert _ids(back, _turns(prompt, response)) == _ids(theirs, _turns(prompt, response))
+    # a tokenizer with none is written without one
+    plain, _ = _chat_folder(tmp_path, None, name="plain")
+    spec_path, weights = _imported(plain, tmp_path / "plain")
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out2")])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out2" / "chat_template.jinja").exists()
+
+
 def test_chat_template_errors_name_what_is_missing_and_where(tmp_path: Path, monkeypatch) -> None:
     # a tokenizer with no chat template
     plain, _ = _chat_folder(tmp_path, None, name="plain")

@@ -463,4 +463,4 @@ def test_import_hf_says_where_the_chat_template_is_used(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert ("the tokenizer has a chat template (chat_template.jinja): generate --chat frames a prompt as a user "
-            "turn, and training.objective: {type: sft, chat_template: true} fine-tunes") in said
+            "turn, training.objective: {type: sft, chat_template: true} fine-tunes") in said

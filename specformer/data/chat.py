@@ -140,8 +140,8 @@ def read_chat_template(path: str | Path, *, setting: str = "training.tokenizer.p
     raise DataError(
         f"{setting}: the tokenizer in {folder} has no chat template (no chat_template.jinja, and no chat_template "
         "in tokenizer_config.json); use an instruct model's tokenizer folder, which has one (transformers: "
-        "tokenizer.save_pretrained(folder) writes it), or set training.objective.chat_template: false to "
-        "read each pair as prompt + response + end token"
+        "tokenizer.save_pretrained(folder) writes it); or do without: generate --no-chat reads a prompt as "
+        "plain text, and training.objective.chat_template: false reads each pair as prompt + response + end token"
     )
 
 

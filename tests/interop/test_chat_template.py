@@ -257,7 +257,8 @@ def test_chat_template_errors_name_what_is_missing_and_where(tmp_path: Path, mon
         read_chat_template(plain / "tokenizer.json")
     spec_path, weights = _imported(plain, tmp_path)
     result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "--prompt", "hi", "--chat"])
-    assert result.exit_code == 1 and "has no chat template" in " ".join(result.output.split())
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "has no chat template" in said and "generate --no-chat reads a prompt" in said
 
     # a template whose prompt rendering is not the start of the full one: the pair's line is named
     odd, _ = _chat_folder(tmp_path, NOT_A_PREFIX, name="odd")

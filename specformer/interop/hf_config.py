@@ -1023,12 +1023,18 @@ def hf_config_from_spec(
     for path, ours, theirs in _differences(_resolved(spec.to_dict()), _resolved(back.to_dict())):
         if path.startswith("head.") and path != "head.type" and spec.head.type != back.head.type:
             continue  # another kind of head: its type says it, not each field the two do not share
-        line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
+        if theirs is _ABSENT:  # a field of our type that the family's type lacks (layernorm's bias)
+            line = f"{path} = {ours!r} (Hugging Face {model_type}'s type has no such field)"
+        elif ours is _ABSENT:
+            line = f"{path}: not a field of this spec's type (Hugging Face {model_type} has {theirs!r})"
+        else:
+            line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
         if any(t in path for t in _TRAINING_ONLY):
             notes.append(line)
         else:
             problems.append(line)
-            fixes.append((path, theirs))
+            if theirs is not _ABSENT:  # setting the type drops it: a --set of it would be refused
+                fixes.append((path, theirs))
     if problems:
         message = (f"the spec has no Hugging Face {model_type} equivalent; these fields differ from "
                    f"what {model_type} can express:\n  " + "\n  ".join(problems))
@@ -1128,12 +1134,24 @@ def _resolved(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+class _Absent:
+    """A field one of two compared specs does not have (its type lacks it)."""
+
+    def __repr__(self) -> str:
+        return "absent"
+
+
+_ABSENT = _Absent()
+
+
 def _differences(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """(path, a's value, b's value) for every leaf that differs; ``_ABSENT`` for a key one
+    side lacks (a mapping of another type: a layernorm's ``bias`` beside an rmsnorm)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in [*a, *(k for k in b if k not in a)]:
             if path == "" and key in ("name", "training"):  # not part of the architecture
                 continue
-            yield from _differences(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+            yield from _differences(a.get(key, _ABSENT), b.get(key, _ABSENT), f"{path}.{key}" if path else key)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             yield from _differences(x, y, f"{path}.{i}")

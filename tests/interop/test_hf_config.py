@@ -321,6 +321,27 @@ def test_export_refuses_fields_with_no_equivalent(preset: str, overrides: list[s
     _refused(lambda: hf_config_from_spec(spec), words)
 
 
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        # layernorm has a bias, T5's rmsnorm none: setting the type drops it
+        ("t5-nano", ["encoder.norm.type=layernorm", "decoder.norm.type=layernorm"]),
+        # rmsnorm has no bias, GPT-2's layernorm has one: the type first, then the bias
+        ("gpt-nano", ["decoder.norm.type=rmsnorm", "decoder.attention.bias=false"]),
+    ],
+)
+def test_export_refusal_hint_is_a_set_that_exports(preset: str, overrides: list[str]) -> None:
+    message = _refused(lambda: hf_config_from_spec(load_spec(preset, overrides)), ["from the start exports: "])
+    hint = message.rsplit("from the start exports: ", 1)[1].strip()
+    sets = [s.split("=", 1) for s in hint.removeprefix("--set ").split(" --set ")]
+    # the hint's values are JSON, which YAML reads as the same values
+    fixed = load_spec(preset, overrides + [f"{path}={value}" for path, value in sets])
+    assert hf_config_from_spec(fixed)["model_type"] == ("t5" if preset.startswith("t5") else "gpt2")
+    assert "norm.bias=null" not in hint
+    if preset == "t5-nano":
+        assert "encoder.norm.bias = True (Hugging Face t5's type has no such field)" in message
+
+
 @pytest.mark.parametrize("name", ["roberta-base", "bart-base"])
 def test_export_takes_a_learned_table_left_to_its_default_size(name: str) -> None:
     # max_positions: null means max_seq_len + offset, which is what the family has

@@ -715,6 +715,7 @@ def apply_overrides(
     data = copy.deepcopy(data)
     items = overrides.items() if isinstance(overrides, Mapping) else overrides
     problems: list[SpecProblem] = []
+    written: set[Path_] = set()  # the paths earlier overrides of this call set
     for item in items:
         if isinstance(item, str):
             label = f"--set {item}"
@@ -745,6 +746,13 @@ def apply_overrides(
             problems.append(SpecProblem("extends cannot be overridden; load that spec instead", position=Position(label)))
             continue
         retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
+        # a mapping this override gives another type (`ffn.type=glu`, `ffn={type: glu}`):
+        # the fields an earlier override of this call set in it stay, as they would in
+        # either order (`--set ffn.d_ff=512 --set ffn.type=glu` is a glu of 512)
+        retyping = tuple(parts[:-1]) if retyped else (
+            tuple(parts) if isinstance(value, dict) and "type" in value
+            and _type_at(data, parts) not in (None, value["type"]) else None)
+        carried = _written_fields(data, retyping, written) if retyping else {}
         # the containers on the way that the spec does not write: the override makes them
         created = [tuple(parts[:k]) for k in range(1, len(parts)) if not _exists(data, tuple(parts[:k]), null=False)]
         try:
@@ -753,11 +761,17 @@ def apply_overrides(
         except _OverrideError as exc:
             problems.append(SpecProblem(exc.message, path=key, position=Position(label), hint=exc.hint))
             continue
+        if carried:
+            node = _node_at(data, retyping)
+            carried = {k: v for k, v in carried.items() if isinstance(node, dict) and k not in node}
+            node.update(carried)
+        written.update(_paths_in(tuple(parts), value))
         if positions is not None:
             # setting another `type` makes the whole mapping the override's (a field the
             # new type misses is the override's doing, not the file's)
             owned = tuple(parts[:-1]) if retyped else tuple(parts)
             kept = {(*owned, k) for k in family_fields(owned[-1])} if retyped and owned else set()
+            kept |= {(*retyping, k) for k in carried}  # where the earlier override put them
             for p in [p for p in positions if p[: len(owned)] == owned and p[: len(owned) + 1] not in kept]:
                 del positions[p]
             # so is a mapping it made: `foo.bar=1` makes `foo`, and an unknown `foo` is this
@@ -769,6 +783,39 @@ def apply_overrides(
     if problems:
         raise SpecError(problems)
     return data
+
+
+def _node_at(data: Any, path: Path_) -> Any:
+    """The value at ``path`` in ``data``, or None where the path leads nowhere."""
+    node = data
+    for part in path:
+        if isinstance(node, dict) and isinstance(part, str):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def _paths_in(path: Path_, value: Any) -> list[Path_]:
+    """``path`` and, for a mapping value, the path of every field it sets."""
+    out = [path]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths_in((*path, k), v)
+    return out
+
+
+def _written_fields(data: Any, mapping: Path_, written: set[Path_]) -> dict[str, Any]:
+    """The fields of the mapping at ``mapping`` (but its ``type``) that an override in
+    ``written`` set, with their values."""
+    node = _node_at(data, mapping)
+    if not isinstance(node, dict):
+        return {}
+    n = len(mapping)
+    set_here = {w[n] for w in written if len(w) > n and w[:n] == mapping}
+    return {k: copy.deepcopy(v) for k, v in node.items() if k in set_here and k != "type"}
 
 
 class _OverrideError(Exception):

@@ -11,6 +11,7 @@ import yaml
 
 from specformer import load_spec, preset_names
 from specformer.registry import REGISTRY
+from specformer.specs.errors import SpecError
 from specformer.specs.loader import apply_overrides, deep_merge
 from specformer.specs.schema import GLUSpec, LayerNormSpec, ModelSpec, RMSNormSpec, default_glu_d_ff
 
@@ -237,6 +238,33 @@ def test_setting_another_type_drops_the_old_types_fields():
     same = load_spec("gpt-nano", overrides=["training.schedule.type=cosine"])
     assert same.training.schedule == load_spec("gpt-nano").training.schedule  # same type: fields kept
     assert apply_overrides({"n": {"type": "a", "x": 1}}, ["n.type=b"]) == {"n": {"type": "b"}}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["positional.fraction=0.5", "positional.type=rope"],
+        ["positional.type=rope", "positional.fraction=0.5"],
+        ["positional.fraction=0.5", "positional={type: rope}"],
+        ["positional={fraction: 0.5}", "positional.type=rope"],
+    ],
+)
+def test_a_type_set_after_its_fields_keeps_them(overrides):
+    # partial rotary whichever --set comes first; the preset's own fields (learned's offset) go
+    spec = load_spec("gpt-nano", overrides=overrides)
+    assert spec.positional.type == "rope" and spec.positional.fraction == 0.5
+    ffn = load_spec("gpt-nano", overrides=["decoder.ffn.d_ff=100", "decoder.ffn.type=glu"]).decoder.ffn
+    assert (ffn.type, ffn.d_ff, ffn.activation) == ("glu", 100, "silu")
+    assert apply_overrides({"n": {"type": "a", "x": 1}}, ["n.y=2", "n.type=b"]) == {"n": {"type": "b", "y": 2}}
+
+
+def test_a_field_set_for_the_old_type_is_named_when_the_type_changes():
+    # contradictory --sets are an error at the first one, never a field silently dropped
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.schedule.min_lr_ratio=0.2", "training.schedule.type=inverse_sqrt"])
+    (problem,) = info.value.problems
+    assert problem.path == "training.schedule.min_lr_ratio"
+    assert str(problem.position) == "--set training.schedule.min_lr_ratio=0.2"
 
 
 def test_override_forms():

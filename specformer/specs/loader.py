@@ -58,6 +58,7 @@ TYPE_HINTS = {
     "rotary": "rotary embeddings are `type: rope`",
     "absolute": "a learned absolute table is `type: learned`",
     "relative": "T5's relative bias is `type: t5`",
+    "nope": "no positional information (NoPE) is `type: none`",
     "layer_norm": "LayerNorm is `type: layernorm`",
     "rms_norm": "RMSNorm is `type: rmsnorm`",
     "gqa": "grouped-query attention is `type: mha` with `n_kv_heads` < `n_heads`",
@@ -113,6 +114,8 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"), _EPS),
     **dict.fromkeys(("rope_theta", "rotary_emb_base", "rope_base"),
                     ("base", "the rotary base is set in `positional: {type: rope, base: ...}`")),
+    **dict.fromkeys(("rotary_pct", "partial_rotary_factor", "rotary_percentage", "rotary_dim_fraction"),
+                    ("fraction", "the rotated share of each head is `positional: {type: rope, fraction: ...}`")),
     **dict.fromkeys(("tie_word_embeddings", "tie_embeddings", "tie_weights"),
                     ("tie_output", "tying is `embedding: {tie_output: true}`")),
     **dict.fromkeys(("hidden_act", "activation_function"),
@@ -1040,6 +1043,13 @@ def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
     path, others = found
     also = f" (an encoder's: {', '.join(others)})" if others else ""
     in_a_file = "in a file: " if name.lower() in FIELD_HINTS else ""
+    section, _, field = path.rpartition(".")
+    allowed = problem.hint.rpartition("allowed here: ")[2].split(", ") if "allowed here: " in problem.hint else []
+    typed = re.search(rf"\{{type: ([\w-]+), {re.escape(field)}: \.\.\.\}}", FIELD_HINTS.get(name.lower(), ("", ""))[1])
+    if typed and allowed and field not in allowed:  # a field of another type than this one (rope's fraction)
+        both = shlex.quote(f"{section}={{type: {typed[1]}, {field}: {raw.strip()}}}")
+        return SpecProblem(problem.message, path=problem.path, position=problem.position,
+                           hint=f"write --set {both}; {in_a_file}{problem.hint}")
     return SpecProblem(problem.message, path=problem.path, position=problem.position,
                        hint=f"write {set_arguments(name, path, raw.strip())}{also}; {in_a_file}{problem.hint}")
 

@@ -606,6 +606,9 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     # swish written as the FFN's type is its activation
     assert hint("decoder.ffn.type=swish").startswith("Swish (SiLU) is `activation: silu` of a `type: mlp`")
     assert hint("positional.type=swish") == "allowed: sinusoidal, learned, rope, alibi, t5, none" + OWN_TYPE
+    # NoPE is no positions, not the rope its spelling is nearest to
+    assert hint("positional.type=nope") == (
+        "no positional information (NoPE) is `type: none`. allowed: sinusoidal, learned, rope, alibi, t5, none")
 
 
 def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():
@@ -658,6 +661,9 @@ SET_ELSEWHERE = [
     ("training.device=cpu", "write --set training.accelerator=cpu; "),
     ("training.betas=[0.9, 0.99]",
      "write --set 'training.optimizer.betas=[0.9, 0.99]'; 'betas' is a field of training.optimizer. allowed here:"),
+    # a field of rope, on gpt-nano's learned table: the --set gives the type too
+    ("positional.rotary_pct=0.25", "write --set 'positional={type: rope, fraction: 0.25}'; in a file: "),
+    ("rope_theta=500000", "write --set 'positional={type: rope, base: 500000}'; in a file: "),
     ("training.data.paths=[input.txt]",
      "'paths' is a field of type files, pairs, labelled, not of type stdlib: give the type with it: "
      "--set 'training.data={type: files, paths: [input.txt]}'. allowed here: type,"),

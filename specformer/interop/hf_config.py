@@ -1009,8 +1009,13 @@ def hf_config_from_spec(
         # two equal ones, which compute the same outputs
         spec = spec.model_copy(update={"embedding": {**e.model_dump(exclude_unset=True),
                                                      "share_encoder_decoder": False, "share_positions": True}})
+    exported = spec
+    if spec.head.type == "mlm" and model_type not in ("bert", "roberta"):
+        # the family's head is an lm head: the config is written with one, and the comparison
+        # below names head.type among the fields that differ, not a field the mlm head lacks
+        exported = spec.model_copy(update={"head": {"type": "lm"}})
     try:
-        config = {"model_type": model_type, **_EXPORTERS[model_type](spec)}
+        config = {"model_type": model_type, **_EXPORTERS[model_type](exported)}
     except (KeyError, AttributeError) as exc:
         raise HFConversionError(
             f"{model_type}: the spec uses {exc} where Hugging Face {model_type} has no such option"

@@ -562,6 +562,14 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
     t = spec.training
     if spec.head is not None and spec.head.type == "classification" and t.objective is not None \
             and t.objective.type != "classification":
+        if spec.kind != "encoder":  # objective classification trains an encoder only
+            raise SpecError([SpecProblem(
+                f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
+                f"classification, which trains on an encoder only (objective classification); {'an' if spec.kind.startswith('e') else 'a'} "
+                f"{spec.kind}'s classification head builds and analyses, but does not train: give it "
+                "--set head.type=lm to train it as a language model, or classify with an encoder (kind: encoder)",
+                path="head.type",
+            )])
         raise SpecError([SpecProblem(
             f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
             "classification: train it with objective classification on type: labelled data "

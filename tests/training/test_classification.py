@@ -164,6 +164,16 @@ def test_classification_goes_with_a_classification_head_and_labelled_data(tiny: 
         load_spec({**spec, "head": None})
     with pytest.raises(SpecError, match=r"objective 'classification' does not train a decoder model"):
         load_spec({**tiny("decoder", data=spec["training"]["data"], objective={"type": "classification"})})
+    # so a decoder's or encoder-decoder's classification head is not told to train with it
+    for kind in ("decoder", "encoder-decoder"):
+        other = load_spec({**tiny(kind), "head": {"type": "classification", "pooling": "last"}})
+        with pytest.raises(SpecError) as info:
+            train(other, progress=False)
+        (problem,) = info.value.problems
+        assert problem.path == "head.type" and "training.objective.type=classification" not in problem.message
+        assert f"trains on an encoder only (objective classification); a{'n' if kind[0] == 'e' else ''} {kind}'s" \
+            in problem.message
+        assert "--set head.type=lm" in problem.message
     with pytest.raises(DataError, match=r"the data has 2 label names \('neg', 'pos'\) and the classification head "
                                         r"has n_classes=3"):
         train(load_spec({**spec, "head": {"type": "classification", "n_classes": 3}}), progress=False)

@@ -272,7 +272,10 @@ def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
         raise CheckpointError(
             f"{source}: the checkpoint was trained with a different model than this spec describes:\n  "
             f"{shown}\nresume with the spec the checkpoint was written with (training settings may change): "
-            f"it is in the checkpoint, and `specformer train --resume {source}` with no SPEC uses it"
+            f"it is in the checkpoint, and `specformer train --resume {source}` with no SPEC uses it (and no "
+            "--set of these fields); to train the changed model from these weights (a dropout, or any field "
+            "that keeps their shapes), start a new run, at step 0 with a fresh optimizer: "
+            f"`specformer train SPEC --init-from {source}`"
         )
 
 

@@ -306,8 +306,19 @@ def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() 
     assert "decoder.norm.type: checkpoint 'rmsnorm', spec 'layernorm'" in message
     assert "norm.bias" not in message and "None" not in message
     assert "decoder.ffn.d_ff: checkpoint 192, spec 512" in message  # a field both types have still counts
-    assert message.endswith("resume with the spec the checkpoint was written with (training settings may change): "
-                            "it is in the checkpoint, and `specformer train --resume run.ckpt` with no SPEC uses it")
+    assert ("resume with the spec the checkpoint was written with (training settings may change): "
+            "it is in the checkpoint, and `specformer train --resume run.ckpt` with no SPEC uses it") in message
+    # a model field changed on purpose (no dropout from here on) trains from the weights in a new run
+    assert message.endswith("start a new run, at step 0 with a fresh optimizer: "
+                            "`specformer train SPEC --init-from run.ckpt`")
+
+
+def test_a_model_refused_at_resume_trains_with_init_from_as_the_refusal_says(tiny: Any) -> None:
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2))
+    ckpt = train(load_spec(spec.to_dict(), ["decoder.attention.dropout=0.1"]), progress=False).checkpoint
+    with pytest.raises(CheckpointError, match=r"decoder.attention.dropout: checkpoint 0.1, spec 0.0"):
+        train(spec, resume=ckpt, progress=False)
+    assert train(spec, init_from=ckpt, progress=False).steps == 2
 
 
 def test_resuming_at_or_past_max_steps_says_nothing_is_left_to_train(

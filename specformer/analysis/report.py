@@ -154,8 +154,14 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
                 extras.append(f"window {att.sliding_window}")
             if getattr(att, "qk_norm", "none") != "none":
                 extras.append(f"qk-{att.qk_norm}")
-            if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
-                extras.append("cross-attn")
+            cross = layer.cross_attention
+            if cross is not None and role == "decoder" and spec.kind == "encoder-decoder":
+                # its heads, where they are not the self-attention's (a cross-attention ablation)
+                sizes = "" if (cross.n_heads, cross.n_kv_heads) == (att.n_heads, att.n_kv_heads) \
+                    else f" {cross.n_heads}/{cross.n_kv_heads}"
+                if cross.head_dim != att.head_dim:
+                    sizes += f" head_dim {cross.head_dim}"
+                extras.append(f"cross-attn{sizes}")
             if layer.residual.type == "parallel":
                 extras.append("parallel")
             rows.append(

@@ -40,6 +40,18 @@ def test_show_rich_tables() -> None:
     assert "layernorm (pre)" in out and "learned (1024 rows)" in out
 
 
+def test_show_names_the_cross_attention_heads_where_they_differ() -> None:
+    def decoder_extras(*sets: str) -> str:
+        args = ["show", "t5-small", "--format", "json"] + [a for s in sets for a in ("--set", s)]
+        rows = json.loads(_ok(args).stdout)["architecture"]
+        return next(r["extras"] for r in rows if r["stack"] == "decoder")
+
+    assert decoder_extras() == "cross-attn"  # T5's are its self-attention's
+    # multi-query cross-attention, the self-attention unchanged: the table says so
+    assert decoder_extras("decoder.cross_attention.n_kv_heads=1") == "cross-attn 8/1"
+    assert decoder_extras("decoder.cross_attention.head_dim=32") == "cross-attn head_dim 32"
+
+
 def test_show_json_has_stable_keys() -> None:
     data = json.loads(_ok(["show", "llama2-7b", "--format", "json", "--seq-len", "2048", "--batch", "2"]).stdout)
     spec = load_spec("llama2-7b")

@@ -1029,11 +1029,11 @@ def hf_config_from_spec(
         if path.startswith("head.") and path != "head.type" and spec.head.type != back.head.type:
             continue  # another kind of head: its type says it, not each field the two do not share
         if theirs is _ABSENT:  # a field of our type that the family's type lacks (layernorm's bias)
-            line = f"{path} = {ours!r} (Hugging Face {model_type}'s type has no such field)"
+            line = f"{path} = {_shown(ours)} (Hugging Face {model_type}'s type has no such field)"
         elif ours is _ABSENT:
-            line = f"{path}: not a field of this spec's type (Hugging Face {model_type} has {theirs!r})"
+            line = f"{path}: not a field of this spec's type (Hugging Face {model_type} has {_shown(theirs)})"
         else:
-            line = f"{path} = {ours!r} (Hugging Face {model_type} has {theirs!r})"
+            line = f"{path} = {_shown(ours)} (Hugging Face {model_type} has {_shown(theirs)})"
         if any(t in path for t in _TRAINING_ONLY):
             notes.append(line)
         else:
@@ -1137,6 +1137,17 @@ def _resolved(spec: dict[str, Any]) -> dict[str, Any]:
     if pos.get("type") == "learned" and pos.get("max_positions") is None:
         pos["max_positions"] = spec["max_seq_len"] + pos.get("offset", 0)
     return spec
+
+
+def _shown(value: Any) -> str:
+    """A value in a refusal's line: a stack's overrides by the layers they change, a mapping
+    without its unset (null) fields, anything else as Python writes it."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "layers" in v for v in value):
+        layers = "; ".join(str(v["layers"]) for v in value)
+        return f"{len(value)} per-layer override{'s' if len(value) > 1 else ''} (layers {layers})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v!r}" for k, v in value.items() if v is not None) + "}"
+    return repr(value)
 
 
 class _Absent:

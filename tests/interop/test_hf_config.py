@@ -315,6 +315,10 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         # a masked-LM head on a family whose head is an lm head is named, as GPT-2's is
         ("t5-small", ["head.type=mlm"], ["head.type = 'mlm' (Hugging Face t5 has 'lm')", '--set head.type="lm"']),
         ("gpt-nano", ["head.type=mlm"], ["head.type = 'mlm' (Hugging Face gpt2 has 'lm')"]),
+        # a heterogeneous stack is named by its layers, not dumped override by override
+        ("gpt-nano", ["decoder.overrides=[{layers: [0], attention: {sliding_window: 8}}]", "embedding.norm={}"],
+         ["decoder.overrides = 1 per-layer override (layers [0]) (Hugging Face gpt2 has [])",
+          "embedding.norm = {type: 'layernorm', eps: 1e-05, placement: 'pre', bias: True} (Hugging Face gpt2 has None)"]),
     ],
 )
 def test_export_refuses_fields_with_no_equivalent(preset: str, overrides: list[str], words: list[str]) -> None:

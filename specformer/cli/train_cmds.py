@@ -639,6 +639,10 @@ def generate_cmd(
             row = new[: new.index(tok.eos_id)] if tok.eos_id is not None and tok.eos_id in new else new
             row = row[len(opening):] if opening and row[: len(opening)] == opening else row
             console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
+            if not row and new:  # an empty line alone reads as a failure
+                print_error("the output is empty: the model's first token was its end token (a model trained "
+                            "for a few steps often ends at once; --num-beams or sampling may find a longer text)",
+                            label="[yellow]note:[/]")
 
         if num_beams > 1:
             limit = min(max_new_tokens, spec.max_seq_len - 1) if learned else max_new_tokens

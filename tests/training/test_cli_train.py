@@ -162,6 +162,24 @@ def test_init_from_on_the_command_line_and_not_with_resume(tiny: Any, tmp_path: 
     assert both.exit_code == 1 and "give --resume or --init-from, not both" in both.stderr
 
 
+def test_an_encoder_decoder_output_that_ends_at_once_is_said_to(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    import importlib
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not its generate()
+    _train([str(_write(tmp_path, tiny("encoder-decoder", max_steps=1, val_interval=1, val_batches=1), "s2s.yaml"))])
+    s2s = _checkpoint(tmp_path, "tiny-encoder-decoder")
+
+    def ends_at_once(model, ids, *, eos_id, on_token, **kwargs):  # an undertrained model's first token
+        on_token(torch.tensor([eos_id]))
+        return torch.tensor([[eos_id]])
+
+    monkeypatch.setattr(gen, "generate_seq2seq", ends_at_once)
+    out = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "--greedy"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "\n"
+    assert "note: the output is empty: the model's first token was its end token" in out.stderr
+
+
 def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     _train([str(_write(tmp_path, tiny("encoder", max_steps=4, val_interval=4), "enc.yaml"))])
     ckpt = _checkpoint(tmp_path, "tiny-encoder")

@@ -310,8 +310,6 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         ("llama2-7b", ["positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 4096}"], []),
         ("llama2-7b", ["positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 2048}"],
          ["positional.scaling.original_max_position_embeddings = 2048 (Hugging Face llama has 4096)"]),
-
-
         # a masked-LM head on a family whose head is an lm head is named, as GPT-2's is
         ("t5-small", ["head.type=mlm"], ["head.type = 'mlm' (Hugging Face t5 has 'lm')", '--set head.type="lm"']),
         ("gpt-nano", ["head.type=mlm"], ["head.type = 'mlm' (Hugging Face gpt2 has 'lm')"]),

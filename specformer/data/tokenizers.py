@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specformer.data.cache import (
     atomic_write_text,
@@ -39,6 +39,9 @@ from specformer.specs.training import (
     FileTokenizerSpec,
     TaskTokenizerSpec,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "Tokenizer",
@@ -90,6 +93,13 @@ class Tokenizer(ABC):
 
     def encode_batch(self, texts: Sequence[str], *, specials: bool = True) -> list[list[int]]:
         return [self.encode(t, specials=specials) for t in texts]
+
+    def encode_arrays(self, texts: Sequence[str], dtype: Any) -> list[np.ndarray]:
+        """The ids of each of ``texts`` read as training data (special-token strings are text),
+        as arrays of ``dtype``: what the token cache is written from."""
+        import numpy as np
+
+        return [np.asarray(ids, dtype=dtype) for ids in self.encode_batch(texts, specials=False)]
 
     def token_id(self, token: str) -> int | None:
         """The id of the one token written ``token`` (``<pad>``, ``</s>``), or None when the
@@ -159,6 +169,12 @@ class ByteTokenizer(Tokenizer):
             special = specials_ids.get(piece)
             ids.extend([special] if special is not None else piece.encode("utf-8"))
         return ids
+
+    def encode_arrays(self, texts: Sequence[str], dtype: Any) -> list[np.ndarray]:
+        # the UTF-8 bytes are the ids: no Python list of ints (tens of bytes a character)
+        import numpy as np
+
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(dtype) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         out = bytearray()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -39,11 +39,23 @@ from specformer.data.datasets import PairDataset
 from specformer.data.pairs import PairCorpus
 from specformer.data.tokenizers import Tokenizer
 
-__all__ = ["TokenArrays", "PairIds", "token_arrays", "pair_token_ids", "tokenize_to_array", "unigram_cross_entropy"]
+__all__ = ["TokenArrays", "PairIds", "token_arrays", "pair_token_ids", "tokenize_to_array", "write_token_stream",
+           "unigram_cross_entropy"]
 
 T = TypeVar("T")
 
-CHUNK_DOCS = 256
+# the text encoded at once: enough documents for the tokenizers library's threads to share, few
+# enough that its encodings (tens of bytes a token, ~10 times the text) stay small beside the
+# corpus; longer documents go one a thread
+CHUNK_CHARS = 4_000_000
+
+
+def _threads() -> int:
+    """The threads the tokenizers library encodes a batch with (one a usable core)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -57,21 +69,65 @@ class TokenArrays:
     cached: bool = False
 
 
-def tokenize_to_array(texts: list[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int) -> np.ndarray:
-    """``texts`` as one stream: each document in the tokenizer's template (a ``tokenizer.json``'s
-    ``<s>`` before it, ``[CLS]`` … ``[SEP]`` around it; nothing for specformer's own tokenizers),
-    then ``eot_id``, unless the template already ends the document with it (BERT's ``[SEP]``)."""
+def token_chunks(
+    texts: Sequence[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int
+) -> Iterator[tuple[np.ndarray, int]]:
+    """``texts`` as one stream, a chunk of documents (about :data:`CHUNK_CHARS` characters) at a
+    time: (the chunk's ids, its characters). Each document is in the tokenizer's template (a
+    ``tokenizer.json``'s ``<s>`` before it, ``[CLS]`` … ``[SEP]`` around it; nothing for
+    specformer's own tokenizers), then ``eot_id``, unless the template already ends the
+    document with it (BERT's ``[SEP]``)."""
     before, after = tokenizer.template()
     head = np.array(before, dtype=dtype)
     tail = np.array(after if after and after[-1] == eot_id else [*after, eot_id], dtype=dtype)
-    parts: list[np.ndarray] = []
-    for start in range(0, len(texts), CHUNK_DOCS):
-        for ids in tokenizer.encode_batch(texts[start : start + CHUNK_DOCS], specials=False):
+    for batch in _batches(texts, CHUNK_CHARS, _threads()):
+        parts: list[np.ndarray] = []
+        for ids in tokenizer.encode_arrays(batch, dtype):
             if head.size:
                 parts.append(head)
-            parts.append(np.asarray(ids, dtype=dtype))
+            parts.append(ids)
             parts.append(tail)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        yield np.concatenate(parts), sum(map(len, batch))
+
+
+def _batches(texts: Sequence[str], limit: int, at_least: int = 1) -> Iterator[list[str]]:
+    """``texts`` in consecutive batches of at most ``limit`` characters, or of ``at_least``
+    texts where those are longer (one for each thread to encode)."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        if len(batch) >= at_least and size + len(text) > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        yield batch
+
+
+def tokenize_to_array(texts: Sequence[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int) -> np.ndarray:
+    """``texts`` as one stream of ids (see :func:`token_chunks`), in memory."""
+    chunks = [ids for ids, _ in token_chunks(texts, tokenizer, dtype, eot_id)]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
+
+
+def write_token_stream(
+    path: Path, texts: Sequence[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int,
+    advance: Callable[[int], None] | None = None,
+) -> int:
+    """Write ``texts`` as one stream of ids (see :func:`token_chunks`) to ``path``, a chunk at a
+    time: only one chunk's ids are in memory, never the whole stream. ``advance(characters)``
+    is called after each chunk. Returns the number of ids written."""
+    n = 0
+    # synced and renamed before meta.json says the entry is complete; an error or an interrupt
+    # (Ctrl-C) leaves no file behind
+    with atomic_file(path) as f:
+        for ids, chars in token_chunks(texts, tokenizer, dtype, eot_id):
+            f.write(memoryview(ids).cast("B"))
+            n += ids.size
+            if advance is not None:
+                advance(chars)
+    return n
 
 
 def _write_array(path: Path, array: np.ndarray) -> None:
@@ -147,9 +203,7 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     def make() -> dict:
         counts = {}
         for split, texts in (("train", corpus.train), ("val", corpus.val)):
-            array = tokenize_to_array(texts, tokenizer, dtype, tokenizer.eot_id)
-            _write_array(folder / f"{split}.bin", array)
-            counts[split] = int(array.size)
+            counts[split] = write_token_stream(folder / f"{split}.bin", texts, tokenizer, dtype, tokenizer.eot_id)
         # the tokenizers library warns when a process forks after using its thread pool
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}

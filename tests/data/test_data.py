@@ -467,6 +467,8 @@ def test_token_arrays_are_tokenised_once_and_memory_mapped(tmp_path: Path) -> No
         def encode_batch(self, texts):  # a cache hit must not tokenise again
             raise AssertionError("tokenised twice")
 
+        encode_arrays = encode_batch
+
     again = token_arrays(corpus, Refuse(), tmp_path)
     assert np.array_equal(again.train, arrays.train)
     assert (arrays.cached, again.cached) == (False, True)
@@ -587,14 +589,14 @@ def test_the_same_corpus_tokenised_twice_at_once_is_tokenised_once(
     from specformer.data import tokens
 
     corpus = files_corpus(FilesDataSpec(paths=(JSON_GLOB,)))
-    calls, tokenize = [], tokens.tokenize_to_array
+    calls, tokenize = [], tokens.write_token_stream
 
-    def slow(*args: Any, **kwargs: Any) -> np.ndarray:
+    def slow(*args: Any, **kwargs: Any) -> int:
         calls.append(1)
         time.sleep(0.3)  # long enough for the other to arrive while this one works
         return tokenize(*args, **kwargs)
 
-    monkeypatch.setattr(tokens, "tokenize_to_array", slow)
+    monkeypatch.setattr(tokens, "write_token_stream", slow)
     results: list[np.ndarray] = []
     # two threads stand for two processes: the entry's lock (flock) is taken per opened file
     workers = [

@@ -433,7 +433,18 @@ def _prompt_response_ids(
 
 def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
     """Cross-entropy (nats/token) of ``val`` under the add-one-smoothed unigram distribution
-    of ``train``: the loss of a model that ignores context, which training must beat."""
-    counts = np.bincount(np.asarray(train, dtype=np.int64), minlength=vocab_size).astype(np.float64) + 1.0
-    logp = np.log(counts / counts.sum())
-    return float(-logp[np.asarray(val, dtype=np.int64)].mean())
+    of ``train``: the loss of a model that ignores context, which training must beat.
+
+    Counted a slice at a time: the arrays are memory maps of the token cache, and a whole
+    int64 copy of one would take 4 to 8 times the cache's size in memory."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, len(train), _UNIGRAM_SLICE):
+        counts += np.bincount(train[start : start + _UNIGRAM_SLICE], minlength=vocab_size)[:vocab_size]
+    logp = np.log((counts + 1.0) / (counts.sum() + vocab_size))
+    total = 0.0
+    for start in range(0, len(val), _UNIGRAM_SLICE):
+        total += float(logp[val[start : start + _UNIGRAM_SLICE]].sum())
+    return -total / len(val) if len(val) else float("nan")
+
+
+_UNIGRAM_SLICE = 1 << 20

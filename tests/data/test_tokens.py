@@ -15,7 +15,7 @@ import pytest
 from specformer.data import tokens
 from specformer.data.corpus import files_corpus
 from specformer.data.tokenizers import ByteTokenizer, bpe_tokenizer
-from specformer.data.tokens import token_arrays
+from specformer.data.tokens import token_arrays, unigram_cross_entropy
 from specformer.specs.training import BPETokenizerSpec, FilesDataSpec
 
 WORDS = "the model reads a stream of tokens and predicts the next one from those before it".split()
@@ -94,6 +94,25 @@ def test_the_token_cache_is_written_without_holding_the_whole_stream(
         tracemalloc.stop()
     assert len(arrays.train) + len(arrays.val) > 4_000_000
     assert peak < 2_000_000, f"{peak / 1e6:.1f} MB held while tokenising 4 MB of text"
+
+
+def test_the_unigram_baseline_reads_the_token_cache_a_slice_at_a_time(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "ids.bin"
+    rng.integers(0, 1000, size=4_000_000, dtype=np.uint16).tofile(path)
+    ids = np.memmap(path, dtype=np.uint16, mode="r")
+    train, val = ids[:3_000_000], ids[3_000_000:]
+    counts = np.bincount(np.asarray(train, dtype=np.int64), minlength=1000) + 1.0
+    expected = -np.log(counts / counts.sum())[np.asarray(val, dtype=np.int64)].mean()
+    tracemalloc.start()
+    try:
+        found = unigram_cross_entropy(train, val, 1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found == pytest.approx(expected, rel=1e-12)
+    # an int64 copy of the train ids alone would be 24 MB
+    assert peak < 20_000_000, f"{peak / 1e6:.1f} MB held"
 
 
 def test_an_interrupted_tokenisation_leaves_no_entry_a_later_run_trusts(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specformer.data import progress
 from specformer.data.cache import content_hash
 from specformer.specs.training import FilesDataSpec, HFDataSpec, StdlibDataSpec
 
@@ -103,6 +104,14 @@ def _cap(items: list[tuple[str, Path]], max_mb: float | None) -> list[tuple[str,
     return sorted(chosen)
 
 
+def _size(item: tuple[str, Path]) -> int:
+    """The size of a (key, path) item's file in bytes (0 when it cannot be read: said later)."""
+    try:
+        return item[1].stat().st_size
+    except OSError:
+        return 0
+
+
 def _read_files(
     name: str,
     items: list[tuple[str, Path]],
@@ -122,31 +131,33 @@ def _read_files(
     digests: list[bytes] = []
     skipped: list[str] = []
     utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
-    for key, path in items:
-        try:
-            raw = path.read_bytes()
-            text = _decompressed(path, raw).decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            if report:  # (a few stdlib test files are deliberately not UTF-8)
-                skipped.append(key)
-                if isinstance(exc, UnicodeDecodeError) and bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
-                    utf16.append(key)
-            continue
-        kind = _table_kind(path)
-        if text_field is not None and (_is_json_lines(path) or kind is not None):
-            rows = _table_rows(path, text, text_field, kind) if kind else _json_lines(path, text, text_field)
-            for line, document in rows:
-                texts.append(document)
-                keys.append(f"{key}:{line}")
-                digests.append(_key_bytes(f"{key}:{line}:{text_field}") + hashlib.sha1(document.encode()).digest())
-            continue
-        text, changed = _plain_text(text)
-        if not text.strip():
-            continue
-        texts.append(text)
-        keys.append(key)
-        # a file the reading changes is marked: its cached tokens (of an older reading) differ
-        digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b""))
+    with progress.step(f"reading {len(items):,} file{'s' if len(items) != 1 else ''}", sum(map(_size, items))) as advance:
+        for key, path in items:
+            try:
+                raw = path.read_bytes()
+                advance(len(raw))
+                text = _decompressed(path, raw).decode("utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                if report:  # (a few stdlib test files are deliberately not UTF-8)
+                    skipped.append(key)
+                    if isinstance(exc, UnicodeDecodeError) and bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
+                        utf16.append(key)
+                continue
+            kind = _table_kind(path)
+            if text_field is not None and (_is_json_lines(path) or kind is not None):
+                rows = _table_rows(path, text, text_field, kind) if kind else _json_lines(path, text, text_field)
+                for line, document in rows:
+                    texts.append(document)
+                    keys.append(f"{key}:{line}")
+                    digests.append(_key_bytes(f"{key}:{line}:{text_field}") + hashlib.sha1(document.encode()).digest())
+                continue
+            text, changed = _plain_text(text)
+            if not text.strip():
+                continue
+            texts.append(text)
+            keys.append(key)
+            # a file the reading changes is marked: its cached tokens (of an older reading) differ
+            digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b""))
     notes = [f"{_names(utf16)} {'is' if len(utf16) == 1 else 'are'} UTF-16 text (what Windows Notepad saves as "
              f"'Unicode'): save {'it' if len(utf16) == 1 else 'them'} as UTF-8 to train on {'it' if len(utf16) == 1 else 'them'}"
              ] if utf16 else []

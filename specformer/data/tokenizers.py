@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specformer.data import progress
 from specformer.data.cache import (
     atomic_write_text,
     cache_write_error,
@@ -313,7 +314,8 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
     def make(alone: bool) -> HFTokenizer:
         if alone:  # what a write killed midway left (SIGKILL, the OOM killer): hidden, never read again
             remove_temporaries(path.parent, path.name)
-        return _train_bpe(spec, texts, path)
+        with progress.step(f"training the BPE tokenizer (vocab_size {spec.vocab_size:,}) on {total / 1e6:.1f} MB of text"):
+            return _train_bpe(spec, texts, path)
 
     try:
         return made_once(lock, lambda: _cached_bpe(path), make)

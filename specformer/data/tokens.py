@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from specformer.data import progress
 from specformer.data.cache import (
     atomic_file,
     atomic_write_text,
@@ -203,7 +204,10 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     def make() -> dict:
         counts = {}
         for split, texts in (("train", corpus.train), ("val", corpus.val)):
-            counts[split] = write_token_stream(folder / f"{split}.bin", texts, tokenizer, dtype, tokenizer.eot_id)
+            what = f"tokenising the {'training' if split == 'train' else 'validation'} text"
+            with progress.step(what, sum(map(len, texts))) as advance:
+                counts[split] = write_token_stream(folder / f"{split}.bin", texts, tokenizer, dtype, tokenizer.eot_id,
+                                                   advance)
         # the tokenizers library warns when a process forks after using its thread pool
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return {"dtype": dtype.name, "corpus": corpus.name, "n_tokens": counts, "vocab_size": tokenizer.vocab_size}

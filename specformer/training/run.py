@@ -36,6 +36,7 @@ from rich.console import Console
 
 from specformer.builder import build_model
 from specformer.builder.lightning import SpecModule
+from specformer.data import progress as data_progress
 from specformer.data.cache import atomic_write_text
 from specformer.data.corpus import DataError
 from specformer.data.module import SpecDataModule
@@ -404,7 +405,10 @@ def train(
     # a checkpoint's weights fit the token ids of its own tokenizer: the data is
     # tokenized with it, not with a tokenizer trained afresh on this run's data
     dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)
-    dm.setup("fit")
+    # reading, training a BPE and tokenising a large corpus take minutes: each says how far it is
+    shown = progress and console is not None and rank_zero_only.rank == 0
+    with data_progress.reporting(data_progress.rich_reporter(console) if shown else None):
+        dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer
     names = dm.data.extra.get("label_names")

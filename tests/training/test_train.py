@@ -533,3 +533,32 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path
     second = run.make_run_dir(tmp_path, "m")
     monkeypatch.delenv(run.RUN_DIR_ENV)
     assert first.name == "20250101-120000" and second.name == "20250101-120000-2"
+
+
+def test_a_run_says_what_its_data_preparation_does(tiny, tmp_path: Path, monkeypatch) -> None:
+    # reading and tokenising a large corpus take minutes: each step leaves a line with its size and rate
+    import io
+
+    from rich.console import Console
+
+    from specformer.data import progress
+
+    monkeypatch.setattr(progress, "LINE_AFTER_S", 0.0)  # every step, however short here
+    spec = load_spec(tiny("decoder", max_steps=1, val_interval=1, val_batches=1))
+    out = io.StringIO()
+    train(spec, progress=True, console=Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    steps = [line.split(":")[0] for line in lines if line.endswith(" MB/s)")]
+    assert steps[0].startswith("reading ") and steps[0].endswith(" files")
+    assert steps[1:] == ["tokenising the training text", "tokenising the validation text"]
+    # read from the cache the second time: only the files are read
+    out.truncate(0)
+    out.seek(0)
+    train(spec, progress=True, console=Console(file=out, width=200))
+    assert [line for line in out.getvalue().splitlines() if "tokenising" in line] == []
+    # without the bar (--no-progress), nothing is said, however long it takes
+    out.truncate(0)
+    out.seek(0)
+    other = tiny("decoder", max_steps=1, val_interval=1, val_batches=1, cache_dir=str(tmp_path / "another cache"))
+    result = train(load_spec(other), progress=False, console=Console(file=out, width=200))
+    assert not result.data.endswith("read from the cache") and "tokenising" not in out.getvalue()

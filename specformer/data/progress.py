@@ -1,0 +1,103 @@
+"""What data preparation says while it works: each step that can take a while (reading the
+files, training a BPE, tokenising each split) names what it does and, where it knows its
+total, how far it is and how fast it goes.
+
+A step reports to the reporter the caller installed with :func:`reporting` (``specformer
+train`` installs :func:`rich_reporter`, bars on its console); without one it is silent, so
+``prepare()`` called from Python prints nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+__all__ = ["Advance", "Reporter", "step", "reporting", "rich_reporter", "done_line"]
+
+Advance = Callable[[int], None]
+# (what the step does, its total in bytes of text, or None when it cannot tell) -> a block
+# in which the step advances by the bytes it has done
+Reporter = Callable[[str, "int | None"], AbstractContextManager[Advance]]
+
+_REPORTER: ContextVar[Reporter | None] = ContextVar("specformer_data_progress", default=None)
+
+
+def _ignore(done: int) -> None:
+    return None
+
+
+@contextmanager
+def step(description: str, total: int | None = None) -> Iterator[Advance]:
+    """A step of preparation, ``total`` bytes of text long (None: its length is not known,
+    only its time is shown); the block calls what it yields with each amount done."""
+    reporter = _REPORTER.get()
+    if reporter is None:
+        yield _ignore
+        return
+    with reporter(description, total) as advance:
+        yield advance
+
+
+@contextmanager
+def reporting(reporter: Reporter | None) -> Iterator[None]:
+    """Steps inside the block report to ``reporter`` (None: to no one)."""
+    token = _REPORTER.set(reporter)
+    try:
+        yield
+    finally:
+        _REPORTER.reset(token)
+
+
+# a step that ends sooner leaves no line behind (its bar is shown only while it runs)
+LINE_AFTER_S = 2.0
+
+
+def rich_reporter(console: Any) -> Reporter:
+    """A rich bar on ``console`` while each step runs: what it does, MB done of the total,
+    MB/s, elapsed time and ETA (a step of unknown length: its elapsed time). A step that
+    took more than :data:`LINE_AFTER_S` seconds then leaves one line, which is also all a
+    log gets: ``tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)``."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+    from rich.table import Column
+
+    @contextmanager
+    def bar(description: str, total: int | None) -> Iterator[Advance]:
+        # the bar alone gives way to a narrow terminal: the numbers never wrap
+        fixed = {"table_column": Column(no_wrap=True)}
+        columns: list[Any] = [TextColumn("{task.description}", **fixed), BarColumn(bar_width=None)]
+        if total is not None:
+            columns += [DownloadColumn(**fixed), TransferSpeedColumn(**fixed)]
+        columns.append(TimeElapsedColumn(**fixed))
+        if total is not None:
+            columns += [TextColumn("ETA", **fixed), TimeRemainingColumn(**fixed)]
+        start = time.perf_counter()
+        if console.is_terminal:
+            with Progress(*columns, console=console, transient=True) as shown:
+                task = shown.add_task(description, total=total)
+                yield lambda done: shown.advance(task, done)
+        else:  # a log: the line below alone
+            yield _ignore
+        seconds = time.perf_counter() - start
+        if seconds > LINE_AFTER_S:
+            console.print(done_line(description, total, seconds), highlight=False)
+
+    return bar
+
+
+def done_line(description: str, total: int | None, seconds: float) -> str:
+    """``tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)``; without a total, the time alone."""
+    took = f"{int(seconds // 60)}m {seconds % 60:.0f}s" if seconds >= 60 else f"{seconds:.1f}s"
+    if total is None:
+        return f"{description}: {took}"
+    return f"{description}: {total / 1e6:.1f} MB in {took} ({total / 1e6 / seconds:.2f} MB/s)"

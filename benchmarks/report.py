@@ -71,6 +71,13 @@ def render(data: dict[str, Any]) -> str:
             [[r["command"], f"{r['wall_s']:.2f}", ", ".join(f"{w:.2f}" for w in r["walls_s"]),
               f"{r['peak_rss_bytes'] / MIB:.0f}"] for r in rows],
         )
+    if kind == "data":
+        return _table(
+            ["what", "s (median)", "all runs s", "MB/s", "tokens", "of floor"],
+            [[r["what"], f"{r['seconds']:.2f}", ", ".join(f"{t:.2f}" for t in r.get("times_s", [r["seconds"]])),
+              "–" if r["mb_per_s"] is None else f"{r['mb_per_s']:.2f}", f"{r['tokens']:,}",
+              "–" if r.get("of_floor") is None else f"{100 * r['of_floor']:.0f}%"] for r in rows],
+        )
     raise ValueError(f"unknown benchmark {kind!r}")
 
 

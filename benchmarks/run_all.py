@@ -10,11 +10,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import cli, inference, memory, train
+from benchmarks import cli, data, inference, memory, train
 
 __all__ = ["main", "BENCHMARKS"]
 
-BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory.main, "cli": cli.main}
+BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory.main, "cli": cli.main,
+              "data": data.main}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
@@ -23,14 +24,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     p.add_argument("--out-dir", default="benchmarks/results")
     p.add_argument("--only", nargs="*", choices=list(BENCHMARKS), default=list(BENCHMARKS))
     p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads for the benchmarks that run models (all but cli)")
+                   help="torch.set_num_threads for the benchmarks that run models (all but cli and data)")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     durations = {}
     for name in args.only:
         start = time.perf_counter()
         extra = ["--quick"] if args.quick else []
-        if args.threads and name != "cli":
+        if args.threads and name not in ("cli", "data"):  # they run no model
             extra += ["--threads", str(args.threads)]
         BENCHMARKS[name]([*extra, "--out", str(out / f"{name}.json")])
         durations[name] = time.perf_counter() - start

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
 
-from benchmarks import cli, common, inference, memory, report, run_all, train  # noqa: E402
+from benchmarks import cli, common, data, inference, memory, report, run_all, train  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     QUICK_SHAPES,
     available_libraries,
@@ -211,6 +211,17 @@ def test_cli_quick(tmp_path: Path) -> None:
     # the launcher keeps the benchmark's own memory (torch is loaded here) out of the children's peak
     assert rows["python -c pass (start-up floor)"]["peak_rss_bytes"] < 100 * 2**20
     assert "| diff 7b 70b |" in report.render(_load(out))
+
+
+def test_data_quick(tmp_path: Path) -> None:
+    out = tmp_path / "data.json"
+    data.main(["--quick", "--out", str(out)])
+    payload = _load(out)
+    floor, written, cached = payload["results"]
+    # the same ids as the tokenizers library's, and one end-of-text token a document
+    assert written["tokens"] == floor["tokens"] + payload["settings"]["documents"] == cached["tokens"]
+    assert written["of_floor"] == pytest.approx(floor["seconds"] / written["seconds"])
+    assert "| specformer token_arrays, from the cache |" in report.render(payload)
 
 
 def test_cli_rejects_a_failing_command() -> None:

@@ -335,30 +335,50 @@ def _write_pairs(
     ids: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     kept = 0
-    for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
-        chunk = pairs[first : first + _PAIRS_PER_CHUNK]
-        if encode is None:
-            sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
-            targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
-            encoded = list(zip(sources, targets, strict=True))
-        else:
-            encoded = encode(chunk)
-        flat: list[int] = []
-        sizes: list[int] = []
-        for src, tgt in encoded:
-            laid = lay(src, tgt)
-            if laid is None:
-                continue
-            flat += laid[0]
-            flat += laid[1]
-            sizes += (len(laid[0]), len(laid[1]))
-            kept += 1
-        ids.append(np.asarray(flat, dtype=dtype))
-        lengths.append(np.asarray(sizes, dtype=np.uint32))
+    what = f"tokenising the {'training' if split == 'train' else 'validation'} pairs"
+    with progress.step(what, sum(len(s) + len(g) for s, g in pairs)) as advance:
+        for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
+            chunk = pairs[first : first + _PAIRS_PER_CHUNK]
+            kept += _lay_chunk(chunk, tokenizer, dtype, lay, ids, lengths, encode)
+            advance(sum(len(s) + len(g) for s, g in chunk))
     joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
     _write_array(folder / f"{split}.bin", joined)
     _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
     return len(joined), kept
+
+
+def _lay_chunk(
+    chunk: Sequence[tuple[str, str]],
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    lay: Callable[[list[int], list[int]], tuple[list[int], list[int]] | None],
+    ids: list[np.ndarray],
+    lengths: list[np.ndarray],
+    encode: Callable[[Sequence[tuple[str, str]]], list[tuple[list[int], list[int]]]] | None = None,
+) -> int:
+    """Encode ``chunk``'s pairs (with ``encode`` if given, else each side on its own),
+    append their laid-out ids and lengths to ``ids`` and ``lengths``; how many pairs were
+    kept."""
+    kept = 0
+    if encode is None:
+        sources = tokenizer.encode_batch([s for s, _ in chunk], specials=False)
+        targets = tokenizer.encode_batch([g for _, g in chunk], specials=False)
+        encoded = list(zip(sources, targets, strict=True))
+    else:
+        encoded = encode(chunk)
+    flat: list[int] = []
+    sizes: list[int] = []
+    for src, tgt in encoded:
+        laid = lay(src, tgt)
+        if laid is None:
+            continue
+        flat += laid[0]
+        flat += laid[1]
+        sizes += (len(laid[0]), len(laid[1]))
+        kept += 1
+    ids.append(np.asarray(flat, dtype=dtype))
+    lengths.append(np.asarray(sizes, dtype=np.uint32))
+    return kept
 
 
 def _prompt_response_ids(

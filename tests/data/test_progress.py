@@ -72,3 +72,29 @@ def test_a_long_step_leaves_a_line_with_its_rate(tmp_path: Path, monkeypatch: py
     assert progress.done_line("tokenising the training text", 94_400_000, 63.0) == (
         "tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)")
     assert progress.done_line("training the BPE tokenizer", None, 5.04) == "training the BPE tokenizer: 5.0s"
+
+
+def test_tokenising_pairs_says_how_far_it_is(tmp_path: Path) -> None:
+    from specformer.data.pairs import PairCorpus
+    from specformer.data.tokenizers import ByteTokenizer
+    from specformer.data.tokens import pair_token_ids
+
+    pairs = [(f"source {i}", f"target number {i}") for i in range(40)]
+    corpus = PairCorpus(train=pairs[:30], val=pairs[30:], fingerprint="pairs-progress")
+    steps: list[list] = []
+
+    @contextmanager
+    def record(description: str, total: int | None) -> Iterator[progress.Advance]:
+        done = [description, total, 0]
+        steps.append(done)
+        yield lambda n: done.__setitem__(2, done[2] + n)
+
+    def chars(part: list[tuple[str, str]]) -> int:
+        return sum(len(s) + len(t) for s, t in part)
+
+    with progress.reporting(record):
+        pair_token_ids(corpus, ByteTokenizer(), 64, tmp_path)
+        pair_token_ids(corpus, ByteTokenizer(), 64, tmp_path / "decoder", decoder=True)
+    expected = [["tokenising the training pairs", chars(pairs[:30]), chars(pairs[:30])],
+                ["tokenising the validation pairs", chars(pairs[30:]), chars(pairs[30:])]]
+    assert steps == expected * 2

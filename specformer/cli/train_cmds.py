@@ -442,7 +442,8 @@ def generate_cmd(
     top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
     stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response; with --chat, the tokenizer's eos_token, an instruct model's end of turn) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there, and with --chat; off otherwise.")] = None,
-    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Decoder: frame the prompt as a user turn of the tokenizer's chat template, followed by its generation prompt (transformers' apply_chat_template(..., add_generation_prompt=True)), as an instruct model reads a question. The template is the one beside the spec's training.tokenizer (chat_template.jinja or tokenizer_config.json). Default: on for a model fine-tuned with sft and chat_template: true; off otherwise.")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Decoder: frame the prompt as a user turn of the tokenizer's chat template, followed by its generation prompt (transformers' apply_chat_template(..., add_generation_prompt=True)), as an instruct model reads a question. The template is the one the checkpoint's tokenizer keeps (read, when it was trained, from beside its tokenizer.json), else the one beside the spec's training.tokenizer (chat_template.jinja or tokenizer_config.json). Default: on for a model fine-tuned with sft and chat_template: true; off otherwise.")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="With --chat: a system prompt, rendered as a system turn before the user's (the instructions an instruct model follows). Default: the training.objective.system the model was fine-tuned with, if any; --system '' puts no system turn (the template's own default one, if it has one).")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
@@ -470,6 +471,7 @@ def generate_cmd(
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
     specformer generate my.safetensors --spec my.yaml --prompt "What is 2+2?" --chat   # an instruct model
+    specformer generate CKPT --prompt "What is 2+2?" --chat --system "Answer in one word."
     specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
     specformer generate CKPT --prompt "def" -n 4000 --max-seq-len 4096   # a RoPE model built for 1024
     ```
@@ -504,6 +506,11 @@ def generate_cmd(
         if chat and spec.kind != "decoder":
             raise _fail("--chat frames a prompt as a user turn for a decoder to answer; an encoder-decoder reads "
                         "its input as it is")
+        if system is not None and not chat:
+            raise _fail("--system is a turn of the chat template: add --chat (a model fine-tuned with "
+                        "chat_template: true has it by default)")
+        if system is None and objective is not None and objective.type == "sft":
+            system = objective.system  # the system prompt the model was fine-tuned with
         if top_p is not None and top_p <= 0.0:
             raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
         if not repetition_penalty > 0:
@@ -550,8 +557,8 @@ def generate_cmd(
             if chat:
                 from specformer.data.chat import chat_template_for
 
-                template = chat_template_for(spec.training)
-                encoded = chat_prompt(tok, prompt, template)
+                template = chat_template_for(spec.training, tok)
+                encoded = chat_prompt(tok, prompt, template, system=system or None)
                 end_id = template.end_id(tok)
             else:
                 encoded = encode_prompt(tok, prompt, heal=heal)

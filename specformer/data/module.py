@@ -41,7 +41,7 @@ from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE, TASK_SPECIALS
 
 __all__ = ["PreparedData", "prepare", "SpecDataModule", "default_num_workers", "classification_ids", "classification_pad_id",
-           "text_room"]
+           "sft_pad_id", "text_room"]
 
 
 @dataclass
@@ -186,7 +186,9 @@ def _tokenizer_setting(spec: Any) -> str:
 def _check_specials(tokenizer: Tokenizer, objective: Any, spec_tokenizer: Any = None) -> None:
     """The special tokens the objective's collator places: refused now, before the data is
     tokenised and a run folder made, rather than when the first batch is drawn."""
-    if objective.type in ("causal_lm", "masked_lm", "sft") and tokenizer.eot_id is None:
+    # a chat template ends each turn itself: sft renders no end-of-text token of its own
+    chat = objective.type == "sft" and objective.chat_template
+    if objective.type in ("causal_lm", "masked_lm", "sft") and not chat and tokenizer.eot_id is None:
         where = "after each response" if objective.type == "sft" else "between documents"
         raise DataError(f"{_tokenizer_setting(spec_tokenizer)}the tokenizer has no end-of-text token, which "
                         f"{objective.type} training puts {where} (one of {', '.join(EOT_NAMES)}); its "
@@ -211,6 +213,16 @@ def _check_specials(tokenizer: Tokenizer, objective: Any, spec_tokenizer: Any = 
                         f"has no {lacks} token (start: <s>, [CLS], <bos> or <|endoftext|>; end: </s>, <eos> or "
                         "<|endoftext|>; pad: <pad> or [PAD]): use training.tokenizer type bpe or byte, or a "
                         f"tokenizer.json with them{start}")
+
+
+def sft_pad_id(tokenizer: Tokenizer) -> int:
+    """The id sft pads a batch with: the tokenizer's pad token, else its end-of-text token, else
+    (a chat template's tokenizer may have neither) id 0. Padding follows each sequence, is never
+    scored and is never attended to from a real token, so any id serves."""
+    for i in (tokenizer.pad_id, tokenizer.eot_id):
+        if i is not None:
+            return i
+    return 0
 
 
 def _special_names(tokenizer: Tokenizer) -> str:
@@ -322,12 +334,12 @@ def _prepare_prompt_responses(
     (:func:`pair_token_ids` with ``decoder=True``): each read as prompt + response + end token,
     at most ``seq_len`` tokens read. A longer response is cut, a pair whose prompt alone is longer
     than ``seq_len`` is left out, and the data line says how many of each."""
-    chat = None
+    chat, system = None, spec.training.objective.system
     if spec.training.objective.chat_template:
         from specformer.data.chat import chat_template_for
 
-        chat = chat_template_for(spec.training)
-    ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir, decoder=True, chat=chat)
+        chat = chat_template_for(spec.training, tokenizer)
+    ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir, decoder=True, chat=chat, system=system)
     train, val, left_out = ids.train, ids.val, ids.left_out or {"train": 0, "val": 0}
     held_out = "val_paths" if getattr(spec.training.data, "val_paths", None) is not None else "paths"
     for split, pairs, setting in (("training", train, "paths"), ("held-out", val, held_out)):
@@ -343,7 +355,9 @@ def _prepare_prompt_responses(
         "(prompt, response) pairs, the loss on the responses"
     )
     if chat is not None:
-        description += f" (each a user turn and an assistant turn of the chat template, {chat.source})"
+        turns = "a system turn, a user turn and an assistant turn" if system is not None else (
+            "a user turn and an assistant turn")
+        description += f" (each {turns} of the chat template, {chat.source})"
     cut, dropped = ids.cut["target"], left_out["train"] + left_out["val"]
     if cut or dropped:
         parts = []
@@ -531,8 +545,7 @@ class SpecDataModule(L.LightningDataModule):
         if kind == "classification":
             return ClassificationCollator(pad_id=classification_pad_id(tok))
         if kind == "sft":
-            assert tok.eot_id is not None
-            return SFTCollator(pad_id=tok.pad_id if tok.pad_id is not None else tok.eot_id)
+            return SFTCollator(pad_id=sft_pad_id(tok))
         if kind == "masked_lm":
             assert tok.mask_id is not None
             return MaskedLMCollator(

@@ -215,10 +215,14 @@ class TaskTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-    """A ``tokenizers.Tokenizer`` (trained BPE or a ``tokenizer.json``)."""
+    """A ``tokenizers.Tokenizer`` (trained BPE or a ``tokenizer.json``), and the chat template
+    (:class:`~specformer.data.chat.ChatTemplate`) kept with it: the one beside its
+    ``tokenizer.json``, which :meth:`state` keeps too, so a checkpoint renders a conversation
+    with no folder beside it."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, chat_template: Any = None) -> None:
         self.tok = tokenizer
+        self.chat_template = chat_template
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
         def find(*names: str) -> int | None:
@@ -241,10 +245,10 @@ class HFTokenizer(Tokenizer):
         return list(self._template[0]), list(self._template[1])
 
     @classmethod
-    def from_str(cls, text: str) -> HFTokenizer:
+    def from_str(cls, text: str, *, chat_template: Any = None) -> HFTokenizer:
         from tokenizers import Tokenizer as _Tok
 
-        return cls(_Tok.from_str(text))
+        return cls(_Tok.from_str(text), chat_template=chat_template)
 
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
         with _literal_specials(self.tok, not specials):
@@ -262,7 +266,14 @@ class HFTokenizer(Tokenizer):
         return self.tok.token_to_id(token)
 
     def state(self) -> dict[str, Any]:
-        return {"type": "hf", "json": self.tok.to_str()}
+        state: dict[str, Any] = {"type": "hf", "json": self.tok.to_str()}
+        if self.chat_template is not None:
+            state["chat_template"] = self.chat_template.state()
+        return state
+
+    def fingerprint(self) -> str:
+        # the ids alone: a chat template changes no text's ids (a chat rendering's cache key names it)
+        return content_hash({"type": "hf", "json": self.tok.to_str()})
 
 
 def _post_processor_template(tok: Any) -> tuple[list[int], list[int]]:
@@ -357,7 +368,8 @@ def _train_bpe(spec: BPETokenizerSpec, texts: list[str], path: Path) -> HFTokeni
 
 
 def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
-    """A tokenizer saved by Hugging Face ``tokenizers`` / ``transformers`` (tokenizer.json)."""
+    """A tokenizer saved by Hugging Face ``tokenizers`` / ``transformers`` (tokenizer.json),
+    with the chat template beside it, if any (:func:`~specformer.data.chat.find_chat_template`)."""
     from tokenizers import Tokenizer as _Tok
 
     path = Path(spec.path).expanduser()
@@ -366,9 +378,12 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
     if not path.is_file():
         raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}{relative_note([spec.path], 'training.tokenizer.path')}")
     try:
-        return HFTokenizer(_Tok.from_file(str(path)))
+        tok = _Tok.from_file(str(path))
     except Exception as exc:
         raise DataError(f"training.tokenizer.path: {lfs_pointer(path) or f'{path} is not a tokenizer.json ({exc})'}") from None
+    from specformer.data.chat import find_chat_template
+
+    return HFTokenizer(tok, chat_template=find_chat_template(path))
 
 
 def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:
@@ -379,5 +394,7 @@ def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:
     if kind == "task":
         return TaskTokenizer()
     if kind == "hf" and isinstance(state.get("json"), str):
-        return HFTokenizer.from_str(state["json"])
+        from specformer.data.chat import ChatTemplate
+
+        return HFTokenizer.from_str(state["json"], chat_template=ChatTemplate.from_state(state.get("chat_template")))
     raise DataError(f"unknown tokenizer state {json.dumps({k: v for k, v in state.items() if k != 'json'})}")

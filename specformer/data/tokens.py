@@ -248,6 +248,7 @@ def pair_token_ids(
     *,
     decoder: bool = False,
     chat: ChatTemplate | None = None,
+    system: str | None = None,
 ) -> PairIds:
     """The pairs of ``corpus`` tokenised, from the cache when it is there. A source is cut to
     ``seq_len`` tokens with the template around it, a target to ``seq_len - 1`` (the decoder
@@ -270,11 +271,12 @@ def pair_token_ids(
     With ``chat`` as well (``training.objective.chat_template``), a pair is rendered through
     that chat template (:class:`~specformer.data.chat.ChatTemplate`): the prompt is the user
     turn with the generation prompt, the response the rest of the rendering of both turns
-    (the template's own end of turn included, no end token added). A pair whose prompt
+    (the template's own end of turn included, no end token added), after a ``system`` turn when
+    one is given (``training.objective.system``). A pair whose prompt
     rendering is not the start of its full rendering in token ids is a
     :class:`~specformer.data.chat.NotAPrefixError` naming its file and line."""
     if decoder:
-        return _prompt_response_ids(corpus, tokenizer, seq_len, cache_dir, chat)
+        return _prompt_response_ids(corpus, tokenizer, seq_len, cache_dir, chat, system)
     before, after = tokenizer.template()
     closing = after[:-1] if after and after[-1] == tokenizer.eos_id else after
     room = seq_len - len(before) - len(after)
@@ -383,7 +385,7 @@ def _lay_chunk(
 
 def _prompt_response_ids(
     corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None,
-    chat: ChatTemplate | None = None,
+    chat: ChatTemplate | None = None, system: str | None = None,
 ) -> PairIds:
     """:func:`pair_token_ids` for a decoder: (prompt, response + end token) of each pair, or
     the two parts of its rendering through ``chat``."""
@@ -391,11 +393,11 @@ def _prompt_response_ids(
     encode = None
     if chat is not None:
         # the template frames both turns and ends the assistant's: no opening or end token of our own
-        before, eot, parts = [], None, (chat.template, sorted(chat.special_tokens.items()))
+        before, eot, parts = [], None, (chat.template, sorted(chat.special_tokens.items()), system)
 
         def encode(chunk: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
             out = []
-            for pair, ids in zip(chunk, chat.pair_ids(tokenizer, chunk), strict=True):
+            for pair, ids in zip(chunk, chat.pair_ids(tokenizer, chunk, system=system), strict=True):
                 if isinstance(ids, int):
                     raise NotAPrefixError(
                         f"{corpus.locate(pair)}: the chat template's rendering of the prompt (a user turn and the "

@@ -436,8 +436,9 @@ def save_hf(
 
     ``tokenizer`` (a specformer tokenizer, e.g. a checkpoint's) gives the config its
     bos/eos/pad token ids and is written as ``tokenizer.json`` + ``tokenizer_config.json``
-    for ``AutoTokenizer.from_pretrained(out_dir)``, with ``chat_template.jinja`` when the
-    spec's ``training.tokenizer`` folder has a chat template; without it those ids are None. The
+    for ``AutoTokenizer.from_pretrained(out_dir)``, with ``chat_template.jinja`` when it keeps a
+    chat template (a checkpoint's tokenizer does) or the spec's ``training.tokenizer`` folder has
+    one; without it those ids are None. The
     files are written under temporary names and renamed into place once all are written.
     """
     from specformer.interop.hf_tokenizer import hf_tokenizer_files, special_token_ids
@@ -457,7 +458,7 @@ def save_hf(
     texts = {"config.json": json.dumps(config, indent=2) + "\n"}
     if tokenizer is not None:
         texts.update(hf_tokenizer_files(tokenizer.state(), max_length=spec.max_seq_len))
-        if (chat := _chat_template_text(spec)) is not None:
+        if (chat := _chat_template_text(spec, tokenizer)) is not None:
             texts["chat_template.jinja"] = chat
     out = Path(out_dir)
     writers: dict[Path, Callable[[Path], None]] = {
@@ -468,14 +469,15 @@ def save_hf(
     return out
 
 
-def _chat_template_text(spec: ModelSpec) -> str | None:
-    """The chat template beside the spec's ``training.tokenizer`` (an imported instruct
-    model's), which an exported tokenizer keeps as ``chat_template.jinja``; None when none."""
+def _chat_template_text(spec: ModelSpec, tokenizer: Any = None) -> str | None:
+    """The chat template ``tokenizer`` keeps (a checkpoint's, read when it was trained), else
+    the one beside the spec's ``training.tokenizer`` (an imported instruct model's), which an
+    exported tokenizer keeps as ``chat_template.jinja``; None when none."""
     from specformer.data.chat import chat_template_for
     from specformer.data.corpus import DataError
 
     try:
-        return chat_template_for(spec.training).template
+        return chat_template_for(spec.training, tokenizer).template
     except DataError:
         return None
 

@@ -106,7 +106,8 @@ def _framing_tokens(data: Mapping[str, Any]) -> dict[str, str | None]:
 
 def hf_tokenizer_files(state: Mapping[str, Any], *, max_length: int | None = None) -> dict[str, str]:
     """``{file name: text}``: ``tokenizer.json`` and a ``tokenizer_config.json`` naming the
-    special tokens, for the tokenizer stored as ``state``."""
+    special tokens, for the tokenizer stored as ``state``; those its chat template was kept with
+    (the strings the template reads, such as ``eos_token``) are named as they were."""
     from tokenizers import Tokenizer
 
     from specformer.data.tokenizers import tokenizer_from_state
@@ -130,6 +131,13 @@ def hf_tokenizer_files(state: Mapping[str, Any], *, max_length: int | None = Non
         "sep_token": framing["sep_token"],
         "clean_up_tokenization_spaces": False,
     }
+    # a chat template reads the special-token strings of the tokenizer_config.json it was kept with
+    # (SmolLM2's eos_token is its end of turn, <|im_end|>): written back, so that it renders the same
+    chat = state.get("chat_template")
+    kept = chat.get("special_tokens") if isinstance(chat, Mapping) else None
+    for name, value in (kept.items() if isinstance(kept, Mapping) else ()):
+        if name in config and isinstance(value, str) and theirs.token_to_id(value) is not None:
+            config[name] = value
     if max_length is not None:
         config["model_max_length"] = max_length
     config = {k: v for k, v in config.items() if v is not None}

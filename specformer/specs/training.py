@@ -166,8 +166,15 @@ class SFTSpec(Spec):
         description="Render each pair as a conversation through the tokenizer's chat template, as TRL and "
         "torchtune do for an instruct model: a user turn (the prompt) and an assistant turn (the response), "
         "the loss on the assistant part alone. The template is the one beside training.tokenizer's "
-        "tokenizer.json (type: file: chat_template.jinja, or tokenizer_config.json's chat_template), rendered "
-        "by transformers (the [hf] extra). false: prompt + response + end token, as plain text.",
+        "tokenizer.json (type: file: chat_template.jinja, or tokenizer_config.json's chat_template), which a "
+        "checkpoint keeps with its tokenizer, rendered by transformers (the [hf] extra). false: prompt + response + end token, as plain text.",
+    )
+    system: str | None = Field(
+        None,
+        description="A system prompt, rendered as a {role: system} turn before each user turn (torchtune's "
+        "new_system_prompt): the instructions the model is tuned to follow. It is kept in the checkpoint's spec, "
+        "and generate --chat puts it first by default. Needs chat_template: true. Default: none (the template's "
+        "own default system turn, if it has one).",
     )
 
 
@@ -758,6 +765,12 @@ def training_issues(
             f"a chat template is read from a tokenizer.json's folder, and training.tokenizer is "
             f"{'unset' if tok is None else 'type ' + tok.type}: set training.tokenizer: {{type: file, path: "
             "folder/tokenizer.json}} (an instruct model's, as import-hf writes it), or chat_template: false",
+        )
+    if objective is not None and objective.type == "sft" and objective.system is not None and not objective.chat_template:
+        yield (
+            "training.objective.system",
+            "a system prompt is a turn of the tokenizer's chat template, and chat_template is false: set "
+            "training.objective.chat_template: true, or leave out system",
         )
     if objective is not None and objective.type == "sft" and kind == "decoder" and data is not None and data.type != "pairs":
         yield (

@@ -685,13 +685,14 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing))
 
 
-def chat_prompt(tokenizer: Any, text: str, template: Any) -> Prompt:
+def chat_prompt(tokenizer: Any, text: str, template: Any, *, system: str | None = None) -> Prompt:
     """``text`` as a user turn of ``template`` (a :class:`~specformer.data.chat.ChatTemplate`,
-    e.g. ``chat_template_for(spec.training)``) followed by its generation prompt, in token ids:
-    ``tokenizer.apply_chat_template([{"role": "user", "content": text}],
-    add_generation_prompt=True)``'s ids, which an instruct model continues with its answer.
-    The template frames the text, so nothing is healed or added."""
-    return Prompt(ids=template.prompt_ids(tokenizer, text))
+    e.g. ``chat_template_for(spec.training, tokenizer)``), after a ``system`` turn when given,
+    followed by its generation prompt, in token ids: ``tokenizer.apply_chat_template([{"role":
+    "system", "content": system}, {"role": "user", "content": text}], add_generation_prompt=True)``'s
+    ids, which an instruct model continues with its answer. The template frames the text, so
+    nothing is healed or added."""
+    return Prompt(ids=template.prompt_ids(tokenizer, text, system=system))
 
 
 def _heals(tokenizer: Any, text: str) -> bool:

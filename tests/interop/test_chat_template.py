@@ -275,9 +275,188 @@ def test_chat_template_errors_name_what_is_missing_and_where(tmp_path: Path, mon
     with pytest.raises(SpecError, match="training.objective.chat_template"):
         load_spec(raw)
 
-    # without transformers, the error says what to install
+    # without transformers (nor the jinja2 it brings), the error says what to install
+    from specformer.data.chat import _jinja_renderer
+
     chat = read_chat_template(odd)
-    for name in ("transformers", "transformers.utils", "transformers.utils.chat_template_utils"):
+    for name in ("transformers", "transformers.utils", "transformers.utils.chat_template_utils", "jinja2"):
         monkeypatch.setitem(sys.modules, name, None)
+    _jinja_renderer.cache_clear()
     with pytest.raises(DataError, match=r"pip install 'specformer\[hf\]'"):
         chat.render(_turns("hi"))
+    _jinja_renderer.cache_clear()
+
+
+def _recorded_generate(monkeypatch) -> dict[str, list[int]]:
+    """generate's output ids, recorded as the command runs (``seen["out"]``)."""
+    gen = importlib.import_module("specformer.training.generate")
+    real, seen = gen.generate, {}
+
+    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
+        out = real(model, ids, **kwargs)
+        seen["out"] = out[0].tolist()
+        return out
+
+    monkeypatch.setattr(gen, "generate", recording)
+    return seen
+
+
+def test_a_checkpoint_keeps_the_chat_template_with_its_tokenizer(tmp_path: Path, monkeypatch) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|im_end|>"}))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, weights = _imported(folder, tmp_path)
+    pairs = [(f"reverse {a} {b}", f"{b} {a}") for a in WORDS for b in WORDS if a != b]
+    spec = _sft_spec(spec_path, tmp_path, _jsonl(tmp_path / "train.jsonl", pairs[:40]),
+                     _jsonl(tmp_path / "val.jsonl", pairs[40:48]), batch_size=4, max_steps=2, val_interval=2,
+                     val_batches=1, log_interval=1)
+    result = train(spec, progress=False, init_from=weights)
+    assert result.checkpoint is not None
+    saved = torch.load(result.checkpoint, weights_only=True)["specformer"]["tokenizer"]["chat_template"]
+    assert saved["template"] == CHATML and saved["special_tokens"]["eos_token"] == "<|im_end|>"
+
+    seen = _recorded_generate(monkeypatch)
+    args = ["generate", result.checkpoint, "--prompt", "reverse red cat", "-n", "6", "--greedy", "--no-stop-at-eot"]
+    before = runner.invoke(app, args)
+    assert before.exit_code == 0, before.output
+    ids_before = seen.pop("out")
+    prompt_ids = _ids(hf_tok, _turns("reverse red cat"), add_generation_prompt=True)
+    assert ids_before[: len(prompt_ids)] == prompt_ids  # --chat by default: the prompt as a user turn
+
+    folder.rename(tmp_path / "moved")  # the tokenizer folder the spec names is gone
+    after = runner.invoke(app, args)
+    assert after.exit_code == 0, after.output
+    assert seen["out"] == ids_before and after.stdout == before.stdout
+    evaluated = runner.invoke(app, ["eval", result.checkpoint])  # its pairs rendered with the kept template
+    assert evaluated.exit_code == 0, evaluated.output
+
+    # the export of the checkpoint writes the template back, with the special tokens it reads
+    out = tmp_path / "exported"
+    result_export = runner.invoke(app, ["export-hf", result.checkpoint, "-o", str(out)])
+    assert result_export.exit_code == 0, result_export.output
+    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == CHATML
+    back = transformers.AutoTokenizer.from_pretrained(out)
+    assert back.eos_token == "<|im_end|>"
+    for prompt, response in PAIRS:
+        assert _ids(back, _turns(prompt, response)) == _ids(hf_tok, _turns(prompt, response))
+
+
+def test_chat_sft_needs_no_end_of_text_token(tmp_path: Path) -> None:
+    """A tokenizer with no end-of-text token trains with a template that ends its turns itself."""
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    # <|endoftext|> renamed, so that no end-of-text token is found (ids unchanged)
+    for token in data["added_tokens"]:
+        if token["content"] == "<|endoftext|>":
+            token["content"] = "<|unused|>"
+    data["model"]["vocab"]["<|unused|>"] = data["model"]["vocab"].pop("<|endoftext|>")
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|im_end|>"}))
+    spec_path, _ = _imported(folder, tmp_path)
+    tok = file_tokenizer(load_spec(spec_path).training.tokenizer)
+    assert tok.eot_id is None and tok.pad_id is None
+    train_path, val_path = _jsonl(tmp_path / "t.jsonl", PAIRS * 4), _jsonl(tmp_path / "v.jsonl", PAIRS)
+    spec = _sft_spec(spec_path, tmp_path, train_path, val_path, batch_size=4, max_steps=1, val_interval=1,
+                     val_batches=1)
+    data = prepare(spec)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    p_ids, r_ids = data.train.pairs[0]
+    assert p_ids + r_ids == _ids(hf_tok, _turns(*PAIRS[0]))
+    assert tok.decode(r_ids).endswith("<|im_end|>\n")
+    result = train(spec, progress=False)
+    assert result.steps == 1 and result.val_loss is not None
+    # without the chat template the response needs an end token of the tokenizer's: still refused
+    raw = spec.to_dict()
+    raw["training"]["objective"]["chat_template"] = False
+    with pytest.raises(DataError, match="has no end-of-text token"):
+        prepare(load_spec(raw))
+
+
+def test_a_system_prompt_is_a_system_turn_first(tmp_path: Path, monkeypatch) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, weights = _imported(folder, tmp_path)
+    system = "You reverse words."
+    spec = _sft_spec(spec_path, tmp_path, _jsonl(tmp_path / "t.jsonl", PAIRS), _jsonl(tmp_path / "v.jsonl", PAIRS),
+                     batch_size=2)
+    raw = spec.to_dict()
+    raw["training"]["objective"]["system"] = system
+    data = prepare(load_spec(raw))
+    assert "each a system turn, a user turn and an assistant turn of the chat template" in data.description
+    for (prompt, response), (p_ids, r_ids) in zip(PAIRS, data.train.pairs, strict=True):
+        turns = [{"role": "system", "content": system}, *_turns(prompt)]
+        assert p_ids == _ids(hf_tok, turns, add_generation_prompt=True)
+        assert p_ids + r_ids == _ids(hf_tok, [*turns, {"role": "assistant", "content": response}])
+        # not the template's default system turn
+        assert p_ids != _ids(hf_tok, _turns(prompt), add_generation_prompt=True)
+
+    # generate --system
+    seen = _recorded_generate(monkeypatch)
+    args = ["generate", str(weights), "--spec", str(spec_path), "--prompt", "big", "-n", "1", "--greedy", "--chat"]
+    result = runner.invoke(app, [*args, "--system", system])
+    assert result.exit_code == 0, result.output
+    want = _ids(hf_tok, [{"role": "system", "content": system}, *_turns("big")], add_generation_prompt=True)
+    assert seen["out"][:-1] == want
+    result = runner.invoke(app, args)  # none: the template's own default system turn
+    assert result.exit_code == 0, result.output
+    assert seen["out"][:-1] == _ids(hf_tok, _turns("big"), add_generation_prompt=True)
+    # a spec fine-tuned with a system prompt: generate puts it first by default, --system '' leaves it out
+    sys_spec = tmp_path / "sys.yaml"
+    sys_spec.write_text(json.dumps(raw))
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(sys_spec), "--prompt", "big", "-n", "1",
+                                 "--greedy"])
+    assert result.exit_code == 0, result.output
+    assert seen["out"][:-1] == want
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(sys_spec), "--prompt", "big", "-n", "1",
+                                 "--greedy", "--system", ""])
+    assert result.exit_code == 0, result.output
+    assert seen["out"][:-1] == _ids(hf_tok, _turns("big"), add_generation_prompt=True)
+
+    # without --chat, or without the chat template, a system prompt is refused
+    result = runner.invoke(app, [*args[:-1], "--no-chat", "--system", system])
+    assert result.exit_code == 1 and "--system is a turn of the chat template" in " ".join(result.output.split())
+    raw["training"]["objective"]["chat_template"] = False
+    with pytest.raises(SpecError, match="training.objective.system"):
+        load_spec(raw)
+
+
+@pytest.mark.parametrize("template", [LLAMA3, CHATML], ids=["llama3", "chatml"])
+def test_without_transformers_helpers_jinja2_renders_as_transformers(
+    tmp_path: Path, monkeypatch, template: str
+) -> None:
+    from transformers.utils import chat_template_utils
+
+    from specformer.data import chat as chat_module
+
+    folder, _ = _chat_folder(tmp_path, template)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    tok = file_tokenizer(load_spec(_imported(folder, tmp_path)[0]).training.tokenizer)
+    chat = read_chat_template(folder)
+    system = [{"role": "system", "content": "Ünïcode — «quotes»"}]
+    conversations = [(_turns(p, r), False) for p, r in PAIRS] + [(system + _turns("hi"), True)]
+    # transformers' own text and ids, before its helpers are taken away
+    want = [(hf_tok.apply_chat_template(m, tokenize=False, add_generation_prompt=g),
+             _ids(hf_tok, m, add_generation_prompt=g)) for m, g in conversations]
+    for mode in ("compile", "jinja2"):
+        monkeypatch.delattr(chat_template_utils, "render_jinja_template")
+        if mode == "jinja2":  # an older transformers with neither helper where they are looked for
+            monkeypatch.delattr(chat_template_utils, "_compile_jinja_template")
+        used = []
+        real = chat_module._jinja_renderer
+        monkeypatch.setattr(chat_module, "_jinja_renderer", lambda real=real, used=used: used.append(1) or real())
+        for (messages, generation), (want_text, want_ids) in zip(conversations, want, strict=True):
+            text = chat.render(messages, add_generation_prompt=generation)
+            assert text == want_text and tok.encode(text) == want_ids
+        assert bool(used) == (mode == "jinja2")
+        monkeypatch.undo()
+
+    # the environment transformers makes: loop controls, tojson keeping non-ASCII, raise_exception, strftime_now
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    render = chat_module._renderer()
+    probe = ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m | tojson }}\n"
+             "{% endfor %}{{ strftime_now('%Y') | length }}")
+    assert render(system + _turns("x"), probe, False, {}) == json.dumps(system[0], ensure_ascii=False) + "\n4"
+    with pytest.raises(DataError, match="fails to render: no system turn"):
+        type(chat)("{{ raise_exception('no system turn') }}", "probe").render(_turns("x"))

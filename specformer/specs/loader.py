@@ -875,14 +875,7 @@ def _materialize_default_list(data: dict[str, Any], parts: list[str | int]) -> N
 
 def _type_at(data: Any, parts: list[str | int]) -> Any:
     """The (implicit) ``type`` of the mapping at ``parts``, or None if there is none."""
-    node = data
-    for part in parts:
-        if isinstance(node, dict) and isinstance(part, str):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            return None
+    node = _node_at(data, parts)
     return implicit_type(node, parts[-1]) if isinstance(node, dict) and parts else None
 
 

@@ -24,7 +24,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,20 @@ def _timer(dev: torch.device) -> Callable[[], float]:
     return time.perf_counter
 
 
+@contextmanager
+def _decoding_layout(model: nn.Module) -> Iterator[None]:
+    """The weights laid out for decoding, as ``specformer generate`` lays them out once after
+    loading a checkpoint (:mod:`specformer.components.layout`); restored after, so that the
+    training and prefill runs read the layout training uses. Neither copy is timed."""
+    from specformer.components.layout import lay_out_for_decoding, restore_layout
+
+    lay_out_for_decoding(model)
+    try:
+        yield
+    finally:
+        restore_layout(model)
+
+
 def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapter:
     if kind == "encoder-decoder":
         def logits(b: Batch) -> Tensor:
@@ -348,15 +363,16 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
             return model(b.input_ids, decoder_input_ids=b.decoder_input_ids, use_cache=True)
 
         def decode(b: Batch, n: int) -> float:
-            enc = model.encode(b.input_ids)
-            step = b.decoder_input_ids[:, :1]
-            out = model(decoder_input_ids=step, encoder_hidden_states=enc, use_cache=True)
-            start = _timer(dev)()
-            for _ in range(n):
-                step = out.logits[:, -1].argmax(-1, keepdim=True)
-                out = model(decoder_input_ids=step, encoder_hidden_states=enc, cache=out.cache)
-            sync(dev)
-            return time.perf_counter() - start
+            with _decoding_layout(model):
+                enc = model.encode(b.input_ids)
+                step = b.decoder_input_ids[:, :1]
+                out = model(decoder_input_ids=step, encoder_hidden_states=enc, use_cache=True)
+                start = _timer(dev)()
+                for _ in range(n):
+                    step = out.logits[:, -1].argmax(-1, keepdim=True)
+                    out = model(decoder_input_ids=step, encoder_hidden_states=enc, cache=out.cache)
+                sync(dev)
+                return time.perf_counter() - start
 
         def loss(b: Batch) -> Tensor:
             return model(b.input_ids, decoder_input_ids=b.decoder_input_ids, labels=b.labels).loss
@@ -381,13 +397,14 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
         return model(b.input_ids, use_cache=True)
 
     def dec_decode(b: Batch, n: int) -> float:
-        out = model(b.input_ids, use_cache=True)
-        start = _timer(dev)()
-        for _ in range(n):
-            step = out.logits[:, -1].argmax(-1, keepdim=True)
-            out = model(step, cache=out.cache)
-        sync(dev)
-        return time.perf_counter() - start
+        with _decoding_layout(model):
+            out = model(b.input_ids, use_cache=True)
+            start = _timer(dev)()
+            for _ in range(n):
+                step = out.logits[:, -1].argmax(-1, keepdim=True)
+                out = model(step, cache=out.cache)
+            sync(dev)
+            return time.perf_counter() - start
 
     return Adapter("specformer", model, dec_logits, dec_prefill, dec_decode, loss=dec_loss)
 

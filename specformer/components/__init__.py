@@ -6,6 +6,7 @@ from specformer.components.cache import CacheNotFilledError, KVCache
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import GLU, MLP
 from specformer.components.heads import ClassificationHead, LMHead, MLMHead
+from specformer.components.layout import lay_out_for_decoding, restore_layout
 from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
 from specformer.components.outputs import ModelOutput
 from specformer.components.positional import (
@@ -32,6 +33,8 @@ __all__ = [
     "ClassificationHead",
     "LMHead",
     "MLMHead",
+    "lay_out_for_decoding",
+    "restore_layout",
     "DecoderModel",
     "EncoderDecoderModel",
     "EncoderModel",

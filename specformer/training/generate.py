@@ -307,7 +307,10 @@ def generate(
     the last Σ(W − 1) + 1 tokens decide the next one, so a longer prompt is read from there
     (in chunks of ``spec.max_seq_len``) and, without the cache, each step reads those. A
     ``max_seq_len`` given slides it there all the same. ``repetition_penalty`` and ``no_repeat_ngram_size``: see
-    :func:`penalize_repeats` (over the prompt and the tokens generated)."""
+    :func:`penalize_repeats` (over the prompt and the tokens generated).
+
+    On a CPU, :func:`specformer.components.lay_out_for_decoding` called once on the model
+    beforehand makes each cached step faster, as ``specformer generate`` does."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)

@@ -35,6 +35,11 @@ Conventions (see ``docs/analysis.md``):
   formula here: it is left out of the counts and named in ``not_counted``, so that
   ``forward`` and ``training`` are then the FLOPs of the other parts only. Norms and
   positional schemes are outside the count whatever their type.
+* The output head's part of a training step is the objective's: specformer's objectives
+  run it through the fused loss on the labelled rows. An objective built by a plugin's
+  target (``register("objective", ..., replace=True)``) runs its loss as its module
+  chooses, so ``training`` leaves the head out and ``not_counted`` names
+  ``training.objective``; ``forward`` and its components, the model's own, still count it.
 """
 
 from __future__ import annotations
@@ -43,7 +48,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from specformer.analysis.params import analysed, as_spec, plugin_components, whole_number
+from specformer.analysis.params import (
+    analysed,
+    as_spec,
+    plugin_components,
+    plugin_objective,
+    whole_number,
+)
 
 __all__ = ["FlopCounts", "flops_per_token", "mean_attended_keys", "TRAINING_MULTIPLIER"]
 
@@ -59,7 +70,9 @@ class FlopCounts:
     forward split into components (``decoder.attention.proj``, ``decoder.attention.scores``,
     ``decoder.cross_attention.proj``, ``decoder.cross_attention.scores``, ``decoder.ffn``,
     ``head``). ``not_counted`` names the parts built from a plugin's type, which have no
-    formula and are left out of every figure (``{"decoder.ffn": "ffn type 'relu2'"}``)."""
+    formula and are left out of every figure (``{"decoder.ffn": "ffn type 'relu2'"}``), and
+    ``training.objective`` when a plugin builds the objective: the head is then left out of
+    ``training`` alone (:attr:`forward_not_counted` is what ``forward`` leaves out)."""
 
     seq_len: int
     count: str
@@ -71,6 +84,12 @@ class FlopCounts:
     # of them; ``training`` then counts the backward products those need. None: all train
     trained_parameters: int | None = None
     parameters: int | None = None
+
+    @property
+    def forward_not_counted(self) -> dict[str, str]:
+        """The parts ``forward`` and ``components`` leave out: ``not_counted`` but the
+        objective, which trains the model and is no part of its forward."""
+        return {k: v for k, v in self.not_counted.items() if k != "training.objective"}
 
     @property
     def non_embedding_forward(self) -> int:
@@ -140,6 +159,9 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
     t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
     not_counted = {key: text for key, text in plugin_components(spec).items()
                    if key == "head" or key.endswith(("attention", ".ffn"))}
+    # a plugin's objective runs the head's loss as it chooses: the training step leaves it out
+    objective = plugin_objective(spec)
+    not_counted |= objective
     d = spec.d_model
     # totals over one sequence of t tokens (per stack); divided by t at the end
     totals: dict[str, int] = {}
@@ -198,29 +220,32 @@ def flops_per_token(spec: Any, seq_len: int | None = None, *, count: Count = "ne
                         back(one, f.in_, f.gate_w)
                     back(one, f.down_in, f.down_w)
     head = spec.head
+    hflow = None if objective else flow  # the head's backward products, where counted
     # a masked-LM head trains on its labelled tokens only (MLMHead.loss)
     share = getattr(spec.training.objective, "mask_prob", 1.0) if head.type == "mlm" else 1.0
     if not analysed("head", head.type):
         pass  # a plugin's head: named in not_counted
     elif head.type == "lm":
         add("head", t * 2 * d * spec.vocab_size)
-        if flow:
-            back(t * 2 * d * spec.vocab_size, *flow.head.products["proj"])
+        if hflow:
+            back(t * 2 * d * spec.vocab_size, *hflow.head.products["proj"])
     elif head.type == "mlm":
         add("head", t * 2 * (d * d + d * spec.vocab_size))
-        if flow:
-            back(share * t * 2 * d * d, *flow.head.products["dense"])
-            back(share * t * 2 * d * spec.vocab_size, *flow.head.products["proj"])
+        if hflow:
+            back(share * t * 2 * d * d, *hflow.head.products["dense"])
+            back(share * t * 2 * d * spec.vocab_size, *hflow.head.products["proj"])
     elif head.type == "classification":
         # one pooled vector per sequence
         add("head", 2 * (d * d * int(head.pooler) + d * head.n_classes))
-        if flow:
-            back(2 * d * d * int(head.pooler), *flow.head.products["pooler"])
-            back(2 * d * head.n_classes, *flow.head.products["classifier"])
+        if hflow:
+            back(2 * d * d * int(head.pooler), *hflow.head.products["pooler"])
+            back(2 * d * head.n_classes, *hflow.head.products["classifier"])
     components = {k: round(v / t) for k, v in totals.items()}
     forward = round(sum(totals.values()) / t)
     trained = sum(totals.values())
-    if head.type == "mlm" and "head" in totals:
+    if objective:
+        trained -= totals.get("head", 0)
+    elif head.type == "mlm" and "head" in totals:
         trained -= totals["head"] * (1 - share)
     training = round(TRAINING_MULTIPLIER * trained / t) if flow is None else round((trained + backward) / t)
     return FlopCounts(

@@ -48,7 +48,10 @@ weights autocast copies only its module knows, so they are left out of ``activat
 and ``weight_casts`` and the part is named in ``MemoryEstimate.not_counted``. A plugin's
 self-attention stores keys and values as it chooses, so the public KV-cache functions
 refuse it (:class:`AnalysisError`) and :func:`specformer.analysis.analyze` reports the
-other layers' cache with the plugin's layers named as not counted.
+other layers' cache with the plugin's layers named as not counted. The output head's
+part of the activations is counted as specformer's objectives run it (the fused loss);
+an objective built by a plugin's target (``register("objective", ..., replace=True)``)
+keeps what its loss chooses, so that part is left out and ``training.objective`` named.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from specformer.analysis.params import (
     as_spec,
     count_parameters,
     plugin_components,
+    plugin_objective,
     tied_names,
     whole_number,
 )
@@ -283,7 +287,9 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
     p = precision(dtype)
     act = p.activation
     d, v = spec.d_model, spec.vocab_size
-    not_counted = plugin_components(spec)
+    # a plugin's objective runs the head's loss as it chooses: what that keeps is its own
+    objective = plugin_objective(spec)
+    not_counted = plugin_components(spec) | objective
     per_seq = 0.0
     t = seq_len
     emb = spec.embedding
@@ -353,7 +359,9 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
     head = spec.head
     per_step = 0.0
     hf = flow.head.products if flow else {}
-    if head.type in ("lm", "mlm") and analysed("head", head.type):
+    if objective:
+        pass  # named in not_counted
+    elif head.type in ("lm", "mlm") and analysed("head", head.type):
         # training runs the head through the fused loss (model(..., labels=)): its forward
         # computes the gradients of the head's input (N x D) and weight (V x D) and keeps
         # those, never the (N x V) logits; a masked-LM head runs on the labelled rows only
@@ -395,8 +403,10 @@ class MemoryEstimate:
     spec's optimizer: AdamW's two moments by default), ``weight_casts`` (autocast copies),
     ``activations`` and their ``total``. ``not_counted`` names the parts built from a
     plugin's type, whose activations and autocast copies are left out (their weights,
-    gradients and optimizer states are counted), and ``training.optimizer`` when the
-    optimizer is a plugin's: ``optimizer`` is then 0, its states not counted."""
+    gradients and optimizer states are counted), ``training.objective`` when a plugin builds
+    the objective: what its loss keeps of the output head is left out of ``activations``,
+    and ``training.optimizer`` when the optimizer is a plugin's: ``optimizer`` is then 0,
+    its states not counted."""
 
     batch: int
     seq_len: int

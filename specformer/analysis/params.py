@@ -30,6 +30,7 @@ __all__ = [
     "component_of",
     "AnalysisError",
     "plugin_components",
+    "plugin_objective",
     "BUILT_IN_TYPES",
     "analysed",
 ]
@@ -65,10 +66,10 @@ def analysed(family: str, name: str) -> bool:
 def _type_words(family: str, name: str) -> str:
     """``ffn type 'relu2'``; a built-in name built by a plugin's target says whose:
     ``attention type 'mha', built by my_pkg.attn:Attn``."""
-    text = f"{family} type {name!r}"
-    if name in BUILT_IN_TYPES[family]:
-        from specformer.registry import REGISTRY
+    from specformer.registry import REGISTRY
 
+    text = f"{family} type {name!r}"
+    if name in BUILT_IN_TYPES.get(family, ()) or (family, name) in REGISTRY.builtin_targets:
         target = REGISTRY.get(family, name).target
         if isinstance(target, str):
             shown = target
@@ -126,6 +127,21 @@ def plugin_components(spec: Any) -> dict[str, str]:
     if not analysed("head", spec.head.type):
         out["head"] = _type_words("head", spec.head.type)
     return out
+
+
+def plugin_objective(spec: Any) -> dict[str, str]:
+    """``{"training.objective": "objective type 'causal_lm', built by my_pkg.clm:CLM"}`` when
+    ``spec``'s objective is built by a plugin's target (``register("objective", ...,
+    replace=True)``), else ``{}``. The analysis counts the output head of a training step
+    as specformer's objectives run it: through the fused loss (``model(..., labels=)``), on
+    the labelled rows; a plugin's objective runs the loss as its module chooses."""
+    from specformer.registry import REGISTRY
+
+    spec = as_spec(spec)
+    objective = spec.training.objective
+    if objective is None or REGISTRY.is_builtin("objective", objective.type):
+        return {}
+    return {"training.objective": _type_words("objective", objective.type)}
 
 
 @dataclass(frozen=True)

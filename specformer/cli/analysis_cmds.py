@@ -344,7 +344,10 @@ def _compute_section(report: Any) -> Section:
               "attention scores count the keys each query attends (causal: (T+1)/2 on average; sliding windows capped)")
     if not any(key.endswith("attention.scores") for key in f.components):
         scores = "no attention of a built-in type"
-    mlm = report.spec.head.type == "mlm" and getattr(report.spec.training.objective, "mask_prob", 1.0) < 1
+    missing, step_missing = f.forward_not_counted, f.not_counted
+    objective = {k: v for k, v in step_missing.items() if k not in missing}  # a plugin's objective
+    mlm = (report.spec.head.type == "mlm" and getattr(report.spec.training.objective, "mask_prob", 1.0) < 1
+           and not objective)
     if f.trained_parameters is None:
         training = "training = 3 × forward"
     else:
@@ -352,11 +355,16 @@ def _compute_section(report: Any) -> Section:
                     "weight gets no weight gradient; nothing below the lowest trained parameter is differentiated)")
     if mlm and (f.training != 3 * f.forward or f.trained_parameters is not None):
         training += ", the masked-LM head on its labelled tokens only"
+    if objective:
+        training += ", the head left out"
     s.notes.append(f"Matrix products only, 2 FLOPs per multiply-add; {scores}; {training}.")
-    missing = f.not_counted
     if missing:
         s.notes.append(f"Not counted: {_parts(missing)}: a plugin's type has no FLOP formula, so the totals "
                        "leave it out and are lower bounds.")
+    if objective:
+        s.notes.append(f"Not counted in the training step: the head under {_parts(objective)}, a plugin's "
+                       "objective, which runs the loss as its module chooses; the training step leaves the "
+                       "head out and is a lower bound (the forward counts it).")
     for key, n in f.components.items():
         label = f"{key} of the other layers" if key in missing else key  # a plugin's in some layers only
         s.rows.append([label, human_flops(n), f"{n / f.forward:.1%}" if f.forward and not missing else ""])
@@ -367,11 +375,12 @@ def _compute_section(report: Any) -> Section:
     if f.trained_parameters is not None:
         step = f"training step (forward + backward, {_trained(f)}" + (
             f", head on {share:.0%} of tokens)" if mlm else ")")
-    elif report.spec.head.type == "mlm" and f.training != 3 * f.forward:
+    elif report.spec.head.type == "mlm" and f.training != 3 * f.forward and not objective:
         step = f"training step (3× forward, head on {share:.0%} of tokens)"
     else:
         step = "training step (3× forward)"
-    s.rows.append([f"{step}{_without(missing)}", _at_least(human_flops(f.training), missing), f"{f.training:,}"])
+    s.rows.append([f"{step}{_without(step_missing)}", _at_least(human_flops(f.training), step_missing),
+                   f"{f.training:,}"])
     s.bold_rows = {len(s.rows) - 2, len(s.rows) - 1}
     return s
 
@@ -408,16 +417,18 @@ def _memory_section(report: Any) -> Section:
         s.rows.append([f"cross-attention KV per source token ({report.kv_dtype}){_without(cross_missing)}",
                        _exact(c, cross_missing), _at_least(human_bytes(c), cross_missing, c)])
     missing = m.not_counted
-    parts = {k: v for k, v in missing.items() if k != "training.optimizer"}  # activations, weight copies
+    parts = {k: v for k, v in missing.items() if k != "training.optimizer"}  # activations
     optimizer = {k: v for k, v in missing.items() if k == "training.optimizer"}
+    objective = {k: v for k, v in missing.items() if k == "training.objective"}
+    casts = {k: v for k, v in parts.items() if k not in objective}  # a plugin's modules' weight copies
     for label, value, gap in (
         ("weights", m.weights, {}),
         ("gradients", m.gradients, {}),
         (states, m.optimizer, optimizer),
-        ("autocast weight copies", m.weight_casts, parts),
+        ("autocast weight copies", m.weight_casts, casts),
         ("activations", m.activations, parts),
     ):
-        if label == "autocast weight copies" and not value and not (parts and m.dtype.endswith("mixed")):
+        if label == "autocast weight copies" and not value and not (casts and m.dtype.endswith("mixed")):
             continue
         if gap is optimizer and optimizer:
             s.rows.append([label, "", "not counted"])
@@ -428,10 +439,14 @@ def _memory_section(report: Any) -> Section:
     if kv_missing:
         s.notes.append(f"KV cache not counted for {_parts(kv_missing)}: a plugin's attention stores its keys "
                        "and values as its module chooses.")
-    if parts:
-        s.notes.append(f"Activations and autocast weight copies not counted for {_parts(parts)}: only a "
+    if casts:
+        s.notes.append(f"Activations and autocast weight copies not counted for {_parts(casts)}: only a "
                        "plugin's module knows what it keeps for the backward pass; its weights, gradients and "
                        "optimizer states are counted (from the meta build).")
+    if objective:
+        s.notes.append(f"Activations of the head's loss not counted: {_parts(objective)} is a plugin's, which "
+                       "keeps what its loss chooses (specformer's objectives keep the gradients of the head's "
+                       "input and weight, never the logits).")
     if optimizer:
         s.notes.append(f"Optimizer states not counted: {_parts(optimizer)} is a plugin's, which keeps what "
                        "it chooses.")
@@ -715,9 +730,8 @@ def _metric_rows(report: Any) -> list[tuple[str, float, Any, dict[str, str]]]:
     rows.append(("params: total", report.params.total, lambda x: f"{x:,.0f}", exact))
     rows.append(("params: non-embedding", report.params.non_embedding, lambda x: f"{x:,.0f}", exact))
     at = f"@ {report.flops.seq_len}" + (" (executed)" if report.flops.count == "executed" else "")
-    flops = report.flops.not_counted
-    rows.append((f"FLOPs/token forward {at}", report.flops.forward, human_flops, flops))
-    rows.append((f"FLOPs/token training {at}", report.flops.training, human_flops, flops))
+    rows.append((f"FLOPs/token forward {at}", report.flops.forward, human_flops, report.flops.forward_not_counted))
+    rows.append((f"FLOPs/token training {at}", report.flops.training, human_flops, report.flops.not_counted))
     kv = {k: v for k, v in report.kv_cache_not_counted.items() if k == "decoder.attention"}
     cross = {k: v for k, v in report.kv_cache_not_counted.items() if k == "decoder.cross_attention"}
     rows.append((f"KV cache bytes/token ({report.kv_dtype})", report.kv_cache_bytes_per_token,
@@ -730,9 +744,10 @@ def _metric_rows(report: Any) -> list[tuple[str, float, Any, dict[str, str]]]:
                      lambda x: f"{x:,.0f}", cross))
     parts = {k: v for k, v in m.not_counted.items() if k != "training.optimizer"}
     optimizer = {k: v for k, v in m.not_counted.items() if k == "training.optimizer"}
+    casts = {k: v for k, v in parts.items() if k != "training.objective"}  # the objective copies no weight
     for label, value, gap in (("weights", m.weights, exact), ("gradients", m.gradients, exact),
                               ("optimizer states", m.optimizer, optimizer),
-                              ("autocast weight copies", m.weight_casts, parts),
+                              ("autocast weight copies", m.weight_casts, casts),
                               ("activations", m.activations, parts), ("training total", m.total, m.not_counted)):
         rows.append((f"memory: {label}", value, human_bytes, gap))
     return rows

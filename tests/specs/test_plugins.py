@@ -247,6 +247,138 @@ def test_a_plugin_type_in_some_layers_only_is_named_with_them(plugin_path, tmp_p
     assert "≥ 1.443 MFLOP" in lines["forward, without decoder.ffn of layers 0-1"]
 
 
+OWN_CLM = """
+def register(registry):
+    from specformer.specs.training import CausalLMSpec
+
+    # the built-in name with an objective of the plugin's own
+    registry.register("objective", CausalLMSpec, "own_clm:CLM", replace=True)
+
+
+def CLM(spec, **kwargs):
+    from specformer.training.objectives import CausalLM
+
+    return CausalLM(spec, **kwargs)
+"""
+
+
+def test_a_built_in_objective_a_plugin_builds_leaves_the_heads_training_step_uncounted(tmp_path):
+    """A plugin that gives `causal_lm` a build target of its own runs the loss as it chooses:
+    show counts the forward as the model's, leaves the head out of the training step and of
+    the activations, marks those ≥ and names the objective."""
+    (tmp_path / "own_clm.py").write_text(OWN_CLM)
+    dist = tmp_path / "own_clm-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: own-clm\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\nclm = own_clm:register\n")
+    mine = _show_json(tmp_path, "gpt-nano")
+    nano = _show_json(tmp_path / "elsewhere", "gpt-nano")  # no plugin on the path
+    # without the plugin: the built-in objective's numbers, as before
+    t, d, v = 256, 128, 512
+    head = t * 2 * d * v // t
+    assert nano["flops_per_token"]["not_counted"] == {} and nano["memory"]["not_counted"] == {}
+    assert (nano["flops_per_token"]["forward"], nano["flops_per_token"]["training"]) == (1_967_104, 5_901_312)
+    assert nano["flops_per_token"]["components"]["head"] == head
+    assert nano["memory"]["activations"] == 4_931_584
+    what = {"training.objective": "objective type 'causal_lm', built by own_clm:CLM"}
+    flops, memory = mine["flops_per_token"], mine["memory"]
+    assert flops["not_counted"] == what and memory["not_counted"] == what
+    # the forward is the model's: counted in full, the head included
+    assert flops["forward"] == 1_967_104 and flops["components"] == nano["flops_per_token"]["components"]
+    # the training step: 3 x the forward without the head
+    assert flops["training"] == 3 * (1_967_104 - head) == 5_508_096
+    # activations without what the fused loss keeps: the head input's gradient (T x D, fp32)
+    # and the head weight's (V x D, fp32)
+    assert memory["activations"] == 4_931_584 - (t * d * 4 + v * d * 4)
+    same = ("weights", "gradients", "optimizer", "weight_casts")
+    assert [memory[k] for k in same] == [nano["memory"][k] for k in same]
+    assert mine["params"] == nano["params"] and mine["params"]["counted_from"] == "analytic"
+    assert mine["kv_cache_bytes_per_token"] == nano["kv_cache_bytes_per_token"] and mine["kv_cache_not_counted"] == {}
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", "gpt-nano"], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 2}
+    assert "≥" not in lines["forward"] and "1.967 MFLOP" in lines["forward"]
+    assert "≥ 5.508 MFLOP" in lines["training step (3× forward), without training.objective"]
+    assert "≥" in lines["activations, without training.objective"]
+    assert "≥" in lines["training total, without training.objective"]
+    assert "≥" not in lines["weights"] + lines["autocast weight copies"]
+    text = " ".join(result.stdout.split())
+    assert "the head under training.objective (objective type 'causal_lm', built by own_clm:CLM)" in text
+    assert "Activations of the head's loss not counted: training.objective" in text
+
+    result = subprocess.run([sys.executable, "-m", "specformer", "diff", "gpt-nano", "gpt-nano", "--set",
+                             "decoder.n_layers=2", "--no-checkpoints"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("│")[1].strip(): line.split("│")[2:-1] for line in result.stdout.splitlines()
+            if line.count("│") > 2}
+    forward, training = rows["FLOPs/token forward @ 256"], rows["FLOPs/token training @ 256"]
+    assert "≥" not in "".join(forward) and "?" not in "".join(forward)
+    assert training[0].strip() == "≥ 5.508 MFLOP" and [c.strip() for c in training[2:]] == ["?", "?"]
+    assert "?" in "".join(rows["memory: activations"]) and "?" not in "".join(rows["memory: autocast weight copies"])
+
+
+OWN_MLM = """
+import specformer.specs.training  # noqa: F401  (registers the built-in objectives)
+from specformer.registry import REGISTRY, register
+
+
+def mine(spec, **kwargs):
+    from specformer.training.objectives import MaskedLM
+
+    return MaskedLM(spec, **kwargs)
+
+
+register("objective", REGISTRY.get("objective", "masked_lm").spec, mine, replace=True)
+
+from specformer import load_spec
+from specformer.analysis import AnalysisError, activation_bytes, flops_per_token
+
+for extra in ([], ['training.optimizer.freeze=[embed.*]']):
+    f = flops_per_token(load_spec("bert-nano", extra))
+    print(f.forward, f.training, f.components["head"], f.not_counted)
+try:
+    activation_bytes("bert-nano", batch=1, seq_len=64)
+except AnalysisError as exc:
+    print(exc)
+"""
+
+
+def test_a_built_in_masked_lm_a_script_builds_leaves_the_head_out_of_the_training_step(tmp_path):
+    import specformer
+    from specformer import load_spec
+    from specformer.analysis import flops_per_token
+
+    script = tmp_path / "own_mlm.py"
+    script.write_text(OWN_MLM)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(specformer.__file__)))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": root})
+    assert result.returncode == 0, result.stderr
+    plain, frozen, error = result.stdout.splitlines()
+    built = flops_per_token(load_spec("bert-nano"))  # specformer's own masked_lm
+    share = load_spec("bert-nano").training.objective.mask_prob
+    head = built.components["head"]
+    assert built.training == round(3 * (built.forward - head) + 3 * share * head)
+    what = "{'training.objective': \"objective type 'masked_lm', built by __main__:mine\"}"
+    forward, training, mine_head, not_counted = plain.split(" ", 3)
+    assert (int(forward), int(mine_head), not_counted) == (built.forward, head, what)
+    assert int(training) == 3 * (built.forward - head)  # the head's training step is the objective's
+    frozen_built = flops_per_token(load_spec("bert-nano", ["training.optimizer.freeze=[embed.*]"]))
+    forward, training, _, not_counted = frozen.split(" ", 3)
+    # frozen: neither the head's forward nor its backward products in the training step: the
+    # dense layer's input and weight gradients, the projection's input gradient (its weight is
+    # the frozen token table), on the labelled rows
+    assert int(forward) == frozen_built.forward and not_counted == what
+    d, v = 128, 512
+    head_step = share * (head + 2 * (2 * d * d) + 2 * d * v)
+    assert abs(int(training) - (frozen_built.training - head_step)) <= 1
+    assert error == ("training.objective: no activation count for objective type 'masked_lm', built by "
+                     "__main__:mine, which keeps what its own module chooses")
+
+
 ATTENTION_PLUGIN = '''
 from typing import Literal
 

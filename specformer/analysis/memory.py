@@ -62,6 +62,7 @@ from typing import Any
 
 from specformer.analysis.params import (
     AnalysisError,
+    _type_words,
     analysed,
     as_spec,
     count_parameters,
@@ -568,7 +569,7 @@ def memory_estimate(
     if _counted_optimizer(optimizer.type):
         states = optimizer_state_elements(spec) * p.optimizer
     else:  # a plugin's optimizer keeps what it chooses
-        states, not_counted = 0, {**not_counted, "training.optimizer": f"optimizer type {optimizer.type!r}"}
+        states, not_counted = 0, {**not_counted, "training.optimizer": _type_words("optimizer", optimizer.type)}
     return MemoryEstimate(
         batch=batch,
         seq_len=t,

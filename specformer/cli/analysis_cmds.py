@@ -390,7 +390,11 @@ _OPTIMIZER_STATES = {"adamw": ("AdamW", "AdamW states (2 moments)"), "sgd": ("SG
 
 
 def _optimizer_names(spec: Any) -> tuple[str, str]:
+    from specformer.registry import REGISTRY
+
     kind = spec.training.optimizer.type
+    if not REGISTRY.is_builtin("optimizer", kind):  # a plugin's, built-in name or not: not AdamW's states
+        return kind, f"{kind} states"
     return _OPTIMIZER_STATES.get(kind, (kind, f"{kind} states"))
 
 

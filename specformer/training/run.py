@@ -105,15 +105,17 @@ class TrainResult:
 def _training_flops(spec: Any) -> float | None:
     """The training FLOPs per token of ``spec`` at its ``training.seq_len``, every query against
     all keys (what MFU counts); None for an encoder-decoder (its step reads source and target
-    tokens, and tokens/s counts the inputs) or a type the analysis does not know."""
+    tokens, and tokens/s counts the inputs) or a part the analysis has no formula for (a plugin's
+    type, or an objective a plugin builds): a figure that leaves it out would understate the MFU."""
     if spec.kind == "encoder-decoder":
         return None
     from specformer.analysis import flops_per_token
 
     try:
-        return float(flops_per_token(spec, seq_len=spec.training.seq_len or spec.max_seq_len, count="executed").training)
-    except Exception:  # a component of a plugin's with no FLOP formula: the summary leaves the figure out
+        flops = flops_per_token(spec, seq_len=spec.training.seq_len or spec.max_seq_len, count="executed")
+    except Exception:  # a model the analysis cannot read: the summary leaves the figure out
         return None
+    return None if flops.not_counted else float(flops.training)
 
 
 def stopped_by(signum: int) -> str:

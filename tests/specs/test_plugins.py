@@ -320,6 +320,26 @@ def test_a_built_in_objective_a_plugin_builds_leaves_the_heads_training_step_unc
     assert "?" in "".join(rows["memory: activations"]) and "?" not in "".join(rows["memory: autocast weight copies"])
 
 
+def test_a_run_gives_no_model_flops_for_a_part_the_analysis_leaves_out(plugin_path):
+    """The summary's model FLOPs (the MFU's numerator) of a spec with a plugin's type or
+    objective would be a lower bound: a run gives none rather than understate it."""
+    (plugin_path / "own_clm.py").write_text(OWN_CLM)
+    code = (
+        "from specformer import load_spec\n"
+        "from specformer.training.run import _training_flops\n"
+        "print(_training_flops(load_spec('gpt-nano', ['decoder.ffn={type: relu2, d_ff: 32}'])))\n"
+        "print(_training_flops(load_spec('gpt-nano')))\n"
+        "import own_clm\n"
+        "from specformer.registry import REGISTRY\n"
+        "own_clm.register(REGISTRY)\n"
+        "print(_training_flops(load_spec('gpt-nano')))\n"
+    )
+    result = _run(plugin_path, code)
+    assert result.returncode == 0, result.stderr
+    # nanoGPT's 6N + 12·L·T·d for gpt-nano before the objective is the plugin's
+    assert result.stdout.split() == ["None", str(float(6 * 851_968 + 12 * 4 * 256 * 128)), "None"]
+
+
 OWN_MLM = """
 import specformer.specs.training  # noqa: F401  (registers the built-in objectives)
 from specformer.registry import REGISTRY, register

@@ -341,12 +341,16 @@ def _timer(dev: torch.device) -> Callable[[], float]:
 
 
 @contextmanager
-def _decoding_layout(model: nn.Module) -> Iterator[None]:
-    """The weights laid out for decoding, as ``specformer generate`` lays them out once after
-    loading a checkpoint (:mod:`specformer.components.layout`); restored after, so that the
-    training and prefill runs read the layout training uses. Neither copy is timed."""
-    from specformer.components.layout import lay_out_for_decoding, restore_layout
+def _decoding_layout(model: nn.Module, rows: int) -> Iterator[None]:
+    """For ``rows`` of at most ``FEW_ROWS``, the weights laid out for decoding, as ``specformer
+    generate`` lays them out once after loading a checkpoint (:mod:`specformer.components.layout`);
+    restored after, so that the training and prefill runs read the layout training uses.
+    Neither copy is timed."""
+    from specformer.components.layout import FEW_ROWS, lay_out_for_decoding, restore_layout
 
+    if rows > FEW_ROWS:
+        yield
+        return
     lay_out_for_decoding(model)
     try:
         yield
@@ -363,7 +367,7 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
             return model(b.input_ids, decoder_input_ids=b.decoder_input_ids, use_cache=True)
 
         def decode(b: Batch, n: int) -> float:
-            with _decoding_layout(model):
+            with _decoding_layout(model, b.input_ids.shape[0]):
                 enc = model.encode(b.input_ids)
                 step = b.decoder_input_ids[:, :1]
                 out = model(decoder_input_ids=step, encoder_hidden_states=enc, use_cache=True)
@@ -397,7 +401,7 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
         return model(b.input_ids, use_cache=True)
 
     def dec_decode(b: Batch, n: int) -> float:
-        with _decoding_layout(model):
+        with _decoding_layout(model, b.input_ids.shape[0]):
             out = model(b.input_ids, use_cache=True)
             start = _timer(dev)()
             for _ in range(n):

@@ -113,6 +113,29 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     assert "val loss" in ev.output and "at step 12" in ev.output
 
 
+def test_generate_lays_out_the_weights_for_decoding_one_row_at_a_time(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specformer.components import layout
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec)])
+    ckpt = _checkpoint(tmp_path, "tiny-decoder")
+    moved: list[int] = []
+    real = layout.lay_out_for_decoding
+    monkeypatch.setattr(layout, "lay_out_for_decoding", lambda model: moved.append(real(model)) or moved[-1])
+    outputs = {}
+    for args in (["--greedy"], ["--greedy", "--no-cache"], ["--num-beams", "2"], ["--num-beams", "3"]):
+        before = len(moved)
+        result = runner.invoke(app, ["generate", str(ckpt), "--prompt", "def", "-n", "8", *args])
+        assert result.exit_code == 0, result.output
+        outputs[" ".join(args)] = (result.output, moved[before:])
+    assert outputs["--greedy"][1][0] > 0  # the wide weights were laid out anew, once
+    assert outputs["--num-beams 2"][1][0] > 0
+    assert outputs["--greedy --no-cache"][1] == [] and outputs["--num-beams 3"][1] == []
+    assert outputs["--greedy"][0] == outputs["--greedy --no-cache"][0]  # the same text either way
+
+
 def test_eval_says_how_many_tokens_it_scored_and_whether_that_was_the_whole_split(tiny: Any, tmp_path: Path) -> None:
     import re
 

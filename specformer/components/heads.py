@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import ACTIVATIONS
+from specformer.components.layout import decode_linear
 from specformer.components.loss import IGNORE_INDEX, linear_cross_entropy
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
@@ -78,6 +79,7 @@ class LMHead(_TiedOutput):
         embedding: Embedding | None = None,
     ) -> None:
         super().__init__(embedding)
+        self.decoding = False  # set by components.layout.lay_out_for_decoding
         self.proj = None if embedding is not None else nn.Linear(d_model, vocab_size, bias=spec.bias)
         self.bias = (
             nn.Parameter(torch.zeros(vocab_size)) if embedding is not None and spec.bias else None
@@ -87,6 +89,8 @@ class LMHead(_TiedOutput):
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale
+        if self.decoding:  # laid out for decoding: one-row products split over the threads
+            return decode_linear(x, *self._projection())
         return F.linear(x, *self._projection())  # (B, T, V)
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:

@@ -113,3 +113,73 @@ def test_only_float32_weights_on_the_cpu_move(tiny: Tiny) -> None:
     model.to(torch.bfloat16)
     assert decoding_weights(model) == []
     assert lay_out_for_decoding(model) == 0
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the names of the ATen operations run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def two_threads():  # type: ignore[no-untyped-def]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_one_row_product_is_split_over_the_threads_with_the_same_result(two_threads, layout: str, bias: bool) -> None:
+    from specformer.components.layout import decode_linear
+
+    weight = torch.randn(384, 96)
+    if layout == "columns":
+        weight = weight.t().contiguous().t()
+    b = torch.randn(384) if bias else None
+    x = torch.randn(1, 1, 96)
+    with torch.no_grad(), _Ops() as ops:
+        y = decode_linear(x, weight, b)
+    assert [n for n in ops.names if "mm" in n] == ["baddbmm.default" if bias else "bmm.default"]  # 2 blocks, one product
+    assert y.shape == (1, 1, 384)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, b), rtol=1e-6, atol=1e-5)
+    # several rows, autograd, or one thread: the plain product
+    for args, grad in (((torch.randn(2, 1, 96), weight, b), False), ((x, weight, b), True)):
+        with torch.set_grad_enabled(grad), _Ops() as ops:
+            decode_linear(*args)
+        assert not any(n.startswith(("bmm", "baddbmm")) for n in ops.names)
+    torch.set_num_threads(1)
+    with torch.no_grad(), _Ops() as ops:
+        decode_linear(x, weight, b)
+    assert not any(n.startswith(("bmm", "baddbmm")) for n in ops.names)
+
+
+def test_a_model_laid_out_splits_its_one_row_steps_and_restoring_undoes_it(tiny: Tiny, two_threads) -> None:
+    stack = {"ffn": {"type": "glu", "activation": "silu", "d_ff": 256}, "norm": {"type": "rmsnorm"}}
+    # every product's blocks of at least MIN_BLOCK features
+    spec = tiny("decoder", embedding={"tie_output": False}, stack=stack, d_model=128, vocab_size=256)
+    model = build_model(spec).eval()
+    ids = torch.randint(0, spec.vocab_size, (1, 6))
+
+    def batched_products() -> int:
+        with torch.no_grad():
+            out = model(ids, use_cache=True)
+            with _Ops() as ops:
+                model(ids[:, -1:], cache=out.cache)
+        return sum(n.startswith(("bmm", "baddbmm")) for n in ops.names)
+
+    plain = batched_products()  # attention's own (SDPA decomposes on some builds)
+    lay_out_for_decoding(model)
+    # every projection of the step (qkv, o, ffn up/down per layer, the head) is a batched product
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules()) - 1  # the head's proj is read by the head
+    assert batched_products() == plain + linears + 1
+    restore_layout(model)
+    assert batched_products() == plain
+    assert all("forward" not in m.__dict__ for m in model.modules()) and not model.head.decoding

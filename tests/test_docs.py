@@ -419,6 +419,7 @@ PY_SETUP: dict[str, Callable[[Path, pytest.MonkeyPatch], dict[str, Any]]] = {
     "docs/components.md: out = model(ids, labels=labels)          # out.loss: scalar, out.logits: None": _same_vocab_models,
     "docs/components.md: out = model(prompt_ids, attention_mask=mask, use_cache=True)   # a new cache, filled by the prompt": _same_vocab_models,
     "docs/training.md: import torch": _gpt_nano_checkpoint,
+    "docs/components.md: from specformer.components import lay_out_for_decoding": _same_vocab_models,
     "docs/interop.md: from specformer.builder import build_model": _hf_model_folder,
     "docs/training.md: import lightning as L": _small_training,
 }

@@ -25,13 +25,11 @@ batched product (``torch.bmm``), which does use them all: 1.5–1.8× for a 768 
 
 from __future__ import annotations
 
-import types
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["FEW_ROWS", "decode_linear", "decoding_weights", "lay_out_for_decoding", "restore_layout"]
+__all__ = ["FEW_ROWS", "DecodingLinear", "decode_linear", "decoding_weights", "lay_out_for_decoding", "restore_layout"]
 
 #: Decoding this many rows at a time or fewer gains from the layout (one token's vector, or two,
 #: a step). With 4 or 8 rows a step's products are small matrix products, which read either
@@ -88,12 +86,17 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     if bias is None:
         y = torch.bmm(rows, blocks)
     else:
-        y = torch.baddbmm(bias.view(p, 1, out_features // p), rows, blocks)
+        y = torch.baddbmm(bias.reshape(p, 1, out_features // p), rows, blocks)
     return y.view(*x.shape[:-1], out_features)
 
 
-def _linear_for_decoding(self: nn.Linear, x: Tensor) -> Tensor:
-    return decode_linear(x, self.weight, self.bias)
+class DecodingLinear(nn.Linear):
+    """An ``nn.Linear`` whose product is :func:`decode_linear`: what :func:`lay_out_for_decoding`
+    makes each plain ``nn.Linear`` of a model (by its class, so the model still pickles and
+    copies), and :func:`restore_layout` makes a plain one again."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return decode_linear(x, self.weight, self.bias)
 
 
 def lay_out_for_decoding(model: nn.Module) -> int:
@@ -109,10 +112,12 @@ def lay_out_for_decoding(model: nn.Module) -> int:
                 continue
             weight.data = weight.data.t().contiguous().t()
             moved += weight.numel() * weight.element_size()
+    from specformer.components.heads import LMHead
+
     for module in model.modules():
-        if type(module).forward is nn.Linear.forward:  # a plain linear, not a subclass with its own product
-            module.forward = types.MethodType(_linear_for_decoding, module)
-        elif hasattr(module, "decoding"):
+        if type(module) is nn.Linear:  # not a subclass, which may compute its own product
+            module.__class__ = DecodingLinear
+        elif isinstance(module, LMHead):
             module.decoding = True
     return moved
 
@@ -127,9 +132,11 @@ def restore_layout(model: nn.Module) -> int:
             if not param.is_contiguous():
                 param.data = param.data.contiguous()
                 moved += param.numel() * param.element_size()
+    from specformer.components.heads import LMHead
+
     for module in model.modules():
-        if getattr(module.__dict__.get("forward"), "__func__", None) is _linear_for_decoding:
-            del module.forward
-        elif hasattr(module, "decoding"):
+        if type(module) is DecodingLinear:
+            module.__class__ = nn.Linear
+        elif isinstance(module, LMHead):
             module.decoding = False
     return moved

@@ -9,7 +9,7 @@ import torch
 
 from specformer.builder import build_model
 from specformer.components import lay_out_for_decoding, restore_layout
-from specformer.components.layout import decoding_weights
+from specformer.components.layout import DecodingLinear, decoding_weights
 from specformer.specs.schema import ModelSpec
 from specformer.training.generate import beam_search, generate, generate_seq2seq
 
@@ -182,4 +182,18 @@ def test_a_model_laid_out_splits_its_one_row_steps_and_restoring_undoes_it(tiny:
     assert batched_products() == plain + linears + 1
     restore_layout(model)
     assert batched_products() == plain
-    assert all("forward" not in m.__dict__ for m in model.modules()) and not model.head.decoding
+    assert all(type(m) is not DecodingLinear for m in model.modules()) and not model.head.decoding
+
+
+def test_a_model_laid_out_still_pickles_and_copies(tiny: Tiny, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import copy
+
+    spec, model = _build(tiny, "llama-untied")
+    lay_out_for_decoding(model)
+    ids = torch.randint(0, spec.vocab_size, (1, 5))
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    for other in (torch.load(path, weights_only=False), copy.deepcopy(model)):
+        assert any(type(m) is DecodingLinear for m in other.modules())
+        with torch.no_grad():
+            torch.testing.assert_close(other(ids).logits, model(ids).logits)

@@ -562,15 +562,19 @@ for _family, _entries in _FAMILY_ENTRIES.items():
     for _spec, _target in _entries:
         register_builtin(_family, _spec, _target)
 
-load_plugins()
-
-# imported here, after the plugins, so plugin types join the training families' unions too
+# Every built-in type is registered before any plugin loads, the training families' too (by
+# importing specformer.specs.training), so a plugin may look one up at import; the unions are
+# made after the plugins, so that they hold the plugins' types.
 from specformer.specs.training import (  # noqa: E402
     TrainingSpec,
+    build_unions,
     fill_training,
     reference_models,
     training_issues,
 )
+
+load_plugins()
+build_unions()
 
 PositionalSpec = family_union("positional")
 AttentionFamily = family_union("attention")

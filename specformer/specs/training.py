@@ -3,7 +3,10 @@ and the Lightning Trainer settings. Pydantic only; no torch import.
 
 Like the model families, ``objective``, ``data``, ``tokenizer``, ``optimizer`` and
 ``schedule`` are discriminated unions built from :mod:`specformer.registry`, so a
-plugin can register, say, a new schedule and name it in YAML.
+plugin can register, say, a new schedule and name it in YAML. The built-in types are
+registered when this module is imported, before any plugin loads; the unions (and
+:class:`TrainingSpec`, whose fields they type) are built by :func:`build_unions` once the
+plugins have loaded.
 
 Defaults that depend on the model are filled by :func:`fill_training` while the
 :class:`~specformer.specs.schema.ModelSpec` validates, so a resolved spec says
@@ -19,8 +22,9 @@ from __future__ import annotations
 import copy
 import difflib
 import fnmatch
+import importlib
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BeforeValidator,
@@ -33,7 +37,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specformer.registry import REGISTRY, register_builtin
+from specformer.registry import PLUGIN_GROUP, REGISTRY, register_builtin
 from specformer.specs.base import Spec, family_union
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "TASK_SYMBOLS",
     "BYTE_VOCAB_SIZE",
     "OBJECTIVE_FOR_KIND",
+    "build_unions",
     "fill_training",
     "training_issues",
     "parameter_plan",
@@ -567,11 +572,59 @@ for _family, _entries in _FAMILY_ENTRIES.items():
         register_builtin(_family, _spec, _target)
 
 
-ObjectiveSpec = family_union("objective")
-DataSpec = family_union("data")
-TokenizerSpec = family_union("tokenizer")
-OptimizerSpec = family_union("optimizer")
-ScheduleSpec = family_union("schedule")
+# The unions of these families, and TrainingSpec whose fields they type, are made by
+# build_unions once every plugin has loaded (specformer.specs.schema calls it after
+# load_plugins): a plugin may import this module and look up a built-in type at import,
+# and one loaded after it may still add a type to these families.
+_UNIONS = {
+    "ObjectiveSpec": "objective",
+    "DataSpec": "data",
+    "TokenizerSpec": "tokenizer",
+    "OptimizerSpec": "optimizer",
+    "ScheduleSpec": "schedule",
+}
+if TYPE_CHECKING:
+    ObjectiveSpec: TypeAlias = Any
+    DataSpec: TypeAlias = Any
+    TokenizerSpec: TypeAlias = Any
+    OptimizerSpec: TypeAlias = Any
+    ScheduleSpec: TypeAlias = Any
+
+
+def build_unions() -> None:
+    """Make the training families' unions from the registry and complete
+    :class:`TrainingSpec` with them; once (the schema calls it after loading the plugins)."""
+    if _unions_built():
+        return
+    for name, family in _UNIONS.items():
+        globals()[name] = family_union(family)
+    TrainingSpec.model_rebuild()
+
+
+def _unions_built() -> bool:
+    return all(name in globals() for name in _UNIONS)
+
+
+def _need_unions(what: str) -> None:
+    """Build the schema (which loads the plugins, then calls build_unions) for ``what``,
+    used before it; refused while the plugins load."""
+    if not _unions_built():
+        importlib.import_module("specformer.specs.schema")
+    if not _unions_built():
+        raise ImportError(
+            f"{what} is built once every '{PLUGIN_GROUP}' entry point has loaded, so that it holds the "
+            "types plugins register: a plugin may use the training types' spec classes at import "
+            "(REGISTRY.get('optimizer', 'adamw').spec, or AdamWSpec from specformer.specs.training), "
+            f"not {what}"
+        )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _UNIONS:
+        _need_unions(name)
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 Precision = Literal["32", "bf16-mixed", "16-mixed", "bf16-true", "64"]
 
@@ -670,6 +723,13 @@ class TrainingSpec(Spec):
     @property
     def checkpoint_every(self) -> int:
         return self.checkpoint_interval or self.val_interval
+
+    @classmethod
+    def model_rebuild(cls, *, force: bool = False, raise_errors: bool = True, **_: Any) -> bool | None:
+        """Complete the class with the training families' unions (the first use before the
+        schema builds it, loading the plugins). Its fields' types are this module's names."""
+        _need_unions("TrainingSpec")
+        return super().model_rebuild(force=force, raise_errors=raise_errors, _parent_namespace_depth=0)
 
 
 # --------------------------------------------------------------------------- derivation + rules

@@ -882,7 +882,8 @@ def adamw(registry):
 
 @pytest.mark.parametrize("hook, cause", [
     ("bare", "TypeError: BareNorm lacks the fields placement, final that every norm spec has"),
-    ("adamw", "ValueError: optimizer type 'adamw' is built in, and MyAdamW"),  # found once plugins loaded
+    # the built-in types are registered before any plugin loads: refused as the plugin registers it
+    ("adamw", "ValueError: optimizer type 'adamw' is built in: a spec class of your own under its name"),
     ("missing", "AttributeError"),
 ])
 def test_a_broken_plugin_is_named_by_every_command_without_a_traceback(tmp_path, hook, cause):
@@ -1155,3 +1156,132 @@ def test_a_built_in_optimizer_name_a_script_builds_leaves_its_states_uncounted(t
     # its step and states are the plugin's, not AdamW's
     assert "**memory: adamw training step, batch 1 × seq_len 256, bf16-mixed**" in table
     assert "| adamw states |  | not counted |" in table and "AdamW" not in "\n".join(table)
+
+
+def _install(root, entry_points: str, **modules: str) -> dict:
+    """Write ``modules`` and a distribution whose ``specformer.plugins`` entry points are
+    ``entry_points`` (loaded in that order) under ``root``; the environment that finds them."""
+    for name, text in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(text))
+    dist = root / "plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[specformer.plugins]\n{entry_points}")
+    return {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "300"}
+
+
+LOOKS_UP_AT_IMPORT = """
+from specformer.registry import REGISTRY
+
+# specformer's own types of every family, looked up as the module is imported
+BUILT_IN = {family: REGISTRY.get(family, name) for family, name in (
+    ("objective", "causal_lm"), ("optimizer", "adamw"), ("schedule", "cosine"), ("data", "stdlib"),
+    ("tokenizer", "bpe"), ("ffn", "mlp"), ("attention", "mha"))}
+
+
+def register(registry):
+    registry.register("objective", BUILT_IN["objective"].spec, "wrapped_clm:CLM", replace=True)
+
+
+def CLM(spec, **kwargs):
+    return BUILT_IN["objective"].resolve()(spec, **kwargs)
+"""
+
+
+def test_a_plugin_looks_up_built_in_training_types_at_import(tmp_path):
+    """The registry's own advice, REGISTRY.get(family, name).spec with replace=True, works in a
+    plugin's module body: every built-in type is registered before any plugin loads."""
+    env = _install(tmp_path, "clm = wrapped_clm:register\n", wrapped_clm=LOOKS_UP_AT_IMPORT)
+    result = subprocess.run([sys.executable, "-m", "specformer", "validate", "gpt-nano", "--set",
+                             "training.objective.label_smoothing=0.1"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "    type: causal_lm\n    label_smoothing: 0.1\n" in result.stdout
+    mine = _show_json(tmp_path, "gpt-nano")
+    what = {"training.objective": "objective type 'causal_lm', built by wrapped_clm:CLM"}
+    assert mine["flops_per_token"]["not_counted"] == what and mine["memory"]["not_counted"] == what
+    assert mine["flops_per_token"]["forward"] == 1_967_104  # gpt-nano's, the plugin's objective aside
+
+
+IMPORTS_THE_TRAINING_SPECS = """
+import specformer.specs.training
+from specformer.specs.training import SGDSpec
+
+
+def register(registry):
+    registry.register("optimizer", SGDSpec, "first:sgd", replace=True)
+"""
+
+ADDS_AN_OPTIMIZER = """
+from typing import Literal
+
+from specformer.specs.base import Spec
+
+
+class LionSpec(Spec):
+    type: Literal["lion"] = "lion"
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.99)
+
+
+def register(registry):
+    registry.register("optimizer", LionSpec, "second:lion")
+"""
+
+
+def test_a_plugin_importing_the_training_specs_leaves_the_next_one_free_to_add_a_type(tmp_path):
+    """The training families' unions are made once every plugin has loaded: the first plugin
+    imports specformer.specs.training, the second adds an optimizer, and both count."""
+    env = _install(tmp_path, "first = first:register\nsecond = second:register\n",
+                   first=IMPORTS_THE_TRAINING_SPECS, second=ADDS_AN_OPTIMIZER)
+    code = (
+        "from specformer import load_spec\n"
+        "from specformer.registry import REGISTRY\n"
+        "spec = load_spec('gpt-nano', ['training.optimizer={type: lion, lr: 3e-4}'])\n"
+        "print(spec.training.optimizer.type, spec.training.optimizer.lr, spec.training.optimizer.betas)\n"
+        "print(REGISTRY.get('optimizer', 'sgd').target, REGISTRY.get('optimizer', 'lion').target)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["lion 0.0003 (0.9, 0.99)", "first:sgd second:lion"]
+    result = subprocess.run([sys.executable, "-m", "specformer", "validate", "gpt-nano", "-q", "--set",
+                             "training.optimizer={type: lion, lr: 3e-4}"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-m", "specformer", "validate", "gpt-nano", "-q", "--set",
+                             "training.optimizer={type: lino}"], capture_output=True, text=True, env=env)
+    assert result.returncode == 1 and "did you mean 'lion'" in result.stdout + result.stderr
+
+
+def test_a_script_adds_a_training_type_after_importing_the_training_specs(plugin_path):
+    """Importing specformer.specs.training makes no union: the schema makes them all, once."""
+    code = (
+        "from typing import Literal\n"
+        "from specformer.specs.training import AdamWSpec, TrainingSpec\n"
+        "from specformer.registry import register\n"
+        "from specformer.specs.base import Spec\n"
+        "class LionSpec(Spec):\n"
+        "    type: Literal['lion'] = 'lion'\n"
+        "    lr: float = 1e-4\n"
+        "register('optimizer', LionSpec, 'x:y')\n"
+        # TrainingSpec used first builds the schema, with the plugins' types and the script's
+        "print(TrainingSpec.model_validate({'optimizer': {'type': 'lion'}}).optimizer)\n"
+        "from specformer import load_spec\n"
+        "print(load_spec('gpt-nano', ['decoder.ffn={type: relu2}']).decoder.ffn.type)\n"
+    )
+    result = _run(plugin_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["type='lion' lr=0.0001", "relu2"]
+
+
+@pytest.mark.parametrize("name", ["OptimizerSpec", "TrainingSpec"])
+def test_a_plugin_using_what_holds_the_plugins_types_at_import_is_told_what_it_may_use(tmp_path, name):
+    use = "TrainingSpec()" if name == "TrainingSpec" else "OptimizerSpec"
+    module = f"from specformer.specs.training import {name}\n{use}\n\ndef register(registry):\n    pass\n"
+    env = _install(tmp_path, "early = early:register\n", early=module)
+    env.pop("SPECFORMER_DEBUG", None)
+    result = subprocess.run([sys.executable, "-m", "specformer", "validate", "gpt-nano"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(
+        f"error: the specformer plugin 'early' (early:register, from plugins 0.1) failed to register: ImportError: "
+        f"{name} is built once every 'specformer.plugins' entry point has loaded")
+    assert "REGISTRY.get('optimizer', 'adamw').spec" in result.stderr

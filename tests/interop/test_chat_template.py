@@ -58,7 +58,8 @@ TEXT = ["user assistant system You are a helpful AI assistant named SmolLM, trai
     "reverse " + " ".join(WORDS[i:] + WORDS[:i]) for i in range(8)] * 20
 
 
-def _chat_folder(tmp_path: Path, template: str | None, name: str = "chat") -> tuple[Path, Any]:
+def _chat_folder(tmp_path: Path, template: str | None, name: str = "chat",
+                 eos: str = "<|endoftext|>") -> tuple[Path, Any]:
     """A tiny Llama saved as an instruct model is: a byte-level BPE tokenizer.json whose chat
     tokens are special, and the chat template beside it (None: no template)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -69,7 +70,7 @@ def _chat_folder(tmp_path: Path, template: str | None, name: str = "chat") -> tu
     tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
-                                                eos_token="<|endoftext|>")
+                                                eos_token=eos)
     if template is not None:
         fast.chat_template = template
     config = transformers.LlamaConfig(
@@ -248,6 +249,42 @@ def test_export_hf_writes_the_chat_template_back(tmp_path: Path) -> None:
     result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out2")])
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "out2" / "chat_template.jinja").exists()
+
+
+def test_export_hf_stops_where_generate_chat_stops(tmp_path: Path, monkeypatch) -> None:
+    # ChatML saved as SmolLM2-Instruct is: the tokenizer's eos_token is the end of a turn, <|im_end|>,
+    # while specformer's end-of-text token is <|endoftext|>
+    folder, _ = _chat_folder(tmp_path, CHATML, eos="<|im_end|>")
+    spec_path, weights = _imported(folder, tmp_path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    end, eot = hf_tok.convert_tokens_to_ids("<|im_end|>"), hf_tok.convert_tokens_to_ids("<|endoftext|>")
+    out = tmp_path / "exported"
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert config["eos_token_id"] == end  # as an instruct model's config.json has it
+    assert generation["eos_token_id"] == [end, eot]  # and its generation_config.json: the turn's end first
+    back = transformers.AutoTokenizer.from_pretrained(out)
+    assert back.eos_token_id == end
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert loaded.generation_config.eos_token_id == [end, eot]
+    # generate --chat stops at that id
+    gen = importlib.import_module("specformer.training.generate")
+    seen: dict[str, Any] = {}
+    real = gen.generate
+    monkeypatch.setattr(gen, "generate", lambda *a, **k: seen.update(k) or real(*a, **k))
+    result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "--prompt", "hi", "--chat",
+                                 "-n", "3"])
+    assert result.exit_code == 0, result.output
+    assert seen["eos_id"] == end
+    # without a chat template, or where the turn ends at the end-of-text token, nothing changes
+    plain, _ = _chat_folder(tmp_path, None, name="plain")
+    spec_path, weights = _imported(plain, tmp_path / "plain")
+    result = runner.invoke(app, ["export-hf", str(weights), "--spec", str(spec_path), "-o", str(tmp_path / "out2")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out2" / "config.json").read_text())["eos_token_id"] == eot
+    assert not (tmp_path / "out2" / "generation_config.json").exists()
 
 
 def test_chat_template_errors_name_what_is_missing_and_where(tmp_path: Path, monkeypatch) -> None:

@@ -220,6 +220,17 @@ def token_arrays(corpus: Corpus, tokenizer: Tokenizer, cache_dir: str | Path | N
     return TokenArrays(train=arrays["train"], val=arrays["val"], path=folder, cached=cached)
 
 
+def _pair_split(folder: Path, meta: dict, split: str, vocab_size: int, *, end_token: bool = True) -> PairDataset:
+    """One split of a pair cache: its ids and their (source, target) lengths, checked to agree
+    with each other and with the vocabulary (a cache entry that does not is remade)."""
+    n = int(meta["n_tokens"][split])
+    ids = _array(folder, f"{split}.bin", meta["dtype"], n)
+    lengths = _array(folder, f"{split}.lengths.bin", np.uint32, 2 * int(meta["n_pairs"][split]), mapped=False)
+    if int(lengths.sum(dtype=np.int64)) != n or (n and int(ids.max()) >= vocab_size):
+        raise ValueError(f"{folder}: the {split} ids do not fit their lengths or the vocabulary")
+    return PairDataset(ids=ids, lengths=lengths, end_token=end_token)
+
+
 @dataclass
 class PairIds:
     """Tokenised (source, target) pairs: sources cut to fit and framed by the tokenizer's
@@ -303,14 +314,7 @@ def pair_token_ids(
                 "vocab_size": tokenizer.vocab_size}
 
     def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int]]:
-        out = {}
-        for split in ("train", "val"):
-            n = int(meta["n_tokens"][split])
-            ids = _array(folder, f"{split}.bin", meta["dtype"], n)
-            lengths = _array(folder, f"{split}.lengths.bin", np.uint32, 2 * int(meta["n_pairs"][split]), mapped=False)
-            if int(lengths.sum(dtype=np.int64)) != n or (n and int(ids.max()) >= tokenizer.vocab_size):
-                raise ValueError(f"{folder}: the {split} ids do not fit their lengths or the vocabulary")
-            out[split] = PairDataset(ids=ids, lengths=lengths)
+        out = {split: _pair_split(folder, meta, split, tokenizer.vocab_size) for split in ("train", "val")}
         return out, {"source": int(meta["cut"]["source"]), "target": int(meta["cut"]["target"])}
 
     (pairs, cut), cached = _entry(folder, "the token cache", load, make)
@@ -441,14 +445,8 @@ def _prompt_response_ids(
                 "left_out": counts["left_out"], "cut": {"source": 0, "target": cut}, "vocab_size": tokenizer.vocab_size}
 
     def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int], dict[str, int]]:
-        out = {}
-        for split in ("train", "val"):
-            n = int(meta["n_tokens"][split])
-            ids = _array(folder, f"{split}.bin", meta["dtype"], n)
-            lengths = _array(folder, f"{split}.lengths.bin", np.uint32, 2 * int(meta["n_pairs"][split]), mapped=False)
-            if int(lengths.sum(dtype=np.int64)) != n or (n and int(ids.max()) >= tokenizer.vocab_size):
-                raise ValueError(f"{folder}: the {split} ids do not fit their lengths or the vocabulary")
-            out[split] = PairDataset(ids=ids, lengths=lengths, end_token=False)
+        out = {split: _pair_split(folder, meta, split, tokenizer.vocab_size, end_token=False)
+               for split in ("train", "val")}
         cut = {"source": 0, "target": int(meta["cut"]["target"])}
         return out, cut, {split: int(meta["left_out"][split]) for split in ("train", "val")}
 

@@ -214,7 +214,8 @@ def find_chat_template(path: str | Path) -> ChatTemplate | None:
     folder), where ``transformers``' ``save_pretrained`` writes it: ``chat_template.jinja``,
     else ``chat_template.json``'s or ``tokenizer_config.json``'s ``chat_template`` (of a list
     of named templates, the one named ``default``), with the special-token strings
-    ``tokenizer_config.json`` names; None when there is none."""
+    ``tokenizer_config.json`` names; None when there is none. A ``chat_template.jinja`` that
+    cannot be read (permissions, not UTF-8) is a :class:`DataError` naming it."""
     p = Path(path).expanduser()
     folder = p if p.is_dir() else p.parent
     config = _json(folder / "tokenizer_config.json")
@@ -226,10 +227,16 @@ def find_chat_template(path: str | Path) -> ChatTemplate | None:
             specials[name] = value
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
+        # it is the template (transformers reads it before any other): one that cannot be read
+        # is an error, not a silent turn to an older one in tokenizer_config.json
         try:
             return ChatTemplate(jinja.read_text(encoding="utf-8"), str(jinja), specials)
-        except (OSError, UnicodeDecodeError):
-            pass
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{jinja}: the chat template is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            "save it as UTF-8, or remove it to use tokenizer_config.json's") from None
+        except OSError as exc:
+            raise DataError(f"{jinja}: the chat template cannot be read ({exc.strerror or exc}); "
+                            "fix its permissions, or remove it to use tokenizer_config.json's") from None
     for name in ("chat_template.json", "tokenizer_config.json"):
         found = _json(folder / name).get("chat_template")
         if isinstance(found, list):  # [{"name": "default", "template": …}, {"name": "tool_use", …}]

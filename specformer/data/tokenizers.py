@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -311,14 +311,9 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
 
     if spec.vocab_size is None:
         raise DataError("training.tokenizer.vocab_size is not set")
-    budget = int(spec.train_mb * 1e6)
-    texts, total = [], 0
-    for text in corpus.train:
-        if total >= budget:
-            break
-        texts.append(text)
-        total += len(text)
-    key = content_hash("bpe", "literal-specials", corpus.fingerprint, spec.model_dump(), tokenizers.__version__)
+    texts, total = _training_texts(corpus.train, int(spec.train_mb * 1e6))
+    key = content_hash("bpe", "literal-specials", "train_mb-cut", corpus.fingerprint, spec.model_dump(),
+                       tokenizers.__version__)
     root = resolve_cache_dir(cache_dir)
     path, lock = root / "tokenizers" / f"bpe-{key}.json", root / "locks" / f"bpe-{key}.lock"
 
@@ -332,6 +327,25 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
         return made_once(lock, lambda: _cached_bpe(path), make)
     except OSError as exc:
         raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
+
+
+def _training_texts(documents: Iterable[str], budget: int) -> tuple[list[str], int]:
+    """The documents a BPE is trained on, at most ``budget`` characters in all: whole ones while
+    they fit, then the one that crosses the budget cut at its last line end before it (at the
+    budget itself when it has none there), so that one large file is not trained on whole."""
+    texts: list[str] = []
+    total = 0
+    for text in documents:
+        if total >= budget:
+            break
+        if total + len(text) > budget:
+            room = budget - total
+            text = text[: text.rfind("\n", 0, room) + 1 or room]
+            texts.append(text)
+            return texts, total + len(text)
+        texts.append(text)
+        total += len(text)
+    return texts, total
 
 
 def _cached_bpe(path: Path) -> HFTokenizer | None:

@@ -382,7 +382,11 @@ class BPETokenizerSpec(Spec):
         None, description="Vocabulary size including specials; default the model's vocab_size."
     )
     min_frequency: PositiveInt = Field(2, description="A pair must occur this often to be merged.")
-    train_mb: PositiveFloat = Field(8.0, description="Train the merges on at most this many MB of text.")
+    train_mb: PositiveFloat = Field(
+        8.0,
+        description="Train the merges on at most this many MB of text (millions of characters) of the train "
+        "split: whole documents while they fit, then the one that crosses it cut at a line end.",
+    )
 
 
 class FileTokenizerSpec(Spec):

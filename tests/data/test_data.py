@@ -1187,3 +1187,26 @@ def test_the_byte_tokenizer_below_vocab_size_is_pointed_out(tmp_path: Path) -> N
     assert ("; the tokenizer has 259 tokens and vocab_size is 512: ids 259–511 stay unused "
             "(vocab_size=259 saves their rows)") in data.description
     assert "stay unused" not in prepare(load_spec("gpt-nano", [*base, "vocab_size=259"])).description
+
+
+def test_bpe_trains_on_at_most_train_mb_cutting_the_crossing_document_at_a_line_end(tmp_path: Path, monkeypatch) -> None:
+    from specformer.data import tokenizers as toks
+    from specformer.data.corpus import Corpus
+
+    lines = [f"line {i:03d} " + "x" * 90 + "\n" for i in range(100)]  # 100 lines of 100 characters
+    big = "".join(lines)
+    assert toks._training_texts(["ab\n", big], 1_000) == (["ab\n", "".join(lines[:9])], 903)
+    assert toks._training_texts([big], 1_050) == (["".join(lines[:10])], 1_000)  # cut at a line end
+    assert toks._training_texts(["y" * 2_000], 500) == (["y" * 500], 500)  # no line end: at the budget
+    small = ["one\n", "two\n"]
+    assert toks._training_texts(small, 1_000) == (small, 8)  # a corpus under the budget, whole
+    assert toks._training_texts(["a" * 600, "b" * 600, "c"], 600) == (["a" * 600], 600)
+
+    seen: list[list[str]] = []
+    real = toks._train_bpe
+    monkeypatch.setattr(toks, "_train_bpe", lambda spec, texts, path: seen.append(texts) or real(spec, texts, path))
+    corpus = Corpus(name="big", train=[big * 30], val=[big], fingerprint="big")  # one 300 kB document
+    tok = bpe_tokenizer(BPETokenizerSpec(vocab_size=300, train_mb=0.05), corpus=corpus, cache_dir=tmp_path)
+    assert tok.vocab_size == 300
+    (texts,) = seen
+    assert sum(map(len, texts)) == 50_000 and texts[-1].endswith("\n")

@@ -254,8 +254,17 @@ class Registry:
             return self._families[family][name]
         except KeyError:
             allowed = ", ".join(self.names(family)) or "(none)"
+            hint = ""
+            if family in FAMILIES and family not in self.builtin_defaults:
+                # a script that looks a built-in type up before anything imported the spec schema
+                hint = (
+                    f"; specformer's own {family} types are registered when the spec schema is first imported: "
+                    "`import specformer.specs.schema` before looking one up (a plugin finds them registered "
+                    "already). A new spec class is registered before that import; a new target for a "
+                    "built-in type (replace=True), after it too"
+                )
             raise LookupError(
-                f"unknown {family} type {name!r}; registered: {allowed}"
+                f"unknown {family} type {name!r}; registered: {allowed}{hint}"
             ) from None
 
     def spec_classes(self, family: str) -> tuple[type, ...]:

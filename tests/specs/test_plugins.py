@@ -1285,3 +1285,26 @@ def test_a_plugin_using_what_holds_the_plugins_types_at_import_is_told_what_it_m
         f"error: the specformer plugin 'early' (early:register, from plugins 0.1) failed to register: ImportError: "
         f"{name} is built once every 'specformer.plugins' entry point has loaded")
     assert "REGISTRY.get('optimizer', 'adamw').spec" in result.stderr
+
+
+def test_a_script_looking_up_a_built_in_before_the_schema_is_told_to_import_it(tmp_path) -> None:
+    code = (
+        "from specformer.registry import REGISTRY\n"
+        "try:\n"
+        "    REGISTRY.get('ffn', 'mlp')\n"
+        "except LookupError as exc:\n"
+        "    print(exc)\n"
+        "import specformer.specs.schema\n"
+        "print(REGISTRY.get('ffn', 'mlp').name)\n"
+        "try:\n"
+        "    REGISTRY.get('ffn', 'moe')\n"
+        "except LookupError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = _run(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    before, found, unknown = result.stdout.splitlines()
+    assert before.startswith("unknown ffn type 'mlp'; registered: (none); specformer's own ffn types are registered "
+                             "when the spec schema is first imported: `import specformer.specs.schema`")
+    assert found == "mlp"
+    assert unknown.startswith("unknown ffn type 'moe'; registered: mlp, glu") and "schema" not in unknown

@@ -342,16 +342,12 @@ def _timer(dev: torch.device) -> Callable[[], float]:
 
 @contextmanager
 def _decoding_layout(model: nn.Module, rows: int) -> Iterator[None]:
-    """For ``rows`` of at most ``FEW_ROWS``, the weights laid out for decoding, as ``specformer
-    generate`` lays them out once after loading a checkpoint (:mod:`specformer.components.layout`);
-    restored after, so that the training and prefill runs read the layout training uses.
-    Neither copy is timed."""
-    from specformer.components.layout import FEW_ROWS, lay_out_for_decoding, restore_layout
+    """The model laid out for decoding ``rows`` rows at a time, as ``specformer generate`` lays
+    it out once after loading a checkpoint (:mod:`specformer.components.layout`); restored after,
+    so that the training and prefill runs read it as training does. Neither is timed."""
+    from specformer.components.layout import lay_out_for_decoding, restore_layout
 
-    if rows > FEW_ROWS:
-        yield
-        return
-    lay_out_for_decoding(model)
+    lay_out_for_decoding(model, rows=rows)
     try:
         yield
     finally:

@@ -479,7 +479,7 @@ def generate_cmd(
     with _starting():
         import torch
 
-        from specformer.components.layout import FEW_ROWS, lay_out_for_decoding
+        from specformer.components.layout import lay_out_for_decoding
         from specformer.data.tokenizers import decoder_start_id, forced_ids
         from specformer.training.generate import (
             _heals,
@@ -546,8 +546,8 @@ def generate_cmd(
         candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
         learned = spec.positional.type == "learned"
         generator = torch.Generator().manual_seed(seed)
-        if cache and num_beams <= FEW_ROWS:  # steps of one row read the wide weights faster laid out
-            lay_out_for_decoding(model)  # column by column (components.layout)
+        if cache:  # steps of a few rows read the weights faster laid out for them (components.layout)
+            lay_out_for_decoding(model, rows=num_beams)
         ids = tok.with_template(tok.encode(prompt))  # as the model read text: Llama's <s>, T5's </s>
         _warn_unknown_symbols(tok, prompt)
         new: list[int] = []  # the tokens generated so far: shown, not lost, on Ctrl-C

@@ -150,8 +150,14 @@ def test_a_one_row_product_is_split_over_the_threads_with_the_same_result(two_th
     assert [n for n in ops.names if "mm" in n] == ["baddbmm.default" if bias else "bmm.default"]  # 2 blocks, one product
     assert y.shape == (1, 1, 384)
     torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, b), rtol=1e-6, atol=1e-5)
-    # several rows, autograd, or one thread: the plain product
-    for args, grad in (((torch.randn(2, 1, 96), weight, b), False), ((x, weight, b), True)):
+    # a few rows (8 tokens of a batch, as a decoding step of 8 sequences): split the same way
+    few = torch.randn(4, 2, 96)
+    with torch.no_grad(), _Ops() as ops:
+        y = decode_linear(few, weight, b)
+    assert [n for n in ops.names if "mm" in n] == ["baddbmm.default" if bias else "bmm.default"]
+    torch.testing.assert_close(y, torch.nn.functional.linear(few, weight, b), rtol=1e-6, atol=1e-5)
+    # more rows (a prompt), autograd, or one thread: the plain product
+    for args, grad in (((torch.randn(9, 1, 96), weight, b), False), ((x, weight, b), True)):
         with torch.set_grad_enabled(grad), _Ops() as ops:
             decode_linear(*args)
         assert not any(n.startswith(("bmm", "baddbmm")) for n in ops.names)
@@ -197,3 +203,18 @@ def test_a_model_laid_out_still_pickles_and_copies(tiny: Tiny, tmp_path) -> None
         assert any(type(m) is DecodingLinear for m in other.modules())
         with torch.no_grad():
             torch.testing.assert_close(other(ids).logits, model(ids).logits)
+
+
+def test_for_several_rows_the_products_split_and_the_weights_stay(tiny: Tiny) -> None:
+    spec, model = _build(tiny, "llama-untied")
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    ids = torch.randint(0, spec.vocab_size, (8, 6))
+    with torch.no_grad():
+        out = model(ids[:, :5], use_cache=True)
+        step = model(ids[:, 5:], cache=out.cache).logits
+    assert lay_out_for_decoding(model, rows=8) == 0  # nothing copied
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == before
+    assert any(type(m) is DecodingLinear for m in model.modules()) and model.head.decoding
+    with torch.no_grad():
+        out = model(ids[:, :5], use_cache=True)
+        torch.testing.assert_close(model(ids[:, 5:], cache=out.cache).logits, step, rtol=1e-5, atol=1e-5)

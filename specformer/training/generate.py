@@ -309,8 +309,8 @@ def generate(
     ``max_seq_len`` given slides it there all the same. ``repetition_penalty`` and ``no_repeat_ngram_size``: see
     :func:`penalize_repeats` (over the prompt and the tokens generated).
 
-    On a CPU, :func:`specformer.components.lay_out_for_decoding` called once on the model
-    beforehand makes each cached step faster, as ``specformer generate`` does."""
+    On a CPU, :func:`specformer.components.lay_out_for_decoding` (``rows=B``) called once on the
+    model beforehand makes each cached step faster, as ``specformer generate`` does."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)

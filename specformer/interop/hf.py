@@ -448,7 +448,8 @@ def save_hf(
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
     token_ids = special_token_ids(tokenizer, spec) if tokenizer is not None else None
-    ends = _turn_ends(spec, tokenizer, token_ids)
+    chat = _chat_template(spec, tokenizer) if tokenizer is not None else None
+    ends = _turn_ends(spec, tokenizer, chat, token_ids)
     if ends is not None:
         token_ids = {**token_ids, "eos_token_id": ends[0]}  # type: ignore[dict-item]
     config = hf_config_from_spec(spec, warnings=warnings, token_ids=token_ids, imported_as=imported_as)
@@ -461,8 +462,8 @@ def save_hf(
     texts = {"config.json": json.dumps(config, indent=2) + "\n"}
     if tokenizer is not None:
         texts.update(hf_tokenizer_files(tokenizer.state(), max_length=spec.max_seq_len))
-        if (chat := _chat_template_text(spec, tokenizer)) is not None:
-            texts["chat_template.jinja"] = chat
+        if chat is not None:
+            texts["chat_template.jinja"] = chat.template
     if ends is not None:  # transformers' generate stops at any of them, as generate --chat does at the first
         generation = {key: config.get(key) for key in ("bos_token_id", "pad_token_id")}
         texts["generation_config.json"] = json.dumps({**generation, "eos_token_id": ends}, indent=2) + "\n"
@@ -475,27 +476,21 @@ def save_hf(
     return out
 
 
-def _turn_ends(spec: ModelSpec, tokenizer: Any, token_ids: Mapping[str, int | None] | None) -> list[int] | None:
-    """For a decoder whose chat template ends a turn at a token of its own (the tokenizer's
-    ``eos_token`` ``<|im_end|>`` or ``<|eot_id|>``, where ``generate --chat`` stops) other than
-    the end-of-text token: that id, then the end-of-text one, as an instruct model's
+def _turn_ends(spec: ModelSpec, tokenizer: Any, chat: Any, token_ids: Mapping[str, int | None] | None
+               ) -> list[int] | None:
+    """For a decoder whose chat template ``chat`` ends a turn at a token of its own (the
+    tokenizer's ``eos_token`` ``<|im_end|>`` or ``<|eot_id|>``, where ``generate --chat`` stops)
+    other than the end-of-text token: that id, then the end-of-text one, as an instruct model's
     ``generation_config.json`` lists them (its ``config.json`` names the first). None otherwise."""
-    if tokenizer is None or token_ids is None or spec.kind != "decoder":
+    if chat is None or token_ids is None or spec.kind != "decoder":
         return None
-    from specformer.data.chat import chat_template_for
-    from specformer.data.corpus import DataError
-
-    try:
-        end = chat_template_for(spec.training, tokenizer).end_id(tokenizer)
-    except DataError:
-        return None
-    eos = token_ids.get("eos_token_id")
+    end, eos = chat.end_id(tokenizer), token_ids.get("eos_token_id")
     if end is None or end == eos:
         return None
     return [end] if eos is None else [end, eos]
 
 
-def _chat_template_text(spec: ModelSpec, tokenizer: Any = None) -> str | None:
+def _chat_template(spec: ModelSpec, tokenizer: Any = None) -> Any:
     """The chat template ``tokenizer`` keeps (a checkpoint's, read when it was trained), else
     the one beside the spec's ``training.tokenizer`` (an imported instruct model's), which an
     exported tokenizer keeps as ``chat_template.jinja``; None when none."""
@@ -503,7 +498,7 @@ def _chat_template_text(spec: ModelSpec, tokenizer: Any = None) -> str | None:
     from specformer.data.corpus import DataError
 
     try:
-        return chat_template_for(spec.training, tokenizer).template
+        return chat_template_for(spec.training, tokenizer)
     except DataError:
         return None
 

@@ -189,15 +189,7 @@ def test_generate_chat_frames_the_prompt_as_apply_chat_template_and_generates_as
     theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                          do_sample=False, max_new_tokens=n)[0].tolist()
 
-    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
-    real, seen = gen.generate, {}
-
-    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
-        out = real(model, ids, **kwargs)
-        seen["out"] = out[0].tolist()
-        return out
-
-    monkeypatch.setattr(gen, "generate", recording)
+    seen = _recorded_generate(monkeypatch)
     args = ["generate", str(weights), "--spec", str(spec_path), "--prompt", prompt, "-n", str(n), "--greedy",
             "--no-stop-at-eot"]
     result = runner.invoke(app, [*args, "--chat"])

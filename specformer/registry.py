@@ -24,6 +24,7 @@ import importlib
 import importlib.metadata
 import inspect
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -393,8 +394,17 @@ def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
 
         [project.entry-points."specformer.plugins"]
         myffn = "my_package.specformer_plugin:register"
+
+    Importing the spec schema calls it, after specformer's own types are registered, so a
+    plugin finds them and may look any of them up. Called before that (a script that loads
+    the plugins first), it imports the schema, which registers the built-ins and then the
+    plugins, and returns the names loaded.
     """
     global _plugins_loaded
+    if group == PLUGIN_GROUP and "specformer.specs.schema" not in sys.modules:
+        loaded_before = len(_LOADED)
+        importlib.import_module("specformer.specs.schema")  # built-ins first; it loads the plugins
+        return _LOADED[loaded_before:]
     if _plugins_loaded:
         return []
     _plugins_loaded = True
@@ -413,7 +423,13 @@ def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
         for key in {(family, name) for family in FAMILIES for name in REGISTRY.names(family)} - before:
             _PLUGIN_OF[key] = plugin
         loaded.append(ep.name)
+    if group == PLUGIN_GROUP:
+        _LOADED.extend(loaded)
     return loaded
+
+
+# the names of the plugins loaded so far
+_LOADED: list[str] = []
 
 
 # (family, name) -> the plugin that registered it, named when a built-in type finds it taken

@@ -113,15 +113,18 @@ def lay_out_for_decoding(model: nn.Module, rows: int = 1) -> int:
     """Make ``model`` decode ``rows`` rows at a time faster on a CPU, in place: have every plain
     ``nn.Linear`` and language-model head split its products of a few rows over the threads
     (:func:`decode_linear`), and, for at most :data:`FEW_ROWS` rows, lay the weights of
-    :func:`decoding_weights` column by column (their transposes contiguous). Returns how many
-    bytes were laid out anew (0 when none were). Outputs are unchanged to float32 rounding; the
-    layout costs one copy of the wide weights, once."""
+    :func:`decoding_weights` column by column (their transposes contiguous); for more rows,
+    those weights lie row by row (as PyTorch makes them), so a model laid out for one row and
+    then for eight reads its weights as a model laid out for eight. Returns how many bytes were
+    laid out anew (0 when none were). Outputs are unchanged to float32 rounding; the layout
+    costs one copy of the wide weights, once."""
     moved = 0
+    few = rows <= FEW_ROWS
     with torch.no_grad():
-        for weight in decoding_weights(model) if rows <= FEW_ROWS else ():
-            if weight.t().is_contiguous():
+        for weight in decoding_weights(model):
+            if (weight.t() if few else weight).is_contiguous():
                 continue
-            weight.data = weight.data.t().contiguous().t()
+            weight.data = weight.data.t().contiguous().t() if few else weight.data.contiguous()
             moved += weight.numel() * weight.element_size()
     from specformer.components.heads import LMHead
 

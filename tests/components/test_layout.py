@@ -218,3 +218,20 @@ def test_for_several_rows_the_products_split_and_the_weights_stay(tiny: Tiny) ->
     with torch.no_grad():
         out = model(ids[:, :5], use_cache=True)
         torch.testing.assert_close(model(ids[:, 5:], cache=out.cache).logits, step, rtol=1e-5, atol=1e-5)
+
+
+def test_laying_out_for_more_rows_puts_the_wide_weights_back_row_by_row(tiny: Tiny) -> None:
+    spec, model = _build(tiny, "llama-untied")
+    ids = torch.randint(0, spec.vocab_size, (8, 6))
+    with torch.no_grad():
+        out = model(ids[:, :5], use_cache=True)
+        step = model(ids[:, 5:], cache=out.cache).logits
+    moved = lay_out_for_decoding(model, rows=1)
+    assert moved > 0 and not all(p.is_contiguous() for p in model.parameters())
+    # the same model, now for beams of 8: what the first call laid out lies as PyTorch makes it
+    assert lay_out_for_decoding(model, rows=8) == moved
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert lay_out_for_decoding(model, rows=8) == 0
+    with torch.no_grad():
+        out = model(ids[:, :5], use_cache=True)
+        torch.testing.assert_close(model(ids[:, 5:], cache=out.cache).logits, step, rtol=1e-5, atol=1e-5)

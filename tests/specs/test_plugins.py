@@ -1308,3 +1308,36 @@ def test_a_script_looking_up_a_built_in_before_the_schema_is_told_to_import_it(t
                              "when the spec schema is first imported: `import specformer.specs.schema`")
     assert found == "mlp"
     assert unknown.startswith("unknown ffn type 'moe'; registered: mlp, glu") and "schema" not in unknown
+
+
+def test_a_script_loading_the_plugins_first_gets_the_built_ins_registered_before_them(tmp_path) -> None:
+    pkg = tmp_path / "looks_up"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent('''
+        from typing import Literal
+
+
+        def register(registry):
+            mlp = registry.get("ffn", "mlp").spec  # a built-in, looked up while registering
+
+            class WideMLPSpec(mlp):
+                type: Literal["wide-mlp"] = "wide-mlp"
+
+            registry.register("ffn", WideMLPSpec, registry.get("ffn", "mlp").target, source="looks-up")
+    '''))
+    dist = tmp_path / "looks_up-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: looks-up\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\nlooks = looks_up:register\n")
+    code = (
+        "import sys\n"
+        "from specformer.registry import REGISTRY, load_plugins\n"
+        "print(load_plugins(), 'specformer.specs.schema' in sys.modules)\n"
+        "print(load_plugins())\n"  # once only
+        "from specformer import load_spec\n"
+        "s = load_spec('gpt-nano', overrides=['decoder.ffn={type: wide-mlp, d_ff: 48}'])\n"
+        "print(type(s.decoder.ffn).__name__, s.decoder.ffn.d_ff, REGISTRY.get('ffn', 'wide-mlp').source)\n"
+    )
+    result = _run(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["['looks'] True", "[]", "WideMLPSpec 48 looks-up"]

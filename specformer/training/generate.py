@@ -310,7 +310,7 @@ def generate(
     :func:`penalize_repeats` (over the prompt and the tokens generated).
 
     On a CPU, :func:`specformer.components.lay_out_for_decoding` (``rows=B``) called once on the
-    model beforehand makes each cached step faster, as ``specformer generate`` does."""
+    model beforehand can make each cached step faster, as ``specformer generate`` does."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)

@@ -34,7 +34,7 @@ def test_wide_weights_lie_column_by_column_and_narrow_ones_stay(tiny: Tiny, case
     _, model = _build(tiny, case)
     before = {name: (p.shape, p.data_ptr()) for name, p in model.named_parameters()}
     wide = {id(w) for w in decoding_weights(model)}
-    moved = lay_out_for_decoding(model)
+    moved = lay_out_for_decoding(model, measure=False)
     assert moved == sum(w.numel() * 4 for w in decoding_weights(model)) > 0
     for name, p in model.named_parameters():
         assert p.shape == before[name][0], name
@@ -46,7 +46,7 @@ def test_wide_weights_lie_column_by_column_and_narrow_ones_stay(tiny: Tiny, case
     # every FFN's down projection (longer than wide) stays as it was
     downs = [p for name, p in model.named_parameters() if name.endswith("ffn.down_proj.weight")]
     assert downs and all(p.is_contiguous() for p in downs)
-    assert lay_out_for_decoding(model) == 0  # already laid out
+    assert lay_out_for_decoding(model, measure=False) == 0  # already laid out
     assert restore_layout(model) == moved
     assert all(p.is_contiguous() for p in model.parameters())
 
@@ -54,8 +54,8 @@ def test_wide_weights_lie_column_by_column_and_narrow_ones_stay(tiny: Tiny, case
 def test_the_vocabulary_projection_is_laid_out_once_tied_or_not(tiny: Tiny) -> None:
     _, tied = _build(tiny, "gpt-tied")
     _, untied = _build(tiny, "llama-untied")
-    lay_out_for_decoding(tied)
-    lay_out_for_decoding(untied)
+    lay_out_for_decoding(tied, measure=False)
+    lay_out_for_decoding(untied, measure=False)
     assert tied.embed.tokens.weight.t().is_contiguous()  # the head's product reads the embedding matrix
     assert untied.head.proj.weight.t().is_contiguous()
     assert untied.embed.tokens.weight.is_contiguous()  # an untied embedding is only looked up: it stays
@@ -71,7 +71,7 @@ def test_decoder_outputs_and_generation_do_not_change(tiny: Tiny, case: str) -> 
         step = model(ids[:, 5:6], cache=out.cache).logits
     greedy = generate(model, ids[:1], max_new_tokens=12, temperature=0)
     beams = beam_search(model, ids[:1], num_beams=3, max_new_tokens=6, eos_id=None)
-    lay_out_for_decoding(model)
+    lay_out_for_decoding(model, measure=False)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, logits, rtol=1e-5, atol=1e-5)
         out = model(ids[:, :5], use_cache=True)
@@ -87,7 +87,7 @@ def test_encoder_decoder_outputs_and_generation_do_not_change(tiny: Tiny) -> Non
     with torch.no_grad():
         logits = model(src, decoder_input_ids=tgt).logits
     greedy = generate_seq2seq(model, src, start_id=0, eos_id=None, max_new_tokens=8)
-    lay_out_for_decoding(model)
+    lay_out_for_decoding(model, measure=False)
     with torch.no_grad():
         torch.testing.assert_close(model(src, decoder_input_ids=tgt).logits, logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(generate_seq2seq(model, src, start_id=0, eos_id=None, max_new_tokens=8), greedy)
@@ -96,7 +96,7 @@ def test_encoder_decoder_outputs_and_generation_do_not_change(tiny: Tiny) -> Non
 def test_state_dict_is_unchanged_and_training_resumes_after_restoring(tiny: Tiny) -> None:
     spec, model = _build(tiny, "llama-untied")
     reference = {k: v.clone() for k, v in model.state_dict().items()}
-    lay_out_for_decoding(model)
+    lay_out_for_decoding(model, measure=False)
     state = model.state_dict()
     assert state.keys() == reference.keys()
     assert all(torch.equal(state[k], reference[k]) for k in reference)
@@ -112,7 +112,7 @@ def test_only_float32_weights_on_the_cpu_move(tiny: Tiny) -> None:
     _, model = _build(tiny, "gpt-tied")
     model.to(torch.bfloat16)
     assert decoding_weights(model) == []
-    assert lay_out_for_decoding(model) == 0
+    assert lay_out_for_decoding(model, measure=False) == 0
 
 
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
@@ -182,7 +182,7 @@ def test_a_model_laid_out_splits_its_one_row_steps_and_restoring_undoes_it(tiny:
         return sum(n.startswith(("bmm", "baddbmm")) for n in ops.names)
 
     plain = batched_products()  # attention's own (SDPA decomposes on some builds)
-    lay_out_for_decoding(model)
+    lay_out_for_decoding(model, measure=False)
     # every projection of the step (qkv, o, ffn up/down per layer, the head) is a batched product
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules()) - 1  # the head's proj is read by the head
     assert batched_products() == plain + linears + 1
@@ -195,7 +195,7 @@ def test_a_model_laid_out_still_pickles_and_copies(tiny: Tiny, tmp_path) -> None
     import copy
 
     spec, model = _build(tiny, "llama-untied")
-    lay_out_for_decoding(model)
+    lay_out_for_decoding(model, measure=False)
     ids = torch.randint(0, spec.vocab_size, (1, 5))
     path = tmp_path / "model.pt"
     torch.save(model, path)
@@ -212,7 +212,7 @@ def test_for_several_rows_the_products_split_and_the_weights_stay(tiny: Tiny) ->
     with torch.no_grad():
         out = model(ids[:, :5], use_cache=True)
         step = model(ids[:, 5:], cache=out.cache).logits
-    assert lay_out_for_decoding(model, rows=8) == 0  # nothing copied
+    assert lay_out_for_decoding(model, rows=8, measure=False) == 0  # nothing copied
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == before
     assert any(type(m) is DecodingLinear for m in model.modules()) and model.head.decoding
     with torch.no_grad():
@@ -226,12 +226,99 @@ def test_laying_out_for_more_rows_puts_the_wide_weights_back_row_by_row(tiny: Ti
     with torch.no_grad():
         out = model(ids[:, :5], use_cache=True)
         step = model(ids[:, 5:], cache=out.cache).logits
-    moved = lay_out_for_decoding(model, rows=1)
+    moved = lay_out_for_decoding(model, rows=1, measure=False)
     assert moved > 0 and not all(p.is_contiguous() for p in model.parameters())
     # the same model, now for beams of 8: what the first call laid out lies as PyTorch makes it
-    assert lay_out_for_decoding(model, rows=8) == moved
+    assert lay_out_for_decoding(model, rows=8, measure=False) == moved
     assert all(p.is_contiguous() for p in model.parameters())
-    assert lay_out_for_decoding(model, rows=8) == 0
+    assert lay_out_for_decoding(model, rows=8, measure=False) == 0
     with torch.no_grad():
         out = model(ids[:, :5], use_cache=True)
         torch.testing.assert_close(model(ids[:, 5:], cache=out.cache).logits, step, rtol=1e-5, atol=1e-5)
+
+
+def test_the_choice_takes_what_measured_faster_by_the_margin() -> None:
+    from specformer.components.layout import MEASURE_MARGIN, choose_layout
+
+    # two layers' (8, 4) and (4, 8) projections, then a tied (16, 4) head
+    q1, q2, down1, down2, head = torch.empty(8, 4), torch.empty(8, 4), torch.empty(4, 8), torch.empty(4, 8), torch.empty(16, 4)
+    weights = [q1, down1, q2, down2, head]
+    wide = {id(q1), id(q2), id(head)}
+    # (whole, split) per product, row by row and column by column; a shape's products are chosen for together
+    rowwise = ([10.0, 10.0, 10.0, 10.0, 20.0], [4.0, 9.9, 8.0, 9.8, 30.0])
+    colwise = ([3.0, 10.0, 3.0, 10.0, 25.0], [5.0, 9.9, 5.0, 9.8, 15.0])
+    layout, split = choose_layout(weights, rowwise, colwise, wide)
+    # q: column by column whole 6 beats row by row split 12; down: a split at 19.7 of 20 is within the margin;
+    # head: column by column split 15 beats 20
+    assert layout == {id(q1): True, id(q2): True, id(down1): False, id(down2): False, id(head): True}
+    assert split == [False, False, False, False, True]
+    # one product alone faster split does not split its shape: 4 + 12 against 10 + 10
+    rowwise = ([10.0, 10.0, 10.0, 10.0, 20.0], [4.0, MEASURE_MARGIN * 10.0, 12.0, MEASURE_MARGIN * 10.0, 30.0])
+    layout, split = choose_layout(weights, rowwise, None, wide)  # more rows: no layout measured
+    assert not any(layout.values())
+    assert split == [True, True, True, True, False]  # q: 16 of 20; down: exactly the margin
+
+
+def test_the_measured_layout_is_applied_product_by_product(tiny: Tiny, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import specformer.components.layout as layout
+
+    spec, model = _build(tiny, "llama-untied")
+    ids = torch.randint(0, spec.vocab_size, (1, 9))
+    with torch.no_grad():
+        step = model(ids[:, -1:], cache=model(ids[:, :-1], use_cache=True).cache).logits
+    head = model.head.proj.weight
+    calls = []
+
+    def fake(products, rows):  # type: ignore[no-untyped-def]
+        # measured twice: row by row, then (one row) with every wide weight column by column
+        column = head.t().is_contiguous() and not head.is_contiguous()
+        calls.append((rows, column))
+        n = len(products)
+        whole = [1.0] * n
+        first = products[0][1].shape  # only the products of the first one's shape split faster
+        split = [0.5 if w.shape == first else 1.0 for _, w, _ in products]
+        if column:  # and only the head reads faster column by column
+            whole = [0.5 if w is head else 2.0 for _, w, _ in products]
+        return whole, split
+
+    monkeypatch.setattr(layout, "_measure", fake)
+    moved = lay_out_for_decoding(model)
+    assert calls == [(1, False), (1, True)]
+    assert moved == head.numel() * 4
+    assert head.t().is_contiguous() and not head.is_contiguous()
+    assert all(p.is_contiguous() for p in model.parameters() if p is not head)
+    linears = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(type(m) is DecodingLinear for m in linears)
+    assert [m.split for m in linears] == [m.weight.shape == linears[0].weight.shape for m in linears]
+    assert 1 < sum(m.split for m in linears) < len(linears)  # one projection of every layer
+    assert model.head.decoding is False
+    with torch.no_grad():
+        out = model(ids[:, :-1], use_cache=True)
+        torch.testing.assert_close(model(ids[:, -1:], cache=out.cache).logits, step, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    assert lay_out_for_decoding(model, rows=4) == moved  # more rows: measured row by row only
+    assert calls == [(4, False)] and all(p.is_contiguous() for p in model.parameters())
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_measured_layout_splits_what_it_chose_and_changes_no_output(tiny: Tiny, two_threads, rows: int) -> None:
+    stack = {"ffn": {"type": "glu", "activation": "silu", "d_ff": 256}, "norm": {"type": "rmsnorm"}}
+    spec = tiny("decoder", embedding={"tie_output": False}, stack=stack, d_model=128, vocab_size=256)
+    model = build_model(spec).eval()
+    ids = torch.randint(0, spec.vocab_size, (rows, 6))
+
+    def step() -> tuple[torch.Tensor, int]:
+        with torch.no_grad():
+            out = model(ids[:, :-1], use_cache=True)
+            with _Ops() as ops:
+                logits = model(ids[:, -1:], cache=out.cache).logits
+        return logits, sum(n.startswith(("bmm", "baddbmm")) for n in ops.names)
+
+    logits, plain = step()
+    lay_out_for_decoding(model, rows=rows)  # whatever this machine measured faster
+    chosen = [m.split for m in model.modules() if type(m) is DecodingLinear and m is not model.head.proj]
+    assert len(chosen) == sum(isinstance(m, torch.nn.Linear) for m in model.decoder.modules()) >= 8
+    laid_out, batched = step()
+    torch.testing.assert_close(laid_out, logits, rtol=1e-5, atol=1e-5)
+    assert batched == plain + sum(chosen) + model.head.decoding
+    assert all(p.is_contiguous() or (rows == 1 and p.t().is_contiguous()) for p in model.parameters())

@@ -121,19 +121,25 @@ def test_generate_lays_out_the_weights_for_decoding_one_row_at_a_time(
     spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
     _train([str(spec)])
     ckpt = _checkpoint(tmp_path, "tiny-decoder")
-    moved: list[int] = []
+    calls: list[tuple[int, bool]] = []
     real = layout.lay_out_for_decoding
-    monkeypatch.setattr(layout, "lay_out_for_decoding",
-                        lambda model, rows=1: moved.append(real(model, rows=rows)) or moved[-1])
+
+    def recorded(model: Any, rows: int = 1, *, measure: bool = True) -> int:
+        moved = real(model, rows=rows, measure=measure)
+        calls.append((rows, measure, any(type(m) is layout.DecodingLinear for m in model.modules())))
+        return moved
+
+    monkeypatch.setattr(layout, "lay_out_for_decoding", recorded)
     outputs = {}
     for args in (["--greedy"], ["--greedy", "--no-cache"], ["--num-beams", "2"], ["--num-beams", "3"]):
-        before = len(moved)
+        before = len(calls)
         result = runner.invoke(app, ["generate", str(ckpt), "--prompt", "def", "-n", "8", *args])
         assert result.exit_code == 0, result.output
-        outputs[" ".join(args)] = (result.output, moved[before:])
-    assert outputs["--greedy"][1][0] > 0  # the wide weights were laid out anew, once
-    assert outputs["--num-beams 2"][1][0] > 0
-    assert outputs["--num-beams 3"][1] == [0]  # 3 rows a step: products split, weights as they are
+        outputs[" ".join(args)] = (result.output, calls[before:])
+    # once, for the rows of a step, measuring what this machine decodes faster
+    assert outputs["--greedy"][1] == [(1, True, True)]
+    assert outputs["--num-beams 2"][1] == [(2, True, True)]
+    assert outputs["--num-beams 3"][1] == [(3, True, True)]
     assert outputs["--greedy --no-cache"][1] == []
     assert outputs["--greedy"][0] == outputs["--greedy --no-cache"][0]  # the same text either way
 

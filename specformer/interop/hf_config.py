@@ -972,6 +972,18 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
 _TRAINING_ONLY = ("dropout", "init.")
 
 
+def _training_only_note(line: str, model_type: str) -> str:
+    """The warning for a training-only setting ``model_type`` cannot express: left out, and
+    why that leaves the exported model's outputs as they were."""
+    if line.startswith("init."):
+        why = ("an init setting only chose the weights the run started from; the exported weights "
+               "compute the same outputs")
+    else:
+        why = (f"dropout acts in training only; the exported model's outputs (eval mode) are the same, "
+               f"and fine-tuning it in transformers uses {model_type}'s value")
+    return f"left out of the export: {line}: {why}"
+
+
 def hf_config_from_spec(
     spec: ModelSpec,
     *,
@@ -1051,7 +1063,7 @@ def hf_config_from_spec(
         notes.append(f"head.dropout = {spec.head.dropout!r} (Hugging Face roberta's classification head "
                      "applies classifier_dropout before its dense layer too)")
     if warnings is not None:
-        warnings.extend(f"not expressible, ignored in the export: {n}" for n in notes)
+        warnings.extend(_training_only_note(n, model_type) for n in notes)
     _set_token_ids(config, spec, token_ids or {}, notes=warnings)
     if imported_as is not None and EXPORTED_AS.get(imported_as) == model_type:
         theirs, own = _CLASS_PREFIXES[imported_as]

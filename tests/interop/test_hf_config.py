@@ -368,6 +368,25 @@ def test_export_warns_about_training_only_differences() -> None:
     assert any("init.scaled_residual" in w for w in warnings)
 
 
+def test_export_says_a_training_only_setting_left_out_does_not_change_the_outputs() -> None:
+    # a Llama-like spec written from scratch keeps init.scaled_residual's default (true),
+    # which Llama's config cannot say: the warning must not read as a changed model
+    spec = load_spec({"name": "tiny", "kind": "decoder", "vocab_size": 128, "d_model": 64, "max_seq_len": 32,
+                      "positional": {"type": "rope"}, "embedding": {"tie_output": False},
+                      "decoder": {"n_layers": 1, "attention": {"n_heads": 4, "n_kv_heads": 2, "bias": False},
+                                  "ffn": {"type": "glu", "activation": "silu"}, "norm": {"type": "rmsnorm"}}})
+    warnings: list[str] = []
+    assert hf_config_from_spec(spec, warnings=warnings)["model_type"] == "llama"
+    assert warnings == ["left out of the export: init.scaled_residual = True (Hugging Face llama has False): an "
+                        "init setting only chose the weights the run started from; the exported weights compute "
+                        "the same outputs"]
+    warnings = []
+    hf_config_from_spec(load_spec("bert-base", ["encoder.ffn.dropout=0.2"]), warnings=warnings)
+    assert warnings == ["left out of the export: encoder.ffn.dropout = 0.2 (Hugging Face bert has 0.0): dropout "
+                        "acts in training only; the exported model's outputs (eval mode) are the same, and "
+                        "fine-tuning it in transformers uses bert's value"]
+
+
 @pytest.mark.reference
 @pytest.mark.parametrize("tied", [True, False])
 def test_t5_init_has_the_stds_of_hugging_face_t5(tied: bool) -> None:

@@ -279,7 +279,9 @@ def _print_summary(result: Any) -> None:
 def train_cmd(
     spec: Annotated[
         str | None,
-        typer.Argument(help="A preset name or a YAML spec; optional with --resume (the checkpoint's spec is used)."),
+        typer.Argument(help="A preset name or a YAML spec. Leave it out with --resume: the checkpoint's spec, "
+                            "with every --set of its run, is used; a spec given there replaces the run's "
+                            "training settings (those its --set gave included) with its own."),
     ] = None,
     set_: SetOption = None,
     training: Annotated[
@@ -316,7 +318,7 @@ def train_cmd(
     specformer train t5-nano --set training.data.task=sort
     specformer train gpt-nano --set 'training.data={type: files, paths: [input.txt]}' --set training.tokenizer.type=byte
     specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
-    specformer train gpt-nano --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
+    specformer train --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
     specformer train gpt2.yaml --init-from gpt2.safetensors --set training.max_steps=200
     specformer train gpt2.yaml --init-from gpt2.safetensors --set training.objective.type=sft --set 'training.data={type: pairs, paths: [qa.jsonl]}'
     ```

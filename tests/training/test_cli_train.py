@@ -1025,3 +1025,12 @@ def test_the_summary_gives_the_model_flops_per_second_for_mfu(tiny: Any, tmp_pat
     _train([str(spec_path)])
     summary = json.loads(next((tmp_path / "runs" / "tiny-decoder").glob("*/summary.json")).read_text())
     assert summary["flops_per_token"] == _training_flops(load_spec(spec_path)) > 0
+
+
+def test_train_help_resumes_as_the_interruption_hint_says() -> None:
+    # a spec given with --resume replaces the run's training settings (its --set included):
+    # the help's example resumes without one, as the Ctrl-C hint does, and says so
+    out = " ".join(CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert "specformer train --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt" in out
+    assert "specformer train gpt-nano --resume" not in out
+    assert "Leave it out with --resume: the checkpoint's spec, with every --set of its run, is used" in out

@@ -223,7 +223,8 @@ class FilesDataSpec(Spec):
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
         0.05,
         description="Fraction of files (of documents, in a .jsonl file) held out for validation, chosen by a hash "
-        "of the path (and line).",
+        "of the path (and line); at least one of two or more, so a few files hold out a whole one (1 of 4 is a "
+        "quarter of the text); a single file holds out its last lines.",
     )
     max_mb: PositiveFloat | None = Field(
         None, description="Use at most this many MB of files: whole files, chosen by a hash of the path; one file "

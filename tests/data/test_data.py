@@ -237,6 +237,15 @@ def test_a_directory_leaves_out_hidden_files_and_reports_non_utf8_ones(tmp_path:
         files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
 
 
+def test_a_few_files_hold_out_a_whole_one_whatever_val_fraction_says(tmp_path: Path) -> None:
+    # as docs/training.md and val_fraction's description say: 1 of 4 files, a quarter of the text
+    for i in range(4):
+        (tmp_path / f"part{i}.txt").write_text(f"part {i}\n" * 50)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),), val_fraction=0.05))
+    assert (len(corpus.train), len(corpus.val)) == (3, 1)
+    assert corpus.documents == "4 documents (1 held out)"
+
+
 def test_empty_files_are_called_empty_not_unreadable(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "blank.txt").write_text("\n  \n")

@@ -145,14 +145,14 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
 
 
 def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
-    """The data line's note when a BPE learnt fewer tokens than asked, or a tokenizer.json or
-    the byte tokenizer has fewer than the model's vocab_size ('' otherwise)."""
+    """The data line's note when a BPE learnt fewer tokens than asked, or a tokenizer.json, the
+    byte tokenizer or a synthetic task's has fewer than the model's vocab_size ('' otherwise)."""
     settings = spec.training.tokenizer
     kind = getattr(settings, "type", None)
-    if kind in ("file", "byte") and tokenizer.vocab_size < spec.vocab_size:
+    if kind in ("file", "byte", "task") and tokenizer.vocab_size < spec.vocab_size:
         # (an imported model's table may be padded on purpose; one's own tokenizer may want a smaller one;
         # a byte-level model of a preset's vocab_size starts at a loss of ln vocab_size, not ln 259)
-        smaller = f" (vocab_size={tokenizer.vocab_size} saves their rows)" if kind == "byte" else ""
+        smaller = f" (vocab_size={tokenizer.vocab_size} saves their rows)" if kind in ("byte", "task") else ""
         return (f"; the tokenizer has {tokenizer.vocab_size} tokens and vocab_size is {spec.vocab_size}: ids "
                 f"{tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused{smaller}")
     asked = getattr(settings, "vocab_size", None)
@@ -267,7 +267,7 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
     description = (
         f"synthetic {d.task}: lengths {d.min_len}-{d.max_len}, {len(train)} training and "
         f"{len(val)} held-out examples"
-    )
+    ) + _bpe_shortfall(spec, tokenizer)
     n_train = sum(len(s) + len(g) + 1 for s, g in train)
     return PreparedData(
         tokenizer=tokenizer,

@@ -1198,6 +1198,20 @@ def test_the_byte_tokenizer_below_vocab_size_is_pointed_out(tmp_path: Path) -> N
     assert "stay unused" not in prepare(load_spec("gpt-nano", [*base, "vocab_size=259"])).description
 
 
+def test_a_synthetic_tasks_tokenizer_below_vocab_size_is_pointed_out() -> None:
+    # an encoder-decoder written with vocab_size 512 trains the reverse task on its 44 symbols
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    base = ["training.data.n_train=200", "training.data.n_val=20"]
+    data = prepare(load_spec("t5-nano", [*base, "vocab_size=512"]))
+    assert data.tokenizer.vocab_size == 44
+    assert data.description == ("synthetic reverse: lengths 3-6, 200 training and 20 held-out examples; the tokenizer "
+                                "has 44 tokens and vocab_size is 512: ids 44–511 stay unused (vocab_size=44 saves "
+                                "their rows)")
+    assert "stay unused" not in prepare(load_spec("t5-nano", [*base, "vocab_size=44"])).description
+
+
 def test_bpe_trains_on_at_most_train_mb_cutting_the_crossing_document_at_a_line_end(tmp_path: Path, monkeypatch) -> None:
     from specformer.data import tokenizers as toks
     from specformer.data.corpus import Corpus

@@ -122,6 +122,9 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
                     ("activation", "the FFN's activation is set in a stack's ffn: `ffn: {activation: ...}`")),
     "dropout": ("dropout", "dropout is set where it applies: `embedding: {dropout: ...}`, and in a stack's "
                 "`attention:`, `ffn:` and `residual:`"),
+    "bias": ("bias", "biases are set where they apply: in a stack's `attention: {bias: false}` and `ffn: {bias: "
+             "false}`, a layernorm's `norm: {type: layernorm, bias: false}`, and `head: {bias: ...}` (nanoGPT's "
+             "bias=False is the first three)"),
     **dict.fromkeys(("max_iters", "max_steps", "num_train_steps", "total_steps"),
                     ("max_steps", "the run's length is `training: {max_steps: N}`")),
     **dict.fromkeys(("learning_rate", "lr"), ("lr", "the learning rate is `training: {optimizer: {lr: ...}}`")),
@@ -131,7 +134,8 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
                     ("warmup_steps", "the warmup is `training: {schedule: {warmup_steps: N}}`")),
     "eval_interval": ("val_interval", "`training: {val_interval: N}`"),
     "eval_iters": ("val_batches", "the batches of a validation are `training: {val_batches: N}`"),
-    "dtype": ("precision", "the training precision is `training: {precision: ...}`"),
+    "dtype": ("precision", "the training precision is `training: {precision: ...}` (nanoGPT's dtype bfloat16 "
+              "is bf16-mixed, float16 16-mixed, float32 32)"),
     "device": ("accelerator", "the device is `training: {accelerator: ...}` (cpu, gpu, mps, auto)"),
     # names whose value means something else here: the hint says how to convert it
     "min_lr": ("min_lr_ratio", "the schedule's floor is a ratio of the peak lr, `training: {schedule: "
@@ -145,6 +149,8 @@ FIELD_HINTS: dict[str, tuple[str, str]] = {
 OTHER_MEANING = frozenset({"min_lr", "lr_decay_iters", "beta1", "beta2"})
 # of FIELD_HINTS: another tool's name for two fields here, the second set with the same value
 ALSO_SET = {"block_size": "training.seq_len"}
+# of FIELD_HINTS: another tool's values of the field, written as this field's (nanoGPT's dtype)
+VALUE_NAMES = {"dtype": {"float32": "32", "bfloat16": "bf16-mixed", "float16": "16-mixed"}}
 
 
 def set_arguments(name: str, path: str, value: str) -> str:
@@ -152,6 +158,7 @@ def set_arguments(name: str, path: str, value: str) -> str:
     another tool's ``name`` also stands for (nanoGPT's block_size: max_seq_len and
     training.seq_len)."""
     paths = [path, *([ALSO_SET[name.lower()]] if name.lower() in ALSO_SET else [])]
+    value = VALUE_NAMES.get(name.lower(), {}).get(value.strip().strip("'\""), value)
     return " ".join(f"--set {shlex.quote(f'{p}={value}')}" for p in paths)
 
 
@@ -1129,9 +1136,11 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         name = str(path[-1]) if path else ""
         guess = did_you_mean(name, allowed)
         field, where = FIELD_HINTS.get(name.lower(), (None, ""))
+        # a field of another type of this family (an rmsnorm's bias is a layernorm's) says so first
+        typed = _field_elsewhere(name, path, owner) if name.lower() == "bias" else None
         if field is not None and (field != guess or name.lower() in OTHER_MEANING):
             # a name from another tool, or a field of another section: say where it is written
-            hint = f"{where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
+            hint = f"{typed or where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         elif guess is None and (elsewhere := _field_elsewhere(name, path, owner)):
             hint = f"{elsewhere}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         else:

@@ -284,6 +284,9 @@ def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():
     # nanoGPT's block_size is both the model's context and the length it trains at
     (["train", "gpt-nano", "--block_size=128"], "--set max_seq_len=128 --set training.seq_len=128"),
     (["train", "gpt-nano", "--dropout=0.2"], "A spec's fields are set with --set; dropout is set where it applies"),
+    # nanoGPT's dtype values are training.precision's names; its bias is no one field
+    (["train", "gpt-nano", "--dtype=bfloat16"], "--set training.precision=bf16-mixed"),
+    (["train", "gpt-nano", "--bias=False"], "A spec's fields are set with --set; biases are set where they apply"),
     # the command's own near options are named first
     (["show", "gpt-nano", "--batch_size=8"], "No such option: --batch_size (Possible options: --batch). A spec's "
                                              "fields are set with --set: --set training.batch_size=8"),

@@ -659,6 +659,9 @@ SET_ELSEWHERE = [
     ("training.lr=3e-3", "write --set training.optimizer.lr=3e-3; "),
     ("eval_iters=200", "write --set training.val_batches=200; "),
     ("training.device=cpu", "write --set training.accelerator=cpu; "),
+    # nanoGPT's dtype values are written as training.precision's
+    ("dtype=bfloat16", "write --set training.precision=bf16-mixed; in a file: the training precision is"),
+    ("training.dtype=float16", "write --set training.precision=16-mixed; "),
     ("training.betas=[0.9, 0.99]",
      "write --set 'training.optimizer.betas=[0.9, 0.99]'; 'betas' is a field of training.optimizer. allowed here:"),
     # a field of rope, on gpt-nano's learned table: the --set gives the type too
@@ -679,6 +682,24 @@ def test_a_field_set_in_the_wrong_place_gets_the_set_that_sets_it(override, hint
     # and the --set it gives is right
     written = shlex.split(re.search(r"--set ('[^']*'|[^\s;]+)", problem.hint)[1])[0]
     assert load_spec("gpt-nano", overrides=[written]).to_dict() != load_spec("gpt-nano").to_dict()
+
+
+def test_nanogpts_bias_says_where_biases_are_set():
+    # nanoGPT's bias=False (and Hugging Face's attention_bias) is no one field here
+    for override in ("bias=false", "decoder.bias=false"):
+        with pytest.raises(SpecError) as info:
+            load_spec("gpt-nano", overrides=[override])
+        (problem,) = info.value.problems
+        assert problem.hint.startswith(
+            "biases are set where they apply: in a stack's `attention: {bias: false}` and `ffn: {bias: false}`, a "
+            "layernorm's `norm: {type: layernorm, bias: false}`, and `head: {bias: ...}` (nanoGPT's bias=False is "
+            "the first three). allowed here: "), problem.hint
+    # an rmsnorm's bias is still said to be a layernorm's, with the --set that gives both
+    with pytest.raises(SpecError) as info:
+        load_spec("llama2-7b", overrides=["decoder.norm.bias=false"])
+    assert info.value.problems[0].hint.startswith(
+        "'bias' is a field of type layernorm, not of type rmsnorm: give the type with it: "
+        "--set 'decoder.norm={type: layernorm, bias: false}'")
 
 
 def test_a_train_length_over_the_context_says_how_to_lower_it():

@@ -951,6 +951,11 @@ def diff(
     for spec_obj, label in zip(resolved, labels, strict=True):
         _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,
                                  name=label, given=seq_len is not None)
+        if seq_len is None and spec_obj.positional.type != "learned" and spec_obj.max_seq_len < resolved[0].max_seq_len:
+            print_error(
+                f"{label}'s figures are at seq_len {resolved[0].max_seq_len:,} (the first spec's max_seq_len), "
+                f"past its own max_seq_len {spec_obj.max_seq_len:,}: `--seq-len {spec_obj.max_seq_len}` "
+                "compares them at its length", label="[dim]note:[/]")
     result = _analysis_errors(lambda: diff_specs(
         *resolved, batch=batch, seq_len=seq_len, dtype=dtype, checkpoints=checkpoints,
         checkpoint_method="meta" if meta else "analytic", labels=labels, count=flops_count))

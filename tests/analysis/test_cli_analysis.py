@@ -303,6 +303,18 @@ def test_diff_warns_for_each_spec_evaluated_past_its_learned_position_table() ->
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
 
 
+def test_diff_notes_a_spec_compared_past_its_own_max_seq_len(tmp_path: Path) -> None:
+    short = tmp_path / "short.yaml"
+    short.write_text("extends: llama2-7b\nmax_seq_len: 128\n")
+    result = runner.invoke(app, ["diff", "llama2-7b", str(short)])
+    assert result.exit_code == 0, result.output
+    assert (f"{short}'s figures are at seq_len 4,096 (the first spec's max_seq_len), past its own max_seq_len 128: "
+            "`--seq-len 128` compares them at its length") in " ".join(result.stderr.split())
+    for args in (["diff", str(short), "llama2-7b"], ["diff", "llama2-7b", str(short), "--seq-len", "128"]):
+        quiet = runner.invoke(app, args)  # the first spec the shorter, or a length given: nothing to note
+        assert quiet.exit_code == 0 and "note" not in quiet.stderr, quiet.stderr
+
+
 def test_diff_marks_the_sizes_that_follow_from_other_fields(tmp_path: Path) -> None:
     variant = tmp_path / "h8.yaml"
     variant.write_text("extends: gpt2-small\ndecoder:\n  attention: {n_heads: 8}\n  norm: {placement: post}\n")

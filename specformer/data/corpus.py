@@ -120,19 +120,24 @@ def _read_files(
     *,
     report: bool = True,
     text_field: str | None = None,
+    val_from: int | None = None,
 ) -> Corpus:
     """Read ``items`` (key, path) as UTF-8 text and split them; files that are not UTF-8
     text are left out (listed in ``skipped`` when ``report``) and empty ones dropped. With
     ``text_field``, a JSON-lines file (``.jsonl``, ``.ndjson``) gives one document per line,
     its ``text_field``, keyed ``file.jsonl:LINE``, and a table (``.csv``, ``.tsv``, ``.json``)
-    one per row (:func:`_table_rows`)."""
+    one per row (:func:`_table_rows`). With ``val_from``, the items from that index on are
+    the validation split, the ones before it training; without, ``val_fraction`` splits."""
     texts: list[str] = []
     keys: list[str] = []
     digests: list[bytes] = []
+    held_out: list[bool] = []  # each document's split, with val_from
     skipped: list[str] = []
     utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
     with progress.step(f"reading {len(items):,} file{'s' if len(items) != 1 else ''}", sum(map(_size, items))) as advance:
-        for key, path in items:
+        for index, (key, path) in enumerate(items):
+            val = val_from is not None and index >= val_from
+            mark = b"\nvalidation" if val else b""  # a file moved between the splits: other cached tokens
             try:
                 raw = path.read_bytes()
                 advance(len(raw))
@@ -149,27 +154,34 @@ def _read_files(
                 for line, document in rows:
                     texts.append(document)
                     keys.append(f"{key}:{line}")
-                    digests.append(_key_bytes(f"{key}:{line}:{text_field}") + hashlib.sha1(document.encode()).digest())
+                    held_out.append(val)
+                    digests.append(_key_bytes(f"{key}:{line}:{text_field}") + hashlib.sha1(document.encode()).digest()
+                                   + mark)
                 continue
             text, changed = _plain_text(text)
             if not text.strip():
                 continue
             texts.append(text)
             keys.append(key)
+            held_out.append(val)
             # a file the reading changes is marked: its cached tokens (of an older reading) differ
-            digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b""))
+            digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b"") + mark)
     notes = [f"{_names(utf16)} {'is' if len(utf16) == 1 else 'are'} UTF-16 text (what Windows Notepad saves as "
              f"'Unicode'): save {'it' if len(utf16) == 1 else 'them'} as UTF-8 to train on {'it' if len(utf16) == 1 else 'them'}"
              ] if utf16 else []
     # a single document is split by lines, not by file: its cached tokens differ
     fingerprint = content_hash(name, {**settings, "split": "lines"} if len(texts) == 1 else settings, chunks=digests)
-    if len(texts) == 1:
+    if val_from is None and len(texts) == 1:
         train_text, val_text = _split_document(texts[0], val_fraction)
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
                       train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped,
                       split_by_lines=True, notes=notes)
-    train_idx, val_idx = split_by_path(keys, val_fraction)
+    if val_from is None:
+        train_idx, val_idx = split_by_path(keys, val_fraction)
+    else:
+        train_idx = [i for i, val in enumerate(held_out) if not val]
+        val_idx = [i for i, val in enumerate(held_out) if val]
     return Corpus(
         name=name,
         train=[texts[i] for i in train_idx],
@@ -386,16 +398,26 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     to the fixed part of the pattern that found it (``data/**/*.txt`` -> below ``data``;
     a directory -> below it; a file -> its name), so it does not change when other
     paths are added."""
-    keyed = _cap(_expand_paths(spec.paths, "training.data.paths"), spec.max_mb)
+    found = _expand_paths(spec.paths, "training.data.paths")
+    held: list[tuple[str, Path]] = []
+    if spec.val_paths is not None:  # validation files given: left out of paths, read whole
+        held = _expand_paths(spec.val_paths, "training.data.val_paths")
+        resolved = {path.resolve() for _, path in held}
+        given, found = found, [(key, path) for key, path in found if path.resolve() not in resolved]
+        if not found:
+            raise DataError(f"training.data.paths: every file it finds ({_names([key for key, _ in given])}) is in "
+                            "training.data.val_paths, which validation reads: nothing is left to train on")
+    keyed = _cap(found, spec.max_mb)
     # (text_field is in each JSON-lines document's digest: other files keep the key they had)
-    corpus = _read_files("files", keyed, spec.val_fraction, spec.model_dump(exclude={"paths", "text_field"}),
-                         text_field=spec.text_field)
+    corpus = _read_files("files", keyed + held, spec.val_fraction,
+                         spec.model_dump(exclude={"paths", "val_paths", "text_field"}),
+                         text_field=spec.text_field, val_from=len(keyed) if spec.val_paths is not None else None)
     if spec.max_mb is not None and (size := sum(path.stat().st_size for _, path in keyed)) > spec.max_mb * 1e6:
         # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
         corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {_mb(size)} MB of "
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
     if not corpus.train:
-        read = {i.removesuffix(" (last lines)") for i in corpus.val_ids}
+        read = {i.removesuffix(" (last lines)") for i in corpus.val_ids} if spec.val_paths is None else set()
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]
         found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
         found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []

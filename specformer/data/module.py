@@ -116,7 +116,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         if corpus.split_by_lines:  # "a.txt (first lines)"
             name, _, part = ids[0].rpartition(" (")
             ids = [f"the {part.removesuffix(')')} of {name}"]
-        fraction = ", raise training.data.val_fraction" if split == "validation" and hasattr(t.data, "val_fraction") else ""
+        fraction = ("" if split != "validation" else " to training.data.val_paths" if getattr(t.data, "val_paths", None)
+                    else ", raise training.data.val_fraction" if hasattr(t.data, "val_fraction") else "")
         raise DataError(
             f"the {split} split{f' ({_names(ids)})' if ids else ''} has fewer than seq_len={seq_len} tokens "
             f"({len(arrays.train) if split == 'training' else len(arrays.val)}); add data{fraction} or lower "

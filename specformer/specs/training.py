@@ -224,21 +224,28 @@ class FilesDataSpec(Spec):
         0.05,
         description="Fraction of files (of documents, in a .jsonl file) held out for validation, chosen by a hash "
         "of the path (and line); at least one of two or more, so a few files hold out a whole one (1 of 4 is a "
-        "quarter of the text); a single file holds out its last lines.",
+        "quarter of the text); a single file holds out its last lines. Not used with val_paths.",
+    )
+    val_paths: tuple[str, ...] | None = Field(
+        None, strict=False,
+        description="Files, directories or globs to validate on instead, e.g. [data/valid.txt] (one may be given "
+        "alone); whatever they find is left out of paths, so paths: data/ with val_paths: data/valid.txt trains on "
+        "the rest of data/. Unset: val_fraction holds out part of paths.",
     )
     max_mb: PositiveFloat | None = Field(
         None, description="Use at most this many MB of files: whole files, chosen by a hash of the path; one file "
-        "larger than the cap is read whole, and the run's data line says so.",
+        "larger than the cap is read whole, and the run's data line says so. Training files only: val_paths are "
+        "read whole.",
     )
     text_field: str = Field(
         "text", min_length=1, description="The field of each .jsonl line, .json object or .csv/.tsv column that "
         "holds a document's text."
     )
 
-    @field_validator("paths", mode="before")
+    @field_validator("paths", "val_paths", mode="before")
     @classmethod
     def _one_path(cls, value: Any) -> Any:
-        return _paths(value)
+        return None if value is None else _paths(value)
 
 
 def _paths(value: Any) -> Any:

@@ -246,6 +246,36 @@ def test_a_few_files_hold_out_a_whole_one_whatever_val_fraction_says(tmp_path: P
     assert corpus.documents == "4 documents (1 held out)"
 
 
+def test_val_paths_name_the_validation_files_and_leave_them_out_of_paths(tmp_path: Path) -> None:
+    data = tmp_path / "wikitext"
+    data.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (data / name).write_text(f"{name} line\n" * 40)
+    (data / "more.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(3)))
+    # the whole folder, one file of it validating (given alone, not in a list)
+    spec = FilesDataSpec.model_validate({"paths": str(data), "val_paths": str(data / "valid.txt")})
+    corpus = files_corpus(spec)
+    assert corpus.val_ids == ["valid.txt"] and corpus.val == ["valid.txt line\n" * 40]
+    assert corpus.train_ids == ["more.jsonl:1", "more.jsonl:2", "more.jsonl:3", "test.txt", "train.txt"]
+    assert corpus.documents == "6 documents (1 held out)"
+    # one training file: not split inside it; a JSON-lines file validating gives its lines
+    one = files_corpus(FilesDataSpec(paths=(str(data / "train.txt"),), val_paths=(str(data / "more.jsonl"),)))
+    assert one.train == ["train.txt line\n" * 40] and not one.split_by_lines
+    assert one.val == ["doc 0", "doc 1", "doc 2"]
+    # the split is in the cache key: the same files split the other way read as other data
+    swapped = files_corpus(FilesDataSpec(paths=(str(data / "more.jsonl"),), val_paths=(str(data / "train.txt"),)))
+    both = files_corpus(FilesDataSpec(paths=(str(data / "train.txt"), str(data / "more.jsonl")), val_fraction=0.5))
+    assert len({one.fingerprint, swapped.fingerprint, both.fingerprint}) == 3
+    with pytest.raises(DataError, match="training.data.val_paths: nothing matches 'nope.txt'"):
+        files_corpus(FilesDataSpec(paths=(str(data),), val_paths=("nope.txt",)))
+    with pytest.raises(DataError, match=r"training.data.paths: every file it finds \(valid.txt\) is in "
+                                        "training.data.val_paths"):
+        files_corpus(FilesDataSpec(paths=(str(data / "valid.txt"),), val_paths=(str(data / "*.txt"),)))
+    # as for pairs: val_fraction is not used when val_paths is given
+    given = files_corpus(FilesDataSpec(paths=(str(data),), val_paths=(str(data / "valid.txt"),), val_fraction=0.9))
+    assert given.val_ids == ["valid.txt"]
+
+
 def test_empty_files_are_called_empty_not_unreadable(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "blank.txt").write_text("\n  \n")
@@ -1146,6 +1176,13 @@ def test_a_validation_split_too_short_for_one_sequence_names_its_files(tmp_path:
                                   "vocab_size=259", "training.seq_len=32", f"training.cache_dir={tmp_path / 'cache'}"])
     with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len=32 tokens \(8\); "
                                         r"add data, raise training.data.val_fraction or lower training.seq_len"):
+        prepare(spec)
+    # the validation files given: the fix is more text in them
+    spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: ['{tmp_path}/*.txt'], val_paths: ['{tmp_path / held}']}}",
+                                  "training.tokenizer.type=byte", "vocab_size=259", "training.seq_len=32",
+                                  f"training.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len=32 tokens \(8\); "
+                                        r"add data to training.data.val_paths or lower training.seq_len"):
         prepare(spec)
 
 

@@ -263,6 +263,14 @@ def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
     meta = raw.get("specformer")
     if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict):
         raise CheckpointError(f"{source}: not a specformer checkpoint (it has no 'specformer' entry with a spec)")
+    saved_kind, kind = meta["spec"].get("kind"), spec.kind
+    if saved_kind != kind and saved_kind in _KIND_NAMES:
+        # another kind of model: every part differs, and its weights fit no field changed here
+        raise CheckpointError(
+            f"{source}: the checkpoint is {_KIND_NAMES[saved_kind]}'s and this spec describes "
+            f"{_KIND_NAMES.get(kind, repr(kind))}: resume with the checkpoint's own spec, which `specformer train "
+            f"--resume {source}` with no SPEC uses, or train this spec from the start without --resume"
+        )
     differences = model_spec_differences(meta["spec"], spec.to_dict())
     if differences:
         shown = "\n  ".join(differences[:_SHOWN])
@@ -474,12 +482,20 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
     ]
     if missing or unexpected or shapes:
         lines = [f"{source}: the weights do not fit the model"]
+        theirs, ours = _stacks(weights), _stacks(own)
+        if theirs and ours and theirs != ours:
+            # another kind of model altogether: its shapes and names differ everywhere, a table's rows included
+            lines.append(
+                f"  the weights are {_KIND_OF_STACKS[theirs]}'s (their layers are {' and '.join(s + '.*' for s in theirs)}) "
+                f"and this spec describes {_KIND_OF_STACKS[ours]}: weights load only into the kind of model they "
+                f"were trained as; give a spec of {_KIND_OF_STACKS[theirs]} (a checkpoint or run folder carries its own)"
+            )
         if shapes:
             lines += ["  different shapes:"] + [f"    {s}" for s in shapes[:10]]
             tables = [k for k in own if k.endswith("positions.weight") and k in weights
                       and weights[k].dim() == 2 and tuple(weights[k].shape[1:]) == tuple(own[k].shape[1:])
                       and weights[k].shape[0] != own[k].shape[0]]
-            for k in tables:
+            for k in tables if theirs == ours else ():
                 lines.append(
                     f"  {k} is a learned position table, one row per position: the weights have "
                     f"{weights[k].shape[0]} rows and this spec's max_seq_len (or positional.max_positions) "
@@ -497,6 +513,16 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
                          "transformers or export-hf wrote) are read with `specformer import-hf FOLDER -o spec.yaml "
                          "--weights weights.safetensors`, which renames them")
         raise CheckpointError("\n".join(lines))
+
+
+_KIND_NAMES = {"decoder": "a decoder", "encoder": "an encoder", "encoder-decoder": "an encoder-decoder"}
+_KIND_OF_STACKS = {("decoder",): "a decoder", ("encoder",): "an encoder", ("encoder", "decoder"): "an encoder-decoder"}
+
+
+def _stacks(state: dict[str, Any]) -> tuple[str, ...]:
+    """The layer stacks (``encoder``, ``decoder``, in this order) whose layers a state dict
+    holds: what kind of model its names are a specformer model's of."""
+    return tuple(stack for stack in ("encoder", "decoder") if any(k.startswith(f"{stack}.layers.") for k in state))
 
 
 def model_spec_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

@@ -991,6 +991,41 @@ def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
         train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)
 
 
+def test_a_resume_of_another_kind_of_model_says_so_in_one_line() -> None:
+    # gpt-nano's checkpoint resumed with bert-nano: not nine fields written out in full (whole
+    # decoder and encoder dicts), nor --init-from, whose weights would not fit either
+    saved = load_spec("gpt-nano")
+    with pytest.raises(CheckpointError) as err:
+        check_resumable({"specformer": {"spec": saved.to_dict()}}, load_spec("bert-nano"), source="run.ckpt")
+    assert str(err.value) == (
+        "run.ckpt: the checkpoint is a decoder's and this spec describes an encoder: resume with the "
+        "checkpoint's own spec, which `specformer train --resume run.ckpt` with no SPEC uses, or train this "
+        "spec from the start without --resume")
+
+
+def test_weights_of_another_kind_of_model_are_named_so_and_not_as_a_position_table() -> None:
+    # a decoder's weights (a 256-row learned table) given to an encoder's spec (128 rows): the
+    # cause is the kind of model, not max_seq_len, which the table's hint would have said to change
+    from specformer.builder import build_model
+    from specformer.training.checkpoint import CheckpointError, check_weights
+
+    weights = build_model(load_spec("gpt-nano"), device="meta").state_dict()
+    for other, kind in (("bert-nano", "an encoder"), ("t5-nano", "an encoder-decoder")):
+        with pytest.raises(CheckpointError) as info:
+            check_weights(build_model(load_spec(other), device="meta"), weights, source="w.safetensors")
+        lines = str(info.value).splitlines()
+        assert lines[:2] == [
+            "w.safetensors: the weights do not fit the model",
+            f"  the weights are a decoder's (their layers are decoder.*) and this spec describes {kind}: weights "
+            "load only into the kind of model they were trained as; give a spec of a decoder (a checkpoint or "
+            "run folder carries its own)"]
+        assert "learned position table" not in str(info.value)
+    t5 = build_model(load_spec("t5-nano"), device="meta").state_dict()
+    with pytest.raises(CheckpointError, match=r"the weights are an encoder-decoder's \(their layers are encoder.\* "
+                                              r"and decoder.\*\) and this spec describes a decoder"):
+        check_weights(build_model(load_spec("gpt-nano"), device="meta"), t5, source="w.safetensors")
+
+
 def test_init_from_a_shorter_learned_table_says_why_and_a_rope_model_takes_any_length(tiny: Any) -> None:
     from specformer.builder import build_model
     from specformer.training.checkpoint import CheckpointError, check_weights

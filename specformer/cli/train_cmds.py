@@ -519,6 +519,13 @@ def generate_cmd(
         if not repetition_penalty > 0:
             raise _fail(f"--repetition-penalty must be above 0, got {repetition_penalty:g}",
                         "1 is none; above 1 makes tokens already in the text less likely (1.2 is common)")
+        if greedy:  # the most likely token each step: a temperature, top-k or top-p would go unused
+            sampling = [f"{name} {value:g}" for name, value in (("--temperature", temperature), ("--top-k", top_k),
+                                                                 ("--top-p", top_p))
+                        if value is not None and not (name == "--temperature" and value == 0)]
+            if sampling:
+                raise _fail(f"--greedy takes the most likely token and samples nothing: leave out "
+                            f"{', '.join(sampling)}", "or sample without --greedy")
         if num_beams == 1 and length_penalty != 1.0:
             raise _fail("--length-penalty scores the texts of a beam search: add --num-beams K (K > 1)")
         if num_beams > 1:

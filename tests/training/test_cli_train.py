@@ -1034,3 +1034,32 @@ def test_train_help_resumes_as_the_interruption_hint_says() -> None:
     assert "specformer train --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt" in out
     assert "specformer train gpt-nano --resume" not in out
     assert "Leave it out with --resume: the checkpoint's spec, with every --set of its run, is used" in out
+
+
+def test_generate_refuses_greedy_with_sampling_options_it_would_leave_unused(
+    tiny: Any, tmp_path: Path
+) -> None:
+    # --greedy takes the argmax: a --temperature, --top-k or --top-p beside it would be silently
+    # unused, so it is refused by name, as --num-beams refuses them
+    from safetensors.torch import save_file
+
+    from specformer import load_spec
+    from specformer.builder import build_model
+
+    spec = _write(tmp_path, tiny("decoder"))
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in build_model(load_spec(spec)).state_dict().items()}, weights)
+    base = ["generate", str(weights), "--spec", str(spec), "-p", "def", "-n", "4"]
+    mixed = runner.invoke(app, [*base, "--greedy", "--temperature", "0.5", "--top-k", "5"])
+    assert mixed.exit_code == 1 and "Traceback" not in mixed.output
+    assert mixed.stderr.splitlines() == [
+        "error: --greedy takes the most likely token and samples nothing: leave out --temperature 0.5, --top-k 5",
+        "  or sample without --greedy"]
+    nucleus = runner.invoke(app, [*base, "--greedy", "--top-p", "0.9"])
+    assert nucleus.exit_code == 1 and "leave out --top-p 0.9" in nucleus.stderr
+    # --temperature 0 is the same as --greedy: the same text, no error
+    greedy = runner.invoke(app, [*base, "--greedy"])
+    both = runner.invoke(app, [*base, "--greedy", "--temperature", "0"])
+    assert greedy.exit_code == 0 and both.exit_code == 0, both.output
+    assert greedy.stdout.startswith("def") and both.stdout == greedy.stdout
+

@@ -22,7 +22,7 @@ class _Group(TyperGroup):
     """The command group; an unknown option that names a spec's field (nanoGPT's
     ``--batch_size=32``, ``--n_layer=4``) is answered with the ``--set`` that sets it, and
     the extra arguments of a ``--set`` value the shell split (``{type: files, ...}`` unquoted)
-    with how to quote it."""
+    with how to quote it, and a prompt given to ``generate`` as an argument with ``--prompt``."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         self._args = list(args)  # the command line, for the hint below
@@ -43,6 +43,11 @@ class _Group(TyperGroup):
                   and str(getattr(exc, "message", "")).startswith("Got unexpected extra argument")):
                 exc.message += (". A --set value with spaces, commas or braces is quoted whole, or the shell splits "
                                 "it: --set 'training.data={type: files, paths: [input.txt]}'")
+            elif (type(exc).__name__ == "UsageError" and getattr(command, "name", None) == "generate"
+                  and not {"--prompt", "-p"} & {a.partition("=")[0] for a in args}
+                  and str(getattr(exc, "message", "")).startswith("Got unexpected extra argument")):
+                # fill-mask and classify take their text as an argument; generate's prompt is an option
+                exc.message += ". The prompt is given with --prompt (-p): specformer generate CHECKPOINT --prompt 'TEXT'"
             raise
 
 

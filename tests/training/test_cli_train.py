@@ -1063,3 +1063,18 @@ def test_generate_refuses_greedy_with_sampling_options_it_would_leave_unused(
     assert greedy.exit_code == 0 and both.exit_code == 0, both.output
     assert greedy.stdout.startswith("def") and both.stdout == greedy.stdout
 
+
+def test_generate_given_its_prompt_as_an_argument_says_to_use_prompt(tiny: Any, tmp_path: Path) -> None:
+    # fill-mask and classify take their text as an argument, generate with --prompt: the usage
+    # error says so (the checkpoint is not read: the command line is refused first)
+    spec = _write(tmp_path, tiny("decoder"))
+    weights = tmp_path / "w.safetensors"
+    base = ["generate", str(weights), "--spec", str(spec), "-p", "def", "-n", "4"]
+    positional = runner.invoke(app, ["generate", str(weights), "--spec", str(spec), "def f", "-n", "4"],
+                               env={"COLUMNS": "400"})
+    text = " ".join(positional.output.replace("│", " ").split())
+    assert positional.exit_code == 2, text
+    assert ("Got unexpected extra argument(s) (def f). The prompt is given with --prompt (-p): specformer generate "
+            "CHECKPOINT --prompt 'TEXT'") in text
+    other = runner.invoke(app, [*base, "extra"], env={"COLUMNS": "400"})
+    assert other.exit_code == 2 and "extra argument(s) (extra)" in other.output and "--prompt (-p)" not in other.output

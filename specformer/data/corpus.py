@@ -471,8 +471,10 @@ def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Pa
                 items.setdefault(f.resolve().as_posix(), (key, f))
     if missing:
         raise DataError(f"{setting}: nothing matches {', '.join(map(repr, missing))}{relative_note(missing, setting)}")
-    if not items:
-        raise DataError(f"{setting}: no files found")
+    if not items:  # every pattern found only folders, with no (visible) file below them
+        folders = ", ".join(map(repr, patterns))
+        raise DataError(f"{setting}: no files found: {folders} {'finds' if len(patterns) == 1 else 'find'} only "
+                        "folders with no files in them (hidden ones, whose names start with '.', are left out)")
     return sorted(items.values())
 
 

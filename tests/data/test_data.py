@@ -106,6 +106,25 @@ def test_a_relative_data_path_not_found_names_the_working_directory(
         file_tokenizer(FileTokenizerSpec(path="tok.json"))
 
 
+def test_data_paths_that_find_only_empty_folders_name_them(tmp_path: Path) -> None:
+    # an empty folder (or one holding only hidden files) is not "no files found" alone:
+    # the message names the paths and says what was left out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / ".notes.txt").write_text("hello world\n" * 50)
+    with pytest.raises(DataError) as err:
+        files_corpus(FilesDataSpec(paths=(str(empty),)))
+    assert str(err.value) == (
+        f"training.data.paths: no files found: {str(empty)!r} finds only folders with no files in them "
+        "(hidden ones, whose names start with '.', are left out)")
+    with pytest.raises(DataError) as err:
+        files_corpus(FilesDataSpec(paths=(str(empty), str(hidden))))
+    assert str(err.value).startswith(f"training.data.paths: no files found: {str(empty)!r}, {str(hidden)!r} find "
+                                     "only folders with no files in them")
+
+
 def test_a_tokenizer_json_that_is_a_git_lfs_pointer_says_so(tmp_path: Path) -> None:
     path = tmp_path / "tokenizer.json"
     path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 1842767\n")

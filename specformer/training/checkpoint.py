@@ -172,6 +172,12 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             f"{path} is a spec, not a checkpoint: eval, generate, fill-mask, train --resume and --init-from take a "
             f"checkpoint (a .ckpt file or a run folder) written by `specformer train`, e.g. specformer train {path}"
         )
+    if path.suffix.lower() == ".safetensors":  # import-hf --weights (or any model's weights): no step, no optimizer
+        raise CheckpointError(
+            f"{path} holds weights only, not a checkpoint of a run (no step, optimizer or spec to continue): "
+            f"start a new run from them with `specformer train SPEC --init-from {path}`; generate, eval, fill-mask "
+            "and export-hf read them with --spec SPEC"
+        )
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (an interrupted copy?)")
     if pointer := lfs_pointer(path):

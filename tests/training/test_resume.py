@@ -991,6 +991,27 @@ def test_init_from_safetensors_loads_them_and_refuses_weights_that_do_not_fit(
         train(spec, init_from=tmp_path / "w.safetensors", resume=tmp_path / "w.safetensors", progress=False)
 
 
+def test_resume_from_a_safetensors_file_says_it_holds_weights_only(tmp_path: Path) -> None:
+    # import-hf --weights wrote it: no step or optimizer to continue, which --init-from starts anew;
+    # it used to be "not a torch zip file (truncated or not a checkpoint)", as if damaged
+    from safetensors.torch import save_file
+    from typer.testing import CliRunner
+
+    from specformer.builder import build_model
+    from specformer.cli import app
+
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in build_model(load_spec("gpt-nano")).state_dict().items()}, weights)
+    expected = (f"{weights} holds weights only, not a checkpoint of a run (no step, optimizer or spec to continue): "
+                f"start a new run from them with `specformer train SPEC --init-from {weights}`; generate, eval, "
+                "fill-mask and export-hf read them with --spec SPEC")
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(weights)
+    assert str(err.value) == expected
+    result = CliRunner().invoke(app, ["train", "--resume", str(weights)], env={"COLUMNS": "1000"})
+    assert result.exit_code == 1 and result.stderr == f"error: {expected}\n"
+
+
 def test_a_resume_of_another_kind_of_model_says_so_in_one_line() -> None:
     # gpt-nano's checkpoint resumed with bert-nano: not nine fields written out in full (whole
     # decoder and encoder dicts), nor --init-from, whose weights would not fit either

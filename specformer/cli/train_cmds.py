@@ -789,6 +789,12 @@ def eval_cmd(
             raise _fail(f"--set {', '.join(model_fields)}: eval runs the checkpoint's own model; only training.* "
                         "(what is evaluated, e.g. training.data), max_seq_len (how long a sequence it reads) "
                         "and positional.scaling (a rope model's frequency scaling) can change")
+        scaling = [k for k in keys if k == "positional.scaling" or k.startswith("positional.scaling.")]
+        if scaling and loaded.spec.positional.type != "rope":
+            # the spec's own hint (give positional={type: rope, ...}) would change the model, which eval refuses
+            raise _fail(f"--set {', '.join(scaling)}: positional.scaling scales the frequencies of rope positions, "
+                        f"and this model's positions are {loaded.spec.positional.type}; eval runs the model "
+                        "as it was trained, so only a rope model's positions can be scaled")
         if "max_seq_len" in keys and "training.seq_len" not in keys:
             # a longer max_seq_len is asked for to evaluate longer sequences: the checkpoint's own
             # training.seq_len would otherwise keep them at the trained length

@@ -1078,3 +1078,24 @@ def test_generate_given_its_prompt_as_an_argument_says_to_use_prompt(tiny: Any, 
             "CHECKPOINT --prompt 'TEXT'") in text
     other = runner.invoke(app, [*base, "extra"], env={"COLUMNS": "400"})
     assert other.exit_code == 2 and "extra argument(s) (extra)" in other.output and "--prompt (-p)" not in other.output
+
+
+def test_eval_with_a_rope_scaling_of_a_model_without_rope_says_so(tiny: Any, tmp_path: Path) -> None:
+    # the spec's own error for positional.scaling on learned positions says to give
+    # positional={type: rope, ...}, a change of model that eval then refuses: eval says why first
+    from safetensors.torch import save_file
+
+    from specformer import load_spec
+    from specformer.builder import build_model
+
+    spec = _write(tmp_path, tiny("decoder"))  # learned positions
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in build_model(load_spec(spec)).state_dict().items()}, weights)
+    for override in ("positional.scaling={type: linear, factor: 2}", "positional.scaling.factor=2"):
+        result = runner.invoke(app, ["eval", str(weights), "--spec", str(spec), "--set", override],
+                               env={"COLUMNS": "1000"})
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert result.stderr == (
+            f"error: --set {override.partition('=')[0]}: positional.scaling scales the frequencies of rope positions, "
+            "and this model's positions are learned; eval runs the model as it was trained, so only a rope "
+            "model's positions can be scaled\n")

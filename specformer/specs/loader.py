@@ -1185,6 +1185,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     if kind == "missing":
         return [(path, "required field is missing", "")]
 
+    if kind in ("tuple_type", "list_type") and not isinstance(value, dict | list):
+        # `betas: 0.9`: a list is written in brackets; the field's default shows its form
+        field = getattr(owner, "model_fields", {}).get(str(path[-1])) if path else None
+        default = getattr(field, "default", None)
+        example = (f"e.g. {path[-1]}: [{', '.join(map(str, default))}] (the default)"
+                   if isinstance(default, tuple | list) and default else f"e.g. {path[-1]}: [{value}]")
+        return [(path, f"expected a list, got {value!r}", f"a list is written in brackets, {example}")]
+
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]

@@ -43,6 +43,9 @@ BAD_INPUTS = [
     ("unknown-nested-key", "extends: gpt-nano\ndecoder:\n  attention: {n_head: 4}\n", 3,
      "decoder.attention.n_head", ["unknown field", "did you mean 'n_heads'", "allowed:"]),
     ("wrong-type", "extends: gpt-nano\nd_model: wide\n", 2, "d_model", ["valid integer", "'wide'"]),
+    # a list field given one value: what to write, in brackets, with the default as the example
+    ("scalar-for-list", "extends: gpt-nano\ntraining:\n  optimizer: {betas: 0.9}\n", 3, "training.optimizer.betas",
+     ["expected a list, got 0.9", "a list is written in brackets, e.g. betas: [0.9, 0.95] (the default)"]),
     ("bad-enum", "extends: gpt-nano\nkind: decoder-only\n", 2, "kind", ["not allowed", "encoder, decoder, encoder-decoder"]),
     ("bad-activation", "extends: gpt-nano\ndecoder:\n  ffn: {activation: gleu}\n", 3,
      "decoder.ffn.activation", ["did you mean 'gelu'", "relu, gelu, gelu_tanh, silu"]),

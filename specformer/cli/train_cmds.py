@@ -499,6 +499,9 @@ def generate_cmd(
         if tok is None:
             raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
         if spec.kind == "encoder":
+            if spec.head.type == "classification":
+                raise _fail("a sequence classifier (head: classification) does not generate text; use "
+                            "`specformer classify` to label texts")
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
         objective = spec.training.objective if spec.training is not None else None
         if chat is None:  # a model fine-tuned on conversations reads a prompt as a user turn
@@ -930,6 +933,9 @@ def fill_mask_cmd(
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if spec.kind != "encoder":
             raise _fail(f"fill-mask needs an encoder (masked LM); this checkpoint is {'an' if spec.kind.startswith('e') else 'a'} {spec.kind}; use `specformer generate`")
+        if spec.head.type == "classification":  # an encoder whose head scores classes, not tokens
+            raise _fail("fill-mask needs a masked LM (head: mlm); this checkpoint is a sequence classifier "
+                        "(head: classification): use `specformer classify` to label texts")
         if tok is None or tok.mask_id is None:
             raise _fail("the checkpoint's tokenizer has no mask token")
         text_ids = _encode_with_masks(tok, text)

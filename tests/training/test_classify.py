@@ -119,6 +119,35 @@ def test_a_model_that_is_not_a_classifier_is_named_with_the_command_that_fits_it
         classify(build_model(spec), None, ["a text"])
 
 
+def test_fill_mask_and_generate_given_a_classifier_name_classify(tiny: Any, tmp_path: Path) -> None:
+    # an encoder whose head scores classes: fill-mask failed inside with "IndexError: too many
+    # indices for tensor of dimension 1", and generate said to use fill-mask
+    import yaml
+    from safetensors.torch import save_file
+    from typer.testing import CliRunner
+
+    from specformer.builder import build_model
+    from specformer.cli import app
+
+    data = _spec(tiny, _table(tmp_path / "t.csv", n=40))
+    data["training"]["tokenizer"] = {"type": "byte"}
+    spec = tmp_path / "cls.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in build_model(load_spec(spec)).state_dict().items()}, weights)
+    runner = CliRunner()
+    masked = runner.invoke(app, ["fill-mask", str(weights), "--spec", str(spec), "a <mask> film"],
+                           env={"COLUMNS": "1000"})
+    assert masked.exit_code == 1 and masked.stderr == (
+        "error: fill-mask needs a masked LM (head: mlm); this checkpoint is a sequence classifier (head: "
+        "classification): use `specformer classify` to label texts\n")
+    generated = runner.invoke(app, ["generate", str(weights), "--spec", str(spec), "-p", "a film"],
+                              env={"COLUMNS": "1000"})
+    assert generated.exit_code == 1 and generated.stderr == (
+        "error: a sequence classifier (head: classification) does not generate text; use `specformer classify` "
+        "to label texts\n")
+
+
 def test_the_command_shows_labels_and_probabilities_of_texts(classifier: str) -> None:
     out = _cli(classifier, "the plot was good", "a bad [b]film[/b]", "--top-k", "2")
     assert out.exit_code == 0, out.output

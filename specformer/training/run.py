@@ -687,6 +687,7 @@ def _check_hardware(t: Any) -> None:
     machine: a GPU setting without a GPU, an unknown strategy, or fp16 on a CPU (which
     Lightning would quietly run as bf16) is an error naming the field, before any data."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.accelerators import CPUAccelerator
 
     from specformer.specs.errors import SpecError, SpecProblem
 
@@ -707,6 +708,14 @@ def _check_hardware(t: Any) -> None:
         }
         raise SpecError([SpecProblem(f"{value!r} cannot run here: {text}", path=f"training.{field}",
                                      hint=hints[field])]) from None
+    cores = os.cpu_count() or 1
+    if isinstance(probe.accelerator, CPUAccelerator) and probe.num_devices > cores:
+        # one process a device: more than the cores starve each other (64 on 2 cores never got going)
+        raise SpecError([SpecProblem(
+            f"{t.devices!r} starts {probe.num_devices} training processes on the CPU, which has {cores} core"
+            f"{'s' if cores != 1 else ''}", path="training.devices",
+            hint=f"give at most {cores} (one process a core; 1 uses every core through torch's threads), "
+                 "or train on a GPU")])
     ran = str(probe.precision)
     if lightning_precision(t.precision) != ran:
         raise SpecError([SpecProblem(

@@ -188,6 +188,11 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
             train(load_spec(tiny("decoder", precision="16-mixed")), progress=False)
     with pytest.raises(SpecError, match=r"training.strategy: 'bogus' cannot run here"):
         train(load_spec(tiny("decoder", strategy="bogus")), progress=False)
+    # one CPU process a device: more processes than cores is refused before any starts
+    cores = os.cpu_count() or 1
+    with pytest.raises(SpecError, match=rf"training.devices: {cores + 1} starts {cores + 1} training processes on the "
+                                        rf"CPU, which has {cores} cores?[\s\S]*give at most {cores}"):
+        train(load_spec(tiny("decoder", accelerator="cpu", devices=cores + 1)), progress=False)
     assert not list((tmp_path / "runs").glob("*/*"))  # no run folder left behind
     monkeypatch.undo()
     # a Trainer setting passed to train() replaces the spec's: the spec's is not checked

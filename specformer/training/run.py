@@ -682,6 +682,14 @@ def _hardware(t: Any) -> dict[str, Any]:
     }
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (a container's or ``taskset``'s share, not the
+    whole machine's where the system says)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def _check_hardware(t: Any) -> None:
     """The accelerator, devices, strategy and precision, as Lightning resolves them on this
     machine: a GPU setting without a GPU, an unknown strategy, or fp16 on a CPU (which
@@ -708,7 +716,7 @@ def _check_hardware(t: Any) -> None:
         }
         raise SpecError([SpecProblem(f"{value!r} cannot run here: {text}", path=f"training.{field}",
                                      hint=hints[field])]) from None
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if isinstance(probe.accelerator, CPUAccelerator) and probe.num_devices > cores:
         # one process a device: more than the cores starve each other (64 on 2 cores never got going)
         raise SpecError([SpecProblem(

@@ -1182,8 +1182,23 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
         return [(path, f"{value!r} is not allowed", hint)]
 
+    if kind in ("missing", "too_long") and isinstance(value, list | tuple):
+        # `betas: [0.9]` or `betas: [0.9, 0.95, 0.99]`: a list of a fixed length
+        at = path[:-1] if kind == "missing" and path and isinstance(path[-1], int) else path
+        field = getattr(owner, "model_fields", {}).get(str(at[-1])) if at else None
+        default = getattr(field, "default", None)
+        fixed = isinstance(default, tuple) and default and (kind == "missing" or ctx.get("max_length") == len(default))
+        if fixed:
+            return [(at, f"expected {len(default)} values, got {len(value)}: {list(value)}",
+                     f"e.g. {at[-1]}: [{', '.join(map(str, default))}] (the default)")]
+
     if kind == "missing":
         return [(path, "required field is missing", "")]
+
+    if kind == "int_type" and isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        # `d_model: 1e3` reads as the float 1000.0; an integer field takes it written whole
+        return [(path, f"expected an integer, got the float {value!r}",
+                 f"write {int(value)} (a number written with an exponent or a decimal point is a float)")]
 
     if kind in ("tuple_type", "list_type") and not isinstance(value, dict | list):
         # `betas: 0.9`: a list is written in brackets; the field's default shows its form

@@ -46,6 +46,13 @@ BAD_INPUTS = [
     # a list field given one value: what to write, in brackets, with the default as the example
     ("scalar-for-list", "extends: gpt-nano\ntraining:\n  optimizer: {betas: 0.9}\n", 3, "training.optimizer.betas",
      ["expected a list, got 0.9", "a list is written in brackets, e.g. betas: [0.9, 0.95] (the default)"]),
+    # a list of a fixed length given too few or too many values: how many, with the default
+    ("short-list", "extends: gpt-nano\ntraining:\n  optimizer:\n    betas: [0.9]\n", 4, "training.optimizer.betas",
+     ["expected 2 values, got 1: [0.9]", "e.g. betas: [0.9, 0.95] (the default)"]),
+    ("long-list", "extends: gpt-nano\ntraining:\n  optimizer:\n    betas: [0.9, 0.95, 0.99]\n", 4,
+     "training.optimizer.betas", ["expected 2 values, got 3: [0.9, 0.95, 0.99]", "(the default)"]),
+    ("exponent-for-int", "extends: gpt-nano\nd_model: 1e3\n", 2, "d_model",
+     ["expected an integer, got the float 1000.0", "write 1000"]),
     ("bad-enum", "extends: gpt-nano\nkind: decoder-only\n", 2, "kind", ["not allowed", "encoder, decoder, encoder-decoder"]),
     ("bad-activation", "extends: gpt-nano\ndecoder:\n  ffn: {activation: gleu}\n", 3,
      "decoder.ffn.activation", ["did you mean 'gelu'", "relu, gelu, gelu_tanh, silu"]),
@@ -85,7 +92,8 @@ BAD_INPUTS = [
     ("extends-not-string", "extends: [gpt-nano]\n", 1, "extends", ["preset name or a path"]),
     ("empty-file", "\n", 1, "", ["empty"]),
     # sizes are integers and switches booleans: 64.0, "128", true or "false" are not coerced
-    ("float-size", "extends: gpt-nano\nd_model: 64.0\n", 2, "d_model", ["valid integer", "64.0"]),
+    ("float-size", "extends: gpt-nano\nd_model: 64.0\n", 2, "d_model", ["expected an integer", "64.0", "write 64"]),
+    ("fractional-size", "extends: gpt-nano\nd_model: 64.5\n", 2, "d_model", ["valid integer", "64.5"]),
     ("string-size", "extends: gpt-nano\nd_model: '128'\n", 2, "d_model", ["valid integer", "'128'"]),
     ("bool-size", "extends: gpt-nano\ndecoder: {n_layers: true}\n", 2, "decoder.n_layers", ["valid integer", "True"]),
     ("string-bool", "extends: gpt-nano\nembedding: {tie_output: 'false'}\n", 2, "embedding.tie_output",

@@ -311,7 +311,8 @@ def train(
     ``resume`` continues from a checkpoint exactly (step, optimizer, scheduler, data
     position, random state). ``init_from`` starts a new run (step 0, a fresh optimizer)
     from the weights of a ``.safetensors`` file (``import-hf --weights``) or a checkpoint:
-    fine-tuning; they must fit the spec's model exactly. Extra callbacks, loggers and ``Trainer`` keyword
+    fine-tuning; they must fit the spec's model exactly, but for a classification head, which
+    starts from its initialisation under a body that fits (a masked-LM encoder's). Extra callbacks, loggers and ``Trainer`` keyword
     arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
     (a ``KeyboardInterrupt``) naming the checkpoint to resume from, and so does SIGTERM during
     training, after saving the step reached; any other error that stops the run carries a
@@ -388,12 +389,22 @@ def train(
             _warn(console, f"{recut}: the data position is a count of sequences, so this run reads on from the "
                            "same count in the text cut into sequences of the new length, not from where the "
                            "checkpoint stopped: some text of the current pass is read twice and some not at all")
-    weights, origin = None, {}
+    weights, origin, fresh_head = None, {}, []
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once
         weights, tokenizer, tokenizer_spec, origin = read_weights_tokenizer_and_origin(init_from)
+        meta = build_model(spec, device="meta")
+        fresh_head = _fresh_classification_head(spec, meta, weights)
+        if fresh_head:  # a pretrained body (BERT's masked-LM encoder) under a new classifier head
+            theirs = [k for k in weights if k.startswith("head.")]
+            for k in theirs:
+                del weights[k]
+            _warn(console, f"{init_from}: its head ({_names_of(theirs) or 'none'}) does not fit this spec's "
+                           f"classification head ({_names_of(fresh_head)}), which starts from its initialisation "
+                           "and is trained on the labels; every other weight is the checkpoint's")
         # the weights' shapes first: a checkpoint of another model is that, not a tokenizer problem
-        check_weights(build_model(spec, device="meta"), weights, source=str(init_from))
+        own = meta.state_dict()
+        check_weights(meta, {**weights, **{k: own[k] for k in fresh_head}}, source=str(init_from))
         _check_imported_tokenizer(spec, init_from, console)
     if tokenizer_spec is not None:
         spec = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume or init_from), console)
@@ -401,7 +412,9 @@ def train(
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)
     if weights is not None:
-        module.model.load_state_dict(weights, strict=True)  # keys and shapes checked above
+        # keys and shapes checked above; a new classifier head keeps its initialisation
+        missing, unexpected = module.model.load_state_dict(weights, strict=not fresh_head)
+        assert sorted(missing) == sorted(fresh_head) and not unexpected, (missing, unexpected)
         del weights
         module.imported_model_type = origin.get("specformer.imported_model_type")
     # a checkpoint's weights fit the token ids of its own tokenizer: the data is
@@ -803,6 +816,30 @@ def _warn(console: Console | None, message: str) -> None:
     """A warning, printed once (by the first process) on the console the run reports on."""
     if console is not None and rank_zero_only.rank == 0:
         console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def _fresh_classification_head(spec: Any, model: Any, weights: dict[str, Any]) -> list[str]:
+    """The names of ``model``'s head parameters to leave at their initialisation when
+    ``weights`` are a body that fits it under another head: the spec's head is a classifier and
+    every weight but the head's fits, as when fine-tuning BERT's masked-LM encoder (or a
+    classifier of other classes) to classify, as transformers' ``from_pretrained`` of a
+    classifier does. Else []: the weights load whole or not at all."""
+    if spec.head.type != "classification":
+        return []
+    own = model.state_dict()
+    heads = [k for k in own if k.startswith("head.")]
+    body = {k: v for k, v in own.items() if not k.startswith("head.")}
+    theirs = {k: v for k, v in weights.items() if not k.startswith("head.")}
+    if set(body) != set(theirs) or any(tuple(v.shape) != tuple(theirs[k].shape) for k, v in body.items()):
+        return []  # not this model's body: check_weights says how
+    if all(k in weights and tuple(weights[k].shape) == tuple(own[k].shape) for k in heads) and \
+            not [k for k in weights if k.startswith("head.") and k not in own]:
+        return []  # the head fits too: a classifier of the same classes
+    return heads
+
+
+def _names_of(keys: list[str]) -> str:
+    return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
 
 def _check_imported_tokenizer(spec: Any, init_from: str | Path, console: Console | None) -> None:

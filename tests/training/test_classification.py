@@ -256,3 +256,39 @@ def test_a_run_resumed_from_the_users_own_spec_numbers_labels_as_the_checkpoint(
     resumed = train(load_spec(spec), resume=first.checkpoint, progress=False)
     assert resumed.steps == 6
     assert load_checkpoint(resumed.checkpoint).spec.head.labels == ("neg", "pos")
+
+
+def test_a_masked_lm_encoder_is_fine_tuned_to_classify_under_a_new_head(tiny: Any, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+    from safetensors.torch import save_file
+
+    from specformer.training import train
+    from specformer.training.checkpoint import CheckpointError
+
+    table = _table(tmp_path / "t.csv", n=80)
+    mlm = train(load_spec(tiny("encoder", max_steps=2, val_interval=2)), progress=False)
+    pretrained = torch.load(mlm.checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    pretrained = {k.removeprefix("model."): v for k, v in pretrained.items() if k.startswith("model.")}
+    assert any(k.startswith("head.") for k in pretrained)  # BERT's transform: not a classifier's
+    spec = _spec(tiny, table, max_steps=1, val_interval=1, val_batches=1)
+    spec["training"]["optimizer"] = {"type": "sgd", "lr": 1e-30}  # one step that leaves the weights as loaded
+    out = io.StringIO()
+    done = train(load_spec(spec), init_from=mlm.checkpoint, progress=False,
+                 console=Console(file=out, width=400, color_system=None))
+    said = " ".join(out.getvalue().split())
+    assert ("its head (head.bias, head.transform.dense.weight, head.transform.dense.bias, head.transform.norm.weight "
+            "and 1 more) does not fit this spec's classification head (head.pooler.weight, head.pooler.bias, "
+            "head.classifier.weight, head.classifier.bias)") in said
+    assert "which starts from its initialisation and is trained on the labels" in said
+    tuned = torch.load(done.checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    tuned = {k.removeprefix("model."): v for k, v in tuned.items() if k.startswith("model.")}
+    body = [k for k in tuned if not k.startswith("head.")]
+    assert body and all(torch.equal(tuned[k], pretrained[k]) for k in body)  # every weight but the head's
+    assert not any(k in pretrained for k in tuned if k.startswith("head."))
+    # a body that does not fit is refused as before, head or not
+    other = {k: v for k, v in pretrained.items() if k != "embed.tokens.weight"}
+    save_file({k: v.contiguous() for k, v in other.items()}, tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match="missing from the checkpoint: embed.tokens.weight"):
+        train(load_spec(spec), init_from=tmp_path / "w.safetensors", progress=False)

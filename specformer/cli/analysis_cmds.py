@@ -21,7 +21,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from specformer.cli.app import app, console, print_error
-from specformer.cli.spec_cmds import SetOption, load_or_exit
+from specformer.cli.spec_cmds import SetOption, load_all_or_exit, load_or_exit
 
 __all__ = [
     "show", "diff", "Section", "render_markdown", "report_markdown", "diff_markdown",
@@ -946,7 +946,7 @@ def diff(
 
     if len(specs) == 1:
         specs = [specs[0], specs[0]]
-    resolved = [load_or_exit(s, set_ if i == len(specs) - 1 else None) for i, s in enumerate(specs)]
+    resolved = load_all_or_exit([(s, set_ if i == len(specs) - 1 else None) for i, s in enumerate(specs)])
     labels = _labels(specs, resolved, set_last=bool(set_))
     for spec_obj, label in zip(resolved, labels, strict=True):
         _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,

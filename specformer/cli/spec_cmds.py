@@ -19,7 +19,7 @@ from rich.table import Table
 from specformer.cli.app import app, console, err_console, print_error
 from specformer.specs.errors import SpecError
 
-__all__ = ["load_or_exit", "print_problems", "SetOption"]
+__all__ = ["load_all_or_exit", "load_or_exit", "print_problems", "SetOption"]
 
 SetOption = Annotated[
     list[str] | None,
@@ -33,10 +33,12 @@ SetOption = Annotated[
 ]
 
 
-def print_problems(error: SpecError) -> None:
-    """Print every problem of a spec, one per entry, to stderr."""
+def print_problems(error: SpecError, source: str | None = None) -> None:
+    """Print every problem of a spec, one per entry, to stderr; ``source`` names the spec
+    (a command given several)."""
     n = len(error.problems)
-    err_console.print(f"[bold red]error:[/] {n} problem{'s' if n != 1 else ''} in the spec", highlight=False)
+    which = f" {escape(source)}" if source is not None else ""
+    err_console.print(f"[bold red]error:[/] {n} problem{'s' if n != 1 else ''} in the spec{which}", highlight=False)
     for problem in error.problems:
         where = f"[bold]{escape(str(problem.position))}[/]: " if problem.position else ""
         field = f"[cyan]{escape(str(problem.path))}[/]: " if problem.path else ""
@@ -47,13 +49,24 @@ def print_problems(error: SpecError) -> None:
 
 def load_or_exit(source: str, overrides: list[str] | None = None):
     """``load_spec`` for commands: on a bad spec, print the problems and exit with status 1."""
+    return load_all_or_exit([(source, overrides)])[0]
+
+
+def load_all_or_exit(sources: list[tuple[str, list[str] | None]]) -> list:
+    """``load_spec`` of each (source, overrides): when any is bad, print the problems of every
+    bad one (not only the first's) and exit with status 1."""
     from specformer.specs.loader import load_spec
 
-    try:
-        return load_spec(source, overrides or [])
-    except SpecError as exc:
-        print_problems(exc)
-        raise typer.Exit(1) from None
+    loaded, failed = [], False
+    for source, overrides in sources:
+        try:
+            loaded.append(load_spec(source, overrides or []))
+        except SpecError as exc:
+            print_problems(exc, source if len(sources) > 1 else None)
+            failed = True
+    if failed:
+        raise typer.Exit(1)
+    return loaded
 
 
 @app.command("list")

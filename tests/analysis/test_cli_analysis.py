@@ -303,6 +303,16 @@ def test_diff_warns_for_each_spec_evaluated_past_its_learned_position_table() ->
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
 
 
+def test_diff_names_the_problems_of_every_bad_spec_not_only_the_first(tmp_path: Path) -> None:
+    (tmp_path / "b1.yaml").write_text("extends: gpt-nano\nd_modle: 64\n")
+    (tmp_path / "b2.yaml").write_text("extends: gpt-nano\nkind: decoder-only\n")
+    result = runner.invoke(app, ["diff", "gpt-nano", str(tmp_path / "b1.yaml"), str(tmp_path / "b2.yaml")])
+    assert result.exit_code == 1 and not result.stdout
+    err = " ".join(result.stderr.split())
+    assert f"error: 1 problem in the spec {tmp_path / 'b1.yaml'} {tmp_path / 'b1.yaml'}:2:1: d_modle: unknown field" in err
+    assert f"error: 1 problem in the spec {tmp_path / 'b2.yaml'} {tmp_path / 'b2.yaml'}:2:1: kind: 'decoder-only'" in err
+
+
 def test_diff_notes_a_spec_compared_past_its_own_max_seq_len(tmp_path: Path) -> None:
     short = tmp_path / "short.yaml"
     short.write_text("extends: llama2-7b\nmax_seq_len: 128\n")

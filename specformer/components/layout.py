@@ -63,8 +63,13 @@ def decoding_weights(model: nn.Module) -> list[Tensor]:
     ``decoder``) and of the language-model head, its own or the token embeddings it is tied
     to, that is at least as wide as it is long, float32, on the CPU, and the whole of its own
     storage (not a view into a larger one). Each once."""
+    return _wide(_products(model))
+
+
+def _wide(products: list[tuple[nn.Module, Tensor, Tensor | None]]) -> list[Tensor]:
+    """The weights of ``products`` that :func:`decoding_weights` names, each once."""
     found: dict[int, Tensor] = {}
-    for _, weight, _ in _products(model):
+    for _, weight, _ in products:
         found.setdefault(id(weight), weight)
     return [w for w in found.values() if _eligible(w)]
 
@@ -159,7 +164,7 @@ def lay_out_for_decoding(model: nn.Module, rows: int = 1, *, measure: bool = Tru
         else:
             owner.__class__ = DecodingLinear
             owner.split = True
-    wide = decoding_weights(model)
+    wide = _wide(products)
     before = {id(w): _column_major(w) for w in wide}
     few = rows <= FEW_ROWS
     if not measure:

@@ -11,7 +11,6 @@ The data module then serves an endless, resumable, rank-sharded training stream
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
 from specformer.data.tokenizers import EOT, EOT_NAMES, MASK, PAD, Tokenizer, decoder_start_id
-from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy
+from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy, usable_cores
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE, TASK_SPECIALS
 
@@ -74,10 +73,7 @@ class PreparedData:
 def default_num_workers() -> int:
     """Worker processes for loading: none on small machines, where a batch is a slice of a
     memory map and a worker would only compete with the model for a core."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
+    cpus = usable_cores()
     return 0 if cpus <= 4 else min(4, cpus // 4)
 
 

@@ -51,12 +51,18 @@ T = TypeVar("T")
 CHUNK_CHARS = 4_000_000
 
 
-def _threads() -> int:
-    """The threads the tokenizers library encodes a batch with (one a usable core)."""
+def usable_cores() -> int:
+    """The CPU cores this process may run on: a container's or ``taskset``'s share where the
+    system says (Linux), else the machine's."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _threads() -> int:
+    """The threads the tokenizers library encodes a batch with (one a usable core)."""
+    return usable_cores()
 
 
 @dataclass

@@ -492,9 +492,9 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
         if theirs and ours and theirs != ours:
             # another kind of model altogether: its shapes and names differ everywhere, a table's rows included
             lines.append(
-                f"  the weights are {_KIND_OF_STACKS[theirs]}'s (their layers are {' and '.join(s + '.*' for s in theirs)}) "
-                f"and this spec describes {_KIND_OF_STACKS[ours]}: weights load only into the kind of model they "
-                f"were trained as; give a spec of {_KIND_OF_STACKS[theirs]} (a checkpoint or run folder carries its own)"
+                f"  the weights are {_KIND_NAMES['-'.join(theirs)]}'s (their layers are {' and '.join(s + '.*' for s in theirs)}) "
+                f"and this spec describes {_KIND_NAMES['-'.join(ours)]}: weights load only into the kind of model they "
+                f"were trained as; give a spec of {_KIND_NAMES['-'.join(theirs)]} (a checkpoint or run folder carries its own)"
             )
         if shapes:
             lines += ["  different shapes:"] + [f"    {s}" for s in shapes[:10]]
@@ -522,7 +522,6 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
 
 
 _KIND_NAMES = {"decoder": "a decoder", "encoder": "an encoder", "encoder-decoder": "an encoder-decoder"}
-_KIND_OF_STACKS = {("decoder",): "a decoder", ("encoder",): "an encoder", ("encoder", "decoder"): "an encoder-decoder"}
 
 
 def _stacks(state: dict[str, Any]) -> tuple[str, ...]:

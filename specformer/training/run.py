@@ -695,14 +695,6 @@ def _hardware(t: Any) -> dict[str, Any]:
     }
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (a container's or ``taskset``'s share, not the
-    whole machine's where the system says)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
 def _check_hardware(t: Any) -> None:
     """The accelerator, devices, strategy and precision, as Lightning resolves them on this
     machine: a GPU setting without a GPU, an unknown strategy, or fp16 on a CPU (which
@@ -710,6 +702,7 @@ def _check_hardware(t: Any) -> None:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.accelerators import CPUAccelerator
 
+    from specformer.data.tokens import usable_cores
     from specformer.specs.errors import SpecError, SpecProblem
 
     try:

@@ -13,9 +13,34 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
-__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "check_output_file"]
+__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "check_output_file", "OnceCommand"]
+
+
+class OnceCommand(TyperCommand):
+    """A command whose options of text to read (``--prompt``, ``--system``, ``--file``) are
+    refused when given twice: a second ``--prompt`` would otherwise replace the first without
+    a word (click keeps the last), where the user meant both."""
+
+    once: dict[str, str] = {
+        "prompt": "one --prompt is read; run the command once per prompt (--num-samples N samples N texts from one)",
+        "system": "one --system prompt is read",
+        "file": "one --file is read; run the command once per file",
+    }
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:  # click's own parse, below, reports it
+            return super().parse_args(ctx, args)
+        names = [getattr(p, "name", None) for p in order]
+        for name, why in self.once.items():
+            if names.count(name) > 1:
+                option = next(p for p in order if getattr(p, "name", None) == name)
+                flag = max(option.opts, key=len)
+                ctx.fail(f"{flag} is given {names.count(name)} times: {why}")
+        return super().parse_args(ctx, args)
 
 
 class _Group(TyperGroup):

@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from specformer.cli.app import app, console, err_console, print_error, stops_cleanly
+from specformer.cli.app import OnceCommand, app, console, err_console, print_error, stops_cleanly
 from specformer.cli.spec_cmds import SetOption, print_problems
 from specformer.specs.errors import SpecError
 
@@ -432,7 +432,7 @@ SpecOfWeights = Annotated[
 ]
 
 
-@app.command("generate")
+@app.command("generate", cls=OnceCommand)
 def generate_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
@@ -1006,7 +1006,7 @@ def _encode_with_masks(tok: Any, text: str) -> list[int]:
 _OUTPUT_KINDS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json"}
 
 
-@app.command("classify")
+@app.command("classify", cls=OnceCommand)
 def classify_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or run folder of a classifier, or a .safetensors file of its weights with --spec.")],
     texts: Annotated[list[str] | None, typer.Argument(help="Texts to classify; - reads them from standard input, one a line.", show_default=False)] = None,

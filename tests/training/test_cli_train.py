@@ -1080,6 +1080,25 @@ def test_generate_given_its_prompt_as_an_argument_says_to_use_prompt(tiny: Any, 
     assert other.exit_code == 2 and "extra argument(s) (extra)" in other.output and "--prompt (-p)" not in other.output
 
 
+def test_a_second_prompt_or_file_is_refused_not_silently_dropped(tiny: Any, tmp_path: Path) -> None:
+    # click keeps the last of a repeated option: `--prompt a --prompt b` generated from b alone,
+    # `classify --file a --file b` classified b alone; both are refused before anything is read
+    spec = _write(tmp_path, tiny("decoder"))
+    weights = tmp_path / "w.safetensors"
+    cases = {
+        ("generate", "-p", "a", "--prompt=b"): "--prompt is given 2 times: one --prompt is read",
+        ("generate", "-p", "a", "--chat", "--system", "x", "--system", "y"): "--system is given 2 times",
+        ("classify", "--file", "a.csv", "-f", "b.csv"): "--file is given 2 times: one --file is read; run the "
+                                                       "command once per file",
+    }
+    for (command, *options), expected in cases.items():
+        result = runner.invoke(app, [command, str(weights), "--spec", str(spec), *options], env={"COLUMNS": "400"})
+        text = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2 and expected in text, text
+    once = runner.invoke(app, ["generate", str(weights), "--spec", str(spec), "-p", "a"], env={"COLUMNS": "400"})
+    assert once.exit_code == 1 and "given 2 times" not in once.output  # one prompt: on to reading the weights
+
+
 def test_eval_with_a_rope_scaling_of_a_model_without_rope_says_so(tiny: Any, tmp_path: Path) -> None:
     # the spec's own error for positional.scaling on learned positions says to give
     # positional={type: rope, ...}, a change of model that eval then refuses: eval says why first

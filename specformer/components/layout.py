@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 __all__ = [
-    "FEW_ROWS", "MEASURE_ROUNDS", "SPLIT_ROWS", "DecodingLinear", "choose_layout", "decode_linear", "decoding_weights",
+    "FEW_ROWS", "MEASURE_BYTES", "MEASURE_ROUNDS", "SPLIT_ROWS", "DecodingLinear", "choose_layout", "decode_linear", "decoding_weights",
     "lay_out_for_decoding", "restore_layout",
 ]
 
@@ -128,6 +128,12 @@ class DecodingLinear(nn.Linear):
 #: one to warm up); each product's time is the median over them.
 MEASURE_ROUNDS = 3
 
+#: The most bytes of weights the measuring sweeps read (:func:`_sample`): a larger model is
+#: timed on its first products up to this and one of each other weight shape, and each choice
+#: made for a shape holds for all of its products. Timing every product of a 2 GiB decoder took
+#: some 16 of its steps; of a 7B one in float32 it would take minutes.
+MEASURE_BYTES = 1 << 30
+
 #: A choice other than the plain one (the weight row by row, the product whole) is taken when
 #: it measured at most this fraction of the plain one's time: closer is noise.
 MEASURE_MARGIN = 0.97
@@ -141,7 +147,8 @@ def lay_out_for_decoding(model: nn.Module, rows: int = 1, *, measure: bool = Tru
     :func:`decoding_weights` row by row or column by column.
 
     ``measure=True`` times both for every product, at ``rows`` rows, over sweeps through all of
-    the decoder's products in order (as a decoding step reads them: from DRAM or from a cache,
+    the decoder's products in order (through its first :data:`MEASURE_BYTES` of them, and one of
+    each later shape, for a larger model) (as a decoding step reads them: from DRAM or from a cache,
     whichever this model's size and this machine give), and keeps what was faster for the
     products of each weight shape together (:func:`choose_layout`). Whether either helps depends
     on the machine: on an AMD EPYC both gave 1.5–2.1× a batch-1 step; on an Intel Xeon whose
@@ -234,25 +241,51 @@ def _measure(products: list[tuple[nn.Module, Tensor, Tensor | None]], rows: int)
             [statistics.median(t) for t in zip(*split, strict=True)])
 
 
+def _sample(products: list[tuple[nn.Module, Tensor, Tensor | None]],
+            ) -> list[tuple[nn.Module, Tensor, Tensor | None]]:
+    """The products that are timed: all of them when their weights total at most
+    :data:`MEASURE_BYTES`; else the first ones, in the model's order, up to that many bytes
+    (more than any CPU's cache, so they are read from memory, as the whole model's are), and the
+    first product of each weight shape that is not among them (the head's, at the end)."""
+    total, taken, shapes = 0, [], set()
+    for product in products:
+        size = product[1].numel() * product[1].element_size()
+        if total + size <= MEASURE_BYTES or not taken:
+            taken.append(product)
+            shapes.add(tuple(product[1].shape))
+            total += size
+        elif tuple(product[1].shape) not in shapes:
+            taken.append(product)
+            shapes.add(tuple(product[1].shape))
+    return taken
+
+
 def _lay_out_measured(products: list[tuple[nn.Module, Tensor, Tensor | None]], wide: list[Tensor],
                       rows: int, few: bool) -> None:
     from specformer.components.heads import LMHead
 
-    measured = [p for p in products if p[1].dtype == torch.float32 and p[1].device.type == "cpu"]
-    if not measured:
+    candidates = [p for p in products if p[1].dtype == torch.float32 and p[1].device.type == "cpu"]
+    if not candidates:
         return
+    measured = _sample(candidates)
+    ids = {id(w) for _, w, _ in measured}
+    timed_wide = [w for w in wide if id(w) in ids]
     for weight in wide:  # first as PyTorch lays them out
         _lay_out(weight, column=False)
     rowwise = _measure(measured, rows)
     colwise = None
-    if few and wide:
-        for weight in wide:
+    if few and timed_wide:
+        for weight in timed_wide:
             _lay_out(weight, column=True)
         colwise = _measure(measured, rows)
     layout, split = choose_layout([w for _, w, _ in measured], rowwise, colwise, {id(w) for w in wide})
+    # each choice is made for a weight shape: the products not timed take their shape's
+    column = {tuple(w.shape): layout.get(id(w), False) for _, w, _ in measured}
+    splits = {tuple(w.shape): s for (_, w, _), s in zip(measured, split, strict=True)}
     for weight in wide:
-        _lay_out(weight, column=layout.get(id(weight), False))
-    for (owner, _, _), s in zip(measured, split, strict=True):
+        _lay_out(weight, column=column.get(tuple(weight.shape), False))
+    for owner, weight, _ in candidates:
+        s = splits[tuple(weight.shape)]
         if isinstance(owner, LMHead):
             owner.decoding = s
         else:

@@ -300,6 +300,50 @@ def test_the_measured_layout_is_applied_product_by_product(tiny: Tiny, monkeypat
     assert calls == [(4, False)] and all(p.is_contiguous() for p in model.parameters())
 
 
+def test_a_large_model_is_timed_on_a_sample_and_each_shape_takes_its_choice(tiny: Tiny, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a 7B decoder in float32 timed product by product would take minutes; past MEASURE_BYTES
+    # the first products are timed, and one of each shape that comes later (the head's)
+    import specformer.components.layout as layout
+
+    spec = tiny("decoder", embedding={"tie_output": False}, decoder={"n_layers": 4}, stack={
+        "ffn": {"type": "glu", "activation": "silu", "d_ff": 96}, "norm": {"type": "rmsnorm"}})
+    model = build_model(spec).eval()
+    products = layout._products(model)
+    layer = [p for p in products if ".layers.0." in _name(model, p[0])]
+    size = sum(w.numel() * w.element_size() for _, w, _ in layer)
+    monkeypatch.setattr(layout, "MEASURE_BYTES", size)  # one layer's worth
+    timed: list[list[torch.Tensor]] = []
+    column_then: list[list[bool]] = []
+    head = model.head.proj.weight
+
+    def fake(sample, rows):  # type: ignore[no-untyped-def]
+        timed.append([w for _, w, _ in sample])
+        column_then.append([not p.is_contiguous() for p in model.parameters()])
+        first = sample[0][1].shape  # the first shape splits faster, the head reads faster column by column
+        split = [0.5 if w.shape == first else 1.0 for _, w, _ in sample]
+        whole = [0.5 if (w is head and len(timed) == 2) else 1.0 for _, w, _ in sample]
+        return whole, split
+
+    monkeypatch.setattr(layout, "_measure", fake)
+    lay_out_for_decoding(model)
+    assert len(timed) == 2 and [id(w) for w in timed[0]] == [id(w) for w in timed[1]]
+    assert [id(w) for w in timed[0]] == [id(w) for _, w, _ in layer] + [id(head)]
+    # the column-by-column pass copied only the timed wide weights
+    sampled = {id(w) for w in timed[0]}
+    moved = [p for p, c in zip(model.parameters(), column_then[1], strict=True) if c]
+    assert moved and all(id(p) in sampled for p in moved)
+    # every product takes its shape's choice, timed or not
+    linears = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 4 * len(layer)
+    assert [m.split for m in linears] == [m.weight.shape == layer[0][1].shape for m in linears]
+    assert head.t().is_contiguous() and not head.is_contiguous()
+    assert all(p.is_contiguous() for p in model.parameters() if p is not head)
+
+
+def _name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(f".{n}." for n, m in model.named_modules() if m is module)
+
+
 @pytest.mark.parametrize("rows", [1, 4])
 def test_a_measured_layout_splits_what_it_chose_and_changes_no_output(tiny: Tiny, two_threads, rows: int) -> None:
     stack = {"ffn": {"type": "glu", "activation": "silu", "d_ff": 256}, "norm": {"type": "rmsnorm"}}

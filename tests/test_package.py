@@ -22,3 +22,21 @@ def test_dir_of_the_package_imports_nothing_heavy() -> None:
     code = "import sys, specformer; d = dir(specformer); print('build_model' in d, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False"]
+
+
+def test_version_names_the_package_and_the_libraries_a_bug_report_needs() -> None:
+    from importlib import metadata
+
+    import specformer
+
+    assert metadata.version("specformer") == specformer.__version__  # pyproject.toml and the package agree
+    run = subprocess.run([sys.executable, "-m", "specformer", "--version"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    line = run.stdout.strip()
+    assert line.startswith(f"specformer {specformer.__version__} (Python {sys.version.split()[0]}; ")
+    assert f"torch {metadata.version('torch')}" in line and f"lightning {metadata.version('lightning')}" in line
+    # read without importing torch, which takes seconds
+    code = ("import sys\nfrom specformer.cli.app import app\ntry:\n    app(['--version'])\nexcept SystemExit:\n"
+            "    print('torch' in sys.modules)")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert quiet.stdout.splitlines()[-1] == "False"

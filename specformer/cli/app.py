@@ -114,6 +114,36 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _show_version(value: bool) -> None:
+    if not value:
+        return
+    import platform
+    from importlib import metadata
+
+    from specformer import __version__
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    # what a bug report needs, read without importing torch (seconds)
+    found = ", ".join(f"{name} {version(name)}" for name in ("torch", "lightning", "pydantic", "tokenizers",
+                                                             "transformers"))
+    console.print(f"specformer {__version__} (Python {platform.python_version()}; {found})", highlight=False,
+                  soft_wrap=True)
+    raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", "-V", callback=_show_version, is_eager=True,
+                                 help="Print specformer's version and those of the libraries it runs on, and exit."),
+) -> None:
+    pass
+
+
 def print_error(message: str, hint: str = "", *, label: str = "[bold red]error:[/]") -> None:
     """``error: message`` (and a dim hint) on stderr, the text shown exactly as written:
     square brackets in a user's value or path are not read as rich markup."""

@@ -657,6 +657,10 @@ def test_cli_line(block: Block, command: Command, tmp_path: Path, monkeypatch: p
     where = f"{block.file}:{command.line}"
     assert command.argv, f"{where}: no command"
     name = command.argv[0]
+    if name.startswith("-"):  # an option of specformer itself: --version, --help
+        own = {o for p in GROUP.get_params(GROUP.make_context("specformer", ["list"])) for o in (*p.opts, *p.secondary_opts)}
+        assert name in own and len(command.argv) == 1, f"{where}: specformer has no option {name} (it has {sorted(own)})"
+        return
     assert name in GROUP.commands, f"{where}: no command {name!r} (there are {sorted(GROUP.commands)})"
     sub = GROUP.commands[name]
     inline = block.lang == "inline"

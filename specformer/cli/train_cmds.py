@@ -42,7 +42,7 @@ def _signal_of(exc: BaseException) -> int:
 
 
 def _stopped_by(exc: BaseException) -> str:
-    from specformer.training.run import stopped_by
+    from specformer.training.stops import stopped_by
 
     return stopped_by(_signal_of(exc))
 
@@ -66,7 +66,7 @@ def _errors_for_people(
     with _starting():
         from specformer.data.corpus import DataError
         from specformer.training.checkpoint import CheckpointError
-        from specformer.training.run import TrainingInterrupted, sigterm_raises
+        from specformer.training.stops import TrainingInterrupted, sigterm_raises
 
     try:
         with sigterm_raises():

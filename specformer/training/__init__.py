@@ -22,7 +22,7 @@ __all__ = [
 _LAZY = {
     "train": "specformer.training.run",
     "TrainResult": "specformer.training.run",
-    "TrainingInterrupted": "specformer.training.run",
+    "TrainingInterrupted": "specformer.training.stops",
     "load_checkpoint": "specformer.training.checkpoint",
     "CheckpointError": "specformer.training.checkpoint",
 }

@@ -32,16 +32,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from specformer.data.cache import atomic_file, locked, remove_temporaries
+from specformer.data.cache import locked, remove_temporaries
 from specformer.data.corpus import lfs_pointer
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
-    "AtomicCheckpointIO",
     "read_checkpoint",
     "load_checkpoint",
     "LoadedCheckpoint",
@@ -65,31 +63,6 @@ FORMAT_VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint could not be used or written; the message says which file and why."""
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint I/O, with atomic writes and ``weights_only`` reads."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        """Write ``checkpoint`` to ``path`` atomically; a failed write (a full disk, a read-only
-        folder) raises the ``OSError`` that caused it, naming ``path``, and leaves ``path`` as it was.
-
-        The write holds a shared lock on the folder: :func:`remove_stale_temporaries` removes
-        only the temporary files of writes that no live process holds."""
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with locked(Path(path).parent, shared=True), atomic_file(path) as f:
-                with ctrl_c_after():
-                    torch.save(checkpoint, f)
-        except (OSError, RuntimeError) as exc:
-            # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
-            cause = _os_error(exc)
-            if cause is None:
-                raise
-            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
-
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        return read_checkpoint(path, map_location=map_location or "cpu")
 
 
 @contextmanager
@@ -581,3 +554,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def __getattr__(name: str) -> Any:
+    # Lightning's checkpoint I/O class, defined where Lightning is imported: reading a
+    # checkpoint (generate, eval, classify) does not import Lightning (seconds)
+    if name == "AtomicCheckpointIO":
+        from specformer.training.checkpoint_io import AtomicCheckpointIO
+
+        return AtomicCheckpointIO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1080,6 +1080,23 @@ def test_generate_given_its_prompt_as_an_argument_says_to_use_prompt(tiny: Any, 
     assert other.exit_code == 2 and "extra argument(s) (extra)" in other.output and "--prompt (-p)" not in other.output
 
 
+def test_reading_a_checkpoint_does_not_import_lightning(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
+    # Lightning (with torch._dynamo and sympy) took seconds of every generate's start-up: the
+    # commands that read a checkpoint run without it
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    _train([str(spec)])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    commands = {"generate": ["generate", ckpt, "-p", "def", "-n", "3", "--greedy"],
+                "classify": ["classify", ckpt, "a text"]}  # refused: not a classifier
+    for name, argv in commands.items():
+        code = ("import sys\nfrom specformer.cli import app\ntry:\n    app(" + repr(argv) + ")\n"
+                "except SystemExit as exc:\n    print('exit', exc.code, 'lightning' in sys.modules)")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env,
+                             cwd=tmp_path, timeout=300)
+        last = run.stdout.strip().splitlines()[-1]
+        assert last == f"exit {0 if name == 'generate' else 1} False", (name, run.stdout, run.stderr)
+
+
 def test_a_second_prompt_or_file_is_refused_not_silently_dropped(tiny: Any, tmp_path: Path) -> None:
     # click keeps the last of a repeated option: `--prompt a --prompt b` generated from b alone,
     # `classify --file a --file b` classified b alone; both are refused before anything is read

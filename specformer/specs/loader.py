@@ -928,7 +928,7 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
 
 
 def load_spec_data(
-    source: str | Path | Mapping[str, Any],
+    source: str | Path | Mapping[str, Any] | ModelSpec,
     overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[Path_, Position]]:
     """Resolve ``extends`` and overrides: the plain dict that pydantic validates, and
@@ -936,7 +936,9 @@ def load_spec_data(
     if isinstance(overrides, str):  # one "path=value", not a sequence of characters
         overrides = [overrides]
     if isinstance(source, BaseModel):
-        data, positions = source.model_dump(mode="json"), {}
+        # what the spec was given, as model_copy(update=...) takes it: the sizes it derived
+        # (head_dim, d_ff, ...) are derived again from the overridden values, as for a preset
+        data, positions = source.model_dump(mode="json", exclude_unset=True), {}
     elif isinstance(source, Mapping):
         data, positions = copy.deepcopy(dict(source)), {}
         if "extends" in data:
@@ -974,11 +976,16 @@ def _own_positions(data: Any, positions: dict[Path_, Position], path: Path_ = ()
 
 
 def load_spec(
-    source: str | Path | Mapping[str, Any],
+    source: str | Path | Mapping[str, Any] | ModelSpec,
     overrides: Iterable[str | tuple[str, Any]] | Mapping[str, Any] | None = None,
 ) -> ModelSpec:
-    """Load a spec from a preset name, a YAML path, YAML text (a string of several lines)
-    or a dict, apply overrides, validate.
+    """Load a spec from a preset name, a YAML path, YAML text (a string of several lines),
+    a dict or a :class:`~specformer.specs.schema.ModelSpec`, apply overrides, validate.
+
+    ``overrides`` are ``"path=value"`` strings (the value parsed as YAML, as ``--set``
+    takes it), ``(path, value)`` pairs or a ``{path: value}`` mapping. Sizes the source
+    derived rather than wrote (``head_dim``, ``d_ff``, ...) follow the new values:
+    ``load_spec(spec, overrides=["d_model=256"])`` is ``spec.model_copy(update={"d_model": 256})``.
 
     Returns a frozen, fully-defaulted :class:`~specformer.specs.schema.ModelSpec`.
     Raises :class:`SpecError` listing every problem with its file, line, column and

@@ -103,6 +103,21 @@ def test_model_copy_derives_the_sizes_again_as_load_spec_does():
     assert (kept.decoder.attention.head_dim, kept.decoder.ffn.d_ff) == (32, 512)
 
 
+def test_load_spec_of_a_spec_with_overrides_derives_the_sizes_again():
+    # a notebook's spec object, overridden like a preset: before, its derived sizes were
+    # written into the overridden data, so d_model=256 kept head_dim 32 and d_ff 512
+    spec = load_spec("gpt-nano")
+    wider = load_spec(spec, overrides=["d_model=256"])
+    assert (wider.decoder.attention.head_dim, wider.decoder.ffn.d_ff) == (64, 1024)
+    assert wider == spec.model_copy(update={"d_model": 256}) == load_spec("gpt-nano", overrides=["d_model=256"])
+    assert load_spec(spec) == spec
+    t5 = load_spec(load_spec("t5-nano"), overrides={"decoder.attention.n_heads": 8})
+    assert t5.decoder.cross_attention.n_heads == 8 and t5.decoder.attention.head_dim == 16
+    # a resolved spec writes every size: they are kept, as model_copy keeps them
+    resolved = load_spec(spec.to_yaml())
+    assert load_spec(resolved, overrides=["d_model=256"]).decoder.attention.head_dim == 32
+
+
 def test_derived_sizes_follow_the_model_width():
     spec = ModelSpec(name="x", kind="decoder", vocab_size=100, d_model=96, decoder={"n_layers": 1, "ffn": {"type": "glu"}})
     assert spec.decoder.attention.head_dim == 96 // 8

@@ -497,6 +497,14 @@ def _trained_with_plain_lightning(ns: dict[str, Any]) -> None:
     assert {"train/loss", "train/lr", "val/loss", "val/ppl"} <= set(trainer.callback_metrics), sorted(trainer.callback_metrics)
 
 
+def _trained_on_own_dataloader(ns: dict[str, Any]) -> None:
+    import torch
+
+    trainer, module = ns["trainer"], ns["module"]
+    assert trainer.global_step == 5 and module.tokens_seen == 5 * 8 * 16
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
 PY_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "README.md: from specformer import load_spec, build_model": _round_trip,
     "README.md: import torch": _loss_without_logits,
@@ -505,6 +513,7 @@ PY_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "docs/interop.md: from specformer.builder import build_model": _equal_transformers_model,
     "docs/training.md: import torch": _healed_prompt,
     "docs/training.md: import lightning as L": _trained_with_plain_lightning,
+    "docs/training.md: from torch.utils.data import DataLoader": _trained_on_own_dataloader,
 }
 
 PREVIOUS = {b.key: b for b in BLOCKS}

@@ -34,6 +34,12 @@ __all__ = ["SpecModule"]
 class SpecModule(L.LightningModule):
     """Train the model a spec describes, with the objective its ``training:`` section names.
 
+    Pass it to a ``lightning.Trainer`` with :class:`~specformer.data.module.SpecDataModule`, or
+    with dataloaders of your own whose batches are dicts of the keys the objective reads
+    (``objective.keys``, ``objective.optional_keys``; causal LM: ``input_ids`` and ``labels``
+    shifted by one, optional ``attention_mask``; docs/training.md, "With plain Lightning").
+    The built model is ``.model``.
+
     Logged metrics: ``train/loss``, ``train/lr``, ``val/loss``, ``val/ppl``, for
     sequence-to-sequence ``val/exact_match``, and for sequence classification
     ``val/accuracy``.

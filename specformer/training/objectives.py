@@ -47,12 +47,41 @@ class ObjectiveOutput:
 
 
 class Objective:
-    """Base: call with the model's forward and a batch."""
+    """Base: call with the model's forward and a batch.
+
+    A batch is a mapping of tensors: ``keys`` must be there, ``optional_keys`` may be
+    (what :class:`~specformer.data.module.SpecDataModule`'s collators give, and what a
+    dataloader of one's own yields for :class:`~specformer.builder.lightning.SpecModule`).
+    """
 
     name = "objective"
+    keys: tuple[str, ...] = ()
+    optional_keys: tuple[str, ...] = ()
+    # how the labels relate to the inputs, said when a batch lacks them
+    labels_hint = ""
 
     def __init__(self, spec: Any, **_: Any) -> None:
         self.spec = spec
+
+    def check_batch(self, batch: Any) -> None:
+        """A ``TypeError`` or ``ValueError`` naming the keys this objective reads, when
+        ``batch`` is not a mapping or lacks one of ``keys``."""
+        if not self.keys:
+            return
+        wanted = (", ".join(self.keys[:-1]) + " and " if len(self.keys) > 1 else "") + self.keys[-1]
+        wanted += (f" (optional: {', '.join(self.optional_keys)})" if self.optional_keys else "")
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"the {self.name} objective takes a batch as a dict of tensors with {wanted}; "
+                f"got a {type(batch).__name__}"
+            )
+        missing = [k for k in self.keys if k not in batch]
+        if missing:
+            hint = f"; {self.labels_hint}" if "labels" in missing and self.labels_hint else ""
+            raise ValueError(
+                f"a batch for the {self.name} objective needs {wanted}; this one lacks {', '.join(missing)} "
+                f"(it has {', '.join(map(str, batch)) or 'no keys'}){hint}"
+            )
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
         raise NotImplementedError
@@ -67,8 +96,12 @@ class CausalLM(Objective):
 
     name = "causal_lm"
     spec: CausalLMSpec
+    keys = ("input_ids", "labels")
+    optional_keys = ("attention_mask",)
+    labels_hint = "labels are the inputs shifted by one: input_ids=ids[:, :-1], labels=ids[:, 1:]"
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        self.check_batch(batch)
         mask = batch.get("attention_mask")
         labels = batch["labels"]
         if mask is not None:
@@ -96,8 +129,15 @@ class MaskedLM(Objective):
 
     name = "masked_lm"
     spec: MaskedLMSpec
+    keys = ("input_ids", "labels")
+    optional_keys = ("attention_mask",)
+    labels_hint = (
+        "labels are the original ids at the masked positions and -100 elsewhere "
+        "(specformer.data.collate.MaskedLMCollator makes them)"
+    )
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        self.check_batch(batch)
         mask = batch.get("attention_mask")
         loss = forward(
             batch["input_ids"],
@@ -117,8 +157,12 @@ class Classification(Objective):
 
     name = "classification"
     spec: ClassificationSpec
+    keys = ("input_ids", "labels")
+    optional_keys = ("attention_mask",)
+    labels_hint = "labels are one class id per text, shaped (batch,)"
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        self.check_batch(batch)
         mask = batch.get("attention_mask")
         labels = batch["labels"]
         out = forward(batch["input_ids"], attention_mask=mask, labels=labels, label_smoothing=self.spec.label_smoothing)
@@ -134,8 +178,12 @@ class Seq2Seq(Objective):
 
     name = "seq2seq"
     spec: Seq2SeqSpec
+    keys = ("input_ids", "decoder_input_ids", "labels")
+    optional_keys = ("attention_mask", "decoder_attention_mask")
+    labels_hint = "the decoder reads [start] + target, and labels are target + [eos]"
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
+        self.check_batch(batch)
         loss = forward(
             batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
@@ -144,7 +192,11 @@ class Seq2Seq(Objective):
             labels=batch["labels"],
             label_smoothing=self.spec.label_smoothing,
         ).loss
-        n_input = int(batch["attention_mask"].sum() + batch["decoder_attention_mask"].sum())
+        n_input = sum(
+            int(mask.sum()) if mask is not None else ids.numel()
+            for ids, mask in ((batch["input_ids"], batch.get("attention_mask")),
+                              (batch["decoder_input_ids"], batch.get("decoder_attention_mask")))
+        )
         return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
 
     @torch.no_grad()

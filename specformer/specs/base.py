@@ -39,10 +39,25 @@ class Spec(BaseModel):
         derived (``head_dim``, ``d_ff``, the tokenizer's ``vocab_size``, ...) are derived
         again: ``update={"d_model": 256}`` gives the new width's ``head_dim`` and
         ``d_ff``, and sizes that were written keep their values. A resolved spec (a run's
-        ``spec.yaml``, ``to_yaml()``) has every size written."""
+        ``spec.yaml``, ``to_yaml()``) has every size written.
+
+        A dict given for a field that holds a spec merges into it key by key, as
+        ``extends`` and ``--set`` merge (a different ``type:`` replaces it, keeping the
+        sizes every type of its family has): ``update={"ffn": {"d_ff": 1024}}`` keeps a
+        GLU's type, activation and bias. A spec object (``spec.decoder.model_copy(...)``)
+        or any other value replaces the field."""
         if not update:
             return super().model_copy(deep=deep)
-        return self._validated({**self.model_dump(exclude_unset=True), **update})
+        from specformer.specs.merge import deep_merge
+
+        data = self.model_dump(exclude_unset=True)
+        for key, value in update.items():
+            current = getattr(self, key, None) if isinstance(key, str) else None
+            if isinstance(value, Mapping) and isinstance(current, Spec):
+                written = data.get(key, {})
+                value = deep_merge(written, dict(value), key)
+            data[key] = value
+        return self._validated(data)
 
     @classmethod
     def _validated(cls, data: dict[str, Any]) -> Self:

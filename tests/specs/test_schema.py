@@ -103,6 +103,28 @@ def test_model_copy_derives_the_sizes_again_as_load_spec_does():
     assert (kept.decoder.attention.head_dim, kept.decoder.ffn.d_ff) == (32, 512)
 
 
+def test_model_copy_merges_a_dict_into_a_sub_spec_as_overrides_do():
+    # before, a dict replaced the sub-spec whole: Llama's SwiGLU given update={"ffn": {"d_ff": 1000}}
+    # silently became a ReLU MLP with biases, and update={"decoder": {...}} lost n_layers
+    llama = load_spec("llama2-7b")
+    ffn = llama.decoder.model_copy(update={"ffn": {"d_ff": 1000}}).ffn
+    assert (ffn.type, ffn.d_ff, ffn.activation, ffn.bias) == ("glu", 1000, "silu", False)
+    spec = load_spec("gpt-nano")
+    relu = spec.model_copy(update={"decoder": {"ffn": {"activation": "relu"}}})
+    assert relu == load_spec("gpt-nano", overrides=["decoder.ffn.activation=relu"])
+    assert relu.decoder.n_layers == 4 and relu.decoder.attention.bias is True
+    # a new type replaces the sub-spec, as --set decoder.ffn.type=glu does
+    glu = spec.model_copy(update={"decoder": {"ffn": {"type": "glu"}}})
+    assert glu == load_spec("gpt-nano", overrides=["decoder.ffn.type=glu"]) and glu.decoder.ffn.activation == "silu"
+    longer = spec.model_copy(update={"training": {"max_steps": 10}})
+    assert longer.training.max_steps == 10 and longer.training.batch_size == spec.training.batch_size
+    # a spec object replaces the field
+    plain = spec.model_copy(update={"decoder": spec.decoder.model_copy(update={"ffn": llama.decoder.ffn})})
+    assert plain.decoder.ffn.d_ff == 11008 and plain.decoder.ffn.type == "glu"
+    with pytest.raises(SpecError, match=r"decoder.ffn.activation: 'reluu' is not allowed"):
+        spec.model_copy(update={"decoder": {"ffn": {"activation": "reluu"}}})
+
+
 def test_load_spec_of_a_spec_with_overrides_derives_the_sizes_again():
     # a notebook's spec object, overridden like a preset: before, its derived sizes were
     # written into the overridden data, so d_model=256 kept head_dim 32 and d_ff 512

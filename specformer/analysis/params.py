@@ -458,7 +458,8 @@ def built_parameter_shapes(spec: Any) -> dict[str, Shape]:
 
 
 def count_parameters(spec: Any) -> ParamCounts:
-    """Exact parameter counts of ``spec`` (a validated :class:`ModelSpec`); no torch needed,
+    """Exact parameter counts of ``spec`` (a :class:`ModelSpec`, a preset name, a YAML path
+    or a dict, as :func:`~specformer.load_spec` takes them); no torch needed,
     except for a type registered by a plugin: the model is then built on the meta device
     (nothing allocated) and its parameters counted (``method="meta build"``).
 

@@ -10,6 +10,8 @@ once by :func:`init_weights`.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -45,12 +47,12 @@ class BuildError(ValueError):
 
 
 def build_model(
-    spec: ModelSpec | str | dict[str, Any],
+    spec: ModelSpec | str | os.PathLike[str] | Mapping[str, Any],
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
 ) -> nn.Module:
-    """Build the model ``spec`` describes (a ModelSpec, a preset name, a path or a dict).
+    """Build the model ``spec`` describes (a ModelSpec, a preset name, a YAML path or text, or a dict).
 
     ``device="meta"`` allocates nothing and skips initialisation (for counting and
     planning); any other device gets weights initialised by :func:`init_weights`

@@ -50,6 +50,19 @@ class Spec(BaseModel):
             return super().model_copy(deep=deep)
         from specformer.specs.merge import deep_merge
 
+        own_type = getattr(self, "type", None)
+        if "type" in update and own_type is not None and update["type"] != own_type:
+            from specformer.registry import FAMILIES, REGISTRY
+            from specformer.specs.errors import SpecError, SpecProblem
+
+            field = next((f for f in FAMILIES if any(e.spec is type(self) for e in REGISTRY.entries(f).values())),
+                         "field")
+            raise SpecError([SpecProblem(
+                f"{type(self).__name__} is type {own_type!r}; a copy of it cannot become {update['type']!r}",
+                path="type",
+                hint=("copy the spec that holds it, with a dict for this one, which may change its type: "
+                      f"parent.model_copy(update={{{field!r}: {{'type': {update['type']!r}}}}})"),
+            )])
         data = self.model_dump(exclude_unset=True)
         for key, value in update.items():
             current = getattr(self, key, None) if isinstance(key, str) else None
@@ -68,9 +81,13 @@ class Spec(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
+            from specformer.specs.loader import _describe, _dotted
+
+            # read as a whole spec's problems are: allowed values, "did you mean"
             problems = [
-                SpecProblem(err["msg"], path=".".join(str(p) for p in err["loc"]))
+                SpecProblem(message, path=_dotted(path), hint=hint)
                 for err in exc.errors(include_url=False)
+                for path, message, hint in _describe(err, cls)
             ]
             raise SpecError(problems) from None
 

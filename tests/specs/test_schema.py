@@ -125,6 +125,26 @@ def test_model_copy_merges_a_dict_into_a_sub_spec_as_overrides_do():
         spec.model_copy(update={"decoder": {"ffn": {"activation": "reluu"}}})
 
 
+def test_model_copy_of_a_sub_spec_explains_errors_as_load_spec_does():
+    # before: pydantic's own words, "n_layer: Extra inputs are not permitted" with no allowed
+    # fields, and "type: Input should be 'layernorm'" for a norm copied as an rmsnorm
+    spec = load_spec("gpt-nano")
+    with pytest.raises(SpecError, match=r"n_layer: unknown field 'n_layer'\n\s+did you mean 'n_layers'\? allowed: n_layers,"):
+        spec.decoder.model_copy(update={"n_layer": 3})
+    with pytest.raises(SpecError, match=r"activation: 'reluu' is not allowed\n\s+did you mean 'relu'\? "
+                                        r"allowed: relu, gelu, gelu_tanh, silu"):
+        spec.decoder.ffn.model_copy(update={"activation": "reluu"})
+    with pytest.raises(SpecError, match=r"n_layers: input should be greater than 0, got 0"):
+        spec.decoder.model_copy(update={"n_layers": 0})
+    with pytest.raises(SpecError, match=r"optimizer.type: unknown type 'adam'\n\s+did you mean 'adamw'\?"):
+        spec.training.model_copy(update={"optimizer": {"type": "adam"}})
+    with pytest.raises(SpecError, match=r"type: LayerNormSpec is type 'layernorm'; a copy of it cannot become 'rmsnorm'"
+                                        r"\n\s+.*parent.model_copy\(update=\{'norm': \{'type': 'rmsnorm'\}\}\)"):
+        spec.decoder.norm.model_copy(update={"type": "rmsnorm"})
+    assert spec.decoder.model_copy(update={"norm": {"type": "rmsnorm"}}).norm.type == "rmsnorm"
+    assert spec.decoder.norm.model_copy(update={"type": "layernorm", "eps": 1e-6}).eps == 1e-6
+
+
 def test_load_spec_of_a_spec_with_overrides_derives_the_sizes_again():
     # a notebook's spec object, overridden like a preset: before, its derived sizes were
     # written into the overridden data, so d_model=256 kept head_dim 32 and d_ff 512

@@ -17,6 +17,7 @@ read plain values by YAML 1.2's rules: ``010`` is 10, ``yes`` and ``1:30`` are s
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shlex
 import typing
@@ -949,6 +950,11 @@ def load_spec_data(
     elif isinstance(source, str) and "\n" in source.strip():
         # YAML text (a notebook's triple-quoted string): no preset name or path has a line break
         data, positions = _load_text(source, "<string>", Path.cwd(), ())
+    elif not isinstance(source, (str, os.PathLike)):
+        # load_spec(None) from an unset notebook variable: not "no preset or file named 'None'"
+        raise TypeError(
+            f"expected a spec (a preset name, a YAML path or text, a dict or a ModelSpec), got {type(source).__name__}"
+        )
     else:
         ref = str(source)
         path = Path(ref).expanduser()

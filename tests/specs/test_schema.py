@@ -145,6 +145,18 @@ def test_model_copy_of_a_sub_spec_explains_errors_as_load_spec_does():
     assert spec.decoder.norm.model_copy(update={"type": "layernorm", "eps": 1e-6}).eps == 1e-6
 
 
+def test_load_spec_of_something_that_is_no_spec_is_a_type_error():
+    # before: "no preset or file named 'None'", as if None were a name
+    from specformer import build_model
+
+    for source in (None, 123, 1.5):
+        with pytest.raises(TypeError, match=rf"expected a spec \(a preset name, a YAML path or text, a dict or a "
+                                            rf"ModelSpec\), got {type(source).__name__}"):
+            load_spec(source)
+    with pytest.raises(TypeError, match=r"got NoneType"):
+        build_model(None)
+
+
 def test_load_spec_of_a_spec_with_overrides_derives_the_sizes_again():
     # a notebook's spec object, overridden like a preset: before, its derived sizes were
     # written into the overridden data, so d_model=256 kept head_dim 32 and d_ff 512

@@ -2,6 +2,17 @@
 
 Importing this package is cheap: torch is imported only when a torch-backed name
 (``build_model``, ``SpecModule``, ...) is first used.
+
+Here: ``load_spec`` (a preset, a YAML path or text, a dict or a spec, with ``--set``-style
+overrides), ``build_model``, ``SpecModule`` and ``SpecDataModule`` (Lightning),
+``count_parameters`` and ``diff_specs``. Elsewhere:
+
+- ``specformer.analysis``: ``analyze``, ``flops_per_token``, ``memory_estimate``,
+  ``kv_cache_bytes``, ... (what ``specformer show`` prints);
+- ``specformer.training``: ``train`` (what ``specformer train`` runs), ``load_checkpoint``,
+  ``generate``, ``generate_seq2seq``, ``beam_search``, ``encode_prompt``, ``classify``;
+- ``specformer.registry``: ``register`` a component of your own (docs/components.md);
+- ``specformer.interop``: Hugging Face configs and weights in and out.
 """
 
 from __future__ import annotations

@@ -40,3 +40,19 @@ def test_version_names_the_package_and_the_libraries_a_bug_report_needs() -> Non
             "    print('torch' in sys.modules)")
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert quiet.stdout.splitlines()[-1] == "False"
+
+
+def test_the_package_docstring_names_what_exists() -> None:
+    # help(specformer) points at the names that live in the subpackages: each is there
+    import re
+
+    import specformer
+
+    bullets = re.findall(r"^- ``(specformer\.\w+)``:(.*?)(?=^- |\Z)", specformer.__doc__, flags=re.M | re.S)
+    assert {m for m, _ in bullets} == {"specformer.analysis", "specformer.training", "specformer.registry",
+                                       "specformer.interop"}
+    for module, text in bullets:
+        mod = importlib.import_module(module)
+        for name in re.findall(r"``(\w+)``", text):
+            if name not in ("specformer",) and not name.startswith("specformer"):
+                assert hasattr(mod, name), f"{module}.{name}"

@@ -133,7 +133,7 @@ class MaskedLM(Objective):
     optional_keys = ("attention_mask",)
     labels_hint = (
         "labels are the original ids at the masked positions and -100 elsewhere "
-        "(specformer.data.collate.MaskedLMCollator makes them)"
+        "(specformer.data.collate.MaskedLMCollator(...).mask(ids, generator) makes them)"
     )
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:

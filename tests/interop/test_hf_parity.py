@@ -592,7 +592,8 @@ def test_untied_bart_keeps_a_token_table_per_stack() -> None:
     for name in ("embed.tokens.weight", "decoder_embed.tokens.weight"):
         assert torch.equal(state4[name], sd["model.shared.weight"])
     # a spec whose stacks share one table cannot take two different ones
-    shared = spec.model_copy(update={"embedding": {"tie_output": False, "share_positions": False}})
+    shared = spec.model_copy(update={"embedding": {"share_encoder_decoder": True, "tie_output": False,
+                                                   "share_positions": False}})
     assert shared.embedding.share_encoder_decoder
     with pytest.raises(HFConversionError, match="import it with embedding.share_encoder_decoder: false"):
         load_hf_weights(build_model(shared), sd)

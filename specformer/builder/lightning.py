@@ -65,6 +65,8 @@ class SpecModule(L.LightningModule):
         self.tokens_seen = 0  # read by this rank, since the run began (resumes included)
         self.recent_losses: deque[torch.Tensor] = deque(maxlen=max(10, t.log_interval))
         self.val_history: list[dict[str, float]] = []
+        self._step_losses: list[torch.Tensor] = []  # the micro-batches' losses of the step under way
+        self._step_losses_at: int | None = None
         # the Hugging Face model_type import-hf recorded in the weights the run started from:
         # export-hf writes an mt5 or xlm-roberta back under that name
         self.imported_model_type: str | None = None
@@ -101,7 +103,14 @@ class SpecModule(L.LightningModule):
         out = self.objective(self, batch)
         self.tokens_seen += out.n_input
         self.recent_losses.append(out.loss.detach())
-        self.log("train/loss", out.loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean of its
+        # micro-batches' losses (what the step's gradient is of), not the last micro-batch's alone
+        step = self.trainer.global_step if self._trainer is not None else None
+        if step != self._step_losses_at:
+            self._step_losses, self._step_losses_at = [], step
+        self._step_losses.append(out.loss.detach())
+        loss = out.loss if len(self._step_losses) == 1 else torch.stack(self._step_losses).mean()
+        self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         if self._trainer is not None and self.trainer.optimizers:
             # the schedule's lr (training.optimizer.lr's), which each group scales by its lr_scale
             group = self.trainer.optimizers[0].param_groups[0]

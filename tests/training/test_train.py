@@ -414,6 +414,29 @@ def test_accumulation_and_clipping_are_applied(tiny) -> None:
     assert result.tokens == 4 * 2 * 8 * 32  # two micro-batches per optimizer step
 
 
+def test_logged_train_loss_of_a_step_is_the_mean_of_its_micro_batches(tiny) -> None:
+    # metrics.csv's train/loss at step N is the loss of step N's batch, whose gradient the step
+    # takes; with accumulate=2 it was the second micro-batch's loss alone (half the batch)
+    import lightning as L
+
+    micro: dict[int, list[float]] = {}
+
+    class Seen(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
+            # Lightning hands on the loss divided by accumulate; global_step is already the step's
+            step = trainer.global_step if i % 2 else trainer.global_step + 1
+            micro.setdefault(step, []).append(float(outputs["loss"]) * 2)
+
+    spec = load_spec(tiny("decoder", max_steps=4, accumulate=2, log_interval=1, val_interval=4))
+    result = train(spec, progress=False, callbacks=[Seen()])
+    with open(Path(result.run_dir) / "metrics.csv") as f:
+        logged = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+    assert sorted(micro) == sorted(logged) == [1, 2, 3, 4]
+    for step, losses in micro.items():
+        assert len(losses) == 2 and abs(losses[0] - losses[1]) > 1e-4  # two different micro-batches
+        assert logged[step] == pytest.approx(sum(losses) / 2, abs=1e-5)
+
+
 def test_progress_bar_shows_the_loss_of_a_micro_batch_whatever_the_accumulation(tiny) -> None:
     # Lightning hands callbacks the loss divided by accumulate; the bar shows the loss itself
     import io

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -375,7 +376,11 @@ def train_cmd(
             console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}{_parameters(spec_obj)}) — "
                           "preparing data…", highlight=False)
         try:
-            result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console)
+            # how the run was started, for its spec.yaml and summary.json (as `specformer`, whatever
+            # launched it: the script, python -m specformer)
+            command = shlex.join(["specformer", *sys.argv[1:]])
+            result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console,
+                           command=command)
         except SpecError as exc:
             raise _placed(exc, positions) from None
     if report:

@@ -101,6 +101,45 @@ class TrainResult:
     val_examples: int | None = None
     # one entry per validation: left out of the repr, which a notebook shows after train()
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
+    # how the run was started (`specformer train ...`; None from Python unless train(command=...)
+    # is given) and the versions it ran with: with spec.yaml, what it takes to run it again
+    # and the working directory, which relative paths in the spec (data, tokenizer) are read from
+    command: str | None = field(default=None, repr=False)
+    workdir: str | None = field(default=None, repr=False)
+    versions: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+def run_versions() -> dict[str, str]:
+    """The versions a run depends on for its numbers: Python, specformer, torch (with its CUDA
+    build), Lightning and tokenizers (which trains the BPE)."""
+    import platform
+    from importlib import metadata
+
+    import torch
+
+    from specformer import __version__
+
+    versions = {"python": platform.python_version(), "specformer": __version__, "torch": torch.__version__}
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    versions["lightning"] = L.__version__
+    try:
+        versions["tokenizers"] = metadata.version("tokenizers")
+    except metadata.PackageNotFoundError:
+        pass
+    return versions
+
+
+def spec_yaml_header(command: str | None, versions: dict[str, str], workdir: str | None = None) -> str:
+    """The comment lines a run's spec.yaml starts with: the command that started the run (after a
+    ``cd`` to its working directory), and the versions it ran with (comments: ``load_spec`` of the
+    file is still the spec that ran)."""
+    import shlex
+
+    where = f"cd {shlex.quote(workdir)} && " if command and workdir else ""
+    lines = [f"# {line}" for line in (where + (command or "")).splitlines()]
+    lines.append("# " + ", ".join(f"{name} {version}" for name, version in versions.items()))
+    return "\n".join(lines) + "\n"
 
 
 def _training_flops(spec: Any) -> float | None:
@@ -265,6 +304,7 @@ def train(
     progress: bool = True,
     console: Console | None = None,
     datamodule: SpecDataModule | None = None,
+    command: str | None = None,
     **trainer_kwargs: Any,
 ) -> TrainResult:
     """Train ``spec`` (a ModelSpec, preset name, path or dict) as its ``training:`` section says.
@@ -277,7 +317,9 @@ def train(
     arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
     (a ``KeyboardInterrupt``) naming the checkpoint to resume from, and so does SIGTERM during
     training, after saving the step reached; any other error that stops the run carries a
-    note (``__notes__``) saying at which step, and that checkpoint.
+    note (``__notes__``) saying at which step, and that checkpoint. ``command``, how the run was
+    started, is written with the versions it runs with at the top of the run folder's
+    ``spec.yaml`` and into ``summary.json``.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
@@ -410,7 +452,8 @@ def train(
     remove_stale_temporaries(run_dir / "checkpoints")  # a run folder used again (SPECFORMER_RUN_DIR)
     try:
         try:
-            atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())
+            versions, workdir = run_versions(), os.getcwd()
+            atomic_write_text(run_dir / "spec.yaml", spec_yaml_header(command, versions, workdir) + spec.to_yaml())
         except OSError as exc:  # a full disk: nothing ran, leave no run behind
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -524,6 +567,9 @@ def train(
         parameters=sum(p.numel() for p in module.model.parameters()),
         trainable_parameters=sum(p.numel() for p in module.model.parameters() if p.requires_grad),
         history=[dict(h) for h in history],
+        command=command,
+        workdir=workdir,
+        versions=versions,
     )
     if trainer.is_global_zero:
         try:

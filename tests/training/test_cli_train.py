@@ -173,6 +173,34 @@ def test_training_file_and_set_overrides(tiny: Any, tmp_path: Path) -> None:
     assert resolved["training"]["data"]["type"] == "files"  # untouched settings stay
 
 
+def test_run_folder_records_the_command_working_directory_and_versions(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # spec.yaml and the seed in it are not all it takes to run a run again: the command (a
+    # --training file, --init-from weights), the folder its relative paths are read from and the
+    # versions; before, a run folder held none of them
+    import lightning
+
+    from specformer import __version__, load_spec
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    args = ["train", "spec.yaml", "--set", "training.seed=3", "--set", "training.max_steps=2", "--no-progress"]
+    monkeypatch.setattr(sys, "argv", ["/some/where/specformer", *args])  # what the shell handed on
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    run = next((tmp_path / "runs" / "tiny-decoder").iterdir())
+    command = "specformer train spec.yaml --set training.seed=3 --set training.max_steps=2 --no-progress"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["command"] == command and summary["workdir"] == str(tmp_path)
+    assert summary["versions"]["specformer"] == __version__ and summary["versions"]["torch"] == torch.__version__
+    assert summary["versions"]["lightning"] == lightning.__version__
+    head = (run / "spec.yaml").read_text().splitlines()[:2]
+    assert head[0] == f"# cd {tmp_path} && {command}"
+    assert head[1].startswith("# python ") and f"specformer {__version__}, torch {torch.__version__}" in head[1]
+    # comments: the file is still the spec that ran
+    assert load_spec(str(run / "spec.yaml")) == load_spec(str(spec), overrides=["training.seed=3", "training.max_steps=2"])
+
+
 def test_resume_from_the_command_line_without_a_spec(tiny: Any, tmp_path: Path) -> None:
     spec = _write(tmp_path, tiny("decoder", max_steps=4, val_interval=4))
     _train([str(spec)])

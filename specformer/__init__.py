@@ -9,7 +9,8 @@ overrides), ``build_model``, ``SpecModule`` and ``SpecDataModule`` (Lightning),
 
 - ``specformer.analysis``: ``analyze``, ``flops_per_token``, ``memory_estimate``,
   ``kv_cache_bytes``, ... (what ``specformer show`` prints);
-- ``specformer.training``: ``train`` (what ``specformer train`` runs), ``load_checkpoint``,
+- ``specformer.training``: ``train`` (what ``specformer train`` runs), ``load_checkpoint``
+  and ``save_checkpoint`` (a model with its spec and tokenizer), ``load_weights_file``,
   ``generate``, ``generate_seq2seq``, ``beam_search``, ``encode_prompt``, ``classify``;
 - ``specformer.registry``: ``register`` a component of your own (docs/components.md);
 - ``specformer.interop``: Hugging Face configs and weights in and out.

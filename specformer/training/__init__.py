@@ -16,6 +16,8 @@ __all__ = [
     "encode_prompt",
     "classify",
     "load_checkpoint",
+    "save_checkpoint",
+    "load_weights_file",
     "CheckpointError",
 ]
 
@@ -24,6 +26,8 @@ _LAZY = {
     "TrainResult": "specformer.training.run",
     "TrainingInterrupted": "specformer.training.stops",
     "load_checkpoint": "specformer.training.checkpoint",
+    "save_checkpoint": "specformer.training.checkpoint",
+    "load_weights_file": "specformer.training.checkpoint",
     "CheckpointError": "specformer.training.checkpoint",
 }
 

@@ -42,6 +42,8 @@ __all__ = [
     "CheckpointError",
     "read_checkpoint",
     "load_checkpoint",
+    "save_checkpoint",
+    "load_weights_file",
     "LoadedCheckpoint",
     "rng_state",
     "set_rng_state",
@@ -317,6 +319,76 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     model.eval()
     tokenizer = checkpoint_tokenizer(raw)
     return LoadedCheckpoint(spec=spec, model=model, tokenizer=tokenizer, step=int(raw.get("global_step", 0)), path=path, raw=raw)
+
+
+def save_checkpoint(
+    model: nn.Module, path: str | os.PathLike[str], *, spec: Any = None, tokenizer: Any = None
+) -> Path:
+    """Write ``model`` (a model :func:`~specformer.build_model` built, trained in a loop of your
+    own) as a specformer checkpoint that :func:`load_checkpoint`, ``specformer generate``,
+    ``eval``, ``fill-mask``, ``classify``, ``export-hf`` and ``train --init-from`` read: the
+    weights, the resolved spec (``model.spec`` unless ``spec`` is given) and the tokenizer
+    (a specformer tokenizer, as ``load_checkpoint(...).tokenizer``, or a ``tokenizers.Tokenizer``;
+    by default the spec's ``training.tokenizer`` when it is a ``tokenizer.json`` or ``byte``/``task``).
+    The file has no optimizer state or step, so a run starts from it with ``--init-from``, not
+    ``--resume``. The write is atomic, as a run's checkpoint: ``path`` is the old file or the
+    new one, never a torn file. Returns the path written."""
+    from specformer import __version__
+    from specformer.builder import build_model
+    from specformer.data.cache import atomic_file, locked
+    from specformer.specs.schema import ModelSpec
+
+    path = Path(path)
+    if path.suffix.lower() in (".safetensors", ".yaml", ".yml"):
+        raise CheckpointError(f"{path}: save_checkpoint writes a checkpoint (.ckpt); a .safetensors file of weights "
+                              "or a spec would not carry the other (use a name ending in .ckpt)")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder; give the checkpoint file to write, e.g. {path / 'model.ckpt'}")
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the weights' names without _orig_mod.
+    if isinstance(getattr(model, "model", None), nn.Module) and hasattr(model.model, "spec"):
+        # a SpecModule (Lightning): the model it trains, with the module's tokenizer by default
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        model = model.model
+    spec = spec if spec is not None else getattr(model, "spec", None)
+    if not isinstance(spec, ModelSpec):
+        raise CheckpointError(
+            f"{path}: no spec for the model: give spec= (a ModelSpec; a model build_model made carries "
+            f"its own as model.spec){f', not a {type(spec).__name__}' if spec is not None else ''}"
+        )
+    weights = model.state_dict()
+    check_weights(build_model(spec, device="meta"), weights, source=f"{path}: the model")
+    if tokenizer is None:
+        tokenizer = weights_tokenizer(path, spec)
+    elif not hasattr(tokenizer, "state"):
+        from tokenizers import Tokenizer as _Tok
+
+        from specformer.data.tokenizers import HFTokenizer
+
+        if not isinstance(tokenizer, _Tok):
+            raise CheckpointError(f"{path}: tokenizer= is a {type(tokenizer).__name__}; give a specformer tokenizer "
+                                  "(load_checkpoint(...).tokenizer) or a tokenizers.Tokenizer")
+        tokenizer = HFTokenizer(tokenizer)
+    checkpoint = {
+        "state_dict": {f"model.{k}": v.detach().cpu() for k, v in weights.items()},
+        "global_step": 0,
+        "specformer": {
+            "format": FORMAT_VERSION,
+            "version": __version__,
+            "spec": spec.to_dict(),
+            "tokenizer": tokenizer.state() if tokenizer is not None else None,
+        },
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(path.parent, shared=True), atomic_file(path) as f, ctrl_c_after():
+            torch.save(checkpoint, f)
+    except (OSError, RuntimeError) as exc:
+        # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
+        cause = _os_error(exc)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
+    return path
 
 
 def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoint:

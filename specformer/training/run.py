@@ -345,6 +345,11 @@ def train(
         spec = _with_checkpoint_label_names(spec, raw)
         t = spec.training
         check_resumable(raw, spec, source=str(resume))
+        if "optimizer_states" not in raw:  # save_checkpoint's: a model's weights, spec and tokenizer alone
+            raise CheckpointError(
+                f"{resume} holds a model's weights, spec and tokenizer (save_checkpoint), not a run's step and "
+                f"optimizer state to continue: start a new run from them with --init-from {resume}"
+            )
         resumed_step = int(raw.get("global_step", 0))
         tokenizer = checkpoint_tokenizer(raw)
         tokenizer_spec = checkpoint_tokenizer_spec(raw) if tokenizer is not None else None

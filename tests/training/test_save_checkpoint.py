@@ -1,0 +1,86 @@
+"""save_checkpoint: a model trained in a loop of one's own, saved as a checkpoint that
+load_checkpoint and the commands read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specformer import build_model, load_spec
+from specformer.cli import app
+from specformer.data.tokenizers import ByteTokenizer
+from specformer.training import (
+    CheckpointError,
+    load_checkpoint,
+    load_weights_file,
+    save_checkpoint,
+    train,
+)
+
+runner = CliRunner()
+
+
+def _trained(tiny: Any) -> torch.nn.Module:
+    """A tiny decoder after a few optimizer steps of a plain torch loop."""
+    torch.manual_seed(0)
+    model = build_model(load_spec(tiny()))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 256, (4, 17))
+    for _ in range(3):
+        model(ids[:, :-1], labels=ids[:, 1:]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
+def test_a_saved_model_loads_with_its_spec_weights_and_tokenizer(tiny: Any, tmp_path: Path) -> None:
+    model = _trained(tiny)
+    path = save_checkpoint(model, tmp_path / "out" / "model.ckpt")  # a missing folder is made
+    assert path == tmp_path / "out" / "model.ckpt" and [p.name for p in path.parent.iterdir()] == ["model.ckpt"]
+    loaded = load_checkpoint(path)
+    assert loaded.spec == model.spec and loaded.step == 0
+    assert isinstance(loaded.tokenizer, ByteTokenizer)  # the spec's training.tokenizer: byte
+    ids = torch.randint(0, 256, (2, 9))
+    assert torch.equal(loaded.model(ids).logits, model(ids).logits)
+    # a tokenizer given is the one kept; the spec given is checked against the weights
+    other = save_checkpoint(model, tmp_path / "t.ckpt", spec=model.spec, tokenizer=loaded.tokenizer)
+    assert isinstance(load_checkpoint(other).tokenizer, ByteTokenizer)
+    wide = load_spec(model.spec, overrides=["d_model=64"])
+    with pytest.raises(CheckpointError, match=r"the weights do not fit the model\n  different shapes"):
+        save_checkpoint(model, tmp_path / "wide.ckpt", spec=wide)
+    assert not (tmp_path / "wide.ckpt").exists()
+    with pytest.raises(CheckpointError, match=r"no spec for the model: give spec="):
+        save_checkpoint(torch.nn.Linear(2, 2), tmp_path / "linear.ckpt")
+    with pytest.raises(CheckpointError, match=r"writes a checkpoint \(\.ckpt\)"):
+        save_checkpoint(model, tmp_path / "model.safetensors")
+
+
+def test_the_commands_read_a_saved_model_and_a_run_starts_from_it_not_resumes(tiny: Any, tmp_path: Path) -> None:
+    model = _trained(tiny)
+    path = save_checkpoint(model, tmp_path / "model.ckpt")
+    out = runner.invoke(app, ["generate", str(path), "-p", "def", "-n", "8", "--greedy"])
+    assert out.exit_code == 0, out.output
+    ids = torch.tensor([list(b"def")])
+    for _ in range(8):  # greedy, as the command decodes
+        ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
+    assert out.output.rstrip("\n") == ByteTokenizer().decode(ids[0].tolist())
+    with pytest.raises(CheckpointError, match=r"not a run's step and optimizer state to continue: start a new run "
+                                              r"from them with --init-from"):
+        train(model.spec, resume=path)
+    result = train(load_spec(model.spec, overrides=["training.max_steps=1"]), init_from=path)
+    assert result.checkpoint is not None and load_checkpoint(result.checkpoint).step == 1
+
+
+def test_load_weights_file_is_the_python_side_of_weights_with_spec(tiny: Any, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model = _trained(tiny)
+    save_file(model.state_dict(), tmp_path / "w.safetensors")
+    loaded = load_weights_file(tmp_path / "w.safetensors", model.spec)
+    ids = torch.randint(0, 256, (2, 9))
+    assert torch.equal(loaded.model(ids).logits, model(ids).logits)
+    assert isinstance(loaded.tokenizer, ByteTokenizer)

@@ -72,6 +72,14 @@ class Spec(BaseModel):
             data[key] = value
         return self._validated(data)
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """How IPython and Jupyter show a spec: its fields as YAML (what ``specformer validate``
+        prints) after a comment naming its class, not pydantic's one line of every field; the
+        text loads back as the spec. ``repr()`` stays pydantic's."""
+        from specformer.specs.loader import dump_yaml
+
+        p.text(f"# {type(self).__name__}\n" + dump_yaml(self.model_dump(mode="json")).rstrip("\n"))
+
     @classmethod
     def _validated(cls, data: dict[str, Any]) -> Self:
         from pydantic import ValidationError

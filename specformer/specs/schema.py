@@ -1054,6 +1054,11 @@ class ModelSpec(Spec):
 
         return dump_yaml(self.to_dict(), modeline=modeline)
 
+    def __str__(self) -> str:
+        # print(spec) shows the resolved YAML, as `specformer validate` prints it; repr() stays
+        # pydantic's ModelSpec(name=..., ...), unambiguous for debugging
+        return self.to_yaml()
+
 
 def _attentions(stack: StackSpec) -> Iterator[tuple[str, AttentionSpec]]:
     yield "attention", stack.attention

@@ -480,3 +480,25 @@ def test_a_bare_preset_name_is_the_preset_beside_a_file_of_that_name(tmp_path, m
     (tmp_path / "child.yaml").write_text("extends: gpt-nano\n")
     assert load_spec("gpt-nano").d_model == load_spec("child.yaml").d_model == 128  # as extends reads it
     assert load_spec("./gpt-nano").d_model == 64
+
+
+def test_a_spec_shows_as_its_yaml_and_keeps_pydantics_repr() -> None:
+    spec = load_spec("gpt-nano")
+    assert str(spec) == spec.to_yaml() and load_spec(yaml.safe_load(str(spec))) == spec  # print(spec)
+    assert repr(spec).startswith("ModelSpec(name='gpt-nano', kind='decoder', vocab_size=512, ")  # one line, pydantic's
+    assert "\n" not in repr(spec)
+
+    class Printer:  # what IPython's pretty printer hands _repr_pretty_
+        def __init__(self) -> None:
+            self.out = ""
+
+        def text(self, text: str) -> None:
+            self.out += text
+
+    shown = Printer()
+    spec._repr_pretty_(shown, False)
+    assert shown.out.startswith("# ModelSpec\nname: gpt-nano\nkind: decoder\n")
+    assert load_spec(yaml.safe_load(shown.out)) == spec
+    part = Printer()
+    spec.decoder.attention._repr_pretty_(part, False)
+    assert part.out.splitlines()[:4] == ["# AttentionSpec", "type: mha", "n_heads: 4", "n_kv_heads: 4"]

@@ -565,6 +565,12 @@ def _looks_like_path(ref: str) -> bool:
 def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) -> Path:
     if ref == "-" and position is None:
         ref = "/dev/stdin"  # the command line's name for standard input
+    if not ref.strip():
+        # Path("") is the current folder: not ". is a directory, not a YAML file"
+        raise SpecError([SpecProblem(
+            f"the spec's name is empty ({ref!r}): give a preset name, a YAML file or YAML text",
+            path="extends" if position else "", position=position, hint=f"presets: {', '.join(preset_names())}",
+        )])
     if _looks_like_path(ref):
         path = Path(ref).expanduser()
         if not path.is_absolute() and base_dir is not None:

@@ -502,3 +502,15 @@ def test_a_spec_shows_as_its_yaml_and_keeps_pydantics_repr() -> None:
     part = Printer()
     spec.decoder.attention._repr_pretty_(part, False)
     assert part.out.splitlines()[:4] == ["# AttentionSpec", "type: mha", "n_heads: 4", "n_kv_heads: 4"]
+
+
+def test_an_empty_spec_name_says_so_not_that_the_current_folder_is_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for source in ("", "  ", "\n"):
+        with pytest.raises(SpecError, match=r"the spec's name is empty \(.*\): give a preset name, a YAML file or YAML "
+                                            r"text\n    presets: bert-base,") as info:
+            load_spec(source)
+        assert "is a directory" not in str(info.value)
+    (tmp_path / "child.yaml").write_text("extends: ''\nname: child\n")
+    with pytest.raises(SpecError, match=r"child\.yaml:1:1: extends: the spec's name is empty \(''\)"):
+        load_spec(tmp_path / "child.yaml")

@@ -58,8 +58,9 @@ def build_model(
     planning); any other device gets weights initialised by :func:`init_weights`
     directly on it, in ``dtype`` (default float32). A component whose parameters or
     buffers :func:`init_weights` does not set keeps its constructor's values (the model
-    is then constructed on ``device`` rather than materialised from meta). The
-    resolved spec is kept as ``model.spec``.
+    is then constructed on ``device`` rather than materialised from meta). A device this
+    machine lacks (``cuda`` on a CPU-only torch, ``cuda:5`` of two GPUs) is a
+    :class:`BuildError`. The resolved spec is kept as ``model.spec``.
     """
     if not isinstance(spec, ModelSpec):
         from specformer.specs.loader import load_spec
@@ -69,7 +70,7 @@ def build_model(
         dtype = _dtype(dtype)
     with torch.device("meta"):
         model = _build(spec)
-    target = torch.device(device) if device is not None else torch.get_default_device()
+    target = _device(device) if device is not None else torch.get_default_device()
     if target.type != "meta" and _set_by_constructor(model):
         # to_empty would leave such a component's parameters as uninitialised memory:
         # construct the model for real on the target device instead
@@ -83,6 +84,30 @@ def build_model(
         init_weights(model, spec.init)
     model.spec = spec
     return model
+
+
+def _device(name: torch.device | str) -> torch.device:
+    """``torch.device(name)``, checked to be one this machine has: torch itself says only
+    "Torch not compiled with CUDA enabled" (an ``AssertionError``) once a weight is made."""
+    try:
+        found = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise BuildError(f"device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps, meta)") from None
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = (f"this torch ({torch.__version__}) is built for the CPU only" if torch.version.cuda is None
+                   else "torch sees no CUDA GPU here (a driver problem, or CUDA_VISIBLE_DEVICES)")
+            raise BuildError(f"device {str(found)!r}: {why}; build on 'cpu', or leave device out")
+        if found.index is not None and found.index >= count:
+            raise BuildError(f"device {str(found)!r}: this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
+                             f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
+    elif found.type in ("mps", "xpu"):
+        backend = getattr(torch.backends, "mps", None) if found.type == "mps" else getattr(torch, "xpu", None)
+        if backend is None or not backend.is_available():
+            raise BuildError(f"device {str(found)!r}: this machine (or this torch build) has no "
+                             f"{found.type.upper()} device; build on 'cpu', or leave device out")
+    return found
 
 
 def _set_by_constructor(model: nn.Module) -> bool:

@@ -328,3 +328,18 @@ def test_a_positional_target_that_is_not_a_positional_is_named(monkeypatch) -> N
     with pytest.raises(BuildError, match=r"positional type 'none' built a _PlainPositions, which is not a "
                                          r"specformer.components.positional.Positional: subclass it"):
         build_model(load_spec("gpt-nano", overrides=["positional={type: none}"]), device="meta")
+
+
+def test_a_device_this_machine_lacks_is_a_build_error_that_says_so(monkeypatch) -> None:
+    with pytest.raises(BuildError, match=r"device 'foo' is not a torch device \(e\.g\. cpu, cuda"):
+        build_model("gpt-nano", device="foo")
+    if not torch.cuda.is_available():  # torch's own error: a bare AssertionError, "Torch not compiled with CUDA enabled"
+        with pytest.raises(BuildError, match=r"device 'cuda:5': (this torch \(.*\) is built for the CPU only|torch sees "
+                                             r"no CUDA GPU here)"):
+            build_model("gpt-nano", device="cuda:5")
+    # two GPUs: cuda:5 is past them (checked before a weight is made, so nothing reaches CUDA)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(BuildError, match=r"device 'cuda:5': this machine has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
+        build_model("gpt-nano", device="cuda:5")
+    assert all(p.is_meta for p in build_model("gpt-nano", device="meta").parameters())  # meta needs no device

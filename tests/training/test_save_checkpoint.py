@@ -59,6 +59,27 @@ def test_a_saved_model_loads_with_its_spec_weights_and_tokenizer(tiny: Any, tmp_
         save_checkpoint(model, tmp_path / "model.safetensors")
 
 
+def test_a_hugging_face_tokenizer_and_a_spec_modules_model_are_saved_with_it(tiny: Any, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specformer import SpecModule
+    from specformer.data.tokenizers import HFTokenizer
+
+    vocab = {chr(97 + i): i for i in range(26)} | {"<unk>": 26}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    model = _trained(tiny)
+    loaded = load_checkpoint(save_checkpoint(model, tmp_path / "hf.ckpt", tokenizer=hf))
+    assert isinstance(loaded.tokenizer, HFTokenizer) and loaded.tokenizer.encode("cab") == [2, 0, 1]
+    module = SpecModule(model.spec)
+    module.model.load_state_dict(model.state_dict())
+    again = load_checkpoint(save_checkpoint(module, tmp_path / "module.ckpt"))  # its model, under its own names
+    ids = torch.randint(0, 256, (2, 9))
+    assert torch.equal(again.model(ids).logits, model(ids).logits)
+    with pytest.raises(CheckpointError, match=r"tokenizer= is a dict; give a specformer tokenizer"):
+        save_checkpoint(model, tmp_path / "bad.ckpt", tokenizer={"type": "byte"})
+
+
 def test_the_commands_read_a_saved_model_and_a_run_starts_from_it_not_resumes(tiny: Any, tmp_path: Path) -> None:
     model = _trained(tiny)
     path = save_checkpoint(model, tmp_path / "model.ckpt")

@@ -518,19 +518,21 @@ class ConstantScheduleSpec(Spec):
 
 
 class LinearScheduleSpec(Spec):
-    """Linear warmup, then linear decay to min_lr_ratio × lr at the last step."""
+    """Linear warmup, then linear decay to min_lr_ratio × lr at step max_steps, one past the last
+    (transformers' get_linear_schedule_with_warmup): the last step runs above it."""
 
     type: Literal["linear"] = "linear"
     warmup_steps: NonNegativeInt = Field(0, description=_WARMUP)
-    min_lr_ratio: Probability = Field(0.0, description="Final lr as a fraction of the peak.")
+    min_lr_ratio: Probability = Field(0.0, description="The lr the decay ends at (at step max_steps, one past the last), as a fraction of the peak.")
 
 
 class CosineScheduleSpec(Spec):
-    """Linear warmup, then cosine decay to min_lr_ratio × lr (Loshchilov & Hutter 2017)."""
+    """Linear warmup, then cosine decay to min_lr_ratio × lr at step max_steps, one past the last
+    (Loshchilov & Hutter 2017; transformers' get_cosine_with_min_lr_schedule_with_warmup)."""
 
     type: Literal["cosine"] = "cosine"
     warmup_steps: NonNegativeInt = Field(0, description=_WARMUP)
-    min_lr_ratio: Probability = Field(0.1, description="Final lr as a fraction of the peak.")
+    min_lr_ratio: Probability = Field(0.1, description="The lr the decay ends at (at step max_steps, one past the last), as a fraction of the peak.")
 
 
 class InverseSqrtScheduleSpec(Spec):

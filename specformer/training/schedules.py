@@ -20,7 +20,12 @@ __all__ = ["Schedule", "constant", "linear", "cosine", "inverse_sqrt"]
 
 
 class Schedule:
-    """lr(step) / peak lr: warmup, then a shape that decays over ``total`` steps."""
+    """lr(step) / peak lr: warmup, then a shape that decays over ``total`` steps.
+
+    Warmup step k (from 0) runs at (k + 1) / warmup, so step 0 trains; after warmup the
+    multiplier is transformers' ``get_linear_schedule_with_warmup`` /
+    ``get_cosine_with_min_lr_schedule_with_warmup`` (``min_lr_rate``) at the same step.
+    """
 
     def __init__(self, shape: str, *, warmup: int, total: int, min_ratio: float = 0.0) -> None:
         self.shape, self.warmup, self.total, self.min_ratio = shape, warmup, max(total, 1), min_ratio
@@ -30,9 +35,11 @@ class Schedule:
             return (step + 1) / self.warmup
         if self.shape == "constant":
             return 1.0
-        # steps run 0 .. total - 1: the last one is at the end of the decay (with one step
-        # left after warmup, that step is the end)
-        span = self.total - 1 - self.warmup
+        # steps run 0 .. total - 1 and the decay reaches min_ratio at step ``total``, the
+        # step after the last, as transformers' get_linear/get_cosine_schedule_with_warmup
+        # do: every step trains (with min_ratio 0 a last step at lr 0 would be wasted), the
+        # last at 1 / (total - warmup) of the way above min_ratio
+        span = self.total - self.warmup
         progress = 1.0 if span <= 0 else min(1.0, (step - self.warmup) / span)
         if self.shape == "linear":
             return 1.0 - (1.0 - self.min_ratio) * progress

@@ -37,21 +37,54 @@ def test_inverse_sqrt_is_the_original_papers_formula() -> None:
 
 
 def test_warmup_then_cosine_and_linear_decay() -> None:
-    # steps 0 .. total - 1: the last step (total - 1) runs at min_lr_ratio * lr
-    c = cosine(CosineScheduleSpec(warmup_steps=10, min_lr_ratio=0.1), total=111)
+    # steps 0 .. total - 1; the decay reaches min_lr_ratio * lr at step total, one past the last,
+    # so the last step trains: with min_lr_ratio 0 it runs at lr / (total - warmup), not at 0
+    c = cosine(CosineScheduleSpec(warmup_steps=10, min_lr_ratio=0.1), total=110)
     assert c(0) == pytest.approx(0.1) and c(9) == pytest.approx(1.0)
     assert c(10) == pytest.approx(1.0)
     assert c(60) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way down the cosine
-    assert c(110) == pytest.approx(0.1) and c(500) == pytest.approx(0.1)
-    lin = linear(LinearScheduleSpec(warmup_steps=0, min_lr_ratio=0.0), total=101)
-    assert [lin(s) for s in (0, 25, 50, 100)] == pytest.approx([1.0, 0.75, 0.5, 0.0])
+    assert c(109) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 99 / 100)))
+    assert c(109) > 0.1 and c(110) == pytest.approx(0.1) and c(500) == pytest.approx(0.1)
+    lin = linear(LinearScheduleSpec(warmup_steps=0, min_lr_ratio=0.0), total=100)
+    assert [lin(s) for s in (0, 25, 50, 99, 100)] == pytest.approx([1.0, 0.75, 0.5, 0.01, 0.0])
     short = linear(LinearScheduleSpec(warmup_steps=2, min_lr_ratio=0.1), total=6)
-    assert [short(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.7, 0.4, 0.1])
-    # one step left after warmup: it is the end of the decay, not a second peak
+    assert [short(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.775, 0.55, 0.325])
+    # one step left after warmup: it runs at the peak (the decay ends after it), as transformers'
     last = cosine(CosineScheduleSpec(warmup_steps=4, min_lr_ratio=0.1), total=5)
-    assert [last(s) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.1])
+    assert [last(s) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
     const = REGISTRY.build("schedule", ConstantScheduleSpec(warmup_steps=4), total=100)
     assert [const(s) for s in (0, 3, 50)] == pytest.approx([0.25, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("warmup,total", [(0, 10), (4, 10), (10, 110), (3, 4)])
+def test_schedules_after_warmup_are_transformers_step_for_step(warmup: int, total: int) -> None:
+    optimization = pytest.importorskip("transformers.optimization")
+
+    def reference(make: Any, **kw: Any) -> list[float]:
+        param = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([param], lr=1.0)
+        sched = make(opt, num_warmup_steps=warmup, num_training_steps=total, **kw)
+        lrs = []
+        for _ in range(total):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return lrs
+
+    cases = [
+        (linear(LinearScheduleSpec(warmup_steps=warmup), total=total),
+         reference(optimization.get_linear_schedule_with_warmup)),
+        (cosine(CosineScheduleSpec(warmup_steps=warmup, min_lr_ratio=0.0), total=total),
+         reference(optimization.get_cosine_schedule_with_warmup)),
+        (cosine(CosineScheduleSpec(warmup_steps=warmup, min_lr_ratio=0.1), total=total),
+         reference(optimization.get_cosine_with_min_lr_schedule_with_warmup, min_lr_rate=0.1)),
+    ]
+    for ours, theirs in cases:
+        # warmup step k runs at transformers' step k + 1 (their step 0 runs at lr 0); from the
+        # end of warmup on, every step is theirs, the last one above 0 included
+        assert [ours(s) for s in range(warmup)] == pytest.approx(theirs[1 : warmup + 1])
+        assert [ours(s) for s in range(warmup, total)] == pytest.approx(theirs[warmup:])
+        assert ours(total - 1) > 0
 
 
 def test_lr_follows_the_schedule_in_a_run(tiny: Any) -> None:
@@ -66,8 +99,9 @@ def test_lr_follows_the_schedule_in_a_run(tiny: Any) -> None:
 
     rows = list(csv.DictReader(open(Path(result.run_dir) / "metrics.csv")))
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
-    # lr of steps 1..8: warmup 1/4..4/4 of 3e-3, then linear decay reaching 0 at the last step
-    expected = [3e-3 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 2 / 3, 1 / 3, 0.0)]
+    # lr of steps 1..8: warmup 1/4..4/4 of 3e-3, then linear decay toward 0 at step 9, one past
+    # the last: the last step trains at a quarter of the peak (it ran at lr 0)
+    expected = [3e-3 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 0.5, 0.25)]
     assert lrs == pytest.approx(expected)
 
 

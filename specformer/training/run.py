@@ -339,6 +339,7 @@ def train(
     saved_data: str | None = None  # the fingerprint of the data the checkpoint was trained on
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
     tokenizer = tokenizer_spec = None
+    lr_given = "lr" in t.optimizer.model_fields_set  # a resumed run: when it changes the checkpoint's
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
         raw = read_checkpoint(resume)
@@ -356,6 +357,7 @@ def train(
         moved = _batch_changes(raw, spec)
         recut = _seq_len_change(raw, spec)
         changed = _training_changes(raw, spec)
+        lr_given = any(c.startswith("training.optimizer.lr ") for c in changed)
         if any(c.startswith("training.optimizer.type ") for c in changed):
             kind = next(c for c in changed if c.startswith("training.optimizer.type "))
             raise CheckpointError(
@@ -495,6 +497,8 @@ def train(
                 f"training.schedule.warmup_steps={warmup} is not below the run's {_steps(max_steps)}: the "
                 f"learning rate never reaches training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
             )
+        if lr_given and t.schedule is not None and t.schedule.type == "inverse_sqrt":
+            _warn(console, _inverse_sqrt_lr_note(spec))
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)), None)
         if periodic is not None and resume is not None and resumed_step is not None:
             periodic.resumed_from = (Path(resume), resumed_step)
@@ -815,6 +819,19 @@ def _shown(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(map(_shown, value)) + "]"
     return str(value)
+
+
+def _inverse_sqrt_lr_note(spec: Any) -> str:
+    """What a run with the inverse_sqrt schedule does with the training.optimizer.lr it was given:
+    nothing, as the schedule sets the rate itself; its peak, and the scale that peaks at that lr."""
+    s, lr = spec.training.schedule, spec.training.optimizer.lr
+    peak = s.scale * (spec.d_model * s.warmup_steps) ** -0.5
+    return (
+        f"training.optimizer.lr={lr:g} is not used: the inverse_sqrt schedule sets the learning rate itself, "
+        f"scale · d_model^-0.5 · min(n^-0.5, n · warmup_steps^-1.5), which peaks at {peak:.3g} after "
+        f"{s.warmup_steps} steps (d_model {spec.d_model}, warmup_steps {s.warmup_steps}, scale {s.scale:g}); to peak at "
+        f"{lr:g}, set training.schedule.scale={s.scale * lr / peak:.4g}"
+    )
 
 
 def _warn(console: Console | None, message: str) -> None:

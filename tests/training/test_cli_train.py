@@ -625,6 +625,25 @@ def test_a_warmup_as_long_as_the_run_is_no_warning(tiny: Any, tmp_path: Path) ->
     assert "warmup_steps" not in result.stderr
 
 
+def test_an_lr_the_inverse_sqrt_schedule_ignores_is_pointed_out(tiny: Any, tmp_path: Path) -> None:
+    # the schedule sets the rate itself (d_model 32, warmup 4: peaks at (32 * 4)^-0.5 = 0.0884), so
+    # the lr of 0.003 the spec gives would silently be something else
+    schedule = "training.schedule={type: inverse_sqrt, warmup_steps: 4}"
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
+    result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", schedule], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert ("training.optimizer.lr=0.003 is not used: the inverse_sqrt schedule sets the learning rate itself"
+            in result.stderr)
+    assert "which peaks at 0.0884 after 4 steps (d_model 32, warmup_steps 4, scale 1)" in result.stderr
+    assert "to peak at 0.003, set training.schedule.scale=0.03394" in result.stderr
+    assert result.stderr.count("is not used") == 1
+    # no lr given: nothing to point out
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2, optimizer={"type": "adamw"}))
+    result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", schedule], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "is not used" not in result.stderr
+
+
 def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: Path) -> None:
     spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2))
     _train([str(spec)])

@@ -97,6 +97,14 @@ class SpecModule(L.LightningModule):
             if dm is not None and hasattr(dm, "tokenizer"):
                 self.tokenizer = dm.tokenizer
 
+    @property
+    def step_loss(self) -> float | None:
+        """The loss of the step under way, or of the last one once it is taken: the mean of its
+        micro-batches' losses, train/loss's value (None before any)."""
+        if not self._step_losses:
+            return None
+        return float(torch.stack(self._step_losses).mean())
+
     # ------------------------------------------------------------------ steps
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -153,11 +153,15 @@ class SpecProgressBar(ProgressBar):
         first_time, first_tokens = self._window[0]
         if now > first_time:
             self.tokens_per_second = (tokens - first_tokens) / (now - first_time)
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is not None and pl_module.automatic_optimization:
-            # Lightning hands on the loss divided by the micro-batches per step (the share
-            # its gradient adds): the micro-batch's own loss is that times accumulate
-            loss = float(loss) * trainer.accumulate_grad_batches
+        # the step's loss, train/loss's in metrics.csv: with accumulate > 1 the mean of its
+        # micro-batches' losses (a SpecModule's step_loss), not the last micro-batch's alone
+        loss = getattr(pl_module, "step_loss", None)
+        if loss is None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is not None and pl_module.automatic_optimization:
+                # Lightning hands on the loss divided by the micro-batches per step (the share
+                # its gradient adds): the micro-batch's own loss is that times accumulate
+                loss = float(loss) * trainer.accumulate_grad_batches
         stats = f"loss {float(loss):.3f}  {format_count(self.tokens_per_second)} tok/s" if loss is not None else ""
         self._progress.update(self._train_task, completed=trainer.global_step, stats=stats)
 

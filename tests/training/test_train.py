@@ -437,19 +437,39 @@ def test_logged_train_loss_of_a_step_is_the_mean_of_its_micro_batches(tiny) -> N
         assert logged[step] == pytest.approx(sum(losses) / 2, abs=1e-5)
 
 
-def test_progress_bar_shows_the_loss_of_a_micro_batch_whatever_the_accumulation(tiny) -> None:
-    # Lightning hands callbacks the loss divided by accumulate; the bar shows the loss itself
+def test_progress_bar_shows_the_loss_metrics_csv_logs_for_the_step(tiny) -> None:
+    # the bar's loss of a step is train/loss's in metrics.csv: with accumulate=4 the mean of the
+    # step's four micro-batches' losses; it showed the last micro-batch's alone (a quarter of the
+    # batch), so the bar and the log of the same step disagreed
     import io
     import re
 
+    import lightning as L
     from rich.console import Console
 
-    spec = load_spec(tiny("decoder", max_steps=3, accumulate=4, val_interval=3))
+    shown: dict[int, float] = {}
+    last_micro: dict[int, float] = {}
+
+    class Seen(L.Callback):
+        # after the bar's own update, which comes first: what it shows once each step is taken
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
+            if i % 4 == 3:
+                bar = next(c for c in trainer.callbacks if type(c).__name__ == "SpecProgressBar")
+                stats = bar._progress.tasks[0].fields["stats"]
+                shown[trainer.global_step] = float(re.match(r"loss (\d+\.\d+)", stats).group(1))
+                last_micro[trainer.global_step] = float(outputs["loss"]) * 4
+
+    spec = load_spec(tiny("decoder", max_steps=3, accumulate=4, log_interval=1, val_interval=3))
     out = io.StringIO()
-    result = train(spec, progress=True, console=Console(file=out, width=200))
-    shown = [float(x) for x in re.findall(r"loss (\d+\.\d+)  ", out.getvalue())]
-    assert shown and result.train_loss is not None
-    assert shown[-1] == pytest.approx(result.train_loss, abs=0.3)  # not a quarter of it
+    result = train(spec, progress=True, console=Console(file=out, width=200), callbacks=[Seen()])
+    with open(Path(result.run_dir) / "metrics.csv") as f:
+        logged = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+    assert sorted(shown) == sorted(logged) == [1, 2, 3]
+    for step, loss in shown.items():
+        assert loss == pytest.approx(logged[step], abs=5e-4)  # the bar prints 3 decimals
+    # the last micro-batch's loss is not the step's: the bar showed that
+    assert any(abs(last_micro[s] - logged[s]) > 2e-3 for s in logged)
+    assert [float(x) for x in re.findall(r"loss (\d+\.\d+)  ", out.getvalue())][-1] == shown[3]
 
 
 def test_progress_bar_tokens_per_second_is_tokens_over_time_when_steps_vary(monkeypatch) -> None:

@@ -479,7 +479,7 @@ def _show_heading(report: Any, overrides: list[str] | None = None) -> str:
 
 @app.command()
 def show(
-    spec: Annotated[str, typer.Argument(help="A preset name or a path to a YAML spec.", show_default=False)],
+    spec: Annotated[str, typer.Argument(help="A preset name, a path to a YAML spec, or a run folder (its spec.yaml).", show_default=False)],
     set_: SetOption = None,
     batch: BatchOption = 1,
     seq_len: SeqLenOption = None,
@@ -896,7 +896,7 @@ def _labels(args: list[str], specs: list[Any], *, set_last: bool = False) -> lis
 @app.command()
 def diff(
     specs: Annotated[list[str], typer.Argument(
-        help="Two or more preset names or YAML paths (one, with --set).", show_default=False)],
+        help="Two or more preset names, YAML paths or run folders (their spec.yaml; one, with --set).", show_default=False)],
     set_: Annotated[
         list[str] | None,
         typer.Option(

@@ -138,7 +138,7 @@ def _human(n: int) -> str:
 
 @app.command()
 def validate(
-    spec: Annotated[str, typer.Argument(help="A preset name or a path to a YAML spec.")],
+    spec: Annotated[str, typer.Argument(help="A preset name, a path to a YAML spec, or a run folder (its spec.yaml).")],
     set_: SetOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing when the spec is valid.")] = False,
     output_format: Annotated[

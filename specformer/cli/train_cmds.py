@@ -132,12 +132,13 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
     from specformer.specs.loader import not_utf8_problem, parse_yaml
 
     file = Path(path)
+    if file.is_dir() and (file / "spec.yaml").is_file():
+        file = file / "spec.yaml"  # a run folder: the training section of the spec it ran
     if file.is_dir():
-        inside = file / "spec.yaml"
-        hint = f"this folder holds {inside}: --training {inside}" if inside.is_file() else ""
         raise SpecError([SpecProblem(
-            "a folder, not a YAML file: --training takes a file with a training: section (or the section alone)",
-            position=Position(str(file)), hint=hint,
+            "a folder, not a YAML file: --training takes a file with a training: section (or the section alone), "
+            "or a run folder (its spec.yaml)",
+            position=Position(str(file)),
         )])
     if not file.exists():  # a pipe (/dev/stdin, <(...)) exists and is read as it is
         raise SpecError([SpecProblem(f"file not found: {file}", position=Position(str(file)))])
@@ -280,7 +281,7 @@ def _print_summary(result: Any) -> None:
 def train_cmd(
     spec: Annotated[
         str | None,
-        typer.Argument(help="A preset name or a YAML spec. Leave it out with --resume: the checkpoint's spec, "
+        typer.Argument(help="A preset name, a YAML spec or a run folder (its spec.yaml). Leave it out with --resume: the checkpoint's spec, "
                             "with every --set of its run, is used; a spec given there replaces the run's "
                             "training settings (those its --set gave included) with its own."),
     ] = None,

@@ -576,6 +576,8 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if path.is_dir():
+            if (path / "spec.yaml").is_file():  # a run folder stands for the spec it ran
+                return (path / "spec.yaml").resolve()
             raise SpecError([_directory_problem(path, position)])
         if not path.exists():
             raise SpecError(
@@ -589,16 +591,19 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
     if local.is_file():
         return local.resolve()
     if local.is_dir():
+        if (local / "spec.yaml").is_file():  # a run folder stands for the spec it ran
+            return (local / "spec.yaml").resolve()
         # it exists: "no preset or file named" would send the user looking for a typo
         raise SpecError([_directory_problem(Path(ref) if base_dir is None else local, position)])
     raise SpecError([_unknown_source_problem(ref, position)])
 
 
 def _directory_problem(path: Path, position: Position | None) -> SpecProblem:
-    spec = path / "spec.yaml"
-    hint = "a spec is a preset name or a YAML file"
-    if spec.is_file():  # a run folder: the spec it ran is in it
-        hint += f"; this folder holds {spec}"
+    hint = "a spec is a preset name, a YAML file or a run folder (its spec.yaml)"
+    runs = sorted(p.parent for p in path.glob("*/spec.yaml"))
+    if runs:  # runs/<spec name>/, the folder of a spec's runs: name its latest
+        more = f" (and {len(runs) - 1} earlier)" if len(runs) > 1 else ""
+        hint += f"; this folder holds the runs of a spec, not one run: its latest is {runs[-1]}{more}"
     elif (path / "config.json").is_file():  # a Hugging Face model folder
         hint += f"; the Hugging Face model here converts with: specformer import-hf {path} -o spec.yaml"
     return SpecProblem(

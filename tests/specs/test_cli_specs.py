@@ -120,13 +120,38 @@ def test_a_directory_named_bare_is_not_reported_as_missing(tmp_path, monkeypatch
     result = runner.invoke(app, ["validate", "run"])
     assert result.exit_code == 1
     assert "run is a directory, not a YAML file" in result.stderr and "no preset" not in result.stderr
-    assert "a spec is a preset name or a YAML file" in result.stderr
-    (tmp_path / "run" / "spec.yaml").write_text("extends: gpt-nano\n")  # a run folder: say where its spec is
-    result = runner.invoke(app, ["validate", "run"])
-    assert "this folder holds run/spec.yaml" in result.stderr
+    assert "a spec is a preset name, a YAML file or a run folder (its spec.yaml)" in result.stderr
     (tmp_path / "child.yaml").write_text("extends: run\n")
     result = runner.invoke(app, ["validate", "child.yaml"])
     assert f"child.yaml:1:1: extends: {tmp_path / 'run'} is a directory" in result.stderr
+
+
+def test_a_run_folder_stands_for_its_spec_yaml(tmp_path, monkeypatch):
+    # `diff runs/x/A runs/x/B`: a folder holding a spec.yaml (a run folder) is that spec, as a run
+    # folder is its checkpoint for generate; it was refused with a hint to give its spec.yaml
+    monkeypatch.chdir(tmp_path)
+    for run, layers in (("20260101-000000", 4), ("20260102-000000", 6)):
+        (tmp_path / "runs" / "x" / run).mkdir(parents=True)
+        (tmp_path / "runs" / "x" / run / "spec.yaml").write_text(
+            f"# cd /home/me && specformer train x.yaml\nextends: gpt-nano\nname: x\ndecoder: {{n_layers: {layers}}}\n")
+    a, b = "runs/x/20260101-000000", "runs/x/20260102-000000"
+    result = runner.invoke(app, ["diff", a, b, "-f", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["specs"] == [a, b]
+    assert [(c["path"], c["values"]) for c in data["changes"]] == [("decoder.n_layers", [4, 6])]
+    assert runner.invoke(app, ["validate", b]).stdout == runner.invoke(app, ["validate", f"{b}/spec.yaml"]).stdout
+    assert runner.invoke(app, ["validate", "runs/x/20260102-000000/"]).exit_code == 0
+    # in extends too, relative to the file that says it, and its errors point into the run's spec.yaml
+    (tmp_path / "child.yaml").write_text(f"extends: {b}\nd_model: 256\n")
+    assert load_spec(str(tmp_path / "child.yaml")).decoder.n_layers == 6
+    (tmp_path / "runs" / "x" / "20260102-000000" / "spec.yaml").write_text("extends: gpt-nano\nd_modle: 1\n")
+    result = runner.invoke(app, ["validate", b])
+    assert result.exit_code == 1 and "runs/x/20260102-000000/spec.yaml:2:1: d_modle: unknown field" in result.stderr
+    # the folder of a spec's runs is not one run: its latest is named
+    result = runner.invoke(app, ["validate", "runs/x"])
+    assert result.exit_code == 1 and "runs/x is a directory, not a YAML file" in result.stderr
+    assert "this folder holds the runs of a spec, not one run: its latest is runs/x/20260102-000000 (and 1 earlier)" in result.stderr
 
 
 def test_list_never_shortens_a_preset_name():

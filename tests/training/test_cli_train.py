@@ -396,14 +396,17 @@ def test_a_training_file_error_points_into_the_file(tiny: Any, tmp_path: Path) -
     assert result.exit_code == 1, result.output
     assert "whole.yaml:5:3: training.lr_typo: unknown field" in result.output
     assert "extends" not in result.output and "training.name" not in result.output
-    result = runner.invoke(app, ["train", "gpt-nano", "--training", str(tmp_path)], env={"COLUMNS": "200"})
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["train", "gpt-nano", "--training", str(tmp_path / "empty")], env={"COLUMNS": "200"})
     assert result.exit_code == 1 and "a folder, not a YAML file" in result.output
     assert "--training takes a file with a training: section" in result.output
-    # a run folder: say where its spec is
+    assert "or a run folder (its spec.yaml)" in result.output
+    # a run folder is its spec.yaml, whose training section is taken
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "spec.yaml").write_text("extends: gpt-nano\n")
+    (tmp_path / "run" / "spec.yaml").write_text("extends: gpt-nano\ntraining:\n  max_steps: 2\n  lr_typo: 1\n")
     result = runner.invoke(app, ["train", "gpt-nano", "--training", str(tmp_path / "run")], env={"COLUMNS": "300"})
-    assert f"this folder holds {tmp_path / 'run' / 'spec.yaml'}" in result.output
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'run' / 'spec.yaml'}:4:3: training.lr_typo: unknown field" in result.output
 
 
 def test_ctrl_c_exits_130_and_says_how_to_resume(tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:

@@ -767,7 +767,8 @@ def apply_overrides(
         if parts[0] == "extends":
             problems.append(SpecProblem("extends cannot be overridden; load that spec instead", position=Position(label)))
             continue
-        retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
+        old_type = _type_at(data, parts[:-1]) if parts[-1] == "type" and len(parts) > 1 else None
+        retyped = parts[-1] == "type" and len(parts) > 1 and old_type != value
         # a mapping this override gives another type (`ffn.type=glu`, `ffn={type: glu}`):
         # the fields an earlier override of this call set in it stay, as they would in
         # either order (`--set ffn.d_ff=512 --set ffn.type=glu` is a glu of 512)
@@ -792,7 +793,7 @@ def apply_overrides(
             # setting another `type` makes the whole mapping the override's (a field the
             # new type misses is the override's doing, not the file's)
             owned = tuple(parts[:-1]) if retyped else tuple(parts)
-            kept = {(*owned, k) for k in family_fields(owned[-1])} if retyped and owned else set()
+            kept = {(*owned, k) for k in family_fields(owned[-1], old_type, value)} if retyped and owned else set()
             kept |= {(*retyping, k) for k in carried}  # where the earlier override put them
             for p in [p for p in positions if p[: len(owned)] == owned and p[: len(owned) + 1] not in kept]:
                 del positions[p]
@@ -927,7 +928,8 @@ def _set_path(data: Any, parts: list[str | int], value: Any) -> None:
         elif last == "type" and implicit_type(node, parts[-2] if len(parts) > 1 else None) not in (None, value):
             # another type: the old one's fields do not belong to it, but for those of the
             # whole family (as with extends)
-            kept = {k: node[k] for k in family_fields(parts[-2] if len(parts) > 1 else None) if k in node}
+            key = parts[-2] if len(parts) > 1 else None
+            kept = {k: node[k] for k in family_fields(key, implicit_type(node, key), value) if k in node}
             node.clear()
             node.update(type=value, **kept)
         else:

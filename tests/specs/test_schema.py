@@ -250,6 +250,43 @@ def test_a_mapping_without_type_is_its_default_type_when_another_type_is_merged_
         "ffn": {"activation": "gelu", "type": "mlp", "d_ff": 8}}
 
 
+def test_another_type_keeps_the_fields_of_the_run_the_types_share(tmp_path):
+    # an ablation of the schedule's shape alone: `--set training.schedule.type=linear` on a cosine
+    # with a warmup of 50 reset the warmup to 0; the parameters an optimizer freezes and the ffn's
+    # dropout were dropped the same way. extends, --set path.type and --set path={type: ...} agree
+    parent = tmp_path / "parent.yaml"
+    parent.write_text(
+        "extends: gpt-nano\n"
+        "decoder:\n  ffn: {activation: gelu, dropout: 0.1}\n"
+        "training:\n"
+        "  optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.05, freeze: [embed.*]}\n"
+        "  schedule: {type: cosine, warmup_steps: 50, min_lr_ratio: 0.05}\n"
+    )
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: parent.yaml\ndecoder:\n  ffn: {type: glu}\n"
+                     "training:\n  optimizer: {type: sgd}\n  schedule: {type: linear}\n")
+    sets = ["decoder.ffn.type=glu", "training.optimizer.type=sgd", "training.schedule.type=linear"]
+    dicts = ["decoder.ffn={type: glu}", "training.optimizer={type: sgd}", "training.schedule={type: linear}"]
+    for spec in (load_spec(child), load_spec(parent, overrides=sets), load_spec(parent, overrides=dicts)):
+        t = spec.training
+        # kept: what describes the run (warmup, frozen parameters, dropout)
+        assert (t.schedule.type, t.schedule.warmup_steps) == ("linear", 50)
+        assert (t.optimizer.type, t.optimizer.freeze) == ("sgd", ("embed.*",))
+        assert (spec.decoder.ffn.type, spec.decoder.ffn.dropout) == ("glu", 0.1)
+        # the new type's own defaults: what is fitted to each type
+        assert t.schedule.min_lr_ratio == 0.0 and (t.optimizer.lr, t.optimizer.weight_decay) == (0.1, 0.0)
+        assert spec.decoder.ffn.activation == "silu"
+    # inverse_sqrt's warmup (4000 in the paper, never 0) is the formula's own: not carried either way
+    assert load_spec(parent, overrides=["training.schedule.type=inverse_sqrt"]).training.schedule.warmup_steps == 4000
+    back = {"schedule": {"type": "inverse_sqrt", "warmup_steps": 8}}
+    assert deep_merge(back, {"schedule": {"type": "constant"}}) == {"schedule": {"type": "constant"}}
+    assert deep_merge({"schedule": {"type": "cosine", "warmup_steps": 8}}, {"schedule": {"type": "linear"}}) == {
+        "schedule": {"type": "linear", "warmup_steps": 8}}
+    # unless an earlier --set gave it, as for any field
+    given = load_spec(parent, overrides=["training.schedule.warmup_steps=8", "training.schedule.type=inverse_sqrt"])
+    assert given.training.schedule.warmup_steps == 8
+
+
 def test_yaml_text_loads_as_a_file_does_with_lines_in_its_errors(tmp_path, monkeypatch):
     from specformer import SpecError, build_model
 

@@ -767,8 +767,7 @@ def apply_overrides(
         if parts[0] == "extends":
             problems.append(SpecProblem("extends cannot be overridden; load that spec instead", position=Position(label)))
             continue
-        old_type = _type_at(data, parts[:-1]) if parts[-1] == "type" and len(parts) > 1 else None
-        retyped = parts[-1] == "type" and len(parts) > 1 and old_type != value
+        retyped = parts[-1] == "type" and len(parts) > 1 and _type_at(data, parts[:-1]) != value
         # a mapping this override gives another type (`ffn.type=glu`, `ffn={type: glu}`):
         # the fields an earlier override of this call set in it stay, as they would in
         # either order (`--set ffn.d_ff=512 --set ffn.type=glu` is a glu of 512)
@@ -776,6 +775,8 @@ def apply_overrides(
             tuple(parts) if isinstance(value, dict) and "type" in value
             and _type_at(data, parts) not in (None, value["type"]) else None)
         carried = _written_fields(data, retyping, written) if retyping else {}
+        # the types it changes between: the fields of the run both have stay, and their positions
+        retypes = (_type_at(data, list(retyping)), value if retyped else value["type"]) if retyping else None
         # the containers on the way that the spec does not write: the override makes them
         created = [tuple(parts[:k]) for k in range(1, len(parts)) if not _exists(data, tuple(parts[:k]), null=False)]
         try:
@@ -793,7 +794,7 @@ def apply_overrides(
             # setting another `type` makes the whole mapping the override's (a field the
             # new type misses is the override's doing, not the file's)
             owned = tuple(parts[:-1]) if retyped else tuple(parts)
-            kept = {(*owned, k) for k in family_fields(owned[-1], old_type, value)} if retyped and owned else set()
+            kept = {(*owned, k) for k in family_fields(owned[-1], *retypes)} if retypes and owned else set()
             kept |= {(*retyping, k) for k in carried}  # where the earlier override put them
             for p in [p for p in positions if p[: len(owned)] == owned and p[: len(owned) + 1] not in kept]:
                 del positions[p]

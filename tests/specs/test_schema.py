@@ -282,6 +282,14 @@ def test_another_type_keeps_the_fields_of_the_run_the_types_share(tmp_path):
     assert deep_merge(back, {"schedule": {"type": "constant"}}) == {"schedule": {"type": "constant"}}
     assert deep_merge({"schedule": {"type": "cosine", "warmup_steps": 8}}, {"schedule": {"type": "linear"}}) == {
         "schedule": {"type": "linear", "warmup_steps": 8}}
+    # a field kept from the file is the file's: its error points there, whichever form of --set
+    from specformer import SpecError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: gpt-nano\ntraining:\n  optimizer: {type: adamw, freeze: [embedding.*]}\n")
+    for override in ("training.optimizer.type=sgd", "training.optimizer={type: sgd}"):
+        with pytest.raises(SpecError, match=r"bad.yaml:3:37: training.optimizer.freeze.0: pattern 'embedding.\*'"):
+            load_spec(bad, overrides=[override])
     # unless an earlier --set gave it, as for any field
     given = load_spec(parent, overrides=["training.schedule.warmup_steps=8", "training.schedule.type=inverse_sqrt"])
     assert given.training.schedule.warmup_steps == 8

@@ -669,10 +669,10 @@ def test_a_resumed_run_may_train_longer_on_the_new_schedule(tiny: Any) -> None:
             seen[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
 
     train(longer, resume=first.checkpoint, progress=False, callbacks=[Lr()])
-    # linear decay over 8 steps (0 .. 7), not over the first run's 4: step 4 runs at 3/7 of the peak,
-    # the last step at min_lr_ratio (0)
-    assert seen[4] == pytest.approx(3e-3 * 3 / 7)
-    assert seen[7] == pytest.approx(0.0, abs=1e-12)
+    # linear decay over 8 steps to 0 at step 8 (one past the last, as transformers' schedule), not
+    # over the first run's 4: step 4 runs at 4/8 of the peak, the last step (7) at 1/8
+    assert seen[4] == pytest.approx(3e-3 * 4 / 8)
+    assert seen[7] == pytest.approx(3e-3 * 1 / 8)
 
 
 def test_a_resumed_run_takes_this_specs_optimizer_settings(tiny: Any) -> None:

@@ -141,7 +141,7 @@ def _main(
     version: bool = typer.Option(False, "--version", "-V", callback=_show_version, is_eager=True,
                                  help="Print specformer's version and those of the libraries it runs on, and exit."),
 ) -> None:
-    pass
+    """The options of ``specformer`` itself, before a command: ``--version``."""
 
 
 def print_error(message: str, hint: str = "", *, label: str = "[bold red]error:[/]") -> None:

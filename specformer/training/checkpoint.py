@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specformer.data.cache import locked, remove_temporaries
+from specformer.data.cache import atomic_file, locked, remove_temporaries
 from specformer.data.corpus import lfs_pointer
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "read_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
+    "write_checkpoint",
     "load_weights_file",
     "LoadedCheckpoint",
     "rng_state",
@@ -335,7 +336,6 @@ def save_checkpoint(
     new one, never a torn file. Returns the path written."""
     from specformer import __version__
     from specformer.builder import build_model
-    from specformer.data.cache import atomic_file, locked
     from specformer.specs.schema import ModelSpec
 
     path = Path(path)
@@ -378,9 +378,19 @@ def save_checkpoint(
             "tokenizer": tokenizer.state() if tokenizer is not None else None,
         },
     }
+    write_checkpoint(checkpoint, path)
+    return path
+
+
+def write_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write ``checkpoint`` to ``path`` atomically; a failed write (a full disk, a read-only
+    folder) raises the ``OSError`` that caused it, naming ``path``, and leaves ``path`` as it was.
+
+    The write holds a shared lock on the folder: :func:`remove_stale_temporaries` removes
+    only the temporary files of writes that no live process holds."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with locked(path.parent, shared=True), atomic_file(path) as f, ctrl_c_after():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with locked(Path(path).parent, shared=True), atomic_file(path) as f, ctrl_c_after():
             torch.save(checkpoint, f)
     except (OSError, RuntimeError) as exc:
         # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos"
@@ -388,7 +398,6 @@ def save_checkpoint(
         if cause is None:
             raise
         raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
-    return path
 
 
 def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoint:

@@ -339,7 +339,9 @@ def train(
     saved_data: str | None = None  # the fingerprint of the data the checkpoint was trained on
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
     tokenizer = tokenizer_spec = None
-    lr_given = "lr" in t.optimizer.model_fields_set  # a resumed run: when it changes the checkpoint's
+    # a run folder's spec.yaml writes every field, the default lr too: only another lr was given.
+    # A resumed run: when it changes the checkpoint's
+    lr_given = "lr" in t.optimizer.model_fields_set and t.optimizer.lr != type(t.optimizer).model_fields["lr"].default
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
         raw = read_checkpoint(resume)

@@ -645,6 +645,12 @@ def test_an_lr_the_inverse_sqrt_schedule_ignores_is_pointed_out(tiny: Any, tmp_p
     result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", schedule], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "is not used" not in result.stderr
+    # nor when that run's folder (its spec.yaml writes the default lr) is trained again
+    run = sorted((tmp_path / "runs" / "tiny-decoder").glob("*/spec.yaml"))[-1]
+    assert "lr: 0.0003" in run.read_text()
+    result = runner.invoke(app, ["train", str(run.parent), "--no-progress"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "is not used" not in result.stderr
 
 
 def test_eval_refuses_model_changes_and_batches_of_a_task(tiny: Any, tmp_path: Path) -> None:

@@ -503,7 +503,9 @@ def generate_cmd(
         loaded = _load_checkpoint(checkpoint, spec_source)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if tok is None:
-            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
+            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded",
+                        "save the model again with the tokenizer it was trained with: "
+                        "specformer.training.save_checkpoint(model, path, tokenizer=...)")
         if spec.kind == "encoder":
             if spec.head.type == "classification":
                 raise _fail("a sequence classifier (head: classification) does not generate text; use "
@@ -1086,7 +1088,9 @@ def classify_cmd(
         except NotAClassifier as exc:
             raise _fail(f"{checkpoint}: {exc}") from None
         if tok is None:
-            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
+            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded",
+                        "save the model again with the tokenizer it was trained with: "
+                        "specformer.training.save_checkpoint(model, path, tokenizer=...)")
         table = _classify_inputs(given, file, stdin, spec, text_column, label_column)
         length = max_length if max_length is not None else (spec.training.seq_len or spec.max_seq_len)
         if max_length is not None:

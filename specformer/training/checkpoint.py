@@ -23,6 +23,7 @@ import random
 import re
 import signal
 import threading
+import warnings
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -359,6 +360,16 @@ def save_checkpoint(
     check_weights(build_model(spec, device="meta"), weights, source=f"{path}: the model")
     if tokenizer is None:
         tokenizer = weights_tokenizer(path, spec)
+        settings = spec.training.tokenizer if spec.training is not None else None
+        if tokenizer is None and settings is not None:
+            # a BPE is trained on the run's data: which one the model learned with is not in the spec
+            warnings.warn(
+                f"{path}: the checkpoint carries no tokenizer: the spec's training.tokenizer ({settings.type}) is "
+                f"trained on the data at run time, so generate, eval and export-hf cannot encode text with it; "
+                f"give the one the model was trained with as tokenizer=, e.g. "
+                f"SpecDataModule(spec).tokenizer (the one specformer train would train on the spec's data)",
+                stacklevel=2,
+            )
     elif not hasattr(tokenizer, "state"):
         from tokenizers import Tokenizer as _Tok
 

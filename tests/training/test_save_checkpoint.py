@@ -3,6 +3,7 @@ load_checkpoint and the commands read."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,22 @@ def test_load_weights_file_is_the_python_side_of_weights_with_spec(tiny: Any, tm
     ids = torch.randint(0, 256, (2, 9))
     assert torch.equal(loaded.model(ids).logits, model(ids).logits)
     assert isinstance(loaded.tokenizer, ByteTokenizer)
+
+
+def test_a_spec_whose_bpe_is_trained_at_run_time_warns_when_saved_without_a_tokenizer(tiny: Any, tmp_path: Path) -> None:
+    # the spec says to train a BPE on the data, not which one the model learned with: the
+    # checkpoint cannot encode text, which generate would say only later
+    spec = load_spec(tiny(), overrides=["vocab_size=300", "training.tokenizer={type: bpe, vocab_size: 300}"])
+    model = build_model(spec)
+    with pytest.warns(UserWarning, match=r"bpe.ckpt: the checkpoint carries no tokenizer: the spec's "
+                                         r"training.tokenizer \(bpe\) is trained on the data at run time.*"
+                                         r"give the one the model was trained with as tokenizer="):
+        path = save_checkpoint(model, tmp_path / "bpe.ckpt")
+    assert load_checkpoint(path).tokenizer is None
+    out = runner.invoke(app, ["generate", str(path), "-p", "def", "-n", "2"])
+    assert out.exit_code == 1
+    assert "carries no tokenizer, so text cannot be encoded" in out.stderr
+    assert "save_checkpoint(model, path, tokenizer=...)" in out.stderr
+    with warnings.catch_warnings():  # a tokenizer given: nothing to say
+        warnings.simplefilter("error")
+        assert load_checkpoint(save_checkpoint(model, tmp_path / "b.ckpt", tokenizer=ByteTokenizer())).tokenizer

@@ -120,6 +120,35 @@ class ChatTemplate:
         return out
 
 
+    def conversation_ids(
+        self, tokenizer: Any, messages: Sequence[dict[str, Any]], *, system: str | None = None
+    ) -> tuple[list[int], list[int]] | tuple[int, int]:
+        """A whole conversation's rendering in token ids, and a mask of the same length that is
+        1 on the tokens of its assistant turns: what each assistant turn's rendering adds to the
+        rendering of the turns before it with the generation prompt (its content and the
+        template's end of turn, not the header the generation prompt already wrote), as TRL's
+        ``assistant_only_loss`` trains. A ``system`` turn goes first when the conversation has
+        none of its own. A prefix whose rendering is not the start of the whole rendering in
+        token ids gives instead (the first token where they differ, the 0-based turn)."""
+        turns = list(messages)
+        if system is not None and (not turns or turns[0].get("role") != "system"):
+            turns.insert(0, {"role": "system", "content": system})
+        texts = [self.render(turns)]
+        at = [i for i, turn in enumerate(turns) if turn.get("role") == "assistant"]
+        for i in at:
+            texts += [self.render(turns[:i], add_generation_prompt=True), self.render(turns[: i + 1])]
+        full, *parts = tokenizer.encode_batch(texts, specials=True)
+        mask = [0] * len(full)
+        for n, i in enumerate(at):
+            for prefix in parts[2 * n : 2 * n + 2]:
+                if full[: len(prefix)] != prefix:
+                    differ = next((j for j, (a, b) in enumerate(zip(prefix, full, strict=False)) if a != b), len(full))
+                    return differ, i
+            start, end = len(parts[2 * n]), len(parts[2 * n + 1])
+            mask[start:end] = [1] * (end - start)
+        return full, mask
+
+
 def conversation(prompt: str, response: str | None = None, *, system: str | None = None) -> list[dict[str, str]]:
     """The messages of one exchange: a ``system`` turn when given, the user's ``prompt``, and
     the assistant's ``response`` when given."""

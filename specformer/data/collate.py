@@ -18,7 +18,7 @@ from specformer.components.loss import IGNORE_INDEX  # -100, as torch's cross_en
 from specformer.specs.training import MaskedLMSpec
 
 __all__ = [
-    "IGNORE_INDEX", "CausalLMCollator", "ClassificationCollator", "MaskedLMCollator", "Seq2SeqCollator", "SFTCollator", "batch_generator",
+    "IGNORE_INDEX", "CausalLMCollator", "ClassificationCollator", "MaskedLMCollator", "Seq2SeqCollator", "SFTCollator", "ConversationCollator", "batch_generator",
 ]
 
 
@@ -150,6 +150,32 @@ class SFTCollator:
             attention_mask[i, :n] = 1
             # label j is token j + 1: the first response token is label len(prompt) - 1
             labels[i, len(prompt) - 1 : n] = sequence[len(prompt) :]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class ConversationCollator:
+    """(ids, mask) of each conversation -> one causal sequence each, the loss on its assistant
+    turns. The mask (:func:`~specformer.data.tokens.conversation_token_ids`) is 1 on the tokens
+    of the assistant turns; the inputs are the ids less the last, the labels the ids less the
+    first, -100 where the token they predict is not an assistant's. Rows are padded on the
+    right with ``pad_id``: attention_mask 0 and labels -100 there."""
+
+    def __init__(self, *, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, items: Sequence[tuple[int, tuple[list[int], list[int]]]]) -> dict[str, torch.Tensor]:
+        rows = [(list(ids), list(mask)) for _, (ids, mask) in items]
+        width = max(len(ids) for ids, _ in rows) - 1
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (B, T)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        for i, (ids, mask) in enumerate(rows):
+            sequence = torch.tensor(ids, dtype=torch.long)
+            n = len(ids) - 1
+            input_ids[i, :n] = sequence[:-1]
+            attention_mask[i, :n] = 1
+            scored = torch.tensor(mask[1:], dtype=torch.bool)  # label j is token j + 1
+            labels[i, :n] = torch.where(scored, sequence[1:], IGNORE_INDEX)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 

@@ -24,10 +24,12 @@ from specformer.data.cache import content_hash
 from specformer.data.collate import (
     CausalLMCollator,
     ClassificationCollator,
+    ConversationCollator,
     MaskedLMCollator,
     Seq2SeqCollator,
     SFTCollator,
 )
+from specformer.data.conversations import ConversationCorpus
 from specformer.data.corpus import DataError, _names
 from specformer.data.datasets import LabelledTexts, PackedBlocks, PairDataset
 from specformer.data.labelled import LabelledCorpus, label_ids
@@ -35,7 +37,13 @@ from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
 from specformer.data.synthetic import SyntheticTask
 from specformer.data.tokenizers import EOT, EOT_NAMES, MASK, PAD, Tokenizer, decoder_start_id
-from specformer.data.tokens import pair_token_ids, token_arrays, unigram_cross_entropy, usable_cores
+from specformer.data.tokens import (
+    conversation_token_ids,
+    pair_token_ids,
+    token_arrays,
+    unigram_cross_entropy,
+    usable_cores,
+)
 from specformer.registry import REGISTRY
 from specformer.specs.training import BYTE_VOCAB_SIZE, TASK_SPECIALS
 
@@ -98,6 +106,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         return _prepare_labelled(spec, corpus, tokenizer, cache_dir)
     if isinstance(corpus, PairCorpus):
         return _prepare_pairs(spec, corpus, tokenizer, cache_dir)
+    if isinstance(corpus, ConversationCorpus):
+        return _prepare_conversations(spec, corpus, tokenizer, cache_dir)
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
     _check_vocab(tokenizer, spec.vocab_size)
@@ -378,6 +388,61 @@ def _prepare_prompt_responses(
     )
 
 
+def _prepare_conversations(
+    spec: Any, corpus: ConversationCorpus, tokenizer: Tokenizer | None, cache_dir: str | Path | None
+) -> PreparedData:
+    """A decoder's conversations for supervised fine-tuning, rendered through the tokenizer's chat
+    template, tokenised once and cached (:func:`conversation_token_ids`): the loss on every
+    assistant turn. A conversation longer than ``seq_len + 1`` tokens is cut, one with no
+    assistant token left is left out, and the data line says how many of each."""
+    from specformer.data.chat import chat_template_for
+
+    t = spec.training
+    if tokenizer is None:
+        tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
+    _check_vocab(tokenizer, spec.vocab_size)
+    _check_specials(tokenizer, t.objective, t.tokenizer)
+    seq_len = t.seq_len or spec.max_seq_len
+    chat, system = chat_template_for(t, tokenizer), t.objective.system
+    ids = conversation_token_ids(corpus, tokenizer, seq_len, cache_dir, chat, system)
+    train, val, left_out = ids.train, ids.val, ids.left_out or {"train": 0, "val": 0}
+    held_out = "val_paths" if t.data.val_paths is not None else "paths"
+    for split, conversations, setting in (("training", train, "paths"), ("held-out", val, held_out)):
+        if len(conversations) == 0:
+            raise DataError(
+                f"training.data.{setting}: no {split} conversation has an assistant token within its first "
+                f"seq_len={seq_len} predicted tokens; raise training.seq_len (and the model's max_seq_len)"
+            )
+    n_files = len(corpus.files)
+    system_turn = "; a system turn first where a conversation has none" if system is not None else ""
+    description = (
+        f"conversations: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} "
+        f"held-out conversations through the chat template ({chat.source}{system_turn}), the loss on the "
+        "assistant turns"
+    )
+    cut, dropped = ids.cut["target"], left_out["train"] + left_out["val"]
+    if cut or dropped:
+        parts = []
+        if dropped:
+            parts.append(f"left out {dropped} with no assistant token in the first {seq_len} predicted "
+                         f"({left_out['train']} training, {left_out['val']} held-out)")
+        if cut:
+            parts.append(f"cut {cut} to fit")
+        description += f"; longer than seq_len={seq_len} + 1 tokens: " + ", ".join(parts)
+    description += _notes(spec, tokenizer, corpus.notes, cached=ids.cached)
+    # each conversation is two runs of one length, its ids and its mask: half the runs' tokens are ids
+    return PreparedData(
+        tokenizer=tokenizer,
+        train=train,
+        val=val,
+        description=description,
+        n_train_tokens=train.n_tokens() // 2,
+        n_val_tokens=val.n_tokens() // 2,
+        extra={"cut_conversations": cut, "left_out_conversations": dict(left_out), "token_cache": str(ids.path)},
+        fingerprint=corpus.fingerprint,
+    )
+
+
 def _prepare_labelled(
     spec: Any, corpus: LabelledCorpus, tokenizer: Tokenizer | None, cache_dir: str | Path | None
 ) -> PreparedData:
@@ -541,6 +606,8 @@ class SpecDataModule(L.LightningDataModule):
             return CausalLMCollator()
         if kind == "classification":
             return ClassificationCollator(pad_id=classification_pad_id(tok))
+        if kind == "sft" and t.data is not None and t.data.type == "conversations":
+            return ConversationCollator(pad_id=sft_pad_id(tok))
         if kind == "sft":
             return SFTCollator(pad_id=sft_pad_id(tok))
         if kind == "masked_lm":

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,12 +35,13 @@ from specformer.data.cache import (
     resolve_cache_dir,
 )
 from specformer.data.chat import ChatTemplate, NotAPrefixError
+from specformer.data.conversations import ConversationCorpus
 from specformer.data.corpus import Corpus, DataError
 from specformer.data.datasets import PairDataset
 from specformer.data.pairs import PairCorpus
 from specformer.data.tokenizers import Tokenizer
 
-__all__ = ["TokenArrays", "PairIds", "token_arrays", "pair_token_ids", "tokenize_to_array", "write_token_stream",
+__all__ = ["TokenArrays", "PairIds", "token_arrays", "pair_token_ids", "conversation_token_ids", "tokenize_to_array", "write_token_stream",
            "unigram_cross_entropy"]
 
 T = TypeVar("T")
@@ -336,23 +337,26 @@ def _write_pairs(
     dtype: np.dtype,
     lay: Callable[[list[int], list[int]], tuple[list[int], list[int]] | None],
     encode: Callable[[Sequence[tuple[str, str]]], list[tuple[list[int], list[int]]]] | None = None,
+    size: Callable[[Any], int] = lambda pair: len(pair[0]) + len(pair[1]),
+    noun: str = "pairs",
 ) -> tuple[int, int]:
     """Write ``split``'s pairs as ``{split}.bin`` (each pair's two runs of ids, as ``lay``
     makes them from the source's and the target's; None leaves the pair out) and
     ``{split}.lengths.bin`` (the two runs' lengths); (tokens written, pairs kept). ``encode``
-    gives a chunk's (source ids, target ids); by default each side is encoded alone.
+    gives a chunk's (source ids, target ids); by default each side is encoded alone. ``size``
+    is an item's share of the progress bar (its characters).
 
     A chunk at a time: the tokenizer's encodings and Python lists of ids take ~50 times the
     arrays' memory, which for millions of pairs would not fit."""
     ids: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     kept = 0
-    what = f"tokenising the {'training' if split == 'train' else 'validation'} pairs"
-    with progress.step(what, sum(len(s) + len(g) for s, g in pairs)) as advance:
+    what = f"tokenising the {'training' if split == 'train' else 'validation'} {noun}"
+    with progress.step(what, sum(map(size, pairs))) as advance:
         for first in range(0, len(pairs), _PAIRS_PER_CHUNK):
             chunk = pairs[first : first + _PAIRS_PER_CHUNK]
             kept += _lay_chunk(chunk, tokenizer, dtype, lay, ids, lengths, encode)
-            advance(sum(len(s) + len(g) for s, g in chunk))
+            advance(sum(map(size, chunk)))
     joined = np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
     _write_array(folder / f"{split}.bin", joined)
     _write_array(folder / f"{split}.lengths.bin", np.concatenate(lengths) if lengths else np.zeros(0, np.uint32))
@@ -459,6 +463,76 @@ def _prompt_response_ids(
     (pairs, cut, left_out), cached = _entry(folder, "the token cache", load, make)
     return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached,
                    room=seq_len - len(before), target_room=seq_len, left_out=left_out)
+
+
+def conversation_token_ids(
+    corpus: ConversationCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None,
+    chat: ChatTemplate, system: str | None = None,
+) -> PairIds:
+    """The conversations of ``corpus`` rendered through ``chat`` and tokenised, from the cache
+    when it is there: each as two runs of the same length, its ids and a mask that is 1 on
+    the tokens of its assistant turns (:meth:`~specformer.data.chat.ChatTemplate.conversation_ids`,
+    after a ``system`` turn when one is given and the conversation has none). The decoder reads
+    at most ``seq_len + 1`` tokens (the last is only predicted): a longer conversation is cut
+    (``cut["target"]`` counts them), and one with no assistant token left among its predicted
+    tokens is left out (``left_out``). A conversation whose rendering up to a turn is not the
+    start of its whole rendering in token ids is a :class:`~specformer.data.chat.NotAPrefixError`
+    naming its file and line."""
+    parts = (chat.template, sorted(chat.special_tokens.items()), system)
+    key = content_hash("conversation-tokens", corpus.fingerprint, *_key_parts(tokenizer), seq_len, *parts)
+    folder = resolve_cache_dir(cache_dir) / "tokens" / key
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+    where = {"train": corpus.train_where, "val": corpus.val_where}
+
+    def make() -> dict:
+        counts: dict[str, dict[str, int]] = {"tokens": {}, "pairs": {}, "left_out": {}}
+        cut = 0
+
+        def lay(ids: list[int], mask: list[int]) -> tuple[list[int], list[int]] | None:
+            nonlocal cut
+            cut += len(ids) > seq_len + 1
+            ids, mask = ids[: seq_len + 1], mask[: seq_len + 1]
+            return (ids, mask) if any(mask[1:]) else None  # the first token is never predicted
+
+        def encoder(places: Iterator[str]) -> Callable[[Sequence[Any]], list[tuple[list[int], list[int]]]]:
+            def encode(chunk: Sequence[Any]) -> list[tuple[list[int], list[int]]]:
+                out = []
+                for messages in chunk:
+                    place = next(places, "training.data")
+                    found = chat.conversation_ids(tokenizer, messages, system=system)
+                    if isinstance(found[0], int):
+                        token, turn = found
+                        raise NotAPrefixError(
+                            f"{place}: the chat template's rendering of the turns before turn {turn + 1} (an "
+                            f"assistant turn) is not the start of the whole conversation's rendering, in token ids "
+                            f"(they differ at token {token}), so the loss cannot be put on the assistant turns "
+                            f"alone; the template ({chat.source}) renders a turn differently when more follow, or "
+                            "the tokenizer merges tokens across the turns' boundary"
+                        )
+                    out.append(found)
+                return out
+
+            return encode
+
+        for split, conversations in (("train", corpus.train), ("val", corpus.val)):
+            encode = encoder(iter(where[split]))
+            n_tokens, kept = _write_pairs(folder, split, conversations, tokenizer, dtype, lay, encode,
+                                          size=lambda messages: sum(len(t["content"]) for t in messages), noun="conversations")
+            counts["tokens"][split], counts["pairs"][split] = n_tokens, kept
+            counts["left_out"][split] = len(conversations) - kept
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return {"dtype": dtype.name, "n_tokens": counts["tokens"], "n_pairs": counts["pairs"],
+                "left_out": counts["left_out"], "cut": {"source": 0, "target": cut}, "vocab_size": tokenizer.vocab_size}
+
+    def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int], dict[str, int]]:
+        out = {split: _pair_split(folder, meta, split, tokenizer.vocab_size, end_token=False)
+               for split in ("train", "val")}
+        cut = {"source": 0, "target": int(meta["cut"]["target"])}
+        return out, cut, {split: int(meta["left_out"][split]) for split in ("train", "val")}
+
+    (conversations, cut, left_out), cached = _entry(folder, "the token cache", load, make)
+    return PairIds(train=conversations["train"], val=conversations["val"], cut=cut, path=folder, cached=cached,
+                   room=seq_len, target_room=seq_len, left_out=left_out)
 
 
 def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:

@@ -50,6 +50,7 @@ __all__ = [
     "HFDataSpec",
     "SyntheticDataSpec",
     "PairsDataSpec",
+    "ConversationsDataSpec",
     "ByteTokenizerSpec",
     "BPETokenizerSpec",
     "FileTokenizerSpec",
@@ -372,6 +373,43 @@ class LabelledDataSpec(Spec):
         return value
 
 
+class ConversationsDataSpec(Spec):
+    """Multi-turn conversations for supervised fine-tuning of a decoder (objective sft), in the
+    conversational format of TRL's SFTTrainer and torchtune's chat datasets: JSON lines
+    (``.jsonl``, ``.ndjson``, compressed or not), each an object whose ``messages_field`` is a
+    list of ``{"role": ..., "content": ...}`` turns. Each conversation is rendered whole
+    through the tokenizer's chat template (``training.objective.chat_template``, true by
+    default with this data), and the loss is on every assistant turn: the tokens each assistant
+    turn adds after the generation prompt. A conversation longer than ``seq_len + 1`` tokens is
+    cut, and one with no assistant token left in it is left out; the run's data line says how
+    many."""
+
+    type: Literal["conversations"] = "conversations"
+    paths: tuple[str, ...] = Field(
+        strict=False, min_length=1,
+        description="Files, directories or globs of conversations, e.g. ['data/chats.jsonl'] (one may be given "
+        "alone); relative to the working directory.",
+    )
+    val_paths: tuple[str, ...] | None = Field(
+        None, strict=False, min_length=1,
+        description="Files of held-out conversations; default: val_fraction of those in paths, chosen by a hash "
+        "of the conversation's first turn.",
+    )
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.05, description="Fraction of conversations held out for validation when val_paths is not given."
+    )
+    messages_field: str = Field(
+        "messages", min_length=1,
+        description="The field of a JSON line that holds the list of turns (TRL's and Hugging Face datasets' "
+        "'messages'; 'conversations' in some).",
+    )
+
+    @field_validator("paths", "val_paths", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        return value if value is None else _paths(value)
+
+
 # --------------------------------------------------------------------------- tokenizers
 
 
@@ -561,6 +599,7 @@ _FAMILY_ENTRIES: dict[str, list[tuple[type, str]]] = {
         (SyntheticDataSpec, "specformer.data.synthetic:SyntheticTask"),
         (PairsDataSpec, "specformer.data.pairs:pair_corpus"),
         (LabelledDataSpec, "specformer.data.labelled:labelled_corpus"),
+        (ConversationsDataSpec, "specformer.data.conversations:conversation_corpus"),
     ],
     "tokenizer": [
         (BPETokenizerSpec, "specformer.data.tokenizers:bpe_tokenizer"),
@@ -772,10 +811,13 @@ def fill_training(data: dict[str, Any]) -> None:
     data_type = training["data"].get("type") if isinstance(training.get("data"), dict) else None
     # a decoder given (prompt, response) pairs fine-tunes on the responses
     # ... and an encoder with a classification head (or given labelled texts) learns to classify
-    objective = ("sft" if kind == "decoder" and data_type == "pairs"
+    objective = ("sft" if kind == "decoder" and data_type in ("pairs", "conversations")
                  else "classification" if kind == "encoder" and (classify or data_type == "labelled")
                  else OBJECTIVE_FOR_KIND[kind])
     _default_type(training, "objective", objective)
+    sft = training["objective"] if isinstance(training.get("objective"), dict) else None
+    if data_type == "conversations" and sft is not None and sft.get("type") == "sft" and "chat_template" not in sft:
+        sft["chat_template"] = True  # a conversation is rendered through the template: it has no other form
     vocab = data.get("vocab_size")
     if data_type == "synthetic":
         _default_type(training, "tokenizer", "task")
@@ -846,12 +888,32 @@ def training_issues(
             "a system prompt is a turn of the tokenizer's chat template, and chat_template is false: set "
             "training.objective.chat_template: true, or leave out system",
         )
-    if objective is not None and objective.type == "sft" and kind == "decoder" and data is not None and data.type != "pairs":
+    conversations = data is not None and data.type == "conversations"
+    if conversations and kind != "decoder":
         yield (
             "training.data.type",
-            f"the sft objective trains on (prompt, response) pairs, not {data.type!r}: use type: pairs "
-            "(.jsonl or .tsv files, the prompt under source_field, the response under target_field); "
-            "text trains with objective causal_lm",
+            f"conversations fine-tune a decoder (objective sft), not {'an' if kind.startswith('encoder') else 'a'} "
+            f"{kind} model",
+        )
+    elif conversations and objective is not None and objective.type != "sft":
+        yield (
+            "training.objective.type",
+            f"conversations train a decoder with objective sft (the loss on the assistant turns), not "
+            f"{objective.type}: set training.objective.type: sft (a spec import-hf wrote names causal_lm)",
+        )
+    elif conversations and objective is not None and not objective.chat_template:
+        yield (
+            "training.objective.chat_template",
+            "conversations are rendered through the tokenizer's chat template, and chat_template is false: leave it "
+            "out (it is true by default with conversations), or give (prompt, response) pairs as type: pairs",
+        )
+    if (objective is not None and objective.type == "sft" and kind == "decoder" and data is not None
+            and data.type not in ("pairs", "conversations")):
+        yield (
+            "training.data.type",
+            f"the sft objective trains on (prompt, response) pairs or conversations, not {data.type!r}: use type: "
+            "pairs (.jsonl or .tsv files, the prompt under source_field, the response under target_field) or "
+            "type: conversations (.jsonl files of messages); text trains with objective causal_lm",
         )
     elif paired and objective is not None and objective.type not in ("seq2seq", "sft"):
         what = "synthetic tasks are" if synthetic else "(source, target) pairs are"

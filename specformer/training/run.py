@@ -784,7 +784,7 @@ def _seq_len_change(raw: dict[str, Any], spec: Any) -> str:
     t = spec.training
     if not isinstance(saved, dict) or not isinstance(saved.get("training"), dict) or t.data is None:
         return ""
-    if t.data.type in ("synthetic", "pairs"):
+    if t.data.type in ("synthetic", "pairs", "conversations"):
         return ""
     old = saved["training"].get("seq_len") or saved.get("max_seq_len")
     new = t.seq_len or spec.max_seq_len

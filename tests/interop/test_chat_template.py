@@ -489,3 +489,177 @@ def test_without_transformers_helpers_jinja2_renders_as_transformers(
     assert render(system + _turns("x"), probe, False, {}) == json.dumps(system[0], ensure_ascii=False) + "\n4"
     with pytest.raises(DataError, match="fails to render: no system turn"):
         type(chat)("{{ raise_exception('no system turn') }}", "probe").render(_turns("x"))
+
+
+# ----------------------------------------------------------------------------- conversations
+
+CHAT = [
+    {"role": "user", "content": "reverse red cat"},
+    {"role": "assistant", "content": "cat red"},
+    {"role": "user", "content": "reverse big old dog"},
+    {"role": "assistant", "content": "dog old big"},
+]
+
+
+def _conversations(path: Path, conversations: list[list[dict[str, str]]], field: str = "messages") -> Path:
+    path.write_text("".join(json.dumps({field: c, "id": i}) + "\n" for i, c in enumerate(conversations)))
+    return path
+
+
+def _conversation_spec(spec_path: Path, tmp_path: Path, train_path: Path, val_path: Path, **training: Any) -> Any:
+    raw = load_spec(spec_path).to_dict()
+    raw["training"].pop("objective")  # conversations on a decoder: sft with the chat template, by default
+    raw["training"].update(
+        data={"type": "conversations", "paths": [str(train_path)], "val_paths": [str(val_path)]},
+        out_dir=str(tmp_path / "runs"), cache_dir=str(tmp_path / "cache"), num_workers=0, accelerator="cpu",
+        devices=1, **{"seq_len": 96, **training})
+    return load_spec(raw)
+
+
+@pytest.mark.parametrize("template", [LLAMA3, CHATML], ids=["llama3", "chatml"])
+def test_a_conversation_is_apply_chat_template_s_ids_with_the_loss_on_every_assistant_turn(
+    tmp_path: Path, template: str
+) -> None:
+    folder, _ = _chat_folder(tmp_path, template)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    chat = read_chat_template(folder / "tokenizer.json")
+    tok = file_tokenizer(load_spec(_imported(folder, tmp_path)[0]).training.tokenizer)
+    for messages in (CHAT, [{"role": "system", "content": "Be brief."}, *CHAT]):
+        ids, mask = chat.conversation_ids(tok, messages)
+        assert ids == _ids(hf_tok, messages) and len(mask) == len(ids)
+        # the trained tokens are what each assistant turn adds after the generation prompt, as TRL's
+        # assistant-only loss marks them: its content and the template's end of turn, no header
+        want = [0] * len(ids)
+        for i, turn in enumerate(messages):
+            if turn["role"] == "assistant":
+                start = len(_ids(hf_tok, messages[:i], add_generation_prompt=True))
+                want[start : len(_ids(hf_tok, messages[: i + 1]))] = [1] * (len(_ids(hf_tok, messages[: i + 1])) - start)
+        assert mask == want
+        trained = [tok.decode([t]) for t, m in zip(ids, mask, strict=True) if m]
+        end = "<|im_end|>\n" if template == CHATML else "<|eot_id|>"
+        assert "".join(trained) == f"cat red{end}dog old big{end}"
+    # a one-exchange conversation is the (prompt, response) pair of sft on pairs, token for token
+    (pair,) = chat.pair_ids(tok, [("reverse red cat", "cat red")])
+    ids, mask = chat.conversation_ids(tok, CHAT[:2])
+    assert ids == pair[0] + pair[1] and mask == [0] * len(pair[0]) + [1] * len(pair[1])
+    # a system prompt goes first where the conversation has none of its own
+    ids, _ = chat.conversation_ids(tok, CHAT, system="Be brief.")
+    assert ids == _ids(hf_tok, [{"role": "system", "content": "Be brief."}, *CHAT])
+    own = [{"role": "system", "content": "Mine."}, *CHAT]
+    assert chat.conversation_ids(tok, own, system="Be brief.")[0] == _ids(hf_tok, own)
+
+
+def test_sft_on_conversations_trains_on_the_assistant_turns_and_lowers_the_loss(tmp_path: Path) -> None:
+    from specformer.data.collate import ConversationCollator
+
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, _ = _imported(folder, tmp_path)
+    rng = __import__("random").Random(0)
+    conversations = []
+    for _ in range(120):
+        turns = []
+        for _ in range(rng.randint(1, 3)):
+            words = rng.sample(WORDS, rng.randint(2, 4))
+            turns += [{"role": "user", "content": f"reverse {' '.join(words)}"},
+                      {"role": "assistant", "content": " ".join(reversed(words))}]
+        conversations.append(turns)
+    train_path = _conversations(tmp_path / "train.jsonl", conversations[:100])
+    val_path = _conversations(tmp_path / "val.jsonl", conversations[100:])
+    spec = _conversation_spec(spec_path, tmp_path, train_path, val_path, batch_size=8, max_steps=30,
+                              val_interval=15, val_batches=2, log_interval=5,
+                              optimizer={"type": "adamw", "lr": 3e-3}, schedule={"type": "constant", "warmup_steps": 0})
+    assert spec.training.objective.type == "sft" and spec.training.objective.chat_template
+    data = prepare(spec)
+    assert data.description.startswith("conversations: 2 files, 100 training and 20 held-out conversations through "
+                                       "the chat template (")
+    assert "the loss on the assistant turns" in data.description
+    for messages, (ids, mask) in zip(conversations[:3], data.train.pairs[:3], strict=True):
+        assert ids == _ids(hf_tok, messages) and set(mask) == {0, 1}
+    assert data.n_train_tokens == sum(len(ids) for ids, _ in data.train.pairs)
+    rows = data.train.pairs[:2]
+    batch = ConversationCollator(pad_id=0)([(0, r) for r in rows])
+    assert batch["input_ids"].shape[1] == max(len(ids) for ids, _ in rows) - 1
+    for i, (ids, mask) in enumerate(rows):
+        n = len(ids) - 1
+        assert batch["input_ids"][i, :n].tolist() == ids[:-1] and batch["attention_mask"][i].sum() == n
+        # label j is token j + 1: scored exactly where that token is an assistant's
+        assert [j for j in range(batch["labels"].shape[1]) if batch["labels"][i, j] != IGNORE_INDEX] == [
+            j for j in range(n) if mask[j + 1]]
+        assert batch["labels"][i, :n][torch.tensor(mask[1:], dtype=torch.bool)].tolist() == [
+            t for t, m in zip(ids[1:], mask[1:], strict=True) if m]
+    result = train(spec, progress=False)
+    losses = [h["val/loss"] for h in result.history]
+    assert len(losses) == 2 and losses[-1] < losses[0] - 0.3, losses
+    # the same data again: read from the cache, to the same ids and masks
+    again = prepare(spec)
+    assert again.description.endswith("; token ids read from the cache") and not data.description.endswith("cache")
+    assert again.train.pairs == data.train.pairs
+
+
+def test_long_conversations_are_cut_or_left_out_and_said(tmp_path: Path) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    spec_path, _ = _imported(folder, tmp_path)
+    chat = read_chat_template(folder / "tokenizer.json")
+    tok = file_tokenizer(load_spec(spec_path).training.tokenizer)
+    long_user = [{"role": "user", "content": " ".join(WORDS * 12)}, {"role": "assistant", "content": "red"}]
+    n_ids = len(chat.conversation_ids(tok, CHAT)[0])
+    train_path = _conversations(tmp_path / "t.jsonl", [CHAT, CHAT[:2], long_user])
+    val_path = _conversations(tmp_path / "v.jsonl", [CHAT[:2]])
+    first_reply = len(chat.conversation_ids(tok, CHAT[:2])[0])
+    seq_len = first_reply + 2  # CHAT is cut inside its second exchange; long_user's reply is out of reach
+    assert n_ids > seq_len + 1 > first_reply and len(chat.conversation_ids(tok, long_user)[0]) > 2 * seq_len
+    data = prepare(_conversation_spec(spec_path, tmp_path, train_path, val_path, seq_len=seq_len))
+    assert len(data.train) == 2 and [len(ids) for ids, _ in data.train.pairs] == [seq_len + 1, first_reply]
+    assert (f"longer than seq_len={seq_len} + 1 tokens: left out 1 with no assistant token in the first "
+            f"{seq_len} predicted (1 training, 0 held-out), cut 2 to fit") in data.description
+
+
+def test_conversation_errors_name_the_file_line_and_field(tmp_path: Path) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    spec_path, _ = _imported(folder, tmp_path)
+    val_path = _conversations(tmp_path / "v.jsonl", [CHAT])
+    bad = {
+        '{"messages": [{"role": "user", "content": "hi"}]}': r"t.jsonl:2: no assistant turn \(its roles: user\)",
+        '{"turns": []}': r"t.jsonl:2: no 'messages' field \(training.data.messages_field\); this line has 'turns'",
+        '{"messages": "hi"}': r"t.jsonl:2: 'messages' is a JSON str; it holds the conversation's turns",
+        '{"messages": [{"role": "user"}]}': r"t.jsonl:2: turn 1: its 'content' is missing, not a string",
+        '{"messages": [{"role": "user", "content": null}]}': r"t.jsonl:2: turn 1: its 'content' is null",
+        "[1, 2]": r"t.jsonl:2: a JSON list, not an object with a 'messages' field",
+    }
+    for line, message in bad.items():
+        (tmp_path / "t.jsonl").write_text(json.dumps({"messages": CHAT}) + "\n" + line + "\n")
+        spec = _conversation_spec(spec_path, tmp_path, tmp_path / "t.jsonl", val_path)
+        with pytest.raises(DataError, match="training.data.paths: .*" + message):
+            prepare(spec)
+    # another field name
+    train_path = _conversations(tmp_path / "c.jsonl", [CHAT, CHAT[:2]], field="conversations")
+    val_path = _conversations(tmp_path / "cv.jsonl", [CHAT], field="conversations")
+    raw = _conversation_spec(spec_path, tmp_path, train_path, val_path).to_dict()
+    raw["training"]["data"]["messages_field"] = "conversations"
+    assert len(prepare(load_spec(raw)).train) == 2
+    # the objective and the model that conversations train, each named
+    for change, field, message in (
+        ({"objective": {"type": "causal_lm"}}, "training.objective.type", "conversations train a decoder with "
+                                                                          "objective sft"),
+        ({"objective": {"type": "sft", "chat_template": False}}, "training.objective.chat_template",
+         "conversations are rendered through the tokenizer's chat template"),
+    ):
+        changed = _conversation_spec(spec_path, tmp_path, train_path, val_path).to_dict()
+        changed["training"].update(change)
+        with pytest.raises(SpecError, match=message) as caught:
+            load_spec(changed)
+        assert any(p.path == field for p in caught.value.problems)
+    # an imported spec's causal_lm turned to sft: the chat template is on, as when no objective is named
+    changed = _conversation_spec(spec_path, tmp_path, train_path, val_path).to_dict()
+    changed["training"]["objective"] = {"type": "causal_lm"}
+    assert load_spec(changed, overrides=["training.objective.type=sft"]).training.objective.chat_template
+    with pytest.raises(SpecError, match="conversations fine-tune a decoder"):
+        load_spec({"extends": "bert-nano", "training": {"data": {"type": "conversations", "paths": ["c.jsonl"]}}})
+    # a template that renders a turn differently when more follow: the conversation's line is named
+    odd, _ = _chat_folder(tmp_path, NOT_A_PREFIX, name="odd")
+    odd_spec, _ = _imported(odd, tmp_path)
+    with pytest.raises(NotAPrefixError, match=r"training.data.paths: .*c.jsonl:1: the chat template's rendering of "
+                                              r"the turns before turn 2 \(an assistant turn\) is not the start"):
+        prepare(load_spec({**raw, "training": {**raw["training"], "tokenizer": load_spec(odd_spec).to_dict()[
+            "training"]["tokenizer"]}}))

@@ -679,7 +679,7 @@ SET_ELSEWHERE = [
     ("positional.rotary_pct=0.25", "write --set 'positional={type: rope, fraction: 0.25}'; in a file: "),
     ("rope_theta=500000", "write --set 'positional={type: rope, base: 500000}'; in a file: "),
     ("training.data.paths=[input.txt]",
-     "'paths' is a field of type files, pairs, labelled, not of type stdlib: give the type with it: "
+     "'paths' is a field of type files, pairs, labelled, conversations, not of type stdlib: give the type with it: "
      "--set 'training.data={type: files, paths: [input.txt]}'. allowed here: type,"),
 ]
 

@@ -58,8 +58,9 @@ def test_a_decoder_given_pairs_fine_tunes_and_sft_takes_only_pairs_and_a_decoder
         load_spec(text)
     (problem,) = info.value.problems
     assert problem.path == "training.data.type"
-    assert problem.message.startswith("the sft objective trains on (prompt, response) pairs, not 'files': use type: "
-                                      "pairs")
+    assert problem.message.startswith("the sft objective trains on (prompt, response) pairs or conversations, not "
+                                      "'files': use type: pairs")
+    assert "or type: conversations (.jsonl files of messages)" in problem.message
 
     seq2seq = tiny("encoder-decoder", objective={"type": "sft"}, data={"type": "pairs", "paths": [str(path)]})
     with pytest.raises(SpecError) as info:

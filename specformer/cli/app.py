@@ -19,7 +19,7 @@ __all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cl
 
 
 class OnceCommand(TyperCommand):
-    """A command whose options of text to read (``--prompt``, ``--system``, ``--file``) are
+    """A command whose options of text to read (``--prompt``, ``--system``, ``--file``, ``--messages``) are
     refused when given twice: a second ``--prompt`` would otherwise replace the first without
     a word (click keeps the last), where the user meant both."""
 
@@ -27,6 +27,7 @@ class OnceCommand(TyperCommand):
         "prompt": "one --prompt is read; run the command once per prompt (--num-samples N samples N texts from one)",
         "system": "one --system prompt is read",
         "file": "one --file is read; run the command once per file",
+        "messages": "one --messages conversation is read; run the command once per conversation",
     }
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:

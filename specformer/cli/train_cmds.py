@@ -438,6 +438,40 @@ SpecOfWeights = Annotated[
 ]
 
 
+def _conversation_file(path: Path, prompt: str) -> list[dict[str, Any]]:
+    """The turns of ``generate --messages``: a JSON list of turns, or an object with them under
+    ``messages``, then ``prompt`` as a user turn when given; it must end with a turn for the
+    model to answer (not an assistant's)."""
+    import json
+
+    from specformer.data.conversations import read_turns
+    from specformer.data.corpus import DataError
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _fail(f"--messages: cannot read {path} ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise _fail(f"--messages: {path} is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _fail(f"--messages: {path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg})") from None
+    if isinstance(data, dict) and "messages" in data:
+        data = data["messages"]
+    if not isinstance(data, list):
+        raise _fail(f"--messages: {path} holds a JSON {type(data).__name__}; give a list of "
+                    '{"role": ..., "content": ...} turns, or an object with them under "messages"')
+    try:
+        turns = read_turns(data, f"--messages: {path}")
+    except DataError as exc:
+        raise _fail(str(exc)) from None
+    if prompt:
+        turns.append({"role": "user", "content": prompt})
+    if not turns or turns[-1]["role"] == "assistant":
+        raise _fail(f"--messages: {path} {'ends with an assistant turn' if turns else 'holds no turns'}: the model "
+                    "answers the last turn; add --prompt with the user's next turn")
+    return turns
+
+
 @app.command("generate", cls=OnceCommand)
 def generate_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
@@ -452,6 +486,7 @@ def generate_cmd(
     stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response; with --chat, the tokenizer's eos_token, an instruct model's end of turn) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there, and with --chat; off otherwise.")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Decoder: frame the prompt as a user turn of the tokenizer's chat template, followed by its generation prompt (transformers' apply_chat_template(..., add_generation_prompt=True)), as an instruct model reads a question. The template is the one the checkpoint's tokenizer keeps (read, when it was trained, from beside its tokenizer.json), else the one beside the spec's training.tokenizer (chat_template.jinja or tokenizer_config.json). Default: on for a model fine-tuned with sft and chat_template: true; off otherwise.")] = None,
     system: Annotated[str | None, typer.Option("--system", help="With --chat: a system prompt, rendered as a system turn before the user's (the instructions an instruct model follows). Default: the training.objective.system the model was fine-tuned with, if any; --system '' puts no system turn (the template's own default one, if it has one).")] = None,
+    messages: Annotated[Path | None, typer.Option("--messages", help="Decoder, with the chat template: a JSON file of a conversation so far, a list of {\"role\": ..., \"content\": ...} turns (or an object with them under \"messages\", as a line of training's conversations data); the model answers it as the next assistant turn. --prompt, when given too, is one more user turn after it. --system goes first when the conversation has no system turn. Implies --chat.")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
@@ -480,6 +515,7 @@ def generate_cmd(
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
     specformer generate my.safetensors --spec my.yaml --prompt "What is 2+2?" --chat   # an instruct model
     specformer generate CKPT --prompt "What is 2+2?" --chat --system "Answer in one word."
+    specformer generate CKPT --messages chat.json --prompt "And 3+3?"   # a conversation so far, then a turn
     specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
     specformer generate CKPT --prompt "def" -n 4000 --max-seq-len 4096   # a RoPE model built for 1024
     ```
@@ -512,8 +548,11 @@ def generate_cmd(
                             "`specformer classify` to label texts")
             raise _fail("an encoder does not generate text; use `specformer fill-mask` with a <mask> in the text")
         objective = spec.training.objective if spec.training is not None else None
+        turns = _conversation_file(messages, prompt) if messages is not None else None
+        if turns is not None and chat is False:
+            raise _fail("--messages is a conversation of the chat template's turns: leave out --no-chat")
         if chat is None:  # a model fine-tuned on conversations reads a prompt as a user turn
-            chat = objective is not None and objective.type == "sft" and objective.chat_template
+            chat = turns is not None or (objective is not None and objective.type == "sft" and objective.chat_template)
         if stop_at_eot is None:  # a model fine-tuned on (prompt, response) pairs learnt to end its response there,
             # and an instruct model its turn
             stop_at_eot = chat or (objective is not None and objective.type == "sft")
@@ -581,7 +620,7 @@ def generate_cmd(
                 from specformer.data.chat import chat_template_for
 
                 template = chat_template_for(spec.training, tok)
-                encoded = chat_prompt(tok, prompt, template, system=system or None)
+                encoded = chat_prompt(tok, turns if turns is not None else prompt, template, system=system or None)
                 end_id = template.end_id(tok)
             else:
                 encoded = encode_prompt(tok, prompt, heal=heal)

@@ -93,11 +93,18 @@ class ChatTemplate:
         found = tokenizer.token_id(eos) if eos is not None else None
         return found if found is not None else tokenizer.eot_id
 
-    def prompt_ids(self, tokenizer: Any, prompt: str, *, system: str | None = None) -> list[int]:
+    def prompt_ids(self, tokenizer: Any, prompt: str | Sequence[dict[str, Any]], *, system: str | None = None) -> list[int]:
         """``prompt`` as a user turn (after a ``system`` turn, when given) followed by the
         generation prompt, in token ids: what the model reads before its response
-        (``generate --chat``)."""
-        text = self.render(conversation(prompt, system=system), add_generation_prompt=True)
+        (``generate --chat``). A list of turns (a conversation so far) is rendered as it is,
+        after the ``system`` turn when it has none of its own."""
+        if isinstance(prompt, str):
+            turns = conversation(prompt, system=system)
+        else:
+            turns = list(prompt)
+            if system is not None and (not turns or turns[0].get("role") != "system"):
+                turns.insert(0, {"role": "system", "content": system})
+        text = self.render(turns, add_generation_prompt=True)
         return tokenizer.encode(text, specials=True)
 
     def pair_ids(

@@ -27,7 +27,7 @@ from specformer.data.corpus import (
 )
 from specformer.specs.training import ConversationsDataSpec
 
-__all__ = ["ConversationCorpus", "conversation_corpus"]
+__all__ = ["ConversationCorpus", "conversation_corpus", "read_turns"]
 
 Messages = list[dict[str, Any]]
 
@@ -150,17 +150,7 @@ def _numbered_conversations(
                 f"{where}: {name!r} is {kind}; it holds the conversation's turns, a list of "
                 '{"role": ..., "content": ...} objects'
             )
-        messages: Messages = []
-        for i, turn in enumerate(turns):
-            at = f"{where}: turn {i + 1}"
-            if not isinstance(turn, dict):
-                raise DataError(f'{at} is a JSON {type(turn).__name__}, not a {{"role": ..., "content": ...}} object')
-            for key in ("role", "content"):
-                if not isinstance(turn.get(key), str):
-                    value = turn.get(key)
-                    kind = "missing" if key not in turn else "null" if value is None else f"a JSON {type(value).__name__}"
-                    raise DataError(f"{at}: its {key!r} is {kind}, not a string")
-            messages.append({**turn, "content": _plain_text(turn["content"])[0]})
+        messages = read_turns(turns, where)
         if not any(turn["role"] == "assistant" for turn in messages):
             roles = ", ".join(dict.fromkeys(turn["role"] for turn in messages))
             raise DataError(
@@ -168,3 +158,20 @@ def _numbered_conversations(
                 "the turns whose role is 'assistant'"
             )
         yield where, messages
+
+
+def read_turns(turns: list[Any], where: str) -> Messages:
+    """``turns`` checked to be ``{"role": str, "content": str, ...}`` objects, their contents
+    with plain line ends; anything else is a :class:`DataError` naming ``where`` and the turn."""
+    messages: Messages = []
+    for i, turn in enumerate(turns):
+        at = f"{where}: turn {i + 1}"
+        if not isinstance(turn, dict):
+            raise DataError(f'{at} is a JSON {type(turn).__name__}, not a {{"role": ..., "content": ...}} object')
+        for key in ("role", "content"):
+            if not isinstance(turn.get(key), str):
+                value = turn.get(key)
+                kind = "missing" if key not in turn else "null" if value is None else f"a JSON {type(value).__name__}"
+                raise DataError(f"{at}: its {key!r} is {kind}, not a string")
+        messages.append({**turn, "content": _plain_text(turn["content"])[0]})
+    return messages

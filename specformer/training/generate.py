@@ -688,13 +688,17 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     return Prompt(ids=ids, healed=trailing, allowed_tokens=_Spelling(texts, trailing))
 
 
-def chat_prompt(tokenizer: Any, text: str, template: Any, *, system: str | None = None) -> Prompt:
+def chat_prompt(
+    tokenizer: Any, text: str | Sequence[dict[str, Any]], template: Any, *, system: str | None = None
+) -> Prompt:
     """``text`` as a user turn of ``template`` (a :class:`~specformer.data.chat.ChatTemplate`,
     e.g. ``chat_template_for(spec.training, tokenizer)``), after a ``system`` turn when given,
     followed by its generation prompt, in token ids: ``tokenizer.apply_chat_template([{"role":
     "system", "content": system}, {"role": "user", "content": text}], add_generation_prompt=True)``'s
-    ids, which an instruct model continues with its answer. The template frames the text, so
-    nothing is healed or added."""
+    ids, which an instruct model continues with its answer. ``text`` may be a list of turns
+    instead, a conversation so far (``[{"role": "user", "content": ...}, {"role": "assistant",
+    ...}, ...]``), rendered as it is after the ``system`` turn when it has none. The template
+    frames the text, so nothing is healed or added."""
     return Prompt(ids=template.prompt_ids(tokenizer, text, system=system))
 
 

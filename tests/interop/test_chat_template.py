@@ -663,3 +663,42 @@ def test_conversation_errors_name_the_file_line_and_field(tmp_path: Path) -> Non
                                               r"the turns before turn 2 \(an assistant turn\) is not the start"):
         prepare(load_spec({**raw, "training": {**raw["training"], "tokenizer": load_spec(odd_spec).to_dict()[
             "training"]["tokenizer"]}}))
+
+
+def test_generate_messages_answers_a_conversation_as_transformers_does(tmp_path: Path, monkeypatch) -> None:
+    folder, hf = _chat_folder(tmp_path, LLAMA3)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, weights = _imported(folder, tmp_path)
+    hf.generation_config.eos_token_id = None
+    seen = _recorded_generate(monkeypatch)
+    args = ["generate", str(weights), "--spec", str(spec_path), "-n", "6", "--greedy", "--no-stop-at-eot"]
+    history = tmp_path / "chat.json"
+    for data, then, turns in (
+        (CHAT[:3], [], CHAT[:3]),                                   # a list of turns, ending with the user's
+        ({"messages": CHAT}, ["--prompt", "reverse sun sky"],       # a conversations line, then one more turn
+         [*CHAT, {"role": "user", "content": "reverse sun sky"}]),
+        (CHAT[:3], ["--system", "Be brief."], [{"role": "system", "content": "Be brief."}, *CHAT[:3]]),
+    ):
+        history.write_text(json.dumps(data))
+        result = runner.invoke(app, [*args, "--messages", str(history), *then])  # --chat is implied
+        assert result.exit_code == 0, result.output
+        ids = _ids(hf_tok, turns, add_generation_prompt=True)
+        theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=6)[0].tolist()
+        assert seen["out"] == theirs
+    # what cannot be answered, each named
+    for data, then, message in (
+        (CHAT, [], "ends with an assistant turn: the model answers the last turn; add --prompt"),
+        ([], [], "holds no turns"),
+        ({"turns": CHAT}, [], "holds a JSON dict; give a list of"),
+        ([{"role": "user", "content": 3}], [], "turn 1: its 'content' is a JSON int, not a string"),
+        (CHAT[:1], ["--no-chat"], "--messages is a conversation of the chat template's turns: leave out --no-chat"),
+    ):
+        history.write_text(json.dumps(data))
+        result = runner.invoke(app, [*args, "--messages", str(history), *then])
+        assert result.exit_code == 1 and message in " ".join(result.stderr.split()), result.output
+    history.write_text("[{")
+    result = runner.invoke(app, [*args, "--messages", str(history)])
+    assert result.exit_code == 1 and f"--messages: {history}:1:3: not JSON" in " ".join(result.stderr.split())
+    result = runner.invoke(app, [*args, "--messages", str(history), "--messages", str(history)])
+    assert result.exit_code == 2 and "--messages is given 2 times" in result.output

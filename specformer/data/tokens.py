@@ -490,9 +490,10 @@ def conversation_token_ids(
 
         def lay(ids: list[int], mask: list[int]) -> tuple[list[int], list[int]] | None:
             nonlocal cut
+            if not any(mask[1 : seq_len + 1]):  # the first token is never predicted
+                return None
             cut += len(ids) > seq_len + 1
-            ids, mask = ids[: seq_len + 1], mask[: seq_len + 1]
-            return (ids, mask) if any(mask[1:]) else None  # the first token is never predicted
+            return ids[: seq_len + 1], mask[: seq_len + 1]
 
         def encoder(places: Iterator[str]) -> Callable[[Sequence[Any]], list[tuple[list[int], list[int]]]]:
             def encode(chunk: Sequence[Any]) -> list[tuple[list[int], list[int]]]:

@@ -612,7 +612,7 @@ def test_long_conversations_are_cut_or_left_out_and_said(tmp_path: Path) -> None
     data = prepare(_conversation_spec(spec_path, tmp_path, train_path, val_path, seq_len=seq_len))
     assert len(data.train) == 2 and [len(ids) for ids, _ in data.train.pairs] == [seq_len + 1, first_reply]
     assert (f"longer than seq_len={seq_len} + 1 tokens: left out 1 with no assistant token in the first "
-            f"{seq_len} predicted (1 training, 0 held-out), cut 2 to fit") in data.description
+            f"{seq_len} predicted (1 training, 0 held-out), cut 1 to fit") in data.description
 
 
 def test_conversation_errors_name_the_file_line_and_field(tmp_path: Path) -> None:

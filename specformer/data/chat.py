@@ -137,23 +137,40 @@ class ChatTemplate:
         ``assistant_only_loss`` trains. A ``system`` turn goes first when the conversation has
         none of its own. A prefix whose rendering is not the start of the whole rendering in
         token ids gives instead (the first token where they differ, the 0-based turn)."""
-        turns = list(messages)
-        if system is not None and (not turns or turns[0].get("role") != "system"):
-            turns.insert(0, {"role": "system", "content": system})
-        texts = [self.render(turns)]
-        at = [i for i, turn in enumerate(turns) if turn.get("role") == "assistant"]
-        for i in at:
-            texts += [self.render(turns[:i], add_generation_prompt=True), self.render(turns[: i + 1])]
-        full, *parts = tokenizer.encode_batch(texts, specials=True)
-        mask = [0] * len(full)
-        for n, i in enumerate(at):
-            for prefix in parts[2 * n : 2 * n + 2]:
-                if full[: len(prefix)] != prefix:
-                    differ = next((j for j, (a, b) in enumerate(zip(prefix, full, strict=False)) if a != b), len(full))
-                    return differ, i
-            start, end = len(parts[2 * n]), len(parts[2 * n + 1])
-            mask[start:end] = [1] * (end - start)
-        return full, mask
+        return self.conversations_ids(tokenizer, [messages], system=system)[0]
+
+    def conversations_ids(
+        self, tokenizer: Any, conversations: Sequence[Sequence[dict[str, Any]]], *, system: str | None = None
+    ) -> list[tuple[list[int], list[int]] | tuple[int, int]]:
+        """:meth:`conversation_ids` of each conversation, their texts encoded in one batch."""
+        texts: list[str] = []
+        plans: list[tuple[int, list[int]]] = []  # each conversation's first text and assistant turns
+        for messages in conversations:
+            turns = list(messages)
+            if system is not None and (not turns or turns[0].get("role") != "system"):
+                turns.insert(0, {"role": "system", "content": system})
+            at = [i for i, turn in enumerate(turns) if turn.get("role") == "assistant"]
+            plans.append((len(texts), at))
+            texts.append(self.render(turns))
+            for i in at:
+                texts += [self.render(turns[:i], add_generation_prompt=True), self.render(turns[: i + 1])]
+        encoded = tokenizer.encode_batch(texts, specials=True)
+        out: list[tuple[list[int], list[int]] | tuple[int, int]] = []
+        for first, at in plans:
+            full, parts = encoded[first], encoded[first + 1 : first + 1 + 2 * len(at)]
+            mask: list[int] | None = [0] * len(full)
+            for n, i in enumerate(at):
+                bad = next((p for p in parts[2 * n : 2 * n + 2] if full[: len(p)] != p), None)
+                if bad is not None:
+                    differ = next((j for j, (a, b) in enumerate(zip(bad, full, strict=False)) if a != b), len(full))
+                    out.append((differ, i))
+                    mask = None
+                    break
+                start, end = len(parts[2 * n]), len(parts[2 * n + 1])
+                mask[start:end] = [1] * (end - start)
+            if mask is not None:
+                out.append((full, mask))
+        return out
 
 
 def conversation(prompt: str, response: str | None = None, *, system: str | None = None) -> list[dict[str, str]]:

@@ -498,9 +498,8 @@ def conversation_token_ids(
         def encoder(places: Iterator[str]) -> Callable[[Sequence[Any]], list[tuple[list[int], list[int]]]]:
             def encode(chunk: Sequence[Any]) -> list[tuple[list[int], list[int]]]:
                 out = []
-                for messages in chunk:
+                for found in chat.conversations_ids(tokenizer, chunk, system=system):
                     place = next(places, "training.data")
-                    found = chat.conversation_ids(tokenizer, messages, system=system)
                     if isinstance(found[0], int):
                         token, turn = found
                         raise NotAPrefixError(

@@ -744,6 +744,134 @@ def _sample_separator() -> None:
     console.print("[dim]---------------[/]", highlight=False)
 
 
+
+@app.command("chat")
+def chat_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec, of a decoder whose tokenizer has a chat template.")],
+    system: Annotated[str | None, typer.Option("--system", help="A system prompt, the conversation's first turn. Default: the training.objective.system the model was fine-tuned with, if any.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens of a reply at most.")] = 256,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.8,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
+    spec_source: SpecOfWeights = None,
+) -> None:
+    """Talk with an instruct model: each line you type is a user turn, and the model's reply,
+    shown as it is generated, an assistant turn that the next question follows.
+
+    The conversation is rendered through the tokenizer's chat template, as generate --chat
+    and --messages render theirs (transformers' apply_chat_template), and each reply ends
+    at the end of the assistant's turn. When the conversation outgrows the model's
+    max_seq_len, its oldest exchanges are left out (the system turn is kept). Type /reset to
+    start a new conversation, /exit (or Ctrl-D) to end; Ctrl-C stops a reply.
+
+    Examples:
+
+    ```
+    specformer chat runs/chat/<timestamp>
+    specformer chat my.safetensors --spec my.yaml --system "Answer in one word." --greedy
+    ```
+    """
+    with _starting():
+        import torch
+
+        from specformer.components.layout import lay_out_for_decoding
+        from specformer.data.chat import chat_template_for
+        from specformer.data.corpus import DataError
+        from specformer.training.generate import chat_prompt, generate
+
+    with _errors_for_people(stopped="; the conversation ends"):
+        loaded = _load_checkpoint(checkpoint, spec_source)
+        spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
+        if tok is None:
+            raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
+        if spec.kind != "decoder":
+            raise _fail(f"chat answers with a decoder; this is {'an' if spec.kind.startswith('encoder') else 'a'} "
+                        f"{spec.kind} model (specformer generate decodes an encoder-decoder's input)")
+        if greedy and (temperature != 0.8 or top_k is not None or top_p is not None):
+            raise _fail("--greedy takes the most likely token and samples nothing: leave out --temperature, "
+                        "--top-k and --top-p")
+        try:
+            template = chat_template_for(spec.training, tok)
+        except DataError as exc:
+            raise _fail(str(exc), f"chat talks with a model whose tokenizer has a chat template; to continue a "
+                                  f"text, use specformer generate {shlex.quote(checkpoint)} --prompt TEXT") from None
+        objective = spec.training.objective if spec.training is not None else None
+        if system is None and objective is not None and objective.type == "sft":
+            system = objective.system  # the system prompt the model was fine-tuned with
+        end_id = template.end_id(tok)
+        lay_out_for_decoding(model, rows=1)
+        generator = torch.Generator().manual_seed(seed)
+        candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
+        window = spec.max_seq_len
+        temp = 0.0 if greedy else temperature
+        history: list[dict[str, str]] = []
+        interactive = sys.stdin.isatty()
+        err_console.print(f"[dim]chat with {escape(spec.name)} ({escape(template.source)}); /reset starts over, "
+                          "/exit or Ctrl-D ends, Ctrl-C stops a reply[/]", highlight=False)
+        while True:
+            try:
+                line = input("> ") if interactive else sys.stdin.readline()
+            except EOFError:
+                line = ""
+            except KeyboardInterrupt as exc:
+                if _signal_of(exc) != signal.SIGINT:
+                    raise  # SIGTERM ends the command as it ends the others
+                err_console.print()
+                return
+            if not interactive and not line:
+                return  # the end of the input
+            text = line.rstrip("\n")
+            if text.strip() in ("/exit", "/quit") or (interactive and not line):
+                return
+            if text.strip() == "/reset":
+                history.clear()
+                err_console.print("[dim]a new conversation[/]", highlight=False)
+                continue
+            if not text.strip():
+                continue
+            turns = [*history, {"role": "user", "content": text}]
+            ids = chat_prompt(tok, turns, template, system=system or None).ids
+            dropped = 0
+            while len(ids) + 1 > window and len(turns) > 1:
+                turns = turns[2:] if len(turns) > 2 else turns[1:]  # the oldest exchange
+                dropped += 1
+                ids = chat_prompt(tok, turns, template, system=system or None).ids
+            if len(ids) + 1 > window:
+                print_error(f"this turn is {len(ids)} tokens with the chat template, and the model reads at most "
+                            f"max_seq_len={window}: say it in fewer words")
+                continue
+            if dropped:
+                oldest = "its oldest exchange is" if dropped == 1 else f"its oldest {dropped} exchanges are"
+                print_error(f"the conversation outgrew max_seq_len={window}: {oldest} left out",
+                            label="[yellow]note:[/]")
+            new: list[int] = []
+            shown = [""]
+
+            def stream(nxt: Any, ids: list[int] = ids, new: list[int] = new, shown: list[str] = shown) -> None:
+                token = int(nxt[0])
+                if token == end_id:
+                    return
+                new.append(token)
+                so_far = _continuation(tok, ids, new)
+                if not so_far.endswith("\ufffd"):  # a character whose bytes are not all out yet
+                    console.print(escape(so_far[len(shown[0]):]), end="", highlight=False, soft_wrap=True)
+                    shown[0] = so_far
+
+            try:
+                generate(model, torch.tensor([ids]), max_new_tokens=min(max_new_tokens, window - len(ids)),
+                         temperature=temp, top_k=top_k, top_p=top_p, eos_id=end_id, max_seq_len=window,
+                         generator=generator, n_candidates=candidates, on_token=stream)
+            except KeyboardInterrupt as exc:
+                if _signal_of(exc) != signal.SIGINT:
+                    raise
+                err_console.print("[dim] (stopped)[/]", highlight=False, end="")
+            reply = _continuation(tok, ids, new)
+            console.print(escape(reply[len(shown[0]):]), highlight=False, soft_wrap=True)
+            history = [*turns, {"role": "assistant", "content": reply.strip()}]
+
+
 @contextmanager
 def _shown_on_interrupt(new: list[int], limit: int, show: Callable[[], None]) -> Iterator[None]:
     """Ctrl-C while generating: the text of the tokens generated so far is printed, then said."""

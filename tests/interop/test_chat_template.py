@@ -702,3 +702,55 @@ def test_generate_messages_answers_a_conversation_as_transformers_does(tmp_path:
     assert result.exit_code == 1 and f"--messages: {history}:1:3: not JSON" in " ".join(result.stderr.split())
     result = runner.invoke(app, [*args, "--messages", str(history), "--messages", str(history)])
     assert result.exit_code == 2 and "--messages is given 2 times" in result.output
+
+
+def test_chat_keeps_the_conversation_and_answers_each_turn_as_transformers_does(tmp_path: Path, monkeypatch) -> None:
+    folder, hf = _chat_folder(tmp_path, CHATML)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    spec_path, weights = _imported(folder, tmp_path)
+    gen = importlib.import_module("specformer.training.generate")
+    real, prompts = gen.generate, []
+
+    def recording(model: Any, ids: Any, **kwargs: Any) -> Any:
+        prompts.append(ids[0].tolist())
+        return real(model, ids, **kwargs)
+
+    monkeypatch.setattr(gen, "generate", recording)
+    lines = ["reverse red cat", "", "reverse big dog", "/reset", "reverse sun sky", "/exit", "never read"]
+    result = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path), "-n", "5", "--greedy",
+                                 "--system", "Be brief."], input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    replies = result.stdout.split("\n")[:3]
+    assert len(prompts) == 3 and result.stdout.count("\n") == 3  # the blank line and /exit's rest: nothing asked
+    system = [{"role": "system", "content": "Be brief."}]
+    first = [*system, {"role": "user", "content": "reverse red cat"}]
+    # the second turn follows the first exchange, the reply as its text; /reset starts over
+    second = [*first, {"role": "assistant", "content": replies[0].strip()}, {"role": "user", "content": "reverse big dog"}]
+    third = [*system, {"role": "user", "content": "reverse sun sky"}]
+    for seen, messages, reply in zip(prompts, (first, second, third), replies, strict=True):
+        ids = _ids(hf_tok, messages, add_generation_prompt=True)
+        assert seen == ids
+        theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=5, eos_token_id=hf_tok.convert_tokens_to_ids("<|im_end|>"))
+        new = theirs[0, len(ids):].tolist()
+        new = new[: new.index(hf_tok.convert_tokens_to_ids("<|im_end|>"))] if hf_tok.convert_tokens_to_ids(
+            "<|im_end|>") in new else new
+        assert reply == hf_tok.decode(ids + new)[len(hf_tok.decode(ids)):]
+    assert "a new conversation" in result.stderr
+
+
+def test_chat_outgrowing_the_model_leaves_out_the_oldest_exchanges(tmp_path: Path) -> None:
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    spec_path, weights = _imported(folder, tmp_path)
+    long = " ".join(WORDS * 3)
+    result = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path), "-n", "4", "--greedy"],
+                           input=f"{long}\n{long}\n{long}\n" + " ".join(WORDS * 30) + "\n")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "the conversation outgrew max_seq_len=128: its oldest exchange is left out" in said
+    assert "this turn is" in said and "say it in fewer words" in said
+    # not a chat model: generate is the command
+    plain, _ = _chat_folder(tmp_path, None, name="plain")
+    spec_path, weights = _imported(plain, tmp_path)
+    result = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path)], input="hi\n")
+    assert result.exit_code == 1 and "has no chat template" in " ".join(result.stderr.split())

@@ -1143,7 +1143,8 @@ def test_reading_a_checkpoint_does_not_import_lightning(tiny: Any, tmp_path: Pat
     _train([str(spec)])
     ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
     commands = {"generate": ["generate", ckpt, "-p", "def", "-n", "3", "--greedy"],
-                "classify": ["classify", ckpt, "a text"]}  # refused: not a classifier
+                "classify": ["classify", ckpt, "a text"],  # refused: not a classifier
+                "chat": ["chat", ckpt]}  # refused: no chat template
     for name, argv in commands.items():
         code = ("import sys\nfrom specformer.cli import app\ntry:\n    app(" + repr(argv) + ")\n"
                 "except SystemExit as exc:\n    print('exit', exc.code, 'lightning' in sys.modules)")
@@ -1151,6 +1152,8 @@ def test_reading_a_checkpoint_does_not_import_lightning(tiny: Any, tmp_path: Pat
                              cwd=tmp_path, timeout=300)
         last = run.stdout.strip().splitlines()[-1]
         assert last == f"exit {0 if name == 'generate' else 1} False", (name, run.stdout, run.stderr)
+        assert name != "chat" or "chat talks with a model whose tokenizer has a chat template; to continue a text, " \
+            f"use specformer generate {ckpt} --prompt TEXT" in " ".join(run.stderr.split()), run.stderr
 
 
 def test_a_second_prompt_or_file_is_refused_not_silently_dropped(tiny: Any, tmp_path: Path) -> None:

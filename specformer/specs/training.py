@@ -876,11 +876,14 @@ def training_issues(
         )
     if (objective is not None and objective.type == "sft" and objective.chat_template
             and (tok is None or tok.type != "file")):
+        chats = data is not None and data.type == "conversations"
+        what = ("conversations are rendered through the chat template beside a tokenizer.json" if chats
+                else "a chat template is read from a tokenizer.json's folder")
+        kind_of = "unset" if tok is None else f"type {tok.type}"
         yield (
-            "training.objective.chat_template",
-            f"a chat template is read from a tokenizer.json's folder, and training.tokenizer is "
-            f"{'unset' if tok is None else 'type ' + tok.type}: set training.tokenizer: {{type: file, path: "
-            "folder/tokenizer.json}} (an instruct model's, as import-hf writes it), or chat_template: false",
+            "training.tokenizer" if chats else "training.objective.chat_template",
+            f"{what}, and training.tokenizer is {kind_of}: set training.tokenizer: {{type: file, path: "
+            f"folder/tokenizer.json}} (an instruct model's, as import-hf writes it){'' if chats else ', or chat_template: false'}",
         )
     if objective is not None and objective.type == "sft" and objective.system is not None and not objective.chat_template:
         yield (

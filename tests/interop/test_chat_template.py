@@ -654,6 +654,20 @@ def test_conversation_errors_name_the_file_line_and_field(tmp_path: Path) -> Non
     changed = _conversation_spec(spec_path, tmp_path, train_path, val_path).to_dict()
     changed["training"]["objective"] = {"type": "causal_lm"}
     assert load_spec(changed, overrides=["training.objective.type=sft"]).training.objective.chat_template
+    # a tokenizer with no folder for a template: the tokenizer is what to change (chat_template has no other value)
+    with pytest.raises(SpecError) as caught:
+        load_spec("gpt-nano", overrides=["training.data={type: conversations, paths: [c.jsonl]}"])
+    (problem,) = caught.value.problems
+    assert problem.path == "training.tokenizer" and problem.message == (
+        "conversations are rendered through the chat template beside a tokenizer.json, and training.tokenizer is "
+        "type bpe: set training.tokenizer: {type: file, path: folder/tokenizer.json} (an instruct model's, as "
+        "import-hf writes it)")
+    with pytest.raises(SpecError) as caught:
+        load_spec("gpt-nano", overrides=["training.data={type: pairs, paths: [c.jsonl]}",
+                                         "training.objective.chat_template=true"])
+    assert caught.value.problems[0].message.endswith(
+        "set training.tokenizer: {type: file, path: folder/tokenizer.json} (an instruct model's, as import-hf writes "
+        "it), or chat_template: false")
     with pytest.raises(SpecError, match="conversations fine-tune a decoder"):
         load_spec({"extends": "bert-nano", "training": {"data": {"type": "conversations", "paths": ["c.jsonl"]}}})
     # a template that renders a turn differently when more follow: the conversation's line is named

@@ -461,9 +461,19 @@ def _prepare_labelled(
     if not corpus.val:
         raise DataError("training.data.paths: no row was held out for validation; raise training.data.val_fraction "
                         "or give the held-out rows in training.data.val_paths")
-    labels, names = label_ids([label for _, label in corpus.train], head.n_classes, head.labels)
-    val_labels, _ = label_ids([label for _, label in corpus.val], head.n_classes,
-                              names if names is not None else head.labels, setting=f"training.data.{train_held}")
+    train_raw, val_raw = [label for _, label in corpus.train], [label for _, label in corpus.val]
+    if head.labels is None and not all(isinstance(x, int) for x in train_raw):
+        # names are numbered over both splits: a name only held-out rows have is a class of its own (else
+        # the count would ask for a head one class short, whose held-out name then is unknown)
+        ids, names = label_ids(train_raw + val_raw, head.n_classes, None,
+                               setting="training.data.paths" + (" and training.data.val_paths"
+                                                                if train_held == "val_paths" else ""))
+        labels, val_labels = ids[:len(train_raw)], ids[len(train_raw):]
+    else:
+        labels, names = label_ids(train_raw, head.n_classes, head.labels)
+        val_labels, _ = label_ids(val_raw, head.n_classes, names if names is not None else head.labels,
+                                  setting=f"training.data.{train_held}")
+    untrained = sorted(set(val_labels) - set(labels))
     cut = 0
 
     def encode(rows: list[tuple[str, Any]], ids: list[int]) -> LabelledTexts:
@@ -480,6 +490,11 @@ def _prepare_labelled(
     classes = f"{head.n_classes} classes" + (f" ({', '.join(names)})" if names is not None else "")
     description = (f"labelled: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} "
                    f"held-out texts, {classes}")
+    if untrained:
+        shown = ", ".join(repr(names[i]) if names is not None else str(i) for i in untrained)
+        description += (f"; {'class' if len(untrained) == 1 else 'classes'} {shown} "
+                        f"{'occurs' if len(untrained) == 1 else 'occur'} only in the held-out rows: "
+                        "no training row teaches {}".format("it" if len(untrained) == 1 else "them"))
     if cut:
         description += f"; cut {cut} text{'s' if cut != 1 else ''} longer than {room} tokens to fit seq_len={seq_len}"
     return PreparedData(

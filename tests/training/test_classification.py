@@ -292,3 +292,24 @@ def test_a_masked_lm_encoder_is_fine_tuned_to_classify_under_a_new_head(tiny: An
     save_file({k: v.contiguous() for k, v in other.items()}, tmp_path / "w.safetensors")
     with pytest.raises(CheckpointError, match="missing from the checkpoint: embed.tokens.weight"):
         train(load_spec(spec), init_from=tmp_path / "w.safetensors", progress=False)
+
+
+def test_a_label_name_only_the_held_out_rows_have_is_counted_as_a_class(tiny: Any, tmp_path: Path) -> None:
+    from specformer.data.module import SpecDataModule
+
+    train_table = _table(tmp_path / "t.csv", n=20)
+    held = tmp_path / "v.csv"
+    held.write_text("text,label\nit was good,pos\nit was bad,neg\nit was fine,neutral\n")
+    spec = _spec(tiny, train_table)
+    spec["training"]["data"] = {"type": "labelled", "paths": [str(train_table)], "val_paths": [str(held)]}
+    # two names in training, three in all: the head needs three (asking for two could never be met)
+    with pytest.raises(DataError, match=r"training.data.paths and training.data.val_paths: the data has 3 label "
+                                        r"names \('neg', 'neutral', 'pos'\) and the classification head has "
+                                        r"n_classes=2: set head.n_classes=3"):
+        SpecDataModule(load_spec(spec)).setup("fit")
+    dm = SpecDataModule(load_spec({**spec, "head": {**spec["head"], "n_classes": 3}}))
+    dm.setup("fit")
+    assert dm.data.extra["label_names"] == ("neg", "neutral", "pos")
+    assert [label for _, label in dm.data.val.rows] == [2, 0, 1]
+    assert {label for _, label in dm.data.train.rows} == {0, 2}
+    assert "class 'neutral' occurs only in the held-out rows: no training row teaches it" in dm.data.description

@@ -43,7 +43,8 @@ class Corpus:
     fingerprint: str
     train_ids: list[str] = field(default_factory=list)
     val_ids: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # files left out: not UTF-8 text, or unreadable
+    skipped: list[str] = field(default_factory=list)  # files left out as not UTF-8 text
+    unreadable: list[str] = field(default_factory=list)  # files left out as unreadable: "key (reason)"
     notes: list[str] = field(default_factory=list)  # what else was left out, for the run's data line
     split_by_lines: bool = False  # one document, split into its first and last lines
 
@@ -133,6 +134,7 @@ def _read_files(
     digests: list[bytes] = []
     held_out: list[bool] = []  # each document's split, with val_from
     skipped: list[str] = []
+    unreadable: list[str] = []  # "key (reason)": a dangling symbolic link, a file without read permission
     utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
     with progress.step(f"reading {len(items):,} file{'s' if len(items) != 1 else ''}", sum(map(_size, items))) as advance:
         for index, (key, path) in enumerate(items):
@@ -142,10 +144,17 @@ def _read_files(
                 raw = path.read_bytes()
                 advance(len(raw))
                 text = _decompressed(path, raw).decode("utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
+            except OSError as exc:
+                if report:
+                    dangling = path.is_symlink() and not path.exists()
+                    reason = f"a symbolic link to {os.readlink(path)}, which does not exist" if dangling else (
+                        exc.strerror or str(exc))
+                    unreadable.append(f"{key} ({reason})")
+                continue
+            except UnicodeDecodeError as exc:
                 if report:  # (a few stdlib test files are deliberately not UTF-8)
                     skipped.append(key)
-                    if isinstance(exc, UnicodeDecodeError) and bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
+                    if bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
                         utf16.append(key)
                 continue
             kind = _table_kind(path)
@@ -176,7 +185,7 @@ def _read_files(
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
                       train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped,
-                      split_by_lines=True, notes=notes)
+                      unreadable=unreadable, split_by_lines=True, notes=notes)
     if val_from is None:
         train_idx, val_idx = split_by_path(keys, val_fraction)
     else:
@@ -190,6 +199,7 @@ def _read_files(
         train_ids=[keys[i] for i in train_idx],
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
+        unreadable=unreadable,
         notes=notes,
     )
 
@@ -418,9 +428,11 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids} if spec.val_paths is None else set()
-        empty = [key for key, _ in keyed if key not in corpus.skipped and key not in read]
+        unreadable = {entry.rsplit(" (", 1)[0] for entry in corpus.unreadable}
+        empty = [key for key, _ in keyed if key not in corpus.skipped and key not in unreadable and key not in read]
         found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
         found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
+        found += [f"cannot be read: {_names(corpus.unreadable)}"] if corpus.unreadable else []
         found += [note for note in corpus.notes if "UTF-16" in note]
         found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
         raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")

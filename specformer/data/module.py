@@ -137,6 +137,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     )
     if getattr(corpus, "skipped", None):
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
+    if getattr(corpus, "unreadable", None):
+        description += f"; left out {len(corpus.unreadable)} file(s) that cannot be read: {_names(corpus.unreadable)}"
     description += _notes(spec, tokenizer, getattr(corpus, "notes", ()), cached=arrays.cached)
     return PreparedData(
         tokenizer=tokenizer,

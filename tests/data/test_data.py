@@ -171,6 +171,22 @@ def test_a_utf16_file_is_left_out_with_how_to_make_it_readable(tmp_path: Path) -
         files_corpus(FilesDataSpec(paths=(str(tmp_path / "notepad.txt"),)))
 
 
+def test_a_file_that_cannot_be_read_is_named_as_such_not_as_not_utf8(tmp_path: Path) -> None:
+    # a dangling symbolic link named in paths (a dataset moved away): what is wrong is said, not "not UTF-8"
+    (tmp_path / "fine.txt").write_text("plain notes\n" * 50)
+    (tmp_path / "moved.txt").symlink_to(tmp_path / "gone" / "moved.txt")
+    paths = (str(tmp_path / "moved.txt"), str(tmp_path / "fine.txt"))
+    corpus = files_corpus(FilesDataSpec(paths=paths))
+    assert corpus.skipped == []
+    assert corpus.unreadable == [f"moved.txt (a symbolic link to {tmp_path / 'gone' / 'moved.txt'}, which does not "
+                                 "exist)"]
+    assert "".join(corpus.train + corpus.val) == "plain notes\n" * 50  # the one readable file, whole
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; cannot be "
+                                        r"read: moved.txt \(a symbolic link to .*gone/moved.txt, which does not "
+                                        r"exist\)$"):
+        files_corpus(FilesDataSpec(paths=paths[:1]))
+
+
 def test_csv_tsv_and_json_files_give_one_document_per_row(tmp_path: Path) -> None:
     # a table's text_field column (a header row names them; quoted commas and newlines are
     # the text's), a JSON array's objects, or JSON lines in a .json file: never the markup

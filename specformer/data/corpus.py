@@ -248,6 +248,62 @@ def csv_fields_up_to(size: int) -> Iterator[None]:
         csv.field_size_limit(limit)
 
 
+_TSV_QUOTES = ("in a .tsv file a quote that opens a field must be closed at the field's end, and one inside the text "
+               "written twice (\"\"), as csv.writer and pandas' to_csv(sep='\\t') write them (or save the rows as "
+               "JSON lines)")
+
+
+def table_reader(text: str, kind: str) -> Any:
+    """A ``csv.DictReader`` of a ``.csv`` or ``.tsv`` table's text. A ``.tsv`` file is read
+    strictly: a field that starts with a quote is read as quoted (the csv module's and
+    pandas' rule), and text after its closing quote (``"Great," she said``, a text that
+    opens with a quotation) is an error (:func:`tsv_quote_error`), not the quotes dropped."""
+    import csv
+    import io
+
+    tsv = kind == "tsv"
+    return csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if tsv else ",", strict=tsv)
+
+
+def tsv_quote_error(where: str, line: int, exc: Exception) -> DataError:
+    """The error of a ``.tsv`` row the csv module cannot read strictly: a stray quote."""
+    return DataError(f"{where}:{line}: a field that starts with '\"' is read as quoted text up to the next '\"', "
+                     f"and this one cannot be read so ({str(exc).replace(chr(9), chr(92) + 't')}); {_TSV_QUOTES}")
+
+
+def check_tsv_row(row: dict[Any, Any], kind: str, first: int, last: int, where: str) -> None:
+    """Refuse a ``.tsv`` row whose field holds both a tab and a line end: a quote that is only
+    the text's own (an unclosed quotation) runs on through tabs and line ends to the next
+    quote, reading the rows after it as one row's text. ``first`` and ``last`` are the lines
+    the row was read from."""
+    if kind != "tsv" or last == first:
+        return
+    values = [v for key, value in row.items() for v in (value if key is None else [value]) if isinstance(v, str)]
+    if any("\t" in value and "\n" in value for value in values):
+        raise DataError(f"{where}:{first}: a field that starts with '\"' is read as quoted text up to the next '\"', "
+                        f"and this one runs on to line {last}, reading lines {first}-{last} as one row; {_TSV_QUOTES}")
+
+
+def reader_rows(reader: Any, kind: str, where: str) -> Iterator[tuple[int, int, dict[Any, Any]]]:
+    """(first line, last line, row) of each row of a :func:`table_reader`: a row the csv
+    module cannot read, or a ``.tsv`` row a stray quote ran on (:func:`check_tsv_row`), is
+    an error naming the line the row starts at."""
+    import csv
+
+    last = reader.line_num
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise (tsv_quote_error(where, last + 1, exc) if kind == "tsv"
+                   else DataError(f"{where}:{last + 1}: this row cannot be read ({exc})")) from None
+        first, last = last + 1, reader.line_num
+        check_tsv_row(row, kind, first, last, where)
+        yield first, last, row
+
+
 def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[tuple[int, str]]:
     """(row, text) of each document of a table: a ``.csv`` or ``.tsv`` file with a header
     row naming its columns (``text_field`` is read, rows numbered by their line), or a
@@ -278,26 +334,23 @@ def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[t
 
 
 def _csv_documents(path: Path, text: str, text_field: str, kind: str) -> Iterator[tuple[int, str]]:
-    import csv
-    import io
-
     where = f"training.data.paths: {path}"
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "tsv" else ",")
+    reader = table_reader(text, kind)
     columns = list(reader.fieldnames or [])
     if text_field not in columns:
         # every column is text: the one with the longest values in the first rows is offered first
         first = [row for _, row in zip(range(50), reader, strict=False)]
         longest = sorted(columns, key=lambda c: -sum(len(row.get(c) or "") for row in first))
         raise _missing_field(f"{where}:1", text_field, columns, longest, noun="column", holder="the header row")
-    for row in reader:
+    for _, last, row in reader_rows(reader, kind, where):
         value = row.get(text_field)
         if value is None:
-            raise DataError(f"{where}:{reader.line_num}: the row ends before its {text_field!r} column "
+            raise DataError(f"{where}:{last}: the row ends before its {text_field!r} column "
                             f"(training.data.text_field): {len([v for v in row.values() if v is not None])} of "
                             f"the header's {len(columns)} columns")
         value, _ = _plain_text(value)
         if value.strip():
-            yield reader.line_num, value
+            yield last, value
 
 
 def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, str]]:

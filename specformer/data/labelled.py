@@ -14,7 +14,6 @@ JSON number, or digits in a CSV cell), names otherwise, numbered in the head's o
 from __future__ import annotations
 
 import csv
-import io
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,10 @@ from specformer.data.corpus import (
     _table_kind,
     csv_fields_up_to,
     read_texts,
+    reader_rows,
     split_by_path,
+    table_reader,
+    tsv_quote_error,
 )
 from specformer.specs.training import LabelledDataSpec
 
@@ -165,13 +167,17 @@ def table_records(
     one of ``columns`` is an error naming the columns it has."""
     kind = _table_kind(path)
     if kind in ("csv", "tsv"):
-        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "tsv" else ",")
-        header = list(reader.fieldnames or [])
+        reader = table_reader(text, kind)
+        try:
+            header = list(reader.fieldnames or [])
+        except csv.Error as exc:
+            raise (tsv_quote_error(f"{setting}: {path}", 1, exc) if kind == "tsv"
+                   else DataError(f"{setting}: {path}:1: the header row cannot be read ({exc})")) from None
         for name, what in columns.named():
             if name not in header:
                 raise DataError(f"{setting}: {path}:1: no {name!r} column ({what}); the header row "
                                 f"has {', '.join(map(repr, header[:8])) or 'no columns'}")
-        return header, iter(_csv_rows(reader, f"{setting}: {path}", len(text)))
+        return header, iter(_csv_rows(reader, f"{setting}: {path}", len(text), kind))
     if kind == "json" and text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -181,15 +187,13 @@ def table_records(
     return None, _json_lines(path, text, setting)
 
 
-def _csv_rows(reader: csv.DictReader, where: str, size: int) -> list[tuple[str, object]]:
+def _csv_rows(reader: csv.DictReader, where: str, size: int, kind: str) -> list[tuple[str, object]]:
     """(where, row) of every row of ``reader``, whose whole text is ``size`` characters: a
     field as long as the text is read (the csv module refuses one past 128 KiB, a long
-    document's text), and a row it cannot read is an error naming its line."""
-    try:
-        with csv_fields_up_to(size):
-            return [(f"{where}:{reader.line_num}", row) for row in reader]
-    except csv.Error as exc:
-        raise DataError(f"{where}: the row after line {reader.line_num} cannot be read ({exc})") from None
+    document's text), and a row it cannot read is an error naming its line, as is a ``.tsv``
+    row a stray quote ran on into the next ones (:func:`check_tsv_row`)."""
+    with csv_fields_up_to(size):
+        return [(f"{where}:{last}", row) for _, last, row in reader_rows(reader, kind, where)]
 
 
 def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, object]]:

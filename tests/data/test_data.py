@@ -1305,3 +1305,43 @@ def test_bpe_trains_on_at_most_train_mb_cutting_the_crossing_document_at_a_line_
     assert tok.vocab_size == 300
     (texts,) = seen
     assert sum(map(len, texts)) == 50_000 and texts[-1].endswith("\n")
+
+
+def test_a_stray_quote_in_a_tsv_file_is_an_error_not_rows_read_as_one(tmp_path: Path) -> None:
+    # a field that starts with '"' is read as quoted (the csv module's and pandas' rule): a text
+    # that only opens with a quotation lost its quotes, or ran on to the next '"', the rows in
+    # between (tabs, labels and all) read as one row's text, silently
+    from specformer.data.labelled import labelled_corpus
+    from specformer.specs.training import LabelledDataSpec
+
+    table = tmp_path / "reviews.tsv"
+
+    def refused(match: str) -> None:
+        with pytest.raises(DataError, match=match):
+            labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+        with pytest.raises(DataError, match=match):
+            files_corpus(FilesDataSpec(paths=(str(table),)))
+
+    table.write_text('text\tlabel\nplain one\tneg\n"Great," she said\tpos\nplain two\tneg\n')
+    refused(r"^training.data.paths: .*reviews.tsv:3: a field that starts with '\"' is read as quoted text up to the "
+            r"next '\"', and this one cannot be read so \('\\t' expected after '\"'\); in a .tsv file a quote")
+    table.write_text('text\tlabel\nplain one\tneg\n"Awful\tneg\nplain two\tpos\nplain three" he wrote\tneg\n'
+                     'plain four\tpos\n')
+    refused(r"reviews.tsv:3: .* cannot be read so \('\\t' expected after '\"'\)")
+    table.write_text('text\tlabel\nplain one\tneg\n"Awful\tneg\nplain two\tpos\nplain three"\tneg\nplain four\tpos\n')
+    refused(r"^training.data.paths: .*reviews.tsv:3: a field that starts with '\"' is read as quoted text up to the "
+            r"next '\"', and this one runs on to line 5, reading lines 3-5 as one row; in a .tsv file")
+    table.write_text('text\tlabel\nplain one\tneg\n"Awful\tneg\nplain two\tpos\n')  # to the end of the file
+    refused(r"reviews.tsv:3: .* cannot be read so \(unexpected end of data\)")
+    # quotes as csv.writer writes them read back as the texts they quote, a tab or a line end included
+    import csv
+
+    rows = [("plain one", "neg"), ('"Great," she said', "pos"), ("a\ttab", "neg"), ("two\nlines", "pos")]
+    with table.open("w", newline="") as f:
+        writer = csv.writer(f, delimiter="\t")
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+    corpus = labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+    assert sorted(corpus.train + corpus.val) == sorted(rows)
+    corpus = files_corpus(FilesDataSpec(paths=(str(table),)))
+    assert sorted(corpus.train + corpus.val) == sorted(text for text, _ in rows)

@@ -252,9 +252,13 @@ class FilesDataSpec(Spec):
 def _paths(value: Any) -> Any:
     # `paths: data/` means the one folder, as `paths: [data/]` does
     if isinstance(value, str):
-        return (value,)
+        value = (value,)
     if isinstance(value, list | tuple) and not value:
         raise PydanticCustomError("paths", "give at least one file, directory or glob, e.g. [data/]")
+    # an empty path (an unset shell variable in `paths: [$DATA]`) would read the whole working directory
+    if isinstance(value, list | tuple) and any(isinstance(v, str) and not v.strip() for v in value):
+        raise PydanticCustomError("paths", "an empty path, which would read every file of the working directory: "
+                                           "give a file, directory or glob, e.g. [data/] (or [.] for this folder)")
     return value
 
 

@@ -1229,6 +1229,12 @@ def test_files_paths_take_one_path_alone_and_refuse_none() -> None:
     assert spec.training.data.paths == (JSON_GLOB,)  # `paths: data/` is `paths: [data/]`
     with pytest.raises(SpecError, match=r"training.data.paths: give at least one file, directory or glob"):
         load_spec("gpt-nano", ["training.data={type: files, paths: []}"])
+    # an empty path (`paths: [$DATA]` with DATA unset) read every file of the working directory
+    for data in ("{type: files, paths: ['']}", "{type: files, paths: ' '}", "{type: files, paths: [data/, '']}",
+                 "{type: pairs, paths: [qa.jsonl], val_paths: ['']}", "{type: labelled, paths: ['']}"):
+        with pytest.raises(SpecError, match=r"training.data.(val_)?paths: an empty path, which would read every "
+                                            r"file of the working directory: give a file, directory or glob"):
+            load_spec("gpt-nano", [f"training.data={data}"])
 
 
 def test_a_tokenizer_json_without_an_end_of_text_token_is_named_with_its_special_tokens(tmp_path: Path) -> None:

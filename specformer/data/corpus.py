@@ -301,6 +301,16 @@ def reader_rows(reader: Any, kind: str, where: str) -> Iterator[tuple[int, int, 
                    else DataError(f"{where}:{last + 1}: this row cannot be read ({exc})")) from None
         first, last = last + 1, reader.line_num
         check_tsv_row(row, kind, first, last, where)
+        if None in row:  # more fields than the header names: a text's own comma (or tab), unquoted
+            columns = reader.fieldnames or []
+            n = len(columns) + len(row[None])
+            name, example = ("tab", "") if kind == "tsv" else ("comma", ' ("a, b")')
+            raise DataError(
+                f"{where}:{first}: {n} {name}-separated fields, and the header row names {len(columns)} "
+                f"({', '.join(map(repr, columns[:8]))}): a text with a {name} in it is quoted{example}, as "
+                "csv.writer and pandas' to_csv write it; the extra fields would be lost and the columns after "
+                "them misread"
+            )
         yield first, last, row
 
 

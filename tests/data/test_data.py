@@ -1351,3 +1351,28 @@ def test_a_stray_quote_in_a_tsv_file_is_an_error_not_rows_read_as_one(tmp_path: 
     assert sorted(corpus.train + corpus.val) == sorted(rows)
     corpus = files_corpus(FilesDataSpec(paths=(str(table),)))
     assert sorted(corpus.train + corpus.val) == sorted(text for text, _ in rows)
+
+
+def test_a_table_row_with_more_fields_than_its_header_is_an_error_not_a_cut_text(tmp_path: Path) -> None:
+    # an unquoted comma in a text: the text was cut at it, the label read from the rest of the
+    # text (a new class, "fun film") and the true label dropped, silently
+    from specformer.data.labelled import labelled_corpus
+    from specformer.specs.training import LabelledDataSpec
+
+    table = tmp_path / "reviews.csv"
+    table.write_text("text,label\na good film,pos\na good, fun film,pos\na bad film,neg\nfine,pos\n")
+    message = (r"^training.data.paths: .*reviews.csv:3: 3 comma-separated fields, and the header row names 2 "
+               r"\('text', 'label'\): a text with a comma in it is quoted \(\"a, b\"\), as csv.writer")
+    with pytest.raises(DataError, match=message):
+        labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+    with pytest.raises(DataError, match=message):
+        files_corpus(FilesDataSpec(paths=(str(table),)))
+    tsv = tmp_path / "reviews.tsv"
+    tsv.write_text("text\tlabel\na good film\tpos\na good\tfun film\tpos\na bad film\tneg\nfine\tpos\n")
+    with pytest.raises(DataError, match=r"reviews.tsv:3: 3 tab-separated fields, and the header row names 2 "
+                                        r"\('text', 'label'\): a text with a tab in it is quoted, as csv.writer"):
+        labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(tsv),)))
+    # quoted as csv.writer quotes it, the comma is the text's
+    table.write_text('text,label\na good film,pos\n"a good, fun film",pos\na bad film,neg\nfine,pos\n')
+    corpus = labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+    assert ("a good, fun film", "pos") in corpus.train + corpus.val

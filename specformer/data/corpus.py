@@ -519,9 +519,20 @@ def read_texts(patterns: tuple[str, ...], setting: str, digests: list[bytes]) ->
         try:
             text = _decompressed(path, raw).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise DataError(f"{setting}: {path} is not UTF-8 text (byte {exc.start})") from None
+            raise DataError(f"{setting}: {not_utf8(path, exc)}") from None
         digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
         yield key, path, text.removeprefix("\ufeff")
+
+
+def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    """Where a file stops being UTF-8, as an editor counts it: 'data/qa.jsonl:6:4: not UTF-8 text
+    (byte 0xe9)', with the usual cause and its fix."""
+    data = bytes(exc.object)
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    utf16 = " (UTF-16: a byte-order mark opens it)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+    return (f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}){utf16}: save the file as UTF-8 "
+            "(from Latin-1, `iconv -f latin1 -t utf-8`)")
 
 
 def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Path]]:

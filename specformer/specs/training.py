@@ -445,6 +445,14 @@ class FileTokenizerSpec(Spec):
     type: Literal["file"] = "file"
     path: str = Field(description="Path to a tokenizer.json file (or its folder); relative to the working directory.")
 
+    @field_validator("path")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        # an empty path (`path: $TOK` with TOK unset) would be the working directory's tokenizer.json, if any
+        if not value.strip():
+            raise PydanticCustomError("path", "an empty path: give a tokenizer.json file or its folder")
+        return value
+
 
 class TaskTokenizerSpec(Spec):
     """The fixed symbol vocabulary of the synthetic tasks (digits, letters, '+', '=', ' ')."""

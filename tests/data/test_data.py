@@ -1235,6 +1235,9 @@ def test_files_paths_take_one_path_alone_and_refuse_none() -> None:
         with pytest.raises(SpecError, match=r"training.data.(val_)?paths: an empty path, which would read every "
                                             r"file of the working directory: give a file, directory or glob"):
             load_spec("gpt-nano", [f"training.data={data}"])
+    with pytest.raises(SpecError, match=r"training.tokenizer.path: an empty path: give a tokenizer.json file or its "
+                                        r"folder"):
+        load_spec("gpt-nano", ["training.tokenizer={type: file, path: ''}"])
 
 
 def test_a_tokenizer_json_without_an_end_of_text_token_is_named_with_its_special_tokens(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ and a source that occurs twice is never both trained on and scored.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,12 +63,12 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
     """The pairs of ``spec.paths`` (and ``spec.val_paths``), split into train and validation."""
     settings = spec.model_dump(exclude={"paths", "val_paths"})
     digests: list[bytes] = []
-    train, names = _read(spec, spec.paths, "training.data.paths", digests)
-    files = list(names)
     notes: list[str] = []
+    train, names = _read(spec, spec.paths, "training.data.paths", digests, notes)
+    files = list(names)
     if spec.val_paths is not None:
         digests.append(b"\nval_paths")  # a file moved from paths to val_paths changes the split
-        val, val_names = _read(spec, spec.val_paths, "training.data.val_paths", digests)
+        val, val_names = _read(spec, spec.val_paths, "training.data.val_paths", digests, notes)
         files += val_names
         seen = {src for src, _ in train}
         if shared := sum(src in seen for src, _ in val):
@@ -102,15 +103,23 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
 
 
 def _read(
-    spec: PairsDataSpec, patterns: tuple[str, ...], setting: str, digests: list[bytes]
+    spec: PairsDataSpec, patterns: tuple[str, ...], setting: str, digests: list[bytes], notes: list[str]
 ) -> tuple[list[tuple[str, str]], list[str]]:
-    """The pairs of every file ``patterns`` find, in order, and the files' keys."""
+    """The pairs of every file ``patterns`` find, in order, and the files' keys; a ``.tsv`` file
+    whose first line looks like a header of other names than the fields' gets a note."""
     pairs: list[tuple[str, str]] = []
     keys = []
     for key, path, text in read_texts(patterns, setting, digests):
         found = list(_pairs(path, text, spec, setting))
         if not found:
             raise DataError(f"{setting}: {path} holds no pairs (it is empty, or only blank lines)")
+        first = text.split("\n", 1)[0].removesuffix("\r").split("\t")
+        if _is_tsv(path) and found[0] == tuple(first) and all(_HEADER_NAME.fullmatch(c) for c in first):
+            notes.append(
+                f"the first line of {path} ({first[0]!r}, {first[1]!r}) is read as a pair: a header line is "
+                f"skipped when it names training.data.source_field and target_field ({spec.source_field!r}, "
+                f"{spec.target_field!r}): if it is one, set them to its names"
+            )
         pairs += found
         keys.append(key)
     return pairs, keys
@@ -183,6 +192,10 @@ def _numbered_pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) ->
         if not source.strip():
             raise DataError(f"{where}: the source is empty; every pair needs an input to read")
         yield where, source, target
+
+
+# a first line of a .tsv file of two such names is likely a header: `question<TAB>answer`, `de<TAB>en`
+_HEADER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 def _is_tsv(path: Path) -> bool:

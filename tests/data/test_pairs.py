@@ -427,3 +427,19 @@ def test_a_seq_len_with_no_room_for_a_target_is_refused_before_anything_is_token
     with pytest.raises(DataError, match=r"training.seq_len=1 leaves no room for a source and a target"):
         prepare(_cached_pairs_spec(tmp_path, path, seq_len=1))
     assert not (tmp_path / "cache" / "tokens").exists() or not any((tmp_path / "cache" / "tokens").rglob("*.bin"))
+
+
+def test_a_tsv_first_line_of_other_names_than_the_fields_is_read_as_a_pair_and_said(tmp_path: Path) -> None:
+    # `question<TAB>answer` with the default fields trained as a pair, silently
+    rows = "".join(f"what is {i}?\tit is {i}\n" for i in range(10))
+    path = tmp_path / "qa.tsv"
+    path.write_text("question\tanswer\n" + rows)
+    corpus = pair_corpus(PairsDataSpec(paths=[str(path)]))
+    assert ("question", "answer") in corpus.train + corpus.val
+    assert corpus.notes == [f"the first line of {path} ('question', 'answer') is read as a pair: a header line is "
+                            "skipped when it names training.data.source_field and target_field ('source', "
+                            "'target'): if it is one, set them to its names"]
+    named = pair_corpus(PairsDataSpec(paths=[str(path)], source_field="question", target_field="answer"))
+    assert len(named.train + named.val) == 10 and named.notes == []
+    path.write_text(rows)  # a first line of text is no header: nothing to say
+    assert pair_corpus(PairsDataSpec(paths=[str(path)])).notes == []

@@ -344,12 +344,17 @@ def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[t
 
 
 def _csv_documents(path: Path, text: str, text_field: str, kind: str) -> Iterator[tuple[int, str]]:
+    import csv
+
     where = f"training.data.paths: {path}"
     reader = table_reader(text, kind)
     columns = list(reader.fieldnames or [])
     if text_field not in columns:
         # every column is text: the one with the longest values in the first rows is offered first
-        first = [row for _, row in zip(range(50), reader, strict=False)]
+        try:
+            first = [row for _, row in zip(range(50), reader, strict=False)]
+        except csv.Error:  # a row a stray quote spoils: the header's error is what is said
+            first = []
         longest = sorted(columns, key=lambda c: -sum(len(row.get(c) or "") for row in first))
         raise _missing_field(f"{where}:1", text_field, columns, longest, noun="column", holder="the header row")
     for _, last, row in reader_rows(reader, kind, where):
@@ -530,9 +535,10 @@ def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
     data = bytes(exc.object)
     line = data.count(b"\n", 0, exc.start) + 1
     column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-    utf16 = " (UTF-16: a byte-order mark opens it)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-    return (f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}){utf16}: save the file as UTF-8 "
-            "(from Latin-1, `iconv -f latin1 -t utf-8`)")
+    utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+    how = (" (UTF-16: a byte-order mark opens it, what Windows Notepad saves as 'Unicode')" if utf16
+           else " (from Latin-1, `iconv -f latin1 -t utf-8`)")
+    return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}): save the file as UTF-8{how}"
 
 
 def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Path]]:

@@ -1379,3 +1379,12 @@ def test_a_table_row_with_more_fields_than_its_header_is_an_error_not_a_cut_text
     table.write_text('text,label\na good film,pos\n"a good, fun film",pos\na bad film,neg\nfine,pos\n')
     corpus = labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
     assert ("a good, fun film", "pos") in corpus.train + corpus.val
+
+
+def test_a_tsv_without_the_text_column_and_a_stray_quote_names_the_column(tmp_path: Path) -> None:
+    # the rows read for the hint met the quote: a raw csv.Error, not the header's error
+    table = tmp_path / "rows.tsv"
+    table.write_text('body\tid\n"Great," she said\t1\nplain\t2\n')
+    with pytest.raises(DataError, match=r"rows.tsv:1: no 'text' column \(training.data.text_field\); the header row "
+                                        r"has 'body', 'id'"):
+        files_corpus(FilesDataSpec(paths=(str(table),)))

@@ -115,8 +115,8 @@ def test_bad_val_paths_name_their_setting(tmp_path: Path) -> None:
     train = _jsonl(tmp_path / "train.jsonl", PAIRS[:5])
     bad = tmp_path / "val.jsonl"
     bad.write_bytes(b"\xff\xfe")
-    with pytest.raises(DataError, match=r"training.data.val_paths: .*val.jsonl:1:1: not UTF-8 text \(byte 0xff\) "
-                                        r"\(UTF-16: a byte-order mark opens it\): save the file as UTF-8"):
+    with pytest.raises(DataError, match=r"training.data.val_paths: .*val.jsonl:1:1: not UTF-8 text \(byte 0xff\): "
+                                        r"save the file as UTF-8 \(UTF-16: a byte-order mark opens it"):
         pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=[str(bad)]))
     # where the file stops being UTF-8, as an editor counts lines and columns: a Latin-1 'é' on line 3
     bad.write_bytes(b'{"source": "a", "target": "b"}\n\n{"source": "caf\xe9", "target": "c"}\n')

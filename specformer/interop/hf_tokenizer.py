@@ -60,7 +60,7 @@ def hf_tokenizer_json(state: Mapping[str, Any]) -> str:
 
     kind = state.get("type")
     if kind == "hf" and isinstance(state.get("json"), str):
-        return state["json"]
+        return _mask_takes_the_space_before_it(state["json"])
     if kind == "byte":
         tok = Tokenizer(models.BPE(vocab={c: b for b, c in enumerate(_byte_chars())}, merges=[]))
         # no regex split and no prefix space: the text's bytes, one token each, nothing added
@@ -76,6 +76,25 @@ def hf_tokenizer_json(state: Mapping[str, Any]) -> str:
     else:
         raise ValueError(f"no Hugging Face tokenizer for tokenizer state of type {kind!r}")
     return tok.to_str()
+
+
+def _mask_takes_the_space_before_it(text: str) -> str:
+    """``text`` with its ``<mask>`` marked ``lstrip`` when it is the byte-level BPE that
+    ``training.tokenizer: {type: bpe}`` trains (``<|endoftext|>``, ``<pad>``, ``<mask>`` at ids
+    0-2, a ``ByteLevel`` pre-tokenizer): a word there carries the space before it, and was
+    masked with it, so ``fill-mask`` reads ``"import <mask>"`` as ``import`` + ``<mask>``, as
+    RoBERTa's tokenizer does; without the flag ``transformers`` would read a lone ``" "`` token
+    before the mask, another input than the model was trained on. Any other ``tokenizer.json``
+    (an imported model's) is returned as it is."""
+    from specformer.data.tokenizers import EOT, MASK, PAD
+
+    data = json.loads(text)
+    added = data.get("added_tokens") or []
+    own = [(t.get("id"), t.get("content")) for t in added[:3]] == [(0, EOT), (1, PAD), (2, MASK)]
+    if not own or (data.get("pre_tokenizer") or {}).get("type") != "ByteLevel" or added[2].get("lstrip"):
+        return text
+    added[2]["lstrip"] = True
+    return json.dumps(data, ensure_ascii=False)
 
 
 def _framing_tokens(data: Mapping[str, Any]) -> dict[str, str | None]:

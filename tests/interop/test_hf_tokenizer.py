@@ -191,3 +191,38 @@ def test_tokenizer_config_names_robertas_cls_sep_and_unk() -> None:
     config = json.loads(hf_tokenizer_files({"type": "hf", "json": tok.to_str()})["tokenizer_config.json"])
     assert {k: config.get(k) for k in ("cls_token", "sep_token", "unk_token", "pad_token", "mask_token")} == {
         "cls_token": "<s>", "sep_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}
+
+
+def test_an_exported_bpe_reads_a_mask_as_fill_mask_does(tmp_path: Path) -> None:
+    """A trained BPE's word carries the space before it, and was masked with it: fill-mask
+    reads "import <mask>" as `import` + `<mask>`. The exported tokenizer.json marks `<mask>`
+    lstrip (as RoBERTa's), so transformers' fill-mask pipeline reads the same ids and gives
+    the same probabilities (bug: it read a lone " " token before the mask)."""
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    from specformer.cli.train_cmds import _encode_with_masks
+
+    tok = _bpe()
+    spec = load_spec("bert-nano", ["encoder.n_layers=1", "vocab_size=300"])
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    save_hf(model, spec, tmp_path, tokenizer=tok)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ("import <mask>", "x = <mask>(y) <mask>", "<mask> json"):
+        ours = _encode_with_masks(tok, text)
+        assert hf_tok(text).input_ids == ours
+    text = "def <mask>(self):"
+    ids = _encode_with_masks(tok, text)
+    with torch.no_grad():
+        probs = model(torch.tensor([ids])).logits[0, ids.index(tok.mask_id)].softmax(-1)
+    hf_model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path)
+    got = transformers.pipeline("fill-mask", model=hf_model, tokenizer=hf_tok, top_k=3)(text)
+    assert [d["token"] for d in got] == probs.topk(3).indices.tolist()
+    assert [d["score"] for d in got] == pytest.approx(probs.topk(3).values.tolist(), abs=1e-6)
+    # the text itself encodes as before: the flag only takes the space before a mask
+    for text in TEXTS:
+        assert hf_tok.encode(text) == tok.encode(text)
+    # another tokenizer.json (an imported model's) is written as it is
+    other = json.loads(tok.tok.to_str())
+    other["added_tokens"][2]["content"] = "[MASK]"
+    from specformer.interop.hf_tokenizer import hf_tokenizer_json
+    assert hf_tokenizer_json({"type": "hf", "json": json.dumps(other)}) == json.dumps(other)

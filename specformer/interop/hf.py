@@ -340,10 +340,14 @@ def unread_generation_settings(source: Any, spec: ModelSpec | None = None) -> li
                 notes.append(f"{key}={json.dumps(generation[key])} (not read: only an encoder-decoder's are)")
     else:
         objective = spec.training.objective
+        # the spec names the forced token by its string in the model's tokenizer.json
+        has_tokenizer = isinstance(source, str | Path) and model_tokenizer(source) is not None
+        why = ("that tokenizer.json has no token of that id" if has_tokenizer else
+               "the folder has no tokenizer.json, in which the spec names the token")
         for key, field in (("forced_bos_token_id", "forced_start"), ("forced_eos_token_id", "forced_end")):
             if generation.get(key) is not None and getattr(objective, field, None) is None:
-                notes.append(f"{key}={json.dumps(generation[key])} (not read: the spec names a token of the model's "
-                             f"tokenizer.json; set training.objective.{field})")
+                notes.append(f"{key}={json.dumps(generation[key])} (not read: {why}; "
+                             f"set training.objective.{field} to the token)")
     return notes
 
 

@@ -464,3 +464,19 @@ def test_import_hf_says_where_the_chat_template_is_used(tmp_path: Path) -> None:
     said = " ".join(result.output.split())
     assert ("the tokenizer has a chat template (chat_template.jinja): generate --chat frames a prompt as a user "
             "turn, training.objective: {type: sft, chat_template: true} fine-tunes") in said
+
+
+def test_import_hf_says_why_a_bart_without_its_tokenizer_forces_nothing(tmp_path: Path) -> None:
+    """A BART folder without tokenizer.json: its forced tokens are not read, since the spec
+    names them by their strings there, and the note says that the folder lacks the file
+    (bug: it said the spec names a token of the model's tokenizer.json, which it did not have)."""
+    config = transformers.BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=32)
+    folder = tmp_path / "bart"
+    transformers.BartForConditionalGeneration(config).save_pretrained(folder)
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(tmp_path / "my.yaml")])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert ("forced_eos_token_id=2 (not read: the folder has no tokenizer.json, in which the spec names the "
+            "token; set training.objective.forced_end to the token)") in said  # BartConfig's default

@@ -559,6 +559,9 @@ def generate_cmd(
         if chat and spec.kind != "decoder":
             raise _fail("--chat frames a prompt as a user turn for a decoder to answer; an encoder-decoder reads "
                         "its input as it is")
+        if system is not None and spec.kind != "decoder":
+            raise _fail("--system is a turn of a decoder's chat template; an encoder-decoder reads its input as "
+                        "it is, with no turns: leave out --system")
         if system is not None and not chat:
             raise _fail("--system is a turn of the chat template: add --chat (a model fine-tuned with "
                         "chat_template: true has it by default)")

@@ -1194,3 +1194,27 @@ def test_eval_with_a_rope_scaling_of_a_model_without_rope_says_so(tiny: Any, tmp
             f"error: --set {override.partition('=')[0]}: positional.scaling scales the frequencies of rope positions, "
             "and this model's positions are learned; eval runs the model as it was trained, so only a rope "
             "model's positions can be scaled\n")
+
+
+def test_an_encoder_decoder_refuses_chat_and_system_without_sending_from_one_to_the_other(tmp_path: Path) -> None:
+    """--system on an encoder-decoder said "add --chat", which an encoder-decoder refuses:
+    each is refused for what it is, and a plain prompt still decodes."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(build_model(load_spec("t5-nano", ["encoder.n_layers=1", "decoder.n_layers=1"])),
+                           tmp_path / "t5.ckpt")
+    said = {}
+    for extra in (["--system", "be brief"], ["--chat"], ["--chat", "--system", "be brief"], []):
+        result = runner.invoke(app, ["generate", str(ckpt), "-p", "abc", "-n", "3", *extra], env={"COLUMNS": "200"})
+        said[" ".join(extra)] = (result.exit_code, " ".join(result.output.split()))
+    system = ("--system is a turn of a decoder's chat template; an encoder-decoder reads its input as it is, "
+              "with no turns: leave out --system")
+    assert said["--system be brief"] == (1, f"error: {system}")
+    assert said["--chat"][0] == 1 and "an encoder-decoder reads its input as it is" in said["--chat"][1]
+    assert said["--chat --system be brief"][0] == 1
+    assert "add --chat" not in said["--system be brief"][1]
+    assert said[""][0] == 0

@@ -557,8 +557,8 @@ def generate_cmd(
             # and an instruct model its turn
             stop_at_eot = chat or (objective is not None and objective.type == "sft")
         if chat and spec.kind != "decoder":
-            raise _fail("--chat frames a prompt as a user turn for a decoder to answer; an encoder-decoder reads "
-                        "its input as it is")
+            what = "--messages is a conversation" if turns is not None else "--chat frames a prompt as a user turn"
+            raise _fail(f"{what} for a decoder to answer; an encoder-decoder reads its input as it is")
         if system is not None and spec.kind != "decoder":
             raise _fail("--system is a turn of a decoder's chat template; an encoder-decoder reads its input as "
                         "it is, with no turns: leave out --system")

@@ -1218,3 +1218,8 @@ def test_an_encoder_decoder_refuses_chat_and_system_without_sending_from_one_to_
     assert said["--chat --system be brief"][0] == 1
     assert "add --chat" not in said["--system be brief"][1]
     assert said[""][0] == 0
+    chat = tmp_path / "chat.json"
+    chat.write_text('[{"role": "user", "content": "abc"}]')
+    result = runner.invoke(app, ["generate", str(ckpt), "--messages", str(chat)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and ("--messages is a conversation for a decoder to answer; an encoder-decoder reads "
+                                      "its input as it is") in " ".join(result.output.split())

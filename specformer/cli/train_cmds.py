@@ -553,12 +553,16 @@ def generate_cmd(
             raise _fail("--messages is a conversation of the chat template's turns: leave out --no-chat")
         if chat is None:  # a model fine-tuned on conversations reads a prompt as a user turn
             chat = turns is not None or (objective is not None and objective.type == "sft" and objective.chat_template)
+        stop_given = stop_at_eot
         if stop_at_eot is None:  # a model fine-tuned on (prompt, response) pairs learnt to end its response there,
             # and an instruct model its turn
             stop_at_eot = chat or (objective is not None and objective.type == "sft")
         if chat and spec.kind != "decoder":
             what = "--messages is a conversation" if turns is not None else "--chat frames a prompt as a user turn"
             raise _fail(f"{what} for a decoder to answer; an encoder-decoder reads its input as it is")
+        if stop_given is not None and spec.kind != "decoder":
+            raise _fail(f"{'--stop-at-eot' if stop_given else '--no-stop-at-eot'} is where a decoder's text ends; an "
+                        "encoder-decoder's output always ends at its end token: leave it out")
         if system is not None and spec.kind != "decoder":
             raise _fail("--system is a turn of a decoder's chat template; an encoder-decoder reads its input as "
                         "it is, with no turns: leave out --system")

@@ -1218,6 +1218,10 @@ def test_an_encoder_decoder_refuses_chat_and_system_without_sending_from_one_to_
     assert said["--chat --system be brief"][0] == 1
     assert "add --chat" not in said["--system be brief"][1]
     assert said[""][0] == 0
+    for flag in ("--stop-at-eot", "--no-stop-at-eot"):  # it ends at its end token: the flag would do nothing
+        result = runner.invoke(app, ["generate", str(ckpt), "-p", "abc", flag], env={"COLUMNS": "200"})
+        assert result.exit_code == 1 and (f"{flag} is where a decoder's text ends; an encoder-decoder's output always "
+                                          "ends at its end token") in " ".join(result.output.split())
     chat = tmp_path / "chat.json"
     chat.write_text('[{"role": "user", "content": "abc"}]')
     result = runner.invoke(app, ["generate", str(ckpt), "--messages", str(chat)], env={"COLUMNS": "200"})

@@ -237,7 +237,8 @@ def _summary_table(result: Any) -> Table:
     table.add_row("steps", str(result.steps) + start)
     table.add_row("train loss", _fmt(result.train_loss) + "  (mean of the last steps)")
     table.add_row("val loss", _fmt(result.val_loss))
-    table.add_row("val perplexity", _fmt(result.val_ppl, 2))
+    if result.accuracy is None:  # a classifier's loss is over its classes, not a vocabulary: no perplexity
+        table.add_row("val perplexity", _fmt(result.val_ppl, 2))
     if result.unigram_loss is not None:
         better = ""
         if result.val_loss is not None:
@@ -1038,7 +1039,8 @@ def eval_cmd(
     table.add_column()
     table.add_row("data", dm.data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
-    table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
+    if "val/accuracy" not in h:  # a classifier's loss is over its classes, not a vocabulary: no perplexity
+        table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
     if interrupted is None:
         table.add_row("scored", _scored_line(spec.training, dm.data, int(module._val_sums["tokens"])))
     if dm.data.unigram_loss is not None and interrupted is None:  # measured on the whole of what was asked

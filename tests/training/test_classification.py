@@ -198,11 +198,12 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
 
     trained = row(out.output)
     assert trained.endswith(f"% of {held} held-out texts"), trained
+    assert "│ val loss" in out.output and "perplexity" not in out.output  # a loss over 2 classes, not a vocabulary
     run = next((tmp_path / "runs").glob("*/*"))
     assert yaml.safe_load((run / "spec.yaml").read_text())["head"]["labels"] == ["neg", "pos"]
     out = runner.invoke(app, ["eval", str(run)], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
-    assert f"all {held} held-out texts" in out.output
+    assert f"all {held} held-out texts" in out.output and "perplexity" not in out.output
     assert row(out.output) == trained  # the same words and number as the training summary's
     assert float(trained.split("%")[0]) >= 90.0
 

@@ -12,7 +12,9 @@ import os
 import sys
 from typing import NoReturn
 
-from specformer.cli.app import app, console, err_console
+from typer.core import TyperCommand
+
+from specformer.cli.app import Command, app, console, err_console
 
 # imported for their side effect: registering commands on `app`
 from specformer.cli import spec_cmds  # noqa: E402,F401  isort: skip
@@ -21,6 +23,10 @@ from specformer.cli import train_cmds  # noqa: E402,F401  isort: skip
 from specformer.cli import interop_cmds  # noqa: E402,F401  isort: skip
 
 __all__ = ["app", "main", "console", "err_console"]
+
+for _info in app.registered_commands:  # each command expands a path's ~ (Command.invoke)
+    if _info.cls in (None, TyperCommand):
+        _info.cls = Command
 
 
 def main() -> None:

@@ -15,10 +15,35 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "check_output_file", "OnceCommand"]
+__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "check_output_file", "Command",
+           "OnceCommand"]
+
+# the parameters, in every command, that name a file or folder to read or write
+PATH_PARAMETERS = frozenset({"checkpoint", "source", "output", "weights", "spec_source", "resume", "init_from",
+                             "training", "file", "messages"})
 
 
-class OnceCommand(TyperCommand):
+def expand_home(params: dict[str, Any]) -> None:
+    """A path written ``~/...`` that reaches the command as it is (``--output=~/hf``, which
+    the shell does not expand after ``=``, a quoted path, one from a CI file or a Makefile)
+    names a place in the home folder, as it does in a spec's paths and ``training.out_dir``:
+    ``export-hf CKPT --output=~/hf`` made a folder named ``~`` in the working directory, and
+    ``eval '~/runs/...'`` found no checkpoint."""
+    for name in PATH_PARAMETERS & params.keys():
+        value = params[name]
+        if isinstance(value, (str, Path)) and str(value).startswith("~"):
+            params[name] = type(value)(os.path.expanduser(value))
+
+
+class Command(TyperCommand):
+    """Every command: paths written with ``~`` are expanded (:func:`expand_home`)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        expand_home(ctx.params)
+        return super().invoke(ctx)
+
+
+class OnceCommand(Command):
     """A command whose options of text to read (``--prompt``, ``--system``, ``--file``, ``--messages``) are
     refused when given twice: a second ``--prompt`` would otherwise replace the first without
     a word (click keeps the last), where the user meant both."""

@@ -785,3 +785,39 @@ def test_a_tied_checkpoint_under_an_untied_config_says_so(tmp_path) -> None:
     _clean_error(result, "lacks 1 tensor(s) the spec needs: lm_head.weight",
                  "config.json says tie_word_embeddings: false", "if the model was trained tied, set it true")
     assert not out.exists()
+
+
+def test_a_path_written_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch) -> None:
+    # the shell leaves ~ as written after --output= and in quotes: it names the home folder,
+    # as it does in a spec's paths, not a folder named ~ in the working directory
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    (home / "model").mkdir()
+    (home / "model" / "config.json").write_text(json.dumps(_gpt2_config()))
+    result = runner.invoke(app, ["import-hf", "~/model", "--output=~/my.yaml"])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(home / "my.yaml")
+    assert spec.d_model == 32
+    save_file(build_model(spec).state_dict(), str(home / "my.safetensors"))
+    result = runner.invoke(app, ["export-hf", "~/my.safetensors", "--spec", "~/my.yaml", "--output=~/hf"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((home / "hf" / "config.json").read_text())["n_embd"] == 32
+    result = runner.invoke(app, ["schema", "--output=~/s.json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((home / "s.json").read_text())["title"]
+    assert list(work.iterdir()) == []  # no folder named ~ here
+
+
+def test_every_command_expands_a_tilde() -> None:
+    import typer.main
+
+    from specformer.cli.app import PATH_PARAMETERS, Command
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        assert isinstance(command, Command), name
+    named = {param.name for command in group.commands.values() for param in command.params}
+    assert PATH_PARAMETERS <= named  # each name is a parameter of some command

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "check_output_file", "Command",
+__all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "loading", "check_output_file",
+           "Command",
            "OnceCommand"]
 
 # the parameters, in every command, that name a file or folder to read or write
@@ -207,6 +208,37 @@ def stops_cleanly(when: str) -> Iterator[None]:
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def loading(when: str = "while starting; nothing was written") -> Iterator[None]:
+    """The imports of torch and Lightning (seconds): Ctrl-C or SIGTERM there is held until they
+    end, then stops the command as :func:`stops_cleanly` does (``interrupted <when>``, 130 or
+    143). Raised in the middle of an import, the signal's exception went through torch's C++
+    code (which aborts the process with a C++ stack, status 134) or left numpy half-imported
+    (an ``AttributeError`` from the next import instead of the interruption). A signal that
+    the process ignores (a background job's SIGINT) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, hold)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    if held:
+        said = "interrupted" if held[0] == signal.SIGINT else f"stopped by {signal.Signals(held[0]).name}"
+        print_error(f"{said} {when}")
+        raise typer.Exit(128 + held[0])
 
 
 def check_output_file(path: Path, option: str) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from specformer.cli.app import app, check_output_file, console, print_error, stops_cleanly
+from specformer.cli.app import app, check_output_file, console, loading, print_error, stops_cleanly
 
 __all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
 
@@ -118,18 +118,19 @@ def import_hf_cmd(
     generate honours; its other settings (num_beams, no_repeat_ngram_size, ...) are listed,
     with the generate option that gives each.
     """
-    from specformer.analysis import count_parameters
-    from specformer.interop.hf import (
-        EXPORTED_AS,
-        HFConversionError,
-        chat_template_source,
-        import_hf,
-        model_tokenizer,
-        read_generation_config,
-        read_hf_config,
-        save_safetensors,
-        unread_generation_settings,
-    )
+    with loading():  # torch loads (seconds): Ctrl-C or SIGTERM there is said, not silent
+        from specformer.analysis import count_parameters
+        from specformer.interop.hf import (
+            EXPORTED_AS,
+            HFConversionError,
+            chat_template_source,
+            import_hf,
+            model_tokenizer,
+            read_generation_config,
+            read_hf_config,
+            save_safetensors,
+            unread_generation_settings,
+        )
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder", _hub_id_hint(source))
@@ -248,7 +249,8 @@ def export_hf_cmd(
     specformer export-hf my.safetensors --spec my.yaml -o hf_out
     ```
     """
-    from specformer.interop.hf import EXPORTED_AS, HFConversionError, save_hf
+    with loading():  # torch loads (seconds): Ctrl-C or SIGTERM there is said, not silent
+        from specformer.interop.hf import EXPORTED_AS, HFConversionError, save_hf
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")

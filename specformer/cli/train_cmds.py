@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from specformer.cli.app import OnceCommand, app, console, err_console, print_error, stops_cleanly
+from specformer.cli.app import OnceCommand, app, console, err_console, loading, print_error
 from specformer.cli.spec_cmds import SetOption, print_problems
 from specformer.specs.errors import SpecError
 
@@ -49,10 +49,10 @@ def _stopped_by(exc: BaseException) -> str:
 
 
 def _starting() -> AbstractContextManager[None]:
-    """The imports of torch and Lightning (seconds): Ctrl-C or SIGTERM there is said, not
-    silent (the handler of :func:`~specformer.training.run.sigterm_raises` is not in place
-    before those imports)."""
-    return stops_cleanly("while starting; nothing was written")
+    """The imports of torch and Lightning (seconds): Ctrl-C or SIGTERM there is said once they
+    end, not silent (the handler of :func:`~specformer.training.run.sigterm_raises` is not in
+    place before those imports), and never raised inside them (:func:`~specformer.cli.app.loading`)."""
+    return loading("while starting; nothing was written")
 
 
 @contextmanager

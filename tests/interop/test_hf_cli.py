@@ -821,3 +821,40 @@ def test_every_command_expands_a_tilde() -> None:
         assert isinstance(command, Command), name
     named = {param.name for command in group.commands.values() for param in command.params}
     assert PATH_PARAMETERS <= named  # each name is a parameter of some command
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("command", ["import-hf", "export-hf"])
+def test_ctrl_c_or_sigterm_while_torch_loads_is_said(tmp_path, monkeypatch, command: str, signum: int) -> None:
+    import os
+    import sys
+    import time
+    import types
+
+    imported = []
+
+    class Loading(types.ModuleType):  # `from specformer.interop.hf import ...` while `import torch` runs
+        def __getattr__(self, name: str):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)  # the signal is held: raised here, inside torch's C++ import, it aborted the process
+            imported.append(name)
+            return None
+
+    monkeypatch.setitem(sys.modules, "specformer.interop.hf", Loading("specformer.interop.hf"))
+    (tmp_path / "config.json").write_text(json.dumps(_gpt2_config()))
+    args = ([command, str(tmp_path), "-o", str(tmp_path / "x.yaml")] if command == "import-hf"
+            else [command, str(tmp_path / "config.json"), "-o", str(tmp_path / "hf")])
+
+    def terminated(signum: int, frame) -> None:  # as the command's own handler, not the test's death
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        result = runner.invoke(app, args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 128 + signum, result.output  # SIGTERM killed the process silently
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert result.stderr.strip() == f"error: {said} while starting; nothing was written"
+    assert "HFConversionError" in imported  # the whole import ran, then the command stopped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]

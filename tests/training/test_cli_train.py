@@ -839,7 +839,7 @@ def test_ctrl_c_while_the_libraries_load_is_said(capsys: Any) -> None:
     from specformer.cli.train_cmds import _starting
 
     with pytest.raises(typer.Exit) as info, _starting():
-        raise KeyboardInterrupt  # as during `import lightning`
+        os.kill(os.getpid(), signal.SIGINT)  # as during `import lightning`
     assert info.value.exit_code == 130
     assert "interrupted while starting; nothing was written" in capsys.readouterr().err
 
@@ -852,10 +852,12 @@ def test_sigterm_while_the_libraries_load_is_said(capsys: Any) -> None:
     from specformer.cli.train_cmds import _starting
 
     before = signal.getsignal(signal.SIGTERM)
+    finished = False
     with pytest.raises(typer.Exit) as info, _starting():
         os.kill(os.getpid(), signal.SIGTERM)  # as during `import torch`: before, the process died silently
-        time.sleep(5)
-    assert info.value.exit_code == 143
+        time.sleep(0.2)
+        finished = True  # the import is not cut in the middle: its C++ code aborted the process
+    assert finished and info.value.exit_code == 143
     assert "stopped by SIGTERM while starting; nothing was written" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
 

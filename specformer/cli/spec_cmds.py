@@ -97,9 +97,11 @@ def list_presets() -> None:
         Console(width=160, soft_wrap=False).print(_presets_table(columns, rows))
         return
     # a terminal too narrow for every column loses the descriptive ones, rightmost first,
-    # rather than cutting every cell to "enco…" and a size to "1.5…"
+    # then the sizes and the kind, rather than cutting every cell to "enco…" and a size to
+    # "1.5…", or folding them ("encode" over "r") or leaving a column of no width: the name and
+    # the parameters stay
     shown, left_out = list(columns), []
-    for column in ("ffn", "norm", "positional", "heads"):
+    for column in ("ffn", "norm", "positional", "heads", "d_model", "layers", "kind"):
         if _natural_width(_presets_table(shown, rows)) <= console.width:
             break
         shown.remove(column)

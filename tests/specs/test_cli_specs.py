@@ -186,6 +186,36 @@ def test_list_in_a_narrow_terminal_leaves_columns_out_instead_of_cutting_cells(m
     assert "ffn" in note and "specformer list | cat" in note.replace("\n", " ")
 
 
+@pytest.mark.parametrize("width", [40, 55])
+def test_list_in_a_very_narrow_terminal_shows_whole_cells(monkeypatch, width):
+    # at 55 columns every kind was folded ("encode" over "r"), at 40 the layers column had no
+    # width and showed no value, and d_model was spelled down the header a letter a line
+    import io
+
+    from rich.console import Console
+
+    from specformer.cli import spec_cmds
+    from specformer.specs.loader import preset_names
+
+    screen = io.StringIO()
+    monkeypatch.setattr(spec_cmds, "console", Console(file=screen, width=width, force_terminal=True,
+                                                      color_system=None))
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    out = screen.getvalue()
+    table, note = out.split("┘", 1)
+    assert max(map(len, table.splitlines())) <= width
+    header = next(line for line in table.splitlines() if "name" in line)
+    shown = [cell.strip() for cell in header.strip("┃").split("┃")]
+    assert shown[0] == "name" and shown[-1] == "params"
+    rows = [line for line in table.splitlines() if line.startswith("│")]
+    assert len(rows) == len(preset_names())  # one line a preset: no cell folded onto a second
+    assert all(cell.strip() for row in rows for cell in row.strip("│").split("│"))  # no empty column
+    if "kind" in shown:
+        assert any("encoder-decoder" in row for row in rows)
+    assert "d_model" in note and "specformer list | cat" in note.replace("\n", " ")
+
+
 def test_help_examples_are_shown_verbatim():
     result = runner.invoke(app, ["schema", "--help"], env={"COLUMNS": "120"})
     assert "# yaml-language-server: $schema=specformer.schema.json" in result.stdout

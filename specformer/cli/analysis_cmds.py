@@ -127,7 +127,10 @@ class Section:
         table = Table(title=Text(self.title), title_justify="left", header_style="bold", title_style="bold",
                       min_width=cell_len(self.title))
         for i, c in enumerate(self.columns):
-            table.add_column(Text(c), justify="right" if i in self.right else "left", overflow="fold")
+            # a number is never folded onto two lines ("124,439,8" over "08" reads as another
+            # number): the text columns give up their width first
+            table.add_column(Text(c), justify="right" if i in self.right else "left", overflow="fold",
+                             no_wrap=i in self.right)
         for i, row in enumerate(self.rows):
             table.add_row(*map(Text, row), style="bold" if i in self.bold_rows else None)
         return table

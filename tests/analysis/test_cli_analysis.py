@@ -526,3 +526,25 @@ def test_show_and_diff_do_not_import_torch(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["show", "gpt2-small"], ["diff", "gpt2-small", "gpt2-medium"]])
+def test_a_narrow_terminal_never_folds_a_number(monkeypatch, args) -> None:
+    # at 60 columns the parameter totals were folded: "124,439,8" over "08", "39,383,80" over "8"
+    import io
+    import re
+
+    from rich.console import Console
+
+    from specformer.cli import analysis_cmds
+
+    screen = io.StringIO()
+    monkeypatch.setattr(analysis_cmds, "console", Console(file=screen, width=60, force_terminal=True,
+                                                          color_system=None))
+    _ok(args)
+    out = screen.getvalue()
+    assert max(map(len, out.splitlines())) <= 60
+    assert "124,439,808" in out and "39,383,808" in out
+    for line in out.splitlines():  # no number cell ends in a cut group of digits ("39,383,80", "264,")
+        for cell in line.strip("│").split("│")[1:]:  # the first column is the row's name, text
+            assert not re.fullmatch(r"\s*[+-]?[\d,]*\d,\d{0,2}\s*", cell), line

@@ -110,7 +110,7 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         return _prepare_conversations(spec, corpus, tokenizer, cache_dir)
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus, cache_dir=cache_dir)
-    _check_vocab(tokenizer, spec.vocab_size)
+    _check_vocab(tokenizer, spec.vocab_size, t.tokenizer)
     _check_specials(tokenizer, t.objective, t.tokenizer)
     arrays = token_arrays(corpus, tokenizer, cache_dir)
     seq_len = t.seq_len or spec.max_seq_len
@@ -178,11 +178,14 @@ def _notes(spec: Any, tokenizer: Tokenizer, notes: Any, *, cached: bool) -> str:
     return line + ("; token ids read from the cache" if cached else "")
 
 
-def _check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
+def _check_vocab(tokenizer: Tokenizer, vocab_size: int, spec_tokenizer: Any = None) -> None:
+    """A tokenizer whose ids reach past the model's embedding table is refused, naming the
+    ``tokenizer.json`` the spec reads it from (``spec_tokenizer``: ``training.tokenizer``)."""
     if tokenizer.vocab_size > vocab_size:
         raise DataError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}; "
-            f"set vocab_size >= {tokenizer.vocab_size} or use a smaller tokenizer"
+            f"{_tokenizer_setting(spec_tokenizer)}the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            f"vocab_size is {vocab_size}, so its ids {vocab_size}–{tokenizer.vocab_size - 1} have no embedding; "
+            f"set vocab_size={tokenizer.vocab_size} (--set vocab_size={tokenizer.vocab_size}) or use a smaller tokenizer"
         )
 
 
@@ -260,7 +263,7 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
     task: SyntheticTask = REGISTRY.build("data", t.data)
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer)
-    _check_vocab(tokenizer, spec.vocab_size)
+    _check_vocab(tokenizer, spec.vocab_size, t.tokenizer)
     _check_specials(tokenizer, t.objective)
     if task.max_source_len > spec.max_seq_len or task.max_target_len + 1 > spec.max_seq_len:
         raise DataError(
@@ -306,7 +309,7 @@ def _prepare_pairs(
     t = spec.training
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
-    _check_vocab(tokenizer, spec.vocab_size)
+    _check_vocab(tokenizer, spec.vocab_size, t.tokenizer)
     _check_specials(tokenizer, t.objective, t.tokenizer)
     seq_len = t.seq_len or spec.max_seq_len
     if t.objective.type == "sft":
@@ -402,7 +405,7 @@ def _prepare_conversations(
     t = spec.training
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
-    _check_vocab(tokenizer, spec.vocab_size)
+    _check_vocab(tokenizer, spec.vocab_size, t.tokenizer)
     _check_specials(tokenizer, t.objective, t.tokenizer)
     seq_len = t.seq_len or spec.max_seq_len
     chat, system = chat_template_for(t, tokenizer), t.objective.system
@@ -455,7 +458,7 @@ def _prepare_labelled(
     t = spec.training
     if tokenizer is None:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer, corpus=corpus.text_corpus(), cache_dir=cache_dir)
-    _check_vocab(tokenizer, spec.vocab_size)
+    _check_vocab(tokenizer, spec.vocab_size, t.tokenizer)
     seq_len = t.seq_len or spec.max_seq_len
     room = text_room(tokenizer, seq_len)
     head = spec.head

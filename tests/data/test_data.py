@@ -1086,6 +1086,13 @@ def test_a_tokenizer_json_smaller_than_vocab_size_is_pointed_out(tmp_path: Path)
     data = prepare(load_spec("gpt-nano", base))  # vocab_size 512
     assert f"; the tokenizer has {n} tokens and vocab_size is 512: ids {n}–511 stay unused" in data.description
     assert "stay unused" not in prepare(load_spec("gpt-nano", [*base, f"vocab_size={n}"])).description
+    # larger than the model's table: refused, naming the file and the --set that fits it
+    with pytest.raises(DataError) as caught:
+        prepare(load_spec("gpt-nano", [*base, "vocab_size=260"]))
+    assert str(caught.value) == (
+        f"training.tokenizer.path: {tmp_path}/tokenizer.json: the tokenizer has {n} tokens but the model's vocab_size "
+        f"is 260, so its ids 260–{n - 1} have no embedding; set vocab_size={n} (--set vocab_size={n}) or use a "
+        "smaller tokenizer")
 
 
 def test_cache_files_are_written_whole_with_the_umask_permissions(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ The data module then serves an endless, resumable, rank-sharded training stream
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,11 +503,27 @@ def _prepare_labelled(
                         "no training row teaches {}".format("it" if len(untrained) == 1 else "them"))
     if cut:
         description += f"; cut {cut} text{'s' if cut != 1 else ''} longer than {room} tokens to fit seq_len={seq_len}"
+    description += _conflicting_labels([*corpus.train, *corpus.val])
     return PreparedData(
         tokenizer=tokenizer, train=train, val=val, description=description,
         n_train_tokens=train.n_tokens(), n_val_tokens=val.n_tokens(),
         extra={"label_names": names, "truncated_texts": cut}, fingerprint=corpus.fingerprint,
     )
+
+
+def _conflicting_labels(rows: Sequence[tuple[str, Any]]) -> str:
+    """A note on the texts the rows give more than one label (a labelling mistake, or a
+    duplicate across files): no model can fit both, so their loss stays above 0."""
+    seen: dict[str, dict[str, None]] = {}
+    for text, label in rows:
+        seen.setdefault(text, {})[str(label)] = None
+    mixed = [(text, list(labels)) for text, labels in seen.items() if len(labels) > 1]
+    if not mixed:
+        return ""
+    text, labels = mixed[0]
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    return (f"; {len(mixed)} text{'s have' if len(mixed) != 1 else ' has'} more than one label (e.g. {shown!r}: "
+            f"{', '.join(labels)}), which no model fits")
 
 
 def text_room(tokenizer: Tokenizer, seq_len: int, *, setting: str = "training.seq_len") -> int:

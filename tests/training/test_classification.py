@@ -314,3 +314,16 @@ def test_a_label_name_only_the_held_out_rows_have_is_counted_as_a_class(tiny: An
     assert [label for _, label in dm.data.val.rows] == [2, 0, 1]
     assert {label for _, label in dm.data.train.rows} == {0, 2}
     assert "class 'neutral' occurs only in the held-out rows: no training row teaches it" in dm.data.description
+
+
+def test_a_text_given_two_labels_is_said_in_the_data_line(tiny: Any, tmp_path: Path) -> None:
+    # a labelling mistake (or one text in two files): no model fits both labels
+    from specformer.data.module import prepare
+
+    table = _table(tmp_path / "t.csv", n=40)
+    with table.open("a", newline="") as f:
+        csv.writer(f).writerows([["a film that is both", "pos"], ["a film that is both", "neg"]])
+    data = prepare(load_spec(_spec(tiny, table)))
+    assert data.description.endswith("; 1 text has more than one label (e.g. 'a film that is both': pos, neg), "
+                                     "which no model fits")
+    assert "more than one label" not in prepare(load_spec(_spec(tiny, _table(tmp_path / "u.csv", n=40)))).description

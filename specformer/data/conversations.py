@@ -10,7 +10,6 @@ twice is never both trained on and scored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from specformer.data.corpus import (
     read_texts,
     split_by_path,
 )
+from specformer.data.pairs import json_object
 from specformer.specs.training import ConversationsDataSpec
 
 __all__ = ["ConversationCorpus", "conversation_corpus", "read_turns"]
@@ -131,15 +131,7 @@ def _numbered_conversations(
         line = line.removesuffix("\r")
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"{where}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl file holds one JSON "
-                "object per line"
-            ) from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with a {name!r} field")
+        record = json_object(line, where, f" with a {name!r} field")
         if name not in record:
             has = ", ".join(map(repr, list(record)[:8])) or "no fields"
             raise DataError(f"{where}: no {name!r} field (training.data.messages_field); this line has {has}")

@@ -160,18 +160,7 @@ def _numbered_pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) ->
                 continue  # a header naming the fields
             source, target = columns
         else:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl file "
-                    "holds one JSON object per line"
-                ) from None
-            if not isinstance(record, dict):
-                raise DataError(
-                    f"{where}: a JSON {type(record).__name__}, not an object; a .jsonl file of pairs "
-                    f"holds one object per line, with {fields}"
-                )
+            record = json_object(line, where, f"; a .jsonl file of pairs holds one object per line, with {fields}")
             values = []
             for name, setting_name in ((src_f, "source_field"), (tgt_f, "target_field")):
                 if name not in record:
@@ -196,6 +185,21 @@ def _numbered_pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) ->
 
 # a first line of a .tsv file of two such names is likely a header: `question<TAB>answer`, `de<TAB>en`
 _HEADER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def json_object(line: str, where: str, holds: str) -> dict:
+    """The JSON object on ``line`` of a ``.jsonl`` file; anything else is a :class:`DataError`
+    naming ``where`` (the setting, file and line), ``holds`` (what such an object holds) after
+    'not an object'."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{where}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl file holds one JSON object per line"
+        ) from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a JSON {type(record).__name__}, not an object{holds}")
+    return record
 
 
 def _is_tsv(path: Path) -> bool:

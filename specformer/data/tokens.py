@@ -238,6 +238,16 @@ def _pair_split(folder: Path, meta: dict, split: str, vocab_size: int, *, end_to
     return PairDataset(ids=ids, lengths=lengths, end_token=end_token)
 
 
+def _decoder_splits(
+    folder: Path, meta: dict, vocab_size: int
+) -> tuple[dict[str, PairDataset], dict[str, int], dict[str, int]]:
+    """The splits of a decoder's cache entry (sft's pairs, or conversations), the count of
+    those cut, and of those left out of each split."""
+    out = {split: _pair_split(folder, meta, split, vocab_size, end_token=False) for split in ("train", "val")}
+    cut = {"source": 0, "target": int(meta["cut"]["target"])}
+    return out, cut, {split: int(meta["left_out"][split]) for split in ("train", "val")}
+
+
 @dataclass
 class PairIds:
     """Tokenised (source, target) pairs: sources cut to fit and framed by the tokenizer's
@@ -455,10 +465,7 @@ def _prompt_response_ids(
                 "left_out": counts["left_out"], "cut": {"source": 0, "target": cut}, "vocab_size": tokenizer.vocab_size}
 
     def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int], dict[str, int]]:
-        out = {split: _pair_split(folder, meta, split, tokenizer.vocab_size, end_token=False)
-               for split in ("train", "val")}
-        cut = {"source": 0, "target": int(meta["cut"]["target"])}
-        return out, cut, {split: int(meta["left_out"][split]) for split in ("train", "val")}
+        return _decoder_splits(folder, meta, tokenizer.vocab_size)
 
     (pairs, cut, left_out), cached = _entry(folder, "the token cache", load, make)
     return PairIds(train=pairs["train"], val=pairs["val"], cut=cut, path=folder, cached=cached,
@@ -525,10 +532,7 @@ def conversation_token_ids(
                 "left_out": counts["left_out"], "cut": {"source": 0, "target": cut}, "vocab_size": tokenizer.vocab_size}
 
     def load(meta: dict) -> tuple[dict[str, PairDataset], dict[str, int], dict[str, int]]:
-        out = {split: _pair_split(folder, meta, split, tokenizer.vocab_size, end_token=False)
-               for split in ("train", "val")}
-        cut = {"source": 0, "target": int(meta["cut"]["target"])}
-        return out, cut, {split: int(meta["left_out"][split]) for split in ("train", "val")}
+        return _decoder_splits(folder, meta, tokenizer.vocab_size)
 
     (conversations, cut, left_out), cached = _entry(folder, "the token cache", load, make)
     return PairIds(train=conversations["train"], val=conversations["val"], cut=cut, path=folder, cached=cached,

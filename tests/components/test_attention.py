@@ -226,3 +226,132 @@ def test_a_trained_bias_gets_the_gradients_of_torch_sdpa(n_kv_heads: int, scale:
     for got, want in zip(grads, ref_grads, strict=True):
         assert torch.allclose(got, want, atol=1e-10)
     assert bias.requires_grad and grads[3].abs().sum() > 0  # the table learns
+
+
+def _bf16_case(b: int, h: int, hkv: int, t: int, s: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, t, 16, dtype=torch.float64, generator=gen)
+    k = torch.randn(b, hkv, s, 16, dtype=torch.float64, generator=gen)
+    v = torch.randn(b, hkv, s, 16, dtype=torch.float64, generator=gen)
+    g = torch.randn(b, h, t, 16, dtype=torch.float64, generator=gen)
+    return q, k, v, g
+
+
+def _out_and_grads(fn: Callable, q, k, v, g, dtype: torch.dtype) -> list[torch.Tensor]:
+    leaves = [x.to(dtype).detach().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(g.to(dtype))
+    return [x.double() for x in (out, *(leaf.grad for leaf in leaves))]
+
+
+@pytest.mark.parametrize(
+    "b,h,hkv,t,s,causal",
+    [(2, 4, 2, 200, 200, True), (1, 6, 6, 128, 128, True), (1, 4, 1, 300, 300, True), (2, 4, 1, 50, 77, False)],
+)
+def test_cpu_matmul_attention_is_torch_sdpa_to_bf16_precision(b, h, hkv, t, s, causal) -> None:
+    # blocks of 128 query rows (200 and 300 rows end on a partial block), GQA groups of 1, 2
+    # and 4, causal and bidirectional: output and every gradient against float64 SDPA, as
+    # close as torch's own bf16 kernel gets (its error is the yardstick)
+    from torch.nn import functional as F
+
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, g = _bf16_case(b, h, hkv, t, s)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True)
+
+    want = _out_and_grads(sdpa, q, k, v, g, torch.float64)
+    torch_bf16 = _out_and_grads(sdpa, q, k, v, g, torch.bfloat16)
+    ours = _out_and_grads(lambda q, k, v: cpu_matmul_attention(q, k, v, is_causal=causal, scale=0.3),
+                          q, k, v, g, torch.bfloat16)
+    for got, theirs, ref in zip(ours, torch_bf16, want, strict=True):
+        err, torch_err = ((got - ref).norm() / ref.norm()).item(), ((theirs - ref).norm() / ref.norm()).item()
+        assert err < max(2 * torch_err, 2e-3), (err, torch_err)
+        assert err < 0.02
+
+
+def test_cpu_matmul_attention_is_causal() -> None:
+    # a change to the keys and values at a position moves no earlier query's output
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, _ = _bf16_case(1, 4, 2, 260, 260)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    base = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25)
+    for pos in (0, 127, 128, 200, 259):
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, pos] += 3.0
+        v2[:, :, pos] -= 3.0
+        moved = cpu_matmul_attention(q, k2, v2, is_causal=True, scale=0.25)
+        assert torch.equal(moved[:, :, :pos], base[:, :, :pos])
+        assert not torch.equal(moved[:, :, pos], base[:, :, pos])
+
+
+def test_sdpa_backend_takes_the_matmul_path_only_for_bf16_training_on_the_cpu(monkeypatch) -> None:
+    from specformer.components import attention
+
+    taken: list[bool] = []
+    real = attention.cpu_matmul_attention
+    monkeypatch.setattr(attention, "cpu_matmul_attention",
+                        lambda *a, **kw: taken.append(True) or real(*a, **kw))
+
+    def run(dtype=torch.float32, *, grad=True, autocast=False, mask=None, dropout=0.0, t=8, s=8,
+            causal=True) -> bool:
+        taken.clear()
+        q = torch.randn(1, 4, t, 8, dtype=dtype, requires_grad=grad)
+        k = torch.randn(1, 2, s, 8, dtype=dtype, requires_grad=grad)
+        v = torch.randn(1, 2, s, 8, dtype=dtype, requires_grad=grad)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, _ = attention.sdpa_attention(q, k, v, mask=mask, is_causal=causal, scale=0.3, dropout=dropout)
+        assert out.shape == (1, 4, t, 8)
+        assert out.dtype == (torch.bfloat16 if autocast else dtype)
+        return bool(taken)
+
+    assert run(torch.bfloat16)
+    assert run(autocast=True)
+    assert run(autocast=True, causal=False, t=3, s=8)
+    assert not run()  # float32: torch's fused kernel is as fast
+    assert not run(torch.bfloat16, grad=False)  # inference
+    assert not run(torch.bfloat16, mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
+    assert not run(torch.bfloat16, dropout=0.1)
+    assert not run(torch.bfloat16, t=3, s=8)  # causal with a cache offset: SDPA's alignment
+    monkeypatch.setattr(attention, "MATMUL_BLOCK_SCORES", 4 * 8 * 8 - 1)
+    assert not run(torch.bfloat16)  # a block of all 8 rows would pass the bound on a block's scores
+    monkeypatch.setattr(attention, "MATMUL_MIN_ROWS", 4)
+    assert run(torch.bfloat16)  # blocks of 7 rows do not
+
+
+def test_a_bf16_autocast_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch) -> None:
+    # the whole model, forward and backward, with the matmul path and with torch's kernel
+    from specformer.components import attention
+
+    model = build_model(tiny(positional={"type": "rope"}, max_seq_len=320))
+    ids = torch.randint(0, 61, (2, 301))
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = step()
+    monkeypatch.setattr(attention, "MATMUL_BLOCK_SCORES", 0)
+    ref_loss, ref_grads = step()
+    assert abs(loss - ref_loss) < 2e-3 * ref_loss
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert ((got - want).norm() / want.norm()) < 0.05
+
+
+def test_cpu_matmul_attention_keeps_q_k_and_v_alone_for_the_backward_pass() -> None:
+    # the probabilities are computed again in the backward pass: memory as the fused kernel's
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, g = _bf16_case(2, 4, 2, 300, 300)
+    q, k, v = (x.bfloat16().requires_grad_() for x in (q, k, v))
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25)
+    assert sum(t.numel() for t in saved) == q.numel() + k.numel() + v.numel()
+    out.backward(g.bfloat16())
+    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (q, k, v))

@@ -650,6 +650,10 @@ def machine_info(dev: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+    if dev.type == "cpu":  # specformer's float32 products through oneDNN (measured faster than mm here)
+        from specformer.components.products import onednn_is_faster
+
+        info["specformer_fp32_products"] = "oneDNN" if onednn_is_faster() else "torch.mm"
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
     for mod in ("transformers", "x_transformers"):

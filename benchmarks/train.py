@@ -15,6 +15,7 @@ runs on the labelled positions only, the peers' on every position.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -48,6 +49,10 @@ __all__ = ["main", "record_matmuls", "matmul_throughput", "compiled_adapter", "e
 aten = torch.ops.aten
 _MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm",
             aten.baddbmm.default: "baddbmm"}
+# specformer's float32 products where oneDNN is faster than mm (specformer.components.products)
+_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None
+if _LINEAR_POINTWISE is not None:
+    _MATMULS[_LINEAR_POINTWISE] = "linear_pointwise"
 
 # the weights' dtype of each --precisions choice
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.float32, "bf16-true": torch.bfloat16}
@@ -86,6 +91,9 @@ def record_matmuls(adapter: Adapter, batch: Any, *, bf16: bool, dev: torch.devic
 
 def _flops(sig: Signature) -> int:
     name, tensors, _ = sig
+    if name == "linear_pointwise":  # x (..., K) by weight (N, K)
+        x, w = tensors[0][0], tensors[1][0]
+        return 2 * (math.prod(x) // x[-1]) * x[-1] * w[0]
     a, b = tensors[-2][0], tensors[-1][0]  # the two factors (addmm/baddbmm: input first)
     if name in ("mm", "addmm"):
         return 2 * a[0] * a[1] * b[1]
@@ -102,7 +110,8 @@ def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: i
     (enough calls to take ``min_seconds``; median of ``repeat`` such runs, per call);
     FLOP/s of the whole set weighted by how often the step runs each one. One call timed
     alone would also time the wake-up of idle threads, which a step does not pay."""
-    ops = {"mm": torch.mm, "addmm": torch.addmm, "bmm": torch.bmm, "baddbmm": torch.baddbmm}
+    ops = {"mm": torch.mm, "addmm": torch.addmm, "bmm": torch.bmm, "baddbmm": torch.baddbmm,
+           "linear_pointwise": lambda x, w, b=None: _LINEAR_POINTWISE(x, w, b, "none", [], "")}
     total_flops = total_time = 0.0
     for sig, count in calls.items():
         name, tensors, dtype = sig

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from specformer.components.cache import KVCache
 from specformer.components.positional import apply_rotary
+from specformer.components.products import Linear
 from specformer.registry import REGISTRY
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
@@ -281,11 +282,11 @@ class Attention(nn.Module):
         kv_size = spec.n_kv_heads * spec.head_dim
         self._sizes = (q_size, kv_size, kv_size)
         if cross:
-            self.q_proj = nn.Linear(d_model, q_size, bias=spec.bias)
-            self.kv_proj = nn.Linear(d_model, 2 * kv_size, bias=spec.bias)
+            self.q_proj = Linear(d_model, q_size, bias=spec.bias)
+            self.kv_proj = Linear(d_model, 2 * kv_size, bias=spec.bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, q_size + 2 * kv_size, bias=spec.bias)
-        self.o_proj = nn.Linear(q_size, d_model, bias=spec.bias)
+            self.qkv_proj = Linear(d_model, q_size + 2 * kv_size, bias=spec.bias)
+        self.o_proj = Linear(q_size, d_model, bias=spec.bias)
         self.o_proj.residual_projection = True
         if spec.qk_norm != "none":
             norm_entry = REGISTRY.get("norm", spec.qk_norm)

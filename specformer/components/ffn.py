@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from specformer.components.products import Linear
+
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
     from specformer.specs.schema import GLUSpec, MLPSpec
 
@@ -47,8 +49,8 @@ class MLP(nn.Module):
     def __init__(self, spec: MLPSpec, *, d_model: int) -> None:
         super().__init__()
         _require_d_ff(spec.d_ff)
-        self.up_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
-        self.down_proj = nn.Linear(spec.d_ff, d_model, bias=spec.bias)
+        self.up_proj = Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.down_proj = Linear(spec.d_ff, d_model, bias=spec.bias)
         self.down_proj.residual_projection = True
         self.act = ACTIVATIONS[spec.activation]
         self.activation = spec.activation
@@ -68,9 +70,9 @@ class GLU(nn.Module):
     def __init__(self, spec: GLUSpec, *, d_model: int) -> None:
         super().__init__()
         _require_d_ff(spec.d_ff)
-        self.gate_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
-        self.up_proj = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
-        self.down_proj = nn.Linear(spec.d_ff, d_model, bias=spec.bias)
+        self.gate_proj = Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.up_proj = Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.down_proj = Linear(spec.d_ff, d_model, bias=spec.bias)
         self.down_proj.residual_projection = True
         self.act = ACTIVATIONS[spec.activation]
         self.activation = spec.activation

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import ACTIVATIONS
 from specformer.components.layout import decode_linear
 from specformer.components.loss import IGNORE_INDEX, linear_cross_entropy
+from specformer.components.products import Linear, linear
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
     from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadSpec
@@ -80,7 +80,7 @@ class LMHead(_TiedOutput):
     ) -> None:
         super().__init__(embedding)
         self.decoding = False  # set by components.layout.lay_out_for_decoding
-        self.proj = None if embedding is not None else nn.Linear(d_model, vocab_size, bias=spec.bias)
+        self.proj = None if embedding is not None else Linear(d_model, vocab_size, bias=spec.bias)
         self.bias = (
             nn.Parameter(torch.zeros(vocab_size)) if embedding is not None and spec.bias else None
         )
@@ -91,7 +91,7 @@ class LMHead(_TiedOutput):
             x = x * self.input_scale
         if self.decoding:  # laid out for decoding: one-row products split over the threads
             return decode_linear(x, *self._projection())
-        return F.linear(x, *self._projection())  # (B, T, V)
+        return linear(x, *self._projection())  # (B, T, V)
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the logits ``forward(x)`` would give against labels (B, T)."""
@@ -110,7 +110,7 @@ class LMHead(_TiedOutput):
 class _MLMTransform(nn.Module):
     def __init__(self, spec: MLMHeadSpec, *, d_model: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = Linear(d_model, d_model)
         self.act = ACTIVATIONS[spec.activation]
         self.norm = nn.LayerNorm(d_model, eps=spec.eps)
 
@@ -132,11 +132,11 @@ class MLMHead(_TiedOutput):
     ) -> None:
         super().__init__(embedding)
         self.transform = _MLMTransform(spec, d_model=d_model)
-        self.proj = None if embedding is not None else nn.Linear(d_model, vocab_size, bias=False)
+        self.proj = None if embedding is not None else Linear(d_model, vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if spec.bias else None
 
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        return F.linear(self.transform(x), *self._projection())  # (B, T, V)
+        return linear(self.transform(x), *self._projection())  # (B, T, V)
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy against labels (B, T), computed on the labelled positions
@@ -191,9 +191,9 @@ class ClassificationHead(nn.Module):
         super().__init__()
         self.pooling = spec.pooling
         self._pool = _POOLING[spec.pooling]
-        self.pooler = nn.Linear(d_model, d_model) if spec.pooler else None
+        self.pooler = Linear(d_model, d_model) if spec.pooler else None
         self.dropout = nn.Dropout(spec.dropout)
-        self.classifier = nn.Linear(d_model, spec.n_classes)
+        self.classifier = Linear(d_model, spec.n_classes)
 
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         pooled = self._pool(x, attention_mask)  # (B, D)

@@ -37,6 +37,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from specformer.components.products import Linear, linear
+
 __all__ = [
     "FEW_ROWS", "MEASURE_BYTES", "MEASURE_ROUNDS", "SPLIT_ROWS", "DecodingLinear", "choose_layout", "decode_linear", "decoding_weights",
     "lay_out_for_decoding", "restore_layout",
@@ -94,14 +96,14 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     if (p < 2 or not 1 <= m <= SPLIT_ROWS or out_features % p or out_features // p < MIN_BLOCK
             or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu"
             or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu")):
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
     block = out_features // p
     if weight.is_contiguous():  # (p, D_in, block) views of the rows of each block
         blocks = weight.view(p, block, in_features).transpose(1, 2)
     elif weight.t().is_contiguous():  # laid out for decoding: the columns of each block
         blocks = weight.t().view(in_features, p, block).permute(1, 0, 2)
     else:
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
     rows = x.reshape(1, m, in_features).expand(p, m, in_features)
     if bias is None:
         y = torch.bmm(rows, blocks)  # (p, m, block)
@@ -112,7 +114,7 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     return y.view(*x.shape[:-1], out_features)
 
 
-class DecodingLinear(nn.Linear):
+class DecodingLinear(Linear):
     """An ``nn.Linear`` whose product is :func:`decode_linear` (when ``split``, as
     :func:`lay_out_for_decoding` chose): what that function makes each plain ``nn.Linear`` of
     a model (by its class, so the model still pickles and copies), and :func:`restore_layout`
@@ -121,7 +123,7 @@ class DecodingLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if getattr(self, "split", True):
             return decode_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 #: Sweeps over a model's products per choice when :func:`lay_out_for_decoding` measures (after
@@ -169,6 +171,8 @@ def lay_out_for_decoding(model: nn.Module, rows: int = 1, *, measure: bool = Tru
         if isinstance(owner, LMHead):
             owner.decoding = True
         else:
+            if type(owner) is not DecodingLinear:
+                owner.plain_class = type(owner)  # nn.Linear, or specformer's Linear
             owner.__class__ = DecodingLinear
             owner.split = True
     wide = _wide(products)
@@ -194,7 +198,7 @@ def _products(model: nn.Module) -> list[tuple[nn.Module, Tensor, Tensor | None]]
     in_head = {id(h.proj) for h in heads if h.proj is not None}
     out: list[tuple[nn.Module, Tensor, Tensor | None]] = [
         (m, m.weight, m.bias) for m in part.modules()
-        if type(m) in (nn.Linear, DecodingLinear) and id(m) not in in_head]
+        if type(m) in (nn.Linear, Linear, DecodingLinear) and id(m) not in in_head]
     return out + [(h, *h._projection()) for h in heads]
 
 
@@ -334,7 +338,7 @@ def restore_layout(model: nn.Module) -> int:
 
     for module in model.modules():
         if type(module) is DecodingLinear:
-            module.__class__ = nn.Linear
+            module.__class__ = module.__dict__.pop("plain_class", Linear)
             module.__dict__.pop("split", None)
         elif isinstance(module, LMHead):
             module.decoding = False

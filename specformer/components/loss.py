@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from specformer.components.products import add_mm_nt_, mm_nt
+
 __all__ = ["linear_cross_entropy", "check_label_smoothing", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
@@ -105,7 +107,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     else:
                         torch.addmm(bc, xs, wc.t(), out=logits)
                 else:
-                    logits = F.linear(xs, wc, bc)
+                    logits = mm_nt(xs, wc, bc)
                 # the float32 logits become the softmax in place (no second (n, V) buffer):
                 # z = logits - max, loss = log(sum exp z) - z[target],
                 # d loss / d logits = (softmax - (1 - s) onehot - s / V) / count, labelled rows
@@ -129,14 +131,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     g = grad.to(dtype)
                 if need_x:
-                    grad_x[rows] = g @ wc
+                    grad_x[rows] = mm_nt(g, wc.t())
                 if need_w and low is None:
                     if grad_w is None:
-                        grad_w = (g.t() @ xs).to(acc)
+                        grad_w = mm_nt(g.t(), xs.t()).to(acc)
                     elif g.dtype == acc:
-                        grad_w.addmm_(g.t(), xs)  # accumulated inside the product
+                        add_mm_nt_(grad_w, g.t(), xs.t())  # accumulated inside the product
                     else:
-                        grad_w += g.t() @ xs
+                        grad_w += mm_nt(g.t(), xs.t())
                 if need_b:
                     grad_b = grad.sum(0) if grad_b is None else grad_b.add_(grad.sum(0))
                 del logits, z, grad, g
@@ -212,7 +214,7 @@ def linear_cross_entropy(
         step = _chunk_rows(n, vocab, weight.shape[1])
         for start in range(0, n, step):
             rows = slice(start, min(start + step, n))
-            logits = F.linear(x[rows].to(dtype), wc, bc).to(acc)
+            logits = mm_nt(x[rows].to(dtype), wc, bc).to(acc)
             total += F.cross_entropy(
                 logits, labels[rows], ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
             )

@@ -208,6 +208,7 @@ def test_training_flops_of_a_frozen_model_are_the_products_autograd_runs(
 
     aten = torch.ops.aten
     products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+    onednn_linear = torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None
 
     class Products(TorchDispatchMode):
         flops = 0
@@ -216,6 +217,8 @@ def test_training_flops_of_a_frozen_model_are_the_products_autograd_runs(
             if func in products:
                 a, b = [x for x in args if isinstance(x, torch.Tensor)][-2:]  # addmm: the bias first
                 self.flops += 2 * a.numel() * b.shape[-1]
+            elif func is onednn_linear:  # float32 products through oneDNN: x (..., K), weight (N, K)
+                self.flops += 2 * args[0].numel() * args[1].shape[0]
             return func(*args, **(kwargs or {}))
 
     def measure(spec) -> tuple[float, float]:

@@ -366,3 +366,20 @@ def test_a_measured_layout_splits_what_it_chose_and_changes_no_output(tiny: Tiny
     torch.testing.assert_close(laid_out, logits, rtol=1e-5, atol=1e-5)
     assert batched == plain + sum(chosen) + model.head.decoding
     assert all(p.is_contiguous() or (rows == 1 and p.t().is_contiguous()) for p in model.parameters())
+
+
+def test_restoring_gives_each_linear_layer_its_own_class_back(tiny: Tiny) -> None:
+    # specformer's layers stay specformer's Linear (its float32 products through oneDNN where
+    # faster); a plain nn.Linear, as a plugin's, becomes a plain one again
+    from specformer.components.products import Linear
+
+    model = build_model(tiny("decoder")).eval()
+    layer = model.decoder.layers[0]
+    layer.ffn.down_proj.__class__ = torch.nn.Linear
+    before = {name: type(m) for name, m in model.named_modules()}
+    assert Linear in before.values()
+    lay_out_for_decoding(model, measure=False)
+    assert type(layer.ffn.down_proj) is DecodingLinear
+    restore_layout(model)
+    assert {name: type(m) for name, m in model.named_modules()} == before
+    assert not any(hasattr(m, "plain_class") for m in model.modules())

@@ -1,0 +1,171 @@
+"""Float32 matrix products on the CPU through oneDNN, where it is the faster library.
+
+torch computes a float32 ``mm`` on the CPU with MKL's sgemm. On AMD processors MKL runs it
+at about half the speed of oneDNN, the library torch itself uses for bfloat16 products: on a
+2-core AMD EPYC (Zen 5), a (512 x 768) by (768 x 2048) product ran at 203 GFLOP/s through
+``mm`` against 459 through oneDNN, and the two products of its backward pass at 203 against
+373 (``benchmarks/RESULTS.md``). A float32 training step is mostly such products.
+
+So the linear layers of a specformer model (:class:`Linear`, an ``nn.Linear`` with the same
+parameters and state-dict names) and the chunked loss's products go through oneDNN's
+``mkldnn::_linear_pointwise``, forward and backward, where a measurement taken once per
+process (:func:`onednn_is_faster`) finds it at least ``1 / ONEDNN_MARGIN`` times as fast as
+``mm`` on this machine; elsewhere (MKL on Intel processors is as fast) nothing changes. Only
+float32 products of at least ``MIN_ROWS`` rows, outside autocast and ``torch.compile``: the
+one-row products of decoding keep their own layout (:mod:`specformer.components.layout`).
+Both libraries compute in float32 (no reduced-precision internals); the sums may be taken
+in another order, so results differ at float32 rounding.
+
+``specformer.components.products.ONEDNN = False`` (or ``True``) decides without measuring.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+__all__ = ["Linear", "linear", "mm_nt", "add_mm_nt_", "onednn_is_faster", "ONEDNN", "MIN_ROWS"]
+
+#: None: measure once (:func:`onednn_is_faster`); True or False: decided.
+ONEDNN: bool | None = None
+#: products of fewer rows stay with torch's own kernels
+MIN_ROWS = 32
+#: oneDNN is taken when its time is at most this fraction of ``mm``'s
+ONEDNN_MARGIN = 0.85
+#: the product the measurement times: (rows, in, out), a small transformer layer's
+PROBE_SHAPE = (256, 512, 1536)
+
+
+def _pointwise(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` by oneDNN; ``x`` (..., K), ``weight`` (N, K), any strides."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@functools.cache
+def _measured() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # outside any dispatch mode the first product runs under (a FLOP counter, a recorder)
+    with _disable_current_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
+        return _measure()
+
+
+def _measure() -> bool:
+    try:
+        m, k, n = PROBE_SHAPE
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+        if not torch.allclose(_pointwise(x, w), x @ w.t(), rtol=1e-4, atol=1e-3):
+            return False
+        times: dict[str, list[float]] = {"mm": [], "onednn": []}
+        runs = {"mm": lambda: torch.mm(x, w.t()), "onednn": lambda: _pointwise(x, w)}
+        for name in runs:  # warm-up: the kernels' first calls set up
+            runs[name]()
+        for _ in range(5):  # alternating, so other work on the machine hits both alike
+            for name, run in runs.items():
+                start = time.perf_counter()
+                for _ in range(3):
+                    run()
+                times[name].append(time.perf_counter() - start)
+        best = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        return best["onednn"] <= ONEDNN_MARGIN * best["mm"]
+    except (RuntimeError, AttributeError):  # a torch built without the op
+        return False
+
+
+def onednn_is_faster() -> bool:
+    """Whether float32 products go through oneDNN here: :data:`ONEDNN` if set, else measured
+    once per process (a few milliseconds)."""
+    return ONEDNN if ONEDNN is not None else _measured()
+
+
+def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.dim() >= 2
+        and x.numel() >= MIN_ROWS * x.shape[-1] > 0
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not _counting_flops()
+        and onednn_is_faster()
+    )
+
+
+def _counting_flops() -> bool:
+    """Whether a ``torch.utils.flop_counter.FlopCounterMode`` is active: it has no formula for
+    oneDNN's product, so the products it counts stay torch's own."""
+    counter = sys.modules.get("torch.utils.flop_counter")
+    if counter is None:
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    modes = tuple(getattr(counter, name) for name in ("FlopCounterMode", "_FlopCounterMode") if hasattr(counter, name))
+    return any(isinstance(mode, modes) for mode in _get_current_dispatch_mode_stack())
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` with oneDNN's products, forward and backward; keeps what ``F.linear`` keeps
+    (``x`` where the weight trains, ``weight`` where the input needs a gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        # as F.linear: the input only for the weight's gradient, the weight only for the input's
+        ctx.save_for_backward(x if weight.requires_grad else None, weight if x.requires_grad else None)
+        ctx.has_bias = bias is not None
+        return _pointwise(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        if grad.stride(-1) == 0 or not grad.is_contiguous():  # an expanded gradient (of a sum)
+            grad = grad.contiguous()
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _pointwise(grad, weight.t())  # (..., N) (N, K) -> (..., K)
+        rows = grad.reshape(-1, grad.shape[-1])  # (M, N)
+        if ctx.needs_input_grad[1]:
+            grad_w = _pointwise(rows.t(), x.reshape(-1, x.shape[-1]).t())  # (N, M) (M, K) -> (N, K)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = rows.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, through oneDNN where :func:`onednn_is_faster` and the
+    product qualifies (float32 on the CPU, at least ``MIN_ROWS`` rows, no autocast)."""
+    if not _takes_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return _pointwise(x, weight, bias)
+
+
+def mm_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``a @ b.T (+ bias)`` for (M, K) ``a`` and (N, K) ``b``, outside autograd: through oneDNN
+    as :func:`linear` chooses."""
+    return _pointwise(a, b, bias) if _takes_onednn(a, b) else F.linear(a, b, bias)
+
+
+def add_mm_nt_(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``out += a @ b.T`` in place, outside autograd: through oneDNN as :func:`linear`
+    chooses, else summed inside torch's product (``addmm_``)."""
+    return out.add_(_pointwise(a, b)) if _takes_onednn(a, b) else out.addmm_(a, b.t())
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, initialisation and state-dict names) whose product is
+    :func:`linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)

@@ -1,0 +1,151 @@
+"""Float32 products through oneDNN (specformer.components.products): the same values and
+gradients as torch's own, taken only where they qualify, and in every linear layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specformer.builder import build_model
+from specformer.components import products
+from specformer.components.products import Linear, add_mm_nt_, linear, mm_nt
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.fixture
+def onednn(monkeypatch) -> list[tuple[int, ...]]:
+    """oneDNN on, whatever this machine measures; the shapes of the inputs it multiplied."""
+    monkeypatch.setattr(products, "ONEDNN", True)
+    calls: list[tuple[int, ...]] = []
+    real = products._pointwise
+    monkeypatch.setattr(products, "_pointwise", lambda x, w, b=None: calls.append(tuple(x.shape)) or real(x, w, b))
+    return calls
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("shape", [(64, 24), (3, 40, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_linear_gives_f_linear_values_and_gradients(onednn, shape, bias: bool, transposed: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(*shape[:-1], 24).requires_grad_()
+    if transposed:  # a non-contiguous input, as a transposed activation is
+        x = torch.randn(24, *shape[:-1]).movedim(0, -1).requires_grad_()
+    w = torch.randn(16, 24, requires_grad=True)
+    b = torch.randn(16, requires_grad=True) if bias else None
+    g = torch.randn(*shape[:-1], 16)
+    out = linear(x, w, b)
+    grads = torch.autograd.grad(out, [t for t in (x, w, b) if t is not None], g)
+    want = F.linear(x, w, b)
+    want_grads = torch.autograd.grad(want, [t for t in (x, w, b) if t is not None], g)
+    assert onednn  # the oneDNN product ran
+    assert _close(out, want)
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert _close(got, ref)
+
+
+def test_the_gradient_of_a_sum_is_taken_too(onednn) -> None:
+    # out.sum().backward() hands the product an expanded (stride 0) gradient
+    x = torch.randn(40, 8, requires_grad=True)
+    w = torch.randn(5, 8, requires_grad=True)
+    linear(x, w).sum().backward()
+    assert _close(x.grad, w.sum(0).expand(40, 8)) and _close(w.grad, x.sum(0).expand(5, 8))
+
+
+def test_only_float32_products_of_enough_rows_outside_autocast_take_onednn(onednn) -> None:
+    w = torch.randn(16, 24)
+
+    def takes(x: torch.Tensor, weight: torch.Tensor = w) -> bool:
+        onednn.clear()
+        linear(x, weight)
+        return bool(onednn)
+
+    assert takes(torch.randn(products.MIN_ROWS, 24))
+    assert takes(torch.randn(2, products.MIN_ROWS // 2, 24))
+    assert not takes(torch.randn(products.MIN_ROWS - 1, 24))  # decoding's few rows
+    assert not takes(torch.randn(64, 24, dtype=torch.float64), w.double())
+    assert not takes(torch.randn(64, 24).bfloat16(), w.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's own bf16 products
+        assert not takes(torch.randn(64, 24))
+    products.ONEDNN = False
+    assert not takes(torch.randn(64, 24))
+
+
+def test_the_loss_products_give_the_same_sums(onednn) -> None:
+    a, b, c = torch.randn(64, 24), torch.randn(40, 24), torch.randn(64, 40)
+    bias = torch.randn(40)
+    assert _close(mm_nt(a, b, bias), a @ b.t() + bias)
+    assert _close(add_mm_nt_(c.clone(), a, b), c + a @ b.t())
+    assert len(onednn) == 2
+
+
+def test_every_linear_layer_and_the_head_take_onednn_in_a_training_step(onednn, monkeypatch) -> None:
+    from specformer.specs.loader import load_spec
+
+    spec = load_spec("gpt-nano", overrides=["d_model=64", "decoder.n_layers=2", "vocab_size=300",
+                                            "embedding.tie_output=false"])
+    model = build_model(spec)
+    assert all(type(m) is Linear for m in model.modules() if isinstance(m, nn.Linear))
+    ids = torch.randint(0, 300, (2, 65))
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = step()
+    products_run = len(onednn)
+    monkeypatch.setattr(products, "ONEDNN", False)
+    want_loss, want_grads = step()
+    # per layer: qkv, o, up, down, forward and two backward each; the head's in the loss
+    assert products_run >= 2 * 4 * 3 + 3
+    assert torch.allclose(loss, want_loss, rtol=1e-5)
+    for got, want in zip(grads, want_grads, strict=True):
+        assert torch.allclose(got, want, rtol=1e-3, atol=1e-5 * want.abs().max().item())
+
+
+def test_the_measurement_decides_once_and_a_setting_overrides_it(monkeypatch) -> None:
+    products._measured.cache_clear()
+    monkeypatch.setattr(products, "ONEDNN", None)
+    first = products.onednn_is_faster()
+    assert isinstance(first, bool) and products.onednn_is_faster() is first
+    assert products._measured.cache_info().misses == 1
+    for setting in (True, False):
+        monkeypatch.setattr(products, "ONEDNN", setting)
+        assert products.onednn_is_faster() is setting
+
+
+def test_a_flop_counter_counts_the_products_as_torch_s_own(onednn) -> None:
+    # FlopCounterMode has no formula for oneDNN's product: under it, the products stay mm
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(64, 24, requires_grad=True), torch.randn(16, 24, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        linear(x, w).sum().backward()
+    assert counter.get_total_flops() == 3 * 2 * 64 * 24 * 16
+    assert not onednn
+
+
+def test_the_measurement_runs_outside_the_mode_of_the_first_product(monkeypatch) -> None:
+    # a dispatch mode around the first product (a recorder, a counter) never sees the timing runs
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    products._measured.cache_clear()
+    monkeypatch.setattr(products, "ONEDNN", None)
+    with Seen() as seen:
+        products.onednn_is_faster()
+    assert seen.ops == []

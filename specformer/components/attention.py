@@ -24,7 +24,9 @@ materialising it (only when T == S and nothing else is masked).
 
 from __future__ import annotations
 
+import functools
 import math
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,7 +41,10 @@ from specformer.registry import REGISTRY
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
     from specformer.specs.schema import AttentionSpec
 
-__all__ = ["Attention", "sdpa_attention", "eager_attention", "cpu_matmul_attention", "repeat_kv", "BACKENDS"]
+__all__ = [
+    "Attention", "sdpa_attention", "eager_attention", "cpu_matmul_attention", "matmul_attention_is_faster",
+    "repeat_kv", "BACKENDS",
+]
 
 
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -95,10 +100,54 @@ def sdpa_attention(
 # computes 1/2 + MATMUL_BLOCK / (2 T) of the scores; the backward pass computes a block's
 # probabilities again, so what is kept is Q, K, V alone, as with the fused kernel. A block's
 # scores live only while it runs: past MATMUL_BLOCK_SCORES entries for MATMUL_MIN_ROWS rows
-# (a very long or very wide batch), SDPA is used.
+# (a very long or very wide batch), SDPA is used; and wherever a measurement taken once per
+# process finds the fused kernel as fast (matmul_attention_is_faster).
 MATMUL_BLOCK = 128
 MATMUL_MIN_ROWS = 16
 MATMUL_BLOCK_SCORES = 1 << 22
+#: None: measured once per process (:func:`matmul_attention_is_faster`); True or False: decided
+MATMUL_ATTENTION: bool | None = None
+#: the matmul path is taken where its time is at most this fraction of the fused kernel's
+MATMUL_MARGIN = 0.85
+
+
+@functools.cache
+def _measured_matmul_attention() -> bool:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # outside any dispatch mode the first attention runs under (a FLOP counter, a recorder)
+    with _disable_current_modes(), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 8, 256, 64, generator=gen).bfloat16().requires_grad_()
+        k, v = (torch.randn(1, 2, 256, 64, generator=gen).bfloat16().requires_grad_() for _ in range(2))
+        grad = torch.randn(1, 8, 256, 64, generator=gen).bfloat16()
+
+        def fused() -> None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
+            torch.autograd.grad(out, (q, k, v), grad)
+
+        def products() -> None:
+            out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.125)
+            torch.autograd.grad(out, (q, k, v), grad)
+
+        runs = {"fused": fused, "products": products}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for run in runs.values():  # warm-up
+            run()
+        for _ in range(3):  # alternating, so other work on the machine hits both alike
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    best = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return best["products"] <= MATMUL_MARGIN * best["fused"]
+
+
+def matmul_attention_is_faster() -> bool:
+    """Whether bf16 training attention on the CPU runs as :func:`cpu_matmul_attention`:
+    :data:`MATMUL_ATTENTION` if set, else measured once per process against torch's fused
+    kernel (forward and backward of a (1, 8, 256, 64) causal GQA attention, ~20 ms)."""
+    return MATMUL_ATTENTION if MATMUL_ATTENTION is not None else _measured_matmul_attention()
 
 
 def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> int:
@@ -117,7 +166,9 @@ def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> i
     if is_causal and t != s:
         return 0
     rows = min(MATMUL_BLOCK, MATMUL_BLOCK_SCORES // max(1, b * h * s))
-    return rows if rows >= min(MATMUL_MIN_ROWS, t) else 0
+    if rows < min(MATMUL_MIN_ROWS, t) or torch.compiler.is_compiling():
+        return 0
+    return rows if matmul_attention_is_faster() else 0
 
 
 def _block_probabilities(q: Tensor, k_t: Tensor, future: Tensor | None, start: int, end: int, keys: int

@@ -290,6 +290,8 @@ def test_cpu_matmul_attention_is_causal() -> None:
 def test_sdpa_backend_takes_the_matmul_path_only_for_bf16_training_on_the_cpu(monkeypatch) -> None:
     from specformer.components import attention
 
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)  # whatever this machine measures
+
     taken: list[bool] = []
     real = attention.cpu_matmul_attention
     monkeypatch.setattr(attention, "cpu_matmul_attention",
@@ -319,11 +321,15 @@ def test_sdpa_backend_takes_the_matmul_path_only_for_bf16_training_on_the_cpu(mo
     assert not run(torch.bfloat16)  # a block of all 8 rows would pass the bound on a block's scores
     monkeypatch.setattr(attention, "MATMUL_MIN_ROWS", 4)
     assert run(torch.bfloat16)  # blocks of 7 rows do not
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", False)
+    assert not run(torch.bfloat16)  # where the fused kernel measured as fast
 
 
 def test_a_bf16_autocast_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch) -> None:
     # the whole model, forward and backward, with the matmul path and with torch's kernel
     from specformer.components import attention
+
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
 
     model = build_model(tiny(positional={"type": "rope"}, max_seq_len=320))
     ids = torch.randint(0, 61, (2, 301))
@@ -355,3 +361,27 @@ def test_cpu_matmul_attention_keeps_q_k_and_v_alone_for_the_backward_pass() -> N
     assert sum(t.numel() for t in saved) == q.numel() + k.numel() + v.numel()
     out.backward(g.bfloat16())
     assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (q, k, v))
+
+
+def test_the_attention_measurement_decides_once_outside_any_mode(monkeypatch) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specformer.components import attention
+
+    class Seen(TorchDispatchMode):
+        ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    attention._measured_matmul_attention.cache_clear()
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", None)
+    with Seen() as seen, torch.no_grad():
+        first = attention.matmul_attention_is_faster()
+    assert isinstance(first, bool) and seen.ops == []
+    assert attention.matmul_attention_is_faster() is first
+    assert attention._measured_matmul_attention.cache_info().misses == 1
+    for setting in (True, False):
+        monkeypatch.setattr(attention, "MATMUL_ATTENTION", setting)
+        assert attention.matmul_attention_is_faster() is setting

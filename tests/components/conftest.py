@@ -45,3 +45,21 @@ def _seed() -> None:
 def tiny() -> Callable[..., ModelSpec]:
     """The :func:`make_tiny` factory."""
     return make_tiny
+
+
+class RecordedOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the names of the ATen operations run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def recorded_ops() -> type[RecordedOps]:
+    """``with recorded_ops() as ops: ...``: ``ops.names``, the ATen operations run under it."""
+    return RecordedOps

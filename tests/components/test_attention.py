@@ -363,23 +363,14 @@ def test_cpu_matmul_attention_keeps_q_k_and_v_alone_for_the_backward_pass() -> N
     assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (q, k, v))
 
 
-def test_the_attention_measurement_decides_once_outside_any_mode(monkeypatch) -> None:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+def test_the_attention_measurement_decides_once_outside_any_mode(monkeypatch, recorded_ops) -> None:
     from specformer.components import attention
-
-    class Seen(TorchDispatchMode):
-        ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     attention._measured_matmul_attention.cache_clear()
     monkeypatch.setattr(attention, "MATMUL_ATTENTION", None)
-    with Seen() as seen, torch.no_grad():
+    with recorded_ops() as seen, torch.no_grad():
         first = attention.matmul_attention_is_faster()
-    assert isinstance(first, bool) and seen.ops == []
+    assert isinstance(first, bool) and seen.names == []
     assert attention.matmul_attention_is_faster() is first
     assert attention._measured_matmul_attention.cache_info().misses == 1
     for setting in (True, False):

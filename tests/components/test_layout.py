@@ -115,18 +115,6 @@ def test_only_float32_weights_on_the_cpu_move(tiny: Tiny) -> None:
     assert lay_out_for_decoding(model, measure=False) == 0
 
 
-class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the names of the ATen operations run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def two_threads():  # type: ignore[no-untyped-def]
     before = torch.get_num_threads()
@@ -137,7 +125,7 @@ def two_threads():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("layout", ["rows", "columns"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_one_row_product_is_split_over_the_threads_with_the_same_result(two_threads, layout: str, bias: bool) -> None:
+def test_a_one_row_product_is_split_over_the_threads_with_the_same_result(two_threads, layout: str, bias: bool, recorded_ops) -> None:
     from specformer.components.layout import decode_linear
 
     weight = torch.randn(384, 96)
@@ -145,29 +133,29 @@ def test_a_one_row_product_is_split_over_the_threads_with_the_same_result(two_th
         weight = weight.t().contiguous().t()
     b = torch.randn(384) if bias else None
     x = torch.randn(1, 1, 96)
-    with torch.no_grad(), _Ops() as ops:
+    with torch.no_grad(), recorded_ops() as ops:
         y = decode_linear(x, weight, b)
     assert [n for n in ops.names if "mm" in n] == ["baddbmm.default" if bias else "bmm.default"]  # 2 blocks, one product
     assert y.shape == (1, 1, 384)
     torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, b), rtol=1e-6, atol=1e-5)
     # a few rows (8 tokens of a batch, as a decoding step of 8 sequences): split the same way
     few = torch.randn(4, 2, 96)
-    with torch.no_grad(), _Ops() as ops:
+    with torch.no_grad(), recorded_ops() as ops:
         y = decode_linear(few, weight, b)
     assert [n for n in ops.names if "mm" in n] == ["baddbmm.default" if bias else "bmm.default"]
     torch.testing.assert_close(y, torch.nn.functional.linear(few, weight, b), rtol=1e-6, atol=1e-5)
     # more rows (a prompt), autograd, or one thread: the plain product
     for args, grad in (((torch.randn(9, 1, 96), weight, b), False), ((x, weight, b), True)):
-        with torch.set_grad_enabled(grad), _Ops() as ops:
+        with torch.set_grad_enabled(grad), recorded_ops() as ops:
             decode_linear(*args)
         assert not any(n.startswith(("bmm", "baddbmm")) for n in ops.names)
     torch.set_num_threads(1)
-    with torch.no_grad(), _Ops() as ops:
+    with torch.no_grad(), recorded_ops() as ops:
         decode_linear(x, weight, b)
     assert not any(n.startswith(("bmm", "baddbmm")) for n in ops.names)
 
 
-def test_a_model_laid_out_splits_its_one_row_steps_and_restoring_undoes_it(tiny: Tiny, two_threads) -> None:
+def test_a_model_laid_out_splits_its_one_row_steps_and_restoring_undoes_it(tiny: Tiny, two_threads, recorded_ops) -> None:
     stack = {"ffn": {"type": "glu", "activation": "silu", "d_ff": 256}, "norm": {"type": "rmsnorm"}}
     # every product's blocks of at least MIN_BLOCK features
     spec = tiny("decoder", embedding={"tie_output": False}, stack=stack, d_model=128, vocab_size=256)
@@ -177,7 +165,7 @@ def test_a_model_laid_out_splits_its_one_row_steps_and_restoring_undoes_it(tiny:
     def batched_products() -> int:
         with torch.no_grad():
             out = model(ids, use_cache=True)
-            with _Ops() as ops:
+            with recorded_ops() as ops:
                 model(ids[:, -1:], cache=out.cache)
         return sum(n.startswith(("bmm", "baddbmm")) for n in ops.names)
 
@@ -345,7 +333,7 @@ def _name(model: torch.nn.Module, module: torch.nn.Module) -> str:
 
 
 @pytest.mark.parametrize("rows", [1, 4])
-def test_a_measured_layout_splits_what_it_chose_and_changes_no_output(tiny: Tiny, two_threads, rows: int) -> None:
+def test_a_measured_layout_splits_what_it_chose_and_changes_no_output(tiny: Tiny, two_threads, rows: int, recorded_ops) -> None:
     stack = {"ffn": {"type": "glu", "activation": "silu", "d_ff": 256}, "norm": {"type": "rmsnorm"}}
     spec = tiny("decoder", embedding={"tie_output": False}, stack=stack, d_model=128, vocab_size=256)
     model = build_model(spec).eval()
@@ -354,7 +342,7 @@ def test_a_measured_layout_splits_what_it_chose_and_changes_no_output(tiny: Tiny
     def step() -> tuple[torch.Tensor, int]:
         with torch.no_grad():
             out = model(ids[:, :-1], use_cache=True)
-            with _Ops() as ops:
+            with recorded_ops() as ops:
                 logits = model(ids[:, -1:], cache=out.cache).logits
         return logits, sum(n.startswith(("bmm", "baddbmm")) for n in ops.names)
 

@@ -140,3 +140,11 @@ def test_the_measurement_runs_outside_the_mode_of_the_first_product(monkeypatch,
     with recorded_ops() as seen:
         products.onednn_is_faster()
     assert seen.names == []
+
+
+def test_a_weight_laid_out_column_by_column_gives_the_same_product(onednn) -> None:
+    # lay_out_for_decoding stores wide weights column-major; a prefill of many rows reads them so
+    w = torch.randn(48, 24).t().contiguous().t()
+    assert not w.is_contiguous()
+    x = torch.randn(2, 40, 24)
+    assert _close(linear(x, w), F.linear(x, w)) and onednn

@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from specformer.builder import build_model
 from specformer.specs.schema import ModelSpec
+from specformer.training import allocator as _allocator
 
 __all__ = [
     "LIBRARIES",
@@ -649,6 +650,7 @@ def machine_info(dev: torch.device) -> dict[str, Any]:
         "device": str(dev),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "malloc": "keep" if _allocator._applied else "glibc's own thresholds",
     }
     if dev.type == "cpu":  # specformer's float32 products through oneDNN (measured faster than mm here)
         from specformer.components.products import onednn_is_faster
@@ -713,6 +715,9 @@ def base_parser(doc: str, *, models: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--shapes", nargs="*", default=None, help="shape names (default: all)")
         p.add_argument("--libraries", nargs="*", default=None, help=f"subset of {', '.join(LIBRARIES)}")
         p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+        p.add_argument("--malloc", choices=["keep", "glibc"], default="keep",
+                       help="keep: freed memory kept for the next step (glibc's thresholds raised, for every "
+                            "library in the process), as specformer train runs; glibc: glibc's own thresholds")
     return p
 
 
@@ -735,5 +740,7 @@ def quiet() -> None:
 def setup(args: argparse.Namespace) -> torch.device:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if getattr(args, "malloc", "glibc") == "keep":
+        _allocator.keep_freed_memory()
     quiet()
     return device()

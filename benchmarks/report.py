@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{m['date']}, {m['cpu']}, {m['cpu_count']} cores, torch threads {m['torch_threads']}, "
               f"device {m['device']}, torch {m['torch']}, transformers {m['transformers']}, "
               f"x-transformers {m['x-transformers']}"
+              + (f", malloc {m['malloc']}" if "malloc" in m else "")
               + (f", specformer's float32 products: {m['specformer_fp32_products']}" if "specformer_fp32_products" in m else "")
               + "\n")
         print(render(data) + "\n")

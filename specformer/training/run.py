@@ -40,6 +40,7 @@ from specformer.data import progress as data_progress
 from specformer.data.cache import atomic_write_text
 from specformer.data.corpus import DataError
 from specformer.data.module import SpecDataModule
+from specformer.training.allocator import keep_freed_memory
 from specformer.training.callbacks import (
     LogGlobalStep,
     PeriodicCheckpoint,
@@ -529,6 +530,7 @@ def train(
                 shutil.rmtree(run_dir, ignore_errors=True)
             return DataError(_log_write_message(logs, run_dir, where, started=not nothing))
 
+        keep_freed_memory()  # each step reuses the memory the one before freed (no page faults)
         with _quiet_log_writer_thread():
             try:
                 _interruptible(trainer, interrupted, lambda: trainer.fit(

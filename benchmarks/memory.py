@@ -97,8 +97,9 @@ def child(shape_name: str, library: str, precision: str, quick: bool, steps: int
 
 
 def _run_child(shape: str, library: str, precision: str, quick: bool, steps: int,
-               threads: int | None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.memory", "--child", shape, library, precision, "--steps", str(steps)]
+               threads: int | None, malloc: str = "keep") -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.memory", "--child", shape, library, precision, "--steps", str(steps),
+           "--malloc", malloc]
     if quick:
         cmd.append("--quick")
     if threads:
@@ -116,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--child", nargs=3, metavar=("SHAPE", "LIBRARY", "PRECISION"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     steps = args.steps or (1 if args.quick else 3)
+    if args.malloc == "keep":  # as specformer train runs; each child process too
+        from specformer.training.allocator import keep_freed_memory
+
+        keep_freed_memory()
     if args.child:
         if args.threads:
             import torch
@@ -136,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for precision in args.precisions:
             ours = None
             for lib in libraries:
-                r = _run_child(shape.name, lib, precision, args.quick, steps, args.threads)
+                r = _run_child(shape.name, lib, precision, args.quick, steps, args.threads, args.malloc)
                 if "skipped" in r:
                     continue
                 key = "cuda_max_allocated_bytes" if dev.type == "cuda" else "added_bytes"

@@ -24,9 +24,7 @@ materialising it (only when T == S and nothing else is masked).
 
 from __future__ import annotations
 
-import functools
 import math
-import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,7 +33,7 @@ from torch.nn import functional as F
 
 from specformer.components.cache import KVCache
 from specformer.components.positional import apply_rotary
-from specformer.components.products import Linear
+from specformer.components.products import Linear, measured_faster, measurement
 from specformer.registry import REGISTRY
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
@@ -111,36 +109,23 @@ MATMUL_ATTENTION: bool | None = None
 MATMUL_MARGIN = 0.85
 
 
-@functools.cache
+@measurement
 def _measured_matmul_attention() -> bool:
-    from torch.utils._python_dispatch import _disable_current_modes
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 256, 64, generator=gen).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 2, 256, 64, generator=gen).bfloat16().requires_grad_() for _ in range(2))
+    grad = torch.randn(1, 8, 256, 64, generator=gen).bfloat16()
 
-    # outside any dispatch mode the first attention runs under (a FLOP counter, a recorder)
-    with _disable_current_modes(), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-        gen = torch.Generator().manual_seed(0)
-        q = torch.randn(1, 8, 256, 64, generator=gen).bfloat16().requires_grad_()
-        k, v = (torch.randn(1, 2, 256, 64, generator=gen).bfloat16().requires_grad_() for _ in range(2))
-        grad = torch.randn(1, 8, 256, 64, generator=gen).bfloat16()
+    def fused() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
+        torch.autograd.grad(out, (q, k, v), grad)
 
-        def fused() -> None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
-            torch.autograd.grad(out, (q, k, v), grad)
+    def products() -> None:
+        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.125)
+        torch.autograd.grad(out, (q, k, v), grad)
 
-        def products() -> None:
-            out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.125)
-            torch.autograd.grad(out, (q, k, v), grad)
-
-        runs = {"fused": fused, "products": products}
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for run in runs.values():  # warm-up
-            run()
-        for _ in range(3):  # alternating, so other work on the machine hits both alike
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-    best = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    return best["products"] <= MATMUL_MARGIN * best["fused"]
+    with torch.enable_grad():
+        return measured_faster(products, fused, margin=MATMUL_MARGIN, rounds=3)
 
 
 def matmul_attention_is_faster() -> bool:

@@ -24,12 +24,13 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["Linear", "linear", "mm_nt", "add_mm_nt_", "onednn_is_faster", "ONEDNN", "MIN_ROWS"]
+__all__ = ["Linear", "linear", "mm_nt", "add_mm_nt_", "measurement", "measured_faster", "onednn_is_faster", "ONEDNN", "MIN_ROWS"]
 
 #: None: measure once (:func:`onednn_is_faster`); True or False: decided.
 ONEDNN: bool | None = None
@@ -46,36 +47,54 @@ def _pointwise(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-@functools.cache
+def measurement(measure: Callable[[], bool]) -> Callable[[], bool]:
+    """A once-per-process measurement (``functools.cache``, so ``cache_clear`` measures again),
+    run outside any dispatch mode its first caller is under (a FLOP counter, a recorder) and
+    outside autocast."""
+
+    @functools.cache
+    @functools.wraps(measure)
+    def measured() -> bool:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes(), torch.autocast("cpu", enabled=False):
+            return measure()
+
+    return measured
+
+
+def measured_faster(candidate: Callable[[], object], baseline: Callable[[], object], *, margin: float,
+                    rounds: int = 5, calls: int = 1) -> bool:
+    """Whether ``candidate`` takes at most ``margin`` of ``baseline``'s time on this machine:
+    each run once to set up, then ``rounds`` alternating timings of ``calls`` calls each (so
+    other work on the machine hits both alike), medians compared."""
+    runs = {"candidate": candidate, "baseline": baseline}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():  # warm-up: the kernels' first calls set up
+        run()
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                run()
+            times[name].append(time.perf_counter() - start)
+    best = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return best["candidate"] <= margin * best["baseline"]
+
+
+@measurement
 def _measured() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    # outside any dispatch mode the first product runs under (a FLOP counter, a recorder)
-    with _disable_current_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
-        return _measure()
-
-
-def _measure() -> bool:
     try:
         m, k, n = PROBE_SHAPE
         gen = torch.Generator().manual_seed(0)
         x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
-        if not torch.allclose(_pointwise(x, w), x @ w.t(), rtol=1e-4, atol=1e-3):
-            return False
-        times: dict[str, list[float]] = {"mm": [], "onednn": []}
-        runs = {"mm": lambda: torch.mm(x, w.t()), "onednn": lambda: _pointwise(x, w)}
-        for name in runs:  # warm-up: the kernels' first calls set up
-            runs[name]()
-        for _ in range(5):  # alternating, so other work on the machine hits both alike
-            for name, run in runs.items():
-                start = time.perf_counter()
-                for _ in range(3):
-                    run()
-                times[name].append(time.perf_counter() - start)
-        best = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-        return best["onednn"] <= ONEDNN_MARGIN * best["mm"]
+        with torch.no_grad():
+            if not torch.allclose(_pointwise(x, w), x @ w.t(), rtol=1e-4, atol=1e-3):
+                return False
+            return measured_faster(lambda: _pointwise(x, w), lambda: torch.mm(x, w.t()),
+                                   margin=ONEDNN_MARGIN, calls=3)
     except (RuntimeError, AttributeError):  # a torch built without the op
         return False
 
@@ -104,7 +123,7 @@ def _counting_flops() -> bool:
     """Whether a ``torch.utils.flop_counter.FlopCounterMode`` is active: it has no formula for
     oneDNN's product, so the products it counts stay torch's own."""
     counter = sys.modules.get("torch.utils.flop_counter")
-    if counter is None:
+    if counter is None or not torch._C._len_torch_dispatch_stack():  # no mode active: the usual case
         return False
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 

@@ -737,10 +737,15 @@ def quiet() -> None:
         pass
 
 
+def apply_malloc(args: argparse.Namespace) -> None:
+    """``--malloc keep``: freed memory kept for the next step, as ``specformer train`` keeps it."""
+    if getattr(args, "malloc", "glibc") == "keep":
+        _allocator.keep_freed_memory()
+
+
 def setup(args: argparse.Namespace) -> torch.device:
     if args.threads:
         torch.set_num_threads(args.threads)
-    if getattr(args, "malloc", "glibc") == "keep":
-        _allocator.keep_freed_memory()
+    apply_malloc(args)
     quiet()
     return device()

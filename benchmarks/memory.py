@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    apply_malloc,
     available_libraries,
     base_parser,
     machine_info,
@@ -117,10 +118,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--child", nargs=3, metavar=("SHAPE", "LIBRARY", "PRECISION"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     steps = args.steps or (1 if args.quick else 3)
-    if args.malloc == "keep":  # as specformer train runs; each child process too
-        from specformer.training.allocator import keep_freed_memory
-
-        keep_freed_memory()
+    apply_malloc(args)  # the parent, and each child process as it starts
     if args.child:
         if args.threads:
             import torch

@@ -49,18 +49,24 @@ def _pointwise(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def measurement(measure: Callable[[], bool]) -> Callable[[], bool]:
     """A once-per-process measurement (``functools.cache``, so ``cache_clear`` measures again),
-    run outside any dispatch mode its first caller is under (a FLOP counter, a recorder) and
-    outside autocast."""
+    run outside any dispatch mode its first caller is under (a FLOP counter, a recorder),
+    outside autocast, and outside the caller's saved-tensor hooks (activation offloading, a
+    memory count): the measurement's own tensors are kept as they are."""
 
     @functools.cache
     @functools.wraps(measure)
     def measured() -> bool:
         from torch.utils._python_dispatch import _disable_current_modes
 
-        with _disable_current_modes(), torch.autocast("cpu", enabled=False):
+        with (_disable_current_modes(), torch.autocast("cpu", enabled=False),
+              torch.autograd.graph.saved_tensors_hooks(_same, _same)):
             return measure()
 
     return measured
+
+
+def _same(t: Tensor) -> Tensor:
+    return t
 
 
 def measured_faster(candidate: Callable[[], object], baseline: Callable[[], object], *, margin: float,

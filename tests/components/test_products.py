@@ -142,6 +142,28 @@ def test_the_measurement_runs_outside_the_mode_of_the_first_product(monkeypatch,
     assert seen.names == []
 
 
+def test_a_measurement_runs_outside_the_callers_modes_autocast_and_saved_tensor_hooks(recorded_ops) -> None:
+    # a memory count or activation offloading around the first call never sees the timing's tensors
+    seen: dict[str, object] = {}
+
+    @products.measurement
+    def probe() -> bool:
+        x = torch.randn(8, 8, requires_grad=True)
+        seen["autocast"] = torch.is_autocast_enabled("cpu")
+        (x * x).sum().backward()
+        return True
+
+    packed: list[torch.Tensor] = []
+    with (recorded_ops() as ops, torch.autocast("cpu", dtype=torch.bfloat16),
+          torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t)):
+        assert probe() is True
+        y = torch.randn(4, requires_grad=True)
+        (y * y).sum()
+    assert ops.names[0] == "randn.default" and "mul.Tensor" in ops.names  # the caller's own work is recorded ...
+    assert len(packed) == 2 and all(t.shape == (4,) for t in packed)  # ... and its saved tensors
+    assert seen == {"autocast": False}
+
+
 def test_a_weight_laid_out_column_by_column_gives_the_same_product(onednn) -> None:
     # lay_out_for_decoding stores wide weights column-major; a prefill of many rows reads them so
     w = torch.randn(48, 24).t().contiguous().t()

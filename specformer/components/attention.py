@@ -33,7 +33,13 @@ from torch.nn import functional as F
 
 from specformer.components.cache import KVCache
 from specformer.components.positional import apply_rotary
-from specformer.components.products import Linear, measured_faster, measurement
+from specformer.components.products import (
+    Linear,
+    measured_faster,
+    measurement,
+    mm_nt,
+    onednn_is_faster,
+)
 from specformer.registry import REGISTRY
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
@@ -41,7 +47,7 @@ if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the
 
 __all__ = [
     "Attention", "sdpa_attention", "eager_attention", "cpu_matmul_attention", "matmul_attention_is_faster",
-    "repeat_kv", "BACKENDS",
+    "float32_attention_is_faster", "repeat_kv", "BACKENDS",
 ]
 
 
@@ -90,7 +96,7 @@ def sdpa_attention(
     return out, None
 
 
-# Training in bfloat16 on the CPU: torch's fused CPU kernel (the flash-attention one SDPA
+# Training on the CPU, bfloat16: torch's fused CPU kernel (the flash-attention one SDPA
 # picks there) takes 2.3-2.6x as long, forward and backward, as the same attention done in
 # bfloat16 matrix products (a llama-style layer at T = 512: 14.8 ms against 5.7 ms; at
 # T = 256: 6.0 against 2.6 ms), a quarter of a bf16 step. Queries go MATMUL_BLOCK rows at a
@@ -100,32 +106,60 @@ def sdpa_attention(
 # scores live only while it runs: past MATMUL_BLOCK_SCORES entries for MATMUL_MIN_ROWS rows
 # (a very long or very wide batch), SDPA is used; and wherever a measurement taken once per
 # process finds the fused kernel as fast (matmul_attention_is_faster).
+#
+# Float32: the same blocks, one key/value head at a time, through the float32 products of
+# specformer.components.products (oneDNN where it is faster than MKL, as on AMD processors):
+# the fused kernel runs at ~130 GFLOP/s there, oneDNN's products at 320-440. Worth it where a
+# product has FLOAT32_PRODUCT_ROWS query rows or more (G heads x the block's rows; the block
+# grows for small G): a (1, 12 / 4, 512, 64) layer 16 ms -> 11 ms; at 128-256 rows (MHA at
+# T = 256) the fused kernel is faster. Taken where float32_attention_is_faster.
 MATMUL_BLOCK = 128
 MATMUL_MIN_ROWS = 16
 MATMUL_BLOCK_SCORES = 1 << 22
+FLOAT32_PRODUCT_ROWS = 512
 #: None: measured once per process (:func:`matmul_attention_is_faster`); True or False: decided
 MATMUL_ATTENTION: bool | None = None
+#: None: measured once per process (:func:`float32_attention_is_faster`); True or False: decided
+FLOAT32_ATTENTION: bool | None = None
 #: the matmul path is taken where its time is at most this fraction of the fused kernel's
 MATMUL_MARGIN = 0.85
+FLOAT32_MARGIN = 0.9
 
 
-@measurement
-def _measured_matmul_attention() -> bool:
+def _faster_than_fused(dtype: torch.dtype, b: int, h: int, hkv: int, t: int, margin: float) -> bool:
+    """Forward and backward of a causal GQA attention (head size 64) through
+    :func:`cpu_matmul_attention` against torch's fused kernel, timed alternately."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 8, 256, 64, generator=gen).bfloat16().requires_grad_()
-    k, v = (torch.randn(1, 2, 256, 64, generator=gen).bfloat16().requires_grad_() for _ in range(2))
-    grad = torch.randn(1, 8, 256, 64, generator=gen).bfloat16()
+    q = torch.randn(b, h, t, 64, generator=gen).to(dtype).requires_grad_()
+    k, v = (torch.randn(b, hkv, t, 64, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+    grad = torch.randn(b, h, t, 64, generator=gen).to(dtype)
+    block = MATMUL_BLOCK if dtype == torch.bfloat16 else _float32_block_rows(h // hkv, t, t)
 
     def fused() -> None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
         torch.autograd.grad(out, (q, k, v), grad)
 
     def products() -> None:
-        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.125)
+        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.125, block=block)
         torch.autograd.grad(out, (q, k, v), grad)
 
     with torch.enable_grad():
-        return measured_faster(products, fused, margin=MATMUL_MARGIN, rounds=3)
+        return measured_faster(products, fused, margin=margin, rounds=3)
+
+
+@measurement
+def _measured_matmul_attention() -> bool:
+    return _faster_than_fused(torch.bfloat16, 1, 8, 2, 256, MATMUL_MARGIN)
+
+
+@measurement
+def _measured_float32_attention() -> bool:
+    if not onednn_is_faster():  # MKL's products: the per-head blocks would be no faster
+        return False
+    try:
+        return _faster_than_fused(torch.float32, 1, 8, 2, 512, FLOAT32_MARGIN)
+    except (RuntimeError, AttributeError):  # a torch built without oneDNN's product
+        return False
 
 
 def matmul_attention_is_faster() -> bool:
@@ -135,25 +169,50 @@ def matmul_attention_is_faster() -> bool:
     return MATMUL_ATTENTION if MATMUL_ATTENTION is not None else _measured_matmul_attention()
 
 
+def float32_attention_is_faster() -> bool:
+    """Whether float32 training attention on the CPU runs as :func:`cpu_matmul_attention`
+    (where its products are large enough): :data:`FLOAT32_ATTENTION` if set, else measured
+    once per process against torch's fused kernel (forward and backward of a
+    (1, 8 / 2, 512, 64) causal attention, ~80 ms), and only where float32 products go
+    through oneDNN (:func:`specformer.components.products.onednn_is_faster`)."""
+    return FLOAT32_ATTENTION if FLOAT32_ATTENTION is not None else _measured_float32_attention()
+
+
 def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> int:
     """Rows of queries a block of :func:`cpu_matmul_attention` takes here, or 0 where attention
-    stays with SDPA: off the CPU, outside bfloat16 (the inputs', or autocast's), when no
-    gradient is taken (inference), a causal query block with a cache offset, or keys too many."""
-    if q.device.type != "cpu" or not torch.is_grad_enabled():
+    stays with SDPA: off the CPU, when no gradient is taken (inference), a causal query block
+    with a cache offset, keys too many, outside bfloat16 (the inputs', or autocast's) and
+    float32, or in float32 where the products would be too small (:func:`_float32_block_rows`)."""
+    if q.device.type != "cpu" or not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return 0
     if not (q.requires_grad or k.requires_grad or v.requires_grad):
         return 0
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype
-    if dtype != torch.bfloat16 or not q.is_floating_point():
-        return 0
     b, h, t, _ = q.shape
-    s = k.shape[-2]
+    hkv, s = k.shape[1], k.shape[-2]
     if is_causal and t != s:
         return 0
-    rows = min(MATMUL_BLOCK, MATMUL_BLOCK_SCORES // max(1, b * h * s))
-    if rows < min(MATMUL_MIN_ROWS, t) or torch.compiler.is_compiling():
-        return 0
-    return rows if matmul_attention_is_faster() else 0
+    if torch.is_autocast_enabled("cpu"):
+        dtype = torch.get_autocast_dtype("cpu") if q.is_floating_point() else q.dtype
+    else:
+        dtype = q.dtype if q.dtype == k.dtype == v.dtype else None
+    if dtype == torch.bfloat16:
+        rows = min(MATMUL_BLOCK, MATMUL_BLOCK_SCORES // max(1, b * h * s))
+        if rows < min(MATMUL_MIN_ROWS, t):
+            return 0
+        return rows if matmul_attention_is_faster() else 0
+    if dtype == torch.float32:
+        rows = _float32_block_rows(h // hkv, t, s)
+        return rows if rows and float32_attention_is_faster() else 0
+    return 0
+
+
+def _float32_block_rows(groups: int, t: int, s: int) -> int:
+    """Query rows of a float32 block: enough that the G query heads of a key/value head give
+    products of FLOAT32_PRODUCT_ROWS rows (a multiple of 64, at least MATMUL_BLOCK, at most T),
+    within MATMUL_BLOCK_SCORES scores; 0 where the products stay smaller."""
+    rows = max(MATMUL_BLOCK, -(-FLOAT32_PRODUCT_ROWS // (64 * groups)) * 64)
+    rows = min(rows, t, MATMUL_BLOCK_SCORES // max(1, groups * s))
+    return rows if groups * rows >= FLOAT32_PRODUCT_ROWS else 0
 
 
 def _block_probabilities(q: Tensor, k_t: Tensor, future: Tensor | None, start: int, end: int, keys: int
@@ -223,15 +282,99 @@ def _future(t: int, s: int, like: Tensor) -> Tensor:
     return torch.full((t, s), float("-inf"), dtype=like.dtype, device=like.device).triu_(1)
 
 
+class _Float32Attention(torch.autograd.Function):
+    """Forward and backward of :func:`cpu_matmul_attention` in float32: per batch row and
+    key/value head, a block's rows for its G query heads (position-major: row r * G + g is
+    position start + r of head g) as one product (``mm_nt``: oneDNN where it is faster). The
+    queries, the incoming gradient, the output and the query gradient are laid out
+    (B, T, H, Dh), as the projections around attention give and read them, so a block's rows
+    are a view."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int) -> Tensor:  # type: ignore[override]
+        b, h, t, dh = q.shape
+        hkv, s = k.shape[1], k.shape[2]
+        g = h // hkv
+        qs = _by_kv_head(q * scale, hkv)  # (B, Hkv, T, G, Dh)
+        keys_all, values_t = k.contiguous(), v.transpose(-2, -1).contiguous()  # (B, Hkv, S, Dh), (B, Hkv, Dh, S)
+        future = _future(t, s, q) if is_causal else None
+        out = q.new_empty(b, t, hkv, g, dh)
+        for i in range(b):
+            for j in range(hkv):
+                for start in range(0, t, block):
+                    end = min(t, start + block)
+                    keys = end if is_causal else s
+                    rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
+                    weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+                    values = values_t[i, j] if keys == s else values_t[i, j, :, :keys].contiguous()
+                    out[i, start:end, j] = mm_nt(weights, values).view(end - start, g, dh)
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
+        return out.view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        q, k, v = ctx.saved_tensors
+        is_causal, scale, block = ctx.is_causal, ctx.scale, ctx.block
+        b, h, t, dh = q.shape
+        hkv, s = k.shape[1], k.shape[2]
+        g = h // hkv
+        qs, grad = _by_kv_head(q * scale, hkv), _by_kv_head(grad, hkv)  # (B, Hkv, T, G, Dh)
+        keys_all, values_all = k.contiguous(), v.contiguous()  # (B, Hkv, S, Dh)
+        keys_t = k.transpose(-2, -1).contiguous()  # (B, Hkv, Dh, S)
+        future = _future(t, s, q) if is_causal else None
+        dq = q.new_empty(b, t, hkv, g, dh)
+        dk = torch.zeros_like(keys_all)  # summed over blocks
+        dv = torch.zeros_like(values_all)
+        for i in range(b):
+            for j in range(hkv):
+                for start in range(0, t, block):
+                    end = min(t, start + block)
+                    keys = end if is_causal else s
+                    rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
+                    weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+                    grad_rows = grad[i, j, start:end].view(-1, dh)
+                    grad_scores = torch.ops.aten._softmax_backward_data(
+                        mm_nt(grad_rows, values_all[i, j, :keys]), weights, -1, weights.dtype)  # (n G, keys)
+                    keys_tk = keys_t[i, j] if keys == s else keys_t[i, j, :, :keys].contiguous()
+                    dq[i, start:end, j] = mm_nt(grad_scores, keys_tk).view(end - start, g, dh)
+                    dk[i, j, :keys].addmm_(grad_scores.t(), rows)
+                    dv[i, j, :keys].addmm_(weights.t(), grad_rows)
+        return dq.view(b, t, h, dh).transpose(1, 2).mul_(scale), dk, dv, None, None, None
+
+
+def _by_kv_head(x: Tensor, hkv: int) -> Tensor:
+    """(B, H, T, Dh) -> (B, Hkv, T, G, Dh), contiguous (a copy unless it already is)."""
+    b, h, t, dh = x.shape
+    return x.view(b, hkv, h // hkv, t, dh).transpose(2, 3).contiguous()
+
+
+def _float32_probabilities(rows: Tensor, keys: Tensor, future: Tensor | None, start: int, end: int) -> Tensor:
+    """softmax of one block's scores (n G, keys) for its scaled, position-major query ``rows``
+    (n G, Dh)."""
+    n, s = end - start, keys.shape[0]
+    scores = mm_nt(rows, keys)  # (n G, keys)
+    if future is not None and start + 1 < s:
+        scores.view(n, -1, s).add_(future[start:end, None, :s])
+    return scores.softmax(dim=-1)
+
+
 def cpu_matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: float,
                          block: int = MATMUL_BLOCK) -> Tensor:
-    """softmax(Q K^T * scale [+ causal mask]) V in bfloat16 matrix products, ``block`` rows of
-    queries at a time (a causal block against the keys up to its last position only); the
-    backward pass computes each block's probabilities again. GQA without copying keys or
-    values: the G query heads of a key/value head are one product. The scores are bfloat16
-    as the products give them (the softmax accumulates in float32), as in Hugging Face's
-    eager attention; the key and value gradients are summed over blocks in float32.
-    Causal attention needs T == S. (B, H, T, Dh) in bfloat16."""
+    """softmax(Q K^T * scale [+ causal mask]) V in matrix products, ``block`` rows of queries
+    at a time (a causal block against the keys up to its last position only); the backward
+    pass computes each block's probabilities again. GQA without copying keys or values: the G
+    query heads of a key/value head are one product. Causal attention needs T == S.
+    (B, H, T, Dh).
+
+    In bfloat16 (inputs in bfloat16, or autocast to it) the products are batched bfloat16
+    ones; the scores are bfloat16 as the products give them (the softmax accumulates in
+    float32), as in Hugging Face's eager attention; the key and value gradients are summed
+    over blocks in float32. Float32 inputs outside autocast stay float32, one key/value head
+    at a time through :func:`specformer.components.products.mm_nt`."""
+    if not torch.is_autocast_enabled("cpu") and q.dtype == k.dtype == v.dtype == torch.float32:
+        return _Float32Attention.apply(q, k, v, is_causal, scale, block)
     with torch.autocast("cpu", enabled=False):
         q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
         return _MatmulAttention.apply(q, k, v, is_causal, scale, block)

@@ -376,3 +376,159 @@ def test_the_attention_measurement_decides_once_outside_any_mode(monkeypatch, re
     for setting in (True, False):
         monkeypatch.setattr(attention, "MATMUL_ATTENTION", setting)
         assert attention.matmul_attention_is_faster() is setting
+
+
+# ------------------------------------------------------------ float32 attention as products
+
+
+@pytest.mark.parametrize(
+    "b,h,hkv,t,s,causal,block",
+    [(2, 4, 2, 200, 200, True, 64), (1, 6, 6, 128, 128, True, 128), (1, 4, 1, 300, 300, True, 128),
+     (2, 4, 1, 50, 77, False, 16), (1, 8, 2, 70, 70, False, 32)],
+)
+def test_float32_matmul_attention_is_sdpa_in_float64_to_float32_rounding(b, h, hkv, t, s, causal, block) -> None:
+    # partial last blocks (200 / 64, 300 / 128, 50 / 16), GQA groups of 1, 2, 4 and 6,
+    # causal and bidirectional, more keys than queries: output and every gradient
+    from torch.nn import functional as F
+
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, g = _bf16_case(b, h, hkv, t, s)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True)
+
+    want = _out_and_grads(sdpa, q, k, v, g, torch.float64)
+    ours = _out_and_grads(lambda q, k, v: cpu_matmul_attention(q, k, v, is_causal=causal, scale=0.3, block=block),
+                          q, k, v, g, torch.float32)
+    for got, ref in zip(ours, want, strict=True):
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_float32_matmul_attention_takes_the_projections_layout() -> None:
+    # queries as the fused projection gives them ((B, T, H, Dh) memory); the output comes back
+    # in that layout, so merging the heads for the output projection copies nothing
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, g = _bf16_case(2, 4, 2, 40, 40)
+    q = q.float().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    k, v = k.float().requires_grad_(), v.float().requires_grad_()
+    out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25, block=16)
+    assert out.transpose(1, 2).is_contiguous()
+    out.backward(g.float())
+    ref = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    ref_out = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True, scale=0.25, enable_gqa=True)
+    ref_out.backward(g.float())
+    assert torch.allclose(out, ref_out, atol=1e-5)
+    for got, want in zip((q, k, v), ref, strict=True):
+        assert torch.allclose(got.grad, want.grad, atol=1e-5)
+
+
+def test_float32_matmul_attention_is_causal() -> None:
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, _ = _bf16_case(1, 4, 2, 100, 100)
+    q, k, v = q.float(), k.float(), v.float()
+    base = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25, block=32)
+    for pos in (0, 31, 32, 70, 99):
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, pos] += 3.0
+        v2[:, :, pos] -= 3.0
+        moved = cpu_matmul_attention(q, k2, v2, is_causal=True, scale=0.25, block=32)
+        assert torch.equal(moved[:, :, :pos], base[:, :, :pos])
+        assert not torch.equal(moved[:, :, pos], base[:, :, pos])
+
+
+def test_float32_matmul_attention_keeps_q_k_and_v_alone_for_the_backward_pass() -> None:
+    from specformer.components.attention import cpu_matmul_attention
+
+    q, k, v, g = _bf16_case(2, 4, 2, 100, 100)
+    q, k, v = (x.float().requires_grad_() for x in (q, k, v))
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25, block=32)
+    assert sum(t.numel() for t in saved) == q.numel() + k.numel() + v.numel()
+    out.backward(g.float())
+    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (q, k, v))
+
+
+def test_sdpa_backend_takes_the_float32_path_for_large_enough_products(monkeypatch) -> None:
+    from specformer.components import attention
+
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)  # whatever this machine measures
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", False)
+    blocks: list[int] = []
+    real = attention.cpu_matmul_attention
+    monkeypatch.setattr(attention, "cpu_matmul_attention",
+                        lambda *a, **kw: blocks.append(kw["block"]) or real(*a, **kw))
+
+    def block(h=8, hkv=2, t=256, *, grad=True, autocast=False, mask=None, causal=True, dtype=torch.float32) -> int:
+        blocks.clear()
+        q = torch.randn(1, h, t, 8, dtype=dtype, requires_grad=grad)
+        k, v = (torch.randn(1, hkv, t, 8, dtype=dtype, requires_grad=grad) for _ in range(2))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, _ = attention.sdpa_attention(q, k, v, mask=mask, is_causal=causal, scale=0.3, dropout=0.0)
+        assert out.shape == (1, h, t, 8) and out.dtype == (torch.bfloat16 if autocast else dtype)
+        return blocks[0] if blocks else 0
+
+    assert block() == 128  # 4 heads a key/value head x 128 rows: products of 512 rows
+    assert block(h=6, t=512) == 192  # 3 heads: blocks grow to 192 rows (a multiple of 64)
+    assert block(h=4, hkv=4, t=512) == 512  # MHA: one head, 512 rows a block
+    assert block(h=4, hkv=4, t=256) == 0  # MHA at 256: products too small, the fused kernel
+    assert block(causal=False) == 128
+    assert block(grad=False) == 0  # inference
+    assert block(mask=torch.ones(1, 1, 256, 256, dtype=torch.bool)) == 0
+    assert block(autocast=True) == 0  # bf16 autocast: the bf16 path's choice (off here)
+    assert block(dtype=torch.float64) == 0
+    monkeypatch.setattr(attention, "MATMUL_BLOCK_SCORES", 4 * 128 * 256 - 1)
+    assert block() == 0  # a block's scores past the bound
+    monkeypatch.setattr(attention, "MATMUL_BLOCK_SCORES", 1 << 22)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", False)
+    assert block() == 0  # where the fused kernel measured as fast
+
+
+def test_a_float32_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch) -> None:
+    from specformer.components import attention
+
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 64)
+    model = build_model(tiny(positional={"type": "rope"}, max_seq_len=320))
+    ids = torch.randint(0, 61, (2, 301))
+    used: list[int] = []
+    real = attention.cpu_matmul_attention
+    monkeypatch.setattr(attention, "cpu_matmul_attention", lambda *a, **kw: used.append(1) or real(*a, **kw))
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = step()
+    assert used
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", False)
+    used.clear()
+    ref_loss, ref_grads = step()
+    assert not used
+    assert abs(loss - ref_loss) < 1e-5 * ref_loss
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert ((got - want).norm() / want.norm()) < 1e-4
+
+
+def test_the_float32_attention_measurement_decides_once_and_only_with_onednn(monkeypatch, recorded_ops) -> None:
+    from specformer.components import attention, products
+
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", None)
+    attention._measured_float32_attention.cache_clear()
+    monkeypatch.setattr(products, "ONEDNN", False)  # MKL's products: no measurement, the fused kernel
+    timed: list[int] = []
+    real = attention._faster_than_fused
+    monkeypatch.setattr(attention, "_faster_than_fused", lambda *a: timed.append(1) or real(*a))
+    assert attention.float32_attention_is_faster() is False and not timed
+    attention._measured_float32_attention.cache_clear()
+    monkeypatch.setattr(products, "ONEDNN", True)
+    with recorded_ops() as seen, torch.no_grad():
+        first = attention.float32_attention_is_faster()
+    assert isinstance(first, bool) and seen.names == [] and timed == [1]
+    assert attention.float32_attention_is_faster() is first and timed == [1]
+    attention._measured_float32_attention.cache_clear()

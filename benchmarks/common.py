@@ -656,6 +656,16 @@ def machine_info(dev: torch.device) -> dict[str, Any]:
         from specformer.components.products import onednn_is_faster
 
         info["specformer_fp32_products"] = "oneDNN" if onednn_is_faster() else "torch.mm"
+        # training attention: plain products where measured faster than torch's fused kernel
+        from specformer.components.attention import (
+            float32_attention_is_faster,
+            matmul_attention_is_faster,
+        )
+
+        info["specformer_training_attention"] = {
+            "bf16": "products" if matmul_attention_is_faster() else "fused kernel",
+            "fp32": "products (GQA, >= 512-row blocks)" if float32_attention_is_faster() else "fused kernel",
+        }
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
     for mod in ("transformers", "x_transformers"):

@@ -122,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"x-transformers {m['x-transformers']}"
               + (f", malloc {m['malloc']}" if "malloc" in m else "")
               + (f", specformer's float32 products: {m['specformer_fp32_products']}" if "specformer_fp32_products" in m else "")
+              + (", training attention: " + ", ".join(f"{k} {v}" for k, v in m["specformer_training_attention"].items())
+                 if "specformer_training_attention" in m else "")
               + "\n")
         print(render(data) + "\n")
 

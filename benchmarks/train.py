@@ -47,8 +47,8 @@ from specformer.analysis import flops_per_token
 __all__ = ["main", "record_matmuls", "matmul_throughput", "compiled_adapter", "executed_flops"]
 
 aten = torch.ops.aten
-_MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm",
-            aten.baddbmm.default: "baddbmm"}
+_MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.addmm_.default: "addmm_",
+            aten.bmm.default: "bmm", aten.baddbmm.default: "baddbmm"}
 # specformer's float32 products where oneDNN is faster than mm (specformer.components.products)
 _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None
 if _LINEAR_POINTWISE is not None:
@@ -62,7 +62,7 @@ Signature = tuple[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], torc
 
 
 class _Recorder(TorchDispatchMode):
-    """Counts every matrix product (mm, addmm, bmm, baddbmm) by shape, layout and dtype."""
+    """Counts every matrix product (mm, addmm, addmm_, bmm, baddbmm, oneDNN's linear) by shape, layout and dtype."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,7 +95,7 @@ def _flops(sig: Signature) -> int:
         x, w = tensors[0][0], tensors[1][0]
         return 2 * (math.prod(x) // x[-1]) * x[-1] * w[0]
     a, b = tensors[-2][0], tensors[-1][0]  # the two factors (addmm/baddbmm: input first)
-    if name in ("mm", "addmm"):
+    if name in ("mm", "addmm", "addmm_"):
         return 2 * a[0] * a[1] * b[1]
     return 2 * a[0] * a[1] * a[2] * b[2]
 
@@ -110,7 +110,7 @@ def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: i
     (enough calls to take ``min_seconds``; median of ``repeat`` such runs, per call);
     FLOP/s of the whole set weighted by how often the step runs each one. One call timed
     alone would also time the wake-up of idle threads, which a step does not pay."""
-    ops = {"mm": torch.mm, "addmm": torch.addmm, "bmm": torch.bmm, "baddbmm": torch.baddbmm,
+    ops = {"mm": torch.mm, "addmm": torch.addmm, "addmm_": torch.Tensor.addmm_, "bmm": torch.bmm, "baddbmm": torch.baddbmm,
            "linear_pointwise": lambda x, w, b=None: _LINEAR_POINTWISE(x, w, b, "none", [], "")}
     total_flops = total_time = 0.0
     for sig, count in calls.items():

@@ -79,6 +79,28 @@ def test_matmul_recorder_counts_the_models_linear_flops() -> None:
     assert mm["flops"] == recorded and mm["flops_per_s"] > 0
 
 
+def test_matmul_recorder_counts_float32_attention_run_as_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    # where float32 training attention runs as products, they are in the step's set: per batch
+    # row, key/value head and layer, a causal block of all T rows (G heads) against T keys,
+    # 2 products forward, 5 backward (the scores again, then dP, dQ, dK, dV)
+    from specformer.components import attention
+
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 16)
+    shape = select_shapes(["llama-style"], quick=True)[0]
+    (ours,) = build_adapters(shape, CPU, ["specformer"])
+    calls = train.record_matmuls(ours, make_batch(shape, CPU), bf16=False, dev=CPU)
+    recorded = sum(count * train._flops(sig) for sig, count in calls.items())
+    spec = shape.model_spec()
+    f = flops_per_token(spec, seq_len=shape.seq_len, count="executed")
+    linear = sum(v for k, v in f.components.items() if not k.endswith("scores"))
+    att = spec.decoder.attention
+    t, g = shape.seq_len, att.n_heads // att.n_kv_heads
+    products = 7 * 2 * (g * t) * att.head_dim * t * shape.batch * att.n_kv_heads * spec.decoder.n_layers
+    assert recorded == pytest.approx(3 * linear * shape.tokens + products, rel=1e-6)
+    assert any(sig[0] == "addmm_" for sig in calls)  # the key and value gradients, summed in place
+
+
 @pytest.mark.slow
 def test_train_quick(tmp_path: Path) -> None:
     out = tmp_path / "train.json"
@@ -100,6 +122,7 @@ def test_train_quick(tmp_path: Path) -> None:
     assert "x-transformers" not in {r["library"] for r in data["results"] if r["shape"] == "t5-style"}
     by_fp32_gpt2 = {r["library"]: r for r in data["results"] if r["shape"] == "gpt2-style" and r["precision"] == "fp32"}
     assert data["machine"]["torch"] == torch.__version__
+    assert set(data["machine"]["specformer_training_attention"]) == {"bf16", "fp32"}
     table = report.render(data)
     assert table.count("\n| gpt2-style | fp32 |") == len(libs)
     spread = report.ratios([("run1", data), ("run2", data)])

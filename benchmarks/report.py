@@ -65,6 +65,14 @@ def render(data: dict[str, Any]) -> str:
               "–" if r["specformer_over_library"] is None else f"{r['specformer_over_library']:.3f}"]
              for r in rows],
         )
+    if kind == "attention":
+        return _table(
+            ["shape", "precision", "B, H / Hkv, T, Dh", "specformer path", "specformer ms", "torch SDPA ms",
+             "specformer ×"],
+            [[r["shape"], r["precision"], f"{r['batch']}, {r['heads']} / {r['kv_heads']}, {r['seq_len']}, {r['head_dim']}",
+              r["specformer_path"], _n(r["specformer_ms"]), _n(r["torch_ms"]), _x(r["speedup_of_specformer"])]
+             for r in rows],
+        )
     if kind == "cli":
         return _table(
             ["command", "wall s (median)", "all runs s", "peak RSS MiB"],

@@ -10,12 +10,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import cli, data, inference, memory, train
+from benchmarks import attention, cli, data, inference, memory, train
 
 __all__ = ["main", "BENCHMARKS"]
 
-BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory.main, "cli": cli.main,
-              "data": data.main}
+BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory.main,
+              "attention": attention.main, "cli": cli.main, "data": data.main}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
 
-from benchmarks import cli, common, data, inference, memory, report, run_all, train  # noqa: E402
+from benchmarks import attention, cli, common, data, inference, memory, report, run_all, train  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     QUICK_SHAPES,
     available_libraries,
@@ -224,6 +224,34 @@ def test_memory_quick(tmp_path: Path) -> None:
     assert "| llama-style | fp32 | specformer |" in report.render(_load(out))
 
 
+def test_attention_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each shape's attention both ways; the row says which path specformer took, and the two
+    # compute the same attention
+    from specformer.components import attention as attention_module
+
+    monkeypatch.setattr(attention_module, "MATMUL_ATTENTION", True)  # whatever this machine measures
+    monkeypatch.setattr(attention_module, "FLOAT32_ATTENTION", False)
+    out = tmp_path / "attention.json"
+    attention.main(["--quick", "--shapes", "gpt2-style", "t5-style", "llama-style", "--dims", "1,6,2,40,8",
+                    "--out", str(out)])
+    data = _load(out)
+    assert [(r["shape"], r["precision"]) for r in data["results"]] == [
+        (s, p) for s in ("gpt2-style", "llama-style", "dims") for p in ("fp32", "bf16")]  # t5's trained bias: left out
+    extra = data["results"][-1]
+    assert (extra["batch"], extra["heads"], extra["kv_heads"], extra["seq_len"], extra["head_dim"]) == (1, 6, 2, 40, 8)
+    for r in data["results"]:
+        rows = min(128, r["seq_len"])
+        assert r["specformer_path"] == ("fused kernel" if r["precision"] == "fp32" else f"products, blocks of {rows} rows")
+        assert r["output_max_diff"] < (1e-5 if r["precision"] == "fp32" else 0.05)
+        assert r["speedup_of_specformer"] == pytest.approx(r["torch_ms"] / r["specformer_ms"])
+    llama = next(r for r in data["results"] if r["shape"] == "llama-style")
+    assert (llama["heads"], llama["kv_heads"], llama["causal"]) == (4, 2, True)
+    table = report.render(data)
+    assert "| llama-style | bf16 | 2, 4 / 2, 32, 8 | products, blocks of 32 rows |" in table
+    with pytest.raises(SystemExit, match="HKV dividing H"):
+        attention.main(["--quick", "--shapes", "llama-style", "--dims", "1,6,4,40,8"])
+
+
 def test_cli_quick(tmp_path: Path) -> None:
     out = tmp_path / "cli.json"
     cli.main(["--quick", "--out", str(out)])
@@ -340,7 +368,8 @@ def test_mlm_step_runs_the_head_on_labelled_positions_only() -> None:
     assert train.executed_flops(spec, shape, batch) == pytest.approx(recorded + 3 * scores * shape.tokens, rel=0.01)
 
 
-@pytest.mark.parametrize("module", [train, inference, memory, cli, run_all], ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("module", [train, inference, memory, attention, cli, run_all],
+                         ids=lambda m: m.__name__.split(".")[-1])
 def test_help_describes_the_benchmark_in_whole_sentences(module, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])

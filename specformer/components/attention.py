@@ -25,6 +25,7 @@ materialising it (only when T == S and nothing else is masked).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -299,15 +300,11 @@ class _Float32Attention(torch.autograd.Function):
         keys_all, values_t = k.contiguous(), v.transpose(-2, -1).contiguous()  # (B, Hkv, S, Dh), (B, Hkv, Dh, S)
         future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, t, hkv, g, dh)
-        for i in range(b):
-            for j in range(hkv):
-                for start in range(0, t, block):
-                    end = min(t, start + block)
-                    keys = end if is_causal else s
-                    rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
-                    weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
-                    values = values_t[i, j] if keys == s else values_t[i, j, :, :keys].contiguous()
-                    out[i, start:end, j] = mm_nt(weights, values).view(end - start, g, dh)
+        for i, j, start, end, keys in _float32_blocks(b, hkv, t, s, block, is_causal):
+            rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
+            weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+            values = values_t[i, j] if keys == s else values_t[i, j, :, :keys].contiguous()
+            out[i, start:end, j] = mm_nt(weights, values).view(end - start, g, dh)
         ctx.save_for_backward(q, k, v)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out.view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
@@ -327,21 +324,26 @@ class _Float32Attention(torch.autograd.Function):
         dq = q.new_empty(b, t, hkv, g, dh)
         dk = torch.zeros_like(keys_all)  # summed over blocks
         dv = torch.zeros_like(values_all)
-        for i in range(b):
-            for j in range(hkv):
-                for start in range(0, t, block):
-                    end = min(t, start + block)
-                    keys = end if is_causal else s
-                    rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
-                    weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
-                    grad_rows = grad[i, j, start:end].view(-1, dh)
-                    grad_scores = torch.ops.aten._softmax_backward_data(
-                        mm_nt(grad_rows, values_all[i, j, :keys]), weights, -1, weights.dtype)  # (n G, keys)
-                    keys_tk = keys_t[i, j] if keys == s else keys_t[i, j, :, :keys].contiguous()
-                    dq[i, start:end, j] = mm_nt(grad_scores, keys_tk).view(end - start, g, dh)
-                    dk[i, j, :keys].addmm_(grad_scores.t(), rows)
-                    dv[i, j, :keys].addmm_(weights.t(), grad_rows)
+        for i, j, start, end, keys in _float32_blocks(b, hkv, t, s, block, is_causal):
+            rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
+            weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+            grad_rows = grad[i, j, start:end].view(-1, dh)
+            grad_scores = torch.ops.aten._softmax_backward_data(
+                mm_nt(grad_rows, values_all[i, j, :keys]), weights, -1, weights.dtype)  # (n G, keys)
+            keys_tk = keys_t[i, j] if keys == s else keys_t[i, j, :, :keys].contiguous()
+            dq[i, start:end, j] = mm_nt(grad_scores, keys_tk).view(end - start, g, dh)
+            dk[i, j, :keys].addmm_(grad_scores.t(), rows)
+            dv[i, j, :keys].addmm_(weights.t(), grad_rows)
         return dq.view(b, t, h, dh).transpose(1, 2).mul_(scale), dk, dv, None, None, None
+
+
+def _float32_blocks(b: int, hkv: int, t: int, s: int, block: int, is_causal: bool) -> Iterator[tuple[int, ...]]:
+    """(batch row, key/value head, first row, end row, keys) of each block, in order."""
+    for i in range(b):
+        for j in range(hkv):
+            for start in range(0, t, block):
+                end = min(t, start + block)
+                yield i, j, start, end, (end if is_causal else s)
 
 
 def _by_kv_head(x: Tensor, hkv: int) -> Tensor:

@@ -63,3 +63,20 @@ class RecordedOps(torch.utils._python_dispatch.TorchDispatchMode):
 def recorded_ops() -> type[RecordedOps]:
     """``with recorded_ops() as ops: ...``: ``ops.names``, the ATen operations run under it."""
     return RecordedOps
+
+
+def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor, *, bf16: bool = False
+                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.fixture
+def loss_and_grads() -> Callable[..., tuple[torch.Tensor, list[torch.Tensor]]]:
+    """``loss_and_grads(model, ids, bf16=False)``: one language-model training forward and
+    backward on ``ids`` (B, T + 1), in bfloat16 autocast with ``bf16``: the loss and every
+    parameter's gradient (copies)."""
+    return _loss_and_grads

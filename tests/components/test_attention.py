@@ -325,7 +325,7 @@ def test_sdpa_backend_takes_the_matmul_path_only_for_bf16_training_on_the_cpu(mo
     assert not run(torch.bfloat16)  # where the fused kernel measured as fast
 
 
-def test_a_bf16_autocast_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch) -> None:
+def test_a_bf16_autocast_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch, loss_and_grads) -> None:
     # the whole model, forward and backward, with the matmul path and with torch's kernel
     from specformer.components import attention
 
@@ -333,17 +333,9 @@ def test_a_bf16_autocast_training_step_matches_the_fused_kernel(tiny: Tiny, monk
 
     model = build_model(tiny(positional={"type": "rope"}, max_seq_len=320))
     ids = torch.randint(0, 61, (2, 301))
-
-    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    loss, grads = step()
+    loss, grads = loss_and_grads(model, ids, bf16=True)
     monkeypatch.setattr(attention, "MATMUL_BLOCK_SCORES", 0)
-    ref_loss, ref_grads = step()
+    ref_loss, ref_grads = loss_and_grads(model, ids, bf16=True)
     assert abs(loss - ref_loss) < 2e-3 * ref_loss
     for got, want in zip(grads, ref_grads, strict=True):
         assert ((got - want).norm() / want.norm()) < 0.05
@@ -487,7 +479,7 @@ def test_sdpa_backend_takes_the_float32_path_for_large_enough_products(monkeypat
     assert block() == 0  # where the fused kernel measured as fast
 
 
-def test_a_float32_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch) -> None:
+def test_a_float32_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatch, loss_and_grads) -> None:
     from specformer.components import attention
 
     monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
@@ -497,18 +489,11 @@ def test_a_float32_training_step_matches_the_fused_kernel(tiny: Tiny, monkeypatc
     used: list[int] = []
     real = attention.cpu_matmul_attention
     monkeypatch.setattr(attention, "cpu_matmul_attention", lambda *a, **kw: used.append(1) or real(*a, **kw))
-
-    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    loss, grads = step()
+    loss, grads = loss_and_grads(model, ids)
     assert used
     monkeypatch.setattr(attention, "FLOAT32_ATTENTION", False)
     used.clear()
-    ref_loss, ref_grads = step()
+    ref_loss, ref_grads = loss_and_grads(model, ids)
     assert not used
     assert abs(loss - ref_loss) < 1e-5 * ref_loss
     for got, want in zip(grads, ref_grads, strict=True):

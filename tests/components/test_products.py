@@ -85,7 +85,7 @@ def test_the_loss_products_give_the_same_sums(onednn) -> None:
     assert len(onednn) == 2
 
 
-def test_every_linear_layer_and_the_head_take_onednn_in_a_training_step(onednn, monkeypatch) -> None:
+def test_every_linear_layer_and_the_head_take_onednn_in_a_training_step(onednn, monkeypatch, loss_and_grads) -> None:
     from specformer.specs.loader import load_spec
 
     spec = load_spec("gpt-nano", overrides=["d_model=64", "decoder.n_layers=2", "vocab_size=300",
@@ -93,17 +93,10 @@ def test_every_linear_layer_and_the_head_take_onednn_in_a_training_step(onednn, 
     model = build_model(spec)
     assert all(type(m) is Linear for m in model.modules() if isinstance(m, nn.Linear))
     ids = torch.randint(0, 300, (2, 65))
-
-    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    loss, grads = step()
+    loss, grads = loss_and_grads(model, ids)
     products_run = len(onednn)
     monkeypatch.setattr(products, "ONEDNN", False)
-    want_loss, want_grads = step()
+    want_loss, want_grads = loss_and_grads(model, ids)
     # per layer: qkv, o, up, down, forward and two backward each; the head's in the loss
     assert products_run >= 2 * 4 * 3 + 3
     assert torch.allclose(loss, want_loss, rtol=1e-5)

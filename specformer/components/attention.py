@@ -36,6 +36,7 @@ from specformer.components.cache import KVCache
 from specformer.components.positional import apply_rotary
 from specformer.components.products import (
     Linear,
+    in_functorch_transform,
     measured_faster,
     measurement,
     mm_nt,
@@ -185,6 +186,8 @@ def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> i
     with a cache offset, keys too many, outside bfloat16 (the inputs', or autocast's) and
     float32, or in float32 where the products would be too small (:func:`_float32_block_rows`)."""
     if q.device.type != "cpu" or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return 0
+    if in_functorch_transform():  # torch.func.grad, vmap: the fused kernel has their rules
         return 0
     if not (q.requires_grad or k.requires_grad or v.requires_grad):
         return 0

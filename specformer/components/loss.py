@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from specformer.components.products import add_mm_nt_, mm_nt
+from specformer.components.products import add_mm_nt_, in_functorch_transform, mm_nt
 
 __all__ = ["linear_cross_entropy", "check_label_smoothing", "IGNORE_INDEX"]
 
@@ -201,7 +201,7 @@ def linear_cross_entropy(
         )
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
+    ) and not in_functorch_transform():  # torch.func transforms differentiate the chunks below
         return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing)
     dtype = _compute_dtype(x)
     acc = _loss_dtype(dtype)
@@ -215,7 +215,7 @@ def linear_cross_entropy(
         for start in range(0, n, step):
             rows = slice(start, min(start + step, n))
             logits = mm_nt(x[rows].to(dtype), wc, bc).to(acc)
-            total += F.cross_entropy(
+            total = total + F.cross_entropy(
                 logits, labels[rows], ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
             )
     return total / count.to(acc)

@@ -27,6 +27,7 @@ from specformer.components.cache import KVCache
 from specformer.components.embedding import Embedding
 from specformer.components.loss import IGNORE_INDEX, check_label_smoothing
 from specformer.components.outputs import ModelOutput
+from specformer.components.products import in_functorch_transform
 
 __all__ = ["EncoderModel", "DecoderModel", "EncoderDecoderModel", "default_position_ids"]
 
@@ -117,9 +118,11 @@ def _check_not_the_inputs(labels: Any, ids: Any, *, ids_name: str, instead: str)
     shifted inside its models), which here, with labels already shifted, trains a copy."""
     if not (isinstance(labels, Tensor) and isinstance(ids, Tensor)):
         return
-    # a compiled forward sees the identity, not the storage (no data_ptr under tracing)
+    # a compiled forward, or one under a torch.func transform, sees the identity, not the
+    # storage (no data_ptr under tracing or for functorch's wrapped tensors)
     same = labels is ids or (
-        not torch.compiler.is_compiling() and labels.device.type != "meta" and labels.numel() > 0
+        not torch.compiler.is_compiling() and not in_functorch_transform()
+        and labels.device.type != "meta" and labels.numel() > 0
         and labels.data_ptr() == ids.data_ptr() and labels.shape == ids.shape
         and labels.stride() == ids.stride() and labels.dtype == ids.dtype
     )

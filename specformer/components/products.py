@@ -30,7 +30,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["Linear", "linear", "mm_nt", "add_mm_nt_", "measurement", "measured_faster", "onednn_is_faster", "ONEDNN", "MIN_ROWS"]
+__all__ = [
+    "Linear", "linear", "mm_nt", "add_mm_nt_", "measurement", "measured_faster", "onednn_is_faster",
+    "in_functorch_transform", "ONEDNN", "MIN_ROWS",
+]
 
 #: None: measure once (:func:`onednn_is_faster`); True or False: decided.
 ONEDNN: bool | None = None
@@ -111,6 +114,14 @@ def onednn_is_faster() -> bool:
     return ONEDNN if ONEDNN is not None else _measured()
 
 
+def in_functorch_transform() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) is running: the
+    custom autograd functions of the faster kernels (products, attention, the chunked loss)
+    do not take part in those, so the plain torch path runs instead."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active()) if active is not None else False
+
+
 def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
     return (
         x.device.type == "cpu"
@@ -120,6 +131,7 @@ def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
         and x.numel() >= MIN_ROWS * x.shape[-1] > 0
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
+        and not in_functorch_transform()
         and not _counting_flops()
         and onednn_is_faster()
     )

@@ -163,3 +163,27 @@ def test_a_weight_laid_out_column_by_column_gives_the_same_product(onednn) -> No
     assert not w.is_contiguous()
     x = torch.randn(2, 40, 24)
     assert _close(linear(x, w), F.linear(x, w)) and onednn
+
+
+def test_torch_func_grad_runs_the_plain_kernels_and_gives_autograd_s_gradients(monkeypatch, tiny, loss_and_grads) -> None:
+    # the faster kernels' custom autograd functions take no part in torch.func transforms; under
+    # one the plain torch path runs (products, attention, the chunked loss), and the gradients
+    # are autograd's
+    from specformer.components import attention
+
+    monkeypatch.setattr(products, "ONEDNN", True)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 64)
+    model = build_model(tiny(positional={"type": "rope"}, max_seq_len=160))
+    ids = torch.randint(0, 61, (2, 141))
+    want_loss, want = loss_and_grads(model, ids)
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.func.functional_call(model, params, (ids[:, :-1],), {"labels": ids[:, 1:]}).loss
+
+    assert not products.in_functorch_transform()
+    got = torch.func.grad(loss)(params)
+    assert torch.allclose(loss(params), want_loss, atol=1e-5)
+    for (name, _), grad in zip(model.named_parameters(), want, strict=True):
+        assert torch.allclose(got[name], grad, rtol=1e-4, atol=1e-6), name

@@ -50,6 +50,36 @@ def test_linear_gives_f_linear_values_and_gradients(onednn, shape, bias: bool, t
         assert _close(got, ref)
 
 
+@pytest.mark.parametrize("layout", ["a row slice of a wider matrix", "every other row"])
+def test_a_weight_whose_rows_are_apart_stays_with_torch(onednn, layout: str) -> None:
+    # oneDNN reads such a weight through a reference path, ~1,000x as slow: F.linear's product
+    x = torch.randn(64, 24, requires_grad=True)
+    w = (torch.randn(16, 40)[:, :24] if layout == "a row slice of a wider matrix" else torch.randn(32, 24)[::2])
+    w.requires_grad_()
+    assert not w.is_contiguous() and w.stride(0) != 1
+    out = linear(x, w)
+    out.sum().backward()
+    assert not onednn and _close(out, F.linear(x, w)) and mm_nt(x, w) is not None and not onednn
+    column_major = torch.randn(24, 16).t()  # read at speed: taken
+    assert _close(linear(x, column_major), F.linear(x, column_major)) and onednn
+
+
+def test_an_input_of_scattered_rows_and_columns_is_read_at_speed_for_the_weight_gradient(monkeypatch, onednn) -> None:
+    # the weight's gradient multiplies by the input transposed, as the product's right factor;
+    # one whose rows and columns are both apart is made contiguous first
+    seen: list[bool] = []
+    real = products._pointwise
+    monkeypatch.setattr(products, "_pointwise",
+                        lambda a, w, b=None: seen.append(products._dense_weight(w)) or real(a, w, b))
+    x = torch.randn(128, 96)[::2, ::2].requires_grad_()  # (64, 48), strides (192, 2)
+    w = torch.randn(16, 48, requires_grad=True)
+    g = torch.randn(64, 16)
+    grads = torch.autograd.grad(linear(x, w), (x, w), g)
+    want = torch.autograd.grad(F.linear(x, w), (x, w), g)
+    assert len(seen) == 3 and all(seen)  # forward, the input's gradient, the weight's
+    assert all(_close(a, b) for a, b in zip(grads, want, strict=True))
+
+
 def test_the_gradient_of_a_sum_is_taken_too(onednn) -> None:
     # out.sum().backward() hands the product an expanded (stride 0) gradient
     x = torch.randn(40, 8, requires_grad=True)

@@ -72,6 +72,13 @@ class Spec(BaseModel):
             data[key] = value
         return self._validated(data)
 
+    def __str__(self) -> str:
+        """``print(spec.decoder)``: the part's fields as YAML, as they read in a spec file
+        (``specformer validate`` prints a whole spec so); ``repr()`` stays pydantic's."""
+        from specformer.specs.loader import dump_yaml
+
+        return dump_yaml(self.model_dump(mode="json"))
+
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         """How IPython and Jupyter show a spec: its fields as YAML (what ``specformer validate``
         prints) after a comment naming its class, not pydantic's one line of every field; the

@@ -547,6 +547,11 @@ def test_a_spec_shows_as_its_yaml_and_keeps_pydantics_repr() -> None:
     part = Printer()
     spec.decoder.attention._repr_pretty_(part, False)
     assert part.out.splitlines()[:4] == ["# AttentionSpec", "type: mha", "n_heads: 4", "n_kv_heads: 4"]
+    # print(spec.decoder): a part prints as its YAML too, which is the part's own fields
+    assert str(spec.decoder.attention).splitlines()[:3] == ["type: mha", "n_heads: 4", "n_kv_heads: 4"]
+    assert yaml.safe_load(str(spec.decoder)) == spec.decoder.model_dump(mode="json")
+    assert spec.model_copy(update={"decoder": yaml.safe_load(str(spec.decoder))}) == spec
+    assert repr(spec.decoder).startswith("StackSpec(n_layers=4, ") and "\n" not in repr(spec.decoder)
 
 
 def test_an_empty_spec_name_says_so_not_that_the_current_folder_is_one(tmp_path, monkeypatch) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from benchmarks.common import (
+    _timer,
     alternate,
     base_parser,
     machine_info,
@@ -70,7 +71,7 @@ def _timed(attend: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...],
     """A callable timing forward + backward (the inputs' gradients) of ``attend``; seconds."""
 
     def run() -> float:
-        start = time.perf_counter()
+        start = _timer(dev)()  # after the device's queued work
         torch.autograd.grad(attend(), inputs, grad)
         sync(dev)
         return time.perf_counter() - start

@@ -11,8 +11,9 @@ parameters and state-dict names) and the chunked loss's products go through oneD
 ``mkldnn::_linear_pointwise``, forward and backward, where a measurement taken once per
 process (:func:`onednn_is_faster`) finds it at least ``1 / ONEDNN_MARGIN`` times as fast as
 ``mm`` on this machine; elsewhere (MKL on Intel processors is as fast) nothing changes. Only
-float32 products of at least ``MIN_ROWS`` rows, outside autocast and ``torch.compile``: the
-one-row products of decoding keep their own layout (:mod:`specformer.components.layout`).
+float32 products of at least ``MIN_ROWS`` rows with a weight stored row after row or column
+after column, outside autocast, ``torch.compile`` and ``torch.func`` transforms: the one-row
+products of decoding keep their own layout (:mod:`specformer.components.layout`).
 Both libraries compute in float32 (no reduced-precision internals); the sums may be taken
 in another order, so results differ at float32 rounding.
 
@@ -114,12 +115,14 @@ def onednn_is_faster() -> bool:
     return ONEDNN if ONEDNN is not None else _measured()
 
 
+_functorch_active: Callable[[], bool] | None = getattr(torch._C, "_are_functorch_transforms_active", None)
+
+
 def in_functorch_transform() -> bool:
     """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) is running: the
     custom autograd functions of the faster kernels (products, attention, the chunked loss)
     do not take part in those, so the plain torch path runs instead."""
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active()) if active is not None else False
+    return bool(_functorch_active()) if _functorch_active is not None else False
 
 
 def _dense_weight(weight: Tensor) -> bool:
@@ -172,8 +175,7 @@ class _OneDNNLinear(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        if grad.stride(-1) == 0 or not grad.is_contiguous():  # an expanded gradient (of a sum)
-            grad = grad.contiguous()
+        grad = grad.contiguous()  # an expanded gradient (of a sum) has stride 0
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = _pointwise(grad, weight.t())  # (..., N) (N, K) -> (..., K)

@@ -185,7 +185,7 @@ def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> i
     stays with SDPA: off the CPU, when no gradient is taken (inference), a causal query block
     with a cache offset, keys too many, outside bfloat16 (the inputs', or autocast's) and
     float32, or in float32 where the products would be too small (:func:`_float32_block_rows`)."""
-    if q.device.type != "cpu" or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if q.device.type != "cpu" or not torch.is_grad_enabled():
         return 0
     if in_functorch_transform():  # torch.func.grad, vmap: the fused kernel has their rules
         return 0

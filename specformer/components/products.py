@@ -12,8 +12,10 @@ parameters and state-dict names) and the chunked loss's products go through oneD
 process (:func:`onednn_is_faster`) finds it at least ``1 / ONEDNN_MARGIN`` times as fast as
 ``mm`` on this machine; elsewhere (MKL on Intel processors is as fast) nothing changes. Only
 float32 products of at least ``MIN_ROWS`` rows with a weight stored row after row or column
-after column, outside autocast, ``torch.compile`` and ``torch.func`` transforms: the one-row
-products of decoding keep their own layout (:mod:`specformer.components.layout`).
+after column, outside autocast and ``torch.func`` transforms: the one-row products of
+decoding keep their own layout (:mod:`specformer.components.layout`). ``torch.compile``
+keeps them: the product is one operation of the compiled graph (``specformer::onednn_linear``)
+and the measurement is taken, not traced, when tracing first reaches it.
 Both libraries compute in float32 (no reduced-precision internals); the sums may be taken
 in another order, so results differ at float32 rounding.
 
@@ -47,15 +49,37 @@ PROBE_SHAPE = (256, 512, 1536)
 
 
 def _pointwise(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` by oneDNN; ``x`` (..., K), ``weight`` (N, K), any strides."""
+    """``x @ weight.T + bias`` by oneDNN; ``x`` (..., K), ``weight`` (N, K), any strides.
+    Traced by ``torch.compile`` as one opaque operation (:func:`_compiled_pointwise`)."""
+    if torch.compiler.is_compiling():
+        return _compiled_pointwise(x, weight, bias)
+    return _onednn_linear(x, weight, bias)
+
+
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@torch.library.custom_op("specformer::onednn_linear", mutates_args=())
+def _compiled_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """oneDNN's product as ``torch.compile`` sees it: inductor lowers ``mkldnn::_linear_pointwise``
+    only for weights it has packed itself (inference with freezing), so a compiled training
+    step calls the product as it is, and fuses the elementwise work around it."""
+    return _onednn_linear(x, weight, bias)
+
+
+@_compiled_pointwise.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def measurement(measure: Callable[[], bool]) -> Callable[[], bool]:
     """A once-per-process measurement (``functools.cache``, so ``cache_clear`` measures again),
     run outside any dispatch mode its first caller is under (a FLOP counter, a recorder),
     outside autocast, and outside the caller's saved-tensor hooks (activation offloading, a
-    memory count): the measurement's own tensors are kept as they are."""
+    memory count): the measurement's own tensors are kept as they are. ``torch.compile`` runs
+    it (or reads its result) when tracing first reaches it, and keeps the answer as a constant
+    of the graph (``torch.compiler.assume_constant_result``): the timing is not traced."""
 
     @functools.cache
     @functools.wraps(measure)
@@ -66,7 +90,12 @@ def measurement(measure: Callable[[], bool]) -> Callable[[], bool]:
               torch.autograd.graph.saved_tensors_hooks(_same, _same)):
             return measure()
 
-    return measured
+    @functools.wraps(measure)
+    def decided() -> bool:
+        return measured()
+
+    decided.cache_clear, decided.cache_info = measured.cache_clear, measured.cache_info  # type: ignore[attr-defined]
+    return torch.compiler.assume_constant_result(decided)
 
 
 def _same(t: Tensor) -> Tensor:
@@ -141,7 +170,6 @@ def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
         and x.dim() >= 2
         and x.numel() >= MIN_ROWS * x.shape[-1] > 0
         and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
         and not in_functorch_transform()
         and not _counting_flops()
         and onednn_is_faster()
@@ -150,9 +178,10 @@ def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
 
 def _counting_flops() -> bool:
     """Whether a ``torch.utils.flop_counter.FlopCounterMode`` is active: it has no formula for
-    oneDNN's product, so the products it counts stay torch's own."""
+    oneDNN's product, so the products it counts stay torch's own. (``torch.compile`` traces
+    under no such mode: the dispatch stack is not read while tracing.)"""
     counter = sys.modules.get("torch.utils.flop_counter")
-    if counter is None or not torch._C._len_torch_dispatch_stack():  # no mode active: the usual case
+    if counter is None or torch.compiler.is_compiling() or not torch._C._len_torch_dispatch_stack():
         return False
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 

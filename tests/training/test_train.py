@@ -542,6 +542,39 @@ def test_compile_keeps_state_dict_names() -> None:
     assert load_spec("gpt-nano").training.compile is False
 
 
+@pytest.mark.slow
+def test_compile_trains_the_same_run_through_specformer_s_kernels(tiny, monkeypatch) -> None:
+    # training.compile=true with inductor: the oneDNN products and the float32 attention as
+    # products stay in the compiled step (tests/components/test_compile.py shows the graphs),
+    # in one graph per mode, and the run is the eager run to float32 rounding
+    from torch._dynamo.utils import counters
+
+    from specformer.components import attention, products
+
+    monkeypatch.setattr(products, "ONEDNN", True)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 64)
+    ran: list[int] = []
+    real = products._onednn_linear
+    monkeypatch.setattr(products, "_onednn_linear", lambda *a: ran.append(1) or real(*a))
+
+    def run(compile: bool):  # noqa: ANN202
+        spec = tiny("decoder", max_steps=6, val_interval=3, compile=compile)
+        spec["positional"] = {"type": "rope"}
+        spec["decoder"]["attention"] = {"n_heads": 4, "n_kv_heads": 2}
+        return train(load_spec(spec), progress=False)
+
+    plain = run(False)
+    torch._dynamo.reset()
+    counters.clear()
+    ran.clear()
+    compiled = run(True)
+    torch._dynamo.reset()
+    assert ran and not counters["graph_break"]
+    assert [h["val/loss"] for h in compiled.history] == pytest.approx([h["val/loss"] for h in plain.history], abs=1e-4)
+    assert compiled.train_loss == pytest.approx(plain.train_loss, abs=1e-4)
+
+
 def test_tensorboard_logs_the_same_metrics_as_the_csv(tiny) -> None:
     pytest.importorskip("tensorboard")  # the [dev] extra
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -1,0 +1,104 @@
+"""``torch.compile`` (``training.compile``) keeps specformer's own CPU kernels: the float32
+products through oneDNN and the training attention as products run inside the compiled
+graph, in one graph, with the values of the eager model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+from specformer.builder import build_model
+from specformer.components import attention, products
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
+                   "aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _recording_backend() -> tuple[Callable, set[str]]:
+    """AOTAutograd with no compiler (as ``aot_eager``), recording every operation of the
+    forward and backward graphs."""
+    targets: set[str] = set()
+
+    def record(gm: torch.fx.GraphModule, _inputs: object) -> Callable:
+        targets.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=record, bw_compiler=record), targets
+
+
+def _model(tiny):  # noqa: ANN001, ANN202
+    return build_model(tiny(positional={"type": "rope"}, max_seq_len=320,
+                            stack={"ffn": {"type": "glu", "activation": "silu", "d_ff": 64},
+                                   "norm": {"type": "rmsnorm"}}))
+
+
+def _compiled_loss_and_grads(model: torch.nn.Module, ids: torch.Tensor, loss_and_grads, *, bf16: bool = False):  # noqa: ANN001, ANN202
+    backend, targets = _recording_backend()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)  # fullgraph: no graph break
+    loss, grads = loss_and_grads(compiled, ids, bf16=bf16)
+    return loss, grads, targets
+
+
+def test_a_compiled_float32_step_keeps_the_onednn_products_and_the_attention_products(
+        tiny, monkeypatch, loss_and_grads) -> None:  # noqa: ANN001
+    monkeypatch.setattr(products, "ONEDNN", True)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 64)
+    model = _model(tiny)
+    ids = torch.randint(0, 61, (2, 257))
+    loss, grads, targets = _compiled_loss_and_grads(model, ids, loss_and_grads)
+    assert "specformer.onednn_linear.default" in targets
+    assert not targets & set(FUSED_ATTENTION)
+    assert "aten.mm.default" not in targets  # every product of the linear layers is oneDNN's
+    want_loss, want_grads = loss_and_grads(model, ids)
+    assert abs(loss - want_loss) < 1e-5 * want_loss
+    for got, want in zip(grads, want_grads, strict=True):
+        assert ((got - want).norm() / want.norm()) < 1e-4
+
+
+def test_a_compiled_bf16_autocast_step_keeps_the_attention_products(tiny, monkeypatch, loss_and_grads) -> None:  # noqa: ANN001
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
+    model = _model(tiny)
+    ids = torch.randint(0, 61, (2, 257))
+    loss, grads, targets = _compiled_loss_and_grads(model, ids, loss_and_grads, bf16=True)
+    assert "aten.softmax.int" in targets or "aten._softmax.default" in targets
+    assert not targets & set(FUSED_ATTENTION)
+    want_loss, want_grads = loss_and_grads(model, ids, bf16=True)
+    assert abs(loss - want_loss) < 2e-3 * want_loss
+    for got, want in zip(grads, want_grads, strict=True):
+        assert ((got - want).norm() / want.norm()) < 0.05
+
+
+def test_the_fused_kernel_stays_where_the_measurement_says_so(tiny, monkeypatch, loss_and_grads) -> None:  # noqa: ANN001
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", False)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", False)
+    monkeypatch.setattr(products, "ONEDNN", False)
+    _, _, targets = _compiled_loss_and_grads(_model(tiny), torch.randint(0, 61, (2, 257)), loss_and_grads)
+    assert set(FUSED_ATTENTION) <= targets
+    assert "specformer.onednn_linear.default" not in targets
+
+
+def test_a_measurement_is_taken_once_while_tracing_and_not_traced(tiny, monkeypatch, loss_and_grads) -> None:  # noqa: ANN001
+    # the first trace reaches the measurements (no eager call before): they run, once, and
+    # their answers are constants of the graph; fullgraph=True fails on any graph break
+    for name in ("MATMUL_ATTENTION", "FLOAT32_ATTENTION"):
+        monkeypatch.setattr(attention, name, None)
+    monkeypatch.setattr(products, "ONEDNN", None)
+    measured = (products._measured, attention._measured_float32_attention)
+    for measure in measured:
+        measure.cache_clear()
+    _compiled_loss_and_grads(_model(tiny), torch.randint(0, 61, (2, 257)), loss_and_grads)
+    assert [measure.cache_info().misses for measure in measured] == [1, 1]

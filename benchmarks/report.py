@@ -42,11 +42,13 @@ def render(data: dict[str, Any]) -> str:
     kind = data["benchmark"]
     rows = data["results"]
     if kind == "train":
+        compiled = any(r.get("speedup_of_compiled") is not None for r in rows)  # runs with --compile
         return _table(
             ["shape", "precision", "library", "params", "step ms", "tokens/s", "specformer ×",
-             "model GFLOP/s", "matmul GFLOP/s", "of matmul"],
+             *(["compiled ×"] if compiled else []), "model GFLOP/s", "matmul GFLOP/s", "of matmul"],
             [[r["shape"], r["precision"], r["library"], f"{r['params']:,}", _n(r["step_ms"]),
-              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"]), _n(1e3 * r["model_tflops_per_s"]),
+              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"]),
+              *([_x(r.get("speedup_of_compiled"))] if compiled else []), _n(1e3 * r["model_tflops_per_s"]),
               _n(1e3 * r["matmul_tflops_per_s"]), f"{100 * r['fraction_of_matmul']:.0f}%"] for r in rows],
         )
     if kind == "inference":

@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--repeat", type=int, default=None)
     p.add_argument("--compile", action="store_true",
-                   help="also time torch.compile(specformer model) as its own row (compile time excluded)")
+                   help="also time torch.compile(specformer model) as its own row (compile time excluded); "
+                        "a 'compiled ×' column gives it against each peer")
     p.add_argument("--compile-modes", nargs="*", default=[None], metavar="MODE",
                    help="with --compile: torch.compile modes, one row each (default: its default mode; "
                         "e.g. default max-autotune-no-cudagraphs)")
@@ -204,14 +205,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             mm = matmul_throughput(record_matmuls(adapters[0], batch, bf16=bf16, dev=dev), dev,
                                    repeat=1 if args.quick else 3)
             ours = median(times["specformer"])
+            # the first compiled row, against each peer: what training.compile gives over it
+            compiled = next((median(times[a.library]) for a in adapters if a.library.startswith("specformer+")), None)
             for a in adapters:
                 t = median(times[a.library])
+                peer = not a.library.startswith("specformer")
                 achieved = (ours_flops if a.library.startswith("specformer") else model_flops) / t
                 rows.append({
                     "shape": shape.name, "precision": precision, "library": a.library, "params": a.params,
                     "batch": shape.batch, "seq_len": shape.seq_len, "tokens": shape.tokens,
                     "step_ms": 1e3 * t, "times_s": times[a.library], "tokens_per_s": shape.tokens / t,
-                    "speedup_of_specformer": None if a.library.startswith("specformer") else t / ours,
+                    "speedup_of_specformer": t / ours if peer else None,
+                    "speedup_of_compiled": t / compiled if peer and compiled else None,
                     "model_tflops_per_s": achieved / 1e12,
                     "matmul_tflops_per_s": mm["flops_per_s"] / 1e12,
                     "fraction_of_matmul": achieved / mm["flops_per_s"],
@@ -230,12 +235,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                             "positions only"),
                             "quick": args.quick},
                "results": rows}
+    compiled_column = ["compiled ×"] if args.compile else []
     print_table(
         f"Training step (forward + backward + AdamW) on {dev}",
-        ["shape", "precision", "library", "params", "step ms", "tokens/s", "specformer ×",
+        ["shape", "precision", "library", "params", "step ms", "tokens/s", "specformer ×", *compiled_column,
          "model TFLOP/s", "of matmul"],
         [[r["shape"], r["precision"], r["library"], r["params"], r["step_ms"], r["tokens_per_s"],
-          r["speedup_of_specformer"], r["model_tflops_per_s"], f"{100 * r['fraction_of_matmul']:.0f}%"]
+          r["speedup_of_specformer"], *([r["speedup_of_compiled"]] if args.compile else []),
+          r["model_tflops_per_s"], f"{100 * r['fraction_of_matmul']:.0f}%"]
          for r in rows],
     )
     write_json(args.out, payload)

@@ -160,13 +160,19 @@ def test_train_bf16_true_runs_bfloat16_weights_without_autocast(monkeypatch: pyt
 
 @pytest.mark.slow
 def test_train_compile_rows_one_per_mode() -> None:
-    payload = train.main(["--quick", "--shapes", "gpt2-style", "--libraries", "specformer", "--precisions",
-                          "fp32", "--compile", "--compile-modes", "default", "reduce-overhead"])
+    payload = train.main(["--quick", "--shapes", "gpt2-style", "--libraries", "specformer", "transformers",
+                          "--precisions", "fp32", "--compile", "--compile-modes", "default", "reduce-overhead"])
     rows = payload["results"]
     assert [r["library"] for r in rows] == [
-        "specformer", "specformer+compile", "specformer+compile(reduce-overhead)"]
-    assert all(r["step_ms"] > 0 and r["notes"] for r in rows[1:])
-    assert "mode=reduce-overhead" in rows[2]["notes"]
+        "specformer", "transformers", "specformer+compile", "specformer+compile(reduce-overhead)"]
+    assert all(r["step_ms"] > 0 and r["notes"] for r in rows[2:])
+    assert "mode=reduce-overhead" in rows[3]["notes"]
+    # the peer's row says how the first compiled row compares with it
+    peer, compiled = rows[1], rows[2]
+    assert peer["speedup_of_compiled"] == pytest.approx(peer["step_ms"] / compiled["step_ms"])
+    assert all(r["speedup_of_compiled"] is None for r in rows if r is not peer)
+    table = report.render(payload)
+    assert "| compiled × |" in table and f"| {peer['speedup_of_compiled']:.2f}× |" in table
 
 
 def test_inference_quick(tmp_path: Path) -> None:

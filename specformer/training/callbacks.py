@@ -77,6 +77,8 @@ class ValidationLines(L.Callback):
 
 
 RATE_STEPS = 20  # the progress bar's tokens/s is over this many steps
+#: what the bar says until a compiled model's first step (or validation batch) is done
+COMPILING = "compiling the model (training.compile): the first step takes longer"
 
 
 class SpecProgressBar(ProgressBar):
@@ -133,7 +135,9 @@ class SpecProgressBar(ProgressBar):
             return
         progress = self._start()
         total = trainer.max_steps if trainer.max_steps > 0 else None
-        self._train_task = progress.add_task("step", total=total, completed=trainer.global_step, stats="")
+        # torch.compile compiles in the first step, tens of seconds without a visible change
+        stats = COMPILING if getattr(pl_module, "_compiled", None) is not None else ""
+        self._train_task = progress.add_task("step", total=total, completed=trainer.global_step, stats=stats)
         self._last_step = trainer.global_step
         self._window = deque([(time.perf_counter(), getattr(pl_module, "tokens_seen", 0) * trainer.world_size)],
                              maxlen=RATE_STEPS + 1)
@@ -170,12 +174,15 @@ class SpecProgressBar(ProgressBar):
             return
         progress = self._start()
         batches = [n for n in trainer.num_val_batches if n != float("inf")]
-        self._val_task = progress.add_task("validate", total=sum(batches) if batches else None, stats="")
+        # a compiled model compiles its evaluation step in the first validation
+        first = getattr(pl_module, "_compiled", None) is not None and not getattr(pl_module, "val_history", None)
+        self._val_task = progress.add_task("validate", total=sum(batches) if batches else None,
+                                           stats=COMPILING.replace("first step", "first validation") if first else "")
         self._val_started = time.perf_counter()
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if self._progress is not None and self._val_task is not None:
-            self._progress.advance(self._val_task)
+            self._progress.update(self._val_task, advance=1, stats="")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._progress is None or self._val_task is None:

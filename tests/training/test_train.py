@@ -472,6 +472,38 @@ def test_progress_bar_shows_the_loss_metrics_csv_logs_for_the_step(tiny) -> None
     assert [float(x) for x in re.findall(r"loss (\d+\.\d+)  ", out.getvalue())][-1] == shown[3]
 
 
+def test_progress_bar_says_a_compiled_model_is_compiling_until_its_first_step() -> None:
+    # torch.compile's first step takes tens of seconds: the bar says why until it is done
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from specformer.training import callbacks
+
+    for compiled, says in ((object(), True), (None, False)):
+        bar = callbacks.SpecProgressBar(Console(file=io.StringIO(), width=200))
+        trainer = SimpleNamespace(is_global_zero=True, max_steps=10, global_step=0, world_size=1,
+                                  accumulate_grad_batches=1, sanity_checking=False, num_val_batches=[2])
+        module = SimpleNamespace(tokens_seen=0, automatic_optimization=True, _compiled=compiled, val_history=[])
+        bar.on_train_start(trainer, module)  # type: ignore[arg-type]
+        stats = bar._progress.tasks[0].fields["stats"]
+        assert ("compiling the model (training.compile)" in stats) is says and ("first step" in stats) is says
+        module.tokens_seen, trainer.global_step = 1000, 1
+        bar.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, 0)  # type: ignore[arg-type]
+        assert bar._progress.tasks[0].fields["stats"].startswith("loss 2.000")
+        for history in ([], [{"val/loss": 2.0}]):  # the first validation compiles the evaluation step
+            module.val_history = history
+            bar.on_validation_start(trainer, module)  # type: ignore[arg-type]
+            stats = bar._progress.tasks[-1].fields["stats"]
+            assert ("first validation" in stats) is (says and not history)
+            bar.on_validation_batch_end(trainer, module)  # type: ignore[arg-type]
+            assert bar._progress.tasks[-1].fields["stats"] == ""
+            bar._progress.remove_task(bar._val_task)
+            bar._val_task = None
+        bar.on_train_end(trainer, module)  # type: ignore[arg-type]
+
+
 def test_progress_bar_tokens_per_second_is_tokens_over_time_when_steps_vary(monkeypatch) -> None:
     # steps of 0.01 s and 0.3 s in turn (a busy machine), 1,000 tokens each: 2,000 tokens every
     # 0.31 s is 6.45k tok/s; a smoothed mean of the steps' own rates (100k and 3.3k) said ~50k

@@ -153,6 +153,8 @@ class SinusoidalPositional(Positional):
     def table(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """The (P >= n_positions, D) table on ``device`` in ``dtype``, cached; it covers
         ``max_seq_len`` positions and at least doubles when a sequence runs past them."""
+        if torch.compiler.is_compiling():  # see RotaryEmbedding.tables
+            return sinusoidal_table(n_positions, self.d_model, self.base).to(device=device, dtype=dtype)
         key = (device, dtype)
         table = self._tables.get(key)
         if table is None or table.shape[0] < n_positions:
@@ -376,19 +378,25 @@ class Rotary(Positional):
         With dynamic and LongRoPE scaling these are the frequencies of a forward within the
         original context; :meth:`rotation` computes those of a longer one.
         """
+        if torch.compiler.is_compiling():
+            # traced into the graph, the cache left alone: a compiled forward that filled it
+            # would fail its own guard on it at the next call and compile again
+            return self._computed_tables(n_positions, device, dtype)
         key = (device, dtype)
         cached = self._tables.get(key)
         if cached is None or cached[0].shape[0] < n_positions:
             rows = max(n_positions, self.max_seq_len, 2 * cached[0].shape[0] if cached is not None else 0)
-            inv_freq, scale = rope_frequencies(self.rot_dim, self.base, self.scaling, device=device)  # (R/2,)
-            t = torch.arange(rows, dtype=torch.float32, device=device)
-            freqs = torch.outer(t, inv_freq)  # (P, R/2)
-            cos, sin = freqs.cos(), freqs.sin()
-            if scale != 1.0:
-                cos, sin = cos * scale, sin * scale
-            cached = (torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype))
-            self._tables[key] = cached
+            cached = self._tables[key] = self._computed_tables(rows, device, dtype)
         return cached
+
+    def _computed_tables(self, rows: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        inv_freq, scale = rope_frequencies(self.rot_dim, self.base, self.scaling, device=device)  # (R/2,)
+        t = torch.arange(rows, dtype=torch.float32, device=device)
+        freqs = torch.outer(t, inv_freq)  # (P, R/2)
+        cos, sin = freqs.cos(), freqs.sin()
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
     def rotation(
         self, position_ids: Tensor, n_positions: int, *, dtype: torch.dtype

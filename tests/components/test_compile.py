@@ -102,3 +102,22 @@ def test_a_measurement_is_taken_once_while_tracing_and_not_traced(tiny, monkeypa
         measure.cache_clear()
     _compiled_loss_and_grads(_model(tiny), torch.randint(0, 61, (2, 257)), loss_and_grads)
     assert [measure.cache_info().misses for measure in measured] == [1, 1]
+
+
+@pytest.mark.parametrize("positional", ["rope", "sinusoidal"])
+def test_a_compiled_model_compiles_once_for_every_training_step(tiny, positional: str, loss_and_grads) -> None:  # noqa: ANN001
+    # the position tables are traced into the graph: a compiled forward that filled their
+    # cache failed its own guard on it at the next step and compiled the model again
+    from torch._dynamo.utils import counters
+
+    model = build_model(tiny(positional={"type": positional}))
+    compiled = torch.compile(model, backend="aot_eager")
+    ids = torch.randint(0, 61, (2, 17))
+    counters.clear()
+    for _ in range(3):
+        loss, grads = loss_and_grads(compiled, ids)
+    assert counters["stats"]["unique_graphs"] == 1
+    want_loss, want_grads = loss_and_grads(model, ids)
+    assert abs(loss - want_loss) < 1e-5 * want_loss
+    for got, want in zip(grads, want_grads, strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)

@@ -76,6 +76,10 @@ class SpecModule(L.LightningModule):
         self.train_started: float | None = None
         self.tokens_at_start = 0
         self.val_seconds = 0.0  # spent in validations since training started (tokens/s leaves them out)
+        # a compiled model's first step, its compilation with it (tokens/s leaves it out), and its tokens
+        self.compile_seconds = 0.0
+        self.compile_tokens = 0
+        self._first_step_from: int | None = None
         self._val_started: float | None = None
 
     # ------------------------------------------------------------------ model
@@ -239,6 +243,8 @@ class SpecModule(L.LightningModule):
         self.train_started = time.perf_counter()
         self.val_seconds = 0.0
         self.tokens_at_start = self.tokens_seen
+        self.compile_seconds, self.compile_tokens = 0.0, 0
+        self._first_step_from = self.trainer.global_step if self._compiled is not None else None
         # after a resume the optimizer holds the lr the old schedule gave; set this one's
         for config in self.trainer.lr_scheduler_configs:
             scheduler = config.scheduler
@@ -247,6 +253,13 @@ class SpecModule(L.LightningModule):
                     scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
                 ):
                     group["lr"] = base * fn(scheduler.last_epoch)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._first_step_from is not None and self.trainer.global_step > self._first_step_from:
+            # the first optimizer step of a compiled model is done: its time is mostly compilation
+            self.compile_seconds = time.perf_counter() - (self.train_started or 0.0) - self.val_seconds
+            self.compile_tokens = self.tokens_seen - self.tokens_at_start
+            self._first_step_from = None
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._pending_rng is not None:

@@ -252,7 +252,7 @@ def _summary_table(result: Any) -> Table:
     tokens = format_count(result.tokens)
     if result.resumed_from:
         # the tokens since step 0; tokens/s is this run's own, over the steps it trained
-        this_run = round(result.tokens_per_second * (result.train_seconds - result.val_seconds))
+        this_run = result.run_tokens or round(result.tokens_per_second * (result.train_seconds - result.val_seconds))
         tokens += f"  ({format_count(this_run)} in this run, which tokens/s counts)"
     table.add_row("tokens", tokens)
     rate = format_count(result.tokens_per_second)
@@ -263,8 +263,11 @@ def _summary_table(result: Any) -> Table:
         rate += (f"  ({human_flops(result.tokens_per_second * result.flops_per_token)}/s of model FLOPs, "
                  f"{human_flops(result.flops_per_token)} a token; over the hardware's peak: MFU)")
     table.add_row("tokens/s", rate)
-    validation = f", validation {_duration(result.val_seconds)} of it" if result.val_seconds >= 0.05 else ""
-    table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)}{validation})")
+    parts = [f"validation {_duration(result.val_seconds)}"] if result.val_seconds >= 0.05 else []
+    if result.compile_seconds:  # training.compile: the first step, which tokens/s leaves out
+        parts.append(f"first step, compiling, {_duration(result.compile_seconds)}, which tokens/s leaves out")
+    of_it = f", {', '.join(parts)} of it" if parts else ""
+    table.add_row("wall time", f"{_duration(result.wall_seconds)}  (training {_duration(result.train_seconds)}{of_it})")
     return table
 
 

@@ -92,6 +92,11 @@ class TrainResult:
     flops_per_token: float | None = None
     # of train_seconds, the time validations took: tokens/s is over the rest, the steps' own time
     val_seconds: float = 0.0
+    # of train_seconds, a compiled model's first step, its compilation with it (training.compile):
+    # tokens/s leaves it out, with its tokens, where later steps were taken; 0 without compile
+    compile_seconds: float = 0.0
+    # the tokens this run trained (every process's; tokens counts them from step 0, resumes included)
+    run_tokens: int = 0
     # the model's parameters (tied weights once), and of them those the run trained: all but
     # the ones training.optimizer.freeze matches
     parameters: int = 0
@@ -556,6 +561,11 @@ def train(
     ckpt = periodic.last_path if periodic is not None else None
     losses = [float(x) for x in module.recent_losses]
     tokens_run = (module.tokens_seen - module.tokens_at_start) * trainer.world_size
+    steps_seconds, steps_tokens = train_seconds - val_seconds, tokens_run
+    compile_seconds = min(module.compile_seconds, steps_seconds)
+    if compile_seconds and steps_seconds - compile_seconds > 0 and tokens_run > module.compile_tokens * trainer.world_size:
+        steps_seconds -= compile_seconds
+        steps_tokens -= module.compile_tokens * trainer.world_size
     result = TrainResult(
         spec_name=spec.name,
         run_dir=str(run_dir),
@@ -569,9 +579,11 @@ def train(
         accuracy=last.get("val/accuracy", metrics.get("val/accuracy")),
         val_examples=int(last["val/examples"]) if "val/examples" in last else None,
         tokens=int(module.tokens_seen * trainer.world_size),
-        tokens_per_second=tokens_run / (train_seconds - val_seconds) if train_seconds > val_seconds else 0.0,
+        tokens_per_second=steps_tokens / steps_seconds if steps_seconds > 0 else 0.0,
         train_seconds=train_seconds,
         val_seconds=val_seconds,
+        compile_seconds=compile_seconds,
+        run_tokens=tokens_run,
         wall_seconds=time.perf_counter() - started,
         data=dm.data.description,
         resumed_from=str(resume) if resume else None,

@@ -1024,10 +1024,15 @@ def test_a_resumed_runs_summary_says_which_tokens_its_rate_counts() -> None:
 
     text = rows(result)
     assert "│ tokens         │ 25.6k  (10.2k in this run, which tokens/s counts)" in text
+    assert "compiling" not in text
     assert "│ tokens/s       │ 1.6k" in text
     assert "│ wall time      │ 9.0s  (training 8.0s, validation 1.6s of it)" in text
     result.resumed_from = None
     assert "in this run" not in rows(result)
+    # training.compile: the first step, mostly compilation, is named and left out of tokens/s
+    result.compile_seconds = 3.2
+    assert "│ wall time      │ 9.0s  (training 8.0s, validation 1.6s, first step, compiling, 3.2s, " \
+           "which tokens/s leaves out of it)" in rows(result)
 
 
 def test_a_setting_refused_once_the_run_starts_is_placed_where_it_was_written(

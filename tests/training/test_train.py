@@ -603,6 +603,14 @@ def test_compile_trains_the_same_run_through_specformer_s_kernels(tiny, monkeypa
     compiled = run(True)
     torch._dynamo.reset()
     assert ran and not counters["graph_break"]
+    # the first step, its compilation with it, is named and left out of tokens/s with its tokens
+    assert plain.compile_seconds == 0 and plain.tokens_per_second == pytest.approx(
+        plain.run_tokens / (plain.train_seconds - plain.val_seconds))
+    assert 0 < compiled.compile_seconds < compiled.train_seconds - compiled.val_seconds
+    first_step_tokens = 8 * 32  # batch_size x seq_len
+    assert compiled.tokens_per_second == pytest.approx(
+        (compiled.run_tokens - first_step_tokens)
+        / (compiled.train_seconds - compiled.val_seconds - compiled.compile_seconds))
     assert [h["val/loss"] for h in compiled.history] == pytest.approx([h["val/loss"] for h in plain.history], abs=1e-4)
     assert compiled.train_loss == pytest.approx(plain.train_loss, abs=1e-4)
 

@@ -89,22 +89,31 @@ _FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 def adamw(spec: AdamWSpec, *, model: nn.Module, precision: str = "32-true") -> torch.optim.AdamW:
     """AdamW, fused (one kernel for all parameters) where torch has a fused kernel for
-    the parameters' device and dtype and the run is not mixed precision (Lightning's
-    mixed-precision plugin unscales gradients itself before clipping, which a fused
-    optimizer would do again); the plain implementation elsewhere."""
+    the parameters' device and dtype and the run is not float16 mixed precision (whose
+    gradient scaler Lightning unscales itself before clipping, which a fused optimizer
+    would do again); the plain implementation elsewhere.
+
+    bf16-mixed has no gradient scaler, so its optimizer is fused too (on the CPU ~4x as
+    fast as the plain one: 8.7 against 38.7 ms a step for 20 M parameters); it only stops
+    telling a scaler it unscales gradients itself (``_step_supports_amp_scaling``), for which
+    Lightning's mixed-precision plugin refuses to clip them."""
     groups = _scaled(param_groups(model, spec.weight_decay, spec), spec.lr)
     params = [p for g in groups for p in g["params"]]
     fused = (
-        "mixed" not in precision
+        precision != "16-mixed"
         and bool(params)
         and all(p.device.type in _FUSED_DEVICES and p.is_floating_point() for p in params)
     )
     kwargs = {"lr": spec.lr, "betas": tuple(spec.betas), "eps": spec.eps}
     if fused:
         try:
-            return torch.optim.AdamW(groups, fused=True, **kwargs)
+            optimizer = torch.optim.AdamW(groups, fused=True, **kwargs)
         except (RuntimeError, ValueError):
             pass  # this build has no fused kernel for these tensors
+        else:
+            if precision == "bf16-mixed":  # no scaler: nothing is unscaled, by anyone
+                optimizer._step_supports_amp_scaling = False
+            return optimizer
     return torch.optim.AdamW(groups, **kwargs)
 
 

@@ -561,6 +561,37 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:
     assert result.steps == 3 and result.val_loss is not None and result.val_loss == result.val_loss  # not NaN
 
 
+def test_bf16_mixed_precision_takes_the_fused_optimizer_and_still_clips(tiny, monkeypatch) -> None:
+    # bf16-mixed has no gradient scaler: its AdamW is fused (~4x the plain one's speed on a
+    # CPU), and Lightning still clips its gradients (it refuses to for an optimizer that says
+    # it unscales them itself); the run is the plain optimizer's, clipping included. AdamW
+    # hardly feels a gradient's scale, but clipped to a norm of 1e-7 the gradients fall under
+    # its eps (1e-8 per element), and the model stops learning
+    import lightning as L
+
+    from specformer.training import optim
+
+    fused: list[bool] = []
+
+    class Seen(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
+            fused.append(bool(trainer.optimizers[0].defaults.get("fused")))
+
+    def run() -> Any:
+        spec = load_spec(tiny("decoder", max_steps=4, val_interval=2, precision="bf16-mixed", grad_clip=1e-7))
+        return train(spec, progress=False, callbacks=[Seen()])
+
+    with_fused = run()
+    monkeypatch.setattr(optim, "_FUSED_DEVICES", ())
+    plain = run()
+    assert fused == [True, False]
+    assert [h["val/loss"] for h in with_fused.history] == pytest.approx([h["val/loss"] for h in plain.history], abs=2e-3)
+    monkeypatch.setattr(optim, "_FUSED_DEVICES", ("cpu",))
+    unclipped = train(load_spec(tiny("decoder", max_steps=4, val_interval=2, precision="bf16-mixed", grad_clip=0.0)),
+                      progress=False)
+    assert unclipped.history[-1]["val/loss"] < plain.history[-1]["val/loss"] - 0.1  # clipping is felt
+
+
 def test_compile_keeps_state_dict_names() -> None:
     from specformer.builder import SpecModule
 

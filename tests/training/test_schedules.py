@@ -135,8 +135,12 @@ def test_adamw_is_fused_on_cpu_and_matches_the_plain_implementation():
     spec = AdamWSpec(lr=1e-2, weight_decay=0.1)
     fused = adamw(spec, model=model)
     assert fused.defaults["fused"] is True
-    # Lightning's mixed-precision plugin unscales before clipping: no fused optimizer there
-    assert not adamw(spec, model=model, precision="bf16-mixed").defaults["fused"]
+    # float16's gradient scaler is unscaled before clipping: no fused optimizer there; bf16
+    # has no scaler: fused, without the scaler support Lightning refuses to clip for
+    assert not adamw(spec, model=model, precision="16-mixed").defaults["fused"]
+    bf16 = adamw(spec, model=model, precision="bf16-mixed")
+    assert bf16.defaults["fused"] is True and not bf16._step_supports_amp_scaling
+    assert fused._step_supports_amp_scaling  # elsewhere torch's own setting stands
     plain = torch.optim.AdamW(
         [
             {"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": 0.1},

@@ -536,8 +536,10 @@ class T5RelativeBias(Positional):
 
     def bucket_table(self, device: torch.device) -> Tensor:
         """The bucket of every distance in [-max_distance, max_distance] (index d + max_distance).
-        Past max_distance the bucket no longer changes, so a clamped distance finds any other's."""
-        table = self._buckets.get(device)
+        Past max_distance the bucket no longer changes, so a clamped distance finds any other's.
+        Under ``torch.compile`` computed in the graph, the cache left alone (see
+        :meth:`RotaryEmbedding.tables`)."""
+        table = None if torch.compiler.is_compiling() else self._buckets.get(device)
         if table is None:
             m = self.max_distance
             table = t5_relative_buckets(
@@ -546,7 +548,8 @@ class T5RelativeBias(Positional):
                 num_buckets=self.num_buckets,
                 max_distance=m,
             )
-            self._buckets[device] = table
+            if not torch.compiler.is_compiling():
+                self._buckets[device] = table
         return table
 
     def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor:

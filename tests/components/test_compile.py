@@ -104,10 +104,10 @@ def test_a_measurement_is_taken_once_while_tracing_and_not_traced(tiny, monkeypa
     assert [measure.cache_info().misses for measure in measured] == [1, 1]
 
 
-@pytest.mark.parametrize("positional", ["rope", "sinusoidal"])
+@pytest.mark.parametrize("positional", ["rope", "sinusoidal", "t5"])
 def test_a_compiled_model_compiles_once_for_every_training_step(tiny, positional: str, loss_and_grads) -> None:  # noqa: ANN001
-    # the position tables are traced into the graph: a compiled forward that filled their
-    # cache failed its own guard on it at the next step and compiled the model again
+    # the position tables (T5's buckets) are traced into the graph: a compiled forward that
+    # filled their cache failed its own guard on it at the next step and compiled the model again
     from torch._dynamo.utils import counters
 
     model = build_model(tiny(positional={"type": positional}))

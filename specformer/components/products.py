@@ -60,7 +60,8 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-@torch.library.custom_op("specformer::onednn_linear", mutates_args=())
+@torch.library.custom_op("specformer::onednn_linear", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor")  # not read from the annotations
 def _compiled_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """oneDNN's product as ``torch.compile`` sees it: inductor lowers ``mkldnn::_linear_pointwise``
     only for weights it has packed itself (inference with freezing), so a compiled training

@@ -153,7 +153,7 @@ class SinusoidalPositional(Positional):
     def table(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """The (P >= n_positions, D) table on ``device`` in ``dtype``, cached; it covers
         ``max_seq_len`` positions and at least doubles when a sequence runs past them."""
-        if torch.compiler.is_compiling():  # see RotaryEmbedding.tables
+        if torch.compiler.is_compiling():  # see Rotary.tables
             return sinusoidal_table(n_positions, self.d_model, self.base).to(device=device, dtype=dtype)
         key = (device, dtype)
         table = self._tables.get(key)
@@ -538,19 +538,20 @@ class T5RelativeBias(Positional):
         """The bucket of every distance in [-max_distance, max_distance] (index d + max_distance).
         Past max_distance the bucket no longer changes, so a clamped distance finds any other's.
         Under ``torch.compile`` computed in the graph, the cache left alone (see
-        :meth:`RotaryEmbedding.tables`)."""
-        table = None if torch.compiler.is_compiling() else self._buckets.get(device)
+        :meth:`Rotary.tables`)."""
+        if torch.compiler.is_compiling():
+            return self._computed_buckets(device)
+        table = self._buckets.get(device)
         if table is None:
-            m = self.max_distance
-            table = t5_relative_buckets(
-                torch.arange(-m, m + 1, device=device),
-                bidirectional=self.bidirectional,
-                num_buckets=self.num_buckets,
-                max_distance=m,
-            )
-            if not torch.compiler.is_compiling():
-                self._buckets[device] = table
+            table = self._buckets[device] = self._computed_buckets(device)
         return table
+
+    def _computed_buckets(self, device: torch.device) -> Tensor:
+        m = self.max_distance
+        return t5_relative_buckets(
+            torch.arange(-m, m + 1, device=device), bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets, max_distance=m,
+        )
 
     def bias(self, q_index: Tensor, k_index: Tensor, *, dtype: torch.dtype) -> Tensor:
         # The bias depends on k - q only, and consecutive indices give T + Tk - 1 distinct

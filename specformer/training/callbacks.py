@@ -78,7 +78,12 @@ class ValidationLines(L.Callback):
 
 RATE_STEPS = 20  # the progress bar's tokens/s is over this many steps
 #: what the bar says until a compiled model's first step (or validation batch) is done
-COMPILING = "compiling the model (training.compile): the first step takes longer"
+COMPILING = "compiling the model (training.compile): the first {} takes longer"
+
+
+def _compiles(pl_module: L.LightningModule) -> bool:
+    """Whether the module runs a ``torch.compile``d model (a SpecModule with training.compile)."""
+    return getattr(pl_module, "_compiled", None) is not None
 
 
 class SpecProgressBar(ProgressBar):
@@ -136,7 +141,7 @@ class SpecProgressBar(ProgressBar):
         progress = self._start()
         total = trainer.max_steps if trainer.max_steps > 0 else None
         # torch.compile compiles in the first step, tens of seconds without a visible change
-        stats = COMPILING if getattr(pl_module, "_compiled", None) is not None else ""
+        stats = COMPILING.format("step") if _compiles(pl_module) else ""
         self._train_task = progress.add_task("step", total=total, completed=trainer.global_step, stats=stats)
         self._last_step = trainer.global_step
         self._window = deque([(time.perf_counter(), getattr(pl_module, "tokens_seen", 0) * trainer.world_size)],
@@ -175,9 +180,9 @@ class SpecProgressBar(ProgressBar):
         progress = self._start()
         batches = [n for n in trainer.num_val_batches if n != float("inf")]
         # a compiled model compiles its evaluation step in the first validation
-        first = getattr(pl_module, "_compiled", None) is not None and not getattr(pl_module, "val_history", None)
+        first = _compiles(pl_module) and not getattr(pl_module, "val_history", None)
         self._val_task = progress.add_task("validate", total=sum(batches) if batches else None,
-                                           stats=COMPILING.replace("first step", "first validation") if first else "")
+                                           stats=COMPILING.format("validation") if first else "")
         self._val_started = time.perf_counter()
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:

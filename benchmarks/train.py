@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for a in adapters:
                 t = median(times[a.library])
                 peer = not a.library.startswith("specformer")
-                achieved = (ours_flops if a.library.startswith("specformer") else model_flops) / t
+                achieved = (model_flops if peer else ours_flops) / t
                 rows.append({
                     "shape": shape.name, "precision": precision, "library": a.library, "params": a.params,
                     "batch": shape.batch, "seq_len": shape.seq_len, "tokens": shape.tokens,

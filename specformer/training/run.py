@@ -563,9 +563,10 @@ def train(
     tokens_run = (module.tokens_seen - module.tokens_at_start) * trainer.world_size
     steps_seconds, steps_tokens = train_seconds - val_seconds, tokens_run
     compile_seconds = min(module.compile_seconds, steps_seconds)
-    if compile_seconds and steps_seconds - compile_seconds > 0 and tokens_run > module.compile_tokens * trainer.world_size:
+    compile_tokens = module.compile_tokens * trainer.world_size
+    if compile_seconds and steps_seconds > compile_seconds and tokens_run > compile_tokens:
         steps_seconds -= compile_seconds
-        steps_tokens -= module.compile_tokens * trainer.world_size
+        steps_tokens -= compile_tokens
     result = TrainResult(
         spec_name=spec.name,
         run_dir=str(run_dir),

@@ -250,22 +250,34 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
 
 def _ffn_saved(ffn: Any, d: int, act: int, flow: Any = None) -> float:
     """Bytes an FFN keeps per token; ``flow`` (its :class:`~specformer.analysis.gradflow.FFNFlow`
-    when parameters are frozen) leaves out what no gradient needs."""
+    when parameters are frozen) leaves out what no gradient needs. ReLU's backward reads
+    its output, not its input, and that output is also what the next product (GLU: the
+    gate's product with up) keeps: one tensor where the other activations keep two."""
+    relu = ffn.activation == "relu"
+    drop = ffn.dropout > 0
     if flow is None:
         elems = d  # input of up (and gate)
         if ffn.type == "glu":
-            elems += 4 * ffn.d_ff  # gate out (act input), act out, up out, product (down input)
+            # gate out (act input; not for relu), act out, up out, product (down input)
+            elems += (3 if relu else 4) * ffn.d_ff
         else:
-            elems += 2 * ffn.d_ff  # act input, act output (down input)
-        extra = ffn.d_ff if ffn.dropout > 0 else 0
+            # act input (not for relu), act output (down input; with dropout, its dropped copy)
+            elems += (2 if drop or not relu else 1) * ffn.d_ff
+        extra = ffn.d_ff if drop else 0
         return elems * act + extra
     elems = d if flow.up_w or flow.gate_w else 0
     if ffn.type == "glu":
-        elems += ffn.d_ff * (int(flow.gate) + int(flow.up) + int(flow.gate))  # act input, act out, up out
+        if relu:  # act out (relu's and the product's), up out
+            elems += ffn.d_ff * (int(flow.gate or flow.up) + int(flow.gate))
+        else:  # act input, act out, up out
+            elems += ffn.d_ff * (int(flow.gate) + int(flow.up) + int(flow.gate))
+        elems += ffn.d_ff if flow.down_w else 0  # down input
+    elif relu and not drop:  # relu's output is down's input
+        elems += ffn.d_ff if flow.up or flow.down_w else 0
     else:
-        elems += ffn.d_ff if flow.up else 0  # act input
-    elems += ffn.d_ff if flow.down_w else 0  # down input
-    extra = ffn.d_ff if ffn.dropout > 0 and flow.down_in else 0
+        elems += ffn.d_ff if flow.up else 0  # act input (relu: its output)
+        elems += ffn.d_ff if flow.down_w else 0  # down input
+    extra = ffn.d_ff if drop and flow.down_in else 0
     return elems * act + extra
 
 

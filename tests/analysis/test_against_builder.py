@@ -181,10 +181,13 @@ _FROZEN = [
     # the encoder and the cross-attention's keys and values frozen: only Q needs a gradient
     ("t5-nano", ["embedding.share_encoder_decoder=false", "decoder.cross_attention.qk_norm=layernorm"],
      '[embed.*, "encoder.*", "*.kv_proj.*"]'),
+    ("gpt-nano", ["decoder.ffn={type: glu, activation: relu, d_ff: 256}"], '[embed.*, "decoder.layers.0.*", "*.up_proj.*"]'),
+    ("gpt-nano", ["decoder.ffn={type: glu, activation: relu, d_ff: 256}"], '[embed.*, "decoder.layers.0.*", "*.gate_proj.*"]'),
 ]
 _FROZEN_IDS = ["gpt-nano", "gpt-nano-gqa-glu-qk-norm", "gpt-nano-post-norm", "gpt-nano-parallel",
                "gpt-nano-eager-window-biases-train", "gpt-nano-untied-head-trains", "bert-nano",
-               "bert-nano-classifier", "t5-nano", "t5-nano-cross-q-only"]
+               "bert-nano-classifier", "t5-nano", "t5-nano-cross-q-only", "gpt-nano-reglu-up-frozen",
+               "gpt-nano-reglu-gate-frozen"]
 
 
 def _labels(spec, ids):
@@ -301,8 +304,12 @@ def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bo
         ("bert-nano", []),
         ("t5-nano", []),
         ("gpt-nano", ["vocab_size=8192", "embedding.tie_output=false"]),
+        # relu's backward reads its output, the tensor the next product keeps anyway
+        ("gpt-nano", ["decoder.ffn={type: mlp, activation: relu}", "decoder.norm.type=rmsnorm"]),
+        ("gpt-nano", ["decoder.ffn={type: glu, activation: relu}"]),
     ],
-    ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano", "gpt-nano-large-vocab"],
+    ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano", "gpt-nano-large-vocab",
+         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu"],
 )
 def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[str]) -> None:
     from specformer.analysis import activation_bytes

@@ -563,7 +563,8 @@ def test_validation_decodes_from_the_forced_start_the_spec_names(monkeypatch) ->
     module.on_validation_epoch_start()
     src = torch.randint(5, 20, (2, 6))
     dec = torch.full((2, 4), tok.bos_id)
-    module.validation_step({"input_ids": src, "attention_mask": torch.ones_like(src), "decoder_input_ids": dec,
-                            "decoder_attention_mask": torch.ones_like(dec), "labels": dec.clone()}, 0)
+    with torch.no_grad():  # as Lightning runs validation
+        module.validation_step({"input_ids": src, "attention_mask": torch.ones_like(src), "decoder_input_ids": dec,
+                                "decoder_attention_mask": torch.ones_like(dec), "labels": dec.clone()}, 0)
     # the forced start opens every decode; the forced end is left out (it would end unfinished ones)
     assert seen == {"start_id": tok.bos_id, "eos_id": tok.eos_id, "forced_start_id": tok.token_id("<s>")}

@@ -19,7 +19,9 @@ Activations are what autograd saves for the backward pass, counted tensor by ten
 for the spec's layers, after the accounting of Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1), generalised to
 GQA, gated FFNs, qk-norm, cross-attention and the two attention backends: ``sdpa``
-(fused kernels keep Q, K, V, the output and a log-sum-exp, never the T × T scores)
+(fused kernels keep Q, K, V, the output and a log-sum-exp, never the T × T scores;
+specformer's own training attention on a CPU also keeps up to
+``attention.MATMUL_KEPT_BYTES`` of probabilities a layer, which is not counted)
 and ``eager`` (keeps the softmax probabilities, and the dropout mask and dropped
 probabilities when attention dropout is on). Dropout masks are 1 byte per element.
 The output head trains through the fused loss (``model(..., labels=)``, as ``specformer

@@ -103,8 +103,10 @@ def sdpa_attention(
 # bfloat16 matrix products (a llama-style layer at T = 512: 14.8 ms against 5.7 ms; at
 # T = 256: 6.0 against 2.6 ms), a quarter of a bf16 step. Queries go MATMUL_BLOCK rows at a
 # time, each block against the keys up to its own last position, so causal attention
-# computes 1/2 + MATMUL_BLOCK / (2 T) of the scores; the backward pass computes a block's
-# probabilities again, so what is kept is Q, K, V alone, as with the fused kernel. A block's
+# computes 1/2 + MATMUL_BLOCK / (2 T) of the scores. A call keeps its first blocks'
+# probabilities for the backward pass, up to MATMUL_KEPT_BYTES (a llama-style layer's at
+# T = 256: 2.7 ms off a 101 ms bf16 step), and the backward pass computes the others' again,
+# so what is kept beyond Q, K, V (which the fused kernel keeps too) is bounded. A block's
 # scores live only while it runs: past MATMUL_BLOCK_SCORES entries for MATMUL_MIN_ROWS rows
 # (a very long or very wide batch), SDPA is used; and wherever a measurement taken once per
 # process finds the fused kernel as fast (matmul_attention_is_faster).
@@ -118,6 +120,9 @@ def sdpa_attention(
 MATMUL_BLOCK = 128
 MATMUL_MIN_ROWS = 16
 MATMUL_BLOCK_SCORES = 1 << 22
+#: bytes of bfloat16 probabilities one attention call keeps for its backward pass (its first
+#: blocks'), which the backward pass then does not compute again
+MATMUL_KEPT_BYTES = 4 << 20
 FLOAT32_PRODUCT_ROWS = 512
 #: None: measured once per process (:func:`matmul_attention_is_faster`); True or False: decided
 MATMUL_ATTENTION: bool | None = None
@@ -244,18 +249,24 @@ class _MatmulAttention(torch.autograd.Function):
         k_t = k.transpose(-2, -1)  # (B, Hkv, Dh, S)
         future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, hkv, g, t, dh)
+        kept: list[Tensor] = []  # the first blocks' probabilities, within MATMUL_KEPT_BYTES
+        budget = MATMUL_KEPT_BYTES
         for start in range(0, t, block):
             end = min(t, start + block)
             keys = end if is_causal else s
             _, weights = _block_probabilities(qs, k_t, future, start, end, keys)
             out[:, :, :, start:end] = torch.matmul(weights, v[:, :, :keys]).view(b, hkv, g, end - start, dh)
-        ctx.save_for_backward(q, k, v)
+            size = weights.numel() * weights.element_size()
+            if size <= budget and len(kept) == start // block:
+                kept.append(weights)
+                budget -= size
+        ctx.save_for_backward(q, k, v, *kept)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out.view(b, h, t, dh)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        q, k, v = ctx.saved_tensors
+        q, k, v, *kept = ctx.saved_tensors
         is_causal, scale, block = ctx.is_causal, ctx.scale, ctx.block
         b, h, t, dh = q.shape
         hkv, s = k.shape[1], k.shape[2]
@@ -271,7 +282,10 @@ class _MatmulAttention(torch.autograd.Function):
             for start in range(0, t, block):
                 end = min(t, start + block)
                 keys = end if is_causal else s
-                rows, weights = _block_probabilities(qs, k_t, future, start, end, keys)
+                if start // block < len(kept):  # kept by the forward pass
+                    rows, weights = qs[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh), kept[start // block]
+                else:
+                    rows, weights = _block_probabilities(qs, k_t, future, start, end, keys)
                 grad_rows = grad[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh)
                 grad_scores = torch.ops.aten._softmax_backward_data(
                     torch.matmul(grad_rows, v_t[..., :keys]), weights, -1, weights.dtype)
@@ -303,19 +317,25 @@ class _Float32Attention(torch.autograd.Function):
         keys_all, values_t = k.contiguous(), v.transpose(-2, -1).contiguous()  # (B, Hkv, S, Dh), (B, Hkv, Dh, S)
         future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, t, hkv, g, dh)
-        for i, j, start, end, keys in _float32_blocks(b, hkv, t, s, block, is_causal):
+        kept: list[Tensor] = []  # the first blocks' probabilities, within MATMUL_KEPT_BYTES
+        budget = MATMUL_KEPT_BYTES
+        for n, (i, j, start, end, keys) in enumerate(_float32_blocks(b, hkv, t, s, block, is_causal)):
             rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
             weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
             values = values_t[i, j] if keys == s else values_t[i, j, :, :keys].contiguous()
             out[i, start:end, j] = mm_nt(weights, values).view(end - start, g, dh)
-        ctx.save_for_backward(q, k, v)
+            size = weights.numel() * weights.element_size()
+            if size <= budget and len(kept) == n:
+                kept.append(weights)
+                budget -= size
+        ctx.save_for_backward(q, k, v, *kept)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out.view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        q, k, v = ctx.saved_tensors
+        q, k, v, *kept = ctx.saved_tensors
         is_causal, scale, block = ctx.is_causal, ctx.scale, ctx.block
         b, h, t, dh = q.shape
         hkv, s = k.shape[1], k.shape[2]
@@ -327,9 +347,9 @@ class _Float32Attention(torch.autograd.Function):
         dq = q.new_empty(b, t, hkv, g, dh)
         dk = torch.zeros_like(keys_all)  # summed over blocks
         dv = torch.zeros_like(values_all)
-        for i, j, start, end, keys in _float32_blocks(b, hkv, t, s, block, is_causal):
+        for n, (i, j, start, end, keys) in enumerate(_float32_blocks(b, hkv, t, s, block, is_causal)):
             rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
-            weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+            weights = kept[n] if n < len(kept) else _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
             grad_rows = grad[i, j, start:end].view(-1, dh)
             grad_scores = torch.ops.aten._softmax_backward_data(
                 mm_nt(grad_rows, values_all[i, j, :keys]), weights, -1, weights.dtype)  # (n G, keys)
@@ -368,8 +388,9 @@ def _float32_probabilities(rows: Tensor, keys: Tensor, future: Tensor | None, st
 def cpu_matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: float,
                          block: int = MATMUL_BLOCK) -> Tensor:
     """softmax(Q K^T * scale [+ causal mask]) V in matrix products, ``block`` rows of queries
-    at a time (a causal block against the keys up to its last position only); the backward
-    pass computes each block's probabilities again. GQA without copying keys or values: the G
+    at a time (a causal block against the keys up to its last position only); the first
+    blocks' probabilities are kept for the backward pass up to :data:`MATMUL_KEPT_BYTES`, the
+    others' computed again there. GQA without copying keys or values: the G
     query heads of a key/value head are one product. Causal attention needs T == S.
     (B, H, T, Dh).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -254,12 +255,15 @@ def test_training_flops_of_a_frozen_model_are_the_products_autograd_runs(
 
 
 def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bool = False,
-                            autocast: bool = False, freeze: bool = False) -> int:
+                            autocast: bool = False, freeze: bool = False, kept: int = 0) -> int:
     """Bytes of the distinct tensors autograd saves in a training forward (weights excluded),
     with the loss computed as training computes it (``labels=``; a masked-LM head on its
     labelled positions, ``mask_prob`` of them). With ``checkpointing``, what the
     checkpointed layers save (for their recomputation only) is not seen. With ``freeze``, the
-    parameters the spec's ``training.optimizer.freeze`` matches do not require grad."""
+    parameters the spec's ``training.optimizer.freeze`` matches do not require grad.
+    specformer's CPU training attention keeps none of its probabilities here
+    (``MATMUL_KEPT_BYTES = 0``): the estimate leaves those out (a CPU path's, at most that
+    many bytes a layer; :func:`test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate`)."""
     torch.manual_seed(0)
     model = build_model(spec).train()
     if freeze:
@@ -287,12 +291,46 @@ def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bo
     ids = torch.randint(0, spec.vocab_size, (batch, seq_len))
     labels = _labels(spec, ids)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), _kept_bytes(kept):
         if spec.kind == "encoder-decoder":
             model(ids, decoder_input_ids=ids, labels=labels)
         else:
             model(ids, labels=labels)
     return sum(saved.values())
+
+
+@contextlib.contextmanager
+def _kept_bytes(budget: int):
+    from specformer.components import attention
+
+    before = attention.MATMUL_KEPT_BYTES
+    attention.MATMUL_KEPT_BYTES = budget
+    try:
+        yield
+    finally:
+        attention.MATMUL_KEPT_BYTES = before
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch, autocast: bool) -> None:
+    # what the estimate leaves out: each layer's kept probabilities, at most MATMUL_KEPT_BYTES
+    from specformer.components import attention
+
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 16)
+    spec = load_spec("gpt-nano", overrides=["decoder.attention.n_kv_heads=2", "positional={type: rope}"])
+    without = _saved_activation_bytes(spec, 2, 256, autocast=autocast)
+    budget = 1 << 18
+    extra = _saved_activation_bytes(spec, 2, 256, autocast=autocast, kept=budget) - without
+    assert 0 < extra <= spec.decoder.n_layers * budget
+    # with room for all of them: the causal blocks' probabilities, in the dtype attention runs in
+    heads, size = spec.decoder.attention.n_heads, 2 if autocast else 4
+    block = attention.MATMUL_BLOCK if autocast else attention._float32_block_rows(2, 256, 256)
+    probabilities = sum(heads * (min(256, start + block) - start) * min(256, start + block)
+                        for start in range(0, 256, block))
+    everything = _saved_activation_bytes(spec, 2, 256, autocast=autocast, kept=1 << 30) - without
+    assert everything == spec.decoder.n_layers * 2 * probabilities * size
 
 
 @pytest.mark.parametrize(

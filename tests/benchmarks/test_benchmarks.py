@@ -79,12 +79,16 @@ def test_matmul_recorder_counts_the_models_linear_flops() -> None:
     assert mm["flops"] == recorded and mm["flops_per_s"] > 0
 
 
-def test_matmul_recorder_counts_float32_attention_run_as_products(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("kept", "n_products"), [(0, 7), (1 << 30, 6)])
+def test_matmul_recorder_counts_float32_attention_run_as_products(monkeypatch: pytest.MonkeyPatch, kept: int,
+                                                                   n_products: int) -> None:
     # where float32 training attention runs as products, they are in the step's set: per batch
     # row, key/value head and layer, a causal block of all T rows (G heads) against T keys,
-    # 2 products forward, 5 backward (the scores again, then dP, dQ, dK, dV)
+    # 2 products forward, 4 backward (dP, dQ, dK, dV) and the scores again where the forward
+    # pass kept no probabilities
     from specformer.components import attention
 
+    monkeypatch.setattr(attention, "MATMUL_KEPT_BYTES", kept)
     monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
     monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 16)
     shape = select_shapes(["llama-style"], quick=True)[0]
@@ -96,7 +100,7 @@ def test_matmul_recorder_counts_float32_attention_run_as_products(monkeypatch: p
     linear = sum(v for k, v in f.components.items() if not k.endswith("scores"))
     att = spec.decoder.attention
     t, g = shape.seq_len, att.n_heads // att.n_kv_heads
-    products = 7 * 2 * (g * t) * att.head_dim * t * shape.batch * att.n_kv_heads * spec.decoder.n_layers
+    products = n_products * 2 * (g * t) * att.head_dim * t * shape.batch * att.n_kv_heads * spec.decoder.n_layers
     assert recorded == pytest.approx(3 * linear * shape.tokens + products, rel=1e-6)
     assert any(sig[0] == "addmm_" for sig in calls)  # the key and value gradients, summed in place
 

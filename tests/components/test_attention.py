@@ -341,18 +341,42 @@ def test_a_bf16_autocast_training_step_matches_the_fused_kernel(tiny: Tiny, monk
         assert ((got - want).norm() / want.norm()) < 0.05
 
 
-def test_cpu_matmul_attention_keeps_q_k_and_v_alone_for_the_backward_pass() -> None:
-    # the probabilities are computed again in the backward pass: memory as the fused kernel's
-    from specformer.components.attention import cpu_matmul_attention
+def _kept_and_grads(monkeypatch, dtype: torch.dtype, budget: int, block: int | None):
+    """What one causal call keeps for its backward pass (numel of each tensor) with
+    MATMUL_KEPT_BYTES = budget, and the output and gradients."""
+    from specformer.components import attention
 
+    monkeypatch.setattr(attention, "MATMUL_KEPT_BYTES", budget)
     q, k, v, g = _bf16_case(2, 4, 2, 300, 300)
-    q, k, v = (x.bfloat16().requires_grad_() for x in (q, k, v))
+    q, k, v = (x.to(dtype).requires_grad_() for x in (q, k, v))
     saved: list[torch.Tensor] = []
+    kwargs = {} if block is None else {"block": block}
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25)
-    assert sum(t.numel() for t in saved) == q.numel() + k.numel() + v.numel()
-    out.backward(g.bfloat16())
-    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (q, k, v))
+        out = attention.cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25, **kwargs)
+    out.backward(g.to(dtype))
+    return [t.numel() for t in saved], [out, q.grad, k.grad, v.grad]
+
+
+@pytest.mark.parametrize(("dtype", "block"), [(torch.bfloat16, None), (torch.float32, 128)])
+def test_matmul_attention_keeps_the_first_blocks_probabilities_within_its_budget(monkeypatch, dtype, block) -> None:
+    # the backward pass uses the probabilities the forward pass kept, and computes the others
+    # again: the same numbers either way, and never more kept than MATMUL_KEPT_BYTES
+    qkv = 2 * 4 * 300 * 16 + 2 * (2 * 2 * 300 * 16)
+    size = dtype.itemsize
+    bf16 = dtype == torch.bfloat16
+    # a causal block of 128 rows sees 128, 256 then 300 keys; bf16 takes all batch rows and
+    # heads at once, float32 one batch row and key/value head (2 query heads) at a time
+    blocks = [2 * 4 * 128 * 128, 2 * 4 * 128 * 256, 2 * 4 * 44 * 300] if bf16 else \
+        [2 * 128 * 128, 2 * 128 * 256, 2 * 44 * 300] * 4
+    none, recomputed = _kept_and_grads(monkeypatch, dtype, 0, block)
+    assert sum(none) == qkv  # Q, K and V alone, as the fused kernel keeps
+    everything, kept = _kept_and_grads(monkeypatch, dtype, 1 << 30, block)
+    assert sum(everything) == qkv + sum(blocks)
+    some, partly = _kept_and_grads(monkeypatch, dtype, (blocks[0] + blocks[1]) * size + 1, block)
+    assert sum(some) == qkv + blocks[0] + blocks[1]
+    for a, b, c in zip(recomputed, kept, partly, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+        assert a.abs().sum() > 0
 
 
 def test_the_attention_measurement_decides_once_outside_any_mode(monkeypatch, recorded_ops) -> None:
@@ -429,19 +453,6 @@ def test_float32_matmul_attention_is_causal() -> None:
         moved = cpu_matmul_attention(q, k2, v2, is_causal=True, scale=0.25, block=32)
         assert torch.equal(moved[:, :, :pos], base[:, :, :pos])
         assert not torch.equal(moved[:, :, pos], base[:, :, pos])
-
-
-def test_float32_matmul_attention_keeps_q_k_and_v_alone_for_the_backward_pass() -> None:
-    from specformer.components.attention import cpu_matmul_attention
-
-    q, k, v, g = _bf16_case(2, 4, 2, 100, 100)
-    q, k, v = (x.float().requires_grad_() for x in (q, k, v))
-    saved: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = cpu_matmul_attention(q, k, v, is_causal=True, scale=0.25, block=32)
-    assert sum(t.numel() for t in saved) == q.numel() + k.numel() + v.numel()
-    out.backward(g.float())
-    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (q, k, v))
 
 
 def test_sdpa_backend_takes_the_float32_path_for_large_enough_products(monkeypatch) -> None:

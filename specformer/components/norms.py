@@ -80,12 +80,14 @@ class _RMSNormFunction(torch.autograd.Function):
             scale = x.to(_accumulate(x)).square().mean(-1, keepdim=True).add_(eps).rsqrt_()  # (..., 1)
             y = torch.mul(x, scale).mul_(weight).to(x.dtype)  # as torch: x·r·w in float32, then x's dtype
         ctx.save_for_backward(x, weight, scale)
+        ctx.eps = eps
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         x, weight, scale = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: this gradient is differentiated in turn
+            return (*_differentiable_grads(x, weight, grad, ctx.eps, ctx.needs_input_grad[:2]), None)
         d = x.shape[-1]
         dx = dw = None
         with torch.autocast("cpu", enabled=False):
@@ -103,3 +105,14 @@ class _RMSNormFunction(torch.autograd.Function):
 
 def _accumulate(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def _differentiable_grads(x: Tensor, weight: Tensor, grad: Tensor, eps: float,
+                          needs: tuple[bool, ...]) -> tuple[Tensor | None, Tensor | None]:
+    """The input's and weight's gradients as a graph of torch's own operations (for double
+    backward: Hessian-vector products, gradient penalties), from torch's RMSNorm."""
+    wanted = [t for t, need in zip((x, weight), needs, strict=True) if need]
+    with torch.enable_grad():
+        y = nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+        grads = iter(torch.autograd.grad(y, wanted, grad, create_graph=True))
+    return next(grads) if needs[0] else None, next(grads) if needs[1] else None

@@ -56,6 +56,25 @@ def test_gradients_pass_gradcheck_in_float64_arithmetic() -> None:
     assert torch.autograd.gradcheck(lambda a, b: norms._RMSNormFunction.apply(a, b, 1e-5), (x, w))
 
 
+def test_gradients_of_gradients_are_torchs(calls) -> None:
+    # double backward (a gradient penalty, a Hessian-vector product) differentiates the
+    # backward pass: torch's own graph of it, as nn.RMSNorm gives
+    norm = _norm(24)
+    x = torch.randn(5, 24, requires_grad=True)
+
+    def penalty(forward) -> list[torch.Tensor]:
+        (dx,) = torch.autograd.grad(forward(x).pow(3).sum(), (x,), create_graph=True)
+        return list(torch.autograd.grad(dx.square().sum(), (x, norm.weight)))
+
+    got = penalty(norm)
+    assert calls == [(5, 24)]
+    want = penalty(lambda x: F.rms_norm(x, (24,), norm.weight, 1e-6))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    x64, w64 = x.detach().double().requires_grad_(), norm.weight.detach().double().requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda a, b: norms._RMSNormFunction.apply(a, b, 1e-5), (x64, w64))
+
+
 def test_under_bfloat16_autocast_a_float32_input_stays_float32(calls) -> None:
     norm = _norm(32)
     x = torch.randn(3, 32, requires_grad=True)

@@ -146,9 +146,20 @@ def test_half_precision_rows_give_torchs_values_dtype_and_gradients(calls, x_dty
     assert (dw.float() - ref_dw.float()).abs().max() <= 2e-2 * ref_dw.float().abs().max()
 
 
-def test_transforms_and_other_dtypes_take_torchs_path(calls) -> None:
+def test_inference_transforms_and_other_dtypes_take_torchs_path(calls) -> None:
     norm = _norm(32)
     x = torch.randn(4, 32)
+    with torch.no_grad():
+        norm(x)
+    norm.weight.requires_grad_(False)
+    norm(x)
+    norm.weight.requires_grad_(True)
+    assert calls == []
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's own path warns it cannot run fused here
+        norm(x.bfloat16())
+    assert calls == [(4, 32)]
+    calls.clear()
     double = RMSNorm(32, eps=1e-6).double()
     double(x.double())
     grads = torch.func.grad(lambda w: torch.func.functional_call(norm, {"weight": w}, (x,)).sum())(norm.weight)

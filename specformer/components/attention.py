@@ -120,8 +120,8 @@ def sdpa_attention(
 MATMUL_BLOCK = 128
 MATMUL_MIN_ROWS = 16
 MATMUL_BLOCK_SCORES = 1 << 22
-#: bytes of bfloat16 probabilities one attention call keeps for its backward pass (its first
-#: blocks'), which the backward pass then does not compute again
+#: bytes of probabilities (bfloat16, or float32 on the float32 path) one attention call keeps
+#: for its backward pass (its first blocks'), which the backward pass then does not compute again
 MATMUL_KEPT_BYTES = 4 << 20
 FLOAT32_PRODUCT_ROWS = 512
 #: None: measured once per process (:func:`matmul_attention_is_faster`); True or False: decided
@@ -249,18 +249,14 @@ class _MatmulAttention(torch.autograd.Function):
         k_t = k.transpose(-2, -1)  # (B, Hkv, Dh, S)
         future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, hkv, g, t, dh)
-        kept: list[Tensor] = []  # the first blocks' probabilities, within MATMUL_KEPT_BYTES
-        budget = MATMUL_KEPT_BYTES
+        kept = _Kept()
         for start in range(0, t, block):
             end = min(t, start + block)
             keys = end if is_causal else s
             _, weights = _block_probabilities(qs, k_t, future, start, end, keys)
             out[:, :, :, start:end] = torch.matmul(weights, v[:, :, :keys]).view(b, hkv, g, end - start, dh)
-            size = weights.numel() * weights.element_size()
-            if size <= budget and len(kept) == start // block:
-                kept.append(weights)
-                budget -= size
-        ctx.save_for_backward(q, k, v, *kept)
+            kept.offer(weights)
+        ctx.save_for_backward(q, k, v, *kept.tensors)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out.view(b, h, t, dh)
 
@@ -295,6 +291,24 @@ class _MatmulAttention(torch.autograd.Function):
         return dq.mul_(scale).view(b, h, t, dh), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
+class _Kept:
+    """The probabilities a forward pass keeps for its backward pass: its first blocks', in
+    order, up to MATMUL_KEPT_BYTES; block n is kept if ``n < len(tensors)``."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+        self._budget = MATMUL_KEPT_BYTES
+        self._closed = False
+
+    def offer(self, weights: Tensor) -> None:
+        size = weights.numel() * weights.element_size()
+        if self._closed or size > self._budget:
+            self._closed = True  # later blocks are computed again, so the kept ones stay a prefix
+            return
+        self.tensors.append(weights)
+        self._budget -= size
+
+
 def _future(t: int, s: int, like: Tensor) -> Tensor:
     """(T, S) additive causal mask: -inf above the diagonal, 0 elsewhere."""
     return torch.full((t, s), float("-inf"), dtype=like.dtype, device=like.device).triu_(1)
@@ -317,18 +331,14 @@ class _Float32Attention(torch.autograd.Function):
         keys_all, values_t = k.contiguous(), v.transpose(-2, -1).contiguous()  # (B, Hkv, S, Dh), (B, Hkv, Dh, S)
         future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, t, hkv, g, dh)
-        kept: list[Tensor] = []  # the first blocks' probabilities, within MATMUL_KEPT_BYTES
-        budget = MATMUL_KEPT_BYTES
-        for n, (i, j, start, end, keys) in enumerate(_float32_blocks(b, hkv, t, s, block, is_causal)):
+        kept = _Kept()
+        for i, j, start, end, keys in _float32_blocks(b, hkv, t, s, block, is_causal):
             rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
             weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
             values = values_t[i, j] if keys == s else values_t[i, j, :, :keys].contiguous()
             out[i, start:end, j] = mm_nt(weights, values).view(end - start, g, dh)
-            size = weights.numel() * weights.element_size()
-            if size <= budget and len(kept) == n:
-                kept.append(weights)
-                budget -= size
-        ctx.save_for_backward(q, k, v, *kept)
+            kept.offer(weights)
+        ctx.save_for_backward(q, k, v, *kept.tensors)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out.view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
 

@@ -224,13 +224,19 @@ def _float32_block_rows(groups: int, t: int, s: int) -> int:
     return rows if groups * rows >= FLOAT32_PRODUCT_ROWS else 0
 
 
+def _block_queries(q: Tensor, start: int, end: int) -> Tensor:
+    """A block's queries (B, Hkv, G, T, Dh) as one product's rows per key/value head: (B, Hkv, G n, Dh)."""
+    b, hkv, g, _, dh = q.shape
+    return q[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh)
+
+
 def _block_probabilities(q: Tensor, k_t: Tensor, future: Tensor | None, start: int, end: int, keys: int
                          ) -> tuple[Tensor, Tensor]:
     """A block's queries as one product per key/value head (B, Hkv, G n, Dh) and its
     probabilities (B, Hkv, G n, keys). ``q`` (B, Hkv, G, T, Dh) is already scaled."""
-    b, hkv, g, _, dh = q.shape
+    b, hkv, g, _, _ = q.shape
     n = end - start
-    rows = q[:, :, :, start:end].reshape(b, hkv, g * n, dh)
+    rows = _block_queries(q, start, end)
     scores = torch.matmul(rows, k_t[..., :keys]).view(b, hkv, g, n, keys)
     if future is not None and start + 1 < keys:
         scores.add_(future[start:end, :keys])
@@ -279,7 +285,7 @@ class _MatmulAttention(torch.autograd.Function):
                 end = min(t, start + block)
                 keys = end if is_causal else s
                 if start // block < len(kept):  # kept by the forward pass
-                    rows, weights = qs[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh), kept[start // block]
+                    rows, weights = _block_queries(qs, start, end), kept[start // block]
                 else:
                     rows, weights = _block_probabilities(qs, k_t, future, start, end, keys)
                 grad_rows = grad[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh)

@@ -72,15 +72,15 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class _RMSNormFunction(torch.autograd.Function):
     """Forward and backward of :class:`RMSNorm` on (..., D) rows, in float32 (float64 for a
     float64 input) whatever the input's and weight's dtypes (gradients are returned in
-    theirs); keeps the input and the
-    per-row scale ``r = 1 / sqrt(mean(x²) + eps)``. With ``u = g · w``:
+    theirs); keeps the input and the per-row scale ``r = 1 / sqrt(mean(x²) + eps)``. With
+    ``u = g · w``:
     ``dx = r·u - x · r³ · mean(u · x)``, ``dw = Σ_rows r · g · x``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
         with torch.autocast("cpu", enabled=False):
             # mean(x²) summed as torch sums it: the same scale to the last bit
-            scale = x.to(_accumulate(x)).square().mean(-1, keepdim=True).add_(eps).rsqrt_()  # (..., 1)
+            scale = x.to(torch.promote_types(x.dtype, torch.float32)).square().mean(-1, keepdim=True).add_(eps).rsqrt_()  # (..., 1)
             y = torch.mul(x, scale).mul_(weight).to(x.dtype)  # as torch: x·r·w in float32, then x's dtype
         ctx.save_for_backward(x, weight, scale)
         ctx.eps = eps
@@ -104,10 +104,6 @@ class _RMSNormFunction(torch.autograd.Function):
                 coef = torch.mv(gx, w).mul_(r.pow(3)).div_(d)  # (N,): r³ · mean(u · x)
                 dx = (g * w).mul_(r[:, None]).addcmul_(rows, coef[:, None], value=-1).view(x.shape).to(x.dtype)
         return dx, dw, None
-
-
-def _accumulate(x: Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _differentiable_grads(x: Tensor, weight: Tensor, grad: Tensor, eps: float,

@@ -225,22 +225,34 @@ def _float32_block_rows(groups: int, t: int, s: int) -> int:
 
 
 def _block_queries(q: Tensor, start: int, end: int) -> Tensor:
-    """A block's queries (B, Hkv, G, T, Dh) as one product's rows per key/value head: (B, Hkv, G n, Dh)."""
+    """A block's queries (B, Hkv, G, T, Dh) as one product's rows per key/value head: (B Hkv, G n, Dh)."""
     b, hkv, g, _, dh = q.shape
-    return q[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh)
+    return q[:, :, :, start:end].reshape(b * hkv, g * (end - start), dh)
 
 
-def _block_probabilities(q: Tensor, k_t: Tensor, future: Tensor | None, start: int, end: int, keys: int
-                         ) -> tuple[Tensor, Tensor]:
-    """A block's queries as one product per key/value head (B, Hkv, G n, Dh) and its
-    probabilities (B, Hkv, G n, keys). ``q`` (B, Hkv, G, T, Dh) is already scaled."""
-    b, hkv, g, _, _ = q.shape
-    n = end - start
-    rows = _block_queries(q, start, end)
-    scores = torch.matmul(rows, k_t[..., :keys]).view(b, hkv, g, n, keys)
-    if future is not None and start + 1 < keys:
-        scores.add_(future[start:end, :keys])
-    return rows, scores.softmax(dim=-1).view(b, hkv, g * n, keys)
+def _block_mask(future: Tensor | None, start: int, end: int, keys: int, g: int) -> Tensor | None:
+    """The causal mask of a block's G n rows (the n rows of each of the G heads in turn),
+    (G n, keys); None when no row of the block has a future key."""
+    if future is None or start + 1 >= keys:
+        return None
+    return future[start:end, :keys].repeat(g, 1)
+
+
+def _block_probabilities(rows: Tensor, keys_t: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """softmax(rows keys_t * scale + mask) of a block: ``rows`` (B Hkv, G n, Dh) and
+    ``keys_t`` (B Hkv, Dh, keys) in, (B Hkv, G n, keys) out. The scale and the mask are the
+    product's own (``baddbmm``'s alpha and input), not passes of their own."""
+    if mask is None:
+        scores = torch.baddbmm(rows.new_zeros(()), rows, keys_t, beta=0.0, alpha=scale)
+    else:
+        scores = torch.baddbmm(mask, rows, keys_t, alpha=scale)
+    return scores.softmax(dim=-1)
+
+
+def _by_pair(x: Tensor) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B Hkv, S, Dh), a view when the layout allows."""
+    b, hkv, s, dh = x.shape
+    return x.reshape(b * hkv, s, dh)
 
 
 class _MatmulAttention(torch.autograd.Function):
@@ -251,16 +263,18 @@ class _MatmulAttention(torch.autograd.Function):
         b, h, t, dh = q.shape
         hkv, s = k.shape[1], k.shape[2]
         g = h // hkv
-        qs = (q * scale).view(b, hkv, g, t, dh)
-        k_t = k.transpose(-2, -1)  # (B, Hkv, Dh, S)
+        qv = q.view(b, hkv, g, t, dh)
+        keys, values = _by_pair(k), _by_pair(v)  # (B Hkv, S, Dh)
+        keys_t = keys.transpose(1, 2)
         future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, hkv, g, t, dh)
         kept = _Kept()
         for start in range(0, t, block):
             end = min(t, start + block)
-            keys = end if is_causal else s
-            _, weights = _block_probabilities(qs, k_t, future, start, end, keys)
-            out[:, :, :, start:end] = torch.matmul(weights, v[:, :, :keys]).view(b, hkv, g, end - start, dh)
+            n = end if is_causal else s
+            weights = _block_probabilities(_block_queries(qv, start, end), keys_t[..., :n],
+                                           _block_mask(future, start, end, n, g), scale)
+            out[:, :, :, start:end] = torch.bmm(weights, values[:, :n]).view(b, hkv, g, end - start, dh)
             kept.offer(weights)
         ctx.save_for_backward(q, k, v, *kept.tensors)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
@@ -274,27 +288,32 @@ class _MatmulAttention(torch.autograd.Function):
         hkv, s = k.shape[1], k.shape[2]
         g = h // hkv
         with torch.autocast("cpu", enabled=False):
-            grad = grad.to(q.dtype).reshape(b, hkv, g, t, dh)
-            qs = (q * scale).view(b, hkv, g, t, dh)
-            k_t, v_t = k.transpose(-2, -1), v.transpose(-2, -1)
-            future = _future(t, s, q) if is_causal else None
+            grad = grad.to(q.dtype).view(b, hkv, g, t, dh)  # splits H: a view in any layout
+            qv = q.view(b, hkv, g, t, dh)
+            keys, values = _by_pair(k), _by_pair(v)
+            keys_t, values_t = keys.transpose(1, 2), values.transpose(1, 2)
+            future = _future(t, s, q) if is_causal and len(kept) * block < t else None
             dq = q.new_empty(b, hkv, g, t, dh)
-            dk = torch.zeros(b, hkv, s, dh, dtype=torch.float32, device=q.device)  # summed over blocks
-            dv = torch.zeros(b, hkv, s, dh, dtype=torch.float32, device=q.device)
+            dk = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)  # summed over blocks
+            dv = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)
+            none = q.new_zeros(())
             for start in range(0, t, block):
                 end = min(t, start + block)
-                keys = end if is_causal else s
+                n = end if is_causal else s
+                rows = _block_queries(qv, start, end)
                 if start // block < len(kept):  # kept by the forward pass
-                    rows, weights = _block_queries(qs, start, end), kept[start // block]
+                    weights = kept[start // block]
                 else:
-                    rows, weights = _block_probabilities(qs, k_t, future, start, end, keys)
-                grad_rows = grad[:, :, :, start:end].reshape(b, hkv, g * (end - start), dh)
+                    weights = _block_probabilities(rows, keys_t[..., :n], _block_mask(future, start, end, n, g), scale)
+                grad_rows = _block_queries(grad, start, end)
                 grad_scores = torch.ops.aten._softmax_backward_data(
-                    torch.matmul(grad_rows, v_t[..., :keys]), weights, -1, weights.dtype)
-                dq[:, :, :, start:end] = torch.matmul(grad_scores, k[:, :, :keys]).view(b, hkv, g, end - start, dh)
-                dk[:, :, :keys] += torch.matmul(grad_scores.transpose(-2, -1), rows)
-                dv[:, :, :keys] += torch.matmul(weights.transpose(-2, -1), grad_rows)
-        return dq.mul_(scale).view(b, h, t, dh), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+                    torch.bmm(grad_rows, values_t[..., :n]), weights, -1, weights.dtype)
+                dq[:, :, :, start:end] = torch.baddbmm(
+                    none, grad_scores, keys[:, :n], beta=0.0, alpha=scale).view(b, hkv, g, end - start, dh)
+                dk[:, :n] += torch.bmm(grad_scores.transpose(1, 2), rows)
+                dv[:, :n] += torch.bmm(weights.transpose(1, 2), grad_rows)
+        return (dq.view(b, h, t, dh), dk.mul_(scale).view(b, hkv, s, dh).to(k.dtype),
+                dv.view(b, hkv, s, dh).to(v.dtype), None, None, None)
 
 
 class _Kept:

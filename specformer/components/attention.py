@@ -24,6 +24,7 @@ materialising it (only when T == S and nothing else is masked).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -123,6 +124,9 @@ MATMUL_BLOCK_SCORES = 1 << 22
 #: bytes of probabilities (bfloat16, or float32 on the float32 path) one attention call keeps
 #: for its backward pass (its first blocks'), which the backward pass then does not compute again
 MATMUL_KEPT_BYTES = 4 << 20
+#: a causal call's block masks (about G T^2 / 2 bfloat16 entries) are cached up to this size,
+#: for the few shapes a process trains (every layer, every step, asks for the same ones)
+MATMUL_MASK_CACHE_BYTES = 4 << 20
 FLOAT32_PRODUCT_ROWS = 512
 #: None: measured once per process (:func:`matmul_attention_is_faster`); True or False: decided
 MATMUL_ATTENTION: bool | None = None
@@ -230,12 +234,33 @@ def _block_queries(q: Tensor, start: int, end: int) -> Tensor:
     return q[:, :, :, start:end].reshape(b * hkv, g * (end - start), dh)
 
 
-def _block_mask(future: Tensor | None, start: int, end: int, keys: int, g: int) -> Tensor | None:
-    """The causal mask of a block's G n rows (the n rows of each of the G heads in turn),
-    (G n, keys); None when no row of the block has a future key."""
-    if future is None or start + 1 >= keys:
+def _block_mask(t: int, block: int, g: int, index: int, like: Tensor) -> Tensor | None:
+    """The additive causal mask of block ``index`` (``block`` query rows from index x block),
+    for its G n rows (the n rows of each of the G heads in turn) against the keys up to its
+    last position: (G n, end); None when none of its rows has a future key. Cached where a
+    call's masks take at most MATMUL_MASK_CACHE_BYTES."""
+    blocks = -(-t // block)
+    size = g * block * block * blocks * (blocks + 1) // 2 * like.element_size()  # an upper bound
+    if size <= MATMUL_MASK_CACHE_BYTES and not torch.compiler.is_compiling():
+        return _cached_block_masks(t, block, g, like.dtype, like.device)[index]
+    return _causal_block_mask(t, block, g, index, like.dtype, like.device)
+
+
+def _causal_block_mask(t: int, block: int, g: int, index: int, dtype: torch.dtype, device: torch.device
+                       ) -> Tensor | None:
+    start = index * block
+    end = min(t, start + block)
+    if start + 1 >= end:
         return None
-    return future[start:end, :keys].repeat(g, 1)
+    # row r (position start + r) masks key c > start + r: the diagonal start + 1 and above
+    mask = torch.full((end - start, end), float("-inf"), dtype=dtype, device=device).triu_(start + 1)
+    return mask.repeat(g, 1)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_block_masks(t: int, block: int, g: int, dtype: torch.dtype, device: torch.device
+                        ) -> tuple[Tensor | None, ...]:
+    return tuple(_causal_block_mask(t, block, g, i, dtype, device) for i in range(-(-t // block)))
 
 
 def _block_probabilities(rows: Tensor, keys_t: Tensor, mask: Tensor | None, scale: float) -> Tensor:
@@ -266,14 +291,13 @@ class _MatmulAttention(torch.autograd.Function):
         qv = q.view(b, hkv, g, t, dh)
         keys, values = _by_pair(k), _by_pair(v)  # (B Hkv, S, Dh)
         keys_t = keys.transpose(1, 2)
-        future = _future(t, s, q) if is_causal else None
         out = q.new_empty(b, hkv, g, t, dh)
         kept = _Kept()
         for start in range(0, t, block):
             end = min(t, start + block)
             n = end if is_causal else s
-            weights = _block_probabilities(_block_queries(qv, start, end), keys_t[..., :n],
-                                           _block_mask(future, start, end, n, g), scale)
+            mask = _block_mask(t, block, g, start // block, q) if is_causal else None
+            weights = _block_probabilities(_block_queries(qv, start, end), keys_t[..., :n], mask, scale)
             out[:, :, :, start:end] = torch.bmm(weights, values[:, :n]).view(b, hkv, g, end - start, dh)
             kept.offer(weights)
         ctx.save_for_backward(q, k, v, *kept.tensors)
@@ -292,7 +316,6 @@ class _MatmulAttention(torch.autograd.Function):
             qv = q.view(b, hkv, g, t, dh)
             keys, values = _by_pair(k), _by_pair(v)
             keys_t, values_t = keys.transpose(1, 2), values.transpose(1, 2)
-            future = _future(t, s, q) if is_causal and len(kept) * block < t else None
             dq = q.new_empty(b, hkv, g, t, dh)
             dk = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)  # summed over blocks
             dv = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)
@@ -304,7 +327,8 @@ class _MatmulAttention(torch.autograd.Function):
                 if start // block < len(kept):  # kept by the forward pass
                     weights = kept[start // block]
                 else:
-                    weights = _block_probabilities(rows, keys_t[..., :n], _block_mask(future, start, end, n, g), scale)
+                    mask = _block_mask(t, block, g, start // block, q) if is_causal else None
+                    weights = _block_probabilities(rows, keys_t[..., :n], mask, scale)
                 grad_rows = _block_queries(grad, start, end)
                 grad_scores = torch.ops.aten._softmax_backward_data(
                     torch.bmm(grad_rows, values_t[..., :n]), weights, -1, weights.dtype)

@@ -287,6 +287,40 @@ def test_cpu_matmul_attention_is_causal() -> None:
         assert not torch.equal(moved[:, :, pos], base[:, :, pos])
 
 
+def test_matmul_attention_builds_its_causal_block_masks_once_per_shape(monkeypatch) -> None:
+    # a block's mask covers its G heads' rows (each head's rows in turn); every call of a
+    # shape shares one set, and past MATMUL_MASK_CACHE_BYTES they are built per block: the
+    # same numbers either way
+    from specformer.components import attention
+
+    q, k, v, g = _bf16_case(2, 4, 2, 300, 300)
+
+    def run() -> list[torch.Tensor]:
+        return _out_and_grads(lambda q, k, v: attention.cpu_matmul_attention(q, k, v, is_causal=True, scale=0.3),
+                              q, k, v, g, torch.bfloat16)
+
+    attention._cached_block_masks.cache_clear()
+    cached = run()
+    run()
+    info = attention._cached_block_masks.cache_info()
+    assert (info.currsize, info.misses) == (1, 1) and info.hits >= 5
+    masks = attention._cached_block_masks(300, 128, 2, torch.bfloat16, torch.device("cpu"))
+    assert [tuple(m.shape) for m in masks] == [(256, 128), (256, 256), (88, 300)]
+    for i, mask in enumerate(masks):
+        position = torch.arange(i * 128, min(300, i * 128 + 128)).repeat(2)[:, None]
+        hidden = torch.arange(mask.shape[1])[None, :] > position
+        assert torch.equal(mask == float("-inf"), hidden) and torch.all(mask[~hidden] == 0)
+    # a last block of one row has no future key: no mask
+    assert attention._causal_block_mask(257, 128, 2, 2, torch.bfloat16, torch.device("cpu")) is None
+
+    monkeypatch.setattr(attention, "MATMUL_MASK_CACHE_BYTES", 0)
+    attention._cached_block_masks.cache_clear()
+    built = run()
+    assert attention._cached_block_masks.cache_info().currsize == 0
+    for a, b in zip(cached, built, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_sdpa_backend_takes_the_matmul_path_only_for_bf16_training_on_the_cpu(monkeypatch) -> None:
     from specformer.components import attention
 

@@ -3,8 +3,8 @@ float32 and in bfloat16 autocast (and, with ``--precisions bf16-true``, with bfl
 weights), specformer against transformers and x-transformers.
 
 The same script measures plain matrix-multiply throughput at exactly the matrix shapes
-the specformer step runs (recorded from one step) and reports the fraction of it the
-step reaches: model FLOPs (``specformer.analysis.flops_per_token(...).training``) per
+the specformer step runs (recorded from one step, then run as plain calls in turn with the
+libraries' steps) and reports the fraction of it the step reaches: model FLOPs (``specformer.analysis.flops_per_token(...).training``) per
 second of step time, over the matmul FLOP/s. The model FLOPs are those the library
 executes: on the encoder shape (masked LM, 15% of positions labelled) specformer's head
 runs on the labelled positions only, the peers' on every position.
@@ -18,7 +18,7 @@ import gc
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -44,7 +44,7 @@ from benchmarks.common import (
 )
 from specformer.analysis import flops_per_token
 
-__all__ = ["main", "record_matmuls", "matmul_throughput", "compiled_adapter", "executed_flops"]
+__all__ = ["main", "record_matmuls", "matmul_set", "matmul_throughput", "compiled_adapter", "executed_flops"]
 
 aten = torch.ops.aten
 _MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.addmm_.default: "addmm_",
@@ -53,6 +53,9 @@ _MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.addmm_.defa
 _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None
 if _LINEAR_POINTWISE is not None:
     _MATMULS[_LINEAR_POINTWISE] = "linear_pointwise"
+
+# the key of the step's products, timed in turn with the libraries' steps
+_MATMUL_ROW = "(matmul)"
 
 # the weights' dtype of each --precisions choice
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.float32, "bf16-true": torch.bfloat16}
@@ -104,36 +107,40 @@ def _tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
     return torch.empty_strided(shape, stride, dtype=dtype, device=dev).normal_()
 
 
-def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: int = 3,
-                      min_seconds: float = 0.02) -> dict[str, float]:
-    """Time each distinct product on its own, run back to back as a step runs them
-    (enough calls to take ``min_seconds``; median of ``repeat`` such runs, per call);
-    FLOP/s of the whole set weighted by how often the step runs each one. One call timed
-    alone would also time the wake-up of idle threads, which a step does not pay."""
+def matmul_set(calls: Counter[Signature], dev: torch.device) -> tuple[Callable[[], float], int]:
+    """The step's matrix products as plain calls: a callable that runs each distinct product
+    once untimed, then as many times as the step does, back to back, and returns the seconds
+    the timed calls took; and the set's FLOPs. :func:`main` times it in turn with the steps
+    (:func:`benchmarks.common.alternate`), so a change in the machine's speed during a run
+    moves the step times and this reference alike, as it moves the libraries' times."""
     ops = {"mm": torch.mm, "addmm": torch.addmm, "addmm_": torch.Tensor.addmm_, "bmm": torch.bmm, "baddbmm": torch.baddbmm,
            "linear_pointwise": lambda x, w, b=None: _LINEAR_POINTWISE(x, w, b, "none", [], "")}
-    total_flops = total_time = 0.0
-    for sig, count in calls.items():
-        name, tensors, dtype = sig
-        args = [_tensor(s, st, dtype, dev) for s, st in tensors]
-        op = ops[name]
-        op(*args)
-        sync(dev)
-        t = time.perf_counter()
-        op(*args)
-        sync(dev)
-        n = max(1, min(1000, int(min_seconds / max(time.perf_counter() - t, 1e-7))))
-        times = []
-        for _ in range(repeat):
+    prepared = [(ops[name], [_tensor(s, st, dtype, dev) for s, st in tensors], count)
+                for (name, tensors, dtype), count in calls.items()]
+    flops = sum(count * _flops(sig) for sig, count in calls.items())
+
+    def run() -> float:
+        seconds = 0.0
+        for op, args, count in prepared:
+            op(*args)  # untimed: its operands in cache and its threads awake, the product's own speed
             sync(dev)
-            t = time.perf_counter()
-            for _ in range(n):
+            start = time.perf_counter()
+            for _ in range(count):
                 op(*args)
             sync(dev)
-            times.append((time.perf_counter() - t) / n)
-        total_time += count * median(times)
-        total_flops += count * _flops(sig)
-    return {"flops": total_flops, "seconds": total_time, "flops_per_s": total_flops / total_time}
+            seconds += time.perf_counter() - start
+        return seconds
+
+    return run, flops
+
+
+def matmul_throughput(calls: Counter[Signature], dev: torch.device, *, repeat: int = 3) -> dict[str, float]:
+    """FLOP/s of the step's products timed on their own (:func:`matmul_set`: one warm-up
+    pass, then the median of ``repeat``)."""
+    run, flops = matmul_set(calls, dev)
+    run()
+    seconds = median([run() for _ in range(repeat)])
+    return {"flops": flops, "seconds": seconds, "flops_per_s": flops / seconds}
 
 
 def executed_flops(spec: Any, shape: Any, batch: Any) -> float:
@@ -195,15 +202,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             bf16 = precision == "bf16"
             for a in adapters:  # bf16-true: every library's weights in bfloat16 (back to float32 after)
                 a.model.to(PRECISIONS[precision])
-            runs = {}
+            matmuls, mm_flops = matmul_set(record_matmuls(adapters[0], batch, bf16=bf16, dev=dev), dev)
+            runs = {_MATMUL_ROW: matmuls}
             for a in adapters:
                 opt = make_optimizer(a.model, dev)
                 runs[a.library] = training_step(a, batch, opt, bf16=bf16, dev=dev)
             times = alternate(runs, warmup=warmup, repeat=repeat)
-            del runs
+            del runs, matmuls
             gc.collect()
-            mm = matmul_throughput(record_matmuls(adapters[0], batch, bf16=bf16, dev=dev), dev,
-                                   repeat=1 if args.quick else 3)
+            mm = {"flops_per_s": mm_flops / median(times.pop(_MATMUL_ROW))}
             ours = median(times["specformer"])
             # the first compiled row, against each peer: what training.compile gives over it
             compiled = next((median(times[a.library]) for a in adapters if a.library.startswith("specformer+")), None)

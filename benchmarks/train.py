@@ -43,6 +43,7 @@ from benchmarks.common import (
     write_json,
 )
 from specformer.analysis import flops_per_token
+from specformer.components.positional import warm_tables
 
 __all__ = ["main", "record_matmuls", "matmul_set", "matmul_throughput", "compiled_adapter", "executed_flops"]
 
@@ -158,6 +159,9 @@ def compiled_adapter(ours: Adapter, kind: str, dev: torch.device, mode: str | No
     """``torch.compile`` of specformer's model (the same parameters), as a separate row; the
     warm-up steps absorb the compilation. ``mode``: torch.compile's (``max-autotune-no-cudagraphs``
     also times inductor's own matrix-product kernels against the library's)."""
+    # the positional tables cached before the first trace, as training.compile does
+    dtype = next(p.dtype for p in ours.model.parameters() if p.is_floating_point())
+    warm_tables(ours.model, dev, dtype)
     compiled = _specformer_adapter(torch.compile(ours.model, mode=mode), kind, dev)
     compiled.library = "specformer+compile" + (f"({mode})" if mode else "")
     compiled.notes = "torch.compile (inductor" + (f", mode={mode}" if mode else "") + "), same module and weights"

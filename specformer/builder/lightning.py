@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from specformer.components.positional import warm_tables
 from specformer.data.tokenizers import decoder_start_id, forced_ids
 from specformer.registry import REGISTRY
 from specformer.training.checkpoint import (
@@ -71,6 +72,7 @@ class SpecModule(L.LightningModule):
         # export-hf writes an mt5 or xlm-roberta back under that name
         self.imported_model_type: str | None = None
         self._compiled: Any = None
+        self._tables_warm = False
         self._pending_rng: dict[str, Any] | None = None
         self._val_sums: dict[str, float] = {}
         self.train_started: float | None = None
@@ -92,8 +94,15 @@ class SpecModule(L.LightningModule):
             self.__dict__["_compiled"] = torch.compile(self.model)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        model = self._compiled if self._compiled is not None else self.model
-        return model(*args, **kwargs)
+        if self._compiled is None:
+            return self.model(*args, **kwargs)
+        if not self._tables_warm:
+            # the positional tables cached before the first trace: constants of the graph
+            # instead of computed in it at every step (see warm_tables)
+            dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+            warm_tables(self.model, self.device, dtype)
+            self._tables_warm = True
+        return self._compiled(*args, **kwargs)
 
     def setup(self, stage: str) -> None:
         if self.tokenizer is None and self._trainer is not None:

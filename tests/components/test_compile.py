@@ -13,6 +13,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from specformer.builder import build_model
 from specformer.components import attention, products
+from specformer.components.positional import warm_tables
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -104,13 +105,18 @@ def test_a_measurement_is_taken_once_while_tracing_and_not_traced(tiny, monkeypa
     assert [measure.cache_info().misses for measure in measured] == [1, 1]
 
 
-@pytest.mark.parametrize("positional", ["rope", "sinusoidal", "t5"])
-def test_a_compiled_model_compiles_once_for_every_training_step(tiny, positional: str, loss_and_grads) -> None:  # noqa: ANN001
-    # the position tables (T5's buckets) are traced into the graph: a compiled forward that
-    # filled their cache failed its own guard on it at the next step and compiled the model again
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("positional", ["rope", "sinusoidal", "t5", "alibi"])
+def test_a_compiled_model_compiles_once_for_every_training_step(tiny, positional: str, warm: bool,  # noqa: ANN001
+                                                                loss_and_grads) -> None:  # noqa: ANN001
+    # the position tables (T5's buckets) are read, never filled, while traced: a compiled
+    # forward that filled their cache failed its own guard on it at the next step and compiled
+    # the model again; warmed first, they are read as they are
     from torch._dynamo.utils import counters
 
     model = build_model(tiny(positional={"type": positional}))
+    if warm:
+        warm_tables(model, torch.device("cpu"), torch.float32)
     compiled = torch.compile(model, backend="aot_eager")
     ids = torch.randint(0, 61, (2, 17))
     counters.clear()
@@ -121,3 +127,25 @@ def test_a_compiled_model_compiles_once_for_every_training_step(tiny, positional
     assert abs(loss - want_loss) < 1e-5 * want_loss
     for got, want in zip(grads, want_grads, strict=True):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("positional", ["rope", "sinusoidal"])
+def test_warmed_position_tables_are_constants_of_the_compiled_graph(tiny, positional: str, loss_and_grads) -> None:  # noqa: ANN001
+    # without them, the graph computes the table at every call (inductor then computes a
+    # rotary table's cos and sin inside every layer's rotation); warmed, it reads them, with
+    # the same values
+    ids = torch.randint(0, 61, (2, 17))
+    results = []
+    for warm in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = build_model(tiny(positional={"type": positional}))
+        if warm:
+            warm_tables(model, torch.device("cpu"), torch.float32)
+        loss, grads, targets = _compiled_loss_and_grads(model, ids, loss_and_grads)
+        assert ({"aten.cos.default", "aten.sin.default"} <= targets) != warm, targets
+        results.append((loss, grads))
+    (cold_loss, cold_grads), (warm_loss, warm_grads) = results
+    assert float(warm_loss) == pytest.approx(float(cold_loss), rel=1e-6)
+    for got, want in zip(warm_grads, cold_grads, strict=True):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -627,13 +627,21 @@ def test_compile_trains_the_same_run_through_specformer_s_kernels(tiny, monkeypa
         spec["decoder"]["attention"] = {"n_heads": 4, "n_kv_heads": 2}
         return train(load_spec(spec), progress=False)
 
+    from specformer.builder import lightning as spec_lightning
+
+    warmed: list[tuple[str, torch.dtype]] = []
+    real_warm = spec_lightning.warm_tables
+    monkeypatch.setattr(spec_lightning, "warm_tables",
+                        lambda model, dev, dtype: warmed.append((dev.type, dtype)) or real_warm(model, dev, dtype))
     plain = run(False)
+    assert not warmed
     torch._dynamo.reset()
     counters.clear()
     ran.clear()
     compiled = run(True)
     torch._dynamo.reset()
     assert ran and not counters["graph_break"]
+    assert warmed == [("cpu", torch.float32)]  # the rotary tables, cached once before the first trace
     # the first step, its compilation with it, is named and left out of tokens/s with its tokens
     assert plain.compile_seconds == 0 and plain.tokens_per_second == pytest.approx(
         plain.run_tokens / (plain.train_seconds - plain.val_seconds))

@@ -89,9 +89,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # ((N, V) in that dtype, at most four chunks' worth) for one weight-gradient
             # product accumulated in float32 inside the kernel; with more, each chunk's
             # product is added into a float32 sum, so memory stays O(chunk x V)
+            # (not while torch.compile traces: there each product written into a slice of the
+            # buffer becomes a copy of the whole buffer, and the chunks' softmax passes fuse
+            # with it; the products summed chunk by chunk trace as they are)
             low = (
                 torch.empty(n, weight.shape[0], dtype=dtype, device=x.device)
-                if need_w and dtype != acc and n <= 4 * step
+                if need_w and dtype != acc and n <= 4 * step and not torch.compiler.is_compiling()
                 else None
             )
             for start in range(0, n, step):

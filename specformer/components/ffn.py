@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -22,8 +23,36 @@ if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the
 
 __all__ = ["MLP", "GLU", "ACTIVATIONS"]
 
+class _CompiledReLU(torch.autograd.Function):
+    """ReLU for a graph torch.compile traces, with no boolean tensor in it: its gradient is
+    ``grad * sign(relu(x))`` rather than ``threshold_backward``'s comparison. Inductor's CPU
+    code stores a boolean result element by element (a (512, 1024) ``x <= 0``: 1.5 ms, against
+    33 µs for the ReLU itself, on a 2-core AMD EPYC), and its partitioner kept exactly that
+    mask of every ReLU for the backward pass: a compiled t5-style bf16 step spent 18 of its
+    ~90 ms there and was slower than the eager one. The gradient is the same, a NaN input's
+    aside (NaN here, passed through by torch's)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        out = F.relu(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (out,) = ctx.saved_tensors
+        return grad * out.sign()
+
+
+def relu(x: Tensor) -> Tensor:
+    """``F.relu``; while torch.compile traces, :class:`_CompiledReLU`."""
+    if torch.compiler.is_compiling() and x.requires_grad:
+        return _CompiledReLU.apply(x)
+    return F.relu(x)
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
+    "relu": relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "silu": F.silu,

@@ -149,3 +149,36 @@ def test_warmed_position_tables_are_constants_of_the_compiled_graph(tiny, positi
     assert float(warm_loss) == pytest.approx(float(cold_loss), rel=1e-6)
     for got, want in zip(warm_grads, cold_grads, strict=True):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("ffn", [{"type": "mlp", "activation": "relu"}, {"type": "glu", "activation": "relu"}])
+def test_a_compiled_relu_leaves_no_boolean_mask_for_the_backward_pass(tiny, ffn, loss_and_grads) -> None:  # noqa: ANN001
+    # inductor stores a comparison's boolean result element by element on the CPU, and its
+    # partitioner kept ReLU's x <= 0 for the backward pass; specformer's ReLU takes its
+    # gradient from sign(output) while traced, and the gradients stay autograd's
+    torch.manual_seed(0)
+    model = build_model(tiny(stack={"ffn": ffn}))
+    ids = torch.randint(0, 61, (2, 17))
+    loss, grads, targets = _compiled_loss_and_grads(model, ids, loss_and_grads)
+    assert "aten.sign.default" in targets
+    assert not targets & {"aten.threshold_backward.default", "aten.le.Scalar", "aten.le.Tensor"}
+    want_loss, want_grads = loss_and_grads(model, ids)
+    assert abs(loss - want_loss) < 1e-5 * want_loss
+    for got, want in zip(grads, want_grads, strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_relu_is_torch_s_outside_compilation() -> None:
+    from torch.nn import functional as F
+
+    from specformer.components.ffn import ACTIVATIONS, _CompiledReLU
+
+    x = torch.randn(64, dtype=torch.float64, requires_grad=True)
+    y = ACTIVATIONS["relu"](x)
+    assert y.grad_fn.name() == F.relu(x).grad_fn.name()  # eager: torch's own ReLU and backward
+    # the traced form's gradient is threshold_backward's on finite inputs, zero included
+    z = torch.tensor([-1.0, -0.0, 0.0, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    (got,) = torch.autograd.grad(_CompiledReLU.apply(z).sum(), z)
+    (want,) = torch.autograd.grad(F.relu(z).sum(), z)
+    assert torch.equal(got, want)
+    assert torch.autograd.gradcheck(_CompiledReLU.apply, (x,))

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from specformer.components.cache import KVCache
+from specformer.components.dropout import dropout as apply_dropout
 from specformer.components.positional import apply_rotary
 from specformer.components.products import (
     Linear,
@@ -477,7 +478,7 @@ def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, sc
         q = q * scale
     weights = (torch.matmul(q, k.transpose(-2, -1)) + bias).softmax(dim=-1)  # (B, H, T, S)
     if dropout > 0.0:
-        weights = F.dropout(weights, p=dropout)
+        weights = apply_dropout(weights, p=dropout)
     return torch.matmul(weights.to(v.dtype), v)
 
 
@@ -508,7 +509,7 @@ def eager_attention(
         else:
             scores = scores + mask.to(scores.dtype)
     weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S)
-    weights = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
+    weights = apply_dropout(weights, p=dropout) if dropout > 0.0 else weights
     return torch.matmul(weights, v), weights  # (B, H, T, Dh)
 
 

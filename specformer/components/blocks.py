@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from specformer.components.attention import Attention
 from specformer.components.cache import CacheNotFilledError, KVCache
+from specformer.components.dropout import Dropout
 from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
@@ -145,7 +146,7 @@ class Block(nn.Module):
         self.cross_attn = cross_attn
         self.ffn_norm = ffn_norm
         self.ffn = ffn
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # a module of a registered type of one's own: its outputs are checked at each call, since
         # a wrong shape may broadcast into the residual stream without an error
         self._check = not (

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
+from specformer.components.dropout import Dropout
 from specformer.components.positional import Positional
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
@@ -53,7 +54,7 @@ class Embedding(nn.Module):
             nn.Embedding(spec.segment_vocab_size, d_model) if spec.segment_vocab_size else None
         )
         self.norm = norm
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = Dropout(spec.dropout)
         self.scale = math.sqrt(d_model) if spec.scale else None
 
     @property

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from specformer.components.dropout import Dropout
 from specformer.components.products import Linear
 
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
@@ -83,7 +84,7 @@ class MLP(nn.Module):
         self.down_proj.residual_projection = True
         self.act = ACTIVATIONS[spec.activation]
         self.activation = spec.activation
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = Dropout(spec.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(_drop(self.dropout, self.act(self.up_proj(x)), self.training))  # (B, T, D)
@@ -105,7 +106,7 @@ class GLU(nn.Module):
         self.down_proj.residual_projection = True
         self.act = ACTIVATIONS[spec.activation]
         self.activation = spec.activation
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = Dropout(spec.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.act(self.gate_proj(x)) * self.up_proj(x)  # (B, T, F)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from specformer.components.dropout import Dropout
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import ACTIVATIONS
 from specformer.components.layout import decode_linear
@@ -192,7 +193,7 @@ class ClassificationHead(nn.Module):
         self.pooling = spec.pooling
         self._pool = _POOLING[spec.pooling]
         self.pooler = Linear(d_model, d_model) if spec.pooler else None
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = Dropout(spec.dropout)
         self.classifier = Linear(d_model, spec.n_classes)
 
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the
 
 __all__ = ["MLP", "GLU", "ACTIVATIONS"]
 
+
 class _CompiledReLU(torch.autograd.Function):
     """ReLU for a graph torch.compile traces, with no boolean tensor in it: its gradient is
     ``grad * sign(relu(x))`` rather than ``threshold_backward``'s comparison. Inductor's CPU

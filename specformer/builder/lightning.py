@@ -73,6 +73,7 @@ class SpecModule(L.LightningModule):
         self.imported_model_type: str | None = None
         self._compiled: Any = None
         self._tables_warm = False
+        self._padded: bool | None = None  # whether the batches are padded (decided at the first compiled call)
         self._pending_rng: dict[str, Any] | None = None
         self._val_sums: dict[str, float] = {}
         self.train_started: float | None = None
@@ -102,6 +103,16 @@ class SpecModule(L.LightningModule):
             dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
             warm_tables(self.model, self.device, dtype)
             self._tables_warm = True
+        if self._padded is None:
+            # a first batch with padding: lengths that change from batch to batch (pairs, SFT,
+            # labelled texts), traced symbolic from the first step on, one graph for them all
+            # (dynamo would trace the first length as a constant, then again once another came)
+            masks = [v for k, v in kwargs.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
+            self._padded = any(not bool(m.all()) for m in masks)
+        if self._padded:
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.dim() == 2:
+                    torch._dynamo.maybe_mark_dynamic(value, 1)
         return self._compiled(*args, **kwargs)
 
     def setup(self, stage: str) -> None:

@@ -19,6 +19,8 @@ the plain path does (``logits.float()`` before the loss); float64 models stay fl
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -47,6 +49,19 @@ def _chunk_rows(n: int, vocab: int, d: int) -> int:
     after the first adds its weight gradient (V, D) into the running sum: with fewer
     rows than D that pass would cost more than the (rows, V) logits it saves."""
     return max(1, min(n, max(_CHUNK_ELEMENTS // max(vocab, 1), d)))
+
+
+def _chunks(step: int, *tensors: Tensor) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
+    """(rows, each tensor's rows) for consecutive chunks of ``step`` rows, the last shorter.
+
+    As splits rather than a loop over ``range(0, n, step)``: while ``torch.compile`` traces a
+    dynamic row count, ``range`` makes it a constant (a new graph for every batch whose count of
+    tokens differs), a split guards only on how many chunks there are."""
+    start = 0
+    for parts in zip(*(t.split(step) for t in tensors), strict=True):
+        rows = parts[0].shape[0]
+        yield slice(start, start + rows), parts
+        start = start + rows
 
 
 def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -94,12 +109,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # with it; the products summed chunk by chunk trace as they are)
             low = (
                 torch.empty(n, weight.shape[0], dtype=dtype, device=x.device)
-                if need_w and dtype != acc and n <= 4 * step and not torch.compiler.is_compiling()
+                if not torch.compiler.is_compiling() and need_w and dtype != acc and n <= 4 * step
                 else None
             )
-            for start in range(0, n, step):
-                rows = slice(start, min(start + step, n))
-                xs, ys = xc[rows], labels[rows]
+            for rows, (xs, ys) in _chunks(step, xc, labels):
                 valid = ys != IGNORE_INDEX
                 target = ys.clamp(min=0).unsqueeze(1)  # ignored rows: any index, zeroed below
                 weight_rows = (valid.to(acc) * scale).unsqueeze(1)  # (n, 1): 1/count, or 0
@@ -215,10 +228,9 @@ def linear_cross_entropy(
         wc = weight.to(dtype)
         bc = bias.to(dtype) if bias is not None else None
         step = _chunk_rows(n, vocab, weight.shape[1])
-        for start in range(0, n, step):
-            rows = slice(start, min(start + step, n))
-            logits = mm_nt(x[rows].to(dtype), wc, bc).to(acc)
+        for _, (xs, ys) in _chunks(step, x, labels):
+            logits = mm_nt(xs.to(dtype), wc, bc).to(acc)
             total = total + F.cross_entropy(
-                logits, labels[rows], ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
+                logits, ys, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
             )
     return total / count.to(acc)

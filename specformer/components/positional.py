@@ -606,6 +606,12 @@ class T5RelativeBias(Positional):
         m = self.max_distance
         buckets = self.bucket_table(q_index.device)[distances.clamp(-m, m) + m]
         table = nn.functional.embedding(buckets, self.weight).to(dtype).t()  # (H, L)
+        if torch.compiler.is_compiling():
+            # unfold makes T and Tk constants of the graph (a new graph whenever a batch's length
+            # differs); indexing keeps them symbolic, and inductor fuses its backward's sums
+            j = torch.arange(tk, device=q_index.device)
+            i = torch.arange(t - 1, -1, -1, device=q_index.device)
+            return table[:, i.unsqueeze(1) + j].unsqueeze(0)  # (1, H, T, Tk)
         return table.unfold(1, tk, 1).flip(1).unsqueeze(0)  # (1, H, T, Tk)
 
     def init_parameters(self, std: float) -> None:

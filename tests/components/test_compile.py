@@ -216,3 +216,83 @@ def test_a_compiled_chunked_loss_sums_its_weight_gradients_chunk_by_chunk(monkey
     assert scattered  # (the input's gradient, (N, D), still is: recorded at all)
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, rtol=1e-2, atol=1e-4)
+
+
+def _padded_batch(kind: str, source: int, target: int) -> dict[str, torch.Tensor]:
+    """A batch of two rows, the second padded on the right: ``source`` and ``target`` long."""
+    ids = torch.randint(5, 61, (2, source))
+    mask = torch.ones(2, source, dtype=torch.long)
+    mask[1, source // 2:] = 0
+    if kind != "encoder-decoder":
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    dec = torch.randint(5, 61, (2, target))
+    dec_mask = torch.ones(2, target, dtype=torch.long)
+    dec_mask[1, target // 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": dec,
+            "decoder_attention_mask": dec_mask, "labels": dec.masked_fill(dec_mask == 0, -100)}
+
+
+@pytest.mark.parametrize(("kind", "positional"), [
+    ("encoder-decoder", "t5"), ("encoder-decoder", "rope"), ("decoder", "t5"), ("decoder", "alibi"),
+    ("decoder", "sinusoidal"), ("decoder", "learned"), ("encoder", "rope"),
+])
+def test_a_compiled_model_follows_batches_of_every_length_in_one_dynamic_graph(kind: str, positional: str, tiny) -> None:  # noqa: ANN001
+    # padded batches (sequence-to-sequence pairs, SFT, classification) change length from
+    # batch to batch: after the first length, torch.compile traces one graph with the lengths
+    # symbolic; the model must not make them constants again (T5's Toeplitz bias as an
+    # unfold, the loss's loop over range(n)), or every new length is a new graph, and past
+    # dynamo's recompile limit (8) the model runs uncompiled
+    from torch._dynamo.utils import counters
+
+    model = build_model(tiny(kind, positional={"type": positional}))
+    warm_tables(model, torch.device("cpu"), torch.float32)
+    compiled = torch.compile(model, backend="aot_eager")
+    counters.clear()
+    # two rows of 16 or more: every product stays on one side of the oneDNN threshold (MIN_ROWS)
+    for source, target in [(16, 17), (19, 21), (25, 16), (17, 30), (40, 23)]:
+        batch = _padded_batch(kind, source, target)
+        got = compiled(**batch).loss
+        got_grads = torch.autograd.grad(got, list(model.parameters()), allow_unused=True)
+        want = model(**batch).loss
+        want_grads = torch.autograd.grad(want, list(model.parameters()), allow_unused=True)
+        assert float(got) == pytest.approx(float(want), rel=1e-5)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            assert (g is None) == (w is None)
+            if g is not None:
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 2  # the first length's, then the dynamic one
+
+
+def test_t5_bias_traced_equals_its_eager_toeplitz_layout(tiny) -> None:  # noqa: ANN001
+    from specformer.components.positional import T5RelativeBias
+
+    bias = next(m for m in build_model(tiny("encoder-decoder", positional={"type": "t5"})).modules()
+                if isinstance(m, T5RelativeBias) and not m.bidirectional)
+    traced = torch.compile(bias.bias, backend="aot_eager", fullgraph=True, dynamic=True)
+    for t, tk, past in [(5, 5, 0), (3, 11, 8), (17, 17, 0), (1, 40, 39)]:
+        q, k = torch.arange(past, past + t), torch.arange(tk)
+        upstream = torch.randn(1, bias.n_heads, t, tk)
+        got = traced(q, k, dtype=torch.float32)
+        (got_grad,) = torch.autograd.grad(got, bias.weight, upstream)
+        want = bias.bias(q, k, dtype=torch.float32)
+        (want_grad,) = torch.autograd.grad(want, bias.weight, upstream)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_bf16_model_with_the_attention_products_follows_every_length(tiny, monkeypatch) -> None:  # noqa: ANN001
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
+    model = build_model(tiny(stack={"ffn": {"type": "glu", "activation": "silu", "d_ff": 64},
+                                    "norm": {"type": "rmsnorm"}}))
+    warm_tables(model, torch.device("cpu"), torch.float32)
+    compiled = torch.compile(model, backend="aot_eager")
+    counters.clear()
+    for length in (16, 23, 40, 19):
+        batch = _padded_batch("decoder", length, 0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = compiled(**batch).loss
+            want = model(**batch).loss
+        assert float(got) == pytest.approx(float(want), rel=1e-2)
+    assert counters["stats"]["unique_graphs"] == 2

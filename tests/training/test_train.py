@@ -605,6 +605,41 @@ def test_compile_keeps_state_dict_names() -> None:
     assert load_spec("gpt-nano").training.compile is False
 
 
+def _seq2seq_batch(source: int, target: int, *, padded: bool) -> dict[str, torch.Tensor]:
+    ids, dec = torch.randint(5, 40, (2, source)), torch.randint(5, 40, (2, target))
+    mask, dec_mask = torch.ones_like(ids), torch.ones_like(dec)
+    if padded:
+        mask[1, source // 2:] = 0
+        dec_mask[1, target // 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": dec,
+            "decoder_attention_mask": dec_mask, "labels": dec.masked_fill(dec_mask == 0, -100)}
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_compiled_module_traces_padded_batches_with_symbolic_lengths_from_the_first(padded: bool) -> None:
+    # padded batches (pairs here) change length at every step: their first trace already takes
+    # the lengths as symbols, so one graph serves every length; unpadded batches (a corpus cut
+    # into blocks) keep the static first graph dynamo makes, and a second once a length changes
+    from torch._dynamo.utils import counters
+
+    from specformer.builder import SpecModule
+
+    module = SpecModule(load_spec("t5-nano", ["training.compile=true"]))
+    module.configure_model()
+    module.__dict__["_compiled"] = torch.compile(module.model, backend="aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        for source, target in [(17, 16), (23, 19), (31, 27)]:
+            batch = _seq2seq_batch(source, target, padded=padded)
+            got = module(**batch).loss
+            assert float(got) == pytest.approx(float(module.model(**batch).loss), rel=1e-5)
+        assert module._padded is padded
+        assert counters["stats"]["unique_graphs"] == (1 if padded else 2)
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_compile_trains_the_same_run_through_specformer_s_kernels(tiny, monkeypatch) -> None:
     # training.compile=true with inductor: the oneDNN products and the float32 attention as

@@ -32,6 +32,11 @@ from specformer.training.checkpoint import (
 __all__ = ["SpecModule"]
 
 
+def _all_ones_on_cpu(mask: Any) -> bool:
+    """Whether ``mask`` is a CPU tensor of ones (read without a device sync)."""
+    return isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and bool(mask.all())
+
+
 class SpecModule(L.LightningModule):
     """Train the model a spec describes, with the objective its ``training:`` section names.
 
@@ -113,6 +118,12 @@ class SpecModule(L.LightningModule):
             for value in (*args, *kwargs.values()):
                 if isinstance(value, torch.Tensor) and value.dim() == 2:
                     torch._dynamo.maybe_mark_dynamic(value, 1)
+        else:
+            # blocks with a mask of ones (masked LM's): the mask goes here, where its values can be
+            # read. The eager model drops it itself; a compiled one cannot read it, and would run
+            # its attention through the masked fused kernel, not specformer's products (bert-nano
+            # bf16: 148 ms a step against 79 eager)
+            kwargs = {k: None if k.endswith("attention_mask") and _all_ones_on_cpu(v) else v for k, v in kwargs.items()}
         return self._compiled(*args, **kwargs)
 
     def setup(self, stage: str) -> None:

@@ -51,6 +51,15 @@ def render(data: dict[str, Any]) -> str:
               *([_x(r.get("speedup_of_compiled"))] if compiled else []), _n(1e3 * r["model_tflops_per_s"]),
               _n(1e3 * r["matmul_tflops_per_s"]), f"{100 * r['fraction_of_matmul']:.0f}%"] for r in rows],
         )
+    if kind == "padded":
+        compiled = any(r.get("speedup_of_compiled") is not None for r in rows)
+        return _table(
+            ["shape", "precision", "library", "widths", "cycle ms", "tokens/s", "specformer ×",
+             *(["compiled ×"] if compiled else [])],
+            [[r["shape"], r["precision"], r["library"], f"{min(r['widths'])}–{max(r['widths'])}", _n(r["cycle_ms"]),
+              _n(r["tokens_per_s"]), _x(r["speedup_of_specformer"]),
+              *([_x(r.get("speedup_of_compiled"))] if compiled else [])] for r in rows],
+        )
     if kind == "inference":
         return _table(
             ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×", "MB/step",

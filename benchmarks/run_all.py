@@ -10,11 +10,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import attention, cli, data, inference, memory, train
+from benchmarks import attention, cli, data, inference, memory, padded, train
 
 __all__ = ["main", "BENCHMARKS"]
 
-BENCHMARKS = {"train": train.main, "inference": inference.main, "memory": memory.main,
+BENCHMARKS = {"train": train.main, "padded": padded.main, "inference": inference.main, "memory": memory.main,
               "attention": attention.main, "cli": cli.main, "data": data.main}
 
 

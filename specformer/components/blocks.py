@@ -27,7 +27,13 @@ from specformer.components.dropout import Dropout
 from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
-__all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs"]
+__all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs", "padded_on_the_right"]
+
+
+def padded_on_the_right(key_padding: Tensor) -> bool:
+    """Whether every row of ``key_padding`` (B, Tk; True = real token) is its real tokens, then
+    padding: no real token after a padded one."""
+    return bool((key_padding[:, 1:] <= key_padding[:, :-1]).all())
 
 
 @dataclass
@@ -323,9 +329,17 @@ class Stack(nn.Module):
         if attention_mask is not None and k_start:
             attention_mask = attention_mask[:, k_start:]
         key_padding = attention_mask.bool() if attention_mask is not None else None
-        if key_padding is not None and not torch.compiler.is_compiling() and bool(key_padding.all()):
-            # nothing is padded: drop the mask so causal attention keeps SDPA's is_causal path
-            key_padding = None
+        if key_padding is not None and not torch.compiler.is_compiling():
+            if bool(key_padding.all()):
+                # nothing is padded: drop the mask so causal attention keeps SDPA's is_causal path
+                key_padding = None
+            elif (self.causal and not past and self.training and torch.is_grad_enabled() and not need_weights
+                  and padded_on_the_right(key_padding)):
+                # training on rows padded on the right (pairs, SFT): a causal query at a real token
+                # sees real keys only, so the mask changes the padding's own outputs alone, which
+                # no loss reads (labels are -100 there); without it attention keeps its causal
+                # path, in bf16 the products instead of torch's masked kernel
+                key_padding = None
         q_index = torch.arange(past, past + t, device=x.device)  # (T,)
         k_index = torch.arange(k_start, past + t, device=x.device)  # (Tk,)
         pos = self.positional_module

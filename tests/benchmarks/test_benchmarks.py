@@ -14,7 +14,18 @@ import torch
 
 pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
 
-from benchmarks import attention, cli, common, data, inference, memory, report, run_all, train  # noqa: E402
+from benchmarks import (  # noqa: E402
+    attention,
+    cli,
+    common,
+    data,
+    inference,
+    memory,
+    padded,
+    report,
+    run_all,
+    train,
+)
 from benchmarks.common import (  # noqa: E402
     QUICK_SHAPES,
     available_libraries,
@@ -177,6 +188,50 @@ def test_train_compile_rows_one_per_mode() -> None:
     assert all(r["speedup_of_compiled"] is None for r in rows if r is not peer)
     table = report.render(payload)
     assert "| compiled × |" in table and f"| {peer['speedup_of_compiled']:.2f}× |" in table
+
+
+@pytest.mark.parametrize("name", ["llama-style", "t5-style"])
+def test_padded_batches_change_length_and_label_no_padding(name: str) -> None:
+    shape = next(s for s in common.SHAPES if s.name == name)
+    batches = padded.padded_batches(shape, torch.device("cpu"), 6)
+    widths = {b["input_ids"].shape[1] for b in batches}
+    assert len(widths) > 1 and all(shape.seq_len // 4 <= w <= shape.seq_len for w in widths)
+    target = "decoder_attention_mask" if shape.kind == "encoder-decoder" else "attention_mask"
+    for b in batches:
+        mask = b[target]
+        assert b["input_ids"].shape[0] == shape.batch == b["labels"].shape[0]
+        # right padding: every row's real tokens first, the longest row unpadded
+        assert torch.equal(mask, mask.cummin(dim=1).values) and bool(mask.sum(1).eq(mask.shape[1]).any())
+        assert torch.equal(b["labels"] == -100, mask == 0)
+        assert b["attention_mask"].shape == b["input_ids"].shape
+    assert padded.real_tokens(batches) == sum(int(b[target].sum()) for b in batches)
+    # the same seed, the same batches: every library steps through these
+    again = padded.padded_batches(shape, torch.device("cpu"), 6)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(batches, again, strict=True) for k in a)
+
+
+@pytest.mark.slow
+def test_padded_quick(tmp_path: Path) -> None:
+    out = tmp_path / "padded.json"
+    padded.main(["--quick", "--shapes", "gpt2-style", "t5-style", "bert-style", "--precisions", "fp32",
+                 "--compile", "--out", str(out)])
+    data = _load(out)
+    rows = data["results"]
+    # the encoder (masked LM on blocks of one length) is left out
+    assert {r["shape"] for r in rows} == {"gpt2-style", "t5-style"}
+    for shape in ("gpt2-style", "t5-style"):
+        by = {r["library"]: r for r in rows if r["shape"] == shape}
+        assert set(by) == {"specformer", "transformers", "specformer+compile"}
+        peer = by["transformers"]
+        # weights copied and padding masked alike: the same loss to float32 rounding
+        assert peer["loss_max_diff_fp32"] < 1e-4
+        assert peer["speedup_of_specformer"] == pytest.approx(peer["cycle_ms"] / by["specformer"]["cycle_ms"])
+        assert peer["speedup_of_compiled"] == pytest.approx(peer["cycle_ms"] / by["specformer+compile"]["cycle_ms"])
+        for r in by.values():
+            assert len(set(r["widths"])) > 1
+            assert r["tokens_per_s"] == pytest.approx(r["tokens"] / (r["cycle_ms"] / 1e3))
+    table = report.render(data)
+    assert table.count("\n| t5-style | fp32 |") == 3 and "| compiled × |" in table
 
 
 def test_inference_quick(tmp_path: Path) -> None:
@@ -378,7 +433,7 @@ def test_mlm_step_runs_the_head_on_labelled_positions_only() -> None:
     assert train.executed_flops(spec, shape, batch) == pytest.approx(recorded + 3 * scores * shape.tokens, rel=0.01)
 
 
-@pytest.mark.parametrize("module", [train, inference, memory, attention, cli, run_all],
+@pytest.mark.parametrize("module", [train, padded, inference, memory, attention, cli, run_all],
                          ids=lambda m: m.__name__.split(".")[-1])
 def test_help_describes_the_benchmark_in_whole_sentences(module, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

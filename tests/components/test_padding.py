@@ -204,3 +204,64 @@ def test_encoder_outputs_and_masks_that_do_not_match_are_clear_errors(tiny: Tiny
         model(src[:1], decoder_input_ids=tgt)
     with pytest.raises(TypeError, match="^encoder_hidden_states must be a floating-point tensor, got torch.int64$"):
         model(decoder_input_ids=tgt, encoder_hidden_states=enc.long())
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("left", [False, True])
+def test_training_on_right_padded_rows_leaves_the_mask_out_with_the_same_loss_and_gradients(
+        tiny: Tiny, monkeypatch: pytest.MonkeyPatch, left: bool, bf16: bool) -> None:
+    # a causal query at a real token of a right-padded row sees real keys only: training drops
+    # the mask (attention keeps its causal path: in bf16 the products, not torch's masked
+    # kernel), and the loss and every gradient are those of the masked model; left padding
+    # (real keys after padded ones) keeps it
+    from torch.nn import functional as F
+
+    from specformer.components import attention
+
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
+    spec = tiny(positional={"type": "rope"}, stack={"norm": {"type": "rmsnorm"}})
+    model = build_model(spec).train()
+    seqs = [torch.randint(1, 61, (n,)) for n in (70, 41, 9)]  # past one 64-row attention block
+    ids, mask = _batch(seqs, left=left)
+    labels = ids.masked_fill(mask == 0, -100)
+    masked: list[bool] = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        masked.append(kwargs.get("attn_mask") is not None)
+        return real_sdpa(*args, **kwargs)
+
+    def loss_and_grads(**kwargs):  # noqa: ANN003, ANN202
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(ids, labels=labels, **kwargs).loss
+        loss.backward()
+        return float(loss), [p.grad.clone() for p in model.parameters()]
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    got, got_grads = loss_and_grads(attention_mask=mask)
+    assert any(masked) == left  # right padding: no masked attention call at all
+    # the reference: the same rows with the mask applied inside attention (eval-mode masking)
+    monkeypatch.setattr("specformer.components.blocks.padded_on_the_right", lambda key_padding: False)
+    masked.clear()
+    want, want_grads = loss_and_grads(attention_mask=mask)
+    assert any(masked)
+    tol = 2e-2 if bf16 else 1e-5
+    assert got == pytest.approx(want, rel=tol)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert (g - w).norm() <= tol * w.norm() + 1e-7
+
+
+def test_right_padded_rows_keep_their_mask_outside_training(tiny: Tiny) -> None:
+    # eval (and a no-grad forward) keep the mask: the padding's own logits are those of the
+    # masked attention, as every other library computes them
+    model = build_model(tiny(positional={"type": "rope"}))
+    ids, mask = _batch([torch.randint(1, 61, (n,)) for n in (9, 4)], left=False)
+    model.eval()
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask).logits
+    model.train()
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=mask).logits, ref)
+    unmasked_pad = model.eval()(ids).logits[1, 4:]
+    assert not torch.allclose(ref[1, 4:], unmasked_pad, atol=1e-4)  # the mask does change the padding's logits

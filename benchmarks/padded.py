@@ -1,0 +1,213 @@
+"""Training on padded batches of changing length: forward + cross-entropy + backward + AdamW
+step over a cycle of batches whose rows are between a quarter of the shape's sequence length
+and all of it, each batch padded to its longest row, as (source, target) pairs and SFT data
+are; tokens/s of real tokens, specformer against transformers, alternating in one process.
+
+With ``--compile`` specformer also runs compiled as ``training.compile`` runs it: the
+positional tables warmed, the lengths marked dynamic from the first batch (one graph for
+every length). The decoder shapes train as a causal LM with an attention mask (SFT), the
+encoder-decoder shape as sequence to sequence (its tokens counted on the target side, as
+``benchmarks.train`` counts them); encoder shapes (masked LM on blocks of one length) are
+left out. Every library steps through the same batches, with weights copied.
+
+    python -m benchmarks.padded [--quick] [--compile] [--shapes t5-style ...] [--out padded.json]
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from benchmarks.common import (
+    Shape,
+    alternate,
+    available_libraries,
+    base_parser,
+    build_adapters,
+    logits_loss,
+    machine_info,
+    make_optimizer,
+    median,
+    print_table,
+    select_shapes,
+    setup,
+    sync,
+    write_json,
+)
+from specformer.components.positional import warm_tables
+
+__all__ = ["main", "padded_batches", "real_tokens"]
+
+_LIBRARIES = ("specformer", "transformers")
+_COMPILED = "specformer+compile"
+
+
+def padded_batches(shape: Shape, dev: torch.device, count: int, *, seed: int = 0) -> list[dict[str, Tensor]]:
+    """``count`` batches of ``shape.batch`` rows, each row between T/4 and T tokens long
+    (T: the shape's sequence length), padded on the right to the batch's longest: the
+    keyword arguments of specformer's forward (``labels`` -100 on padding)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, b, t = shape.spec["vocab_size"], shape.batch, shape.seq_len
+
+    def padded() -> tuple[Tensor, Tensor]:
+        lengths = torch.randint(max(1, t // 4), t + 1, (b,), generator=g)
+        width = int(lengths.max())
+        mask = (torch.arange(width) < lengths[:, None]).long()  # (B, width): 1 = real token
+        return torch.randint(3, vocab, (b, width), generator=g) * mask, mask
+
+    batches = []
+    for _ in range(count):
+        ids, mask = padded()
+        if shape.kind == "encoder-decoder":
+            dec, dec_mask = padded()
+            batch = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": dec,
+                     "decoder_attention_mask": dec_mask,
+                     "labels": torch.randint(3, vocab, dec.shape, generator=g).masked_fill(dec_mask == 0, -100)}
+        else:
+            batch = {"input_ids": ids, "attention_mask": mask,
+                     "labels": torch.randint(3, vocab, ids.shape, generator=g).masked_fill(mask == 0, -100)}
+        batches.append({k: v.to(dev) for k, v in batch.items()})
+    return batches
+
+
+def real_tokens(batches: Sequence[dict[str, Tensor]]) -> int:
+    """The unpadded tokens of the batches: the targets' of an encoder-decoder, else the inputs'."""
+    key = "decoder_attention_mask" if "decoder_attention_mask" in batches[0] else "attention_mask"
+    return int(sum(int(b[key].sum()) for b in batches))
+
+
+def _specformer_loss(model: Callable[..., Any], *, compiled: bool) -> Callable[[dict[str, Tensor]], Tensor]:
+    def loss(batch: dict[str, Tensor]) -> Tensor:
+        if compiled:
+            # as SpecModule.forward under training.compile: padded batches' lengths are symbolic
+            # from the first call, one graph for every length
+            for value in batch.values():
+                if value.dim() == 2:
+                    torch._dynamo.maybe_mark_dynamic(value, 1)
+        return model(**batch).loss
+
+    return loss
+
+
+def _hf_loss(hf: nn.Module) -> Callable[[dict[str, Tensor]], Tensor]:
+    # transformers' logits, then the float32 cross-entropy its loss functions compute (as
+    # benchmarks.train); the labels are aligned with the inputs already
+    def loss(batch: dict[str, Tensor]) -> Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        return logits_loss(hf(**inputs, use_cache=False).logits, batch["labels"])
+
+    return loss
+
+
+def _cycle(loss: Callable[[dict[str, Tensor]], Tensor], model: nn.Module, batches: Sequence[dict[str, Tensor]],
+           *, bf16: bool, dev: torch.device) -> Callable[[], float]:
+    """One pass over the batches, a training step each; returns the seconds of the steps."""
+    opt = make_optimizer(model, dev)
+
+    def run() -> float:
+        total = 0.0
+        for batch in batches:
+            sync(dev)
+            start = time.perf_counter()
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                value = loss(batch)
+            value.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync(dev)
+            total += time.perf_counter() - start
+        return total
+
+    return run
+
+
+def _same_loss(losses: dict[str, Callable[[dict[str, Tensor]], Tensor]], batch: dict[str, Tensor]) -> float:
+    """The largest difference of the libraries' float32 losses on one padded batch (the
+    weights are copied, so it is rounding alone: the padding is masked alike)."""
+    with torch.no_grad():
+        values = [float(loss(batch)) for loss in losses.values()]
+    return max(values) - min(values)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    p = base_parser(__doc__)
+    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                   help="fp32; bf16 (float32 weights, bfloat16 autocast)")
+    p.add_argument("--batches", type=int, default=None, help="batches in the cycle (default: 6; --quick: 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed passes over the cycle (default: 1)")
+    p.add_argument("--repeat", type=int, default=None, help="timed passes, alternating libraries (default: 5)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time specformer compiled as training.compile runs it (compile time excluded)")
+    args = p.parse_args(argv)
+    dev = setup(args)
+    libraries = [lib for lib in available_libraries(args.libraries) if lib in _LIBRARIES]
+    shapes = [s for s in select_shapes(args.shapes, args.quick) if s.kind != "encoder"]
+    count = args.batches or (3 if args.quick else 6)
+    warmup = args.warmup if args.warmup is not None else 1
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
+    rows: list[dict[str, Any]] = []
+    for shape in shapes:
+        batches = padded_batches(shape, dev, count)
+        tokens = real_tokens(batches)
+        adapters = {a.library: a for a in build_adapters(shape, dev, libraries)}
+        models = {name: a.model for name, a in adapters.items()}
+        losses = {name: (_specformer_loss(a.model, compiled=False) if name == "specformer" else _hf_loss(a.model))
+                  for name, a in adapters.items()}
+        difference = _same_loss(losses, batches[0])
+        if args.compile:
+            model = adapters["specformer"].model
+            dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+            warm_tables(model, dev, dtype)
+            losses[_COMPILED] = _specformer_loss(torch.compile(model), compiled=True)
+            models[_COMPILED] = model
+        for precision in args.precisions:
+            bf16 = precision == "bf16"
+            runs = {name: _cycle(loss, models[name], batches, bf16=bf16, dev=dev) for name, loss in losses.items()}
+            times = alternate(runs, warmup=warmup, repeat=repeat)
+            ours = median(times["specformer"])
+            compiled = median(times[_COMPILED]) if _COMPILED in times else None
+            for name, seconds in times.items():
+                t = median(seconds)
+                peer = not name.startswith("specformer")
+                rows.append({
+                    "shape": shape.name, "precision": precision, "library": name, "batches": count,
+                    "batch": shape.batch, "seq_len": shape.seq_len,
+                    "widths": [int(b["labels"].shape[1]) for b in batches], "tokens": tokens,
+                    "cycle_ms": 1e3 * t, "times_s": seconds, "tokens_per_s": tokens / t,
+                    "speedup_of_specformer": t / ours if peer else None,
+                    "speedup_of_compiled": t / compiled if peer and compiled else None,
+                    "loss_max_diff_fp32": difference if name == "transformers" else None,
+                })
+            del runs
+            gc.collect()
+        del adapters, models, losses
+        gc.collect()
+    payload = {"benchmark": "padded", "machine": machine_info(dev), "libraries": libraries,
+               "settings": {"optimizer": "torch.optim.AdamW(fused=True), same for every library",
+                            "batches": ("rows of T/4 to T tokens (uniform), padded on the right to the "
+                                        "batch's longest; labels -100 on padding; the same batches for "
+                                        "every library"),
+                            "loss": ("mean cross-entropy over the real tokens: specformer's "
+                                     "model(labels=...) path, transformers' logits then F.cross_entropy "
+                                     "in float32"),
+                            "compile": args.compile, "quick": args.quick},
+               "results": rows}
+    compiled_column = ["compiled ×"] if args.compile else []
+    print_table(
+        f"Training on padded batches of changing length (forward + backward + AdamW) on {dev}",
+        ["shape", "precision", "library", "widths", "cycle ms", "tokens/s", "specformer ×", *compiled_column],
+        [[r["shape"], r["precision"], r["library"], f"{min(r['widths'])}-{max(r['widths'])}", r["cycle_ms"],
+          r["tokens_per_s"], r["speedup_of_specformer"], *([r["speedup_of_compiled"]] if args.compile else [])]
+         for r in rows],
+    )
+    write_json(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -16,14 +16,15 @@ left out. Every library steps through the same batches, with weights copied.
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from benchmarks.common import (
+    Adapter,
     Shape,
     alternate,
     available_libraries,
@@ -36,10 +37,11 @@ from benchmarks.common import (
     print_table,
     select_shapes,
     setup,
-    sync,
+    training_step,
     write_json,
 )
-from specformer.components.positional import warm_tables
+from benchmarks.train import compiled_adapter
+from specformer.builder.lightning import mark_lengths_dynamic
 
 __all__ = ["main", "padded_batches", "real_tokens"]
 
@@ -83,12 +85,8 @@ def real_tokens(batches: Sequence[dict[str, Tensor]]) -> int:
 
 def _specformer_loss(model: Callable[..., Any], *, compiled: bool) -> Callable[[dict[str, Tensor]], Tensor]:
     def loss(batch: dict[str, Tensor]) -> Tensor:
-        if compiled:
-            # as SpecModule.forward under training.compile: padded batches' lengths are symbolic
-            # from the first call, one graph for every length
-            for value in batch.values():
-                if value.dim() == 2:
-                    torch._dynamo.maybe_mark_dynamic(value, 1)
+        if compiled:  # as SpecModule.forward under training.compile: one graph for every length
+            mark_lengths_dynamic(*batch.values())
         return model(**batch).loss
 
     return loss
@@ -104,33 +102,20 @@ def _hf_loss(hf: nn.Module) -> Callable[[dict[str, Tensor]], Tensor]:
     return loss
 
 
-def _cycle(loss: Callable[[dict[str, Tensor]], Tensor], model: nn.Module, batches: Sequence[dict[str, Tensor]],
-           *, bf16: bool, dev: torch.device) -> Callable[[], float]:
-    """One pass over the batches, a training step each; returns the seconds of the steps."""
-    opt = make_optimizer(model, dev)
-
-    def run() -> float:
-        total = 0.0
-        for batch in batches:
-            sync(dev)
-            start = time.perf_counter()
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-                value = loss(batch)
-            value.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sync(dev)
-            total += time.perf_counter() - start
-        return total
-
-    return run
+def _cycle(adapter: Adapter, batches: Sequence[dict[str, Tensor]], *, bf16: bool, dev: torch.device
+           ) -> Callable[[], float]:
+    """One pass over the batches, a training step each (``adapter.loss`` reads a padded
+    batch); returns the seconds of the steps."""
+    opt = make_optimizer(adapter.model, dev)
+    steps = [training_step(adapter, batch, opt, bf16=bf16, dev=dev) for batch in batches]
+    return lambda: sum(step() for step in steps)
 
 
-def _same_loss(losses: dict[str, Callable[[dict[str, Tensor]], Tensor]], batch: dict[str, Tensor]) -> float:
+def _same_loss(adapters: Sequence[Adapter], batch: dict[str, Tensor]) -> float:
     """The largest difference of the libraries' float32 losses on one padded batch (the
     weights are copied, so it is rounding alone: the padding is masked alike)."""
     with torch.no_grad():
-        values = [float(loss(batch)) for loss in losses.values()]
+        values = [float(a.loss(batch)) for a in adapters]
     return max(values) - min(values)
 
 
@@ -154,20 +139,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for shape in shapes:
         batches = padded_batches(shape, dev, count)
         tokens = real_tokens(batches)
-        adapters = {a.library: a for a in build_adapters(shape, dev, libraries)}
-        models = {name: a.model for name, a in adapters.items()}
-        losses = {name: (_specformer_loss(a.model, compiled=False) if name == "specformer" else _hf_loss(a.model))
-                  for name, a in adapters.items()}
-        difference = _same_loss(losses, batches[0])
-        if args.compile:
-            model = adapters["specformer"].model
-            dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
-            warm_tables(model, dev, dtype)
-            losses[_COMPILED] = _specformer_loss(torch.compile(model), compiled=True)
-            models[_COMPILED] = model
+        # each library's adapter, its loss reading a padded batch
+        adapters = [replace(a, loss=_specformer_loss(a.model, compiled=False) if a.library == "specformer"
+                            else _hf_loss(a.model)) for a in build_adapters(shape, dev, libraries)]
+        difference = _same_loss(adapters, batches[0])
+        if args.compile:  # the tables warmed, the same module and weights (benchmarks.train's row)
+            traced = compiled_adapter(adapters[0], shape.kind, dev)
+            adapters.append(replace(traced, loss=_specformer_loss(traced.model, compiled=True)))
         for precision in args.precisions:
             bf16 = precision == "bf16"
-            runs = {name: _cycle(loss, models[name], batches, bf16=bf16, dev=dev) for name, loss in losses.items()}
+            runs = {a.library: _cycle(a, batches, bf16=bf16, dev=dev) for a in adapters}
             times = alternate(runs, warmup=warmup, repeat=repeat)
             ours = median(times["specformer"])
             compiled = median(times[_COMPILED]) if _COMPILED in times else None
@@ -185,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 })
             del runs
             gc.collect()
-        del adapters, models, losses
+        del adapters
         gc.collect()
     payload = {"benchmark": "padded", "machine": machine_info(dev), "libraries": libraries,
                "settings": {"optimizer": "torch.optim.AdamW(fused=True), same for every library",

@@ -29,7 +29,17 @@ from specformer.training.checkpoint import (
     set_rng_state,
 )
 
-__all__ = ["SpecModule"]
+__all__ = ["SpecModule", "mark_lengths_dynamic"]
+
+
+def mark_lengths_dynamic(*values: Any) -> None:
+    """Mark the length (dimension 1) of every (B, L) tensor among ``values`` dynamic for
+    ``torch.compile``, so that its first trace already takes the lengths as symbols: padded
+    batches of every length then share one graph (dynamo would trace the first length as a
+    constant, then again once another came)."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            torch._dynamo.maybe_mark_dynamic(value, 1)
 
 
 def _all_ones_on_cpu(mask: Any) -> bool:
@@ -111,13 +121,10 @@ class SpecModule(L.LightningModule):
         if self._padded is None:
             # a first batch with padding: lengths that change from batch to batch (pairs, SFT,
             # labelled texts), traced symbolic from the first step on, one graph for them all
-            # (dynamo would trace the first length as a constant, then again once another came)
             masks = [v for k, v in kwargs.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
             self._padded = any(not bool(m.all()) for m in masks)
         if self._padded:
-            for value in (*args, *kwargs.values()):
-                if isinstance(value, torch.Tensor) and value.dim() == 2:
-                    torch._dynamo.maybe_mark_dynamic(value, 1)
+            mark_lengths_dynamic(*args, *kwargs.values())
         else:
             # blocks with a mask of ones (masked LM's): the mask goes here, where its values can be
             # read. The eager model drops it itself; a compiled one cannot read it, and would run

@@ -5,7 +5,7 @@ are; tokens/s of real tokens, specformer against transformers, alternating in on
 
 With ``--compile`` specformer also runs compiled as ``training.compile`` runs it: the
 positional tables warmed, the lengths marked dynamic from the first batch (one graph for
-every length). The decoder shapes train as a causal LM with an attention mask (SFT), the
+every length), the causal stack's right-padded mask left out (``call_compiled``). The decoder shapes train as a causal LM with an attention mask (SFT), the
 encoder-decoder shape as sequence to sequence (its tokens counted on the target side, as
 ``benchmarks.train`` counts them); encoder shapes (masked LM on blocks of one length) are
 left out. Every library steps through the same batches, with weights copied.
@@ -41,7 +41,8 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.train import compiled_adapter
-from specformer.builder.lightning import mark_lengths_dynamic
+from specformer.builder.lightning import call_compiled
+from specformer.training.objectives import CausalLM, Seq2Seq
 
 __all__ = ["main", "padded_batches", "real_tokens"]
 
@@ -83,10 +84,15 @@ def real_tokens(batches: Sequence[dict[str, Tensor]]) -> int:
     return int(sum(int(b[key].sum()) for b in batches))
 
 
-def _specformer_loss(model: Callable[..., Any], *, compiled: bool) -> Callable[[dict[str, Tensor]], Tensor]:
+def _specformer_loss(model: Callable[..., Any], *, kind: str, compiled: bool
+                     ) -> Callable[[dict[str, Tensor]], Tensor]:
+    # compiled: as SpecModule.forward calls it under training.compile (one graph for every
+    # length; a right-padded mask of the causal stack left out in training)
+    masks = Seq2Seq.causal_masks if kind == "encoder-decoder" else CausalLM.causal_masks
+
     def loss(batch: dict[str, Tensor]) -> Tensor:
-        if compiled:  # as SpecModule.forward under training.compile: one graph for every length
-            mark_lengths_dynamic(*batch.values())
+        if compiled:
+            return call_compiled(model, (), batch, padded=True, training=model.training, causal_masks=masks).loss
         return model(**batch).loss
 
     return loss
@@ -140,12 +146,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         batches = padded_batches(shape, dev, count)
         tokens = real_tokens(batches)
         # each library's adapter, its loss reading a padded batch
-        adapters = [replace(a, loss=_specformer_loss(a.model, compiled=False) if a.library == "specformer"
+        adapters = [replace(a, loss=_specformer_loss(a.model, kind=shape.kind, compiled=False) if a.library == "specformer"
                             else _hf_loss(a.model)) for a in build_adapters(shape, dev, libraries)]
         difference = _same_loss(adapters, batches[0])
         if args.compile:  # the tables warmed, the same module and weights (benchmarks.train's row)
             traced = compiled_adapter(adapters[0], shape.kind, dev)
-            adapters.append(replace(traced, loss=_specformer_loss(traced.model, compiled=True)))
+            adapters.append(replace(traced, loss=_specformer_loss(traced.model, kind=shape.kind, compiled=True)))
         for precision in args.precisions:
             bf16 = precision == "bf16"
             runs = {a.library: _cycle(a, batches, bf16=bf16, dev=dev) for a in adapters}

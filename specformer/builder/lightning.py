@@ -18,6 +18,8 @@ import lightning as L
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from specformer.components.attention import symbolic_lengths
+from specformer.components.blocks import _padded_on_the_right
 from specformer.components.positional import warm_tables
 from specformer.data.tokenizers import decoder_start_id, forced_ids
 from specformer.registry import REGISTRY
@@ -29,7 +31,7 @@ from specformer.training.checkpoint import (
     set_rng_state,
 )
 
-__all__ = ["SpecModule", "mark_lengths_dynamic"]
+__all__ = ["SpecModule", "call_compiled", "mark_lengths_dynamic"]
 
 
 def mark_lengths_dynamic(*values: Any) -> None:
@@ -45,6 +47,39 @@ def mark_lengths_dynamic(*values: Any) -> None:
 def _all_ones_on_cpu(mask: Any) -> bool:
     """Whether ``mask`` is a CPU tensor of ones (read without a device sync)."""
     return isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and bool(mask.all())
+
+
+def _right_padded_on_cpu(mask: Any) -> bool:
+    """Whether ``mask`` is a (B, L) CPU tensor whose rows are real tokens, then padding only."""
+    return (isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and mask.dim() == 2
+            and _padded_on_the_right(mask))
+
+
+def call_compiled(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, padded: bool,
+                  training: bool = False, causal_masks: tuple[str, ...] = ()) -> Any:
+    """Call a ``torch.compile``'d model as ``training.compile`` does.
+
+    ``padded``: batches padded to their longest row (pairs, SFT, labelled texts), whose length
+    changes from batch to batch. Their lengths are traced as symbols from the first step on
+    (:func:`mark_lengths_dynamic`; attention's products then run as one opaque operation,
+    :func:`~specformer.components.attention.symbolic_lengths`), so every length shares one
+    graph. In ``training`` (train mode, gradients on), a mask among ``causal_masks`` (the
+    objective's masks of a causal stack, whose labels are -100 under the padding) is left out
+    when its rows are padded on the right only, as the eager model leaves it out itself (a
+    real token's query sees real keys alone): attention keeps specformer's products instead
+    of torch's masked kernel.
+
+    Otherwise an attention mask of ones (masked LM's blocks) is left out here, where its values
+    can be read: the eager model drops it itself, a traced one cannot read it and would run
+    the masked kernel."""
+    if not padded:
+        kwargs = {k: None if k.endswith("attention_mask") and _all_ones_on_cpu(v) else v for k, v in kwargs.items()}
+        return compiled(*args, **kwargs)
+    mark_lengths_dynamic(*args, *kwargs.values())
+    if training and torch.is_grad_enabled():
+        kwargs = {k: None if k in causal_masks and _right_padded_on_cpu(v) else v for k, v in kwargs.items()}
+    with symbolic_lengths():
+        return compiled(*args, **kwargs)
 
 
 class SpecModule(L.LightningModule):
@@ -123,15 +158,8 @@ class SpecModule(L.LightningModule):
             # labelled texts), traced symbolic from the first step on, one graph for them all
             masks = [v for k, v in kwargs.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
             self._padded = any(not bool(m.all()) for m in masks)
-        if self._padded:
-            mark_lengths_dynamic(*args, *kwargs.values())
-        else:
-            # blocks with a mask of ones (masked LM's): the mask goes here, where its values can be
-            # read. The eager model drops it itself; a compiled one cannot read it, and would run
-            # its attention through the masked fused kernel, not specformer's products (bert-nano
-            # bf16: 148 ms a step against 79 eager)
-            kwargs = {k: None if k.endswith("attention_mask") and _all_ones_on_cpu(v) else v for k, v in kwargs.items()}
-        return self._compiled(*args, **kwargs)
+        return call_compiled(self._compiled, args, kwargs, padded=self._padded, training=self.training,
+                             causal_masks=getattr(self.objective, "causal_masks", ()))
 
     def setup(self, stage: str) -> None:
         if self.tokenizer is None and self._trainer is not None:

@@ -59,6 +59,10 @@ class Objective:
     optional_keys: tuple[str, ...] = ()
     # how the labels relate to the inputs, said when a batch lacks them
     labels_hint = ""
+    #: the batch's masks of a causal stack whose padded positions the loss ignores (labels -100
+    #: there): a compiled training step leaves such a mask out when its rows are padded on the
+    #: right only (:func:`~specformer.builder.lightning.call_compiled`)
+    causal_masks: tuple[str, ...] = ()
 
     def __init__(self, spec: Any, **_: Any) -> None:
         self.spec = spec
@@ -98,6 +102,7 @@ class CausalLM(Objective):
     spec: CausalLMSpec
     keys = ("input_ids", "labels")
     optional_keys = ("attention_mask",)
+    causal_masks = ("attention_mask",)
     labels_hint = "labels are the inputs shifted by one: input_ids=ids[:, :-1], labels=ids[:, 1:]"
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
@@ -180,16 +185,21 @@ class Seq2Seq(Objective):
     spec: Seq2SeqSpec
     keys = ("input_ids", "decoder_input_ids", "labels")
     optional_keys = ("attention_mask", "decoder_attention_mask")
+    causal_masks = ("decoder_attention_mask",)
     labels_hint = "the decoder reads [start] + target, and labels are target + [eos]"
 
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
         self.check_batch(batch)
+        decoder_mask = batch.get("decoder_attention_mask")
+        labels = batch["labels"]
+        if decoder_mask is not None:  # no loss on the decoder's padding
+            labels = labels.masked_fill(decoder_mask == 0, IGNORE_INDEX)
         loss = forward(
             batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
             decoder_input_ids=batch["decoder_input_ids"],
-            decoder_attention_mask=batch.get("decoder_attention_mask"),
-            labels=batch["labels"],
+            decoder_attention_mask=decoder_mask,
+            labels=labels,
             label_smoothing=self.spec.label_smoothing,
         ).loss
         n_input = sum(
@@ -197,7 +207,7 @@ class Seq2Seq(Objective):
             for ids, mask in ((batch["input_ids"], batch.get("attention_mask")),
                               (batch["decoder_input_ids"], batch.get("decoder_attention_mask")))
         )
-        return ObjectiveOutput(loss, self._count(batch["labels"]), n_input)
+        return ObjectiveOutput(loss, self._count(labels), n_input)
 
     @torch.no_grad()
     def exact_match(

@@ -296,3 +296,74 @@ def test_a_compiled_bf16_model_with_the_attention_products_follows_every_length(
             want = model(**batch).loss
         assert float(got) == pytest.approx(float(want), rel=1e-2)
     assert counters["stats"]["unique_graphs"] == 2
+
+
+def _right_padded(length: int) -> dict[str, torch.Tensor]:
+    """Two rows of ``length``, the second padded on the right from ``length // 3`` on."""
+    ids = torch.randint(5, 61, (2, length))
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, length // 3:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_compiled_training_on_right_padded_batches_keeps_the_attention_products_in_one_graph(
+        tiny, monkeypatch, bf16: bool) -> None:  # noqa: ANN001
+    # SFT batches padded on the right, their length changing at every step: call_compiled (as
+    # SpecModule under training.compile) traces the lengths as symbols from the first step and
+    # leaves the causal stack's mask out, as the eager model does itself; attention then runs
+    # the products path as one opaque operation (its loop over blocks would make the length a
+    # constant again), with the masked eager model's loss and gradients. Before, such a mask
+    # kept torch's masked fused kernel in the compiled step (slower than the eager one in bf16)
+    from torch._dynamo.utils import counters
+
+    from specformer.builder.lightning import call_compiled
+
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 32)
+    monkeypatch.setattr(attention, "MATMUL_BLOCK", 8)  # several blocks a call
+    monkeypatch.setattr(attention, "MATMUL_MIN_ROWS", 8)
+    monkeypatch.setattr(attention, "MATMUL_KEPT_BYTES", 4 << 10)  # the first blocks' probabilities kept
+    model = _model(tiny)
+    warm_tables(model, torch.device("cpu"), torch.float32)
+    backend, targets = _recording_backend()
+    compiled = torch.compile(model, backend=backend)
+    counters.clear()
+    for length in (37, 52, 44, 61):
+        batch = _right_padded(length)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            got = call_compiled(compiled, (), batch, padded=True, training=True, causal_masks=("attention_mask",)).loss
+            got_grads = torch.autograd.grad(got, list(model.parameters()))
+            want = model(**batch).loss  # eager, the mask given
+            want_grads = torch.autograd.grad(want, list(model.parameters()))
+        assert float(got) == pytest.approx(float(want), rel=1e-2 if bf16 else 1e-5)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=5e-2 if bf16 else 1e-4, atol=2e-3 if bf16 else 1e-6)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert {"specformer.products_attention.default", "specformer.products_attention_backward.default"} <= targets, targets
+    assert not {t for t in targets if "scaled_dot_product" in t}, targets
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("kept_bytes", [0, 3 << 10, 1 << 20])
+def test_the_opaque_attention_operation_is_the_traced_one(monkeypatch, dtype, is_causal: bool, kept_bytes: int) -> None:  # noqa: ANN001
+    # specformer::products_attention (what a trace with symbolic lengths calls) gives the
+    # autograd functions' output and gradients bit for bit, whichever of its blocks'
+    # probabilities fit the buffer it keeps them in; opcheck: its fake shapes and strides, its
+    # autograd registration and its traces agree with what it computes
+    monkeypatch.setattr(attention, "MATMUL_KEPT_BYTES", kept_bytes)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 27, 16, generator=gen).to(dtype).requires_grad_() for h in (4, 2, 2))
+    block = 8
+    function = attention._MatmulAttention if dtype == torch.bfloat16 else attention._Float32Attention
+    want = function.apply(q, k, v, is_causal, 0.25, block)
+    got, _ = attention._products_attention(q, k, v, is_causal, 0.25, block)
+    upstream = torch.randn(want.shape, generator=gen).to(dtype)
+    assert got.stride() == want.stride()
+    assert torch.equal(got, want)
+    for g, w in zip(torch.autograd.grad(got, (q, k, v), upstream), torch.autograd.grad(want, (q, k, v), upstream),
+                    strict=True):
+        assert torch.equal(g, w)
+    torch.library.opcheck(attention._products_attention, (q, k, v, is_causal, 0.25, block))

@@ -45,6 +45,22 @@ def test_seq2seq_batch_without_masks_is_all_real_tokens():
         module.objective(module, {"input_ids": src})
 
 
+
+def test_seq2seq_takes_no_loss_on_the_decoder_s_padding():
+    # as causal_lm does: a label under the decoder's padding is not a prediction. With labels
+    # there, the loss and the count included the padding's outputs, which a mask left out of
+    # the decoder's attention (training on right-padded rows, eager or compiled) changes
+    torch.manual_seed(0)
+    module = SpecModule(load_spec("t5-nano", overrides=["encoder.n_layers=1", "decoder.n_layers=1"]))
+    src, dec, labels = torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 6)), torch.randint(3, 40, (2, 6))
+    dec_mask = torch.ones_like(dec)
+    dec_mask[1, 4:] = 0
+    batch = {"input_ids": src, "decoder_input_ids": dec, "decoder_attention_mask": dec_mask}
+    loose = module.objective(module, {**batch, "labels": labels})
+    ignored = module.objective(module, {**batch, "labels": labels.masked_fill(dec_mask == 0, -100)})
+    assert loose.n_predicted == ignored.n_predicted == 10
+    torch.testing.assert_close(loose.loss, ignored.loss)
+
 def test_spec_module_trains_on_a_dataloader_of_in_memory_tensors(tmp_path):
     torch.manual_seed(0)
     spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1", "training.seq_len=16", "training.max_steps=3"])

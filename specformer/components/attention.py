@@ -78,10 +78,10 @@ def sdpa_attention(
     """Attention through torch's fused ``scaled_dot_product_attention``; returns (out, None)."""
     if mask is not None and mask.requires_grad:
         return _learned_bias_attention(q, k, v, mask, scale=scale, dropout=dropout), None
-    if mask is None and dropout == 0.0:
+    if dropout == 0.0 and (mask is None or _pads_keys_only(mask, is_causal)):
         block = _matmul_block_rows(q, k, v, is_causal=is_causal)
         if block:
-            return cpu_matmul_attention(q, k, v, is_causal=is_causal, scale=scale, block=block), None
+            return cpu_matmul_attention(q, k, v, is_causal=is_causal, scale=scale, block=block, key_padding=mask), None
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and mask is not None and q.device.type != "cpu":
         # the fused accelerator kernels that take a mask do not take GQA (torch would fall
@@ -282,10 +282,11 @@ def _by_pair(x: Tensor) -> Tensor:
     return x.reshape(b * hkv, s, dh)
 
 
-def _bf16_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int, *, keep: bool
-                  ) -> tuple[Tensor, list[Tensor]]:
+def _bf16_forward(q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float,
+                  block: int, *, keep: bool) -> tuple[Tensor, list[Tensor]]:
     """The bfloat16 path's output (B, H, T, Dh), and the probabilities it keeps for the
-    backward pass (its first blocks', none unless ``keep``)."""
+    backward pass (its first blocks', none unless ``keep``). ``padding``: (B, S) additive,
+    the padded keys' (not causal)."""
     b, h, t, dh = q.shape
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
@@ -294,18 +295,19 @@ def _bf16_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float
     keys_t = keys.transpose(1, 2)
     out = q.new_empty(b, hkv, g, t, dh)
     kept = _Kept(MATMUL_KEPT_BYTES if keep else 0)
+    pad = _by_pair_padding(padding, hkv)
     for start in range(0, t, block):
         end = min(t, start + block)
         n = end if is_causal else s
-        mask = _block_mask(t, block, g, start // block, q) if is_causal else None
+        mask = _block_mask(t, block, g, start // block, q) if is_causal else pad
         weights = _block_probabilities(_block_queries(qv, start, end), keys_t[..., :n], mask, scale)
         out[:, :, :, start:end] = torch.bmm(weights, values[:, :n]).view(b, hkv, g, end - start, dh)
         kept.offer(weights)
     return out.view(b, h, t, dh), kept.tensors
 
 
-def _bf16_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Sequence[Tensor], is_causal: bool,
-                   scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
+def _bf16_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, kept: Sequence[Tensor],
+                   is_causal: bool, scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the bfloat16 path; ``kept``: the probabilities its forward pass kept."""
     b, h, t, dh = q.shape
     hkv, s = k.shape[1], k.shape[2]
@@ -319,6 +321,7 @@ def _bf16_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Sequence
         dk = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)  # summed over blocks
         dv = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)
         none = q.new_zeros(())
+        pad = _by_pair_padding(padding, hkv)
         for start in range(0, t, block):
             end = min(t, start + block)
             n = end if is_causal else s
@@ -326,7 +329,7 @@ def _bf16_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Sequence
             if start // block < len(kept):  # kept by the forward pass
                 weights = kept[start // block]
             else:
-                mask = _block_mask(t, block, g, start // block, q) if is_causal else None
+                mask = _block_mask(t, block, g, start // block, q) if is_causal else pad
                 weights = _block_probabilities(rows, keys_t[..., :n], mask, scale)
             grad_rows = _block_queries(grad, start, end)
             grad_scores = torch.ops.aten._softmax_backward_data(
@@ -343,16 +346,18 @@ class _MatmulAttention(torch.autograd.Function):
     """Forward and backward of :func:`cpu_matmul_attention`; bfloat16 inputs, autocast off."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int) -> Tensor:  # type: ignore[override]
-        out, kept = _bf16_forward(q, k, v, is_causal, scale, block, keep=True)
-        ctx.save_for_backward(q, k, v, *kept)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float,  # type: ignore[override]
+                block: int) -> Tensor:
+        out, kept = _bf16_forward(q, k, v, padding, is_causal, scale, block, keep=True)
+        ctx.save_for_backward(q, k, v, padding, *kept)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        q, k, v, *kept = ctx.saved_tensors
-        return (*_bf16_backward(grad, q, k, v, kept, ctx.is_causal, ctx.scale, ctx.block), None, None, None)
+        q, k, v, padding, *kept = ctx.saved_tensors
+        return (*_bf16_backward(grad, q, k, v, padding, kept, ctx.is_causal, ctx.scale, ctx.block),
+                None, None, None, None)
 
 
 class _Kept:
@@ -378,8 +383,8 @@ def _future(t: int, s: int, like: Tensor) -> Tensor:
     return torch.full((t, s), float("-inf"), dtype=like.dtype, device=like.device).triu_(1)
 
 
-def _float32_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int, *, keep: bool
-                     ) -> tuple[Tensor, list[Tensor]]:
+def _float32_forward(q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float,
+                     block: int, *, keep: bool) -> tuple[Tensor, list[Tensor]]:
     """The float32 path's output (B, H, T, Dh) (laid out (B, T, H, Dh)), and the probabilities
     it keeps for the backward pass (its first blocks', none unless ``keep``)."""
     b, h, t, dh = q.shape
@@ -392,15 +397,15 @@ def _float32_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: fl
     kept = _Kept(MATMUL_KEPT_BYTES if keep else 0)
     for i, j, start, end, keys in _float32_blocks(b, hkv, t, s, block, is_causal):
         rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
-        weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+        weights = _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end, _row(padding, i))
         values = values_t[i, j] if keys == s else values_t[i, j, :, :keys].contiguous()
         out[i, start:end, j] = mm_nt(weights, values).view(end - start, g, dh)
         kept.offer(weights)
     return out.view(b, t, h, dh).transpose(1, 2), kept.tensors  # (B, H, T, Dh)
 
 
-def _float32_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Sequence[Tensor], is_causal: bool,
-                      scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
+def _float32_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, kept: Sequence[Tensor],
+                      is_causal: bool, scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the float32 path; ``kept``: the probabilities its forward pass kept."""
     b, h, t, dh = q.shape
     hkv, s = k.shape[1], k.shape[2]
@@ -414,7 +419,8 @@ def _float32_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Seque
     dv = torch.zeros_like(values_all)
     for n, (i, j, start, end, keys) in enumerate(_float32_blocks(b, hkv, t, s, block, is_causal)):
         rows = qs[i, j, start:end].view(-1, dh)  # (n G, Dh)
-        weights = kept[n] if n < len(kept) else _float32_probabilities(rows, keys_all[i, j, :keys], future, start, end)
+        weights = kept[n] if n < len(kept) else _float32_probabilities(
+            rows, keys_all[i, j, :keys], future, start, end, _row(padding, i))
         grad_rows = grad[i, j, start:end].view(-1, dh)
         grad_scores = torch.ops.aten._softmax_backward_data(
             mm_nt(grad_rows, values_all[i, j, :keys]), weights, -1, weights.dtype)  # (n G, keys)
@@ -434,17 +440,19 @@ class _Float32Attention(torch.autograd.Function):
     are a view."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int) -> Tensor:  # type: ignore[override]
-        out, kept = _float32_forward(q, k, v, is_causal, scale, block, keep=True)
-        ctx.save_for_backward(q, k, v, *kept)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float,  # type: ignore[override]
+                block: int) -> Tensor:
+        out, kept = _float32_forward(q, k, v, padding, is_causal, scale, block, keep=True)
+        ctx.save_for_backward(q, k, v, padding, *kept)
         ctx.is_causal, ctx.scale, ctx.block = is_causal, scale, block
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        q, k, v, *kept = ctx.saved_tensors
-        return (*_float32_backward(grad, q, k, v, kept, ctx.is_causal, ctx.scale, ctx.block), None, None, None)
+        q, k, v, padding, *kept = ctx.saved_tensors
+        return (*_float32_backward(grad, q, k, v, padding, kept, ctx.is_causal, ctx.scale, ctx.block),
+                None, None, None, None)
 
 
 # Under torch.compile with lengths traced as symbols (padded batches, :func:`symbolic_lengths`),
@@ -507,45 +515,46 @@ def _unpack(buffer: Tensor, q: Tensor, k: Tensor, is_causal: bool, block: int) -
 
 
 @torch.library.custom_op("specformer::products_attention", mutates_args=())
-def _products_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int
-                        ) -> tuple[Tensor, Tensor]:
+def _products_attention(q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float,
+                        block: int) -> tuple[Tensor, Tensor]:
     forward = _bf16_forward if q.dtype == torch.bfloat16 else _float32_forward
-    out, kept = forward(q, k, v, is_causal, scale, block, keep=True)
+    out, kept = forward(q, k, v, padding, is_causal, scale, block, keep=True)
     return out, _pack(kept, q)
 
 
 @_products_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block: int) -> tuple[Tensor, Tensor]:
+def _(q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float, block: int
+      ) -> tuple[Tensor, Tensor]:
     b, h, t, dh = q.shape
     out = q.new_empty(b, h, t, dh) if q.dtype == torch.bfloat16 else q.new_empty(b, t, h, dh).transpose(1, 2)
     return out, _kept_buffer(q)
 
 
 @torch.library.custom_op("specformer::products_attention_backward", mutates_args=())
-def _products_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Tensor, is_causal: bool,
-                                 scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
+def _products_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, kept: Tensor,
+                                 is_causal: bool, scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
     backward = _bf16_backward if q.dtype == torch.bfloat16 else _float32_backward
-    return backward(grad, q, k, v, _unpack(kept, q, k, is_causal, block), is_causal, scale, block)
+    return backward(grad, q, k, v, padding, _unpack(kept, q, k, is_causal, block), is_causal, scale, block)
 
 
 @_products_attention_backward.register_fake
-def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, kept: Tensor, is_causal: bool, scale: float, block: int
-      ) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, kept: Tensor, is_causal: bool,
+      scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
     b, h, t, dh = q.shape
     dq = q.new_empty(b, h, t, dh) if q.dtype == torch.bfloat16 else q.new_empty(b, t, h, dh).transpose(1, 2)
     return dq, k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _products_attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, ctx.is_causal, ctx.scale, ctx.block = inputs
-    ctx.save_for_backward(q, k, v, output[1])
+    q, k, v, padding, ctx.is_causal, ctx.scale, ctx.block = inputs
+    ctx.save_for_backward(q, k, v, padding, output[1])
     ctx.mark_non_differentiable(output[1])
 
 
 def _products_attention_grad(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor | None, ...]:
-    q, k, v, kept = ctx.saved_tensors
-    dq, dk, dv = _products_attention_backward(grad, q, k, v, kept, ctx.is_causal, ctx.scale, ctx.block)
-    return dq, dk, dv, None, None, None
+    q, k, v, padding, kept = ctx.saved_tensors
+    dq, dk, dv = _products_attention_backward(grad, q, k, v, padding, kept, ctx.is_causal, ctx.scale, ctx.block)
+    return dq, dk, dv, None, None, None, None
 
 
 _products_attention.register_autograd(_products_attention_grad, setup_context=_products_attention_setup)
@@ -566,18 +575,52 @@ def _by_kv_head(x: Tensor, hkv: int) -> Tensor:
     return x.view(b, hkv, h // hkv, t, dh).transpose(2, 3).contiguous()
 
 
-def _float32_probabilities(rows: Tensor, keys: Tensor, future: Tensor | None, start: int, end: int) -> Tensor:
+def _float32_probabilities(rows: Tensor, keys: Tensor, future: Tensor | None, start: int, end: int,
+                           padding: Tensor | None = None) -> Tensor:
     """softmax of one block's scores (n G, keys) for its scaled, position-major query ``rows``
-    (n G, Dh)."""
+    (n G, Dh); ``padding``: the batch row's (S,) additive mask of padded keys."""
     n, s = end - start, keys.shape[0]
     scores = mm_nt(rows, keys)  # (n G, keys)
     if future is not None and start + 1 < s:
         scores.view(n, -1, s).add_(future[start:end, None, :s])
+    if padding is not None:
+        scores.add_(padding[:s])
     return scores.softmax(dim=-1)
 
 
+def _pads_keys_only(mask: Tensor, is_causal: bool) -> bool:
+    """Whether ``mask`` masks keys alone, the same for every query and head ((B, 1, 1, S):
+    padded keys, as cross-attention's and a training encoder's masks are), and nothing else
+    does: the products path then adds it to its scores."""
+    return not is_causal and not mask.requires_grad and mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1
+
+
+def _additive_padding(mask: Tensor, like: Tensor) -> Tensor:
+    """(B, S) additive mask in ``like``'s dtype from a (B|1, 1, 1, S) boolean or additive one:
+    the dtype's finite minimum at a padded key (not -inf, so that a row of padding alone, which
+    no loss reads, stays finite)."""
+    b, s = like.shape[0], mask.shape[-1]
+    mask = mask.reshape(mask.shape[0], s).expand(b, s)
+    low = torch.finfo(like.dtype).min
+    if mask.dtype == torch.bool:
+        return torch.zeros((b, s), dtype=like.dtype, device=like.device).masked_fill_(~mask, low)
+    return mask.to(like.dtype).clamp_min(low)
+
+
+def _by_pair_padding(padding: Tensor | None, hkv: int) -> Tensor | None:
+    """(B, S) -> (B Hkv, 1, S): a block's mask for its product's rows, broadcast."""
+    if padding is None:
+        return None
+    b, s = padding.shape
+    return padding[:, None, None, :].expand(b, hkv, 1, s).reshape(b * hkv, 1, s)
+
+
+def _row(padding: Tensor | None, i: int) -> Tensor | None:
+    return padding[i] if padding is not None else None
+
+
 def cpu_matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: float,
-                         block: int = MATMUL_BLOCK) -> Tensor:
+                         block: int = MATMUL_BLOCK, key_padding: Tensor | None = None) -> Tensor:
     """softmax(Q K^T * scale [+ causal mask]) V in matrix products, ``block`` rows of queries
     at a time (a causal block against the keys up to its last position only); the first
     blocks' probabilities are kept for the backward pass up to :data:`MATMUL_KEPT_BYTES`, the
@@ -589,16 +632,24 @@ def cpu_matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, sc
     ones; the scores are bfloat16 as the products give them (the softmax accumulates in
     float32), as in Hugging Face's eager attention; the key and value gradients are summed
     over blocks in float32. Float32 inputs outside autocast stay float32, one key/value head
-    at a time through :func:`specformer.components.products.mm_nt`."""
+    at a time through :func:`specformer.components.products.mm_nt`.
+
+    ``key_padding`` (B|1, 1, 1, S), boolean (True = a real key) or additive, masks padded keys
+    alone (not causal): added to every block's scores, the dtype's finite minimum where a key
+    is padded."""
+    if key_padding is not None and is_causal:
+        raise ValueError("cpu_matmul_attention takes key_padding without is_causal only")
     if not torch.is_autocast_enabled("cpu") and q.dtype == k.dtype == v.dtype == torch.float32:
+        padding = _additive_padding(key_padding, q) if key_padding is not None else None
         if _SYMBOLIC_LENGTHS and torch.compiler.is_compiling():
-            return _products_attention(q, k, v, is_causal, scale, block)[0]
-        return _Float32Attention.apply(q, k, v, is_causal, scale, block)
+            return _products_attention(q, k, v, padding, is_causal, scale, block)[0]
+        return _Float32Attention.apply(q, k, v, padding, is_causal, scale, block)
     with torch.autocast("cpu", enabled=False):
         q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
+        padding = _additive_padding(key_padding, q) if key_padding is not None else None
         if _SYMBOLIC_LENGTHS and torch.compiler.is_compiling():
-            return _products_attention(q, k, v, is_causal, scale, block)[0]
-        return _MatmulAttention.apply(q, k, v, is_causal, scale, block)
+            return _products_attention(q, k, v, padding, is_causal, scale, block)[0]
+        return _MatmulAttention.apply(q, k, v, padding, is_causal, scale, block)
 
 
 def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float, dropout: float) -> Tensor:

@@ -62,6 +62,9 @@ class LayerInputs:
     need_weights: bool = False
     compute_dtype: torch.dtype | None = None  # what attention computes in (autocast's dtype under autocast)
     k_start: int = 0  # the absolute index of k_index[0] (past 0 when every layer's window has left it)
+    # training a bidirectional stack: the padding's mask may leave a padded query without its own key
+    # (its output reaches no loss, and no real position, which sees it masked as a key)
+    keys_only: bool = False
     _masks: dict[int | None, tuple[Tensor | None, bool]] = field(default_factory=dict)
     _kernel_masks: dict[int | None, Tensor] = field(default_factory=dict)
 
@@ -83,7 +86,10 @@ class LayerInputs:
         if window not in self._kernel_masks:
             dtype = self.compute_dtype or self.dtype
             if mask.dtype == torch.bool:
-                converted = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+                # a mask of padded keys alone (keys_only) takes the finite minimum, so that a row of
+                # padding alone stays finite; the others -inf, as SDPA makes of a boolean mask
+                low = torch.finfo(dtype).min if mask.shape[-2] == 1 else float("-inf")
+                converted = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, low)
             else:
                 converted = mask.to(dtype)
             self._kernel_masks[window] = converted
@@ -103,6 +109,9 @@ class LayerInputs:
         tk = k_index.shape[0]
         # a causal query sees every key when it is the only new token
         causal = self.causal and t > 1
+        if self.keys_only and key_padding is not None and not causal and bias is None and window is None:
+            # (B, 1, 1, Tk): attention's products path adds it to its scores (no T x Tk mask)
+            return key_padding[:, None, None, :], False
         if bias is None and key_padding is None and window is None:
             if not causal:
                 return None, False
@@ -357,6 +366,7 @@ class Stack(nn.Module):
             need_weights=need_weights,
             compute_dtype=_compute_dtype(x),
             k_start=k_start,
+            keys_only=(not self.causal and not past and self.training and torch.is_grad_enabled() and not need_weights),
         )
         all_weights: list[Tensor] = []
         all_cross: list[Tensor] = []

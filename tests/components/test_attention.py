@@ -349,6 +349,10 @@ def test_sdpa_backend_takes_the_matmul_path_only_for_bf16_training_on_the_cpu(mo
     assert not run()  # float32: torch's fused kernel is as fast
     assert not run(torch.bfloat16, grad=False)  # inference
     assert not run(torch.bfloat16, mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
+    keys = torch.ones(1, 1, 1, 8, dtype=torch.bool)  # padded keys alone: the products add them to their scores
+    assert run(torch.bfloat16, mask=keys, causal=False)
+    assert run(torch.bfloat16, mask=keys.float(), causal=False, t=3)  # cross-attention's
+    assert not run(torch.bfloat16, mask=keys)  # ... not with the causal mask
     assert not run(torch.bfloat16, dropout=0.1)
     assert not run(torch.bfloat16, t=3, s=8)  # causal with a cache offset: SDPA's alignment
     monkeypatch.setattr(attention, "MATMUL_BLOCK_SCORES", 4 * 8 * 8 - 1)

@@ -346,9 +346,10 @@ def test_compiled_training_on_right_padded_batches_keeps_the_attention_products_
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize(("is_causal", "padded"), [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("kept_bytes", [0, 3 << 10, 1 << 20])
-def test_the_opaque_attention_operation_is_the_traced_one(monkeypatch, dtype, is_causal: bool, kept_bytes: int) -> None:  # noqa: ANN001
+def test_the_opaque_attention_operation_is_the_traced_one(monkeypatch, dtype, is_causal: bool, padded: bool,  # noqa: ANN001
+                                                         kept_bytes: int) -> None:
     # specformer::products_attention (what a trace with symbolic lengths calls) gives the
     # autograd functions' output and gradients bit for bit, whichever of its blocks'
     # probabilities fit the buffer it keeps them in; opcheck: its fake shapes and strides, its
@@ -356,14 +357,18 @@ def test_the_opaque_attention_operation_is_the_traced_one(monkeypatch, dtype, is
     monkeypatch.setattr(attention, "MATMUL_KEPT_BYTES", kept_bytes)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 27, 16, generator=gen).to(dtype).requires_grad_() for h in (4, 2, 2))
+    padding = None
+    if padded:  # the second row's last 10 keys
+        padding = torch.zeros(2, 27, dtype=dtype)
+        padding[1, 17:] = torch.finfo(dtype).min
     block = 8
     function = attention._MatmulAttention if dtype == torch.bfloat16 else attention._Float32Attention
-    want = function.apply(q, k, v, is_causal, 0.25, block)
-    got, _ = attention._products_attention(q, k, v, is_causal, 0.25, block)
+    want = function.apply(q, k, v, padding, is_causal, 0.25, block)
+    got, _ = attention._products_attention(q, k, v, padding, is_causal, 0.25, block)
     upstream = torch.randn(want.shape, generator=gen).to(dtype)
     assert got.stride() == want.stride()
     assert torch.equal(got, want)
     for g, w in zip(torch.autograd.grad(got, (q, k, v), upstream), torch.autograd.grad(want, (q, k, v), upstream),
                     strict=True):
         assert torch.equal(g, w)
-    torch.library.opcheck(attention._products_attention, (q, k, v, is_causal, 0.25, block))
+    torch.library.opcheck(attention._products_attention, (q, k, v, padding, is_causal, 0.25, block))

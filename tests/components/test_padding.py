@@ -265,3 +265,51 @@ def test_right_padded_rows_keep_their_mask_outside_training(tiny: Tiny) -> None:
         assert torch.equal(model(ids, attention_mask=mask).logits, ref)
     unmasked_pad = model.eval()(ids).logits[1, 4:]
     assert not torch.allclose(ref[1, 4:], unmasked_pad, atol=1e-4)  # the mask does change the padding's logits
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_training_encoder_adds_its_padding_to_the_attention_products(
+        tiny: Tiny, monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
+    # a bidirectional stack in training masks padded keys alone ((B, 1, 1, S), no T x S mask),
+    # and attention's products path adds that mask to its scores instead of handing the batch
+    # to torch's masked kernel; the loss over real tokens and every gradient are those of each
+    # sequence trained alone. A row of padding alone stays finite (the mask is the dtype's
+    # finite minimum, not -inf, so no NaN reaches a real row through the values)
+    from torch.nn import functional as F
+
+    from specformer.components import attention
+
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_ATTENTION", True)
+    monkeypatch.setattr(attention, "FLOAT32_PRODUCT_ROWS", 32)
+    model = build_model(tiny("encoder", max_seq_len=128, stack={"norm": {"type": "rmsnorm"}})).train()
+    seqs = [torch.randint(1, 61, (n,)) for n in (70, 41, 9)]  # past one attention block
+    ids, mask = _batch(seqs, left=False)
+    labels = ids.masked_fill(mask == 0, -100)
+    masked: list[bool] = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: masked.append(True) or real_sdpa(*a, **kw))
+
+    def loss_and_grads(ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0):  # noqa: ANN202
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(ids, attention_mask=mask, labels=labels).loss
+        grads = torch.autograd.grad(loss * scale, list(model.parameters()))
+        return float(loss), grads
+
+    got, got_grads = loss_and_grads(ids, labels, mask)
+    assert not masked  # every attention call through the products
+    total = int(mask.sum())
+    want, want_grads = 0.0, [torch.zeros_like(p) for p in model.parameters()]
+    for s in seqs:  # each sequence alone, weighted by its share of the real tokens
+        loss, grads = loss_and_grads(s[None], s[None], None, scale=len(s) / total)
+        want += loss * len(s) / total
+        want_grads = [w + g for w, g in zip(want_grads, grads, strict=True)]
+    tol = 2e-2 if bf16 else 1e-5
+    assert got == pytest.approx(want, rel=tol)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert (g.float() - w.float()).norm() <= tol * w.float().norm() + 1e-6
+    empty = mask.clone()
+    empty[2] = 0  # a row of padding alone
+    loss, grads = loss_and_grads(ids, labels.masked_fill(empty == 0, -100), empty)
+    assert torch.isfinite(torch.tensor(loss)) and all(torch.isfinite(g).all() for g in grads)

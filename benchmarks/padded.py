@@ -5,10 +5,11 @@ are; tokens/s of real tokens, specformer against transformers, alternating in on
 
 With ``--compile`` specformer also runs compiled as ``training.compile`` runs it: the
 positional tables warmed, the lengths marked dynamic from the first batch (one graph for
-every length), the causal stack's right-padded mask left out (``call_compiled``). The decoder shapes train as a causal LM with an attention mask (SFT), the
-encoder-decoder shape as sequence to sequence (its tokens counted on the target side, as
-``benchmarks.train`` counts them); encoder shapes (masked LM on blocks of one length) are
-left out. Every library steps through the same batches, with weights copied.
+every length), the causal stack's right-padded mask left out (``call_compiled``). The decoder
+shapes train as a causal LM with an attention mask (SFT), the encoder shape as a masked LM on
+padded texts (15% of the real tokens labelled), the encoder-decoder shape as sequence to
+sequence (its tokens counted on the target side, as ``benchmarks.train`` counts them). Every
+library steps through the same batches, with weights copied.
 
     python -m benchmarks.padded [--quick] [--compile] [--shapes t5-style ...] [--out padded.json]
 """
@@ -42,7 +43,7 @@ from benchmarks.common import (
 )
 from benchmarks.train import compiled_adapter
 from specformer.builder.lightning import call_compiled
-from specformer.training.objectives import CausalLM, Seq2Seq
+from specformer.training.objectives import CausalLM, MaskedLM, Seq2Seq
 
 __all__ = ["main", "padded_batches", "real_tokens"]
 
@@ -53,7 +54,8 @@ _COMPILED = "specformer+compile"
 def padded_batches(shape: Shape, dev: torch.device, count: int, *, seed: int = 0) -> list[dict[str, Tensor]]:
     """``count`` batches of ``shape.batch`` rows, each row between T/4 and T tokens long
     (T: the shape's sequence length), padded on the right to the batch's longest: the
-    keyword arguments of specformer's forward (``labels`` -100 on padding)."""
+    keyword arguments of specformer's forward (``labels`` -100 on padding; an encoder's on all
+    but 15% of the real tokens, as a masked LM's)."""
     g = torch.Generator().manual_seed(seed)
     vocab, b, t = shape.spec["vocab_size"], shape.batch, shape.seq_len
 
@@ -72,8 +74,11 @@ def padded_batches(shape: Shape, dev: torch.device, count: int, *, seed: int = 0
                      "decoder_attention_mask": dec_mask,
                      "labels": torch.randint(3, vocab, dec.shape, generator=g).masked_fill(dec_mask == 0, -100)}
         else:
+            unlabelled = mask == 0
+            if shape.kind == "encoder":
+                unlabelled |= torch.rand(ids.shape, generator=g) >= 0.15
             batch = {"input_ids": ids, "attention_mask": mask,
-                     "labels": torch.randint(3, vocab, ids.shape, generator=g).masked_fill(mask == 0, -100)}
+                     "labels": torch.randint(3, vocab, ids.shape, generator=g).masked_fill(unlabelled, -100)}
         batches.append({k: v.to(dev) for k, v in batch.items()})
     return batches
 
@@ -88,7 +93,7 @@ def _specformer_loss(model: Callable[..., Any], *, kind: str, compiled: bool
                      ) -> Callable[[dict[str, Tensor]], Tensor]:
     # compiled: as SpecModule.forward calls it under training.compile (one graph for every
     # length; a right-padded mask of the causal stack left out in training)
-    masks = Seq2Seq.causal_masks if kind == "encoder-decoder" else CausalLM.causal_masks
+    masks = {"encoder-decoder": Seq2Seq, "encoder": MaskedLM}.get(kind, CausalLM).causal_masks
 
     def loss(batch: dict[str, Tensor]) -> Tensor:
         if compiled:
@@ -137,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     dev = setup(args)
     libraries = [lib for lib in available_libraries(args.libraries) if lib in _LIBRARIES]
-    shapes = [s for s in select_shapes(args.shapes, args.quick) if s.kind != "encoder"]
+    shapes = select_shapes(args.shapes, args.quick)
     count = args.batches or (3 if args.quick else 6)
     warmup = args.warmup if args.warmup is not None else 1
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)

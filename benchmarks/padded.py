@@ -182,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     payload = {"benchmark": "padded", "machine": machine_info(dev), "libraries": libraries,
                "settings": {"optimizer": "torch.optim.AdamW(fused=True), same for every library",
                             "batches": ("rows of T/4 to T tokens (uniform), padded on the right to the "
-                                        "batch's longest; labels -100 on padding; the same batches for "
-                                        "every library"),
+                                        "batch's longest; labels -100 on padding (the encoder's on all but "
+                                        "15% of the real tokens); the same batches for every library"),
                             "loss": ("mean cross-entropy over the real tokens: specformer's "
                                      "model(labels=...) path, transformers' logits then F.cross_entropy "
                                      "in float32"),

@@ -478,6 +478,13 @@ def symbolic_lengths() -> Iterator[None]:
         _SYMBOLIC_LENGTHS = before
 
 
+def _like_output(q: Tensor) -> Tensor:
+    """An empty (B, H, T, Dh) in the layout the path's output (and query gradient) has: contiguous
+    in bfloat16, (B, T, H, Dh) transposed in float32."""
+    b, h, t, dh = q.shape
+    return q.new_empty(b, h, t, dh) if q.dtype == torch.bfloat16 else q.new_empty(b, t, h, dh).transpose(1, 2)
+
+
 def _kept_buffer(like: Tensor) -> Tensor:
     return like.new_empty(MATMUL_KEPT_BYTES // like.element_size())
 
@@ -525,9 +532,7 @@ def _products_attention(q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None,
 @_products_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, is_causal: bool, scale: float, block: int
       ) -> tuple[Tensor, Tensor]:
-    b, h, t, dh = q.shape
-    out = q.new_empty(b, h, t, dh) if q.dtype == torch.bfloat16 else q.new_empty(b, t, h, dh).transpose(1, 2)
-    return out, _kept_buffer(q)
+    return _like_output(q), _kept_buffer(q)
 
 
 @torch.library.custom_op("specformer::products_attention_backward", mutates_args=())
@@ -540,9 +545,7 @@ def _products_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, 
 @_products_attention_backward.register_fake
 def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, kept: Tensor, is_causal: bool,
       scale: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    b, h, t, dh = q.shape
-    dq = q.new_empty(b, h, t, dh) if q.dtype == torch.bfloat16 else q.new_empty(b, t, h, dh).transpose(1, 2)
-    return dq, k.new_empty(k.shape), v.new_empty(v.shape)
+    return _like_output(q), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _products_attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:

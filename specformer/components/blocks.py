@@ -338,12 +338,13 @@ class Stack(nn.Module):
         if attention_mask is not None and k_start:
             attention_mask = attention_mask[:, k_start:]
         key_padding = attention_mask.bool() if attention_mask is not None else None
+        # a training forward: no loss reads a padded position's own output
+        training = self.training and torch.is_grad_enabled() and not past and not need_weights
         if key_padding is not None and not torch.compiler.is_compiling():
             if bool(key_padding.all()):
                 # nothing is padded: drop the mask so causal attention keeps SDPA's is_causal path
                 key_padding = None
-            elif (self.causal and not past and self.training and torch.is_grad_enabled() and not need_weights
-                  and _padded_on_the_right(key_padding)):
+            elif self.causal and training and _padded_on_the_right(key_padding):
                 # training on rows padded on the right (pairs, SFT): a causal query at a real token
                 # sees real keys only, so the mask changes the padding's own outputs alone, which
                 # no loss reads (labels are -100 there); without it attention keeps its causal
@@ -366,7 +367,7 @@ class Stack(nn.Module):
             need_weights=need_weights,
             compute_dtype=_compute_dtype(x),
             k_start=k_start,
-            keys_only=(not self.causal and not past and self.training and torch.is_grad_enabled() and not need_weights),
+            keys_only=training and not self.causal,
         )
         all_weights: list[Tensor] = []
         all_cross: list[Tensor] = []

@@ -75,6 +75,35 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+# a target's probability below this gives its row's loss from the logits themselves: -log p
+# loses digits as p nears float32's smallest normal (1.2e-38), and is inf once p underflows
+_SMALLEST_TARGET_PROBABILITY = 1e-30
+
+
+def _softmax_in_place(z: Tensor, target: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Turns the (n, V) logits ``z`` into ``softmax(z) - onehot(target)`` in place, and gives
+    it with each row's loss ``-log softmax(z)[target]`` (n, 1); a labelled row whose target's
+    probability is below ``_SMALLEST_TARGET_PROBABILITY`` has the loss inf, for the caller
+    to recompute; an unlabelled row has 0."""
+    torch.softmax(z, dim=-1, out=z)
+    p_target = z.gather(1, target)
+    rows_loss = p_target.log().neg_()
+    rows_loss.masked_fill_(p_target < _SMALLEST_TARGET_PROBABILITY, float("inf"))
+    rows_loss.masked_fill_(~valid.unsqueeze(1), 0.0)
+    z.scatter_(1, target, p_target - 1.0)
+    return z, rows_loss
+
+
+def _exact_losses(
+    rows_loss: Tensor, xs: Tensor, wc: Tensor, bc: Tensor | None, target: Tensor, acc: torch.dtype
+) -> None:
+    """Fills the inf entries of ``rows_loss`` with ``logsumexp(logits) - logits[target]``,
+    their rows' logits computed again (the chunk's were overwritten by the softmax)."""
+    rows = torch.isinf(rows_loss).squeeze(1).nonzero().squeeze(1)
+    logits = mm_nt(xs[rows], wc, bc).to(acc)
+    rows_loss[rows] = torch.logsumexp(logits, dim=-1, keepdim=True) - logits.gather(1, target[rows])
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -112,6 +141,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if not torch.compiler.is_compiling() and need_w and dtype != acc and n <= 4 * step
                 else None
             )
+            # on the CPU, torch's fused softmax is one pass where max, subtract, exp and sum
+            # are four (its exp is also the faster of the two); the loss then comes from the
+            # target's probability. Not for label smoothing (it needs the log-sum-exp), nor on
+            # accelerators (the underflow check reads a value on the host), nor while
+            # torch.compile traces (inductor fuses the passes itself)
+            by_softmax = not smoothing and x.device.type == "cpu" and not torch.compiler.is_compiling()
             for rows, (xs, ys) in _chunks(step, xc, labels):
                 valid = ys != IGNORE_INDEX
                 target = ys.clamp(min=0).unsqueeze(1)  # ignored rows: any index, zeroed below
@@ -125,23 +160,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     logits = mm_nt(xs, wc, bc)
                 # the float32 logits become the softmax in place (no second (n, V) buffer):
-                # z = logits - max, loss = log(sum exp z) - z[target],
+                # loss = log(sum exp z) - z[target] = -log softmax(z)[target],
                 # d loss / d logits = (softmax - (1 - s) onehot - s / V) / count, labelled rows
                 z = logits.to(acc)
-                z.sub_(z.amax(dim=-1, keepdim=True))
-                z_target = z.gather(1, target)
-                z_mean = z.mean(dim=-1, keepdim=True) if smoothing else None
-                z.exp_()
-                sum_exp = z.sum(dim=-1, keepdim=True)
-                log_sum = sum_exp.log()
-                rows_loss = log_sum - z_target  # (n, 1)
-                if smoothing:
-                    rows_loss = (1.0 - smoothing) * rows_loss - smoothing * (z_mean - log_sum)
+                if by_softmax:
+                    grad, rows_loss = _softmax_in_place(z, target, valid)
+                    if bool(torch.isinf(rows_loss).any()):  # a target's probability underflowed
+                        _exact_losses(rows_loss, xs, wc, bc, target, acc)
+                    grad.mul_(weight_rows)
+                else:
+                    z.sub_(z.amax(dim=-1, keepdim=True))
+                    z_target = z.gather(1, target)
+                    z_mean = z.mean(dim=-1, keepdim=True) if smoothing else None
+                    z.exp_()
+                    sum_exp = z.sum(dim=-1, keepdim=True)
+                    log_sum = sum_exp.log()
+                    rows_loss = log_sum - z_target  # (n, 1)
+                    if smoothing:
+                        rows_loss = (1.0 - smoothing) * rows_loss - smoothing * (z_mean - log_sum)
+                    grad = z.mul_(weight_rows / sum_exp)
+                    grad.scatter_add_(1, target, weight_rows * (smoothing - 1.0))
+                    if smoothing:
+                        grad.sub_(weight_rows * (smoothing / weight.shape[0]))
                 total += rows_loss.masked_fill(~valid.unsqueeze(1), 0.0).sum()
-                grad = z.mul_(weight_rows / sum_exp)
-                grad.scatter_add_(1, target, weight_rows * (smoothing - 1.0))
-                if smoothing:
-                    grad.sub_(weight_rows * (smoothing / weight.shape[0]))
                 if low is not None:
                     g = logits.copy_(grad)  # the weight gradient is one product after the loop
                 else:

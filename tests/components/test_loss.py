@@ -54,6 +54,28 @@ def test_equals_plain_cross_entropy_and_gradients(monkeypatch, chunk_elements, s
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_target_far_below_the_others_keeps_its_exact_loss(bias) -> None:
+    # float32 on the CPU takes the loss from the target's probability, which underflows
+    # (exp(-300) is 0 in float32) for rows 3 and 5: their losses come from the logits
+    x, w, b, y = _inputs(n=9, bias=bias, ignore=0.0)
+    x, w, b = (t.detach().float() if t is not None else None for t in (x, w, b))
+    x[3] = w[y[3]] * -150.0
+    x[5] = w[y[5]] * -60.0
+    for t in (x, w, b):
+        if t is not None:
+            t.requires_grad_()
+    with torch.no_grad():
+        per_row = F.cross_entropy(F.linear(x, w, b), y, reduction="none")
+    assert per_row[3] > 100 and per_row[5] > 100 and per_row.isfinite().all()
+    want, want_grads = _grads(_plain, x, w, b, y)
+    got, got_grads = _grads(linear_cross_entropy, x, w, b, y)
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
 def test_chunk_rows_never_fewer_than_d_model() -> None:
     assert loss_module._chunk_rows(100_000, 50_257, 768) == 768  # 16 MiB would be 83 rows
     assert loss_module._chunk_rows(100_000, 1_000, 64) == 4194

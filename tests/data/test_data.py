@@ -959,6 +959,10 @@ def _write_local_dataset(root: Path) -> Path:
 def offline_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when datasets is first imported
     datasets = pytest.importorskip("datasets")  # the [hf] extra
+    # and where an earlier test imported it online: else it tries the network, with retries
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    hub_constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     return datasets
 

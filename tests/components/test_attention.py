@@ -245,13 +245,15 @@ def _out_and_grads(fn: Callable, q, k, v, g, dtype: torch.dtype) -> list[torch.T
 
 
 @pytest.mark.parametrize(
-    "b,h,hkv,t,s,causal",
-    [(2, 4, 2, 200, 200, True), (1, 6, 6, 128, 128, True), (1, 4, 1, 300, 300, True), (2, 4, 1, 50, 77, False)],
+    "b,h,hkv,t,s,causal,block",
+    [(2, 4, 2, 200, 200, True, 128), (1, 6, 6, 128, 128, True, 128), (1, 4, 1, 300, 300, True, 128),
+     (2, 4, 1, 50, 77, False, 128), (2, 4, 2, 200, 200, True, 256), (2, 4, 1, 200, 77, False, 256)],
 )
-def test_cpu_matmul_attention_is_torch_sdpa_to_bf16_precision(b, h, hkv, t, s, causal) -> None:
-    # blocks of 128 query rows (200 and 300 rows end on a partial block), GQA groups of 1, 2
-    # and 4, causal and bidirectional: output and every gradient against float64 SDPA, as
-    # close as torch's own bf16 kernel gets (its error is the yardstick)
+def test_cpu_matmul_attention_is_torch_sdpa_to_bf16_precision(b, h, hkv, t, s, causal, block) -> None:
+    # blocks of 128 query rows (200 and 300 rows end on a partial block), or the whole call as
+    # one block (128 rows, 50, and 200 in a block of 256), GQA groups of 1, 2 and 4, causal and
+    # bidirectional: output and every gradient against float64 SDPA, as close as torch's own
+    # bf16 kernel gets (its error is the yardstick)
     from torch.nn import functional as F
 
     from specformer.components.attention import cpu_matmul_attention
@@ -263,12 +265,23 @@ def test_cpu_matmul_attention_is_torch_sdpa_to_bf16_precision(b, h, hkv, t, s, c
 
     want = _out_and_grads(sdpa, q, k, v, g, torch.float64)
     torch_bf16 = _out_and_grads(sdpa, q, k, v, g, torch.bfloat16)
-    ours = _out_and_grads(lambda q, k, v: cpu_matmul_attention(q, k, v, is_causal=causal, scale=0.3),
+    ours = _out_and_grads(lambda q, k, v: cpu_matmul_attention(q, k, v, is_causal=causal, scale=0.3, block=block),
                           q, k, v, g, torch.bfloat16)
     for got, theirs, ref in zip(ours, torch_bf16, want, strict=True):
         err, torch_err = ((got - ref).norm() / ref.norm()).item(), ((theirs - ref).norm() / ref.norm()).item()
         assert err < max(2 * torch_err, 2e-3), (err, torch_err)
         assert err < 0.02
+
+
+def test_bf16_calls_not_causal_of_up_to_256_query_rows_are_one_block() -> None:
+    from specformer.components.attention import MATMUL_BLOCK_SCORES, _bf16_block_rows
+
+    assert _bf16_block_rows(4, 4, 256, 256, is_causal=False) == 256  # bert-style: one block
+    assert _bf16_block_rows(4, 4, 77, 300, is_causal=False) == 256  # cross-attention: 77 queries, 300 keys
+    assert _bf16_block_rows(2, 8, 256, 256, is_causal=True) == 128  # causal: blocks that skip the masked scores
+    assert _bf16_block_rows(1, 12, 512, 512, is_causal=False) == 128  # longer: blocks of 128 rows
+    # within the bound on a block's scores
+    assert _bf16_block_rows(64, 16, 256, 256, is_causal=False) == MATMUL_BLOCK_SCORES // (64 * 16 * 256)
 
 
 def test_cpu_matmul_attention_is_causal() -> None:

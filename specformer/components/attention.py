@@ -231,7 +231,7 @@ def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> i
 def _bf16_block_rows(b: int, h: int, t: int, s: int, *, is_causal: bool) -> int:
     """Query rows of a bfloat16 block: for a call that is not causal, MATMUL_ONE_BLOCK (the
     whole call) for T up to it; else MATMUL_BLOCK; within MATMUL_BLOCK_SCORES scores."""
-    if not is_causal and t <= MATMUL_ONE_BLOCK and b * h * MATMUL_ONE_BLOCK * s <= MATMUL_BLOCK_SCORES:
+    if not is_causal and t <= MATMUL_ONE_BLOCK and b * h * t * s <= MATMUL_BLOCK_SCORES:
         return MATMUL_ONE_BLOCK
     return min(MATMUL_BLOCK, MATMUL_BLOCK_SCORES // max(1, b * h * s))
 

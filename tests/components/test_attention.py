@@ -278,6 +278,7 @@ def test_bf16_calls_not_causal_of_up_to_256_query_rows_are_one_block() -> None:
 
     assert _bf16_block_rows(4, 4, 256, 256, is_causal=False) == 256  # bert-style: one block
     assert _bf16_block_rows(4, 4, 77, 300, is_causal=False) == 256  # cross-attention: 77 queries, 300 keys
+    assert _bf16_block_rows(8, 12, 200, 200, is_causal=False) == 256  # 3.8 M scores: within the bound
     assert _bf16_block_rows(2, 8, 256, 256, is_causal=True) == 128  # causal: blocks that skip the masked scores
     assert _bf16_block_rows(1, 12, 512, 512, is_causal=False) == 128  # longer: blocks of 128 rows
     # within the bound on a block's scores

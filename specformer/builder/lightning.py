@@ -19,7 +19,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from specformer.components.attention import symbolic_lengths
-from specformer.components.blocks import _padded_on_the_right
+from specformer.components.blocks import padded_on_the_right
 from specformer.components.positional import warm_tables
 from specformer.data.tokenizers import decoder_start_id, forced_ids
 from specformer.registry import REGISTRY
@@ -52,7 +52,7 @@ def _all_ones_on_cpu(mask: Any) -> bool:
 def _right_padded_on_cpu(mask: Any) -> bool:
     """Whether ``mask`` is a (B, L) CPU tensor whose rows are real tokens, then padding only."""
     return (isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and mask.dim() == 2
-            and _padded_on_the_right(mask))
+            and padded_on_the_right(mask))
 
 
 def call_compiled(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, padded: bool,

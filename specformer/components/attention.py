@@ -332,12 +332,12 @@ def _bf16_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tenso
         qv = q.view(b, hkv, g, t, dh)
         keys, values = _by_pair(k), _by_pair(v)
         keys_t, values_t = keys.transpose(1, 2), values.transpose(1, 2)
-        none = q.new_zeros(())
         pad = _by_pair_padding(padding, hkv)
         if t <= block:  # one block: its key and value gradients are whole products, nothing to sum
             weights = kept[0] if kept else _block_probabilities(
                 _block_queries(qv, 0, t), keys_t, _block_mask(t, block, g, 0, q) if is_causal else pad, scale)
-            return _one_block_grads(qv, grad, keys, values_t, weights, scale, none)
+            return _one_block_grads(qv, grad, keys, values_t, weights, scale)
+        none = q.new_zeros(())
         dq = q.new_empty(b, hkv, g, t, dh)
         dk = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)  # summed over blocks
         dv = torch.zeros(b * hkv, s, dh, dtype=torch.float32, device=q.device)
@@ -361,14 +361,15 @@ def _bf16_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Tenso
             dv.view(b, hkv, s, dh).to(v.dtype))
 
 
-def _one_block_grads(qv: Tensor, grad: Tensor, keys: Tensor, values_t: Tensor, weights: Tensor, scale: float,
-                     none: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _one_block_grads(qv: Tensor, grad: Tensor, keys: Tensor, values_t: Tensor, weights: Tensor, scale: float
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a call whose queries are one block: qv and grad (B, Hkv, G, T, Dh), keys
     (B Hkv, S, Dh), values_t (B Hkv, Dh, S), weights (B Hkv, G T, S). Each gradient is one
     product, summed in float32 inside it and rounded once, as the blocks' float32 sum is."""
     b, hkv, g, t, dh = qv.shape
     s = keys.shape[1]
     rows, grad_rows = _block_queries(qv, 0, t), _block_queries(grad, 0, t)  # (B Hkv, G T, Dh)
+    none = qv.new_zeros(())
     grad_scores = torch.ops.aten._softmax_backward_data(
         torch.bmm(grad_rows, values_t), weights, -1, weights.dtype)
     dq = torch.baddbmm(none, grad_scores, keys, beta=0.0, alpha=scale)

@@ -27,10 +27,10 @@ from specformer.components.dropout import Dropout
 from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
-__all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs"]
+__all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs", "padded_on_the_right"]
 
 
-def _padded_on_the_right(key_padding: Tensor) -> bool:
+def padded_on_the_right(key_padding: Tensor) -> bool:
     """Whether every row of ``key_padding`` (B, Tk; True = real token) is its real tokens, then
     padding: no real token after a padded one."""
     return bool((key_padding[:, 1:] <= key_padding[:, :-1]).all())
@@ -344,7 +344,7 @@ class Stack(nn.Module):
             if bool(key_padding.all()):
                 # nothing is padded: drop the mask so causal attention keeps SDPA's is_causal path
                 key_padding = None
-            elif self.causal and training and _padded_on_the_right(key_padding):
+            elif self.causal and training and padded_on_the_right(key_padding):
                 # training on rows padded on the right (pairs, SFT): a causal query at a real token
                 # sees real keys only, so the mask changes the padding's own outputs alone, which
                 # no loss reads (labels are -100 there); without it attention keeps its causal

@@ -94,6 +94,11 @@ class Objective:
     def _count(labels: Tensor) -> int:
         return int((labels != IGNORE_INDEX).sum())
 
+    @staticmethod
+    def _off_padding(labels: Tensor, mask: Tensor | None) -> Tensor:
+        """``labels`` with -100 wherever ``mask`` marks padding: no loss there."""
+        return labels if mask is None else labels.masked_fill(mask == 0, IGNORE_INDEX)
+
 
 class CausalLM(Objective):
     """Predict token t+1 from tokens ≤ t (Radford et al. 2018)."""
@@ -108,9 +113,7 @@ class CausalLM(Objective):
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
         self.check_batch(batch)
         mask = batch.get("attention_mask")
-        labels = batch["labels"]
-        if mask is not None:
-            labels = labels.masked_fill(mask == 0, IGNORE_INDEX)
+        labels = self._off_padding(batch["labels"], mask)
         loss = forward(
             batch["input_ids"], attention_mask=mask, labels=labels, label_smoothing=self.spec.label_smoothing
         ).loss
@@ -191,9 +194,7 @@ class Seq2Seq(Objective):
     def __call__(self, forward: Forward, batch: Mapping[str, Tensor]) -> ObjectiveOutput:
         self.check_batch(batch)
         decoder_mask = batch.get("decoder_attention_mask")
-        labels = batch["labels"]
-        if decoder_mask is not None:  # no loss on the decoder's padding
-            labels = labels.masked_fill(decoder_mask == 0, IGNORE_INDEX)
+        labels = self._off_padding(batch["labels"], decoder_mask)
         loss = forward(
             batch["input_ids"],
             attention_mask=batch.get("attention_mask"),

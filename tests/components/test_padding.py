@@ -242,7 +242,7 @@ def test_training_on_right_padded_rows_leaves_the_mask_out_with_the_same_loss_an
     got, got_grads = loss_and_grads(attention_mask=mask)
     assert any(masked) == left  # right padding: no masked attention call at all
     # the reference: the same rows with the mask applied inside attention (eval-mode masking)
-    monkeypatch.setattr("specformer.components.blocks._padded_on_the_right", lambda key_padding: False)
+    monkeypatch.setattr("specformer.components.blocks.padded_on_the_right", lambda key_padding: False)
     masked.clear()
     want, want_grads = loss_and_grads(attention_mask=mask)
     assert any(masked)

@@ -10,7 +10,9 @@ from specformer import load_spec, preset_names
 from specformer.analysis import count_parameters
 
 # Published totals of the reference implementations (HF transformers model classes:
-# GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM).
+# GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM,
+# MistralForCausalLM, RobertaForMaskedLM, BartForConditionalGeneration without its
+# final_logits_bias buffer).
 PUBLISHED = {
     "gpt2-small": 124_439_808,
     "gpt2-medium": 354_823_168,
@@ -21,6 +23,11 @@ PUBLISHED = {
     "t5-small": 60_506_624,
     "t5-base": 222_903_552,
     "llama2-7b": 6_738_415_616,
+    "llama3-8b": 8_030_261_248,
+    "llama3.1-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "roberta-base": 124_697_433,
+    "bart-base": 139_420_416,
 }
 
 

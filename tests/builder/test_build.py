@@ -12,12 +12,14 @@ from specformer.builder import BuildError, init_weights
 from specformer.components import DecoderModel, EncoderDecoderModel, EncoderModel
 
 # Published parameter counts (Hugging Face reference models: GPT2LMHeadModel with tied
-# embeddings, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM).
+# embeddings, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM).
 PUBLISHED = {
     "gpt2-small": 124_439_808,
     "bert-base": 109_514_298,
     "t5-small": 60_506_624,
     "llama2-7b": 6_738_415_616,
+    "llama3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
 }
 # "Attention Is All You Need", Table 3: base 65M, big 213M parameters.
 PAPER = {"transformer-base": 65e6, "transformer-big": 213e6}

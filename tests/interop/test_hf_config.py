@@ -37,6 +37,16 @@ _T5 = {
     "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "pad_token_id": 0,
     "relative_attention_num_buckets": 32, "vocab_size": 32128,
 }
+# meta-llama/Meta-Llama-3-8B's config.json
+_LLAMA3: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256,
+}
+
 PUBLISHED: dict[str, dict[str, Any]] = {
     "gpt2-small": {**_GPT2, "n_embd": 768, "n_head": 12, "n_layer": 12},
     "gpt2-medium": {**_GPT2, "n_embd": 1024, "n_head": 16, "n_layer": 24},
@@ -56,10 +66,17 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
         "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000,
     },
+    "llama3-8b": _LLAMA3,
+    "llama3.1-8b": {
+        **_LLAMA3, "max_position_embeddings": 131072, "mlp_bias": False,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    },
 }
 
-# Families without a shipped preset: the published configs of roberta-base,
-# mistralai/Mistral-7B-v0.1, EleutherAI/pythia-160m, google/t5-v1_1-small and facebook/bart-base.
+# Other families: the published configs of roberta-base, mistralai/Mistral-7B-v0.1,
+# EleutherAI/pythia-160m, google/t5-v1_1-small and facebook/bart-base (the first, second and
+# last also shipped as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
     "bart-base": {
         "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
@@ -122,6 +139,9 @@ OTHERS: dict[str, dict[str, Any]] = {
     },
 }
 
+# every preset that is a published model, with its config
+SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "roberta-base")}}
+
 _AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
                "encoder-decoder": "AutoModelForSeq2SeqLM"}
 
@@ -148,15 +168,15 @@ def _refused(call: Any, words: list[str]) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+@pytest.mark.parametrize("preset", sorted(SHIPPED))
 def test_published_config_is_the_preset(preset: str) -> None:
-    assert spec_from_hf_config(PUBLISHED[preset], name=preset) == load_spec(preset)
+    assert spec_from_hf_config(SHIPPED[preset], name=preset) == load_spec(preset)
 
 
-@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+@pytest.mark.parametrize("preset", sorted(SHIPPED))
 def test_transformers_config_object_is_the_preset(preset: str) -> None:
     transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
-    config = transformers.AutoConfig.for_model(**PUBLISHED[preset])
+    config = transformers.AutoConfig.for_model(**SHIPPED[preset])
     assert spec_from_hf_config(config, name=preset) == load_spec(preset)
 
 
@@ -690,3 +710,35 @@ def test_rope_scaling_reads_what_transformers_reads(rope: dict, extra: dict, sca
 )
 def test_a_rope_scaling_that_makes_an_invalid_spec_is_refused_by_field(rope: dict, words: list[str]) -> None:
     _refused(lambda: spec_from_hf_config({**_LLAMA31, "rope_scaling": rope}), words)
+
+
+def _export_table() -> dict[str, str]:
+    """docs/interop.md's "Which presets export" table: each preset named in it, and what it
+    exports as (a model_type, or "refused")."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "interop.md").read_text()
+    section = text.split("### Which presets export", 1)[1].split("\n\n", 2)[1]
+    table: dict[str, str] = {}
+    for row in section.splitlines()[2:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        for preset in re.findall(r"`([^`]+)`", cells[0]):
+            table[preset] = cells[1].strip("`")
+    # "gpt2-small … gpt2-xl": the sizes between
+    if "gpt2-small" in table:
+        table.update({n: table["gpt2-small"] for n in ("gpt2-medium", "gpt2-large")})
+    return table
+
+
+def test_docs_export_table_lists_every_preset_as_it_exports() -> None:
+    from specformer import preset_names
+
+    table = _export_table()
+    assert sorted(table) == sorted(preset_names())
+    for preset, exported in table.items():
+        if exported == "refused":
+            with pytest.raises(HFConversionError):
+                hf_config_from_spec(load_spec(preset))
+        else:
+            assert hf_config_from_spec(load_spec(preset))["model_type"] == exported, preset

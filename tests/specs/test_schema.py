@@ -558,7 +558,7 @@ def test_an_empty_spec_name_says_so_not_that_the_current_folder_is_one(tmp_path,
     monkeypatch.chdir(tmp_path)
     for source in ("", "  ", "\n"):
         with pytest.raises(SpecError, match=r"the spec's name is empty \(.*\): give a preset name, a YAML file or YAML "
-                                            r"text\n    presets: bert-base,") as info:
+                                            r"text\n    presets: bart-base, bert-base,") as info:
             load_spec(source)
         assert "is a directory" not in str(info.value)
     (tmp_path / "child.yaml").write_text("extends: ''\nname: child\n")

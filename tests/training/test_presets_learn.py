@@ -19,14 +19,16 @@ def test_t5_nano_learns_to_reverse_held_out_strings(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_gpt_nano_beats_the_unigram_baseline_quickly(tmp_path: Path) -> None:
-    # the preset's recipe on a quarter of its steps and a smaller slice of the stdlib
+@pytest.mark.parametrize("name", ["gpt-nano", "llama-nano"])
+def test_nano_decoder_beats_the_unigram_baseline_quickly(tmp_path: Path, name: str) -> None:
+    # the preset's recipe on a quarter of its steps at half its batch, on a smaller slice of the stdlib
     spec = load_spec(
-        "gpt-nano",
+        name,
         [
             f"training.out_dir={tmp_path / 'runs'}",
-            "training.max_steps=120",
-            "training.val_interval=60",
+            "training.max_steps=100",
+            "training.batch_size=8",
+            "training.val_interval=100",
             "training.data.max_mb=3",
             "training.tokenizer.train_mb=2",
         ],
@@ -37,7 +39,8 @@ def test_gpt_nano_beats_the_unigram_baseline_quickly(tmp_path: Path) -> None:
 
 
 def test_every_nano_preset_trains_with_its_kinds_objective() -> None:
-    expected = {"gpt-nano": ("causal_lm", "stdlib"), "bert-nano": ("masked_lm", "stdlib"), "t5-nano": ("seq2seq", "synthetic")}
+    expected = {"gpt-nano": ("causal_lm", "stdlib"), "llama-nano": ("causal_lm", "stdlib"),
+                "bert-nano": ("masked_lm", "stdlib"), "t5-nano": ("seq2seq", "synthetic")}
     for name, (objective, data) in expected.items():
         t = load_spec(name).training
         assert (t.objective.type, t.data.type) == (objective, data)

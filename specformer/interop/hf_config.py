@@ -368,41 +368,91 @@ def _bart(c: _Config) -> dict[str, Any]:
     }
 
 
-# defaults of transformers' LlamaConfig and MistralConfig for the keys a config may omit
-# (save_pretrained writes only the values that differ from them)
-_LLAMA_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None}
-_MISTRAL_DEFAULTS = {"intermediate_size": 14336, "max_position_embeddings": 4096 * 32, "num_key_value_heads": 8}
+# defaults of transformers' LlamaConfig, MistralConfig and Qwen3Config for the keys a
+# config may omit (save_pretrained writes only the values that differ from them)
+_LLAMA_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None,
+                   "vocab_size": 32000, "head_dim": None}
+_MISTRAL_DEFAULTS = {"intermediate_size": 14336, "max_position_embeddings": 4096 * 32, "num_key_value_heads": 8,
+                     "vocab_size": 32000, "head_dim": None}
+_QWEN3_DEFAULTS = {"intermediate_size": 22016, "max_position_embeddings": 32768, "num_key_value_heads": 32,
+                   "vocab_size": 151936, "head_dim": 128}
+_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen3": _QWEN3_DEFAULTS}
+# specformer's q/k norms (attention.qk_norm) have this eps; Qwen3's have rms_norm_eps
+QK_NORM_EPS = 1e-6
+
+
+def _qwen3_windows(c: _Config, n_layers: int) -> list[int | None]:
+    """Each layer's sliding window as transformers' Qwen3 computes it: ``sliding_window``
+    (4096 when absent) only with ``use_sliding_window``, and only in the layers that
+    ``layer_types`` says slide (by default those from ``max_window_layers`` on)."""
+    window = c.data.get("sliding_window", 4096) if c("use_sliding_window", False) else None
+    types = c("layer_types") or [
+        "sliding_attention" if window is not None and i >= c("max_window_layers", 28) else "full_attention"
+        for i in range(n_layers)
+    ]
+    if len(types) != n_layers:
+        raise HFConversionError(
+            f"qwen3 config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
+        )
+    return [window if kind == "sliding_attention" else None for kind in types]
 
 
 def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
-    """Llama and Mistral. transformers' Llama has no sliding window (a ``sliding_window``
-    key is ignored); its Mistral windows every layer by ``sliding_window`` (4096 when the
-    key is absent, none when it is null) and ignores ``use_sliding_window`` and
-    ``layer_types``, and has no biases. The import computes what transformers computes."""
-    mistral = family == "mistral"
-    defaults = _MISTRAL_DEFAULTS if mistral else _LLAMA_DEFAULTS
+    """Llama, Mistral and Qwen3. transformers' Llama has no sliding window (a
+    ``sliding_window`` key is ignored); its Mistral windows every layer by ``sliding_window``
+    (4096 when the key is absent, none when it is null) and ignores ``use_sliding_window``
+    and ``layer_types``, and has no biases. Qwen3 is Llama with an RMSNorm over each
+    query and key head before the rotation (``q_norm``, ``k_norm``), a head_dim of its own
+    (128 by default), no FFN biases, and windows in the layers ``layer_types`` names. The
+    import computes what transformers computes."""
+    mistral, qwen3 = family == "mistral", family == "qwen3"
+    defaults = _LLAMA_LIKE_DEFAULTS[family]
     d = c("hidden_size", 4096)
     n_heads = c("num_attention_heads", 32)
+    # a key written as null takes the query heads; an absent one the config class's default
+    kv_heads = c.data["num_key_value_heads"] if "num_key_value_heads" in c.data else defaults["num_key_value_heads"]
+    n_layers = c("num_hidden_layers", 32)
+    eps = c("rms_norm_eps", 1e-6)
     att: dict[str, Any] = {
         "n_heads": n_heads,
-        "n_kv_heads": c("num_key_value_heads", defaults["num_key_value_heads"] or n_heads),
-        "head_dim": c("head_dim", d // n_heads),
+        "n_kv_heads": kv_heads or n_heads,
+        "head_dim": c("head_dim", defaults["head_dim"] or d // n_heads),
         "bias": bool(c("attention_bias", False)) and not mistral,
         "dropout": _dropout(c("attention_dropout", 0.0)),
     }
     if mistral:
         att["sliding_window"] = c.data.get("sliding_window", 4096)  # null: no window
+    overrides: list[dict[str, Any]] = []
+    if qwen3:
+        if eps != QK_NORM_EPS:
+            raise c.refuse(
+                f"rms_norm_eps={eps!r}",
+                f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {QK_NORM_EPS:g}",
+            )
+        att["qk_norm"] = "rmsnorm"
+        windows = _qwen3_windows(c, n_layers)
+        if len(set(windows)) == 1:
+            att["sliding_window"] = windows[0]
+        else:
+            # one window (Qwen3 has one) over the layers that slide: a range where they follow on
+            sliding = [i for i, w in enumerate(windows) if w is not None]
+            window = windows[sliding[0]]
+            contiguous = sliding == list(range(sliding[0], sliding[-1] + 1))
+            layers: Any = f"{sliding[0]}-{sliding[-1]}" if contiguous and len(sliding) > 1 else sliding
+            overrides = [{"layers": layers, "attention": {"sliding_window": window}}]
     stack: dict[str, Any] = {
-        "n_layers": c("num_hidden_layers", 32),
+        "n_layers": n_layers,
         "attention": att,
         "ffn": {
             "type": "glu",
             "activation": c.activation("hidden_act", "silu"),
             "d_ff": c("intermediate_size", defaults["intermediate_size"]),
-            "bias": bool(c("mlp_bias", False)) and not mistral,
+            "bias": bool(c("mlp_bias", False)) and family == "llama",
         },
-        "norm": {"type": "rmsnorm", "placement": "pre", "eps": c("rms_norm_eps", 1e-6)},
+        "norm": {"type": "rmsnorm", "placement": "pre", "eps": eps},
     }
+    if overrides:
+        stack["overrides"] = overrides
     rope = c.rope()
     fraction = rope.pop("fraction")
     if fraction != 1.0:
@@ -416,7 +466,7 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         )
     return {
         "kind": "decoder",
-        "vocab_size": c("vocab_size", 32000),
+        "vocab_size": c("vocab_size", defaults["vocab_size"]),
         "d_model": d,
         "max_seq_len": c("max_position_embeddings", defaults["max_position_embeddings"]),
         "positional": rope,
@@ -471,6 +521,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "bart": _bart,
     "llama": _llama,
     "mistral": lambda c: _llama(c, "mistral"),
+    "qwen3": lambda c: _llama(c, "qwen3"),
     "gpt_neox": _gpt_neox,
 }
 
@@ -518,6 +569,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "bart": {"BartForConditionalGeneration": "lm", "BartModel": "base"},
     "llama": {"LlamaForCausalLM": "lm", "LlamaModel": "base"},
     "mistral": {"MistralForCausalLM": "lm", "MistralModel": "base"},
+    "qwen3": {"Qwen3ForCausalLM": "lm", "Qwen3Model": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
 }
 
@@ -748,6 +800,8 @@ def hf_family(spec: ModelSpec) -> str:
         if pos == "learned":
             return "gpt2"
         if pos == "rope" and stack.norm.type == "rmsnorm":
+            if any(layer.attention.qk_norm != "none" for layer in stack.layers()):
+                return "qwen3"
             return "mistral" if _any_sliding(stack) else "llama"
         if pos == "rope" and stack.norm.type == "layernorm":
             return "gpt_neox"
@@ -759,8 +813,8 @@ def hf_family(spec: ModelSpec) -> str:
     raise HFConversionError(
         f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with {pos!r} positions and "
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
-        "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, GPT-NeoX "
-        "with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen3 with "
+        "rmsnorm and qk_norm, GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -907,7 +961,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     assert s is not None
     att = s.attention
     out: dict[str, Any] = {
-        "architectures": ["MistralForCausalLM" if model_type == "mistral" else "LlamaForCausalLM"],
+        "architectures": [{"mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+            model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -926,6 +981,24 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     if model_type == "mistral":
         windows = {layer.attention.sliding_window for layer in s.layers()}
         out["sliding_window"] = next(iter(windows)) if len(windows) == 1 else None
+    elif model_type == "qwen3":
+        if s.norm.eps != QK_NORM_EPS:
+            raise HFConversionError(
+                f"the spec has no Hugging Face qwen3 equivalent: decoder.norm.eps = {s.norm.eps:g}, and "
+                f"Qwen3's query and key norms take the same eps (rms_norm_eps), where specformer's "
+                f"qk_norm has {QK_NORM_EPS:g}\na model trained with qwen3's values from the start "
+                f"exports: --set decoder.norm.eps={QK_NORM_EPS:g}"
+            )
+        # one window, in the layers layer_types names (a spec with two windows comes back
+        # with one, and the check after export names the layers that differ)
+        windows = [layer.attention.sliding_window for layer in s.layers()]
+        window = next((w for w in windows if w is not None), None)
+        out["attention_bias"] = att.bias
+        out["use_sliding_window"] = window is not None
+        out["sliding_window"] = window
+        out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        # older transformers read the window's layers from max_window_layers alone
+        out["max_window_layers"] = next((i for i, w in enumerate(windows) if w is not None), s.n_layers)
     else:
         out["attention_bias"] = att.bias
         out["mlp_bias"] = s.ffn.bias
@@ -966,6 +1039,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "bart": _export_bart,
     "llama": lambda s: _export_llama(s, "llama"),
     "mistral": lambda s: _export_llama(s, "mistral"),
+    "qwen3": lambda s: _export_llama(s, "qwen3"),
     "gpt_neox": _export_gpt_neox,
 }
 

@@ -125,7 +125,7 @@ _FAMILIES: dict[str, _Family] = {
         aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
     ),
 }
-_FAMILIES["mistral"] = _FAMILIES["llama"]
+_FAMILIES["mistral"] = _FAMILIES["qwen3"] = _FAMILIES["llama"]
 
 
 # --------------------------------------------------------------------------- rules per family
@@ -293,6 +293,9 @@ def _llama(spec: ModelSpec) -> Iterator[Rule]:
         yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
                            bias, "rows", _qkv_sizes(layer.attention))
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", bias)
+        if layer.attention.qk_norm != "none":  # Qwen3
+            yield from _norm(f"{o}.self_attn.q_norm", f"{a}.q_norm", None)
+            yield from _norm(f"{o}.self_attn.k_norm", f"{a}.k_norm", None)
         yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
         for proj in ("gate_proj", "up_proj", "down_proj"):
             yield from _linear(f"{o}.ffn.{proj}", f"{t}.mlp.{proj}", layer.ffn.bias)
@@ -325,6 +328,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "bart": _bart,
     "llama": _llama,
     "mistral": _llama,
+    "qwen3": _llama,
     "gpt_neox": _gpt_neox,
 }
 

@@ -75,8 +75,8 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 }
 
 # Other families: the published configs of roberta-base, mistralai/Mistral-7B-v0.1,
-# EleutherAI/pythia-160m, google/t5-v1_1-small and facebook/bart-base (the first, second and
-# last also shipped as presets: SHIPPED).
+# EleutherAI/pythia-160m, google/t5-v1_1-small, facebook/bart-base and Qwen/Qwen3-0.6B (all
+# but pythia and T5 v1.1 also shipped as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
     "bart-base": {
         "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
@@ -120,6 +120,16 @@ OTHERS: dict[str, dict[str, Any]] = {
         "num_layers": 8, "output_past": True, "pad_token_id": 0,
         "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "vocab_size": 32128,
     },
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+        "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+        "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+        "use_sliding_window": False, "vocab_size": 151936,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -140,7 +150,7 @@ OTHERS: dict[str, dict[str, Any]] = {
 }
 
 # every preset that is a published model, with its config
-SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "roberta-base")}}
+SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "qwen3-0.6b", "roberta-base")}}
 
 _AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
                "encoder-decoder": "AutoModelForSeq2SeqLM"}
@@ -153,7 +163,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "gpt_neox") else "encoder")
+        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen3", "gpt_neox") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -321,7 +331,14 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         ("gpt2-small", ["decoder.attention.n_kv_heads=4"], ["gpt2", "decoder.attention.n_kv_heads = 4", "12"]),
         ("gpt2-small", ["decoder.norm.eps=1e-6", "decoder.ffn.activation=relu"], []),
         ("gpt2-small", ["embedding.scale=true"], ["embedding.scale = True"]),
-        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm"], ["decoder.attention.qk_norm = 'rmsnorm'"]),
+        # a Llama with q/k norms is Qwen3, whose q/k norms share the stack's eps
+        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm"], ["qwen3", "decoder.norm.eps = 1e-05",
+                                                              "--set decoder.norm.eps=1e-06"]),
+        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm", "decoder.norm.eps=1e-6"], []),
+        ("llama2-7b", ["decoder.attention.qk_norm=layernorm", "decoder.norm.eps=1e-6"],
+         ["decoder.attention.qk_norm = 'layernorm' (Hugging Face qwen3 has 'rmsnorm')"]),
+        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm", "decoder.norm.eps=1e-6", "decoder.ffn.bias=true"],
+         ["decoder.ffn.bias = True (Hugging Face qwen3 has False)"]),
         ("bert-base", ["encoder.norm.placement=pre"], ["encoder.norm.placement = 'pre'"]),
         ("transformer-base", [], ["encoder-decoder", "'sinusoidal'"]),
         # t5-nano keeps the usual 1/sqrt(head_dim) softmax scale; T5 has none

@@ -119,6 +119,15 @@ TINY: dict[str, dict[str, Any]] = {
     "mistral": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
                 "sliding_window": 5, "head_dim": 16},
+    # Qwen3: an RMSNorm over each query and key head before the rotation, a head_dim of its own
+    "qwen3": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
+              "max_position_embeddings": 64, "rope_theta": 500.0},
+    # and a window in the layers from max_window_layers on, tied, with attention biases
+    "qwen3-window": {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 48,
+                     "max_position_embeddings": 64, "use_sliding_window": True, "sliding_window": 5,
+                     "max_window_layers": 1, "tie_word_embeddings": True, "attention_bias": True},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
     "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -703,7 +712,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 
 
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
-                 "bart": "### BART", "llama": "### Llama", "gpt_neox": "### GPT-NeoX",
+                 "bart": "### BART", "llama": "### Llama", "qwen3": "### Llama", "gpt_neox": "### GPT-NeoX",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}
 
@@ -714,13 +723,15 @@ def test_documented_weight_names_exist_on_both_sides(family: str) -> None:
 
     text = (Path(__file__).parents[2] / "docs" / "interop.md").read_text()
     section = text.split(_DOC_SECTIONS[family], 1)[1].split("\n### ", 1)[0]
-    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    rows = [line.split("|")[1:4] for line in section.splitlines() if line.startswith("| `")]
     assert rows
     hf = _hf_model(family)
     spec, model = _imported(hf)
     theirs = set(hf.state_dict())
     ours = set(model.state_dict())
-    for ours_cell, theirs_cell in rows:
+    for ours_cell, theirs_cell, conversion in rows:
+        if "Qwen3 only" in conversion and family != "qwen3":
+            continue
         ours_name = ours_cell.strip().strip("`").replace("{i}", "0")
         if not (ours_name == "head.proj" and spec.embedding.tie_output):
             assert any(n.startswith(ours_name + ".") or n == ours_name for n in ours), ours_name

@@ -211,7 +211,7 @@ def _self_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str, 
         raise AnalysisError(f"{prefix}: no analytic parameter count for attention type {att.type!r}")
     h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
     yield from _linear(f"{prefix}.qkv_proj", d_model, (h + 2 * hkv) * dh, att.bias)
-    yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.bias)
+    yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.output_bias)
     yield from _qk_norm(f"{prefix}.q_norm", att.qk_norm, dh)
     yield from _qk_norm(f"{prefix}.k_norm", att.qk_norm, dh)
 
@@ -222,7 +222,7 @@ def _cross_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str,
     h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
     yield from _linear(f"{prefix}.q_proj", d_model, h * dh, att.bias)
     yield from _linear(f"{prefix}.kv_proj", d_model, 2 * hkv * dh, att.bias)
-    yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.bias)
+    yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.output_bias)
     yield from _qk_norm(f"{prefix}.q_norm", att.qk_norm, dh)
     yield from _qk_norm(f"{prefix}.k_norm", att.qk_norm, dh)
 

@@ -777,7 +777,7 @@ class Attention(nn.Module):
             self.kv_proj = Linear(d_model, 2 * kv_size, bias=spec.bias)
         else:
             self.qkv_proj = Linear(d_model, q_size + 2 * kv_size, bias=spec.bias)
-        self.o_proj = Linear(q_size, d_model, bias=spec.bias)
+        self.o_proj = Linear(q_size, d_model, bias=spec.output_bias)
         self.o_proj.residual_projection = True
         if spec.qk_norm != "none":
             norm_entry = REGISTRY.get("norm", spec.qk_norm)

@@ -376,13 +376,15 @@ _MISTRAL_DEFAULTS = {"intermediate_size": 14336, "max_position_embeddings": 4096
                      "vocab_size": 32000, "head_dim": None}
 _QWEN3_DEFAULTS = {"intermediate_size": 22016, "max_position_embeddings": 32768, "num_key_value_heads": 32,
                    "vocab_size": 151936, "head_dim": 128}
-_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen3": _QWEN3_DEFAULTS}
+_QWEN2_DEFAULTS = {**_QWEN3_DEFAULTS, "head_dim": None}
+_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
+                        "qwen3": _QWEN3_DEFAULTS}
 # specformer's q/k norms (attention.qk_norm) have this eps; Qwen3's have rms_norm_eps
 QK_NORM_EPS = 1e-6
 
 
-def _qwen3_windows(c: _Config, n_layers: int) -> list[int | None]:
-    """Each layer's sliding window as transformers' Qwen3 computes it: ``sliding_window``
+def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
+    """Each layer's sliding window as transformers' Qwen2 and Qwen3 compute it: ``sliding_window``
     (4096 when absent) only with ``use_sliding_window``, and only in the layers that
     ``layer_types`` says slide (by default those from ``max_window_layers`` on)."""
     window = c.data.get("sliding_window", 4096) if c("use_sliding_window", False) else None
@@ -392,20 +394,21 @@ def _qwen3_windows(c: _Config, n_layers: int) -> list[int | None]:
     ]
     if len(types) != n_layers:
         raise HFConversionError(
-            f"qwen3 config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
+            f"{c.family} config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
         )
     return [window if kind == "sliding_attention" else None for kind in types]
 
 
 def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
-    """Llama, Mistral and Qwen3. transformers' Llama has no sliding window (a
+    """Llama, Mistral, Qwen2 and Qwen3. transformers' Llama has no sliding window (a
     ``sliding_window`` key is ignored); its Mistral windows every layer by ``sliding_window``
     (4096 when the key is absent, none when it is null) and ignores ``use_sliding_window``
-    and ``layer_types``, and has no biases. Qwen3 is Llama with an RMSNorm over each
-    query and key head before the rotation (``q_norm``, ``k_norm``), a head_dim of its own
-    (128 by default), no FFN biases, and windows in the layers ``layer_types`` names. The
-    import computes what transformers computes."""
-    mistral, qwen3 = family == "mistral", family == "qwen3"
+    and ``layer_types``, and has no biases. Qwen2 is Llama with biases on the query, key and
+    value projections but not the output one, and windows in the layers ``layer_types``
+    names; Qwen3 has, instead of those biases, an RMSNorm over each query and key head
+    before the rotation (``q_norm``, ``k_norm``) and a head_dim of its own (128 by default).
+    Neither has FFN biases. The import computes what transformers computes."""
+    mistral, qwen2, qwen3 = family == "mistral", family == "qwen2", family == "qwen3"
     defaults = _LLAMA_LIKE_DEFAULTS[family]
     d = c("hidden_size", 4096)
     n_heads = c("num_attention_heads", 32)
@@ -420,17 +423,20 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         "bias": bool(c("attention_bias", False)) and not mistral,
         "dropout": _dropout(c("attention_dropout", 0.0)),
     }
+    if qwen2:  # biases on q, k and v, whatever the config says, none on the output
+        att.update(bias=True, out_bias=False)
     if mistral:
         att["sliding_window"] = c.data.get("sliding_window", 4096)  # null: no window
     overrides: list[dict[str, Any]] = []
+    if qwen3 and eps != QK_NORM_EPS:
+        raise c.refuse(
+            f"rms_norm_eps={eps!r}",
+            f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {QK_NORM_EPS:g}",
+        )
     if qwen3:
-        if eps != QK_NORM_EPS:
-            raise c.refuse(
-                f"rms_norm_eps={eps!r}",
-                f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {QK_NORM_EPS:g}",
-            )
         att["qk_norm"] = "rmsnorm"
-        windows = _qwen3_windows(c, n_layers)
+    if qwen2 or qwen3:
+        windows = _qwen_windows(c, n_layers)
         if len(set(windows)) == 1:
             att["sliding_window"] = windows[0]
         else:
@@ -521,6 +527,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "bart": _bart,
     "llama": _llama,
     "mistral": lambda c: _llama(c, "mistral"),
+    "qwen2": lambda c: _llama(c, "qwen2"),
     "qwen3": lambda c: _llama(c, "qwen3"),
     "gpt_neox": _gpt_neox,
 }
@@ -536,7 +543,6 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
-    "qwen2": "bias on the q, k and v projections but not on the output projection",
     "gemma": "RMSNorm scaled by (1 + weight)",
     "gemma2": "logit soft-capping and RMSNorm scaled by (1 + weight)",
     "phi": "a partial-rotary parallel block with a biased LM head and dense layer names",
@@ -569,6 +575,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "bart": {"BartForConditionalGeneration": "lm", "BartModel": "base"},
     "llama": {"LlamaForCausalLM": "lm", "LlamaModel": "base"},
     "mistral": {"MistralForCausalLM": "lm", "MistralModel": "base"},
+    "qwen2": {"Qwen2ForCausalLM": "lm", "Qwen2Model": "base"},
     "qwen3": {"Qwen3ForCausalLM": "lm", "Qwen3Model": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
 }
@@ -800,8 +807,11 @@ def hf_family(spec: ModelSpec) -> str:
         if pos == "learned":
             return "gpt2"
         if pos == "rope" and stack.norm.type == "rmsnorm":
-            if any(layer.attention.qk_norm != "none" for layer in stack.layers()):
+            layers = list(stack.layers())
+            if any(layer.attention.qk_norm != "none" for layer in layers):
                 return "qwen3"
+            if any(layer.attention.bias and not layer.attention.output_bias for layer in layers):
+                return "qwen2"
             return "mistral" if _any_sliding(stack) else "llama"
         if pos == "rope" and stack.norm.type == "layernorm":
             return "gpt_neox"
@@ -813,8 +823,8 @@ def hf_family(spec: ModelSpec) -> str:
     raise HFConversionError(
         f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with {pos!r} positions and "
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
-        "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen3 with "
-        "rmsnorm and qk_norm, GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
+        "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -961,8 +971,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     assert s is not None
     att = s.attention
     out: dict[str, Any] = {
-        "architectures": [{"mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
-            model_type, "LlamaForCausalLM")],
+        "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -981,8 +991,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     if model_type == "mistral":
         windows = {layer.attention.sliding_window for layer in s.layers()}
         out["sliding_window"] = next(iter(windows)) if len(windows) == 1 else None
-    elif model_type == "qwen3":
-        if s.norm.eps != QK_NORM_EPS:
+    elif model_type in ("qwen2", "qwen3"):
+        if model_type == "qwen3" and s.norm.eps != QK_NORM_EPS:
             raise HFConversionError(
                 f"the spec has no Hugging Face qwen3 equivalent: decoder.norm.eps = {s.norm.eps:g}, and "
                 f"Qwen3's query and key norms take the same eps (rms_norm_eps), where specformer's "
@@ -993,7 +1003,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         # with one, and the check after export names the layers that differ)
         windows = [layer.attention.sliding_window for layer in s.layers()]
         window = next((w for w in windows if w is not None), None)
-        out["attention_bias"] = att.bias
+        if model_type == "qwen3":
+            out["attention_bias"] = att.bias
         out["use_sliding_window"] = window is not None
         out["sliding_window"] = window
         out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
@@ -1039,6 +1050,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "bart": _export_bart,
     "llama": lambda s: _export_llama(s, "llama"),
     "mistral": lambda s: _export_llama(s, "mistral"),
+    "qwen2": lambda s: _export_llama(s, "qwen2"),
     "qwen3": lambda s: _export_llama(s, "qwen3"),
     "gpt_neox": _export_gpt_neox,
 }

@@ -125,7 +125,7 @@ _FAMILIES: dict[str, _Family] = {
         aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
     ),
 }
-_FAMILIES["mistral"] = _FAMILIES["qwen3"] = _FAMILIES["llama"]
+_FAMILIES["mistral"] = _FAMILIES["qwen2"] = _FAMILIES["qwen3"] = _FAMILIES["llama"]
 
 
 # --------------------------------------------------------------------------- rules per family
@@ -292,7 +292,7 @@ def _llama(spec: ModelSpec) -> Iterator[Rule]:
         yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
         yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
                            bias, "rows", _qkv_sizes(layer.attention))
-        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", bias)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", layer.attention.output_bias)
         if layer.attention.qk_norm != "none":  # Qwen3
             yield from _norm(f"{o}.self_attn.q_norm", f"{a}.q_norm", None)
             yield from _norm(f"{o}.self_attn.k_norm", f"{a}.k_norm", None)
@@ -328,6 +328,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "bart": _bart,
     "llama": _llama,
     "mistral": _llama,
+    "qwen2": _llama,
     "qwen3": _llama,
     "gpt_neox": _gpt_neox,
 }

@@ -383,6 +383,9 @@ class AttentionSpec(Spec):
     )
     head_dim: PositiveInt | None = Field(None, le=MAX_WIDTH, description="Per-head size; default d_model / n_heads.")
     bias: bool = Field(True, description="Bias on the q, k, v and output projections.")
+    out_bias: bool | None = Field(
+        None, description="Bias on the output projection alone; default: bias (Qwen2: bias true, out_bias false)."
+    )
     dropout: Dropout = Field(0.0, description="Dropout on the attention probabilities.")
     scale: PositiveFloat | None = Field(
         None, description="Softmax scale; default 1/sqrt(head_dim) (T5 uses 1.0)."
@@ -402,6 +405,11 @@ class AttentionSpec(Spec):
         description="sdpa: torch scaled_dot_product_attention (fused kernels); "
         "eager: explicit softmax(QK^T/sqrt(d))V, can return attention weights.",
     )
+
+    @property
+    def output_bias(self) -> bool:
+        """Whether the output projection has a bias: ``out_bias``, else ``bias``."""
+        return self.bias if self.out_bias is None else self.out_bias
 
     @model_validator(mode="after")
     def _heads(self) -> AttentionSpec:
@@ -1121,6 +1129,9 @@ def _fill_attention(att: Any, d_model: Any) -> None:
     if att.get("head_dim") is None and _size(n_heads) and _size(d_model):
         if d_model % n_heads == 0:
             att["head_dim"] = d_model // n_heads
+    fields = REGISTRY.get("attention", kind).spec.model_fields
+    if "out_bias" in fields and att.get("out_bias") is None and isinstance(att.get("bias", True), bool):
+        att["out_bias"] = att.get("bias", fields["bias"].default)
 
 
 def _fill_ffn(ffn: Any, d_model: Any) -> None:

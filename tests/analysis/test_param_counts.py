@@ -12,7 +12,7 @@ from specformer.analysis import count_parameters
 # Published totals of the reference implementations (HF transformers model classes:
 # GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM,
 # MistralForCausalLM, RobertaForMaskedLM, BartForConditionalGeneration without its
-# final_logits_bias buffer, Qwen3ForCausalLM).
+# final_logits_bias buffer, Qwen2ForCausalLM, Qwen3ForCausalLM).
 PUBLISHED = {
     "gpt2-small": 124_439_808,
     "gpt2-medium": 354_823_168,
@@ -28,6 +28,7 @@ PUBLISHED = {
     "mistral-7b": 7_241_732_096,
     "roberta-base": 124_697_433,
     "bart-base": 139_420_416,
+    "qwen2.5-0.5b": 494_032_768,  # the model card's 0.49B
     "qwen3-0.6b": 596_049_920,  # the model card's 0.6B, 0.44B of it not embeddings
 }
 

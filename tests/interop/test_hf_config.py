@@ -75,8 +75,8 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 }
 
 # Other families: the published configs of roberta-base, mistralai/Mistral-7B-v0.1,
-# EleutherAI/pythia-160m, google/t5-v1_1-small, facebook/bart-base and Qwen/Qwen3-0.6B (all
-# but pythia and T5 v1.1 also shipped as presets: SHIPPED).
+# EleutherAI/pythia-160m, google/t5-v1_1-small, facebook/bart-base, Qwen/Qwen2.5-0.5B and
+# Qwen/Qwen3-0.6B (all but pythia and T5 v1.1 also shipped as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
     "bart-base": {
         "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
@@ -120,6 +120,15 @@ OTHERS: dict[str, dict[str, Any]] = {
         "num_layers": 8, "output_past": True, "pad_token_id": 0,
         "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "vocab_size": 32128,
     },
+    "qwen2.5-0.5b": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+        "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+        "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16", "use_cache": True, "use_mrope": False, "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
     "qwen3-0.6b": {
         "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
@@ -150,7 +159,8 @@ OTHERS: dict[str, dict[str, Any]] = {
 }
 
 # every preset that is a published model, with its config
-SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "qwen3-0.6b", "roberta-base")}}
+SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "qwen2.5-0.5b", "qwen3-0.6b",
+                                                          "roberta-base")}}
 
 _AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
                "encoder-decoder": "AutoModelForSeq2SeqLM"}
@@ -163,7 +173,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen3", "gpt_neox") else "encoder")
+        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -277,7 +287,7 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
-        ({"model_type": "qwen2", "hidden_size": 64}, ["qwen2", "bias on the q, k and v", "llama"]),
+        ({"model_type": "gemma", "hidden_size": 64}, ["gemma", "RMSNorm scaled by (1 + weight)", "llama"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],
@@ -339,6 +349,10 @@ def test_export_config_round_trips_other_families(name: str) -> None:
          ["decoder.attention.qk_norm = 'layernorm' (Hugging Face qwen3 has 'rmsnorm')"]),
         ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm", "decoder.norm.eps=1e-6", "decoder.ffn.bias=true"],
          ["decoder.ffn.bias = True (Hugging Face qwen3 has False)"]),
+        # biases on q, k and v but none on the output projection: Qwen2, which no other family has
+        ("llama2-7b", ["decoder.attention.bias=true", "decoder.attention.out_bias=false"], []),
+        ("gpt2-small", ["decoder.attention.out_bias=false"], ["decoder.attention.out_bias = False (Hugging Face "
+                                                              "gpt2 has True)"]),
         ("bert-base", ["encoder.norm.placement=pre"], ["encoder.norm.placement = 'pre'"]),
         ("transformer-base", [], ["encoder-decoder", "'sinusoidal'"]),
         # t5-nano keeps the usual 1/sqrt(head_dim) softmax scale; T5 has none

@@ -119,6 +119,15 @@ TINY: dict[str, dict[str, Any]] = {
     "mistral": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64,
                 "sliding_window": 5, "head_dim": 16},
+    # Qwen2: biases on q, k and v but not on the output projection
+    "qwen2": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+              "rope_theta": 500.0},
+    # and a window in the layers from max_window_layers on, tied
+    "qwen2-window": {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "intermediate_size": 48, "max_position_embeddings": 64,
+                     "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2,
+                     "tie_word_embeddings": True},
     # Qwen3: an RMSNorm over each query and key head before the rotation, a head_dim of its own
     "qwen3": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
@@ -712,7 +721,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 
 
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
-                 "bart": "### BART", "llama": "### Llama", "qwen3": "### Llama", "gpt_neox": "### GPT-NeoX",
+                 "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gpt_neox": "### GPT-NeoX",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}
 

@@ -288,7 +288,7 @@ def test_a_hugging_face_model_folder_given_as_a_checkpoint_says_to_import_it(tmp
 
 
 def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() -> None:
-    # a Llama-like checkpoint resumed with gpt-nano: 14 fields differ, among them the
+    # a Llama-like checkpoint resumed with gpt-nano: 15 fields differ, among them the
     # positional type; the message lists 12 and names the rest, and a field only one of
     # two norm types has (layernorm's bias) is not a difference of its own
     saved = load_spec({
@@ -302,7 +302,7 @@ def test_a_refused_resume_names_every_difference_and_no_field_of_another_type() 
     message = str(err.value)
     listed = re.findall(r"^  (\S+): checkpoint", message, flags=re.M)
     assert len(listed) == 12
-    assert "  … and 2 more: max_seq_len, positional.type\n" in message
+    assert "  … and 3 more: embedding.tie_output, max_seq_len, positional.type\n" in message
     assert "decoder.norm.type: checkpoint 'rmsnorm', spec 'layernorm'" in message
     assert "norm.bias" not in message and "None" not in message
     assert "decoder.ffn.d_ff: checkpoint 192, spec 512" in message  # a field both types have still counts

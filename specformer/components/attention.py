@@ -780,8 +780,11 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_size, d_model, bias=spec.output_bias)
         self.o_proj.residual_projection = True
         if spec.qk_norm != "none":
+            # the schema is loaded by now: the spec is one of its classes
+            from specformer.specs.schema import QK_NORM_EPS
+
             norm_entry = REGISTRY.get("norm", spec.qk_norm)
-            norm_spec = norm_entry.spec(eps=1e-6)
+            norm_spec = norm_entry.spec(eps=QK_NORM_EPS)
             self.q_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
             self.k_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
         else:

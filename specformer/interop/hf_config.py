@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specformer.specs.loader import problems_from_validation
+from specformer.specs.schema import QK_NORM_EPS as _QK_NORM_EPS
 from specformer.specs.schema import ModelSpec
 
 __all__ = [
@@ -379,8 +380,6 @@ _QWEN3_DEFAULTS = {"intermediate_size": 22016, "max_position_embeddings": 32768,
 _QWEN2_DEFAULTS = {**_QWEN3_DEFAULTS, "head_dim": None}
 _LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
                         "qwen3": _QWEN3_DEFAULTS}
-# specformer's q/k norms (attention.qk_norm) have this eps; Qwen3's have rms_norm_eps
-QK_NORM_EPS = 1e-6
 
 
 def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
@@ -428,10 +427,10 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     if mistral:
         att["sliding_window"] = c.data.get("sliding_window", 4096)  # null: no window
     overrides: list[dict[str, Any]] = []
-    if qwen3 and eps != QK_NORM_EPS:
+    if qwen3 and eps != _QK_NORM_EPS:
         raise c.refuse(
             f"rms_norm_eps={eps!r}",
-            f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {QK_NORM_EPS:g}",
+            f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
         )
     if qwen3:
         att["qk_norm"] = "rmsnorm"
@@ -992,12 +991,12 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         windows = {layer.attention.sliding_window for layer in s.layers()}
         out["sliding_window"] = next(iter(windows)) if len(windows) == 1 else None
     elif model_type in ("qwen2", "qwen3"):
-        if model_type == "qwen3" and s.norm.eps != QK_NORM_EPS:
+        if model_type == "qwen3" and s.norm.eps != _QK_NORM_EPS:
             raise HFConversionError(
                 f"the spec has no Hugging Face qwen3 equivalent: decoder.norm.eps = {s.norm.eps:g}, and "
                 f"Qwen3's query and key norms take the same eps (rms_norm_eps), where specformer's "
-                f"qk_norm has {QK_NORM_EPS:g}\na model trained with qwen3's values from the start "
-                f"exports: --set decoder.norm.eps={QK_NORM_EPS:g}"
+                f"qk_norm has {_QK_NORM_EPS:g}\na model trained with qwen3's values from the start "
+                f"exports: --set decoder.norm.eps={_QK_NORM_EPS:g}"
             )
         # one window, in the layers layer_types names (a spec with two windows comes back
         # with one, and the check after export names the layers that differ)

@@ -372,6 +372,10 @@ class NoPositionalSpec(Spec):
 # --------------------------------------------------------------------------- attention
 
 
+# the eps of attention's query and key norms (qk_norm)
+QK_NORM_EPS = 1e-6
+
+
 class AttentionSpec(Spec):
     """Scaled dot-product attention, multi-head / grouped-query / multi-query
     (Vaswani et al. 2017; Ainslie et al. 2023 for GQA; Shazeer 2019 for MQA)."""
@@ -391,7 +395,7 @@ class AttentionSpec(Spec):
         None, description="Softmax scale; default 1/sqrt(head_dim) (T5 uses 1.0)."
     )
     qk_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
-        "none", description="Normalise queries and keys per head before the dot product."
+        "none", description="Normalise queries and keys per head (eps 1e-6) before the dot product."
     )
     sliding_window: PositiveInt | None = Field(
         None,

@@ -10,7 +10,7 @@
   ``tokenizer.json``); :func:`to_hf` returns the live ``transformers`` model.
 
 Supported families: GPT-2, BERT, RoBERTa (and XLM-RoBERTa), T5 (v1.0 and v1.1, and mT5),
-BART, Llama (and Mistral, Qwen2, Qwen3), GPT-NeoX. XLM-RoBERTa and mT5 are RoBERTa's and T5's models under
+BART, Llama (and Mistral, Qwen2, Qwen3, Phi-3), GPT-NeoX. XLM-RoBERTa and mT5 are RoBERTa's and T5's models under
 other names, and export as ``roberta`` and ``t5``. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` extra).
 """
 
@@ -35,6 +35,7 @@ from specformer.interop.hf_config import (
     EXPORTED_AS,
     SUPPORTED_MODEL_TYPES,
     HFConversionError,
+    export_family,
     hf_config_from_spec,
     hf_family,
     read_hf_config,
@@ -184,6 +185,7 @@ def _tokens_name(model_type: str) -> str:
         "mistral": "model.embed_tokens.weight",
         "qwen2": "model.embed_tokens.weight",
         "qwen3": "model.embed_tokens.weight",
+        "phi3": "model.embed_tokens.weight",
         "gpt_neox": "gpt_neox.embed_in.weight",
     }[model_type]
 
@@ -412,9 +414,11 @@ def _load_exact(model: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
 # --------------------------------------------------------------------------- export
 
 
-def hf_state_dict(model: nn.Module | Mapping[str, Tensor], spec: ModelSpec | None = None) -> dict[str, Tensor]:
+def hf_state_dict(
+    model: nn.Module | Mapping[str, Tensor], spec: ModelSpec | None = None, *, model_type: str | None = None
+) -> dict[str, Tensor]:
     """The Hugging Face state dict of a specformer model (or of its state dict), tied
-    copies included."""
+    copies included, under the names of ``model_type`` (default: the spec's family)."""
     if isinstance(model, nn.Module):
         spec = spec if spec is not None else getattr(model, "spec", None)
         state = model.state_dict()
@@ -422,7 +426,7 @@ def hf_state_dict(model: nn.Module | Mapping[str, Tensor], spec: ModelSpec | Non
         state = dict(model)
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
-    return specformer_to_hf(state, spec)
+    return specformer_to_hf(state, spec, model_type=model_type)
 
 
 def save_hf(
@@ -437,8 +441,8 @@ def save_hf(
     """Write ``config.json`` and ``model.safetensors`` that ``transformers`` loads with
     ``AutoModel*.from_pretrained(out_dir)``. Needs no ``transformers``.
 
-    ``imported_as``: the ``model_type`` the weights were imported under; an ``mt5`` or
-    ``xlm-roberta`` model is written under that name (see :func:`hf_config_from_spec`).
+    ``imported_as``: the ``model_type`` the weights were imported under; an ``mt5``,
+    ``xlm-roberta`` or ``phi3`` model is written under that name (see :func:`hf_config_from_spec`).
 
     ``tokenizer`` (a specformer tokenizer, e.g. a checkpoint's) gives the config its
     bos/eos/pad token ids and is written as ``tokenizer.json`` + ``tokenizer_config.json``
@@ -459,9 +463,10 @@ def save_hf(
     if ends is not None:
         token_ids = {**token_ids, "eos_token_id": ends[0]}  # type: ignore[dict-item]
     config = hf_config_from_spec(spec, warnings=warnings, token_ids=token_ids, imported_as=imported_as)
-    tensors = hf_state_dict(model, spec)
+    model_type = export_family(spec, imported_as)
+    tensors = hf_state_dict(model, spec, model_type=model_type)
     # tied copies are left out, as transformers' save_pretrained does; loading re-ties them
-    family = _FAMILIES[hf_family(spec)]
+    family = _FAMILIES[model_type]
     tensors = _unshared({k: v for k, v in tensors.items() if k not in family.tied_copies or _needed(k, spec)})
     dtype = next(iter(tensors.values())).dtype
     config["torch_dtype"] = str(dtype).removeprefix("torch.")

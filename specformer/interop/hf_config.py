@@ -35,6 +35,7 @@ __all__ = [
     "spec_from_hf_config",
     "hf_config_from_spec",
     "hf_family",
+    "export_family",
 ]
 
 
@@ -378,8 +379,10 @@ _MISTRAL_DEFAULTS = {"intermediate_size": 14336, "max_position_embeddings": 4096
 _QWEN3_DEFAULTS = {"intermediate_size": 22016, "max_position_embeddings": 32768, "num_key_value_heads": 32,
                    "vocab_size": 151936, "head_dim": 128}
 _QWEN2_DEFAULTS = {**_QWEN3_DEFAULTS, "head_dim": None}
+_PHI3_DEFAULTS = {"intermediate_size": 8192, "max_position_embeddings": 4096, "num_key_value_heads": None,
+                  "vocab_size": 32064, "head_dim": None, "hidden_size": 3072, "rms_norm_eps": 1e-5}
 _LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
-                        "qwen3": _QWEN3_DEFAULTS}
+                        "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS}
 
 
 def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
@@ -399,33 +402,39 @@ def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
 
 
 def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
-    """Llama, Mistral, Qwen2 and Qwen3. transformers' Llama has no sliding window (a
+    """Llama, Mistral, Qwen2, Qwen3 and Phi-3. transformers' Llama has no sliding window (a
     ``sliding_window`` key is ignored); its Mistral windows every layer by ``sliding_window``
     (4096 when the key is absent, none when it is null) and ignores ``use_sliding_window``
     and ``layer_types``, and has no biases. Qwen2 is Llama with biases on the query, key and
     value projections but not the output one, and windows in the layers ``layer_types``
     names; Qwen3 has, instead of those biases, an RMSNorm over each query and key head
     before the rotation (``q_norm``, ``k_norm``) and a head_dim of its own (128 by default).
-    Neither has FFN biases. The import computes what transformers computes."""
-    mistral, qwen2, qwen3 = family == "mistral", family == "qwen2", family == "qwen3"
+    Neither has FFN biases. Phi-3 is Llama with its q, k, v projections in one matrix and
+    its gate and up projections in another (names only), no biases, ``sliding_window`` (none
+    when absent) on every layer, a rotary share it honours (``partial_rotary_factor``:
+    Phi-4-mini rotates 75%), and ``resid_pdrop`` on both branches. The import computes what
+    transformers computes."""
+    mistral, qwen2, qwen3, phi3 = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3"))
     defaults = _LLAMA_LIKE_DEFAULTS[family]
-    d = c("hidden_size", 4096)
+    d = c("hidden_size", defaults.get("hidden_size", 4096))
     n_heads = c("num_attention_heads", 32)
     # a key written as null takes the query heads; an absent one the config class's default
     kv_heads = c.data["num_key_value_heads"] if "num_key_value_heads" in c.data else defaults["num_key_value_heads"]
     n_layers = c("num_hidden_layers", 32)
-    eps = c("rms_norm_eps", 1e-6)
+    eps = c("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6))
     att: dict[str, Any] = {
         "n_heads": n_heads,
         "n_kv_heads": kv_heads or n_heads,
         "head_dim": c("head_dim", defaults["head_dim"] or d // n_heads),
-        "bias": bool(c("attention_bias", False)) and not mistral,
+        "bias": bool(c("attention_bias", False)) and not (mistral or phi3),
         "dropout": _dropout(c("attention_dropout", 0.0)),
     }
     if qwen2:  # biases on q, k and v, whatever the config says, none on the output
         att.update(bias=True, out_bias=False)
     if mistral:
         att["sliding_window"] = c.data.get("sliding_window", 4096)  # null: no window
+    if phi3:
+        att["sliding_window"] = c("sliding_window")
     overrides: list[dict[str, Any]] = []
     if qwen3 and eps != _QK_NORM_EPS:
         raise c.refuse(
@@ -458,9 +467,13 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     }
     if overrides:
         stack["overrides"] = overrides
+    if phi3:
+        stack["residual"] = {"type": "sequential", "dropout": _dropout(c("resid_pdrop", 0.0))}
     rope = c.rope()
     fraction = rope.pop("fraction")
-    if fraction != 1.0:
+    if phi3:
+        rope["fraction"] = fraction  # honoured by every release of transformers' Phi-3
+    elif fraction != 1.0:
         # transformers 5's Llama and Mistral rotate every feature whatever this says, while
         # 4.x rotated only this share: the weights fit one of two models, and the config
         # cannot tell which
@@ -528,6 +541,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "mistral": lambda c: _llama(c, "mistral"),
     "qwen2": lambda c: _llama(c, "qwen2"),
     "qwen3": lambda c: _llama(c, "qwen3"),
+    "phi3": lambda c: _llama(c, "phi3"),
     "gpt_neox": _gpt_neox,
 }
 
@@ -576,6 +590,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "mistral": {"MistralForCausalLM": "lm", "MistralModel": "base"},
     "qwen2": {"Qwen2ForCausalLM": "lm", "Qwen2Model": "base"},
     "qwen3": {"Qwen3ForCausalLM": "lm", "Qwen3Model": "base"},
+    "phi3": {"Phi3ForCausalLM": "lm", "Phi3Model": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
 }
 
@@ -809,6 +824,8 @@ def hf_family(spec: ModelSpec) -> str:
             layers = list(stack.layers())
             if any(layer.attention.qk_norm != "none" for layer in layers):
                 return "qwen3"
+            if spec.positional.fraction != 1.0:  # Phi-3 alone rotates a share of the features
+                return "phi3"
             if any(layer.attention.bias and not layer.attention.output_bias for layer in layers):
                 return "qwen2"
             return "mistral" if _any_sliding(stack) else "llama"
@@ -823,8 +840,19 @@ def hf_family(spec: ModelSpec) -> str:
         f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with {pos!r} positions and "
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
-        "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
+        "GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
+
+
+def export_family(spec: ModelSpec, imported_as: str | None = None) -> str:
+    """The ``model_type`` a spec exports as: :func:`hf_family`, except for weights imported
+    from a Phi-3 (``imported_as``) whose model is a Llama's or Mistral's (every feature
+    rotates): those go back under Phi-3's fused names and classes."""
+    family = hf_family(spec)
+    if imported_as == "phi3" and family in ("llama", "mistral"):
+        return "phi3"
+    return family
 
 
 def _any_sliding(stack: Any) -> bool:
@@ -970,8 +998,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     assert s is not None
     att = s.attention
     out: dict[str, Any] = {
-        "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+        "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                           "phi3": "Phi3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -987,9 +1015,12 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         "rope_parameters": _rope_parameters(spec.positional),
         "attention_dropout": att.dropout,
     }
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):
         windows = {layer.attention.sliding_window for layer in s.layers()}
         out["sliding_window"] = next(iter(windows)) if len(windows) == 1 else None
+        if model_type == "phi3":
+            out["rope_parameters"]["partial_rotary_factor"] = spec.positional.fraction
+            out["resid_pdrop"] = s.residual.dropout
     elif model_type in ("qwen2", "qwen3"):
         if model_type == "qwen3" and s.norm.eps != _QK_NORM_EPS:
             raise HFConversionError(
@@ -1051,6 +1082,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "mistral": lambda s: _export_llama(s, "mistral"),
     "qwen2": lambda s: _export_llama(s, "qwen2"),
     "qwen3": lambda s: _export_llama(s, "qwen3"),
+    "phi3": lambda s: _export_llama(s, "phi3"),
     "gpt_neox": _export_gpt_neox,
 }
 
@@ -1081,7 +1113,9 @@ def hf_config_from_spec(
     ``imported_as`` is the ``model_type`` the weights were imported under (``import-hf``
     records it): an ``mt5`` or ``xlm-roberta`` model, whose spec is T5's or RoBERTa's, is
     written under its own name and classes (``MT5ForConditionalGeneration``), which
-    ``AutoModel*`` loads; any other name leaves the family's.
+    ``AutoModel*`` loads; a ``phi3`` one whose every feature rotates (a Llama's or
+    Mistral's structure) goes back as Phi-3 (:func:`export_family`); any other name leaves
+    the family's.
 
     Raises :class:`HFConversionError` naming every spec field that the family cannot
     express. Dropout and initialisation settings the family cannot express are appended
@@ -1097,7 +1131,7 @@ def hf_config_from_spec(
     written when given, and BART's are None otherwise (``BartConfig``'s defaults would
     force tokens the model was not fine-tuned with).
     """
-    model_type = hf_family(spec)
+    model_type = export_family(spec, imported_as)
     _check_head_exports(spec, model_type)
     spec = _without_equivalents(spec)
     e = spec.embedding

@@ -29,7 +29,7 @@ from specformer.specs.schema import ModelSpec
 
 __all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
 
-Fuse = Literal["copy", "transpose", "rows", "neox_qkv"]
+Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class Rule:
 
     ``fuse``: ``copy`` (one tensor as is), ``transpose`` (one 2-D tensor, GPT-2 Conv1D),
     ``rows`` (concatenated along dim 0, split back by ``sizes``), ``neox_qkv`` (one
-    tensor whose rows are grouped per head as (H, 3, Dh); ``sizes`` = (H, Dh)).
+    tensor whose rows are grouped per head as (H, 3, Dh); ``sizes`` = (H, Dh)), ``part``
+    (block ``sizes[0]`` of the ``sizes[1]`` equal blocks of rows of one tensor, which the
+    rules of its other blocks share: Phi-3's ``gate_up_proj``).
     """
 
     ours: str
@@ -53,6 +55,9 @@ class Rule:
             return tensors[0].t().contiguous()
         if self.fuse == "rows":
             return torch.cat(tensors, dim=0)
+        if self.fuse == "part":
+            index, parts = self.sizes
+            return tensors[0].chunk(parts, dim=0)[index].contiguous()
         h, dh = self.sizes
         t = tensors[0]
         return t.reshape(h, 3, dh, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
@@ -64,6 +69,8 @@ class Rule:
             return [tensor.t().contiguous()]
         if self.fuse == "rows":
             return [t.contiguous() for t in tensor.split(list(self.sizes), dim=0)]
+        if self.fuse == "part":
+            return [tensor]  # one block: specformer_to_hf stacks the blocks of each tensor
         h, dh = self.sizes
         return [tensor.reshape(3, h, dh, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape).contiguous()]
 
@@ -125,7 +132,7 @@ _FAMILIES: dict[str, _Family] = {
         aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
     ),
 }
-_FAMILIES["mistral"] = _FAMILIES["qwen2"] = _FAMILIES["qwen3"] = _FAMILIES["llama"]
+_FAMILIES["mistral"] = _FAMILIES["qwen2"] = _FAMILIES["qwen3"] = _FAMILIES["phi3"] = _FAMILIES["llama"]
 
 
 # --------------------------------------------------------------------------- rules per family
@@ -303,6 +310,22 @@ def _llama(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _phi3(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.self_attn.qkv_proj", False)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.self_attn.o_proj", False)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
+        for index, proj in enumerate(("gate_proj", "up_proj")):  # gate_up_proj's rows: gate, then up
+            yield Rule(f"{o}.ffn.{proj}.weight", (f"{t}.mlp.gate_up_proj.weight",), "part", (index, 2))
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.down_proj", False)
+    yield from _norm("decoder.final_norm", "model.norm", s.norm)
+    yield from _lm_head(spec)
+
+
 def _gpt_neox(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("gpt_neox.embed_in.weight",))
@@ -330,6 +353,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "mistral": _llama,
     "qwen2": _llama,
     "qwen3": _llama,
+    "phi3": _phi3,
     "gpt_neox": _gpt_neox,
 }
 
@@ -378,7 +402,7 @@ def hf_to_specformer(
     counterpart, shape mismatches, or a tied output matrix that differs from the token
     embeddings (a checkpoint that is not tied; import it with ``tie_output: false``).
     """
-    model_type = model_type or hf_family(spec)
+    model_type = model_type or _checkpoint_family(state_dict, hf_family(spec))
     family = _FAMILIES[model_type]
     theirs, unused = _live_tensors(_normalise(state_dict, family), model_type, spec)
     rules = rules_for(spec, model_type)
@@ -446,6 +470,14 @@ def hf_to_specformer(
             f"{_short_list(unexpected)}{why}"
         )
     return out, report
+
+
+def _checkpoint_family(state_dict: Mapping[str, Tensor], family: str) -> str:
+    """The family whose names a checkpoint of a spec of ``family`` has: a Phi-3 that rotates
+    every feature has a Llama's (or, windowed, a Mistral's) spec and its own fused names."""
+    if family in ("llama", "mistral") and any(n.endswith("self_attn.qkv_proj.weight") for n in state_dict):
+        return "phi3"
+    return family
 
 
 def _live_tensors(
@@ -529,9 +561,15 @@ def specformer_to_hf(
             parts.append(f"with no {model_type} counterpart {_short_list(extra)}")
         raise HFConversionError(f"the state dict does not match the spec: {'; '.join(parts)}")
     out: dict[str, Tensor] = {}
+    blocks: dict[str, dict[int, Tensor]] = {}  # the blocks of rows of a tensor that several rules share
     for rule in rules:
+        if rule.fuse == "part":
+            blocks.setdefault(rule.theirs[0], {})[rule.sizes[0]] = state_dict[rule.ours]
+            continue
         for name, tensor in zip(rule.theirs, rule.to_theirs(state_dict[rule.ours]), strict=True):
             out[name] = tensor
+    for name, parts in blocks.items():
+        out[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
     for name in family.tied_copies:
         value = _copy_of(name, family, spec, state_dict)
         if value is not None:

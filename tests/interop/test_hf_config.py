@@ -75,8 +75,9 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 }
 
 # Other families: the published configs of roberta-base, mistralai/Mistral-7B-v0.1,
-# EleutherAI/pythia-160m, google/t5-v1_1-small, facebook/bart-base, Qwen/Qwen2.5-0.5B and
-# Qwen/Qwen3-0.6B (all but pythia and T5 v1.1 also shipped as presets: SHIPPED).
+# EleutherAI/pythia-160m, google/t5-v1_1-small, facebook/bart-base, Qwen/Qwen2.5-0.5B,
+# Qwen/Qwen3-0.6B and Phi-3-mini (all but pythia, T5 v1.1 and Phi-3 also shipped as presets:
+# SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
     "bart-base": {
         "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
@@ -139,6 +140,17 @@ OTHERS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
         "use_sliding_window": False, "vocab_size": 151936,
     },
+    # microsoft/Phi-3-mini-4k-instruct: a window of 2047 on every layer
+    "phi3-mini-4k": {
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+        "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+        "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+        "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32064,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -173,7 +185,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox") else "encoder")
+        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -228,6 +240,19 @@ def test_roberta_positions_are_offset_by_the_padding_index() -> None:
     assert spec.max_seq_len == 512
     assert spec.embedding.segment_vocab_size == 1
     assert spec.encoder.norm.eps == 1e-5 and spec.head.eps == 1e-5
+
+
+def test_phi3_mini_is_a_windowed_llama_of_its_published_size() -> None:
+    spec = spec_from_hf_config(OTHERS["phi3-mini-4k"])
+    att = spec.decoder.attention
+    assert (att.n_heads, att.n_kv_heads, att.head_dim, att.sliding_window, att.bias) == (32, 32, 96, 2047, False)
+    assert spec.decoder.norm.eps == 1e-5 and spec.positional.fraction == 1.0
+    assert count_parameters(spec).total == 3_821_079_552  # the model card's 3.8B
+    # every feature rotates: the structure is a Mistral's, and the weights go back as Phi-3's
+    assert hf_config_from_spec(spec)["model_type"] == "mistral"
+    assert hf_config_from_spec(spec, imported_as="phi3")["model_type"] == "phi3"
+    partial = spec_from_hf_config({**OTHERS["phi3-mini-4k"], "partial_rotary_factor": 0.75})
+    assert partial.positional.fraction == 0.75 and hf_config_from_spec(partial)["model_type"] == "phi3"
 
 
 def test_mistral_is_grouped_query_with_a_sliding_window() -> None:
@@ -330,8 +355,10 @@ def test_export_config_round_trips_other_families(name: str) -> None:
     spec = spec_from_hf_config(OTHERS[name])
     config = hf_config_from_spec(spec)
     model_type = OTHERS[name]["model_type"]
-    # mT5 and XLM-RoBERTa are T5's and RoBERTa's models: they export as those
-    assert config["model_type"] == {"mt5": "t5", "xlm-roberta": "roberta"}.get(model_type, model_type)
+    # mT5 and XLM-RoBERTa are T5's and RoBERTa's models, and a windowed Phi-3 that rotates every
+    # feature is Mistral's: they export as those (under their own names with imported_as)
+    assert config["model_type"] == {"mt5": "t5", "xlm-roberta": "roberta", "phi3": "mistral"}.get(
+        model_type, model_type)
     assert spec_from_hf_config(config, name=spec.name) == spec
 
 

@@ -137,6 +137,14 @@ TINY: dict[str, dict[str, Any]] = {
                      "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 48,
                      "max_position_embeddings": 64, "use_sliding_window": True, "sliding_window": 5,
                      "max_window_layers": 1, "tie_word_embeddings": True, "attention_bias": True},
+    # Phi-3: q, k, v in one matrix, gate and up in another
+    "phi3": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+             "rope_theta": 500.0},
+    # and a window on every layer, tied, rotating half of each head (Phi-4-mini rotates 75%)
+    "phi3-partial": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "intermediate_size": 48, "max_position_embeddings": 64,
+                     "sliding_window": 5, "tie_word_embeddings": True, "partial_rotary_factor": 0.5},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
     "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -152,6 +160,12 @@ DECODERS = [f for f in TINY if not f.startswith(("bert", "roberta", "xlm-roberta
 
 def _model_type(family: str) -> str:
     return "xlm-roberta" if family.startswith("xlm-roberta") else family.split("-")[0]
+
+
+def _names(family: str) -> str | None:
+    """The family whose tensor names a converted state dict takes: a Phi-3's own (its spec,
+    rotating every feature, is a Llama's), else the spec's."""
+    return "phi3" if _model_type(family) == "phi3" else None
 
 
 def _hf_model(family: str, seed: int = 0) -> Any:
@@ -280,7 +294,7 @@ def test_training_loss_and_every_gradient_match_transformers(family: str) -> Non
     theirs.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert all(g is not None and g.any() for g in grads.values())  # every weight takes part
-    ours_as_hf = specformer_to_hf(grads, spec)
+    ours_as_hf = specformer_to_hf(grads, spec, model_type=_names(family))
     for name, p in hf.named_parameters():
         if p.grad is None:
             # a tensor transformers computes nothing with (an untied BERT's `cls.predictions.bias`,
@@ -464,7 +478,7 @@ def test_training_generate_matches_transformers_generate() -> None:
 def test_export_loads_back_into_transformers(family: str, tmp_path) -> None:
     hf = _hf_model(family)
     spec, model = _imported(hf)
-    save_hf(model, spec, tmp_path)
+    save_hf(model, spec, tmp_path, imported_as=_model_type(family))  # as export-hf of imported weights
     loaded = type(hf).from_pretrained(tmp_path).eval()
     live = to_hf(model, spec)
     ids, mask = _inputs(seed=4)
@@ -488,7 +502,7 @@ def test_state_dict_conversion_round_trips_exactly(family: str) -> None:
     spec, _ = _imported(hf)
     theirs = hf.state_dict()
     ours, report = hf_to_specformer(theirs, spec)
-    back = specformer_to_hf(ours, spec)
+    back = specformer_to_hf(ours, spec, model_type=_names(family))
     for name, tensor in back.items():
         if name in report.ignored:  # a tensor transformers does not compute with (untied BERT, BART)
             continue
@@ -721,7 +735,8 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 
 
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
-                 "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gpt_neox": "### GPT-NeoX",
+                 "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "phi3": "### Phi-3",
+                 "gpt_neox": "### GPT-NeoX",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}
 

@@ -92,7 +92,7 @@ def import_hf_cmd(
     """Write the specformer spec of a Hugging Face model, and optionally its weights.
 
     Supported: GPT-2, BERT, RoBERTa, XLM-RoBERTa, T5 (v1.0 and v1.1), mT5, BART,
-    Llama, Mistral, Qwen2, Qwen3 and Phi-3, GPT-NeoX. Anything the spec language cannot express is refused by name; the
+    Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma, GPT-NeoX. Anything the spec language cannot express is refused by name; the
     result is the same model, never a look-alike. `build_model(spec)` plus the
     converted weights reproduces the original's outputs.
 
@@ -232,7 +232,7 @@ def export_hf_cmd(
     """Write a Hugging Face model folder that `transformers` loads with
     `AutoModel*.from_pretrained(OUTPUT)`.
 
-    The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral, Qwen2, Qwen3, Phi-3 or GPT-NeoX;
+    The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma or GPT-NeoX;
     weights imported from XLM-RoBERTa, mT5 or Phi-3 (and runs started from them) are written under
     that name again, which their file records. A field with no equivalent there is named in the error. Dropout and init settings
     that the family cannot express are reported and left out (they do not change a

@@ -39,16 +39,32 @@ def build_layernorm(spec: LayerNormSpec, *, dim: int) -> nn.LayerNorm:
 
 def build_rmsnorm(spec: RMSNormSpec, *, dim: int) -> RMSNorm:
     """RMS normalisation over the last ``dim`` features (Zhang & Sennrich 2019)."""
-    return RMSNorm(dim, eps=spec.eps)
+    return RMSNorm(dim, eps=spec.eps, offset=getattr(spec, "offset", 0.0))
 
 
 class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm`` (Zhang & Sennrich 2019), same parameters and state-dict names, with
     the CPU kernels of the module docstring: ``x / sqrt(mean(x²) + eps) * weight``, computed
-    in float32 and returned in the input's dtype, as torch computes it."""
+    in float32 and returned in the input's dtype, as torch computes it.
+
+    ``offset`` is added to the weight (Gemma's ``(1 + weight)``, offset 1): the gain is
+    ``offset + weight``, and the weight starts at ``1 - offset``, so a new norm's gain is 1."""
+
+    def __init__(self, normalized_shape: int, eps: float | None = None, *, offset: float = 0.0, **kwargs) -> None:
+        self.offset = float(offset)  # before nn.RMSNorm's __init__, whose reset_parameters reads it
+        super().__init__(normalized_shape, eps=eps, **kwargs)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", offset={self.offset:g}" if self.offset else "")
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight
+        if w is not None and self.offset:
+            w = w + self.offset  # float32 like the weight (Gemma adds it in float32 too)
         if (
             w is not None
             and x.device.type == "cpu"
@@ -63,6 +79,8 @@ class RMSNorm(nn.RMSNorm):
         ):
             eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
             return _RMSNormFunction.apply(x, w, eps)
+        if self.offset:
+            return nn.functional.rms_norm(x, self.normalized_shape, w, self.eps)
         return super().forward(x)
 
 

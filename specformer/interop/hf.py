@@ -10,7 +10,7 @@
   ``tokenizer.json``); :func:`to_hf` returns the live ``transformers`` model.
 
 Supported families: GPT-2, BERT, RoBERTa (and XLM-RoBERTa), T5 (v1.0 and v1.1, and mT5),
-BART, Llama (and Mistral, Qwen2, Qwen3, Phi-3), GPT-NeoX. XLM-RoBERTa and mT5 are RoBERTa's and T5's models under
+BART, Llama (and Mistral, Qwen2, Qwen3, Phi-3, Gemma), GPT-NeoX. XLM-RoBERTa and mT5 are RoBERTa's and T5's models under
 other names, and export as ``roberta`` and ``t5``. Only :func:`to_hf` imports ``transformers`` (the optional ``[hf]`` extra).
 """
 
@@ -186,6 +186,7 @@ def _tokens_name(model_type: str) -> str:
         "qwen2": "model.embed_tokens.weight",
         "qwen3": "model.embed_tokens.weight",
         "phi3": "model.embed_tokens.weight",
+        "gemma": "model.embed_tokens.weight",
         "gpt_neox": "gpt_neox.embed_in.weight",
     }[model_type]
 

@@ -381,8 +381,11 @@ _QWEN3_DEFAULTS = {"intermediate_size": 22016, "max_position_embeddings": 32768,
 _QWEN2_DEFAULTS = {**_QWEN3_DEFAULTS, "head_dim": None}
 _PHI3_DEFAULTS = {"intermediate_size": 8192, "max_position_embeddings": 4096, "num_key_value_heads": None,
                   "vocab_size": 32064, "head_dim": None, "hidden_size": 3072, "rms_norm_eps": 1e-5}
+_GEMMA_DEFAULTS = {"intermediate_size": 24576, "max_position_embeddings": 8192, "num_key_value_heads": 16,
+                   "vocab_size": 256000, "head_dim": 256, "hidden_size": 3072, "num_attention_heads": 16,
+                   "num_hidden_layers": 28, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
 _LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
-                        "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS}
+                        "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS}
 
 
 def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
@@ -412,15 +415,18 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     Neither has FFN biases. Phi-3 is Llama with its q, k, v projections in one matrix and
     its gate and up projections in another (names only), no biases, ``sliding_window`` (none
     when absent) on every layer, a rotary share it honours (``partial_rotary_factor``:
-    Phi-4-mini rotates 75%), and ``resid_pdrop`` on both branches. The import computes what
-    transformers computes."""
-    mistral, qwen2, qwen3, phi3 = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3"))
+    Phi-4-mini rotates 75%), and ``resid_pdrop`` on both branches. Gemma (the first) is
+    Llama with RMSNorms whose gain is ``1 + weight`` (``norm.offset: 1``), embeddings scaled by
+    sqrt(hidden_size), GELU (tanh) gates (its legacy ``hidden_act: gelu`` means that too), a
+    head_dim of 256 and tied embeddings by default. The import computes what transformers
+    computes."""
+    mistral, qwen2, qwen3, phi3, gemma = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma"))
     defaults = _LLAMA_LIKE_DEFAULTS[family]
     d = c("hidden_size", defaults.get("hidden_size", 4096))
-    n_heads = c("num_attention_heads", 32)
+    n_heads = c("num_attention_heads", defaults.get("num_attention_heads", 32))
     # a key written as null takes the query heads; an absent one the config class's default
     kv_heads = c.data["num_key_value_heads"] if "num_key_value_heads" in c.data else defaults["num_key_value_heads"]
-    n_layers = c("num_hidden_layers", 32)
+    n_layers = c("num_hidden_layers", defaults.get("num_hidden_layers", 32))
     eps = c("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6))
     att: dict[str, Any] = {
         "n_heads": n_heads,
@@ -459,16 +465,20 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         "attention": att,
         "ffn": {
             "type": "glu",
-            "activation": c.activation("hidden_act", "silu"),
+            "activation": "gelu_tanh" if gemma and c("hidden_act") == "gelu" else c.activation(
+                "hidden_act", defaults.get("hidden_act", "silu")),
             "d_ff": c("intermediate_size", defaults["intermediate_size"]),
             "bias": bool(c("mlp_bias", False)) and family == "llama",
         },
-        "norm": {"type": "rmsnorm", "placement": "pre", "eps": eps},
+        "norm": {"type": "rmsnorm", "placement": "pre", "eps": eps, **({"offset": 1.0} if gemma else {})},
     }
     if overrides:
         stack["overrides"] = overrides
     if phi3:
         stack["residual"] = {"type": "sequential", "dropout": _dropout(c("resid_pdrop", 0.0))}
+    if gemma:
+        c.refuse_if("use_bidirectional_attention", bool,
+                    "specformer's decoders are causal; a bidirectional Gemma is an encoder", default=False)
     rope = c.rope()
     fraction = rope.pop("fraction")
     if phi3:
@@ -489,7 +499,8 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         "max_seq_len": c("max_position_embeddings", defaults["max_position_embeddings"]),
         "positional": rope,
         "decoder": stack,
-        "embedding": {"tie_output": bool(c("tie_word_embeddings", False))},
+        "embedding": {"tie_output": bool(c("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
+                      **({"scale": True} if gemma else {})},
         "head": {"type": "lm", "bias": False},
         "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
     }
@@ -542,6 +553,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "qwen2": lambda c: _llama(c, "qwen2"),
     "qwen3": lambda c: _llama(c, "qwen3"),
     "phi3": lambda c: _llama(c, "phi3"),
+    "gemma": lambda c: _llama(c, "gemma"),
     "gpt_neox": _gpt_neox,
 }
 
@@ -556,8 +568,7 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
-    "gemma": "RMSNorm scaled by (1 + weight)",
-    "gemma2": "logit soft-capping and RMSNorm scaled by (1 + weight)",
+    "gemma2": "logit soft-capping and a norm after each sublayer as well as before it",
     "phi": "a partial-rotary parallel block with a biased LM head and dense layer names",
     "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
     "gptj": "rotary embeddings in the interleaved (GPT-J) convention",
@@ -591,6 +602,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "qwen2": {"Qwen2ForCausalLM": "lm", "Qwen2Model": "base"},
     "qwen3": {"Qwen3ForCausalLM": "lm", "Qwen3Model": "base"},
     "phi3": {"Phi3ForCausalLM": "lm", "Phi3Model": "base"},
+    "gemma": {"GemmaForCausalLM": "lm", "GemmaModel": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
 }
 
@@ -822,6 +834,8 @@ def hf_family(spec: ModelSpec) -> str:
             return "gpt2"
         if pos == "rope" and stack.norm.type == "rmsnorm":
             layers = list(stack.layers())
+            if stack.norm.type == "rmsnorm" and getattr(stack.norm, "offset", 0.0):
+                return "gemma"
             if any(layer.attention.qk_norm != "none" for layer in layers):
                 return "qwen3"
             if spec.positional.fraction != 1.0:  # Phi-3 alone rotates a share of the features
@@ -841,7 +855,7 @@ def hf_family(spec: ModelSpec) -> str:
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
         "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
-        "GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "Gemma with (1 + weight) rmsnorm, GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -999,7 +1013,7 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     att = s.attention
     out: dict[str, Any] = {
         "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                           "phi3": "Phi3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+                           "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM"}.get(model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -1042,7 +1056,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["max_window_layers"] = next((i for i, w in enumerate(windows) if w is not None), s.n_layers)
     else:
         out["attention_bias"] = att.bias
-        out["mlp_bias"] = s.ffn.bias
+        if model_type == "llama":  # Gemma's FFN has no biases
+            out["mlp_bias"] = s.ffn.bias
     return out
 
 
@@ -1083,6 +1098,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "qwen2": lambda s: _export_llama(s, "qwen2"),
     "qwen3": lambda s: _export_llama(s, "qwen3"),
     "phi3": lambda s: _export_llama(s, "phi3"),
+    "gemma": lambda s: _export_llama(s, "gemma"),
     "gpt_neox": _export_gpt_neox,
 }
 

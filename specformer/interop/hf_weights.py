@@ -132,7 +132,8 @@ _FAMILIES: dict[str, _Family] = {
         aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
     ),
 }
-_FAMILIES["mistral"] = _FAMILIES["qwen2"] = _FAMILIES["qwen3"] = _FAMILIES["phi3"] = _FAMILIES["llama"]
+for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma"):
+    _FAMILIES[_name] = _FAMILIES["llama"]
 
 
 # --------------------------------------------------------------------------- rules per family
@@ -354,6 +355,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "qwen2": _llama,
     "qwen3": _llama,
     "phi3": _phi3,
+    "gemma": _llama,
     "gpt_neox": _gpt_neox,
 }
 

@@ -492,6 +492,11 @@ class RMSNormSpec(_NormBase):
     """Root-mean-square normalisation, no mean subtraction and no bias (Zhang & Sennrich 2019)."""
 
     type: Literal["rmsnorm"] = "rmsnorm"
+    offset: float = Field(
+        0.0,
+        description="Added to the weight: the gain is offset + weight, and the weight starts at "
+        "1 - offset (Gemma: 1, a weight that starts at 0).",
+    )
 
 
 # --------------------------------------------------------------------------- heads

@@ -177,3 +177,36 @@ def test_a_built_model_trains_through_the_cpu_kernels(calls) -> None:
     # each layer's two norms and the final norm
     assert len(calls) == 2 * 2 + 1
     assert all(p.grad is not None for n, p in model.named_parameters() if "norm" in n)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["cpu-kernel", "torch-path"])
+def test_an_offset_adds_to_the_weight_and_starts_the_gain_at_one(calls, grad) -> None:
+    # Gemma's RMSNorm: x / rms(x) * (1 + weight), its weight starting at 0
+    norm = RMSNorm(48, eps=1e-6, offset=1.0)
+    assert torch.equal(norm.weight, torch.zeros(48))
+    with torch.no_grad():
+        norm.weight.normal_()
+    reference = torch.nn.RMSNorm(48, eps=1e-6)
+    with torch.no_grad():
+        reference.weight.copy_(norm.weight + 1.0)
+    x = torch.randn(3, 5, 48, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        y, expected = norm(x), reference(x)
+    torch.testing.assert_close(y, expected, atol=1e-6, rtol=0)
+    assert bool(calls) == grad  # the training path keeps the CPU kernels
+    if grad:
+        g = torch.randn_like(y)
+        dx, dw = torch.autograd.grad(y, (x, norm.weight), g)
+        rx, rw = torch.autograd.grad(expected, (x, reference.weight), g)
+        torch.testing.assert_close(dx, rx, atol=1e-6, rtol=0)
+        torch.testing.assert_close(dw, rw, atol=1e-5, rtol=0)
+
+
+def test_a_spec_offset_builds_a_norm_whose_weights_start_at_zero() -> None:
+    from specformer import build_model, load_spec
+
+    model = build_model(load_spec("llama-nano", ["decoder.norm.offset=1"]))
+    gains = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert gains and all(m.offset == 1.0 and not m.weight.any() for m in gains)
+    assert all(m.offset == 0.0 and torch.equal(m.weight, torch.ones_like(m.weight))
+               for m in build_model(load_spec("llama-nano")).modules() if isinstance(m, RMSNorm))

@@ -76,8 +76,8 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 
 # Other families: the published configs of roberta-base, mistralai/Mistral-7B-v0.1,
 # EleutherAI/pythia-160m, google/t5-v1_1-small, facebook/bart-base, Qwen/Qwen2.5-0.5B,
-# Qwen/Qwen3-0.6B and Phi-3-mini (all but pythia, T5 v1.1 and Phi-3 also shipped as presets:
-# SHIPPED).
+# Qwen/Qwen3-0.6B, Phi-3-mini and gemma-2b (all but pythia, T5 v1.1, Phi-3 and Gemma also shipped
+# as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
     "bart-base": {
         "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
@@ -151,6 +151,16 @@ OTHERS: dict[str, dict[str, Any]] = {
         "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32064,
     },
+    # google/gemma-2b
+    "gemma-2b": {
+        "architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 2, "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 16384, "max_position_embeddings": 8192, "model_type": "gemma",
+        "num_attention_heads": 8, "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
+        "use_cache": True, "vocab_size": 256000,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -185,7 +195,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox") else "encoder")
+        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -255,6 +265,18 @@ def test_phi3_mini_is_a_windowed_llama_of_its_published_size() -> None:
     assert partial.positional.fraction == 0.75 and hf_config_from_spec(partial)["model_type"] == "phi3"
 
 
+def test_gemma_has_unit_offset_norms_scaled_embeddings_and_tanh_gates() -> None:
+    spec = spec_from_hf_config(OTHERS["gemma-2b"])
+    assert spec.decoder.norm.offset == 1.0 and spec.embedding.scale and spec.embedding.tie_output
+    assert (spec.decoder.ffn.activation, spec.decoder.attention.head_dim, spec.decoder.attention.n_kv_heads) == (
+        "gelu_tanh", 256, 1)
+    assert count_parameters(spec).total == 2_506_172_416  # gemma-2b's published count
+    assert hf_config_from_spec(spec)["model_type"] == "gemma"
+    # a Llama's norms with a unit offset are Gemma's, whose embeddings are scaled
+    _refused(lambda: hf_config_from_spec(load_spec("llama2-7b", ["decoder.norm.offset=1"])),
+             ["gemma", "embedding.scale = False (Hugging Face gemma has True)"])
+
+
 def test_mistral_is_grouped_query_with_a_sliding_window() -> None:
     att = spec_from_hf_config(OTHERS["mistral-7b"]).decoder.attention
     assert (att.n_heads, att.n_kv_heads, att.head_dim, att.sliding_window) == (32, 8, 128, 4096)
@@ -312,7 +334,7 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
-        ({"model_type": "gemma", "hidden_size": 64}, ["gemma", "RMSNorm scaled by (1 + weight)", "llama"]),
+        ({"model_type": "gemma2", "hidden_size": 64}, ["gemma2", "logit soft-capping", "llama"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],

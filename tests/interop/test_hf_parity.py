@@ -145,6 +145,11 @@ TINY: dict[str, dict[str, Any]] = {
     "phi3-partial": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                      "num_key_value_heads": 1, "intermediate_size": 48, "max_position_embeddings": 64,
                      "sliding_window": 5, "tie_word_embeddings": True, "partial_rotary_factor": 0.5},
+    # Gemma: RMSNorm gains of 1 + weight, embeddings scaled by sqrt(hidden_size), GELU (tanh)
+    # gates under its legacy name, multi-query attention with a wider head, tied
+    "gemma": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 64,
+              "max_position_embeddings": 64, "hidden_act": "gelu"},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
     "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -735,7 +740,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 
 
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
-                 "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "phi3": "### Phi-3",
+                 "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
                  "gpt_neox": "### GPT-NeoX",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}

@@ -39,7 +39,7 @@ def build_layernorm(spec: LayerNormSpec, *, dim: int) -> nn.LayerNorm:
 
 def build_rmsnorm(spec: RMSNormSpec, *, dim: int) -> RMSNorm:
     """RMS normalisation over the last ``dim`` features (Zhang & Sennrich 2019)."""
-    return RMSNorm(dim, eps=spec.eps, offset=getattr(spec, "offset", 0.0))
+    return RMSNorm(dim, eps=spec.eps, offset=spec.offset)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -79,9 +79,7 @@ class RMSNorm(nn.RMSNorm):
         ):
             eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
             return _RMSNormFunction.apply(x, w, eps)
-        if self.offset:
-            return nn.functional.rms_norm(x, self.normalized_shape, w, self.eps)
-        return super().forward(x)
+        return nn.functional.rms_norm(x, self.normalized_shape, w, self.eps)  # nn.RMSNorm's, with the offset
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -370,7 +370,7 @@ def _bart(c: _Config) -> dict[str, Any]:
     }
 
 
-# defaults of transformers' LlamaConfig, MistralConfig and Qwen3Config for the keys a
+# defaults of transformers' config classes of the Llama-like families for the keys a
 # config may omit (save_pretrained writes only the values that differ from them)
 _LLAMA_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None,
                    "vocab_size": 32000, "head_dim": None}
@@ -405,7 +405,7 @@ def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
 
 
 def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
-    """Llama, Mistral, Qwen2, Qwen3 and Phi-3. transformers' Llama has no sliding window (a
+    """Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma. transformers' Llama has no sliding window (a
     ``sliding_window`` key is ignored); its Mistral windows every layer by ``sliding_window``
     (4096 when the key is absent, none when it is null) and ignores ``use_sliding_window``
     and ``layer_types``, and has no biases. Qwen2 is Llama with biases on the query, key and
@@ -442,12 +442,12 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     if phi3:
         att["sliding_window"] = c("sliding_window")
     overrides: list[dict[str, Any]] = []
-    if qwen3 and eps != _QK_NORM_EPS:
-        raise c.refuse(
-            f"rms_norm_eps={eps!r}",
-            f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
-        )
     if qwen3:
+        if eps != _QK_NORM_EPS:
+            raise c.refuse(
+                f"rms_norm_eps={eps!r}",
+                f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
+            )
         att["qk_norm"] = "rmsnorm"
     if qwen2 or qwen3:
         windows = _qwen_windows(c, n_layers)
@@ -834,7 +834,7 @@ def hf_family(spec: ModelSpec) -> str:
             return "gpt2"
         if pos == "rope" and stack.norm.type == "rmsnorm":
             layers = list(stack.layers())
-            if stack.norm.type == "rmsnorm" and getattr(stack.norm, "offset", 0.0):
+            if stack.norm.offset:
                 return "gemma"
             if any(layer.attention.qk_norm != "none" for layer in layers):
                 return "qwen3"

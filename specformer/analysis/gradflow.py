@@ -207,14 +207,15 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         return FFNFlow(in_, False, False, out, False, out, False, out)
 
     x0, cross = x, None
-    if parallel:  # every sublayer reads the layer's input (pre-norm)
+    if parallel:  # every sublayer reads the layer's input (pre-norm), through attn_norm alone if shared
+        shared = layer.residual.shared_norm
         a_in = pre("attn_norm", x)
         a = attention("self_attn", a_in, a_in, layer.attention, False)
         out = x or a.out
         if cross_here:
-            cross = attention("cross_attn", pre("cross_norm", x), enc, layer.cross_attention, True)
+            cross = attention("cross_attn", a_in if shared else pre("cross_norm", x), enc, layer.cross_attention, True)
             out = out or cross.out
-        f = ffn(pre("ffn_norm", x))
+        f = ffn(a_in if shared else pre("ffn_norm", x))
         return LayerFlow(x0, tuple(norms), a, cross, f, out or f.out)
     a_in = pre("attn_norm", x)
     a = attention("self_attn", a_in, a_in, layer.attention, False)

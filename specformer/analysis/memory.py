@@ -326,13 +326,16 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             if lf is not None and not lf.recorded:
                 continue  # below the lowest trained parameter: nothing is kept
             res_drop = layer.residual.dropout > 0
-            n_norms = 2
+            # a parallel layer's norms all read its input: one tensor, kept once
+            parallel = layer.residual.type == "parallel"
+            n_norms = 1 if parallel else 2
             tok = 0.0
             if analysed("attention", layer.attention.type):
                 tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5",
                                         flow=lf and lf.attention)
-            if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
-                n_norms += 1
+            cross_here = layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder"
+            if cross_here:
+                n_norms += 0 if parallel else 1
                 ca = layer.cross_attention
                 cf = lf and lf.cross_attention
                 if analysed("attention", ca.type):
@@ -342,9 +345,19 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
                 tok += d if res_drop and (cf is None or cf.out) else 0
             if analysed("ffn", layer.ffn.type):
                 tok += _ffn_saved(layer.ffn, d, act, lf and lf.ffn)
+            if layer.residual.shared_norm:
+                # one norm output feeds every sublayer: the projections that read it keep one tensor
+                readers = [
+                    analysed("attention", layer.attention.type) and (lf is None or lf.attention.q_w),
+                    cross_here and analysed("attention", layer.cross_attention.type)
+                    and (lf is None or lf.cross_attention.q_w),
+                    analysed("ffn", layer.ffn.type) and (lf is None or lf.ffn.up_w or lf.ffn.gate_w),
+                ]
+                tok -= max(0, sum(map(bool, readers)) - 1) * d * act
             if analysed("norm", layer.norm.type):
                 # norm inputs: a norm keeps its input where it is differentiated
-                tok += (n_norms if lf is None else sum(lf.norms)) * d * act
+                kept = n_norms if lf is None else sum(lf.norms)
+                tok += (min(kept, 1) if parallel else kept) * d * act
             if res_drop:
                 tok += d * (2 if lf is None else int(lf.attention.out) + int(lf.ffn.out))
             layer_costs.append(t * tok)

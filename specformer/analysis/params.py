@@ -262,10 +262,13 @@ def _stack(role: str, stack: Any, spec: Any) -> Iterator[tuple[str, Shape]]:
         p = f"{role}.layers.{i}"
         yield from _norm(f"{p}.attn_norm", layer.norm, d)
         yield from _self_attention(f"{p}.self_attn", layer.attention, d)
+        shared = layer.residual.shared_norm  # attn_norm feeds every sublayer
         if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
-            yield from _norm(f"{p}.cross_norm", layer.norm, d)
+            if not shared:
+                yield from _norm(f"{p}.cross_norm", layer.norm, d)
             yield from _cross_attention(f"{p}.cross_attn", layer.cross_attention, d)
-        yield from _norm(f"{p}.ffn_norm", layer.norm, d)
+        if not shared:
+            yield from _norm(f"{p}.ffn_norm", layer.norm, d)
         yield from _ffn(f"{p}.ffn", layer.ffn, d)
     if stack.final_norm:
         yield from _norm(f"{role}.final_norm", stack.norm, d)

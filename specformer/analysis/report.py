@@ -163,7 +163,7 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
                     sizes += f" head_dim {cross.head_dim}"
                 extras.append(f"cross-attn{sizes}")
             if layer.residual.type == "parallel":
-                extras.append("parallel")
+                extras.append("parallel, one norm" if layer.residual.shared_norm else "parallel")
             rows.append(
                 {
                     "stack": label,

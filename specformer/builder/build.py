@@ -230,16 +230,17 @@ def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bo
                 f"{role}: {ls.residual.type} residual with {ls.norm.placement}-norm is not defined "
                 f"(allowed: {allowed})"
             )
+        shared = ls.residual.shared_norm  # one norm (attn_norm) feeds every sublayer
         cross_attn = cross_norm = None
         if ls.cross_attention is not None:
             cross_attn = REGISTRY.build("attention", ls.cross_attention, d_model=d_model, cross=True, layer_idx=i)
-            cross_norm = REGISTRY.build("norm", ls.norm, dim=d_model)
+            cross_norm = None if shared else REGISTRY.build("norm", ls.norm, dim=d_model)
         layers.append(
             block_cls(
                 self_attn=REGISTRY.build("attention", ls.attention, d_model=d_model, cross=False, layer_idx=i),
                 ffn=REGISTRY.build("ffn", ls.ffn, d_model=d_model),
                 attn_norm=REGISTRY.build("norm", ls.norm, dim=d_model),
-                ffn_norm=REGISTRY.build("norm", ls.norm, dim=d_model),
+                ffn_norm=None if shared else REGISTRY.build("norm", ls.norm, dim=d_model),
                 cross_attn=cross_attn,
                 cross_norm=cross_norm,
                 dropout=ls.residual.dropout,

@@ -149,7 +149,7 @@ class Block(nn.Module):
         self_attn: Attention,
         ffn: nn.Module,
         attn_norm: nn.Module,
-        ffn_norm: nn.Module,
+        ffn_norm: nn.Module | None,
         cross_attn: Attention | None = None,
         cross_norm: nn.Module | None = None,
         dropout: float = 0.0,
@@ -254,23 +254,26 @@ class PostNormBlock(Block):
 
 
 class ParallelBlock(Block):
-    """Parallel residual (GPT-J, GPT-NeoX): both sublayers read the same input,
-    each through its own norm::
+    """Parallel residual (GPT-NeoX): both sublayers read the same input, each through
+    its own norm::
 
         x ──┬──────────────────────────────(+)── out
             ├─ attn_norm ─ self_attn ───────┤
             └─ ffn_norm ── ffn ─────────────┘
 
-    (a decoder's cross-attention joins as a third parallel branch).
+    (a decoder's cross-attention joins as a third parallel branch). Without ``ffn_norm``
+    (``residual.shared_norm``: GPT-J, Phi-1/1.5/2) ``attn_norm``'s output feeds every
+    sublayer, computed once.
     """
 
     def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        out, weights = self._self(self.attn_norm(x), s)
+        h = self.attn_norm(x)
+        out, weights = self._self(h, s)
         cross_weights = None
         if self.cross_attn is not None:
-            cross_out, cross_weights = self._cross(self.cross_norm(x), s)
+            cross_out, cross_weights = self._cross(h if self.cross_norm is None else self.cross_norm(x), s)
             out = out + cross_out
-        return x + out + self._ffn(self.ffn_norm(x)), weights, cross_weights
+        return x + out + self._ffn(h if self.ffn_norm is None else self.ffn_norm(x)), weights, cross_weights
 
 
 class Stack(nn.Module):

@@ -608,7 +608,12 @@ class ResidualSpec(Spec):
 
     type: Literal["sequential", "parallel"] = Field(
         "sequential",
-        description="sequential: x + attn, then + ffn; parallel (GPT-J / NeoX): x + attn(n(x)) + ffn(n(x)).",
+        description="sequential: x + attn, then + ffn; parallel (GPT-NeoX, GPT-J, Phi): x + attn(n(x)) + ffn(n(x)).",
+    )
+    shared_norm: bool = Field(
+        False,
+        description="Parallel only: one norm feeds every sublayer of a layer (GPT-J, Phi-1/1.5/2); "
+        "false: each sublayer has its own (GPT-NeoX).",
     )
     dropout: Dropout = Field(0.0, description="Dropout on each sublayer output before it is added.")
 
@@ -1027,6 +1032,12 @@ class ModelSpec(Spec):
                         f"{role}.{where}.type",
                         "a parallel residual is x + attn(norm(x)) + ffn(norm(x)) and needs "
                         "norm placement pre; post-norm has no parallel form (allowed with post: sequential)",
+                    )
+                if residual.shared_norm and residual.type != "parallel":
+                    yield (
+                        f"{role}.{where}.shared_norm",
+                        "one norm shared by the sublayers exists only in a parallel residual, where they "
+                        "read the same input; set type: parallel, or shared_norm: false",
                     )
             for i, ov in enumerate(stack.overrides):
                 if ov.norm is not None and (

@@ -100,6 +100,8 @@ def valid_specs(draw) -> dict:
             "residual": {"type": draw(st.sampled_from(["sequential", "parallel"])) if placement == "pre"
                          else "sequential"},
         }
+        if stack["residual"]["type"] == "parallel":  # one norm for every sublayer (GPT-J, Phi), or one each
+            stack["residual"]["shared_norm"] = draw(st.booleans())
         if role == "decoder" and kind == "encoder-decoder" and draw(st.booleans()):
             stack["cross_attention"] = _attention(draw, d_model, rope=False)
             stack["cross_attention"].pop("sliding_window", None)
@@ -174,6 +176,8 @@ _FROZEN = [
      '[embed.*, decoder.layers.0.*, "decoder.layers.1.attn_norm.*", "*.up_proj.*"]'),
     ("gpt-nano", ["decoder.norm.placement=post"], '[embed.*, "decoder.layers.0.*"]'),
     ("gpt-nano", ["decoder.residual.type=parallel"], '[embed.*, "decoder.layers.0.*"]'),
+    ("gpt-nano", ["decoder.residual={type: parallel, shared_norm: true}"], '[embed.*, "decoder.layers.0.*"]'),
+    ("t5-nano", ["decoder.residual={type: parallel, shared_norm: true}"], '[embed.*, "encoder.*"]'),
     ("gpt-nano", ["decoder.attention.backend=eager", "decoder.attention.sliding_window=16"], '["*.weight"]'),
     ("gpt-nano", ["embedding.tie_output=false"], '[embed.*, "decoder.*"]'),
     ("bert-nano", [], '[embed.*, "encoder.layers.[0-1].*"]'),
@@ -186,6 +190,7 @@ _FROZEN = [
     ("gpt-nano", ["decoder.ffn={type: glu, activation: relu, d_ff: 256}"], '[embed.*, "decoder.layers.0.*", "*.gate_proj.*"]'),
 ]
 _FROZEN_IDS = ["gpt-nano", "gpt-nano-gqa-glu-qk-norm", "gpt-nano-post-norm", "gpt-nano-parallel",
+               "gpt-nano-parallel-one-norm", "t5-nano-parallel-one-norm-cross",
                "gpt-nano-eager-window-biases-train", "gpt-nano-untied-head-trains", "bert-nano",
                "bert-nano-classifier", "t5-nano", "t5-nano-cross-q-only", "gpt-nano-reglu-up-frozen",
                "gpt-nano-reglu-gate-frozen"]

@@ -20,6 +20,8 @@ Tiny = Callable[..., ModelSpec]
 def _record(block: nn.Module) -> dict[str, tuple[Any, Any]]:
     seen: dict[str, tuple[Any, Any]] = {}
     for name in ("attn_norm", "self_attn", "ffn_norm", "ffn"):
+        if getattr(block, name) is None:  # a parallel block's one norm: attn_norm alone
+            continue
         getattr(block, name).register_forward_hook(
             lambda m, args, out, name=name: seen.__setitem__(name, (args[0], out))
         )
@@ -86,6 +88,30 @@ def test_parallel_residual_is_neox_style(tiny: Tiny) -> None:
     assert torch.equal(seen["ffn"][0], seen["ffn_norm"][1])
     expected = x + seen["self_attn"][1][0] + seen["ffn"][1]
     assert torch.allclose(seen["block"][1], expected, atol=1e-6)
+
+
+def test_parallel_residual_with_one_norm_is_gptj_style(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"residual": {"type": "parallel", "shared_norm": True}})).eval()
+    block = model.decoder.layers[0]
+    assert isinstance(block, ParallelBlock) and block.ffn_norm is None
+    assert not any(".ffn_norm." in name for name in model.state_dict())
+    seen = _record(block)
+    _run(model)
+    x, h = seen["block"][0], seen["attn_norm"][1]
+    assert torch.equal(seen["attn_norm"][0], x)
+    assert torch.equal(seen["self_attn"][0], h) and torch.equal(seen["ffn"][0], h)  # one norm feeds both
+    expected = x + seen["self_attn"][1][0] + seen["ffn"][1]
+    assert torch.allclose(seen["block"][1], expected, atol=1e-6)
+    # the norm's gain takes the gradient of both branches
+    ids = torch.randint(0, 61, (2, 5))
+    gain = block.attn_norm.weight
+    (both,) = torch.autograd.grad(model(ids).logits.sum(), gain)
+    assert torch.isfinite(both).all() and both.abs().sum() > 0
+    with torch.no_grad():  # silencing the FFN changes that gradient: it flowed through both branches
+        for p in block.ffn.down_proj.parameters():
+            p.zero_()
+    (attention_only,) = torch.autograd.grad(model(ids).logits.sum(), gain)
+    assert attention_only.abs().sum() > 0 and not torch.allclose(attention_only, both)
 
 
 @pytest.mark.parametrize(

@@ -540,6 +540,71 @@ def _gpt_neox(c: _Config) -> dict[str, Any]:
     }
 
 
+def _one_norm_parallel(c: _Config, *, d: int, vocab: int, positions: int, positional: dict[str, Any],
+                       layers: int, attention: dict[str, Any], d_ff: int, activation: str, eps: float,
+                       resid: float, embd: float) -> dict[str, Any]:
+    """Phi's and GPT-J's decoder: a parallel block whose one LayerNorm feeds attention and MLP
+    (biased), a final LayerNorm, and an LM head with a bias."""
+    return {
+        "kind": "decoder",
+        "vocab_size": vocab,
+        "d_model": d,
+        "max_seq_len": positions,
+        "positional": positional,
+        "decoder": {
+            "n_layers": layers,
+            "attention": attention,
+            "ffn": {"type": "mlp", "d_ff": d_ff, "activation": activation, "bias": True},
+            "norm": {"type": "layernorm", "placement": "pre", "eps": eps},
+            "residual": {"type": "parallel", "shared_norm": True, "dropout": resid},
+        },
+        "embedding": {"tie_output": bool(c("tie_word_embeddings", False)), "dropout": embd},
+        "head": {"type": "lm", "bias": True},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
+def _phi(c: _Config) -> dict[str, Any]:
+    """Phi-1, Phi-1.5, Phi-2: partial rotary (rotate-half), biases on every projection."""
+    c.refuse_if("qk_layernorm", bool, "LayerNorms over the query and key heads with layer_norm_eps "
+                "(specformer's qk_norm is an eps-1e-6 norm; no released Phi has them)", False)
+    heads = c("num_attention_heads", 32)
+    attention = {"n_heads": heads, "n_kv_heads": c("num_key_value_heads", heads), "bias": True,
+                 "dropout": _dropout(c("attention_dropout", 0.0))}
+    return _one_norm_parallel(
+        c, d=c("hidden_size", 2048), vocab=c("vocab_size", 51200), positions=c("max_position_embeddings", 2048),
+        positional=c.rope(default_fraction=0.5), layers=c("num_hidden_layers", 24), attention=attention,
+        d_ff=c("intermediate_size", 8192), activation=c.activation("hidden_act", "gelu_new"),
+        eps=c("layer_norm_eps", 1e-5), resid=_dropout(c("resid_pdrop", 0.0)), embd=_dropout(c("embd_pdrop", 0.0)),
+    )
+
+
+def _gptj(c: _Config) -> dict[str, Any]:
+    """GPT-J: Phi's block without attention biases, rotating the first ``rotary_dim``
+    features of each head in interleaved pairs. The pairs are rotate-half's once the rows of
+    each query and key head are reordered (evens, then odds): the weight conversion does so,
+    and attention scores, being dot products of a query and a key reordered alike, are the same."""
+    d, heads = c("n_embd", 4096), c("n_head", 16)
+    head_dim = d // heads if heads and d % heads == 0 else 0
+    rotary_dim = c("rotary_dim")
+    if rotary_dim is None:
+        raise c.refuse("rotary_dim=None", "GPT-J then builds its rotation table over hidden_size features, "
+                       "which transformers applies to a head only when there is one")
+    if not head_dim or not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
+        raise c.refuse(f"rotary_dim={rotary_dim!r}", f"it must be an even number of features of a head "
+                       f"(head_dim {head_dim or 'n_embd / n_head, which must divide'})")
+    fraction = rotary_dim / head_dim
+    if int(head_dim * fraction) != rotary_dim:  # the spec's rotated features: int(head_dim * fraction)
+        fraction = math.nextafter(fraction, 1.0)
+    attention = {"n_heads": heads, "bias": False, "dropout": _dropout(c("attn_pdrop", 0.0))}
+    return _one_norm_parallel(
+        c, d=d, vocab=c("vocab_size", 50400), positions=c("n_positions", 2048),
+        positional={"type": "rope", "base": 10000.0, "fraction": fraction}, layers=c("n_layer", 28),
+        attention=attention, d_ff=c("n_inner", 4 * d), activation=c.activation("activation_function", "gelu_new"),
+        eps=c("layer_norm_epsilon", 1e-5), resid=_dropout(c("resid_pdrop", 0.0)), embd=_dropout(c("embd_pdrop", 0.0)),
+    )
+
+
 _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
     "bert": lambda c: _bert_like(c, roberta=False),
@@ -555,6 +620,8 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "phi3": lambda c: _llama(c, "phi3"),
     "gemma": lambda c: _llama(c, "gemma"),
     "gpt_neox": _gpt_neox,
+    "phi": _phi,
+    "gptj": _gptj,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
@@ -569,9 +636,7 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
     "gemma2": "logit soft-capping and a norm after each sublayer as well as before it",
-    "phi": "a partial-rotary parallel block with a biased LM head and dense layer names",
     "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
-    "gptj": "rotary embeddings in the interleaved (GPT-J) convention",
     "falcon": "multi-query attention with a fused, per-group qkv layout and optional ALiBi",
     "distilbert": "sinusoidal-or-learned positions without segment embeddings (different layer names)",
 }
@@ -604,6 +669,8 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "phi3": {"Phi3ForCausalLM": "lm", "Phi3Model": "base"},
     "gemma": {"GemmaForCausalLM": "lm", "GemmaModel": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
+    "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
+    "gptj": {"GPTJForCausalLM": "lm", "GPTJModel": "base"},
 }
 
 # Why transformers' other task classes are refused, by class-name suffix and the family's
@@ -844,6 +911,9 @@ def hf_family(spec: ModelSpec) -> str:
                 return "qwen2"
             return "mistral" if _any_sliding(stack) else "llama"
         if pos == "rope" and stack.norm.type == "layernorm":
+            if any(layer.residual.shared_norm for layer in stack.layers()):
+                # one norm for both sublayers: Phi has attention biases, GPT-J none
+                return "phi" if stack.attention.bias else "gptj"
             return "gpt_neox"
     if spec.kind == "encoder-decoder":
         if pos == "t5":
@@ -855,7 +925,8 @@ def hf_family(spec: ModelSpec) -> str:
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
         "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
-        "Gemma with (1 + weight) rmsnorm, GPT-NeoX with layernorm), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "Gemma with (1 + weight) rmsnorm, GPT-NeoX with layernorm, Phi-1/2 and GPT-J with layernorm and one "
+        "norm per parallel block), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -1087,6 +1158,55 @@ def _export_gpt_neox(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def _export_phi(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    att = s.attention
+    return {
+        "architectures": ["PhiForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "intermediate_size": s.ffn.d_ff,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": att.n_heads,
+        "num_key_value_heads": att.n_kv_heads,
+        "hidden_act": _act_out(s.ffn.activation, "gelu_new"),
+        "max_position_embeddings": spec.max_seq_len,
+        "initializer_range": spec.init.std,
+        "layer_norm_eps": s.norm.eps,
+        "rope_parameters": {**_rope_parameters(spec.positional), "partial_rotary_factor": spec.positional.fraction},
+        "attention_dropout": att.dropout,
+        "resid_pdrop": s.residual.dropout,
+        "embd_pdrop": spec.embedding.dropout,
+        "qk_layernorm": False,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
+def _export_gptj(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    att = s.attention
+    return {
+        "architectures": ["GPTJForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "n_embd": spec.d_model,
+        "n_layer": s.n_layers,
+        "n_head": att.n_heads,
+        "n_inner": s.ffn.d_ff,
+        "n_positions": spec.max_seq_len,
+        # the rotated features of a head (the import gives back the spec's fraction, or names it)
+        "rotary_dim": int(att.head_dim * spec.positional.fraction),
+        "activation_function": _act_out(s.ffn.activation, "gelu_new"),
+        "resid_pdrop": s.residual.dropout,
+        "embd_pdrop": spec.embedding.dropout,
+        "attn_pdrop": att.dropout,
+        "layer_norm_epsilon": s.norm.eps,
+        "initializer_range": spec.init.std,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
 _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
     "bert": lambda s: _export_bert(s, roberta=False),
@@ -1100,6 +1220,8 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "phi3": lambda s: _export_llama(s, "phi3"),
     "gemma": lambda s: _export_llama(s, "gemma"),
     "gpt_neox": _export_gpt_neox,
+    "phi": _export_phi,
+    "gptj": _export_gptj,
 }
 
 _TRAINING_ONLY = ("dropout", "init.")

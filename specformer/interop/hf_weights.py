@@ -29,7 +29,20 @@ from specformer.specs.schema import ModelSpec
 
 __all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
 
-Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part"]
+Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part", "rows_rotary"]
+
+
+def _pair_order(head_dim: int, rot: int) -> Tensor:
+    """The rows of one head in rotate-half order, taken from interleaved order: of its first
+    ``rot`` rows the even ones, then the odd ones (GPT-J rotates pairs 2i, 2i + 1; rotate-half
+    pairs i, i + rot/2), then the rest as they are."""
+    return torch.cat((torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, head_dim)))
+
+
+def _reorder_heads(t: Tensor, order: Tensor) -> Tensor:
+    """Reorder the rows of each head of ``t`` (heads x head_dim rows) by ``order``."""
+    dh = order.numel()
+    return t.reshape(-1, dh, *t.shape[1:])[:, order].reshape(t.shape).contiguous()
 
 
 @dataclass(frozen=True)
@@ -40,7 +53,9 @@ class Rule:
     ``rows`` (concatenated along dim 0, split back by ``sizes``), ``neox_qkv`` (one
     tensor whose rows are grouped per head as (H, 3, Dh); ``sizes`` = (H, Dh)), ``part``
     (block ``sizes[0]`` of the ``sizes[1]`` equal blocks of rows of one tensor, which the
-    rules of its other blocks share: Phi-3's ``gate_up_proj``).
+    rules of its other blocks share: Phi-3's ``gate_up_proj``), ``rows_rotary`` (q, k, v
+    concatenated as ``rows``, with the rotated rows of each query and key head taken from
+    interleaved pairs into rotate-half order: GPT-J; ``sizes`` = (q, kv, kv, Dh, rotated)).
     """
 
     ours: str
@@ -58,6 +73,10 @@ class Rule:
         if self.fuse == "part":
             index, parts = self.sizes
             return tensors[0].chunk(parts, dim=0)[index].contiguous()
+        if self.fuse == "rows_rotary":
+            order = _pair_order(*self.sizes[3:])
+            q, k, v = tensors
+            return torch.cat((_reorder_heads(q, order), _reorder_heads(k, order), v), dim=0)
         h, dh = self.sizes
         t = tensors[0]
         return t.reshape(h, 3, dh, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
@@ -71,6 +90,10 @@ class Rule:
             return [t.contiguous() for t in tensor.split(list(self.sizes), dim=0)]
         if self.fuse == "part":
             return [tensor]  # one block: specformer_to_hf stacks the blocks of each tensor
+        if self.fuse == "rows_rotary":
+            back = torch.argsort(_pair_order(*self.sizes[3:]))
+            q, k, v = tensor.split(list(self.sizes[:3]), dim=0)
+            return [_reorder_heads(q, back), _reorder_heads(k, back), v.contiguous()]
         h, dh = self.sizes
         return [tensor.reshape(3, h, dh, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape).contiguous()]
 
@@ -130,6 +153,18 @@ _FAMILIES: dict[str, _Family] = {
         ignore=(r"\.attention\.(bias|masked_bias)$", r"rotary_emb\.(inv_freq|original_inv_freq)$"),
         tied_copies=("lm_head.weight",),
         aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
+    ),
+    "phi": _Family(
+        prefix="model.",
+        heads=("lm_head.",),
+        ignore=(r"rotary_emb\.(inv_freq|original_inv_freq)$",),
+        tied_copies=("lm_head.weight",),
+    ),
+    "gptj": _Family(
+        prefix="transformer.",
+        heads=("lm_head.",),
+        ignore=(r"\.attn\.(bias|masked_bias)$", r"embed_positions$"),
+        tied_copies=("lm_head.weight",),
     ),
 }
 for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma"):
@@ -344,6 +379,48 @@ def _gpt_neox(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _biased_lm_head(spec: ModelSpec) -> Iterator[Rule]:
+    """Phi's and GPT-J's ``lm_head``, always biased: tied, its weight is the token embeddings'."""
+    if spec.embedding.tie_output:
+        if spec.head.bias:
+            yield Rule("head.bias", ("lm_head.bias",))
+    else:
+        yield from _linear("head.proj", "lm_head", spec.head.bias)
+
+
+def _phi(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
+        a, att = f"{t}.self_attn", layer.attention
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
+                           att.bias, "rows", _qkv_sizes(att))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.dense", att.output_bias)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.fc1", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.fc2", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "model.final_layernorm", s.norm)
+    yield from _biased_lm_head(spec)
+
+
+def _gptj(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("transformer.wte.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
+        a, att = f"{t}.attn", layer.attention
+        rot = int(att.head_dim * spec.positional.fraction)
+        yield from _norm(f"{o}.attn_norm", f"{t}.ln_1", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
+                           att.bias, "rows_rotary", (*_qkv_sizes(att), att.head_dim, rot))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.out_proj", att.output_bias)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.fc_in", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.fc_out", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
+    yield from _biased_lm_head(spec)
+
+
 _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt2": _gpt2,
     "bert": lambda spec: _bert_like(spec, "bert"),
@@ -357,6 +434,8 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "phi3": _phi3,
     "gemma": _llama,
     "gpt_neox": _gpt_neox,
+    "phi": _phi,
+    "gptj": _gptj,
 }
 
 

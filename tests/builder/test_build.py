@@ -20,6 +20,7 @@ PUBLISHED = {
     "llama2-7b": 6_738_415_616,
     "llama3-8b": 8_030_261_248,
     "mistral-7b": 7_241_732_096,
+    "phi-2": 2_779_683_840,  # PhiForCausalLM: one norm per parallel block, biased LM head
 }
 # "Attention Is All You Need", Table 3: base 65M, big 213M parameters.
 PAPER = {"transformer-base": 65e6, "transformer-big": 213e6}

@@ -11,9 +11,11 @@ from specformer.analysis import count_parameters
 from specformer.interop.hf_config import (
     HFConversionError,
     hf_config_from_spec,
+    hf_family,
     read_hf_config,
     spec_from_hf_config,
 )
+from specformer.specs.errors import SpecError
 from specformer.specs.loader import load_spec
 
 # The config.json files published with the original checkpoints on the Hugging Face Hub
@@ -161,6 +163,34 @@ OTHERS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
         "use_cache": True, "vocab_size": 256000,
     },
+    # microsoft/phi-2 and microsoft/phi-1_5: one LayerNorm per parallel block, partial rotary
+    "phi-2": {
+        "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 50256,
+        "embd_pdrop": 0.0, "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560,
+        "initializer_range": 0.02, "intermediate_size": 10240, "layer_norm_eps": 1e-05,
+        "max_position_embeddings": 2048, "model_type": "phi", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+        "qk_layernorm": False, "resid_pdrop": 0.1, "rope_scaling": None, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "torch_dtype": "float16", "use_cache": True, "vocab_size": 51200,
+    },
+    "phi-1_5": {
+        "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0, "bos_token_id": None,
+        "embd_pdrop": 0.0, "eos_token_id": None, "hidden_act": "gelu_new", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 8192, "layer_norm_eps": 1e-05,
+        "max_position_embeddings": 2048, "model_type": "phi", "num_attention_heads": 32,
+        "num_hidden_layers": 24, "num_key_value_heads": None, "partial_rotary_factor": 0.5,
+        "qk_layernorm": False, "resid_pdrop": 0.0, "rope_scaling": None, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "torch_dtype": "float16", "use_cache": True, "vocab_size": 51200,
+    },
+    # EleutherAI/gpt-j-6b: interleaved rotary over 64 of each head's 256 features
+    "gpt-j-6b": {
+        "activation_function": "gelu_new", "architectures": ["GPTJForCausalLM"], "attn_pdrop": 0.0,
+        "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256, "gradient_checkpointing": False,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gptj", "n_embd": 4096,
+        "n_head": 16, "n_inner": None, "n_layer": 28, "n_positions": 2048, "resid_pdrop": 0.0,
+        "rotary": True, "rotary_dim": 64, "scale_attn_weights": True, "tie_word_embeddings": False,
+        "tokenizer_class": "GPT2Tokenizer", "use_cache": True, "vocab_size": 50400,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -181,7 +211,7 @@ OTHERS: dict[str, dict[str, Any]] = {
 }
 
 # every preset that is a published model, with its config
-SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "qwen2.5-0.5b", "qwen3-0.6b",
+SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "phi-2", "qwen2.5-0.5b", "qwen3-0.6b",
                                                           "roberta-base")}}
 
 _AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
@@ -195,7 +225,8 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox") else "encoder")
+        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
+                                              "phi", "gptj") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -275,6 +306,38 @@ def test_gemma_has_unit_offset_norms_scaled_embeddings_and_tanh_gates() -> None:
     # a Llama's norms with a unit offset are Gemma's, whose embeddings are scaled
     _refused(lambda: hf_config_from_spec(load_spec("llama2-7b", ["decoder.norm.offset=1"])),
              ["gemma", "embedding.scale = False (Hugging Face gemma has True)"])
+
+
+def test_phi_and_gptj_share_one_norm_per_parallel_block_at_their_published_sizes() -> None:
+    phi2 = spec_from_hf_config(OTHERS["phi-2"])
+    layer = phi2.decoder.layer(0)
+    assert (layer.residual.type, layer.residual.shared_norm, phi2.positional.fraction) == ("parallel", True, 0.4)
+    assert layer.attention.bias and layer.attention.head_dim == 80 and phi2.head.bias
+    assert count_parameters(phi2).total == 2_779_683_840  # Phi-2's 2.7B
+    assert count_parameters(spec_from_hf_config(OTHERS["phi-1_5"])).total == 1_418_270_720  # Phi-1.5's 1.3B
+    gptj = spec_from_hf_config(OTHERS["gpt-j-6b"])
+    assert not gptj.decoder.attention.bias and gptj.decoder.attention.head_dim == 256
+    assert int(256 * gptj.positional.fraction) == 64 and gptj.decoder.residual.shared_norm
+    assert count_parameters(gptj).total == 6_050_882_784  # GPT-J's 6B
+    # each exports as its own family: attention biases tell the two apart
+    assert hf_config_from_spec(phi2)["model_type"] == "phi"
+    config = hf_config_from_spec(gptj)
+    assert (config["model_type"], config["rotary_dim"]) == ("gptj", 64)
+    # one norm per parallel block has no GPT-NeoX form, nor a sequential block a shared one
+    neox = spec_from_hf_config(OTHERS["pythia-160m"])
+    assert hf_family(neox.model_copy(update={"decoder": neox.decoder.model_copy(update={
+        "residual": neox.decoder.residual.model_copy(update={"shared_norm": True})})})) == "phi"
+    with pytest.raises(SpecError, match="decoder.residual.shared_norm"):
+        load_spec("gpt2-small", ["decoder.residual.shared_norm=true"])
+
+
+def test_gptj_rotary_dim_must_be_an_even_share_of_a_head() -> None:
+    _refused(lambda: spec_from_hf_config({**OTHERS["gpt-j-6b"], "rotary_dim": None}), ["rotary_dim=None"])
+    _refused(lambda: spec_from_hf_config({**OTHERS["gpt-j-6b"], "rotary_dim": 63}), ["rotary_dim=63", "even"])
+    _refused(lambda: spec_from_hf_config({**OTHERS["phi-2"], "qk_layernorm": True}), ["qk_layernorm=True"])
+    # a share whose float is not exact still gives rotary_dim features (int(head_dim * fraction))
+    odd = spec_from_hf_config({**OTHERS["gpt-j-6b"], "n_embd": 1200, "n_head": 12, "rotary_dim": 58})
+    assert int(100 * odd.positional.fraction) == 58
 
 
 def test_mistral_is_grouped_query_with_a_sliding_window() -> None:

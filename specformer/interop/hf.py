@@ -44,6 +44,7 @@ from specformer.interop.hf_config import (
 from specformer.interop.hf_weights import (
     _FAMILIES,
     WeightReport,
+    _checkpoint_family,
     _normalise,
     hf_to_specformer,
     specformer_to_hf,
@@ -159,7 +160,7 @@ def _untied_in_checkpoint(state_dict: Mapping[str, Tensor], spec: ModelSpec) -> 
     differs from its token embeddings (T5 v1.1 under transformers >= 5 is the usual case)."""
     if not spec.embedding.tie_output:
         return False
-    model_type = hf_family(spec)
+    model_type = _checkpoint_family(state_dict, hf_family(spec))
     family = _FAMILIES[model_type]
     theirs = _normalise(state_dict, family)
     tokens_name = _tokens_name(model_type)
@@ -190,6 +191,7 @@ def _tokens_name(model_type: str) -> str:
         "gpt_neox": "gpt_neox.embed_in.weight",
         "phi": "model.embed_tokens.weight",
         "gptj": "transformer.wte.weight",
+        "falcon": "transformer.word_embeddings.weight",
     }[model_type]
 
 

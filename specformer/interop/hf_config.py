@@ -605,6 +605,56 @@ def _gptj(c: _Config) -> dict[str, Any]:
     )
 
 
+def _falcon(c: _Config) -> dict[str, Any]:
+    """Falcon: rotary (rotate-half), LayerNorm, a GELU MLP, one ``bias`` for every projection,
+    a tied LM head without bias. Falcon-7B's layout (``multi_query``, ``parallel_attn``): one
+    key/value head and one norm feeding attention and MLP; without ``multi_query`` every head
+    has its own keys; Falcon-40B/180B's ``new_decoder_architecture``: ``num_kv_heads`` groups
+    and a norm for each branch (``num_ln_in_parallel_attn`` 2, its default there); without
+    ``parallel_attn``, a sequential pre-norm block."""
+    if c("alibi", False):
+        raise c.refuse("alibi=True", "Falcon's ALiBi (Falcon-RW) adds its bias before scaling the scores, "
+                       "where specformer's alibi adds it after")
+    c.refuse_if("apply_residual_connection_post_layernorm", bool, "the residual taken after the norm", False)
+    d, heads = c("hidden_size", 4544), c("num_attention_heads", 71)
+    new, parallel = bool(c("new_decoder_architecture", False)), bool(c("parallel_attn", True))
+    norms = c("num_ln_in_parallel_attn", 2 if new else 1)
+    if new and not parallel:
+        raise c.refuse("new_decoder_architecture=True with parallel_attn=False",
+                       "transformers then adds attention's output twice")
+    if parallel and not new and norms == 2:
+        raise c.refuse("num_ln_in_parallel_attn=2 without new_decoder_architecture",
+                       "transformers builds ln_attn and ln_mlp there but reads input_layernorm")
+    if new:
+        kv_heads = c("num_kv_heads", heads)
+    else:
+        kv_heads = 1 if c("multi_query", True) else heads
+    positional = c.rope()
+    if positional.pop("fraction") != 1.0:
+        raise c.refuse("partial_rotary_factor", "Falcon rotates every feature of a head")
+    bias = bool(c("bias", False))
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 65024),
+        "d_model": d,
+        "max_seq_len": c("max_position_embeddings", 2048),
+        "positional": positional,
+        "decoder": {
+            "n_layers": c("num_hidden_layers", 32),
+            "attention": {"n_heads": heads, "n_kv_heads": kv_heads, "bias": bias,
+                          "dropout": _dropout(c("attention_dropout", 0.0))},
+            "ffn": {"type": "mlp", "d_ff": c("ffn_hidden_size", 4 * d),
+                    "activation": c.activation("activation", "gelu"), "bias": bias},
+            "norm": {"type": "layernorm", "placement": "pre", "eps": c("layer_norm_epsilon", 1e-5)},
+            "residual": {"type": "parallel" if parallel else "sequential",
+                         "shared_norm": parallel and norms == 1, "dropout": _dropout(c("hidden_dropout", 0.0))},
+        },
+        "embedding": {"tie_output": bool(c("tie_word_embeddings", True)), "dropout": 0.0},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
 _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
     "bert": lambda c: _bert_like(c, roberta=False),
@@ -622,6 +672,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt_neox": _gpt_neox,
     "phi": _phi,
     "gptj": _gptj,
+    "falcon": _falcon,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
@@ -637,7 +688,6 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 _NEAR_MISSES = {
     "gemma2": "logit soft-capping and a norm after each sublayer as well as before it",
     "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
-    "falcon": "multi-query attention with a fused, per-group qkv layout and optional ALiBi",
     "distilbert": "sinusoidal-or-learned positions without segment embeddings (different layer names)",
 }
 
@@ -671,6 +721,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
     "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
     "gptj": {"GPTJForCausalLM": "lm", "GPTJModel": "base"},
+    "falcon": {"FalconForCausalLM": "lm", "FalconModel": "base"},
 }
 
 # Why transformers' other task classes are refused, by class-name suffix and the family's
@@ -911,9 +962,13 @@ def hf_family(spec: ModelSpec) -> str:
                 return "qwen2"
             return "mistral" if _any_sliding(stack) else "llama"
         if pos == "rope" and stack.norm.type == "layernorm":
-            if any(layer.residual.shared_norm for layer in stack.layers()):
-                # one norm for both sublayers: Phi has attention biases, GPT-J none
-                return "phi" if stack.attention.bias else "gptj"
+            shared = any(layer.residual.shared_norm for layer in stack.layers())
+            if shared and stack.attention.bias:  # one norm for both sublayers, attention biases
+                return "phi"
+            if stack.attention.n_kv_heads != stack.attention.n_heads:
+                return "falcon"  # grouped keys without Phi's biases
+            if shared:  # GPT-J's LM head has a bias, Falcon's none
+                return "gptj" if spec.head.bias else "falcon"
             return "gpt_neox"
     if spec.kind == "encoder-decoder":
         if pos == "t5":
@@ -925,8 +980,8 @@ def hf_family(spec: ModelSpec) -> str:
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
         "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
-        "Gemma with (1 + weight) rmsnorm, GPT-NeoX with layernorm, Phi-1/2 and GPT-J with layernorm and one "
-        "norm per parallel block), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "Gemma with (1 + weight) rmsnorm, GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and "
+        "one norm per parallel block, Falcon with grouped keys), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -937,6 +992,8 @@ def export_family(spec: ModelSpec, imported_as: str | None = None) -> str:
     family = hf_family(spec)
     if imported_as == "phi3" and family in ("llama", "mistral"):
         return "phi3"
+    if imported_as == "falcon" and family in ("gpt_neox", "gptj", "phi"):
+        return "falcon"  # a Falcon whose structure another family also has (MHA, biased, sequential)
     return family
 
 
@@ -1207,6 +1264,40 @@ def _export_gptj(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def _export_falcon(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    att = s.attention
+    parallel, shared = s.residual.type == "parallel", s.residual.shared_norm
+    # the older layouts where they fit (Falcon-7B's: one key/value head; or one per head),
+    # else new_decoder_architecture: grouped keys, or a norm for each parallel branch
+    new = parallel and not shared or att.n_kv_heads not in (1, att.n_heads)
+    out: dict[str, Any] = {
+        "architectures": ["FalconForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": att.n_heads,
+        "num_kv_heads": att.n_kv_heads,
+        "new_decoder_architecture": new,
+        "multi_query": att.n_kv_heads == 1,
+        "parallel_attn": parallel,
+        "num_ln_in_parallel_attn": (1 if shared else 2) if new else None,
+        "bias": att.bias,
+        "alibi": False,
+        "activation": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
+        "ffn_hidden_size": s.ffn.d_ff,
+        "layer_norm_epsilon": s.norm.eps,
+        "hidden_dropout": s.residual.dropout,
+        "attention_dropout": att.dropout,
+        "max_position_embeddings": spec.max_seq_len,
+        "rope_parameters": _rope_parameters(spec.positional),
+        "initializer_range": spec.init.std,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+    return out
+
+
 _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
     "bert": lambda s: _export_bert(s, roberta=False),
@@ -1222,6 +1313,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt_neox": _export_gpt_neox,
     "phi": _export_phi,
     "gptj": _export_gptj,
+    "falcon": _export_falcon,
 }
 
 _TRAINING_ONLY = ("dropout", "init.")

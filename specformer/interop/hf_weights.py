@@ -29,7 +29,7 @@ from specformer.specs.schema import ModelSpec
 
 __all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
 
-Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part", "rows_rotary"]
+Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part", "rows_rotary", "grouped_qkv"]
 
 
 def _pair_order(head_dim: int, rot: int) -> Tensor:
@@ -55,7 +55,10 @@ class Rule:
     (block ``sizes[0]`` of the ``sizes[1]`` equal blocks of rows of one tensor, which the
     rules of its other blocks share: Phi-3's ``gate_up_proj``), ``rows_rotary`` (q, k, v
     concatenated as ``rows``, with the rotated rows of each query and key head taken from
-    interleaved pairs into rotate-half order: GPT-J; ``sizes`` = (q, kv, kv, Dh, rotated)).
+    interleaved pairs into rotate-half order: GPT-J; ``sizes`` = (q, kv, kv, Dh, rotated)),
+    ``grouped_qkv`` (one tensor whose rows are grouped per key/value head as (Hkv, G + 2, Dh):
+    the G query heads of the group, its key, its value; Falcon's new decoder architecture;
+    ``sizes`` = (Hkv, G, Dh)).
     """
 
     ours: str
@@ -77,6 +80,11 @@ class Rule:
             order = _pair_order(*self.sizes[3:])
             q, k, v = tensors
             return torch.cat((_reorder_heads(q, order), _reorder_heads(k, order), v), dim=0)
+        if self.fuse == "grouped_qkv":
+            hkv, g, dh = self.sizes
+            t = tensors[0]
+            grouped = t.reshape(hkv, g + 2, dh, *t.shape[1:])
+            return torch.cat([part.reshape(-1, *t.shape[1:]) for part in grouped.split((g, 1, 1), dim=1)]).contiguous()
         h, dh = self.sizes
         t = tensors[0]
         return t.reshape(h, 3, dh, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
@@ -94,6 +102,12 @@ class Rule:
             back = torch.argsort(_pair_order(*self.sizes[3:]))
             q, k, v = tensor.split(list(self.sizes[:3]), dim=0)
             return [_reorder_heads(q, back), _reorder_heads(k, back), v.contiguous()]
+        if self.fuse == "grouped_qkv":
+            hkv, g, dh = self.sizes
+            rest = tensor.shape[1:]
+            q, k, v = tensor.split((hkv * g * dh, hkv * dh, hkv * dh), dim=0)
+            parts = (q.reshape(hkv, g, dh, *rest), k.reshape(hkv, 1, dh, *rest), v.reshape(hkv, 1, dh, *rest))
+            return [torch.cat(parts, dim=1).reshape(tensor.shape).contiguous()]
         h, dh = self.sizes
         return [tensor.reshape(3, h, dh, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape).contiguous()]
 
@@ -156,6 +170,12 @@ _FAMILIES: dict[str, _Family] = {
     ),
     "phi": _Family(
         prefix="model.",
+        heads=("lm_head.",),
+        ignore=(r"rotary_emb\.(inv_freq|original_inv_freq)$",),
+        tied_copies=("lm_head.weight",),
+    ),
+    "falcon": _Family(
+        prefix="transformer.",
         heads=("lm_head.",),
         ignore=(r"rotary_emb\.(inv_freq|original_inv_freq)$",),
         tied_copies=("lm_head.weight",),
@@ -421,6 +441,33 @@ def _gptj(spec: ModelSpec) -> Iterator[Rule]:
     yield from _biased_lm_head(spec)
 
 
+def _falcon(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("transformer.word_embeddings.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
+        att, a = layer.attention, f"{t}.self_attention"
+        parallel, shared = layer.residual.type == "parallel", layer.residual.shared_norm
+        new = parallel and not shared or att.n_kv_heads not in (1, att.n_heads)  # as the export writes it
+        if new:
+            layout: tuple[Fuse, tuple[int, ...]] = ("grouped_qkv", (att.n_kv_heads, att.n_heads // att.n_kv_heads,
+                                                                    att.head_dim))
+        elif att.n_kv_heads == 1:
+            layout = ("copy", ())  # Falcon-7B: rows q, k, v, as specformer's
+        else:
+            layout = ("neox_qkv", (att.n_heads, att.head_dim))  # (H, 3, Dh), GPT-NeoX's
+        two = parallel and not shared
+        yield from _norm(f"{o}.attn_norm", f"{t}.ln_attn" if two else f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", f"{a}.query_key_value", att.bias, *layout)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.dense", att.output_bias)
+        if not shared:
+            yield from _norm(f"{o}.ffn_norm", f"{t}.ln_mlp" if two else f"{t}.post_attention_layernorm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.dense_h_to_4h", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.dense_4h_to_h", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
+    yield from _lm_head(spec)
+
+
 _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt2": _gpt2,
     "bert": lambda spec: _bert_like(spec, "bert"),
@@ -436,6 +483,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt_neox": _gpt_neox,
     "phi": _phi,
     "gptj": _gptj,
+    "falcon": _falcon,
 }
 
 
@@ -558,6 +606,9 @@ def _checkpoint_family(state_dict: Mapping[str, Tensor], family: str) -> str:
     every feature has a Llama's (or, windowed, a Mistral's) spec and its own fused names."""
     if family in ("llama", "mistral") and any(n.endswith("self_attn.qkv_proj.weight") for n in state_dict):
         return "phi3"
+    if family in ("gpt_neox", "gptj", "phi") and any(n.endswith("self_attention.query_key_value.weight")
+                                                     for n in state_dict):
+        return "falcon"  # a Falcon with one key/value head per query head (or biases): another's structure
     return family
 
 

@@ -191,6 +191,24 @@ OTHERS: dict[str, dict[str, Any]] = {
         "rotary": True, "rotary_dim": 64, "scale_attn_weights": True, "tie_word_embeddings": False,
         "tokenizer_class": "GPT2Tokenizer", "use_cache": True, "vocab_size": 50400,
     },
+    # tiiuae/falcon-7b (one key/value head, one norm per parallel block) and tiiuae/falcon-40b
+    # (8 key/value groups, a norm for each branch)
+    "falcon-7b": {
+        "alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": ["FalconForCausalLM"],
+        "attention_dropout": 0.0, "bias": False, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
+        "hidden_size": 4544, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+        "multi_query": True, "new_decoder_architecture": False, "num_attention_heads": 71,
+        "num_hidden_layers": 32, "parallel_attn": True, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 65024,
+    },
+    "falcon-40b": {
+        "alibi": False, "architectures": ["FalconForCausalLM"], "attention_dropout": 0.0, "bias": False,
+        "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0, "hidden_size": 8192,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+        "new_decoder_architecture": True, "num_attention_heads": 128, "num_hidden_layers": 60,
+        "num_kv_heads": 8, "parallel_attn": True, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 65024,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -226,7 +244,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
         "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
-                                              "phi", "gptj") else "encoder")
+                                              "phi", "gptj", "falcon") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -329,6 +347,32 @@ def test_phi_and_gptj_share_one_norm_per_parallel_block_at_their_published_sizes
         "residual": neox.decoder.residual.model_copy(update={"shared_norm": True})})})) == "phi"
     with pytest.raises(SpecError, match="decoder.residual.shared_norm"):
         load_spec("gpt2-small", ["decoder.residual.shared_norm=true"])
+
+
+def test_falcon_7b_and_40b_layouts() -> None:
+    f7 = spec_from_hf_config(OTHERS["falcon-7b"])
+    att, layer = f7.decoder.attention, f7.decoder.layer(0)
+    assert (att.n_heads, att.n_kv_heads, att.head_dim, att.bias) == (71, 1, 64, False)
+    assert (layer.residual.type, layer.residual.shared_norm) == ("parallel", True)
+    assert f7.embedding.tie_output and not f7.head.bias and f7.decoder.ffn.activation == "gelu"
+    assert count_parameters(f7).total == 6_921_720_704  # Falcon-7B's 6.9B
+    config = hf_config_from_spec(f7)
+    assert (config["model_type"], config["multi_query"], config["new_decoder_architecture"]) == ("falcon", True, False)
+    f40 = spec_from_hf_config(OTHERS["falcon-40b"])
+    assert (f40.decoder.attention.n_kv_heads, f40.decoder.residual.shared_norm) == (8, False)
+    config = hf_config_from_spec(f40)
+    assert (config["new_decoder_architecture"], config["num_ln_in_parallel_attn"], config["num_kv_heads"]) == (
+        True, 2, 8)
+    # refused by name: ALiBi (Falcon-RW), and the combinations transformers computes wrongly
+    _refused(lambda: spec_from_hf_config({**OTHERS["falcon-7b"], "alibi": True}), ["alibi=True"])
+    _refused(lambda: spec_from_hf_config({**OTHERS["falcon-40b"], "parallel_attn": False}),
+             ["new_decoder_architecture=True with parallel_attn=False"])
+    _refused(lambda: spec_from_hf_config({**OTHERS["falcon-7b"], "num_ln_in_parallel_attn": 2}),
+             ["num_ln_in_parallel_attn=2"])
+    # a Falcon with a key/value head per query head has GPT-NeoX's structure: its weights go back as Falcon's
+    mha = spec_from_hf_config({**OTHERS["falcon-7b"], "multi_query": False, "parallel_attn": False,
+                               "bias": True, "num_attention_heads": 71})
+    assert hf_config_from_spec(mha, imported_as="falcon")["model_type"] == "falcon"
 
 
 def test_gptj_rotary_dim_must_be_an_even_share_of_a_head() -> None:

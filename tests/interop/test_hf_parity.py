@@ -162,6 +162,16 @@ TINY: dict[str, dict[str, Any]] = {
     # and every feature of a head, tied
     "gptj-full": {"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64, "rotary_dim": 16,
                   "n_inner": 48, "tie_word_embeddings": True},
+    # Falcon-7B's layout: one key/value head, one norm per parallel block, tied, no biases
+    "falcon": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "max_position_embeddings": 64},
+    # Falcon-40B's: grouped keys (rows per group), a norm for each branch, untied
+    "falcon-new": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_kv_heads": 2,
+                   "new_decoder_architecture": True, "ffn_hidden_size": 48, "max_position_embeddings": 64,
+                   "tie_word_embeddings": False, "rope_theta": 500.0},
+    # every head its own keys ((H, 3, Dh) rows), biases, sequential blocks: GPT-NeoX's structure
+    "falcon-mha": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "multi_query": False,
+                   "parallel_attn": False, "bias": True, "max_position_embeddings": 64},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
     "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -180,9 +190,10 @@ def _model_type(family: str) -> str:
 
 
 def _names(family: str) -> str | None:
-    """The family whose tensor names a converted state dict takes: a Phi-3's own (its spec,
-    rotating every feature, is a Llama's), else the spec's."""
-    return "phi3" if _model_type(family) == "phi3" else None
+    """The family whose tensor names a converted state dict takes: a Phi-3's or a Falcon's own
+    (a Phi-3 rotating every feature has a Llama's spec, a Falcon with a key/value head per
+    query head GPT-NeoX's), else the spec's."""
+    return _model_type(family) if _model_type(family) in ("phi3", "falcon") else None
 
 
 def _hf_model(family: str, seed: int = 0) -> Any:
@@ -754,7 +765,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
                  "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
                  "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "gptj": "### GPT-J",
-                 "gptj-full": "### GPT-J",
+                 "gptj-full": "### GPT-J", "falcon-new": "### Falcon",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}
 

@@ -231,7 +231,7 @@ def _follows_from_others(spec: Any, flat: dict[str, Any], path: str, *, inherite
         return spec.d_model % n_heads == 0 and value == spec.d_model // n_heads
     if path.endswith("ffn.d_ff"):
         return value == _default_d_ff(spec, _value_or_stack(flat, prefix, "ffn.type"))
-    return value == (_value_or_stack(flat, prefix, "norm.placement") == "pre")
+    return value == (_value_or_stack(flat, prefix, "norm.placement") != "post")
 
 
 def _default_d_ff(spec: Any, kind: Any) -> int | None:

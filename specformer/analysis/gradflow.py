@@ -194,6 +194,12 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         norms.append(x or t.any(f"{p}{name}."))
         return norms[-1]
 
+    def sandwich(name: str, out: bool) -> bool:  # a sandwich norm on a sublayer's output
+        if placement != "sandwich":
+            return out
+        norms.append(out or t.any(f"{p}{name}."))
+        return norms[-1]
+
     def attention(name: str, q_in: bool, kv_in: bool, spec_part: Any, cross: bool) -> AttentionFlow:
         if analysed("attention", spec_part.type):
             return _attention(t, f"{p}{name}.", q_in, kv_in, cross=cross, bias=bias and not cross)
@@ -219,12 +225,12 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         return LayerFlow(x0, tuple(norms), a, cross, f, out or f.out)
     a_in = pre("attn_norm", x)
     a = attention("self_attn", a_in, a_in, layer.attention, False)
-    x = post("attn_norm", x or a.out)
+    x = post("attn_norm", x or sandwich("attn_post_norm", a.out))
     if cross_here:
         cross = attention("cross_attn", pre("cross_norm", x), enc, layer.cross_attention, True)
-        x = post("cross_norm", x or cross.out)
+        x = post("cross_norm", x or sandwich("cross_post_norm", cross.out))
     f = ffn(pre("ffn_norm", x))
-    x = post("ffn_norm", x or f.out)
+    x = post("ffn_norm", x or sandwich("ffn_post_norm", f.out))
     return LayerFlow(x0, tuple(norms), a, cross, f, x)
 
 

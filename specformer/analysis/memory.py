@@ -240,7 +240,10 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
     extra = 0.0
     if not kernel:
         return elems * act
-    if att.backend == "eager" or learned_bias:
+    softcap = getattr(att, "softcap", None) is not None
+    if softcap:
+        extra += 4 * h * keys  # the capped scores' tanh, float32
+    if att.backend == "eager" or learned_bias or softcap:
         elems += h * keys  # softmax probabilities
         if att.dropout > 0:
             elems += h * keys  # dropped probabilities, input of A V
@@ -328,14 +331,15 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             res_drop = layer.residual.dropout > 0
             # a parallel layer's norms all read its input: one tensor, kept once
             parallel = layer.residual.type == "parallel"
-            n_norms = 1 if parallel else 2
+            # sandwich: a second norm on each sublayer's output keeps that output too
+            n_norms = 1 if parallel else (4 if layer.norm.placement == "sandwich" else 2)
             tok = 0.0
             if analysed("attention", layer.attention.type):
                 tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5",
                                         flow=lf and lf.attention)
             cross_here = layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder"
             if cross_here:
-                n_norms += 0 if parallel else 1
+                n_norms += 0 if parallel else (2 if layer.norm.placement == "sandwich" else 1)
                 ca = layer.cross_attention
                 cf = lf and lf.cross_attention
                 if analysed("attention", ca.type):
@@ -401,8 +405,13 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
                 per_seq += rows * 3 * d * act  # dense input, activation input, norm input
             else:  # the dense layer's input, the activation's, the norm's
                 per_seq += rows * (int(hf["dense"][1]) + int(flow.head.dense) + int(flow.head.norm)) * d * act
-        per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
-        per_step += v * d * p.weight if need_w else 0  # weight gradient
+        if getattr(head, "softcap", None) is not None:
+            # capped logits go through autograd: the product's input, the capped logits and
+            # the log-probabilities (float32) are kept, not the gradients
+            per_seq += rows * (d * act + 2 * v * 4)
+        else:
+            per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
+            per_step += v * d * p.weight if need_w else 0  # weight gradient
         per_step += v * p.weight if head.bias and (flow is None or flow.head.bias) else 0  # bias gradient
     elif head.type == "classification" and analysed("head", head.type):
         # (does the product's input need a gradient, does its weight train) per product

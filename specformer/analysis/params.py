@@ -260,16 +260,23 @@ def _stack(role: str, stack: Any, spec: Any) -> Iterator[tuple[str, Shape]]:
     for i in range(stack.n_layers):
         layer = stack.layer(i)
         p = f"{role}.layers.{i}"
+        sandwich = layer.norm.placement == "sandwich"  # a second norm on each sublayer's output
         yield from _norm(f"{p}.attn_norm", layer.norm, d)
         yield from _self_attention(f"{p}.self_attn", layer.attention, d)
+        if sandwich:
+            yield from _norm(f"{p}.attn_post_norm", layer.norm, d)
         shared = layer.residual.shared_norm  # attn_norm feeds every sublayer
         if layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder":
             if not shared:
                 yield from _norm(f"{p}.cross_norm", layer.norm, d)
             yield from _cross_attention(f"{p}.cross_attn", layer.cross_attention, d)
+            if sandwich:
+                yield from _norm(f"{p}.cross_post_norm", layer.norm, d)
         if not shared:
             yield from _norm(f"{p}.ffn_norm", layer.norm, d)
         yield from _ffn(f"{p}.ffn", layer.ffn, d)
+        if sandwich:
+            yield from _norm(f"{p}.ffn_post_norm", layer.norm, d)
     if stack.final_norm:
         yield from _norm(f"{role}.final_norm", stack.norm, d)
     if spec.positional.type == "t5":
@@ -386,6 +393,9 @@ _LAYER_PART = {
     "attn_norm": "norms",
     "cross_norm": "norms",
     "ffn_norm": "norms",
+    "attn_post_norm": "norms",
+    "cross_post_norm": "norms",
+    "ffn_post_norm": "norms",
     "self_attn": "attention",
     "cross_attn": "cross_attention",
     "ffn": "ffn",

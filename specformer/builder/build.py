@@ -18,7 +18,14 @@ import torch
 from torch import nn
 
 from specformer.components.attention import Attention
-from specformer.components.blocks import Block, ParallelBlock, PostNormBlock, PreNormBlock, Stack
+from specformer.components.blocks import (
+    Block,
+    ParallelBlock,
+    PostNormBlock,
+    PreNormBlock,
+    SandwichBlock,
+    Stack,
+)
 from specformer.components.embedding import Embedding
 from specformer.components.heads import LMHead
 from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
@@ -38,6 +45,7 @@ _MODELS: dict[str, type[nn.Module]] = {
 _BLOCKS: dict[tuple[str, str], type[Block]] = {
     ("sequential", "pre"): PreNormBlock,
     ("sequential", "post"): PostNormBlock,
+    ("sequential", "sandwich"): SandwichBlock,
     ("parallel", "pre"): ParallelBlock,
 }
 
@@ -235,8 +243,15 @@ def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bo
         if ls.cross_attention is not None:
             cross_attn = REGISTRY.build("attention", ls.cross_attention, d_model=d_model, cross=True, layer_idx=i)
             cross_norm = None if shared else REGISTRY.build("norm", ls.norm, dim=d_model)
+        post_norms: dict[str, Any] = {}
+        if block_cls is SandwichBlock:  # a second norm on each sublayer's output
+            post_norms = {"attn_post_norm": REGISTRY.build("norm", ls.norm, dim=d_model),
+                          "ffn_post_norm": REGISTRY.build("norm", ls.norm, dim=d_model)}
+            if cross_attn is not None:
+                post_norms["cross_post_norm"] = REGISTRY.build("norm", ls.norm, dim=d_model)
         layers.append(
             block_cls(
+                **post_norms,
                 self_attn=REGISTRY.build("attention", ls.attention, d_model=d_model, cross=False, layer_idx=i),
                 ffn=REGISTRY.build("ffn", ls.ffn, d_model=d_model),
                 attn_norm=REGISTRY.build("norm", ls.norm, dim=d_model),

@@ -1,7 +1,13 @@
 """Torch building blocks: attention, positional schemes, FFNs, norms, blocks, heads, models."""
 
 from specformer.components.attention import Attention
-from specformer.components.blocks import ParallelBlock, PostNormBlock, PreNormBlock, Stack
+from specformer.components.blocks import (
+    ParallelBlock,
+    PostNormBlock,
+    PreNormBlock,
+    SandwichBlock,
+    Stack,
+)
 from specformer.components.cache import CacheNotFilledError, KVCache
 from specformer.components.embedding import Embedding
 from specformer.components.ffn import GLU, MLP
@@ -24,6 +30,7 @@ __all__ = [
     "ParallelBlock",
     "PostNormBlock",
     "PreNormBlock",
+    "SandwichBlock",
     "Stack",
     "KVCache",
     "CacheNotFilledError",

@@ -718,13 +718,17 @@ def eager_attention(
     scale: float,
     dropout: float,
     need_weights: bool = True,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q K^T * scale + mask) V written out (Vaswani et al. 2017, eq. 1); returns
-    (out, weights (B, H, T, S))."""
+    (out, weights (B, H, T, S)). ``softcap``: the scaled scores become cap * tanh(score /
+    cap) before the mask (Gemma 2)."""
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
     scores = torch.matmul(q, k.transpose(-2, -1))  # (B, H, T, S)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # softmax in >= float32
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         t, s = scores.shape[-2:]
         causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
@@ -767,8 +771,11 @@ class Attention(nn.Module):
         self.sliding_window = None if cross else spec.sliding_window
         self.cross = cross
         self.layer_idx = layer_idx
-        self.backend = spec.backend
-        self._attend = BACKENDS[spec.backend]
+        self.softcap = getattr(spec, "softcap", None)
+        # capped scores have no fused kernel: every call writes them out, as the eager backend does
+        self.backend = spec.backend if self.softcap is None else "eager"
+        self._attend = BACKENDS[self.backend] if self.softcap is None else functools.partial(
+            eager_attention, softcap=self.softcap)
         q_size = spec.n_heads * spec.head_dim
         kv_size = spec.n_kv_heads * spec.head_dim
         self._sizes = (q_size, kv_size, kv_size)
@@ -847,7 +854,7 @@ class Attention(nn.Module):
                 v = v.contiguous()  # (B, Hkv, T, Dh)
             if cache is not None:
                 k, v = cache.update(self.layer_idx, k, v, window=self.sliding_window)  # (B, Hkv, S, Dh)
-        attend = eager_attention if need_weights else self._attend
+        attend = functools.partial(eager_attention, softcap=self.softcap) if need_weights else self._attend
         out, weights = attend(
             q,
             k,
@@ -864,7 +871,8 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         kind = "cross" if self.cross else "self"
         window = f", window={self.sliding_window}" if self.sliding_window else ""
+        cap = f", softcap={self.softcap:g}" if self.softcap is not None else ""
         return (
             f"{kind}, heads={self.n_heads}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-            f"backend={self.backend}{window}"
+            f"backend={self.backend}{window}{cap}"
         )

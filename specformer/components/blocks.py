@@ -4,7 +4,8 @@ Shape legend: B batch, T length, S encoder length, D d_model, H heads,
 Tk key length (past + T).
 
 State-dict names inside a layer: ``attn_norm``, ``self_attn``, ``cross_norm``,
-``cross_attn`` (decoder of an encoder-decoder), ``ffn_norm``, ``ffn``. A stack holds
+``cross_attn`` (decoder of an encoder-decoder), ``ffn_norm``, ``ffn``, and with sandwich
+norms ``attn_post_norm``, ``cross_post_norm``, ``ffn_post_norm``. A stack holds
 ``layers.{i}``, ``final_norm`` (when the spec has one) and its positional module
 under the module's own name (``rel_bias`` for T5's table).
 
@@ -16,6 +17,7 @@ probabilities and the FFN hidden layer have their own dropout inside those modul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +29,7 @@ from specformer.components.dropout import Dropout
 from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
-__all__ = ["Block", "PreNormBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs", "padded_on_the_right"]
+__all__ = ["Block", "PreNormBlock", "SandwichBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs", "padded_on_the_right"]
 
 
 def padded_on_the_right(key_padding: Tensor) -> bool:
@@ -231,6 +233,34 @@ class PreNormBlock(Block):
             out, cross_weights = self._cross(self.cross_norm(x), s)
             x = x + out
         x = x + self._ffn(self.ffn_norm(x))
+        return x, weights, cross_weights
+
+
+class SandwichBlock(Block):
+    """Pre-norm wiring with a second norm on each sublayer's output (Gemma 2 and 3)::
+
+        x ──┬──────────────────────────────────────────(+)──┬─────────────────────────────────(+)── out
+            └─ attn_norm ─ self_attn ─ attn_post_norm ───┘   └─ ffn_norm ─ ffn ─ ffn_post_norm ─┘
+
+    (``cross_norm ─ cross_attn ─ cross_post_norm`` in between for a decoder of an
+    encoder-decoder); the stack adds a final norm after the last layer.
+    """
+
+    def __init__(self, *, attn_post_norm: nn.Module, ffn_post_norm: nn.Module,
+                 cross_post_norm: nn.Module | None = None, **parts: Any) -> None:
+        super().__init__(**parts)
+        self.attn_post_norm = attn_post_norm
+        self.cross_post_norm = cross_post_norm
+        self.ffn_post_norm = ffn_post_norm
+
+    def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        out, weights = self._self(self.attn_norm(x), s)
+        x = x + self.attn_post_norm(out)
+        cross_weights = None
+        if self.cross_attn is not None:
+            out, cross_weights = self._cross(self.cross_norm(x), s)
+            x = x + self.cross_post_norm(out)
+        x = x + self.ffn_post_norm(self._ffn(self.ffn_norm(x)))
         return x, weights, cross_weights
 
 

@@ -69,7 +69,8 @@ class _TiedOutput(nn.Module):
 
 class LMHead(_TiedOutput):
     """Language-model head: logits = x W^T (+ b), with W the token embeddings when tied
-    (Press & Wolf 2017). ``scale_input`` first multiplies x by d_model^-0.5 (T5)."""
+    (Press & Wolf 2017). ``scale_input`` first multiplies x by d_model^-0.5 (T5); ``softcap``
+    makes the logits cap * tanh(logit / cap) (Gemma 2), in the loss too."""
 
     def __init__(
         self,
@@ -86,13 +87,16 @@ class LMHead(_TiedOutput):
             nn.Parameter(torch.zeros(vocab_size)) if embedding is not None and spec.bias else None
         )
         self.input_scale = d_model**-0.5 if spec.scale_input else None
+        self.softcap = getattr(spec, "softcap", None)
 
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale
         if self.decoding:  # laid out for decoding: one-row products split over the threads
-            return decode_linear(x, *self._projection())
-        return linear(x, *self._projection())  # (B, T, V)
+            logits = decode_linear(x, *self._projection())
+        else:
+            logits = linear(x, *self._projection())  # (B, T, V)
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
 
     def loss(self, x: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the logits ``forward(x)`` would give against labels (B, T)."""
@@ -100,7 +104,8 @@ class LMHead(_TiedOutput):
         if self.input_scale is not None:
             x = x * self.input_scale
         return linear_cross_entropy(
-            x.reshape(-1, x.shape[-1]), *self._projection(), labels.reshape(-1), label_smoothing=label_smoothing
+            x.reshape(-1, x.shape[-1]), *self._projection(), labels.reshape(-1), label_smoothing=label_smoothing,
+            softcap=self.softcap,
         )
 
     def init_parameters(self, std: float) -> None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from specformer.components.products import add_mm_nt_, in_functorch_transform, mm_nt
+from specformer.components.products import add_mm_nt_, in_functorch_transform, linear, mm_nt
 
 __all__ = ["linear_cross_entropy", "check_label_smoothing", "IGNORE_INDEX"]
 
@@ -231,12 +231,15 @@ def linear_cross_entropy(
     labels: Tensor,
     *,
     label_smoothing: float = 0.0,
+    softcap: float | None = None,
 ) -> Tensor:
     """Mean cross-entropy of ``x @ weight.T + bias`` against ``labels`` over the rows whose
     label is not -100; x (N, D), weight (V, D), bias (V,) or None, labels (N,).
 
     Equal to ``F.cross_entropy`` of the logits in float32 (NaN when no row has a label,
     as there), with the same gradients, in O(chunk x V) memory instead of O(N x V).
+    ``softcap``: of the logits cap * tanh(logit / cap) (Gemma 2), differentiated by autograd
+    chunk by chunk (which keeps each chunk's logits for the backward pass).
     """
     if x.dim() != 2 or labels.shape != (x.shape[0],):
         raise ValueError(
@@ -256,7 +259,7 @@ def linear_cross_entropy(
             f"labels must be class indices in [0, {vocab}) or {IGNORE_INDEX} (no label); "
             f"found {int(labels[bad][0])}"
         )
-    if torch.is_grad_enabled() and (
+    if softcap is None and torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ) and not in_functorch_transform():  # torch.func transforms differentiate the chunks below
         return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing)
@@ -270,7 +273,11 @@ def linear_cross_entropy(
         bc = bias.to(dtype) if bias is not None else None
         step = _chunk_rows(n, vocab, weight.shape[1])
         for _, (xs, ys) in _chunks(step, x, labels):
-            logits = mm_nt(xs.to(dtype), wc, bc).to(acc)
+            if softcap is None:
+                logits = mm_nt(xs.to(dtype), wc, bc).to(acc)
+            else:  # through autograd
+                logits = linear(xs.to(dtype), wc, bc).to(acc)
+                logits = torch.tanh(logits / softcap) * softcap
             total = total + F.cross_entropy(
                 logits, ys, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
             )

@@ -394,6 +394,11 @@ class AttentionSpec(Spec):
     scale: PositiveFloat | None = Field(
         None, description="Softmax scale; default 1/sqrt(head_dim) (T5 uses 1.0)."
     )
+    softcap: PositiveFloat | None = Field(
+        None,
+        description="Soft-cap the scaled scores to cap * tanh(score / cap) before the mask and softmax "
+        "(Gemma 2: 50); computed with explicit scores, as the eager backend does.",
+    )
     qk_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
         "none", description="Normalise queries and keys per head (eps 1e-6) before the dot product."
     )
@@ -469,14 +474,14 @@ def default_glu_d_ff(d_model: int) -> int:
 class _NormBase(Spec):
     type: str
     eps: PositiveFloat = Field(1e-5, description="Added to the variance for stability.")
-    placement: Literal["pre", "post"] = Field(
+    placement: Literal["pre", "post", "sandwich"] = Field(
         "pre",
-        description="pre: x + F(norm(x)); post (the original paper): norm(x + F(x)). "
-        "Only meaningful for a stack's norm.",
+        description="pre: x + F(norm(x)); post (the original paper): norm(x + F(x)); sandwich (Gemma 2): "
+        "x + norm'(F(norm(x))), a second norm on each sublayer's output. Only meaningful for a stack's norm.",
     )
     final: bool | None = Field(
         None,
-        description="A norm after the last layer; default on for pre-norm, off for post-norm. "
+        description="A norm after the last layer; default on for pre-norm and sandwich, off for post-norm. "
         "Only meaningful for a stack's norm.",
     )
 
@@ -509,6 +514,9 @@ class LMHeadSpec(Spec):
     bias: bool = Field(False, description="Bias on the output projection.")
     scale_input: bool = Field(
         False, description="Multiply hidden states by d_model^-0.5 first (T5 with tied embeddings)."
+    )
+    softcap: PositiveFloat | None = Field(
+        None, description="Soft-cap the logits to cap * tanh(logit / cap), in the loss too (Gemma 2: 30)."
     )
 
 
@@ -1027,11 +1035,12 @@ class ModelSpec(Spec):
                 (f"overrides.{i}.residual", ov.residual) for i, ov in enumerate(stack.overrides) if ov.residual
             ]
             for where, residual in residuals:
-                if residual.type == "parallel" and stack.norm.placement == "post":
+                if residual.type == "parallel" and stack.norm.placement != "pre":
                     yield (
                         f"{role}.{where}.type",
                         "a parallel residual is x + attn(norm(x)) + ffn(norm(x)) and needs "
-                        "norm placement pre; post-norm has no parallel form (allowed with post: sequential)",
+                        f"norm placement pre; {stack.norm.placement}-norm has no parallel form "
+                        f"(allowed with {stack.norm.placement}: sequential)",
                     )
                 if residual.shared_norm and residual.type != "parallel":
                     yield (
@@ -1204,7 +1213,7 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
         _fill_ffn(target.get("ffn"), d_model)
         norm = target.get("norm")
         if isinstance(norm, dict) and norm.get("final") is None:
-            norm["final"] = placement == "pre"
+            norm["final"] = placement != "post"
 
 
 def _is_int(x: Any) -> bool:

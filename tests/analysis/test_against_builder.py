@@ -52,6 +52,8 @@ def _attention(draw, d_model: int, *, rope: bool) -> dict:
         att["head_dim"] = head_dim
     if draw(st.booleans()):
         att["sliding_window"] = draw(st.integers(1, 8))
+    if draw(st.booleans()):
+        att["softcap"] = draw(st.sampled_from([1.0, 50.0]))  # scores written out, as eager does
     return att
 
 
@@ -78,7 +80,7 @@ def valid_specs(draw) -> dict:
         "max_seq_len": max_seq_len,
         "positional": positional,
     }
-    placement = draw(st.sampled_from(["pre", "post"]))
+    placement = draw(st.sampled_from(["pre", "post", "sandwich"]))
     for role in {"encoder": ["encoder"], "decoder": ["decoder"], "encoder-decoder": ["encoder", "decoder"]}[kind]:
         n_layers = draw(st.integers(1, 3))
         ffn_type = draw(st.sampled_from(["mlp", "glu"]))
@@ -119,6 +121,8 @@ def valid_specs(draw) -> dict:
     head = draw(st.sampled_from([None, "lm", "mlm", "classification"]))
     if head == "lm":
         spec["head"] = {"type": "lm", "bias": draw(st.booleans())}
+        if draw(st.booleans()):
+            spec["head"]["softcap"] = draw(st.sampled_from([2.0, 30.0]))
     elif head == "mlm":
         spec["head"] = {"type": "mlm", "bias": draw(st.booleans())}
     elif head == "classification":
@@ -177,6 +181,7 @@ _FROZEN = [
     ("gpt-nano", ["decoder.norm.placement=post"], '[embed.*, "decoder.layers.0.*"]'),
     ("gpt-nano", ["decoder.residual.type=parallel"], '[embed.*, "decoder.layers.0.*"]'),
     ("gpt-nano", ["decoder.residual={type: parallel, shared_norm: true}"], '[embed.*, "decoder.layers.0.*"]'),
+    ("gpt-nano", ["decoder.norm.placement=sandwich", "decoder.attention.softcap=50"], '[embed.*, "decoder.layers.0.*"]'),
     ("t5-nano", ["decoder.residual={type: parallel, shared_norm: true}"], '[embed.*, "encoder.*"]'),
     ("gpt-nano", ["decoder.attention.backend=eager", "decoder.attention.sliding_window=16"], '["*.weight"]'),
     ("gpt-nano", ["embedding.tie_output=false"], '[embed.*, "decoder.*"]'),
@@ -190,7 +195,7 @@ _FROZEN = [
     ("gpt-nano", ["decoder.ffn={type: glu, activation: relu, d_ff: 256}"], '[embed.*, "decoder.layers.0.*", "*.gate_proj.*"]'),
 ]
 _FROZEN_IDS = ["gpt-nano", "gpt-nano-gqa-glu-qk-norm", "gpt-nano-post-norm", "gpt-nano-parallel",
-               "gpt-nano-parallel-one-norm", "t5-nano-parallel-one-norm-cross",
+               "gpt-nano-parallel-one-norm", "t5-nano-parallel-one-norm-cross", "gpt-nano-sandwich-softcap",
                "gpt-nano-eager-window-biases-train", "gpt-nano-untied-head-trains", "bert-nano",
                "bert-nano-classifier", "t5-nano", "t5-nano-cross-q-only", "gpt-nano-reglu-up-frozen",
                "gpt-nano-reglu-gate-frozen"]
@@ -350,9 +355,11 @@ def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch,
         # relu's backward reads its output, the tensor the next product keeps anyway
         ("gpt-nano", ["decoder.ffn={type: mlp, activation: relu}", "decoder.norm.type=rmsnorm"]),
         ("gpt-nano", ["decoder.ffn={type: glu, activation: relu}"]),
+        # Gemma 2's: a norm on each sublayer's output, capped scores (written out) and logits
+        ("gpt-nano", ["decoder.norm.placement=sandwich", "decoder.attention.softcap=50", "head.softcap=30"]),
     ],
     ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano", "gpt-nano-large-vocab",
-         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu"],
+         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps"],
 )
 def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[str]) -> None:
     from specformer.analysis import activation_bytes

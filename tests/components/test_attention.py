@@ -3,6 +3,7 @@ with repeated key/value heads, SDPA against the eager backend, masks and qk-norm
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 
 from specformer.builder import build_model
-from specformer.components.attention import Attention, eager_attention
+from specformer.components.attention import Attention, eager_attention, repeat_kv
+from specformer.components.positional import apply_rotary
 from specformer.specs.schema import AttentionSpec, ModelSpec
 
 Tiny = Callable[..., ModelSpec]
@@ -580,3 +582,25 @@ def test_the_float32_attention_measurement_decides_once_and_only_with_onednn(mon
     assert isinstance(first, bool) and seen.names == [] and timed == [1]
     assert attention.float32_attention_is_faster() is first and timed == [1]
     attention._measured_float32_attention.cache_clear()
+
+
+def test_soft_capped_scores_are_cap_tanh_of_the_scaled_scores_before_the_mask(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"attention": {"softcap": 0.5}})).eval()
+    attn = model.decoder.layers[0].self_attn
+    assert attn.backend == "eager"  # capped scores have no fused kernel: every call writes them out
+    seen: dict[str, torch.Tensor] = {}
+    attn.qkv_proj.register_forward_hook(lambda m, i, o: seen.__setitem__("qkv", o))
+    rope = {}
+    model.decoder.layers[0].self_attn.register_forward_pre_hook(
+        lambda m, a, kw: rope.__setitem__("rope", kw["rope"]), with_kwargs=True)
+    out = model(torch.randint(0, 61, (1, 6)), output_attentions=True)
+    h, hkv, dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q, k, _ = seen["qkv"].view(1, 6, h + 2 * hkv, dh).split((h, hkv, hkv), dim=2)
+    q, k = apply_rotary(q, *rope["rope"]), apply_rotary(k, *rope["rope"])
+    q, k = q.transpose(1, 2), repeat_kv(k.transpose(1, 2), h // hkv)
+    scores = 0.5 * torch.tanh(q @ k.transpose(-2, -1) * attn.scale / 0.5)
+    scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(out.attentions[0], scores.softmax(-1), atol=1e-6, rtol=0)
+    # a cap of 0.5 keeps every score within it: the weights of a row stay within e^1 of each other
+    w = out.attentions[0][0, :, -1]
+    assert (w.max(-1).values / w.min(-1).values).max() <= math.e + 1e-4

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from specformer.builder import build_model
-from specformer.components import ParallelBlock, PostNormBlock, PreNormBlock
+from specformer.components import ParallelBlock, PostNormBlock, PreNormBlock, SandwichBlock
 from specformer.specs.schema import ModelSpec
 
 Tiny = Callable[..., ModelSpec]
@@ -88,6 +88,23 @@ def test_parallel_residual_is_neox_style(tiny: Tiny) -> None:
     assert torch.equal(seen["ffn"][0], seen["ffn_norm"][1])
     expected = x + seen["self_attn"][1][0] + seen["ffn"][1]
     assert torch.allclose(seen["block"][1], expected, atol=1e-6)
+
+
+def test_sandwich_norms_normalise_each_sublayer_output_before_the_sum(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"norm": {"placement": "sandwich"}})).eval()
+    block = model.decoder.layers[0]
+    assert isinstance(block, SandwichBlock) and model.decoder.final_norm is not None  # final on by default
+    seen = _record(block)
+    for name in ("attn_post_norm", "ffn_post_norm"):
+        getattr(block, name).register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, (a[0], o)))
+    _run(model)
+    x = seen["block"][0]
+    assert torch.equal(seen["attn_norm"][0], x)
+    assert torch.equal(seen["attn_post_norm"][0], seen["self_attn"][1][0])  # norm'(attn(norm(x)))
+    h = x + seen["attn_post_norm"][1]
+    assert torch.allclose(seen["ffn_norm"][0], h, atol=1e-6)
+    assert torch.equal(seen["ffn_post_norm"][0], seen["ffn"][1])
+    assert torch.allclose(seen["block"][1], h + seen["ffn_post_norm"][1], atol=1e-6)
 
 
 def test_parallel_residual_with_one_norm_is_gptj_style(tiny: Tiny) -> None:

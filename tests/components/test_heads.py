@@ -83,3 +83,19 @@ def test_shared_and_separate_encoder_decoder_embeddings(tiny: Tiny) -> None:
     n_shared = sum(p.numel() for p in shared.parameters())
     n_separate = sum(p.numel() for p in separate.parameters())
     assert n_separate - n_shared == 61 * 32
+
+
+def test_lm_head_softcap_caps_the_logits_and_the_loss_uses_them(tiny: Tiny) -> None:
+    model = build_model(tiny(head={"type": "lm", "softcap": 2.0}))
+    h = torch.randn(2, 5, 32, requires_grad=True)
+    raw = F.linear(h, model.embed.tokens.weight)
+    torch.testing.assert_close(model.head(h), 2.0 * torch.tanh(raw / 2.0))
+    assert model.head(h).abs().max() < 2.0
+    labels = torch.randint(0, 61, (2, 5))
+    labels[0, :2] = -100
+    loss = model.head.loss(h, labels)
+    want = F.cross_entropy((2.0 * torch.tanh(raw / 2.0)).reshape(-1, 61), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(loss, want)
+    (g,) = torch.autograd.grad(loss, h)
+    (g_want,) = torch.autograd.grad(want, h)
+    torch.testing.assert_close(g, g_want)

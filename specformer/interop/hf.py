@@ -188,6 +188,7 @@ def _tokens_name(model_type: str) -> str:
         "qwen3": "model.embed_tokens.weight",
         "phi3": "model.embed_tokens.weight",
         "gemma": "model.embed_tokens.weight",
+        "gemma2": "model.embed_tokens.weight",
         "gpt_neox": "gpt_neox.embed_in.weight",
         "phi": "model.embed_tokens.weight",
         "gptj": "transformer.wte.weight",
@@ -656,7 +657,11 @@ def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:
     hf_config.tie_word_embeddings = spec.embedding.tie_output
     tensors = hf_state_dict(model, spec)
     dtype = next(iter(model.parameters())).dtype
-    hf_model = hf_auto_class(spec).from_config(hf_config).to(dtype)
+    # soft-capped scores (Gemma 2) only in transformers' eager attention: its SDPA (the default
+    # of earlier 5.x releases, 5.16 among them) leaves the cap out
+    capped = any(getattr(stack.attention, "softcap", None) is not None for _, stack in spec.stacks())
+    extra = {"attn_implementation": "eager"} if capped else {}
+    hf_model = hf_auto_class(spec).from_config(hf_config, **extra).to(dtype)
     result = hf_model.load_state_dict(tensors, strict=False)
     tied = set(_FAMILIES[config["model_type"]].tied_copies)
     missing = [k for k in result.missing_keys if k not in tied]

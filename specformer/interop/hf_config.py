@@ -384,8 +384,12 @@ _PHI3_DEFAULTS = {"intermediate_size": 8192, "max_position_embeddings": 4096, "n
 _GEMMA_DEFAULTS = {"intermediate_size": 24576, "max_position_embeddings": 8192, "num_key_value_heads": 16,
                    "vocab_size": 256000, "head_dim": 256, "hidden_size": 3072, "num_attention_heads": 16,
                    "num_hidden_layers": 28, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
+_GEMMA2_DEFAULTS = {"intermediate_size": 9216, "max_position_embeddings": 8192, "num_key_value_heads": 4,
+                    "vocab_size": 256000, "head_dim": 256, "hidden_size": 2304, "num_attention_heads": 8,
+                    "num_hidden_layers": 26, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
 _LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
-                        "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS}
+                        "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS,
+                        "gemma2": _GEMMA2_DEFAULTS}
 
 
 def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
@@ -404,8 +408,21 @@ def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
     return [window if kind == "sliding_attention" else None for kind in types]
 
 
+def _gemma2_windows(c: _Config, n_layers: int) -> list[int | None]:
+    """Each layer's sliding window as transformers' Gemma 2 computes it: ``sliding_window``
+    (4096 when absent) in the layers ``layer_types`` says slide, by default every other one
+    from the first."""
+    window = c.data.get("sliding_window", 4096)
+    types = c("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    if len(types) != n_layers:
+        raise HFConversionError(
+            f"{c.family} config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
+        )
+    return [window if kind == "sliding_attention" else None for kind in types]
+
+
 def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
-    """Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma. transformers' Llama has no sliding window (a
+    """Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and Gemma 2. transformers' Llama has no sliding window (a
     ``sliding_window`` key is ignored); its Mistral windows every layer by ``sliding_window``
     (4096 when the key is absent, none when it is null) and ignores ``use_sliding_window``
     and ``layer_types``, and has no biases. Qwen2 is Llama with biases on the query, key and
@@ -418,9 +435,12 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     Phi-4-mini rotates 75%), and ``resid_pdrop`` on both branches. Gemma (the first) is
     Llama with RMSNorms whose gain is ``1 + weight`` (``norm.offset: 1``), embeddings scaled by
     sqrt(hidden_size), GELU (tanh) gates (its legacy ``hidden_act: gelu`` means that too), a
-    head_dim of 256 and tied embeddings by default. The import computes what transformers
-    computes."""
-    mistral, qwen2, qwen3, phi3, gemma = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma"))
+    head_dim of 256 and tied embeddings by default. Gemma 2 adds a norm on each sublayer's
+    output (sandwich), soft-capped scores and logits, scores scaled by
+    ``query_pre_attn_scalar``^-1/2, and a window on the layers ``layer_types`` names (every
+    other one by default). The import computes what transformers computes."""
+    mistral, qwen2, qwen3, phi3, gemma2 = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma2"))
+    gemma = family in ("gemma", "gemma2")
     defaults = _LLAMA_LIKE_DEFAULTS[family]
     d = c("hidden_size", defaults.get("hidden_size", 4096))
     n_heads = c("num_attention_heads", defaults.get("num_attention_heads", 32))
@@ -449,8 +469,16 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
                 f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
             )
         att["qk_norm"] = "rmsnorm"
-    if qwen2 or qwen3:
-        windows = _qwen_windows(c, n_layers)
+    if gemma2:
+        # scores scaled by query_pre_attn_scalar^-0.5 and soft-capped; Gemma 2's default scalar
+        # is its default head_dim, 256
+        scalar = c("query_pre_attn_scalar", 256)
+        if scalar != att["head_dim"]:
+            att["scale"] = float(scalar) ** -0.5
+        if c("attn_logit_softcapping") is not None:
+            att["softcap"] = float(c("attn_logit_softcapping"))
+    if qwen2 or qwen3 or gemma2:
+        windows = _gemma2_windows(c, n_layers) if gemma2 else _qwen_windows(c, n_layers)
         if len(set(windows)) == 1:
             att["sliding_window"] = windows[0]
         else:
@@ -465,12 +493,15 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         "attention": att,
         "ffn": {
             "type": "glu",
-            "activation": "gelu_tanh" if gemma and c("hidden_act") == "gelu" else c.activation(
+            "activation": c.activation("hidden_activation", "gelu_pytorch_tanh") if gemma2
+            else "gelu_tanh" if gemma and c("hidden_act") == "gelu" else c.activation(
                 "hidden_act", defaults.get("hidden_act", "silu")),
             "d_ff": c("intermediate_size", defaults["intermediate_size"]),
             "bias": bool(c("mlp_bias", False)) and family == "llama",
         },
-        "norm": {"type": "rmsnorm", "placement": "pre", "eps": eps, **({"offset": 1.0} if gemma else {})},
+        # Gemma 2: a second norm on each sublayer's output
+        "norm": {"type": "rmsnorm", "placement": "sandwich" if gemma2 else "pre", "eps": eps,
+                 **({"offset": 1.0} if gemma else {})},
     }
     if overrides:
         stack["overrides"] = overrides
@@ -501,7 +532,8 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         "decoder": stack,
         "embedding": {"tie_output": bool(c("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
                       **({"scale": True} if gemma else {})},
-        "head": {"type": "lm", "bias": False},
+        "head": {"type": "lm", "bias": False, **({"softcap": float(c("final_logit_softcapping"))}
+                                                 if gemma2 and c("final_logit_softcapping") is not None else {})},
         "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
     }
 
@@ -669,6 +701,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "qwen3": lambda c: _llama(c, "qwen3"),
     "phi3": lambda c: _llama(c, "phi3"),
     "gemma": lambda c: _llama(c, "gemma"),
+    "gemma2": lambda c: _llama(c, "gemma2"),
     "gpt_neox": _gpt_neox,
     "phi": _phi,
     "gptj": _gptj,
@@ -686,7 +719,6 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
-    "gemma2": "logit soft-capping and a norm after each sublayer as well as before it",
     "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
     "distilbert": "sinusoidal-or-learned positions without segment embeddings (different layer names)",
 }
@@ -718,6 +750,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "qwen3": {"Qwen3ForCausalLM": "lm", "Qwen3Model": "base"},
     "phi3": {"Phi3ForCausalLM": "lm", "Phi3Model": "base"},
     "gemma": {"GemmaForCausalLM": "lm", "GemmaModel": "base"},
+    "gemma2": {"Gemma2ForCausalLM": "lm", "Gemma2Model": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
     "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
     "gptj": {"GPTJForCausalLM": "lm", "GPTJModel": "base"},
@@ -952,8 +985,10 @@ def hf_family(spec: ModelSpec) -> str:
             return "gpt2"
         if pos == "rope" and stack.norm.type == "rmsnorm":
             layers = list(stack.layers())
-            if stack.norm.offset:
-                return "gemma"
+            if stack.norm.offset:  # Gemma 2: sandwich norms, soft-capped scores and logits
+                sandwich = stack.norm.placement == "sandwich" or any(
+                    getattr(layer.attention, "softcap", None) for layer in layers)
+                return "gemma2" if sandwich or getattr(spec.head, "softcap", None) else "gemma"
             if any(layer.attention.qk_norm != "none" for layer in layers):
                 return "qwen3"
             if spec.positional.fraction != 1.0:  # Phi-3 alone rotates a share of the features
@@ -980,7 +1015,7 @@ def hf_family(spec: ModelSpec) -> str:
         f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
         "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
-        "Gemma with (1 + weight) rmsnorm, GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and "
+        "Gemma with (1 + weight) rmsnorm, Gemma 2 with those and sandwich norms or soft caps, GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and "
         "one norm per parallel block, Falcon with grouped keys), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
@@ -1141,7 +1176,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     att = s.attention
     out: dict[str, Any] = {
         "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                           "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+                           "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
+                           "gemma2": "Gemma2ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -1182,6 +1218,17 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
         # older transformers read the window's layers from max_window_layers alone
         out["max_window_layers"] = next((i for i, w in enumerate(windows) if w is not None), s.n_layers)
+    elif model_type == "gemma2":
+        out["hidden_activation"] = out.pop("hidden_act")
+        out["attention_bias"] = att.bias
+        scalar = att.head_dim if att.scale is None else 1.0 / att.scale**2
+        out["query_pre_attn_scalar"] = round(scalar) if math.isclose(scalar, round(scalar)) else scalar
+        out["attn_logit_softcapping"] = att.softcap
+        out["final_logit_softcapping"] = spec.head.softcap
+        # one window, in the layers layer_types names (the check after export names any other)
+        windows = [layer.attention.sliding_window for layer in s.layers()]
+        out["sliding_window"] = next((w for w in windows if w is not None), None)
+        out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
     else:
         out["attention_bias"] = att.bias
         if model_type == "llama":  # Gemma's FFN has no biases
@@ -1310,6 +1357,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "qwen3": lambda s: _export_llama(s, "qwen3"),
     "phi3": lambda s: _export_llama(s, "phi3"),
     "gemma": lambda s: _export_llama(s, "gemma"),
+    "gemma2": lambda s: _export_llama(s, "gemma2"),
     "gpt_neox": _export_gpt_neox,
     "phi": _export_phi,
     "gptj": _export_gptj,

@@ -187,7 +187,7 @@ _FAMILIES: dict[str, _Family] = {
         tied_copies=("lm_head.weight",),
     ),
 }
-for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma"):
+for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"):
     _FAMILIES[_name] = _FAMILIES["llama"]
 
 
@@ -366,6 +366,26 @@ def _llama(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _gemma2(spec: ModelSpec) -> Iterator[Rule]:
+    """Gemma 2: Llama's names, with a norm before and after each sublayer."""
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
+        a, bias = f"{t}.self_attn", layer.attention.bias
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
+                           bias, "rows", _qkv_sizes(layer.attention))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", layer.attention.output_bias)
+        yield from _norm(f"{o}.attn_post_norm", f"{t}.post_attention_layernorm", layer.norm)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.pre_feedforward_layernorm", layer.norm)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield from _linear(f"{o}.ffn.{proj}", f"{t}.mlp.{proj}", layer.ffn.bias)
+        yield from _norm(f"{o}.ffn_post_norm", f"{t}.post_feedforward_layernorm", layer.norm)
+    yield from _norm("decoder.final_norm", "model.norm", s.norm)
+    yield from _lm_head(spec)
+
+
 def _phi3(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
@@ -480,6 +500,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "qwen3": _llama,
     "phi3": _phi3,
     "gemma": _llama,
+    "gemma2": _gemma2,
     "gpt_neox": _gpt_neox,
     "phi": _phi,
     "gptj": _gptj,

@@ -209,6 +209,18 @@ OTHERS: dict[str, dict[str, Any]] = {
         "num_kv_heads": 8, "parallel_attn": True, "torch_dtype": "bfloat16", "use_cache": True,
         "vocab_size": 65024,
     },
+    # google/gemma-2-2b: sandwich norms, soft-capped scores (50) and logits (30), a window on
+    # every other layer
+    "gemma-2-2b": {
+        "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+        "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+        "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+        "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+        "torch_dtype": "float32", "vocab_size": 256000,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -244,7 +256,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
         "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
-                                              "phi", "gptj", "falcon") else "encoder")
+                                              "phi", "gptj", "falcon", "gemma2") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -375,6 +387,29 @@ def test_falcon_7b_and_40b_layouts() -> None:
     assert hf_config_from_spec(mha, imported_as="falcon")["model_type"] == "falcon"
 
 
+def test_gemma2_has_sandwich_norms_soft_caps_and_alternating_windows() -> None:
+    spec = spec_from_hf_config(OTHERS["gemma-2-2b"])
+    s = spec.decoder
+    assert (s.norm.placement, s.norm.offset, s.attention.softcap, spec.head.softcap) == ("sandwich", 1.0, 50.0, 30.0)
+    assert s.attention.scale is None  # query_pre_attn_scalar 256 is head_dim
+    assert [s.layer(i).attention.sliding_window for i in range(4)] == [4096, None, 4096, None]
+    assert count_parameters(spec).total == 2_614_341_888  # gemma-2-2b's 2.6B
+    config = hf_config_from_spec(spec)
+    assert (config["model_type"], config["query_pre_attn_scalar"], config["attn_logit_softcapping"],
+            config["final_logit_softcapping"]) == ("gemma2", 256, 50.0, 30.0)
+    assert config["layer_types"][:2] == ["sliding_attention", "full_attention"]
+    # another scalar (Gemma 2 27B's 144 with head_dim 128) is the softmax scale, and exports back as written
+    other = spec_from_hf_config({**OTHERS["gemma-2-2b"], "head_dim": 128, "query_pre_attn_scalar": 144})
+    assert other.decoder.attention.scale == 144 ** -0.5
+    assert hf_config_from_spec(other)["query_pre_attn_scalar"] == 144
+    # a Gemma without sandwich norms or caps is the first Gemma
+    first = spec_from_hf_config({**OTHERS["gemma-2-2b"], "attn_logit_softcapping": None,
+                                 "final_logit_softcapping": None})
+    assert hf_family(first) == "gemma2"  # its sandwich norms still say Gemma 2
+    _refused(lambda: hf_config_from_spec(load_spec("llama2-7b", ["decoder.norm.placement=sandwich"])),
+             ["llama", "decoder.norm.placement = 'sandwich'"])
+
+
 def test_gptj_rotary_dim_must_be_an_even_share_of_a_head() -> None:
     _refused(lambda: spec_from_hf_config({**OTHERS["gpt-j-6b"], "rotary_dim": None}), ["rotary_dim=None"])
     _refused(lambda: spec_from_hf_config({**OTHERS["gpt-j-6b"], "rotary_dim": 63}), ["rotary_dim=63", "even"])
@@ -441,7 +476,7 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
-        ({"model_type": "gemma2", "hidden_size": 64}, ["gemma2", "logit soft-capping", "llama"]),
+        ({"model_type": "opt", "hidden_size": 64}, ["opt", "learned positions offset by 2", "llama"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],

@@ -172,6 +172,14 @@ TINY: dict[str, dict[str, Any]] = {
     # every head its own keys ((H, 3, Dh) rows), biases, sequential blocks: GPT-NeoX's structure
     "falcon-mha": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "multi_query": False,
                    "parallel_attn": False, "bias": True, "max_position_embeddings": 64},
+    # Gemma 2: a norm before and after each sublayer, soft-capped scores and logits (caps small
+    # enough to act on these weights), scores scaled by query_pre_attn_scalar, a window on
+    # every other layer
+    "gemma2": {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
+               "max_position_embeddings": 64, "sliding_window": 5, "query_pre_attn_scalar": 24,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+               "tie_word_embeddings": False},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
     "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -201,6 +209,10 @@ def _hf_model(family: str, seed: int = 0) -> Any:
     (norm gains and biases too) perturbed so that no mapping passes by accident."""
     model_type = _model_type(family)
     config = transformers.AutoConfig.for_model(model_type, **{**_SMALL, **TINY[family]})
+    if model_type == "gemma" and config.hidden_act == "gelu":
+        # released Gemma configs' legacy `gelu` means the tanh approximation, as the import and
+        # later transformers read it; earlier 5.x releases (5.16) compute it exactly
+        config.hidden_act = "gelu_pytorch_tanh"
     auto = {
         "t5": transformers.AutoModelForSeq2SeqLM,
         "mt5": transformers.AutoModelForSeq2SeqLM,
@@ -212,7 +224,10 @@ def _hf_model(family: str, seed: int = 0) -> Any:
     if family.endswith("-cls"):
         auto = transformers.AutoModelForSequenceClassification
     torch.manual_seed(seed)
-    model = auto.from_config(config).eval()
+    # Gemma 2's soft-capped scores: transformers computes them in its eager attention alone
+    # (earlier 5.x releases, 5.16 among them, default to SDPA, which leaves the cap out)
+    extra = {"attn_implementation": "eager"} if model_type == "gemma2" else {}
+    model = auto.from_config(config, **extra).eval()
     model.config.architectures = [type(model).__name__]  # as save_pretrained records it
     with torch.no_grad():
         for p in model.parameters():
@@ -507,7 +522,8 @@ def test_export_loads_back_into_transformers(family: str, tmp_path) -> None:
     hf = _hf_model(family)
     spec, model = _imported(hf)
     save_hf(model, spec, tmp_path, imported_as=_model_type(family))  # as export-hf of imported weights
-    loaded = type(hf).from_pretrained(tmp_path).eval()
+    extra = {"attn_implementation": "eager"} if _model_type(family) == "gemma2" else {}  # see _hf_model
+    loaded = type(hf).from_pretrained(tmp_path, **extra).eval()
     live = to_hf(model, spec)
     ids, mask = _inputs(seed=4)
     kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
@@ -766,6 +782,7 @@ _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERT
                  "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
                  "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "gptj": "### GPT-J",
                  "gptj-full": "### GPT-J", "falcon-new": "### Falcon",
+                 "gemma2": "### Gemma 2",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}
 

@@ -193,6 +193,7 @@ def _tokens_name(model_type: str) -> str:
         "phi": "model.embed_tokens.weight",
         "gptj": "transformer.wte.weight",
         "falcon": "transformer.word_embeddings.weight",
+        "starcoder2": "model.embed_tokens.weight",
     }[model_type]
 
 

@@ -116,6 +116,13 @@ class _Config:
             rope["scaling"] = self._rope_scaling(rope_type, params)
         return rope
 
+    def full_rope(self, family: str) -> dict[str, Any]:
+        """:meth:`rope` of a family that rotates every feature of a head: a rotary share is refused."""
+        rope = self.rope()
+        if rope.pop("fraction") != 1.0:
+            raise self.refuse("partial_rotary_factor", f"{family} rotates every feature of a head")
+        return rope
+
     def _rope_scaling(self, rope_type: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """The spec's ``positional.scaling`` for a scaled rope_type, with the defaults
         transformers fills in (an original context of max_position_embeddings, YaRN's and
@@ -661,9 +668,7 @@ def _falcon(c: _Config) -> dict[str, Any]:
         kv_heads = c("num_kv_heads", heads)
     else:
         kv_heads = 1 if c("multi_query", True) else heads
-    positional = c.rope()
-    if positional.pop("fraction") != 1.0:
-        raise c.refuse("partial_rotary_factor", "Falcon rotates every feature of a head")
+    positional = c.full_rope("Falcon")
     bias = bool(c("bias", False))
     return {
         "kind": "decoder",
@@ -687,6 +692,37 @@ def _falcon(c: _Config) -> dict[str, Any]:
     }
 
 
+def _starcoder2(c: _Config) -> dict[str, Any]:
+    """StarCoder2: a pre-norm decoder with LayerNorm, rotary over every feature, grouped
+    keys, ``use_bias`` on every projection, a GELU (tanh) MLP, ``sliding_window`` on every
+    layer (none when null), tied embeddings by default."""
+    heads = c("num_attention_heads", 24)
+    # a key written as null takes the query heads; an absent one the config class's default, 2
+    kv_heads = c.data["num_key_value_heads"] if "num_key_value_heads" in c.data else 2
+    positional = c.full_rope("StarCoder2")
+    bias = bool(c("use_bias", True))
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 49152),
+        "d_model": c("hidden_size", 3072),
+        "max_seq_len": c("max_position_embeddings", 4096),
+        "positional": positional,
+        "decoder": {
+            "n_layers": c("num_hidden_layers", 30),
+            "attention": {"n_heads": heads, "n_kv_heads": kv_heads or heads, "bias": bias,
+                          "dropout": _dropout(c("attention_dropout", 0.0)), "sliding_window": c("sliding_window")},
+            "ffn": {"type": "mlp", "d_ff": c("intermediate_size", 12288),
+                    "activation": c.activation("hidden_act", "gelu_pytorch_tanh"), "bias": bias},
+            "norm": {"type": "layernorm", "placement": "pre", "eps": c("norm_epsilon", 1e-5)},
+            "residual": {"type": "sequential", "dropout": _dropout(c("residual_dropout", 0.0))},
+        },
+        "embedding": {"tie_output": bool(c("tie_word_embeddings", True)),
+                      "dropout": _dropout(c("embedding_dropout", 0.0))},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("initializer_range", 0.018042), "scaled_residual": False},
+    }
+
+
 _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
     "bert": lambda c: _bert_like(c, roberta=False),
@@ -706,6 +742,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "phi": _phi,
     "gptj": _gptj,
     "falcon": _falcon,
+    "starcoder2": _starcoder2,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
@@ -755,6 +792,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
     "gptj": {"GPTJForCausalLM": "lm", "GPTJModel": "base"},
     "falcon": {"FalconForCausalLM": "lm", "FalconModel": "base"},
+    "starcoder2": {"Starcoder2ForCausalLM": "lm", "Starcoder2Model": "base"},
 }
 
 # Why transformers' other task classes are refused, by class-name suffix and the family's
@@ -1000,6 +1038,10 @@ def hf_family(spec: ModelSpec) -> str:
             shared = any(layer.residual.shared_norm for layer in stack.layers())
             if shared and stack.attention.bias:  # one norm for both sublayers, attention biases
                 return "phi"
+            kv, heads = stack.attention.n_kv_heads, stack.attention.n_heads
+            if all(layer.residual.type == "sequential" for layer in stack.layers()) and (
+                    kv not in (1, heads) or _any_sliding(stack)):
+                return "starcoder2"  # sequential blocks with grouped keys or a window
             if stack.attention.n_kv_heads != stack.attention.n_heads:
                 return "falcon"  # grouped keys without Phi's biases
             if shared:  # GPT-J's LM head has a bias, Falcon's none
@@ -1016,7 +1058,8 @@ def hf_family(spec: ModelSpec) -> str:
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
         "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
         "Gemma with (1 + weight) rmsnorm, Gemma 2 with those and sandwich norms or soft caps, GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and "
-        "one norm per parallel block, Falcon with grouped keys), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "one norm per parallel block, Falcon with grouped keys, StarCoder2 with grouped keys or a window in "
+        "sequential blocks), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -1029,6 +1072,8 @@ def export_family(spec: ModelSpec, imported_as: str | None = None) -> str:
         return "phi3"
     if imported_as == "falcon" and family in ("gpt_neox", "gptj", "phi"):
         return "falcon"  # a Falcon whose structure another family also has (MHA, biased, sequential)
+    if imported_as == "starcoder2" and family in ("gpt_neox", "falcon"):
+        return "starcoder2"  # one without a window whose keys are a GPT-NeoX's or a Falcon's
     return family
 
 
@@ -1345,6 +1390,33 @@ def _export_falcon(spec: ModelSpec) -> dict[str, Any]:
     return out
 
 
+def _export_starcoder2(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    att = s.attention
+    windows = {layer.attention.sliding_window for layer in s.layers()}
+    return {
+        "architectures": ["Starcoder2ForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "intermediate_size": s.ffn.d_ff,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": att.n_heads,
+        "num_key_value_heads": att.n_kv_heads,
+        "hidden_act": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
+        "max_position_embeddings": spec.max_seq_len,
+        "initializer_range": spec.init.std,
+        "norm_epsilon": s.norm.eps,
+        "use_bias": att.bias,
+        "sliding_window": next(iter(windows)) if len(windows) == 1 else None,
+        "rope_parameters": _rope_parameters(spec.positional),
+        "attention_dropout": att.dropout,
+        "residual_dropout": s.residual.dropout,
+        "embedding_dropout": spec.embedding.dropout,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
 _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
     "bert": lambda s: _export_bert(s, roberta=False),
@@ -1362,6 +1434,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "phi": _export_phi,
     "gptj": _export_gptj,
     "falcon": _export_falcon,
+    "starcoder2": _export_starcoder2,
 }
 
 _TRAINING_ONLY = ("dropout", "init.")

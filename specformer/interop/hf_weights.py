@@ -168,6 +168,12 @@ _FAMILIES: dict[str, _Family] = {
         tied_copies=("lm_head.weight",),
         aliases=((r"^embed_out\.weight$", "lm_head.weight"),),
     ),
+    "starcoder2": _Family(
+        prefix="model.",
+        heads=("lm_head.",),
+        ignore=(r"rotary_emb\.(inv_freq|original_inv_freq)$",),
+        tied_copies=("lm_head.weight",),
+    ),
     "phi": _Family(
         prefix="model.",
         heads=("lm_head.",),
@@ -212,6 +218,13 @@ def _norm(ours: str, theirs: str, norm: Any) -> Iterator[Rule]:
 def _qkv_sizes(att: Any) -> tuple[int, int, int]:
     q, kv = att.n_heads * att.head_dim, att.n_kv_heads * att.head_dim
     return q, kv, kv
+
+
+def _separate_qkv(ours: str, theirs: str, att: Any) -> Iterator[Rule]:
+    """The fused ``qkv_proj`` of layer ``ours`` from the attention ``theirs``' separate
+    ``q_proj``, ``k_proj`` and ``v_proj`` (rows concatenated)."""
+    yield from _linear(f"{ours}.self_attn.qkv_proj", (f"{theirs}.q_proj", f"{theirs}.k_proj", f"{theirs}.v_proj"),
+                       att.bias, "rows", _qkv_sizes(att))
 
 
 def _lm_head(spec: ModelSpec, name: str = "lm_head") -> Iterator[Rule]:
@@ -351,10 +364,9 @@ def _llama(spec: ModelSpec) -> Iterator[Rule]:
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
     for i in range(s.n_layers):
         o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
-        a, bias = f"{t}.self_attn", layer.attention.bias
+        a = f"{t}.self_attn"
         yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
-        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
-                           bias, "rows", _qkv_sizes(layer.attention))
+        yield from _separate_qkv(o, a, layer.attention)
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", layer.attention.output_bias)
         if layer.attention.qk_norm != "none":  # Qwen3
             yield from _norm(f"{o}.self_attn.q_norm", f"{a}.q_norm", None)
@@ -372,10 +384,9 @@ def _gemma2(spec: ModelSpec) -> Iterator[Rule]:
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
     for i in range(s.n_layers):
         o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
-        a, bias = f"{t}.self_attn", layer.attention.bias
+        a = f"{t}.self_attn"
         yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
-        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
-                           bias, "rows", _qkv_sizes(layer.attention))
+        yield from _separate_qkv(o, a, layer.attention)
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", layer.attention.output_bias)
         yield from _norm(f"{o}.attn_post_norm", f"{t}.post_attention_layernorm", layer.norm)
         yield from _norm(f"{o}.ffn_norm", f"{t}.pre_feedforward_layernorm", layer.norm)
@@ -435,8 +446,7 @@ def _phi(spec: ModelSpec) -> Iterator[Rule]:
         o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
         a, att = f"{t}.self_attn", layer.attention
         yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
-        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"),
-                           att.bias, "rows", _qkv_sizes(att))
+        yield from _separate_qkv(o, a, att)
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.dense", att.output_bias)
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.fc1", layer.ffn.bias)
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.fc2", layer.ffn.bias)
@@ -488,6 +498,22 @@ def _falcon(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _starcoder2(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
+        a, att = f"{t}.self_attn", layer.attention
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _separate_qkv(o, a, att)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", att.output_bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.c_fc", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.c_proj", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "model.norm", s.norm)
+    yield from _lm_head(spec)
+
+
 _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt2": _gpt2,
     "bert": lambda spec: _bert_like(spec, "bert"),
@@ -505,6 +531,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "phi": _phi,
     "gptj": _gptj,
     "falcon": _falcon,
+    "starcoder2": _starcoder2,
 }
 
 
@@ -630,6 +657,8 @@ def _checkpoint_family(state_dict: Mapping[str, Tensor], family: str) -> str:
     if family in ("gpt_neox", "gptj", "phi") and any(n.endswith("self_attention.query_key_value.weight")
                                                      for n in state_dict):
         return "falcon"  # a Falcon with one key/value head per query head (or biases): another's structure
+    if family in ("gpt_neox", "falcon") and any(n.endswith("mlp.c_fc.weight") for n in state_dict):
+        return "starcoder2"  # a StarCoder2 without a window whose keys are GPT-NeoX's or Falcon's
     return family
 
 

@@ -221,6 +221,16 @@ OTHERS: dict[str, dict[str, Any]] = {
         "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
         "torch_dtype": "float32", "vocab_size": 256000,
     },
+    # bigcode/starcoder2-3b: grouped keys, biases, a window of 4096 on every layer
+    "starcoder2-3b": {
+        "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1, "residual_dropout": 0.1,
+        "embedding_dropout": 0.1, "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 3072, "initializer_range": 0.018042, "intermediate_size": 12288, "norm_epsilon": 1e-05,
+        "max_position_embeddings": 16384, "mlp_type": "default", "model_type": "starcoder2",
+        "num_attention_heads": 24, "num_hidden_layers": 30, "num_key_value_heads": 2,
+        "rope_theta": 999999.4420358813, "sliding_window": 4096, "torch_dtype": "float32", "use_bias": True,
+        "use_cache": True, "vocab_size": 49152,
+    },
     # T5 v1.1's and RoBERTa's models under other names
     "mt5-small": {
         "architectures": ["MT5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
@@ -256,7 +266,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
         "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
-                                              "phi", "gptj", "falcon", "gemma2") else "encoder")
+                                              "phi", "gptj", "falcon", "gemma2", "starcoder2") else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -408,6 +418,22 @@ def test_gemma2_has_sandwich_norms_soft_caps_and_alternating_windows() -> None:
     assert hf_family(first) == "gemma2"  # its sandwich norms still say Gemma 2
     _refused(lambda: hf_config_from_spec(load_spec("llama2-7b", ["decoder.norm.placement=sandwich"])),
              ["llama", "decoder.norm.placement = 'sandwich'"])
+
+
+def test_starcoder2_is_a_windowed_grouped_query_layernorm_decoder() -> None:
+    spec = spec_from_hf_config(OTHERS["starcoder2-3b"])
+    att, s = spec.decoder.attention, spec.decoder
+    assert (att.n_heads, att.n_kv_heads, att.sliding_window, att.bias, s.ffn.bias) == (24, 2, 4096, True, True)
+    assert (s.norm.type, s.residual.type, s.residual.dropout, spec.embedding.dropout) == ("layernorm", "sequential",
+                                                                                       0.1, 0.1)
+    assert spec.embedding.tie_output and spec.positional.base == 999999.4420358813
+    config = hf_config_from_spec(spec)
+    assert (config["model_type"], config["sliding_window"], config["num_key_value_heads"]) == ("starcoder2", 4096, 2)
+    # multi-query without a window is Falcon's structure: imported weights go back as StarCoder2's
+    mqa = spec_from_hf_config({**OTHERS["starcoder2-3b"], "num_key_value_heads": 1, "sliding_window": None,
+                               "use_bias": False})
+    assert hf_family(mqa) == "falcon"
+    assert hf_config_from_spec(mqa, imported_as="starcoder2")["model_type"] == "starcoder2"
 
 
 def test_gptj_rotary_dim_must_be_an_even_share_of_a_head() -> None:

@@ -180,6 +180,14 @@ TINY: dict[str, dict[str, Any]] = {
                "max_position_embeddings": 64, "sliding_window": 5, "query_pre_attn_scalar": 24,
                "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                "tie_word_embeddings": False},
+    # StarCoder2: sequential LayerNorm blocks with grouped keys, biases, a window, tied
+    "starcoder2": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+                   "sliding_window": 5},
+    # and multi-query, no window, untied, no biases
+    "starcoder2-mqa": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 1, "intermediate_size": 48, "max_position_embeddings": 64,
+                       "use_bias": False, "tie_word_embeddings": False, "rope_theta": 500.0},
     "gpt_neox": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.5},
     "gpt_neox-linear": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -198,10 +206,11 @@ def _model_type(family: str) -> str:
 
 
 def _names(family: str) -> str | None:
-    """The family whose tensor names a converted state dict takes: a Phi-3's or a Falcon's own
-    (a Phi-3 rotating every feature has a Llama's spec, a Falcon with a key/value head per
-    query head GPT-NeoX's), else the spec's."""
-    return _model_type(family) if _model_type(family) in ("phi3", "falcon") else None
+    """The family whose tensor names a converted state dict takes: a Phi-3's, a Falcon's or a
+    StarCoder2's own (a Phi-3 rotating every feature has a Llama's spec, a Falcon with a
+    key/value head per query head GPT-NeoX's, a multi-query StarCoder2 without a window a
+    Falcon's), else the spec's."""
+    return _model_type(family) if _model_type(family) in ("phi3", "falcon", "starcoder2") else None
 
 
 def _hf_model(family: str, seed: int = 0) -> Any:
@@ -782,7 +791,7 @@ _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERT
                  "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
                  "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "gptj": "### GPT-J",
                  "gptj-full": "### GPT-J", "falcon-new": "### Falcon",
-                 "gemma2": "### Gemma 2",
+                 "gemma2": "### Gemma 2", "starcoder2": "### StarCoder2",
                  "bert-cls": "### BERT sequence classification",
                  "roberta-cls": "### RoBERTa sequence classification"}
 

@@ -405,13 +405,8 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
                 per_seq += rows * 3 * d * act  # dense input, activation input, norm input
             else:  # the dense layer's input, the activation's, the norm's
                 per_seq += rows * (int(hf["dense"][1]) + int(flow.head.dense) + int(flow.head.norm)) * d * act
-        if getattr(head, "softcap", None) is not None:
-            # capped logits go through autograd: the product's input, the capped logits and
-            # the log-probabilities (float32) are kept, not the gradients
-            per_seq += rows * (d * act + 2 * v * 4)
-        else:
-            per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
-            per_step += v * d * p.weight if need_w else 0  # weight gradient
+        per_seq += rows * d * p.weight if need_x else 0  # gradient of the head's input, residual-stream dtype
+        per_step += v * d * p.weight if need_w else 0  # weight gradient
         per_step += v * p.weight if head.bias and (flow is None or flow.head.bias) else 0  # bias gradient
     elif head.type == "classification" and analysed("head", head.type):
         # (does the product's input need a gradient, does its weight train) per product

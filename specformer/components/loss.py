@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from specformer.components.products import add_mm_nt_, in_functorch_transform, linear, mm_nt
+from specformer.components.products import add_mm_nt_, in_functorch_transform, mm_nt
 
 __all__ = ["linear_cross_entropy", "check_label_smoothing", "IGNORE_INDEX"]
 
@@ -95,12 +95,15 @@ def _softmax_in_place(z: Tensor, target: Tensor, valid: Tensor) -> tuple[Tensor,
 
 
 def _exact_losses(
-    rows_loss: Tensor, xs: Tensor, wc: Tensor, bc: Tensor | None, target: Tensor, acc: torch.dtype
+    rows_loss: Tensor, xs: Tensor, wc: Tensor, bc: Tensor | None, target: Tensor, acc: torch.dtype,
+    softcap: float | None = None,
 ) -> None:
     """Fills the inf entries of ``rows_loss`` with ``logsumexp(logits) - logits[target]``,
     their rows' logits computed again (the chunk's were overwritten by the softmax)."""
     rows = torch.isinf(rows_loss).squeeze(1).nonzero().squeeze(1)
     logits = mm_nt(xs[rows], wc, bc).to(acc)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     rows_loss[rows] = torch.logsumexp(logits, dim=-1, keepdim=True) - logits.gather(1, target[rows])
 
 
@@ -113,6 +116,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         bias: Tensor | None,
         labels: Tensor,
         smoothing: float,
+        softcap: float | None,
     ) -> Tensor:
         dtype = _compute_dtype(x)
         n = x.shape[0]
@@ -163,10 +167,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 # loss = log(sum exp z) - z[target] = -log softmax(z)[target],
                 # d loss / d logits = (softmax - (1 - s) onehot - s / V) / count, labelled rows
                 z = logits.to(acc)
+                capped = None  # d cap(l) / d l = 1 - tanh^2(l / cap), of a soft cap (Gemma 2)
+                if softcap is not None:
+                    z = z.div_(softcap).tanh_() if z is not logits else torch.tanh(z / softcap)
+                    capped = 1.0 - z * z
+                    z.mul_(softcap)
                 if by_softmax:
                     grad, rows_loss = _softmax_in_place(z, target, valid)
                     if bool(torch.isinf(rows_loss).any()):  # a target's probability underflowed
-                        _exact_losses(rows_loss, xs, wc, bc, target, acc)
+                        _exact_losses(rows_loss, xs, wc, bc, target, acc, softcap)
                     grad.mul_(weight_rows)
                 else:
                     z.sub_(z.amax(dim=-1, keepdim=True))
@@ -182,6 +191,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad.scatter_add_(1, target, weight_rows * (smoothing - 1.0))
                     if smoothing:
                         grad.sub_(weight_rows * (smoothing / weight.shape[0]))
+                if capped is not None:
+                    grad.mul_(capped)
+                    del capped
                 total += rows_loss.masked_fill(~valid.unsqueeze(1), 0.0).sum()
                 if low is not None:
                     g = logits.copy_(grad)  # the weight gradient is one product after the loop
@@ -221,7 +233,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         )
         if not known_one:
             grads = [g * grad_out if g is not None else None for g in grads]
-        return grads[0], grads[1], grads[2], None, None
+        return grads[0], grads[1], grads[2], None, None, None
 
 
 def linear_cross_entropy(
@@ -238,8 +250,8 @@ def linear_cross_entropy(
 
     Equal to ``F.cross_entropy`` of the logits in float32 (NaN when no row has a label,
     as there), with the same gradients, in O(chunk x V) memory instead of O(N x V).
-    ``softcap``: of the logits cap * tanh(logit / cap) (Gemma 2), differentiated by autograd
-    chunk by chunk (which keeps each chunk's logits for the backward pass).
+    ``softcap``: of the logits cap * tanh(logit / cap) (Gemma 2); each chunk's logit gradient
+    is multiplied by the cap's derivative, 1 - tanh^2, in the same pass.
     """
     if x.dim() != 2 or labels.shape != (x.shape[0],):
         raise ValueError(
@@ -259,10 +271,10 @@ def linear_cross_entropy(
             f"labels must be class indices in [0, {vocab}) or {IGNORE_INDEX} (no label); "
             f"found {int(labels[bad][0])}"
         )
-    if softcap is None and torch.is_grad_enabled() and (
+    if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ) and not in_functorch_transform():  # torch.func transforms differentiate the chunks below
-        return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing)
+        return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing, softcap)
     dtype = _compute_dtype(x)
     acc = _loss_dtype(dtype)
     n = x.shape[0]
@@ -273,10 +285,8 @@ def linear_cross_entropy(
         bc = bias.to(dtype) if bias is not None else None
         step = _chunk_rows(n, vocab, weight.shape[1])
         for _, (xs, ys) in _chunks(step, x, labels):
-            if softcap is None:
-                logits = mm_nt(xs.to(dtype), wc, bc).to(acc)
-            else:  # through autograd
-                logits = linear(xs.to(dtype), wc, bc).to(acc)
+            logits = mm_nt(xs.to(dtype), wc, bc).to(acc)
+            if softcap is not None:
                 logits = torch.tanh(logits / softcap) * softcap
             total = total + F.cross_entropy(
                 logits, ys, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing

@@ -17,8 +17,11 @@ from specformer.specs.schema import ModelSpec
 Tiny = Callable[..., ModelSpec]
 
 
-def _plain(x, w, b, y, smoothing=0.0):
-    return F.cross_entropy(F.linear(x, w, b), y, ignore_index=-100, label_smoothing=smoothing)
+def _plain(x, w, b, y, smoothing=0.0, softcap=None):
+    logits = F.linear(x, w, b)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, y, ignore_index=-100, label_smoothing=smoothing)
 
 
 def _inputs(n=37, d=16, v=53, bias=True, ignore=0.3, seed=0):
@@ -43,12 +46,13 @@ def _grads(fn, x, w, b, y, **kw):
 @pytest.mark.parametrize("chunk_elements", [53, 5 * 53, 1 << 22])  # one row per chunk, 5 rows, one chunk
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("bias", [True, False])
-def test_equals_plain_cross_entropy_and_gradients(monkeypatch, chunk_elements, smoothing, bias) -> None:
+@pytest.mark.parametrize("softcap", [None, 0.7])  # a cap that binds: |logits| reach several units
+def test_equals_plain_cross_entropy_and_gradients(monkeypatch, chunk_elements, smoothing, bias, softcap) -> None:
     monkeypatch.setattr(loss_module, "_CHUNK_ELEMENTS", chunk_elements)
     monkeypatch.setattr(loss_module, "_chunk_rows", lambda n, v, d: max(1, min(n, chunk_elements // v)))
     x, w, b, y = _inputs(bias=bias)
-    want, want_grads = _grads(_plain, x, w, b, y, smoothing=smoothing)
-    got, got_grads = _grads(linear_cross_entropy, x, w, b, y, label_smoothing=smoothing)
+    want, want_grads = _grads(_plain, x, w, b, y, smoothing=smoothing, softcap=softcap)
+    got, got_grads = _grads(linear_cross_entropy, x, w, b, y, label_smoothing=smoothing, softcap=softcap)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for g, e in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
@@ -101,19 +105,21 @@ def test_frozen_weight_gets_no_gradient() -> None:
 
 
 @pytest.mark.parametrize("rows_per_chunk", [300, 7])  # one chunk (kept gradients), 43 chunks (summed)
-def test_bf16_autocast_matches_the_autocast_plain_path(monkeypatch, rows_per_chunk) -> None:
+@pytest.mark.parametrize("softcap", [None, 0.5])
+def test_bf16_autocast_matches_the_autocast_plain_path(monkeypatch, rows_per_chunk, softcap) -> None:
     monkeypatch.setattr(loss_module, "_chunk_rows", lambda n, v, d: min(n, rows_per_chunk))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(300, 64, generator=g, requires_grad=True)
     w = (torch.randn(1000, 64, generator=g) * 0.05).requires_grad_()
     y = torch.randint(0, 1000, (300,), generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = F.cross_entropy(F.linear(x, w).float(), y)
+        logits = F.linear(x, w).float()
+        want = F.cross_entropy(logits if softcap is None else softcap * torch.tanh(logits / softcap), y)
     want.backward()
     gx, gw = x.grad.clone(), w.grad.clone()
     x.grad = w.grad = None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = linear_cross_entropy(x, w, None, y)
+        got = linear_cross_entropy(x, w, None, y, softcap=softcap)
     got.backward()
     assert got.dtype == torch.float32 and x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
     # both round the logits and the products to bf16 alike

@@ -31,6 +31,7 @@ PUBLISHED = {
     "qwen2.5-0.5b": 494_032_768,  # the model card's 0.49B
     "qwen3-0.6b": 596_049_920,  # the model card's 0.6B, 0.44B of it not embeddings
     "phi-2": 2_779_683_840,  # the model card's 2.7B
+    "gemma-2-2b": 2_614_341_888,  # the model card's 2.6B
 }
 
 

@@ -251,7 +251,8 @@ OTHERS: dict[str, dict[str, Any]] = {
 }
 
 # every preset that is a published model, with its config
-SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "mistral-7b", "phi-2", "qwen2.5-0.5b", "qwen3-0.6b",
+SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "gemma-2-2b", "mistral-7b", "phi-2",
+                                                          "qwen2.5-0.5b", "qwen3-0.6b",
                                                           "roberta-base")}}
 
 _AUTO_CLASS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",

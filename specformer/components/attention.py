@@ -791,7 +791,8 @@ class Attention(nn.Module):
             from specformer.specs.schema import QK_NORM_EPS
 
             norm_entry = REGISTRY.get("norm", spec.qk_norm)
-            norm_spec = norm_entry.spec(eps=QK_NORM_EPS)
+            offset = getattr(spec, "qk_norm_offset", 0.0)
+            norm_spec = norm_entry.spec(eps=QK_NORM_EPS, **({"offset": offset} if offset else {}))
             self.q_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
             self.k_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
         else:

@@ -58,6 +58,7 @@ class LayerInputs:
     key_padding: Tensor | None = None
     bias: Tensor | None = None  # (1, H, T, Tk)
     rope: tuple[Tensor, Tensor] | None = None
+    rope_local: tuple[Tensor, Tensor] | None = None  # the windowed layers' own rotation (Gemma 3)
     context: Tensor | None = None  # encoder output (B, S, D)
     context_mask: Tensor | None = None  # (B, 1, 1, S) bool
     cache: KVCache | None = None
@@ -183,8 +184,9 @@ class Block(nn.Module):
             mask, is_causal = s.kernel_mask(window)
         else:
             mask, is_causal = s.self_mask(window)
+        rope = s.rope_local if window is not None and s.rope_local is not None else s.rope
         result = self.self_attn(
-            h, mask=mask, is_causal=is_causal, rope=s.rope, cache=s.cache, need_weights=s.need_weights
+            h, mask=mask, is_causal=is_causal, rope=rope, cache=s.cache, need_weights=s.need_weights
         )
         if self._check:
             _check_attention(result, h, self.self_attn, "self-attention")
@@ -394,6 +396,8 @@ class Stack(nn.Module):
             key_padding=key_padding,
             bias=pos.bias(q_index, k_index, dtype=x.dtype),
             rope=pos.rotation(position_ids, n_positions, dtype=x.dtype),
+            rope_local=local.rotation(position_ids, n_positions, dtype=x.dtype)
+            if (local := getattr(pos, "local", None)) is not None else None,
             context=context,
             context_mask=context_mask.bool()[:, None, None, :] if context_mask is not None else None,
             cache=cache,

@@ -390,6 +390,12 @@ class Rotary(Positional):
         # past this length a forward's frequencies follow its last position (dynamic NTK, LongRoPE)
         self.follows_length_past = self.scaling.follows_length_past if self.scaling is not None else None
         self._tables: dict[_Key, tuple[Tensor, Tensor]] = {}
+        local = getattr(spec, "local_base", None)
+        # the layers with a sliding window rotate with their own base, unscaled (Gemma 3)
+        self.local = None if local is None else Rotary(
+            spec.model_copy(update={"base": local, "scaling": None, "local_base": None}),
+            max_seq_len=max_seq_len, head_dim=head_dim,
+        )
 
     def tables(self, n_positions: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(cos, signed sin), each (P >= n_positions, R), cached per device and dtype.

@@ -326,6 +326,11 @@ class RopeSpec(Spec):
     fraction: float = Field(
         1.0, gt=0.0, le=1.0, description="Fraction of head_dim that is rotated (GPT-NeoX: 0.25)."
     )
+    local_base: PositiveFloat | None = Field(
+        None,
+        description="Layers with a sliding window rotate with this base instead, without scaling "
+        "(Gemma 3's rope_local_base_freq, 10000); null: every layer rotates alike.",
+    )
     scaling: RopeScaling | None = Field(
         None,
         description="Frequency scaling for a longer context: linear (position interpolation), "
@@ -402,6 +407,9 @@ class AttentionSpec(Spec):
     qk_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
         "none", description="Normalise queries and keys per head (eps 1e-6) before the dot product."
     )
+    qk_norm_offset: float = Field(
+        0.0, description="rmsnorm qk_norm only: its gain is offset + weight, as a stack norm's offset (Gemma 3: 1)."
+    )
     sliding_window: PositiveInt | None = Field(
         None,
         description="Attend only to the last N positions, the query's own included: keys i - N < j <= i "
@@ -428,6 +436,9 @@ class AttentionSpec(Spec):
                 f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                 f"(allowed: {', '.join(str(d) for d in _divisors(self.n_heads))})",
             )
+        if self.qk_norm_offset and self.qk_norm != "rmsnorm":
+            raise _issue("qk_norm_offset", f"an offset applies to an rmsnorm qk_norm, not {self.qk_norm!r}; "
+                         "set qk_norm: rmsnorm, or remove qk_norm_offset")
         return self
 
 

@@ -189,6 +189,7 @@ def _tokens_name(model_type: str) -> str:
         "phi3": "model.embed_tokens.weight",
         "gemma": "model.embed_tokens.weight",
         "gemma2": "model.embed_tokens.weight",
+        "gemma3_text": "model.embed_tokens.weight",
         "gpt_neox": "gpt_neox.embed_in.weight",
         "phi": "model.embed_tokens.weight",
         "gptj": "transformer.wte.weight",

@@ -396,7 +396,8 @@ _GEMMA2_DEFAULTS = {"intermediate_size": 9216, "max_position_embeddings": 8192, 
                     "num_hidden_layers": 26, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
 _LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
                         "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS,
-                        "gemma2": _GEMMA2_DEFAULTS}
+                        "gemma2": _GEMMA2_DEFAULTS,
+                        "gemma3_text": {**_GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072}}
 
 
 def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
@@ -415,17 +416,38 @@ def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
     return [window if kind == "sliding_attention" else None for kind in types]
 
 
-def _gemma2_windows(c: _Config, n_layers: int) -> list[int | None]:
-    """Each layer's sliding window as transformers' Gemma 2 computes it: ``sliding_window``
-    (4096 when absent) in the layers ``layer_types`` says slide, by default every other one
-    from the first."""
+def _gemma2_windows(c: _Config, n_layers: int, pattern: int = 2) -> list[int | None]:
+    """Each layer's sliding window as transformers' Gemma 2 and 3 compute it:
+    ``sliding_window`` (4096 when absent) in the layers ``layer_types`` says slide, by
+    default all but every ``pattern``-th (Gemma 2: every other one from the first; Gemma 3:
+    ``sliding_window_pattern``, 6, five windowed layers to one global)."""
     window = c.data.get("sliding_window", 4096)
-    types = c("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    pattern = c("sliding_window_pattern", c("_sliding_window_pattern", pattern))
+    types = c("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
     if len(types) != n_layers:
         raise HFConversionError(
             f"{c.family} config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
         )
     return [window if kind == "sliding_attention" else None for kind in types]
+
+
+def _gemma3_rope(c: _Config) -> dict[str, Any]:
+    """Gemma 3's rotary settings: the global layers' (``rope_parameters["full_attention"]``,
+    or the older ``rope_theta``, 1e6, and ``rope_scaling``) with the windowed layers' base as
+    ``local_base`` (``rope_parameters["sliding_attention"]``, or ``rope_local_base_freq``, 1e4)."""
+    params = c("rope_parameters") or {}
+    if isinstance(params, Mapping) and "full_attention" in params:
+        rope = _Config({"rope_parameters": params["full_attention"]}, c.family).rope(default_theta=1e6)
+        local = dict(params.get("sliding_attention") or {})
+        if local.get("rope_type", "default") != "default":
+            raise c.refuse(f"rope scaling {local['rope_type']!r} of the sliding layers",
+                           "specformer's windowed layers rotate unscaled (local_base)")
+        rope["local_base"] = float(local.get("rope_theta", 10000.0))
+        return rope
+    rope = c.rope(default_theta=1e6)
+    rope["local_base"] = float(c("rope_local_base_freq", 10000.0))
+    return rope
 
 
 def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
@@ -446,8 +468,9 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     output (sandwich), soft-capped scores and logits, scores scaled by
     ``query_pre_attn_scalar``^-1/2, and a window on the layers ``layer_types`` names (every
     other one by default). The import computes what transformers computes."""
-    mistral, qwen2, qwen3, phi3, gemma2 = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma2"))
-    gemma = family in ("gemma", "gemma2")
+    mistral, qwen2, qwen3, phi3, gemma3 = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text"))
+    gemma2 = family in ("gemma2", "gemma3_text")  # Gemma 3 has Gemma 2's sandwich norms, scalar and caps
+    gemma = family in ("gemma", "gemma2", "gemma3_text")
     defaults = _LLAMA_LIKE_DEFAULTS[family]
     d = c("hidden_size", defaults.get("hidden_size", 4096))
     n_heads = c("num_attention_heads", defaults.get("num_attention_heads", 32))
@@ -469,13 +492,16 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     if phi3:
         att["sliding_window"] = c("sliding_window")
     overrides: list[dict[str, Any]] = []
-    if qwen3:
+    if qwen3 or gemma3:
         if eps != _QK_NORM_EPS:
             raise c.refuse(
                 f"rms_norm_eps={eps!r}",
-                f"Qwen3's query and key norms take it too, and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
+                f"{'Qwen3' if qwen3 else 'Gemma 3'}'s query and key norms take it too, and specformer's "
+                f"qk_norm has eps {_QK_NORM_EPS:g}",
             )
         att["qk_norm"] = "rmsnorm"
+        if gemma3:  # Gemma's (1 + weight) gains there too
+            att["qk_norm_offset"] = 1.0
     if gemma2:
         # scores scaled by query_pre_attn_scalar^-0.5 and soft-capped; Gemma 2's default scalar
         # is its default head_dim, 256
@@ -485,7 +511,7 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         if c("attn_logit_softcapping") is not None:
             att["softcap"] = float(c("attn_logit_softcapping"))
     if qwen2 or qwen3 or gemma2:
-        windows = _gemma2_windows(c, n_layers) if gemma2 else _qwen_windows(c, n_layers)
+        windows = _gemma2_windows(c, n_layers, 6 if gemma3 else 2) if gemma2 else _qwen_windows(c, n_layers)
         if len(set(windows)) == 1:
             att["sliding_window"] = windows[0]
         else:
@@ -517,7 +543,7 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     if gemma:
         c.refuse_if("use_bidirectional_attention", bool,
                     "specformer's decoders are causal; a bidirectional Gemma is an encoder", default=False)
-    rope = c.rope()
+    rope = _gemma3_rope(c) if gemma3 else c.rope()
     fraction = rope.pop("fraction")
     if phi3:
         rope["fraction"] = fraction  # honoured by every release of transformers' Phi-3
@@ -738,6 +764,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "phi3": lambda c: _llama(c, "phi3"),
     "gemma": lambda c: _llama(c, "gemma"),
     "gemma2": lambda c: _llama(c, "gemma2"),
+    "gemma3_text": lambda c: _llama(c, "gemma3_text"),
     "gpt_neox": _gpt_neox,
     "phi": _phi,
     "gptj": _gptj,
@@ -788,6 +815,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "phi3": {"Phi3ForCausalLM": "lm", "Phi3Model": "base"},
     "gemma": {"GemmaForCausalLM": "lm", "GemmaModel": "base"},
     "gemma2": {"Gemma2ForCausalLM": "lm", "Gemma2Model": "base"},
+    "gemma3_text": {"Gemma3ForCausalLM": "lm", "Gemma3TextModel": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
     "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
     "gptj": {"GPTJForCausalLM": "lm", "GPTJModel": "base"},
@@ -1026,6 +1054,8 @@ def hf_family(spec: ModelSpec) -> str:
             if stack.norm.offset:  # Gemma 2: sandwich norms, soft-capped scores and logits
                 sandwich = stack.norm.placement == "sandwich" or any(
                     getattr(layer.attention, "softcap", None) for layer in layers)
+                if any(layer.attention.qk_norm != "none" for layer in layers) or spec.positional.local_base:
+                    return "gemma3_text"  # and query/key norms, and a base of the windowed layers' own
                 return "gemma2" if sandwich or getattr(spec.head, "softcap", None) else "gemma"
             if any(layer.attention.qk_norm != "none" for layer in layers):
                 return "qwen3"
@@ -1222,7 +1252,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                            "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
-                           "gemma2": "Gemma2ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+                           "gemma2": "Gemma2ForCausalLM",
+                           "gemma3_text": "Gemma3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -1263,7 +1294,19 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
         # older transformers read the window's layers from max_window_layers alone
         out["max_window_layers"] = next((i for i, w in enumerate(windows) if w is not None), s.n_layers)
-    elif model_type == "gemma2":
+    elif model_type in ("gemma2", "gemma3_text"):
+        if model_type == "gemma3_text":
+            if s.norm.eps != _QK_NORM_EPS:
+                raise HFConversionError(
+                    f"the spec has no Hugging Face gemma3_text equivalent: decoder.norm.eps = {s.norm.eps:g}, and "
+                    f"Gemma 3's query and key norms take the same eps (rms_norm_eps), where specformer's "
+                    f"qk_norm has {_QK_NORM_EPS:g}\na model trained with gemma3_text's values from the start "
+                    f"exports: --set decoder.norm.eps={_QK_NORM_EPS:g}"
+                )
+            pos = spec.positional
+            local = pos.base if pos.local_base is None else pos.local_base
+            out["rope_parameters"] = {"full_attention": _rope_parameters(pos),
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": local}}
         out["hidden_activation"] = out.pop("hidden_act")
         out["attention_bias"] = att.bias
         scalar = att.head_dim if att.scale is None else 1.0 / att.scale**2
@@ -1430,6 +1473,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "phi3": lambda s: _export_llama(s, "phi3"),
     "gemma": lambda s: _export_llama(s, "gemma"),
     "gemma2": lambda s: _export_llama(s, "gemma2"),
+    "gemma3_text": lambda s: _export_llama(s, "gemma3_text"),
     "gpt_neox": _export_gpt_neox,
     "phi": _export_phi,
     "gptj": _export_gptj,

@@ -193,7 +193,7 @@ _FAMILIES: dict[str, _Family] = {
         tied_copies=("lm_head.weight",),
     ),
 }
-for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"):
+for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text"):
     _FAMILIES[_name] = _FAMILIES["llama"]
 
 
@@ -379,7 +379,8 @@ def _llama(spec: ModelSpec) -> Iterator[Rule]:
 
 
 def _gemma2(spec: ModelSpec) -> Iterator[Rule]:
-    """Gemma 2: Llama's names, with a norm before and after each sublayer."""
+    """Gemma 2 and 3: Llama's names, with a norm before and after each sublayer (and Gemma 3's
+    query and key norms)."""
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
     for i in range(s.n_layers):
@@ -388,6 +389,9 @@ def _gemma2(spec: ModelSpec) -> Iterator[Rule]:
         yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
         yield from _separate_qkv(o, a, layer.attention)
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", layer.attention.output_bias)
+        if layer.attention.qk_norm != "none":  # Gemma 3
+            yield from _norm(f"{o}.self_attn.q_norm", f"{a}.q_norm", None)
+            yield from _norm(f"{o}.self_attn.k_norm", f"{a}.k_norm", None)
         yield from _norm(f"{o}.attn_post_norm", f"{t}.post_attention_layernorm", layer.norm)
         yield from _norm(f"{o}.ffn_norm", f"{t}.pre_feedforward_layernorm", layer.norm)
         for proj in ("gate_proj", "up_proj", "down_proj"):
@@ -527,6 +531,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "phi3": _phi3,
     "gemma": _llama,
     "gemma2": _gemma2,
+    "gemma3_text": _gemma2,
     "gpt_neox": _gpt_neox,
     "phi": _phi,
     "gptj": _gptj,

@@ -32,6 +32,7 @@ PUBLISHED = {
     "qwen3-0.6b": 596_049_920,  # the model card's 0.6B, 0.44B of it not embeddings
     "phi-2": 2_779_683_840,  # the model card's 2.7B
     "gemma-2-2b": 2_614_341_888,  # the model card's 2.6B
+    "gemma-3-1b": 999_885_952,  # the model card's 1B
 }
 
 

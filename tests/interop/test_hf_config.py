@@ -221,6 +221,19 @@ OTHERS: dict[str, dict[str, Any]] = {
         "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
         "torch_dtype": "float32", "vocab_size": 256000,
     },
+    # google/gemma-3-1b-pt (transformers 4.50's keys): query and key norms, five windowed layers
+    # (512, rotating with base 1e4) to one global (1e6), no caps
+    "gemma-3-1b": {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+        "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912,
+        "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 262144,
+    },
     # bigcode/starcoder2-3b: grouped keys, biases, a window of 4096 on every layer
     "starcoder2-3b": {
         "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1, "residual_dropout": 0.1,
@@ -251,7 +264,8 @@ OTHERS: dict[str, dict[str, Any]] = {
 }
 
 # every preset that is a published model, with its config
-SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "gemma-2-2b", "mistral-7b", "phi-2",
+SHIPPED: dict[str, dict[str, Any]] = {**PUBLISHED, **{n: OTHERS[n] for n in ("bart-base", "gemma-2-2b", "gemma-3-1b",
+                                                          "mistral-7b", "phi-2",
                                                           "qwen2.5-0.5b", "qwen3-0.6b",
                                                           "roberta-base")}}
 
@@ -267,7 +281,8 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
         "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
-                                              "phi", "gptj", "falcon", "gemma2", "starcoder2") else "encoder")
+                                              "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
+        else "encoder")
     with torch.device("meta"):
         model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
     return hf_config, model
@@ -419,6 +434,26 @@ def test_gemma2_has_sandwich_norms_soft_caps_and_alternating_windows() -> None:
     assert hf_family(first) == "gemma2"  # its sandwich norms still say Gemma 2
     _refused(lambda: hf_config_from_spec(load_spec("llama2-7b", ["decoder.norm.placement=sandwich"])),
              ["llama", "decoder.norm.placement = 'sandwich'"])
+
+
+def test_gemma3_has_qk_norms_and_a_base_of_its_windowed_layers_own() -> None:
+    spec = spec_from_hf_config(OTHERS["gemma-3-1b"])
+    s = spec.decoder
+    assert (s.attention.qk_norm, s.attention.qk_norm_offset, s.norm.placement) == ("rmsnorm", 1.0, "sandwich")
+    assert (spec.positional.base, spec.positional.local_base) == (1e6, 1e4)
+    assert [s.layer(i).attention.sliding_window for i in range(7)] == [512] * 5 + [None, 512]
+    assert s.attention.softcap is None and spec.head.softcap is None
+    assert count_parameters(spec).total == 999_885_952  # gemma-3-1b's 1B
+    config = hf_config_from_spec(spec)
+    assert config["model_type"] == "gemma3_text" and config["rope_parameters"] == {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    # transformers 5's keys (rope_parameters per layer type, layer_types) give the same spec
+    assert spec_from_hf_config(config, name="gemma-3-1b") == spec_from_hf_config(OTHERS["gemma-3-1b"], name="gemma-3-1b")
+    _refused(lambda: spec_from_hf_config({**OTHERS["gemma-3-1b"], "rms_norm_eps": 1e-5}), ["rms_norm_eps=1e-05"])
+    _refused(lambda: spec_from_hf_config({**config, "rope_parameters": {
+        **config["rope_parameters"], "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}}),
+        ["of the sliding layers"])
 
 
 def test_starcoder2_is_a_windowed_grouped_query_layernorm_decoder() -> None:

@@ -329,17 +329,16 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             if lf is not None and not lf.recorded:
                 continue  # below the lowest trained parameter: nothing is kept
             res_drop = layer.residual.dropout > 0
-            # a parallel layer's norms all read its input: one tensor, kept once
-            parallel = layer.residual.type == "parallel"
             # sandwich: a second norm on each sublayer's output keeps that output too
-            n_norms = 1 if parallel else (4 if layer.norm.placement == "sandwich" else 2)
+            sandwich = layer.norm.placement == "sandwich"
+            n_norms = 4 if sandwich else 2
             tok = 0.0
             if analysed("attention", layer.attention.type):
                 tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5",
                                         flow=lf and lf.attention)
             cross_here = layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder"
             if cross_here:
-                n_norms += 0 if parallel else (2 if layer.norm.placement == "sandwich" else 1)
+                n_norms += 2 if sandwich else 1
                 ca = layer.cross_attention
                 cf = lf and lf.cross_attention
                 if analysed("attention", ca.type):
@@ -361,7 +360,8 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             if analysed("norm", layer.norm.type):
                 # norm inputs: a norm keeps its input where it is differentiated
                 kept = n_norms if lf is None else sum(lf.norms)
-                tok += (min(kept, 1) if parallel else kept) * d * act
+                # a parallel layer's norms all read its input: one tensor, kept once
+                tok += (min(kept, 1) if layer.residual.type == "parallel" else kept) * d * act
             if res_drop:
                 tok += d * (2 if lf is None else int(lf.attention.out) + int(lf.ffn.out))
             layer_costs.append(t * tok)

@@ -774,8 +774,8 @@ class Attention(nn.Module):
         self.softcap = getattr(spec, "softcap", None)
         # capped scores have no fused kernel: every call writes them out, as the eager backend does
         self.backend = spec.backend if self.softcap is None else "eager"
-        self._attend = BACKENDS[self.backend] if self.softcap is None else functools.partial(
-            eager_attention, softcap=self.softcap)
+        self._eager = functools.partial(eager_attention, softcap=self.softcap)  # also for need_weights
+        self._attend = BACKENDS[self.backend] if self.softcap is None else self._eager
         q_size = spec.n_heads * spec.head_dim
         kv_size = spec.n_kv_heads * spec.head_dim
         self._sizes = (q_size, kv_size, kv_size)
@@ -855,7 +855,7 @@ class Attention(nn.Module):
                 v = v.contiguous()  # (B, Hkv, T, Dh)
             if cache is not None:
                 k, v = cache.update(self.layer_idx, k, v, window=self.sliding_window)  # (B, Hkv, S, Dh)
-        attend = functools.partial(eager_attention, softcap=self.softcap) if need_weights else self._attend
+        attend = self._eager if need_weights else self._attend
         out, weights = attend(
             q,
             k,

@@ -169,7 +169,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 z = logits.to(acc)
                 capped = None  # d cap(l) / d l = 1 - tanh^2(l / cap), of a soft cap (Gemma 2)
                 if softcap is not None:
-                    z = z.div_(softcap).tanh_() if z is not logits else torch.tanh(z / softcap)
+                    z = z.div_(softcap).tanh_()  # in place, as the softmax below is
                     capped = 1.0 - z * z
                     z.mul_(softcap)
                 if by_softmax:

@@ -405,10 +405,14 @@ def _qwen_windows(c: _Config, n_layers: int) -> list[int | None]:
     (4096 when absent) only with ``use_sliding_window``, and only in the layers that
     ``layer_types`` says slide (by default those from ``max_window_layers`` on)."""
     window = c.data.get("sliding_window", 4096) if c("use_sliding_window", False) else None
-    types = c("layer_types") or [
-        "sliding_attention" if window is not None and i >= c("max_window_layers", 28) else "full_attention"
-        for i in range(n_layers)
-    ]
+    return _windows_by_type(c, n_layers, window, lambda i: window is not None and i >= c("max_window_layers", 28))
+
+
+def _windows_by_type(c: _Config, n_layers: int, window: int | None, slides: Callable[[int], bool]
+                     ) -> list[int | None]:
+    """``window`` in the layers ``layer_types`` marks ``sliding_attention`` (by default those
+    for which ``slides(i)``), None in the others."""
+    types = c("layer_types") or ["sliding_attention" if slides(i) else "full_attention" for i in range(n_layers)]
     if len(types) != n_layers:
         raise HFConversionError(
             f"{c.family} config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
@@ -421,15 +425,8 @@ def _gemma2_windows(c: _Config, n_layers: int, pattern: int = 2) -> list[int | N
     ``sliding_window`` (4096 when absent) in the layers ``layer_types`` says slide, by
     default all but every ``pattern``-th (Gemma 2: every other one from the first; Gemma 3:
     ``sliding_window_pattern``, 6, five windowed layers to one global)."""
-    window = c.data.get("sliding_window", 4096)
     pattern = c("sliding_window_pattern", c("_sliding_window_pattern", pattern))
-    types = c("layer_types") or [
-        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
-    if len(types) != n_layers:
-        raise HFConversionError(
-            f"{c.family} config: layer_types has {len(types)} entries for num_hidden_layers={n_layers}"
-        )
-    return [window if kind == "sliding_attention" else None for kind in types]
+    return _windows_by_type(c, n_layers, c.data.get("sliding_window", 4096), lambda i: bool((i + 1) % pattern))
 
 
 def _gemma3_rope(c: _Config) -> dict[str, Any]:
@@ -1245,6 +1242,18 @@ def _rope_parameters(rope: Any) -> dict[str, Any]:
     return out
 
 
+def _check_qk_norm_eps(eps: float, model_type: str) -> None:
+    """Refuse a stack norm eps that a family's query and key norms would take too (Qwen3's,
+    Gemma 3's rms_norm_eps), where specformer's qk_norm has QK_NORM_EPS."""
+    if eps != _QK_NORM_EPS:
+        raise HFConversionError(
+            f"the spec has no Hugging Face {model_type} equivalent: decoder.norm.eps = {eps:g}, and "
+            f"its query and key norms take the same eps (rms_norm_eps), where specformer's "
+            f"qk_norm has {_QK_NORM_EPS:g}\na model trained with {model_type}'s values from the start "
+            f"exports: --set decoder.norm.eps={_QK_NORM_EPS:g}"
+        )
+
+
 def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     s = spec.decoder
     assert s is not None
@@ -1276,13 +1285,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
             out["rope_parameters"]["partial_rotary_factor"] = spec.positional.fraction
             out["resid_pdrop"] = s.residual.dropout
     elif model_type in ("qwen2", "qwen3"):
-        if model_type == "qwen3" and s.norm.eps != _QK_NORM_EPS:
-            raise HFConversionError(
-                f"the spec has no Hugging Face qwen3 equivalent: decoder.norm.eps = {s.norm.eps:g}, and "
-                f"Qwen3's query and key norms take the same eps (rms_norm_eps), where specformer's "
-                f"qk_norm has {_QK_NORM_EPS:g}\na model trained with qwen3's values from the start "
-                f"exports: --set decoder.norm.eps={_QK_NORM_EPS:g}"
-            )
+        if model_type == "qwen3":
+            _check_qk_norm_eps(s.norm.eps, model_type)
         # one window, in the layers layer_types names (a spec with two windows comes back
         # with one, and the check after export names the layers that differ)
         windows = [layer.attention.sliding_window for layer in s.layers()]
@@ -1296,13 +1300,7 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["max_window_layers"] = next((i for i, w in enumerate(windows) if w is not None), s.n_layers)
     elif model_type in ("gemma2", "gemma3_text"):
         if model_type == "gemma3_text":
-            if s.norm.eps != _QK_NORM_EPS:
-                raise HFConversionError(
-                    f"the spec has no Hugging Face gemma3_text equivalent: decoder.norm.eps = {s.norm.eps:g}, and "
-                    f"Gemma 3's query and key norms take the same eps (rms_norm_eps), where specformer's "
-                    f"qk_norm has {_QK_NORM_EPS:g}\na model trained with gemma3_text's values from the start "
-                    f"exports: --set decoder.norm.eps={_QK_NORM_EPS:g}"
-                )
+            _check_qk_norm_eps(s.norm.eps, model_type)
             pos = spec.positional
             local = pos.base if pos.local_base is None else pos.local_base
             out["rope_parameters"] = {"full_attention": _rope_parameters(pos),
@@ -1399,14 +1397,20 @@ def _export_gptj(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def falcon_new_architecture(attention: Any, residual: Any) -> bool:
+    """Whether Falcon writes a layer as its ``new_decoder_architecture``: grouped keys, or a
+    norm for each parallel branch. The older layouts are kept where they fit (Falcon-7B's one
+    key/value head and one norm, or a key/value head per query head)."""
+    return (residual.type == "parallel" and not residual.shared_norm
+            or attention.n_kv_heads not in (1, attention.n_heads))
+
+
 def _export_falcon(spec: ModelSpec) -> dict[str, Any]:
     s = spec.decoder
     assert s is not None
     att = s.attention
     parallel, shared = s.residual.type == "parallel", s.residual.shared_norm
-    # the older layouts where they fit (Falcon-7B's: one key/value head; or one per head),
-    # else new_decoder_architecture: grouped keys, or a norm for each parallel branch
-    new = parallel and not shared or att.n_kv_heads not in (1, att.n_heads)
+    new = falcon_new_architecture(att, s.residual)
     out: dict[str, Any] = {
         "architectures": ["FalconForCausalLM"],
         "vocab_size": spec.vocab_size,

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from specformer.interop.hf_config import HFConversionError, hf_family
+from specformer.interop.hf_config import HFConversionError, falcon_new_architecture, hf_family
 from specformer.specs.schema import ModelSpec
 
 __all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
@@ -228,8 +228,12 @@ def _separate_qkv(ours: str, theirs: str, att: Any) -> Iterator[Rule]:
 
 
 def _lm_head(spec: ModelSpec, name: str = "lm_head") -> Iterator[Rule]:
+    """The LM head's own weight when untied (tied, it is the token embeddings'), and its bias
+    either way (Phi's and GPT-J's ``lm_head`` have one)."""
     if not spec.embedding.tie_output:
         yield from _linear("head.proj", name, spec.head.bias)
+    elif spec.head.bias:
+        yield Rule("head.bias", (f"{name}.bias",))
 
 
 def _gpt2(spec: ModelSpec) -> Iterator[Rule]:
@@ -434,15 +438,6 @@ def _gpt_neox(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
-def _biased_lm_head(spec: ModelSpec) -> Iterator[Rule]:
-    """Phi's and GPT-J's ``lm_head``, always biased: tied, its weight is the token embeddings'."""
-    if spec.embedding.tie_output:
-        if spec.head.bias:
-            yield Rule("head.bias", ("lm_head.bias",))
-    else:
-        yield from _linear("head.proj", "lm_head", spec.head.bias)
-
-
 def _phi(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
@@ -455,7 +450,7 @@ def _phi(spec: ModelSpec) -> Iterator[Rule]:
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.fc1", layer.ffn.bias)
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.fc2", layer.ffn.bias)
     yield from _norm("decoder.final_norm", "model.final_layernorm", s.norm)
-    yield from _biased_lm_head(spec)
+    yield from _lm_head(spec)
 
 
 def _gptj(spec: ModelSpec) -> Iterator[Rule]:
@@ -472,7 +467,7 @@ def _gptj(spec: ModelSpec) -> Iterator[Rule]:
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.fc_in", layer.ffn.bias)
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.fc_out", layer.ffn.bias)
     yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
-    yield from _biased_lm_head(spec)
+    yield from _lm_head(spec)
 
 
 def _falcon(spec: ModelSpec) -> Iterator[Rule]:
@@ -481,16 +476,15 @@ def _falcon(spec: ModelSpec) -> Iterator[Rule]:
     for i in range(s.n_layers):
         o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
         att, a = layer.attention, f"{t}.self_attention"
-        parallel, shared = layer.residual.type == "parallel", layer.residual.shared_norm
-        new = parallel and not shared or att.n_kv_heads not in (1, att.n_heads)  # as the export writes it
-        if new:
+        shared = layer.residual.shared_norm
+        two = layer.residual.type == "parallel" and not shared  # a norm for each parallel branch
+        if falcon_new_architecture(att, layer.residual):  # as the export writes it
             layout: tuple[Fuse, tuple[int, ...]] = ("grouped_qkv", (att.n_kv_heads, att.n_heads // att.n_kv_heads,
                                                                     att.head_dim))
         elif att.n_kv_heads == 1:
             layout = ("copy", ())  # Falcon-7B: rows q, k, v, as specformer's
         else:
             layout = ("neox_qkv", (att.n_heads, att.head_dim))  # (H, 3, Dh), GPT-NeoX's
-        two = parallel and not shared
         yield from _norm(f"{o}.attn_norm", f"{t}.ln_attn" if two else f"{t}.input_layernorm", layer.norm)
         yield from _linear(f"{o}.self_attn.qkv_proj", f"{a}.query_key_value", att.bias, *layout)
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.dense", att.output_bias)

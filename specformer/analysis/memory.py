@@ -419,7 +419,7 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
         cls_input, kept = pooled, False
         if head.pooler:
             per_seq += pooled if pool_w else 0
-            kept = in_grad  # tanh keeps its output for its backward
+            kept = in_grad  # tanh (or relu) keeps its output for its backward
             per_seq += d * act if kept else 0
             cls_input = d * act
         if head.dropout > 0:

@@ -183,8 +183,8 @@ _POOLING = {"first": _pool_first, "mean": _pool_mean, "last": _pool_last}
 
 class ClassificationHead(nn.Module):
     """Sequence classification: pool (first token as BERT's [CLS], mean over real
-    tokens, or last real token as GPT), optional dense + tanh pooler (BERT), dropout,
-    then a linear classifier to C classes."""
+    tokens, or last real token as GPT), optional dense + tanh pooler (BERT; relu:
+    DistilBERT's pre_classifier), dropout, then a linear classifier to C classes."""
 
     def __init__(
         self,
@@ -198,14 +198,17 @@ class ClassificationHead(nn.Module):
         self.pooling = spec.pooling
         self._pool = _POOLING[spec.pooling]
         self.pooler = Linear(d_model, d_model) if spec.pooler else None
+        self.pooler_activation = spec.pooler_activation
+        self._activate = torch.tanh if spec.pooler_activation == "tanh" else ACTIVATIONS["relu"]
         self.dropout = Dropout(spec.dropout)
         self.classifier = Linear(d_model, spec.n_classes)
 
     def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         pooled = self._pool(x, attention_mask)  # (B, D)
         if self.pooler is not None:
-            pooled = torch.tanh(self.pooler(pooled))
+            pooled = self._activate(self.pooler(pooled))
         return self.classifier(self.dropout(pooled))  # (B, C)
 
     def extra_repr(self) -> str:
-        return f"pooling={self.pooling}"
+        pooler = f", pooler_activation={self.pooler_activation}" if self.pooler is not None else ""
+        return f"pooling={self.pooling}{pooler}"

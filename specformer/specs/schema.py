@@ -541,7 +541,7 @@ class MLMHeadSpec(Spec):
 
 
 class ClassificationHeadSpec(Spec):
-    """Sequence classification: pool the sequence, optional dense + tanh, then project."""
+    """Sequence classification: pool the sequence, optional dense + tanh (or relu), then project."""
 
     type: Literal["classification"] = "classification"
     n_classes: int = Field(
@@ -550,7 +550,10 @@ class ClassificationHeadSpec(Spec):
     pooling: Literal["first", "mean", "last"] = Field(
         "first", description="first ([CLS], BERT), mean over real tokens, or last real token (GPT)."
     )
-    pooler: bool = Field(True, description="A dense + tanh layer before the classifier (BERT's pooler).")
+    pooler: bool = Field(True, description="A dense layer and its activation before the classifier (BERT's pooler).")
+    pooler_activation: Literal["tanh", "relu"] = Field(
+        "tanh", description="The pooler's activation: tanh (BERT, RoBERTa) or relu (DistilBERT's pre_classifier)."
+    )
     dropout: Dropout = Field(0.0, description="Dropout before the classifier.")
     labels: Annotated[tuple[str, ...], Field(strict=False)] | None = Field(
         None, description="Class names in class order (a Hugging Face id2label); default LABEL_0, LABEL_1, ..."
@@ -558,6 +561,9 @@ class ClassificationHeadSpec(Spec):
 
     @model_validator(mode="after")
     def _labels(self) -> ClassificationHeadSpec:
+        if not self.pooler and self.pooler_activation != "tanh":
+            raise _issue("pooler_activation", "pooler_activation needs pooler: true (without a pooler there is "
+                                              "no activation before the classifier); remove it")
         if self.labels is not None:
             if len(self.labels) != self.n_classes:
                 raise _issue("labels", f"{len(self.labels)} labels for n_classes={self.n_classes}: give one name per class")

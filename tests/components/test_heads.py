@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch.nn import functional as F
 
@@ -53,6 +54,14 @@ def test_classification_pooler_and_shapes(tiny: Tiny) -> None:
     assert torch.allclose(out.logits, want, atol=1e-6)
     no_pooler = build_model(tiny("encoder", head={"type": "classification", "pooler": False}))
     assert no_pooler.head.pooler is None
+    # DistilBERT's pre_classifier: relu where BERT's pooler has tanh
+    relu = build_model(tiny("encoder", head={"type": "classification", "pooler_activation": "relu"})).eval()
+    out = relu(torch.randint(0, 61, (3, 7)))
+    pre = relu.head.pooler(out.hidden_states[:, 0])
+    assert (pre < 0).any()  # the two activations differ on these inputs
+    assert torch.allclose(out.logits, relu.head.classifier(pre.clamp(min=0)), atol=1e-6)
+    with pytest.raises(ValueError, match="pooler_activation needs pooler: true"):
+        tiny("encoder", head={"type": "classification", "pooler": False, "pooler_activation": "relu"})
 
 
 def test_embedding_scale_and_segments(tiny: Tiny) -> None:

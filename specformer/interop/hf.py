@@ -180,6 +180,7 @@ def _tokens_name(model_type: str) -> str:
         "gpt2": "transformer.wte.weight",
         "bert": "bert.embeddings.word_embeddings.weight",
         "roberta": "roberta.embeddings.word_embeddings.weight",
+        "distilbert": "distilbert.embeddings.word_embeddings.weight",
         "t5": "shared.weight",
         "bart": "model.shared.weight",
         "llama": "model.embed_tokens.weight",

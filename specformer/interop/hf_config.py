@@ -259,6 +259,43 @@ def _bert_like(c: _Config, *, roberta: bool, default_vocab: int | None = None) -
     }
 
 
+# every LayerNorm of transformers' DistilBERT
+_DISTILBERT_EPS = 1e-12
+
+
+def _distilbert(c: _Config) -> dict[str, Any]:
+    """DistilBERT: BERT's post-norm encoder without token types, every LayerNorm's eps 1e-12
+    (fixed in transformers' code), the FFN's activation in the masked-LM head too."""
+    c.refuse_if("sinusoidal_pos_embds", bool, "fixed sinusoidal rows in a position table that "
+                "transformers does not train; specformer's learned table would train them", False)
+    d, act = c("dim", 768), c.activation("activation", "gelu")
+    dropout = _dropout(c("dropout", 0.1))
+    return {
+        "kind": "encoder",
+        "vocab_size": c("vocab_size", 30522),
+        "d_model": d,
+        "max_seq_len": c("max_position_embeddings", 512),
+        "positional": {"type": "learned"},
+        "encoder": {
+            "n_layers": c("n_layers", 6),
+            "attention": {"n_heads": c("n_heads", 12), "bias": True,
+                          "dropout": _dropout(c("attention_dropout", 0.1))},
+            "ffn": {"type": "mlp", "d_ff": c("hidden_dim", 4 * d), "activation": act, "bias": True},
+            "norm": {"type": "layernorm", "placement": "post", "eps": _DISTILBERT_EPS},
+            # DistilBERT drops the FFN's output only; specformer's residual dropout, both
+            # sublayers' (a difference in training alone: docs/interop.md)
+            "residual": {"type": "sequential", "dropout": dropout},
+        },
+        "embedding": {
+            "tie_output": c("tie_word_embeddings", True),
+            "dropout": dropout,
+            "norm": {"type": "layernorm", "eps": _DISTILBERT_EPS},
+        },
+        "head": {"type": "mlm", "activation": act, "eps": _DISTILBERT_EPS, "bias": True},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
 # defaults of transformers' T5Config and MT5Config for the keys a config may omit
 _T5_DEFAULTS = {"vocab_size": 32128, "d_ff": 2048, "num_layers": 6, "num_heads": 8, "feed_forward_proj": "relu"}
 _MT5_DEFAULTS = {"vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6,
@@ -751,6 +788,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "bert": lambda c: _bert_like(c, roberta=False),
     "roberta": lambda c: _bert_like(c, roberta=True),
     "xlm-roberta": lambda c: _bert_like(c, roberta=True, default_vocab=30522),
+    "distilbert": _distilbert,
     "t5": _t5,
     "mt5": lambda c: _t5(c, "mt5"),
     "bart": _bart,
@@ -781,7 +819,6 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
     "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
-    "distilbert": "sinusoidal-or-learned positions without segment embeddings (different layer names)",
 }
 
 
@@ -802,6 +839,8 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
                 "RobertaModel": "base"},
     "xlm-roberta": {"XLMRobertaForMaskedLM": "mlm", "XLMRobertaForSequenceClassification": "classification",
                     "XLMRobertaModel": "base"},
+    "distilbert": {"DistilBertForMaskedLM": "mlm", "DistilBertForSequenceClassification": "classification",
+                   "DistilBertModel": "base"},
     "t5": {"T5ForConditionalGeneration": "lm", "T5WithLMHeadModel": "lm", "T5Model": "base"},
     "mt5": {"MT5ForConditionalGeneration": "lm", "MT5Model": "base"},
     "bart": {"BartForConditionalGeneration": "lm", "BartModel": "base"},
@@ -846,7 +885,8 @@ _CLASSIFIER_MISMATCH = {
 }
 
 # The checkpoint tensors of each family's own head, to say what a bare model lacks
-_HEAD_TENSORS = {"bert": "cls.predictions.*", "roberta": "lm_head.*", "xlm-roberta": "lm_head.*"}
+_HEAD_TENSORS = {"bert": "cls.predictions.*", "roberta": "lm_head.*", "xlm-roberta": "lm_head.*",
+                 "distilbert": "vocab_transform.*, vocab_layer_norm.*, vocab_projector.*"}
 
 
 def _head_from_architectures(c: _Config, raw: dict[str, Any]) -> dict[str, Any]:
@@ -904,7 +944,8 @@ def _unsupported_class(family: str, kind: str, name: str, listed: str, supported
 def _classification_head(c: _Config) -> dict[str, Any]:
     """BERT's and RoBERTa's sequence classification: the first token's state through a
     dense + tanh pooler, dropout, then a linear classifier to ``num_labels`` classes,
-    trained with softmax cross-entropy."""
+    trained with softmax cross-entropy. DistilBERT's: the same with relu (its
+    ``pre_classifier``) and its own dropout key."""
     labels = c("id2label")
     n_classes = len(labels) if isinstance(labels, Mapping) and labels else c("num_labels", 2)
     problem = c("problem_type")
@@ -923,6 +964,9 @@ def _classification_head(c: _Config) -> dict[str, Any]:
         "pooler": True,
         "dropout": _dropout(c("classifier_dropout", c("hidden_dropout_prob", 0.1))),
     }
+    if c.family == "distilbert":
+        head["pooler_activation"] = "relu"
+        head["dropout"] = _dropout(c("seq_classif_dropout", 0.2))
     names = _label_names(labels, n_classes)
     if names is not None:
         head["labels"] = names
@@ -1042,7 +1086,9 @@ def hf_family(spec: ModelSpec) -> str:
     stack = spec.decoder if spec.decoder is not None else spec.encoder
     assert stack is not None
     if spec.kind == "encoder" and pos == "learned":
-        return "roberta" if spec.positional.offset else "bert"
+        if spec.positional.offset:
+            return "roberta"
+        return "bert" if spec.embedding.segment_vocab_size else "distilbert"  # DistilBERT has no token types
     if spec.kind == "decoder":
         if pos == "learned":
             return "gpt2"
@@ -1081,7 +1127,7 @@ def hf_family(spec: ModelSpec) -> str:
             return "bart"
     raise HFConversionError(
         f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with {pos!r} positions and "
-        f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa), "
+        f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa; DistilBERT without segment embeddings), "
         "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
         "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
         "Gemma with (1 + weight) rmsnorm, Gemma 2 with those and sandwich norms or soft caps, GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and "
@@ -1162,15 +1208,45 @@ def _export_bert(spec: ModelSpec, roberta: bool) -> dict[str, Any]:
         offset = spec.positional.offset
         out["pad_token_id"] = offset - 1
         out["max_position_embeddings"] = spec.positional.rows(spec.max_seq_len)
-    head = spec.head
-    if head.type == "classification":
-        out["architectures"] = [f"{family}ForSequenceClassification"]
-        # the spec's class names, else transformers' defaults (what a config without them gets)
-        names = head.labels or [f"LABEL_{i}" for i in range(head.n_classes)]
-        out["id2label"] = {str(i): name for i, name in enumerate(names)}
-        out["label2id"] = {name: i for i, name in enumerate(names)}
-        out["classifier_dropout"] = head.dropout
-        out["problem_type"] = "single_label_classification"  # softmax cross-entropy, as specformer trains
+    if spec.head.type == "classification":
+        out.update(_classifier_config(spec.head, f"{family}ForSequenceClassification"))
+        out["classifier_dropout"] = spec.head.dropout
+    return out
+
+
+def _classifier_config(head: Any, architecture: str) -> dict[str, Any]:
+    """The config keys of a sequence classifier: its class, labels and problem type."""
+    # the spec's class names, else transformers' defaults (what a config without them gets)
+    names = head.labels or [f"LABEL_{i}" for i in range(head.n_classes)]
+    return {
+        "architectures": [architecture],
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+        "problem_type": "single_label_classification",  # softmax cross-entropy, as specformer trains
+    }
+
+
+def _export_distilbert(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.encoder
+    assert s is not None
+    out: dict[str, Any] = {
+        "architectures": ["DistilBertForMaskedLM"],
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_seq_len,
+        "sinusoidal_pos_embds": False,
+        "n_layers": s.n_layers,
+        "n_heads": s.attention.n_heads,
+        "dim": spec.d_model,
+        "hidden_dim": s.ffn.d_ff,
+        "activation": _act_out(s.ffn.activation, "gelu_pytorch_tanh"),
+        "dropout": s.residual.dropout,
+        "attention_dropout": s.attention.dropout,
+        "initializer_range": spec.init.std,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+    if spec.head.type == "classification":
+        out.update(_classifier_config(spec.head, "DistilBertForSequenceClassification"))
+        out["seq_classif_dropout"] = spec.head.dropout
     return out
 
 
@@ -1468,6 +1544,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
     "bert": lambda s: _export_bert(s, roberta=False),
     "roberta": lambda s: _export_bert(s, roberta=True),
+    "distilbert": _export_distilbert,
     "t5": _export_t5,
     "bart": _export_bart,
     "llama": lambda s: _export_llama(s, "llama"),
@@ -1540,7 +1617,7 @@ def hf_config_from_spec(
         spec = spec.model_copy(update={"embedding": {**e.model_dump(exclude_unset=True),
                                                      "share_encoder_decoder": False, "share_positions": True}})
     exported = spec
-    if spec.head.type == "mlm" and model_type not in ("bert", "roberta"):
+    if spec.head.type == "mlm" and model_type not in _ENCODER_FAMILIES:
         # the family's head is an lm head: the config is written with one, and the comparison
         # below names head.type among the fields that differ, not a field the mlm head lacks
         exported = spec.model_copy(update={"head": {"type": "lm"}})
@@ -1614,15 +1691,20 @@ def _without_equivalents(spec: ModelSpec) -> ModelSpec:
     return ModelSpec.model_validate(data) if walk(data) else spec
 
 
+# the encoder families: masked-LM and classification heads export
+_ENCODER_FAMILIES = ("bert", "roberta", "distilbert")
+
+
 def _check_head_exports(spec: ModelSpec, model_type: str) -> None:
     """Refuse a classification head on a family whose sequence classifier is another one."""
-    if spec.head.type != "classification" or model_type in ("bert", "roberta"):
+    if spec.head.type != "classification" or model_type in _ENCODER_FAMILIES:
         return
     why = _CLASSIFIER_MISMATCH.get(spec.kind, "")
     raise HFConversionError(
         f"head: classification has no Hugging Face {model_type} equivalent: its ForSequenceClassification "
         f"model is another head ({why}); a classification head exports on a BERT or RoBERTa encoder "
-        "(BertForSequenceClassification, RobertaForSequenceClassification: pooling first, pooler true)"
+        "(BertForSequenceClassification, RobertaForSequenceClassification: pooling first, pooler true; "
+        "DistilBertForSequenceClassification: the same with pooler_activation relu)"
     )
 
 

@@ -9,8 +9,8 @@ returns the same tensors.
 
 Conversions need no ``transformers``: they work on plain ``{name: Tensor}`` dicts.
 Names follow the ``*For{CausalLM,MaskedLM,ConditionalGeneration}`` classes of
-transformers (and ``{Bert,Roberta}ForSequenceClassification`` for a classification
-head); checkpoints saved from the bare model (``GPT2Model``, ``BertModel``, ...) are
+transformers (and ``{Bert,Roberta,DistilBert}ForSequenceClassification`` for a
+classification head); checkpoints saved from the bare model (``GPT2Model``, ``BertModel``, ...) are
 recognised by their missing prefix.
 """
 
@@ -143,6 +143,12 @@ _FAMILIES: dict[str, _Family] = {
         ignore=(r"embeddings\.(position_ids|token_type_ids)$", r"^roberta\.pooler\."),
         tied_copies=("lm_head.decoder.weight", "lm_head.decoder.bias"),
     ),
+    "distilbert": _Family(
+        prefix="distilbert.",
+        heads=("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
+        ignore=(r"embeddings\.position_ids$",),
+        tied_copies=("vocab_projector.weight",),
+    ),
     "t5": _Family(
         prefix="",
         heads=("lm_head.",),
@@ -252,6 +258,19 @@ def _gpt2(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _check_pooler(head: Any, family: str, activation: str) -> None:
+    """Refuse a classification head that is not ``family``'s: the first token through a dense
+    layer and ``activation``."""
+    if head.pooling != "first" or not head.pooler or head.pooler_activation != activation:
+        described = f"pooling {head.pooling!r}, pooler {head.pooler}" + (
+            f", pooler_activation {head.pooler_activation!r}" if head.pooler else "")
+        cls = {"bert": "Bert", "roberta": "Roberta", "distilbert": "DistilBert"}[family]
+        raise HFConversionError(
+            f"a classification head with {described} has no {family} counterpart "
+            f"({cls}ForSequenceClassification pools the first token through a dense + {activation} pooler)"
+        )
+
+
 def _bert_like(spec: ModelSpec, base: str) -> Iterator[Rule]:
     s = spec.encoder
     e = f"{base}.embeddings"
@@ -286,18 +305,42 @@ def _bert_like(spec: ModelSpec, base: str) -> Iterator[Rule]:
         if not spec.embedding.tie_output:
             yield Rule("head.proj.weight", (f"{h}.decoder.weight",))
     elif spec.head.type == "classification":
-        head = spec.head
-        if head.pooling != "first" or not head.pooler:
-            raise HFConversionError(
-                f"a classification head with pooling {head.pooling!r} and pooler {head.pooler} has no "
-                f"{base} counterpart ({base.capitalize()}ForSequenceClassification pools the first token "
-                "through a dense + tanh pooler)"
-            )
+        _check_pooler(spec.head, base, "tanh")
         # BERT's pooler belongs to the base model; RoBERTa's classifier holds its own
         pooler, classifier = ("bert.pooler.dense", "classifier") if base == "bert" else (
             "classifier.dense", "classifier.out_proj")
         yield from _linear("head.pooler", pooler, True)
         yield from _linear("head.classifier", classifier, True)
+
+
+def _distilbert(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.encoder
+    e = "distilbert.embeddings"
+    yield Rule("embed.tokens.weight", (f"{e}.word_embeddings.weight",))
+    yield Rule("embed.positions.weight", (f"{e}.position_embeddings.weight",))
+    yield from _norm("embed.norm", f"{e}.LayerNorm", spec.embedding.norm)
+    for i in range(s.n_layers):
+        o, t, layer = f"encoder.layers.{i}", f"distilbert.transformer.layer.{i}", s.layer(i)
+        a = f"{t}.attention"
+        yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_lin", f"{a}.k_lin", f"{a}.v_lin"),
+                           layer.attention.bias, "rows", _qkv_sizes(layer.attention))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.out_lin", layer.attention.bias)
+        yield from _norm(f"{o}.attn_norm", f"{t}.sa_layer_norm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.ffn.lin1", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.ffn.lin2", layer.ffn.bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.output_layer_norm", layer.norm)
+    if spec.head.type == "mlm":
+        yield from _linear("head.transform.dense", "vocab_transform", True)
+        yield Rule("head.transform.norm.weight", ("vocab_layer_norm.weight",))
+        yield Rule("head.transform.norm.bias", ("vocab_layer_norm.bias",))
+        if spec.head.bias:
+            yield Rule("head.bias", ("vocab_projector.bias",))
+        if not spec.embedding.tie_output:
+            yield Rule("head.proj.weight", ("vocab_projector.weight",))
+    elif spec.head.type == "classification":
+        _check_pooler(spec.head, "distilbert", "relu")
+        yield from _linear("head.pooler", "pre_classifier", True)
+        yield from _linear("head.classifier", "classifier", True)
 
 
 def _t5(spec: ModelSpec) -> Iterator[Rule]:
@@ -516,6 +559,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt2": _gpt2,
     "bert": lambda spec: _bert_like(spec, "bert"),
     "roberta": lambda spec: _bert_like(spec, "roberta"),
+    "distilbert": _distilbert,
     "t5": _t5,
     "bart": _bart,
     "llama": _llama,

@@ -81,6 +81,22 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 # Qwen/Qwen3-0.6B, Phi-3-mini and gemma-2b (all but pythia, T5 v1.1, Phi-3 and Gemma also shipped
 # as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
+    "distilbert-base-uncased": {
+        "activation": "gelu", "architectures": ["DistilBertForMaskedLM"], "attention_dropout": 0.1,
+        "dim": 768, "dropout": 0.1, "hidden_dim": 3072, "initializer_range": 0.02,
+        "max_position_embeddings": 512, "model_type": "distilbert", "n_heads": 12, "n_layers": 6,
+        "pad_token_id": 0, "qa_dropout": 0.1, "seq_classif_dropout": 0.2, "sinusoidal_pos_embds": False,
+        "tie_weights_": True, "vocab_size": 30522,
+    },
+    # transformers' default sentiment-analysis model
+    "distilbert-base-uncased-finetuned-sst-2-english": {
+        "activation": "gelu", "architectures": ["DistilBertForSequenceClassification"],
+        "attention_dropout": 0.1, "dim": 768, "dropout": 0.1, "finetuning_task": "sst-2", "hidden_dim": 3072,
+        "id2label": {"0": "NEGATIVE", "1": "POSITIVE"}, "initializer_range": 0.02,
+        "label2id": {"NEGATIVE": 0, "POSITIVE": 1}, "max_position_embeddings": 512, "model_type": "distilbert",
+        "n_heads": 12, "n_layers": 6, "output_past": True, "pad_token_id": 0, "qa_dropout": 0.1,
+        "seq_classif_dropout": 0.2, "sinusoidal_pos_embds": False, "tie_weights_": True, "vocab_size": 30522,
+    },
     "bart-base": {
         "activation_dropout": 0.1, "activation_function": "gelu", "add_bias_logits": False,
         "add_final_layer_norm": False, "architectures": ["BartModel"], "attention_dropout": 0.1,
@@ -283,8 +299,11 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
         "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
                                               "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
         else "encoder")
+    auto = _AUTO_CLASS[kind]
+    if any(name.endswith("ForSequenceClassification") for name in hf_config.architectures or ()):
+        auto = "AutoModelForSequenceClassification"
     with torch.device("meta"):
-        model = getattr(transformers, _AUTO_CLASS[kind]).from_config(hf_config)
+        model = getattr(transformers, auto).from_config(hf_config)
     return hf_config, model
 
 
@@ -329,6 +348,40 @@ def test_published_parameter_counts() -> None:
     # the sizes the model cards and papers quote
     assert count_parameters(spec_from_hf_config(PUBLISHED["gpt2-small"])).total == 124_439_808
     assert count_parameters(spec_from_hf_config(PUBLISHED["llama2-7b"])).total == 6_738_415_616
+
+
+def test_distilbert_is_bert_without_token_types_at_its_published_size() -> None:
+    spec = spec_from_hf_config(OTHERS["distilbert-base-uncased"])
+    assert spec.kind == "encoder" and spec.embedding.segment_vocab_size == 0
+    assert (spec.encoder.n_layers, spec.d_model, spec.encoder.ffn.d_ff) == (6, 768, 3072)
+    assert spec.encoder.norm.placement == "post" and spec.encoder.norm.eps == 1e-12
+    counts = count_parameters(spec)
+    # the paper's 66M: DistilBertModel's 66,362,880, then the masked-LM transform and bias
+    assert counts.total - (768 * 768 + 768) - 2 * 768 - 30522 == 66_362_880
+    sst2 = spec_from_hf_config(OTHERS["distilbert-base-uncased-finetuned-sst-2-english"])
+    assert sst2.head.type == "classification" and sst2.head.pooler_activation == "relu"
+    assert (sst2.head.labels, sst2.head.dropout) == (("NEGATIVE", "POSITIVE"), 0.2)
+    _refused(lambda: spec_from_hf_config({**OTHERS["distilbert-base-uncased"], "sinusoidal_pos_embds": True}),
+             ["sinusoidal_pos_embds=True", "does not train"])
+
+
+def test_an_encoder_without_segments_exports_as_distilbert() -> None:
+    # BERT's embeddings add a token-type row whatever the input: one without is DistilBERT
+    _refused(lambda: hf_config_from_spec(load_spec("bert-nano", ["embedding.segment_vocab_size=0",
+                                                                 "encoder.norm.eps=1e-5"])),
+             ["Hugging Face distilbert", "encoder.norm.eps = 1e-05 (Hugging Face distilbert has 1e-12)",
+              "--set encoder.norm.eps=1e-12"])
+    spec = load_spec("bert-nano", ["embedding.segment_vocab_size=0"])
+    config = hf_config_from_spec(spec)
+    assert (config["model_type"], config["architectures"]) == ("distilbert", ["DistilBertForMaskedLM"])
+    assert spec_from_hf_config(config, name=spec.name).model_copy(update={"training": spec.training}) == spec
+    cls = load_spec(spec.to_dict(), ["head={type: classification, pooler_activation: relu, labels: [bad, good]}"])
+    config = hf_config_from_spec(cls)
+    assert config["architectures"] == ["DistilBertForSequenceClassification"]
+    assert config["id2label"] == {"0": "bad", "1": "good"}
+    assert spec_from_hf_config(config, name=spec.name).model_copy(update={"training": cls.training}) == cls
+    _refused(lambda: hf_config_from_spec(load_spec(spec.to_dict(), ["head={type: classification}"])),
+             ["head.pooler_activation = 'tanh' (Hugging Face distilbert has 'relu')"])
 
 
 def test_roberta_positions_are_offset_by_the_padding_index() -> None:

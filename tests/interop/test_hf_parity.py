@@ -64,6 +64,13 @@ TINY: dict[str, dict[str, Any]] = {
     "xlm-roberta-cls": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
                         "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
                         "layer_norm_eps": 1e-5, "pad_token_id": 1, "num_labels": 2},
+    # DistilBERT: BERT's layer without token types, its own names; relu and untied below
+    "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "max_position_embeddings": 64},
+    "distilbert-untied": {"dim": 32, "n_layers": 1, "n_heads": 4, "hidden_dim": 48, "max_position_embeddings": 64,
+                          "activation": "relu", "tie_word_embeddings": False},
+    # its pre_classifier: BERT's pooler with relu in place of tanh
+    "distilbert-cls": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "max_position_embeddings": 64,
+                       "id2label": {0: "negative", 1: "positive"}, "seq_classif_dropout": 0.1},
     "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
            "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16},
     "t5-v1_1": {"d_model": 32, "d_kv": 16, "d_ff": 48, "num_layers": 2, "num_heads": 3,
@@ -206,7 +213,7 @@ TINY: dict[str, dict[str, Any]] = {
                             "intermediate_size": 64, "max_position_embeddings": 64,
                             "use_parallel_residual": False, "tie_word_embeddings": True},
 }
-DECODERS = [f for f in TINY if not f.startswith(("bert", "roberta", "xlm-roberta"))]
+DECODERS = [f for f in TINY if not f.startswith(("bert", "roberta", "xlm-roberta", "distilbert"))]
 
 
 def _model_type(family: str) -> str:
@@ -237,6 +244,7 @@ def _hf_model(family: str, seed: int = 0) -> Any:
         "bert": transformers.AutoModelForMaskedLM,
         "roberta": transformers.AutoModelForMaskedLM,
         "xlm-roberta": transformers.AutoModelForMaskedLM,
+        "distilbert": transformers.AutoModelForMaskedLM,
     }.get(model_type, transformers.AutoModelForCausalLM)
     if family.endswith("-cls"):
         auto = transformers.AutoModelForSequenceClassification
@@ -774,12 +782,21 @@ def test_checkpoint_without_the_spec_head_says_so() -> None:
         import_hf(gpt2.config.to_dict() | {"architectures": None}, state_dict=gpt2.state_dict())
 
 
-def test_classification_weights_need_the_bert_pooling() -> None:
+def test_classification_weights_need_the_familys_pooling() -> None:
     hf = _hf_model("bert-cls")
     spec, _, _ = import_hf(hf.config, weights=False)
     mean = spec.model_copy(update={"head": spec.head.model_copy(update={"pooling": "mean"})})
-    with pytest.raises(HFConversionError, match="pooling 'mean' and pooler True has no bert counterpart"):
+    with pytest.raises(HFConversionError, match="pooling 'mean', pooler True, pooler_activation 'tanh' has no bert "):
         hf_to_specformer(hf.state_dict(), mean)
+    relu = spec.model_copy(update={"head": spec.head.model_copy(update={"pooler_activation": "relu"})})
+    with pytest.raises(HFConversionError, match="pooler_activation 'relu' has no bert counterpart.*dense \\+ tanh"):
+        hf_to_specformer(hf.state_dict(), relu)
+    distil = _hf_model("distilbert-cls")
+    spec, _, _ = import_hf(distil.config, weights=False)
+    assert spec.head.pooler_activation == "relu" and spec.head.dropout == 0.1
+    tanh = spec.model_copy(update={"head": spec.head.model_copy(update={"pooler_activation": "tanh"})})
+    with pytest.raises(HFConversionError, match="'tanh' has no distilbert counterpart.*dense \\+ relu pooler"):
+        hf_to_specformer(distil.state_dict(), tanh)
 
 
 def test_load_hf_weights_reproduces_the_reference() -> None:
@@ -801,7 +818,8 @@ _DOC_SECTIONS = {"gpt2": "### GPT-2", "bert": "### BERT", "roberta": "### RoBERT
                  "gptj-full": "### GPT-J", "falcon-new": "### Falcon",
                  "gemma2": "### Gemma 2", "gemma3_text": "### Gemma 2", "starcoder2": "### StarCoder2",
                  "bert-cls": "### BERT sequence classification",
-                 "roberta-cls": "### RoBERTa sequence classification"}
+                 "roberta-cls": "### RoBERTa sequence classification",
+                 "distilbert": "### DistilBERT", "distilbert-cls": "### DistilBERT sequence classification"}
 
 
 @pytest.mark.parametrize("family", sorted(_DOC_SECTIONS))

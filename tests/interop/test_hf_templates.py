@@ -64,8 +64,9 @@ def _llama_folder(tmp_path: Path) -> tuple[Path, Any]:
 
 
 def _bert_folder(tmp_path: Path, head: str = "BertForMaskedLM", **settings: Any) -> tuple[Path, Any]:
-    """A tiny BERT whose WordPiece tokenizer.json frames every text as ``[CLS] … [SEP]``
-    (``head``: its class in transformers; ``settings``: more of its config)."""
+    """A tiny BERT (or DistilBERT: ``head`` a ``DistilBert*`` class) whose WordPiece tokenizer.json
+    frames every text as ``[CLS] … [SEP]`` (``head``: its class in transformers; ``settings``:
+    more of its config)."""
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -87,9 +88,15 @@ def _bert_folder(tmp_path: Path, head: str = "BertForMaskedLM", **settings: Any)
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
         mask_token="[MASK]")
-    config = transformers.BertConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, pad_token_id=0, **settings)
+    if head.startswith("DistilBert"):
+        fast.model_input_names = ["input_ids", "attention_mask"]  # DistilBERT has no token types
+        config = transformers.DistilBertConfig(
+            vocab_size=tok.get_vocab_size(), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+            max_position_embeddings=64, pad_token_id=0, **settings)
+    else:
+        config = transformers.BertConfig(
+            vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64, pad_token_id=0, **settings)
     torch.manual_seed(0)
     model = _perturbed(getattr(transformers, head)(config), 2)
     folder = tmp_path / "bert"
@@ -169,9 +176,12 @@ def _imported_checkpoint_spec(folder: Path, tmp_path: Path) -> Path:
     return spec_path
 
 
+@pytest.mark.parametrize("head", ["BertForMaskedLM", "DistilBertForMaskedLM"])
 @pytest.mark.parametrize("source", ["checkpoint", "weights"])
-def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tmp_path: Path, source: str) -> None:
-    folder, hf = _bert_folder(tmp_path)
+def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(
+    tmp_path: Path, source: str, head: str
+) -> None:
+    folder, hf = _bert_folder(tmp_path, head)
     args = _imported_source(folder, tmp_path, source)
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     text = "the model is [MASK] and the model is there."
@@ -195,13 +205,14 @@ def test_fill_mask_of_an_imported_bert_reads_cls_and_sep_as_transformers_does(tm
     assert filled == "filled: " + hf_tok.decode(ids[1:-1])
 
 
+@pytest.mark.parametrize("head", ["BertForSequenceClassification", "DistilBertForSequenceClassification"])
 @pytest.mark.parametrize("source", ["checkpoint", "weights"])
 def test_classify_of_an_imported_bert_classifier_gives_the_text_classification_pipelines_scores(
-    tmp_path: Path, source: str
+    tmp_path: Path, source: str, head: str
 ) -> None:
     import json
 
-    folder, hf = _bert_folder(tmp_path, "BertForSequenceClassification", num_labels=3,
+    folder, hf = _bert_folder(tmp_path, head, num_labels=3,
                               id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
     args = _imported_source(folder, tmp_path, source)
     texts = ["the model is here", "said the modeller to the other model.", "the model " * 40]  # the last: cut

@@ -177,6 +177,43 @@ def _dropout(value: Any) -> float:
 # --------------------------------------------------------------------------- families: HF -> spec
 
 
+def _opt(c: _Config) -> dict[str, Any]:
+    """OPT: GPT-2's decoder with separate q/k/v, ReLU, positions offset by 2 and no dropout
+    on the embeddings; post-norm where ``do_layer_norm_before`` is false (no final norm)."""
+    d = c("hidden_size", 768)
+    c.refuse_if("word_embed_proj_dim", lambda v: v != d, "a projection between the embeddings and the "
+                "model width (OPT-350m); specformer's embeddings have the model's width", d)
+    c.refuse_if("layer_norm_elementwise_affine", lambda v: not v, "LayerNorms without a gain and bias", True)
+    c.refuse_if("layerdrop", bool, "skipping whole layers at random in training", 0.0)
+    pre = bool(c("do_layer_norm_before", True))
+    bias = bool(c("enable_bias", True))
+    n_pos = c("max_position_embeddings", 2048)
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 50272),
+        "d_model": d,
+        "max_seq_len": n_pos,
+        "positional": {"type": "learned", "max_positions": n_pos + _OPT_OFFSET, "offset": _OPT_OFFSET},
+        "decoder": {
+            "n_layers": c("num_hidden_layers", 12),
+            "attention": {"n_heads": c("num_attention_heads", 12), "bias": bias,
+                          "dropout": _dropout(c("attention_dropout", 0.0))},
+            "ffn": {"type": "mlp", "d_ff": c("ffn_dim", 3072),
+                    "activation": c.activation("activation_function", "relu"), "bias": bias},
+            "norm": {"type": "layernorm", "placement": "pre" if pre else "post", "eps": 1e-5,
+                     "final": pre and not c("_remove_final_layer_norm", False)},
+            "residual": {"type": "sequential", "dropout": _dropout(c("dropout", 0.1))},
+        },
+        "embedding": {"tie_output": c("tie_word_embeddings", True), "dropout": 0.0},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("init_std", 0.02), "scaled_residual": False},
+    }
+
+
+# OPT's position table starts 2 rows in (its rows 0 and 1 are read only for padding)
+_OPT_OFFSET = 2
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     c.refuse_if("scale_attn_by_inverse_layer_idx", bool, "attention scores divided by the layer index", False)
     c.refuse_if("add_cross_attention", bool, "cross-attention in a decoder-only model", False)
@@ -785,6 +822,7 @@ def _starcoder2(c: _Config) -> dict[str, Any]:
 
 _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
+    "opt": _opt,
     "bert": lambda c: _bert_like(c, roberta=False),
     "roberta": lambda c: _bert_like(c, roberta=True),
     "xlm-roberta": lambda c: _bert_like(c, roberta=True, default_vocab=30522),
@@ -818,7 +856,10 @@ _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRo
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
-    "opt": "ReLU FFN with learned positions offset by 2 and an optional projection of the embeddings",
+    "gemma3": "Gemma 3's multimodal model: its text model (model_type gemma3_text, under text_config) beside a "
+              "vision tower; import the text_config, or a text-only Gemma 3",
+    "olmo2": "a norm on each sublayer's output alone (none before it), and query/key norms over the whole "
+             "projection rather than each head",
 }
 
 
@@ -832,6 +873,7 @@ _NEAR_MISSES = {
 # tied to the token embeddings), since its checkpoint has none.
 _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gpt2": {"GPT2LMHeadModel": "lm", "GPT2Model": "base"},
+    "opt": {"OPTForCausalLM": "lm", "OPTModel": "base"},
     # BertForPreTraining: the masked-LM head and next-sentence prediction (left out)
     "bert": {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
              "BertForSequenceClassification": "classification", "BertModel": "base"},
@@ -1091,7 +1133,7 @@ def hf_family(spec: ModelSpec) -> str:
         return "bert" if spec.embedding.segment_vocab_size else "distilbert"  # DistilBERT has no token types
     if spec.kind == "decoder":
         if pos == "learned":
-            return "gpt2"
+            return "opt" if spec.positional.offset else "gpt2"  # OPT's table starts 2 rows in
         if pos == "rope" and stack.norm.type == "rmsnorm":
             layers = list(stack.layers())
             if stack.norm.offset:  # Gemma 2: sandwich norms, soft-capped scores and logits
@@ -1179,6 +1221,30 @@ def _export_gpt2(spec: ModelSpec) -> dict[str, Any]:
         "layer_norm_epsilon": s.norm.eps,
         "initializer_range": spec.init.std,
         "scale_attn_weights": s.attention.scale is None,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
+def _export_opt(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    pre = s.norm.placement == "pre"
+    return {
+        "architectures": ["OPTForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "word_embed_proj_dim": spec.d_model,
+        "num_hidden_layers": s.n_layers,
+        "num_attention_heads": s.attention.n_heads,
+        "ffn_dim": s.ffn.d_ff,
+        "max_position_embeddings": spec.positional.rows(spec.max_seq_len) - _OPT_OFFSET,
+        "activation_function": _act_out(s.ffn.activation, "gelu_new"),
+        "do_layer_norm_before": pre,
+        "_remove_final_layer_norm": pre and not s.final_norm,
+        "enable_bias": s.attention.bias,
+        "dropout": s.residual.dropout,
+        "attention_dropout": s.attention.dropout,
+        "init_std": spec.init.std,
         "tie_word_embeddings": spec.embedding.tie_output,
     }
 
@@ -1542,6 +1608,7 @@ def _export_starcoder2(spec: ModelSpec) -> dict[str, Any]:
 
 _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
+    "opt": _export_opt,
     "bert": lambda s: _export_bert(s, roberta=False),
     "roberta": lambda s: _export_bert(s, roberta=True),
     "distilbert": _export_distilbert,

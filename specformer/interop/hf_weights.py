@@ -130,6 +130,12 @@ _FAMILIES: dict[str, _Family] = {
         ignore=(r"\.attn\.(bias|masked_bias)$",),
         tied_copies=("lm_head.weight",),
     ),
+    "opt": _Family(
+        prefix="model.",
+        heads=("lm_head.",),
+        ignore=(),
+        tied_copies=("lm_head.weight",),
+    ),
     "bert": _Family(
         prefix="bert.",
         heads=("cls.",),
@@ -255,6 +261,23 @@ def _gpt2(spec: ModelSpec) -> Iterator[Rule]:
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.c_fc", True, "transpose")
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.c_proj", True, "transpose")
     yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
+    yield from _lm_head(spec)
+
+
+def _opt(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.decoder.embed_tokens.weight",))
+    yield Rule("embed.positions.weight", ("model.decoder.embed_positions.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.decoder.layers.{i}", s.layer(i)
+        yield from _separate_qkv(o, f"{t}.self_attn", layer.attention)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.self_attn.out_proj", layer.attention.bias)
+        yield from _norm(f"{o}.attn_norm", f"{t}.self_attn_layer_norm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.fc1", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.fc2", layer.ffn.bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.final_layer_norm", layer.norm)
+    if s.final_norm:
+        yield from _norm("decoder.final_norm", "model.decoder.final_layer_norm", s.norm)
     yield from _lm_head(spec)
 
 
@@ -557,6 +580,7 @@ def _starcoder2(spec: ModelSpec) -> Iterator[Rule]:
 
 _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt2": _gpt2,
+    "opt": _opt,
     "bert": lambda spec: _bert_like(spec, "bert"),
     "roberta": lambda spec: _bert_like(spec, "roberta"),
     "distilbert": _distilbert,

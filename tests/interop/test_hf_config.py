@@ -81,6 +81,14 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 # Qwen/Qwen3-0.6B, Phi-3-mini and gemma-2b (all but pythia, T5 v1.1, Phi-3 and Gemma also shipped
 # as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
+    "opt-125m": {
+        "activation_dropout": 0.0, "activation_function": "relu", "architectures": ["OPTForCausalLM"],
+        "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True, "dropout": 0.1,
+        "eos_token_id": 2, "ffn_dim": 3072, "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0,
+        "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 12,
+        "num_hidden_layers": 12, "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16",
+        "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 768,
+    },
     "distilbert-base-uncased": {
         "activation": "gelu", "architectures": ["DistilBertForMaskedLM"], "attention_dropout": 0.1,
         "dim": 768, "dropout": 0.1, "hidden_dim": 3072, "initializer_range": 0.02,
@@ -296,7 +304,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
+        "decoder" if hf_config.model_type in ("gpt2", "opt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
                                               "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
         else "encoder")
     auto = _AUTO_CLASS[kind]
@@ -348,6 +356,29 @@ def test_published_parameter_counts() -> None:
     # the sizes the model cards and papers quote
     assert count_parameters(spec_from_hf_config(PUBLISHED["gpt2-small"])).total == 124_439_808
     assert count_parameters(spec_from_hf_config(PUBLISHED["llama2-7b"])).total == 6_738_415_616
+
+
+def test_opt_is_a_decoder_with_positions_offset_by_two_at_its_published_size() -> None:
+    spec = spec_from_hf_config(OTHERS["opt-125m"])
+    assert (spec.positional.type, spec.positional.offset, spec.positional.rows(spec.max_seq_len)) == ("learned", 2, 2050)
+    assert spec.decoder.ffn.activation == "relu" and spec.embedding.dropout == 0.0
+    assert count_parameters(spec).total == 125_239_296  # the "125M" of the OPT paper's table
+    # OPT-350m projects its 512-wide embeddings to the model's 1024, and is post-norm
+    _refused(lambda: spec_from_hf_config({**OTHERS["opt-125m"], "hidden_size": 1024, "word_embed_proj_dim": 512,
+                                          "do_layer_norm_before": False}),
+             ["word_embed_proj_dim=512", "projection between the embeddings and the model width"])
+    post = spec_from_hf_config({**OTHERS["opt-125m"], "do_layer_norm_before": False})
+    assert post.decoder.norm.placement == "post" and not post.decoder.final_norm
+    _refused(lambda: spec_from_hf_config({**OTHERS["opt-125m"], "layerdrop": 0.1}), ["layerdrop=0.1"])
+
+
+def test_a_decoder_whose_positions_start_two_rows_in_exports_as_opt() -> None:
+    # (the table's size and OPT's init written out, as an import writes them)
+    spec = load_spec("gpt-nano", ["positional={type: learned, offset: 2, max_positions: 258}",
+                                  "embedding.dropout=0", "init.scaled_residual=false"])
+    config = hf_config_from_spec(spec)
+    assert (config["model_type"], config["max_position_embeddings"]) == ("opt", spec.max_seq_len)
+    assert spec_from_hf_config(config, name=spec.name).model_copy(update={"training": spec.training}) == spec
 
 
 def test_distilbert_is_bert_without_token_types_at_its_published_size() -> None:
@@ -591,7 +622,8 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
-        ({"model_type": "opt", "hidden_size": 64}, ["opt", "learned positions offset by 2", "llama"]),
+        ({"model_type": "olmo2", "hidden_size": 64}, ["olmo2", "each sublayer's output alone", "llama"]),
+        ({"model_type": "gemma3"}, ["gemma3", "import the text_config", "gemma3_text"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],

@@ -193,6 +193,7 @@ def _tokens_name(model_type: str) -> str:
         "gemma2": "model.embed_tokens.weight",
         "gemma3_text": "model.embed_tokens.weight",
         "gpt_neox": "gpt_neox.embed_in.weight",
+        "bloom": "transformer.word_embeddings.weight",
         "phi": "model.embed_tokens.weight",
         "gptj": "transformer.wte.weight",
         "falcon": "transformer.word_embeddings.weight",

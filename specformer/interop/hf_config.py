@@ -214,6 +214,34 @@ def _opt(c: _Config) -> dict[str, Any]:
 _OPT_OFFSET = 2
 
 
+def _bloom(c: _Config) -> dict[str, Any]:
+    """BLOOM: ALiBi, a LayerNorm on the embeddings, pre-LayerNorm blocks with biases, a GELU
+    (tanh) MLP four times as wide, tied embeddings; no position table, so its length is the
+    ``seq_length`` it was trained at (2048 where the config does not say)."""
+    c.refuse_if("apply_residual_connection_post_layernorm", bool,
+                "the residual stream taken after each block's input norm", False)
+    d = c("hidden_size", c("n_embed", 64))
+    return {
+        "kind": "decoder",
+        "vocab_size": c("vocab_size", 250880),
+        "d_model": d,
+        "max_seq_len": c("seq_length", 2048),
+        "positional": {"type": "alibi"},
+        "decoder": {
+            "n_layers": c("n_layer", c("num_hidden_layers", 2)),
+            "attention": {"n_heads": c("n_head", c("num_attention_heads", 8)), "bias": True,
+                          "dropout": _dropout(c("attention_dropout", 0.0))},
+            "ffn": {"type": "mlp", "d_ff": 4 * d, "activation": "gelu_tanh", "bias": True},
+            "norm": {"type": "layernorm", "placement": "pre", "eps": c("layer_norm_epsilon", 1e-5)},
+            "residual": {"type": "sequential", "dropout": _dropout(c("hidden_dropout", 0.0))},
+        },
+        "embedding": {"tie_output": c("tie_word_embeddings", True), "dropout": 0.0,
+                      "norm": {"type": "layernorm", "eps": c("layer_norm_epsilon", 1e-5)}},
+        "head": {"type": "lm", "bias": False},
+        "init": {"std": c("initializer_range", 0.02), "scaled_residual": False},
+    }
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     c.refuse_if("scale_attn_by_inverse_layer_idx", bool, "attention scores divided by the layer index", False)
     c.refuse_if("add_cross_attention", bool, "cross-attention in a decoder-only model", False)
@@ -839,6 +867,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gemma2": lambda c: _llama(c, "gemma2"),
     "gemma3_text": lambda c: _llama(c, "gemma3_text"),
     "gpt_neox": _gpt_neox,
+    "bloom": _bloom,
     "phi": _phi,
     "gptj": _gptj,
     "falcon": _falcon,
@@ -895,6 +924,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gemma2": {"Gemma2ForCausalLM": "lm", "Gemma2Model": "base"},
     "gemma3_text": {"Gemma3ForCausalLM": "lm", "Gemma3TextModel": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
+    "bloom": {"BloomForCausalLM": "lm", "BloomModel": "base"},
     "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
     "gptj": {"GPTJForCausalLM": "lm", "GPTJModel": "base"},
     "falcon": {"FalconForCausalLM": "lm", "FalconModel": "base"},
@@ -1134,6 +1164,8 @@ def hf_family(spec: ModelSpec) -> str:
     if spec.kind == "decoder":
         if pos == "learned":
             return "opt" if spec.positional.offset else "gpt2"  # OPT's table starts 2 rows in
+        if pos == "alibi":
+            return "bloom"
         if pos == "rope" and stack.norm.type == "rmsnorm":
             layers = list(stack.layers())
             if stack.norm.offset:  # Gemma 2: sandwich norms, soft-capped scores and logits
@@ -1168,13 +1200,15 @@ def hf_family(spec: ModelSpec) -> str:
         if pos == "learned":
             return "bart"
     raise HFConversionError(
-        f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with {pos!r} positions and "
-        f"{stack.norm.type} norms; exportable: encoder with learned positions (BERT, RoBERTa; DistilBERT without segment embeddings), "
-        "decoder with learned positions (GPT-2) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
-        "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, "
-        "Gemma with (1 + weight) rmsnorm, Gemma 2 with those and sandwich norms or soft caps, GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and "
-        "one norm per parallel block, Falcon with grouped keys, StarCoder2 with grouped keys or a window in "
-        "sequential blocks), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with "
+        f"{pos!r} positions and {stack.norm.type} norms; exportable: encoder with learned positions "
+        "(BERT, RoBERTa; DistilBERT without segment embeddings), decoder with learned positions (GPT-2; "
+        "OPT with the table offset by 2), ALiBi (BLOOM) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
+        "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary "
+        "fraction, Gemma with (1 + weight) rmsnorm, Gemma 2 with those and sandwich norms or soft caps, "
+        "GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and one norm per parallel "
+        "block, Falcon with grouped keys, StarCoder2 with grouped keys or a window in sequential "
+        "blocks), encoder-decoder with t5 bias (T5) or learned positions (BART)"
     )
 
 
@@ -1245,6 +1279,25 @@ def _export_opt(spec: ModelSpec) -> dict[str, Any]:
         "dropout": s.residual.dropout,
         "attention_dropout": s.attention.dropout,
         "init_std": spec.init.std,
+        "tie_word_embeddings": spec.embedding.tie_output,
+    }
+
+
+def _export_bloom(spec: ModelSpec) -> dict[str, Any]:
+    s = spec.decoder
+    assert s is not None
+    return {
+        "architectures": ["BloomForCausalLM"],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "n_layer": s.n_layers,
+        "n_head": s.attention.n_heads,
+        "seq_length": spec.max_seq_len,
+        "layer_norm_epsilon": s.norm.eps,
+        "hidden_dropout": s.residual.dropout,
+        "attention_dropout": s.attention.dropout,
+        "apply_residual_connection_post_layernorm": False,
+        "initializer_range": spec.init.std,
         "tie_word_embeddings": spec.embedding.tie_output,
     }
 
@@ -1609,6 +1662,7 @@ def _export_starcoder2(spec: ModelSpec) -> dict[str, Any]:
 _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
     "opt": _export_opt,
+    "bloom": _export_bloom,
     "bert": lambda s: _export_bert(s, roberta=False),
     "roberta": lambda s: _export_bert(s, roberta=True),
     "distilbert": _export_distilbert,

@@ -136,6 +136,12 @@ _FAMILIES: dict[str, _Family] = {
         ignore=(),
         tied_copies=("lm_head.weight",),
     ),
+    "bloom": _Family(
+        prefix="transformer.",
+        heads=("lm_head.",),
+        ignore=(),
+        tied_copies=("lm_head.weight",),
+    ),
     "bert": _Family(
         prefix="bert.",
         heads=("cls.",),
@@ -504,6 +510,24 @@ def _gpt_neox(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _bloom(spec: ModelSpec) -> Iterator[Rule]:
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("transformer.word_embeddings.weight",))
+    yield from _norm("embed.norm", "transformer.word_embeddings_layernorm", spec.embedding.norm)
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
+        att = layer.attention
+        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.self_attention.query_key_value", att.bias,
+                           "neox_qkv", (att.n_heads, att.head_dim))  # rows per head: (H, 3, Dh), as GPT-NeoX
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.self_attention.dense", att.bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.dense_h_to_4h", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.dense_4h_to_h", layer.ffn.bias)
+    yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
+    yield from _lm_head(spec)
+
+
 def _phi(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
@@ -595,6 +619,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gemma2": _gemma2,
     "gemma3_text": _gemma2,
     "gpt_neox": _gpt_neox,
+    "bloom": _bloom,
     "phi": _phi,
     "gptj": _gptj,
     "falcon": _falcon,

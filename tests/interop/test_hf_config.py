@@ -81,6 +81,15 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 # Qwen/Qwen3-0.6B, Phi-3-mini and gemma-2b (all but pythia, T5 v1.1, Phi-3 and Gemma also shipped
 # as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
+    "bloom-560m": {
+        "apply_residual_connection_post_layernorm": False, "architectures": ["BloomForCausalLM"],
+        "attention_dropout": 0.0, "attention_softmax_in_fp32": True, "bias_dropout_fusion": True,
+        "bos_token_id": 1, "eos_token_id": 2, "hidden_dropout": 0.0, "hidden_size": 1024,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": True,
+        "model_type": "bloom", "n_head": 16, "n_inner": None, "n_layer": 24, "offset_alibi": 100,
+        "pad_token_id": 3, "pretraining_tp": 1, "skip_bias_add": True, "skip_bias_add_qkv": False,
+        "slow_but_exact": False, "unk_token_id": 0, "use_cache": True, "vocab_size": 250880,
+    },
     "opt-125m": {
         "activation_dropout": 0.0, "activation_function": "relu", "architectures": ["OPTForCausalLM"],
         "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True, "dropout": 0.1,
@@ -304,7 +313,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "opt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
+        "decoder" if hf_config.model_type in ("gpt2", "opt", "bloom", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
                                               "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
         else "encoder")
     auto = _AUTO_CLASS[kind]
@@ -378,6 +387,28 @@ def test_a_decoder_whose_positions_start_two_rows_in_exports_as_opt() -> None:
                                   "embedding.dropout=0", "init.scaled_residual=false"])
     config = hf_config_from_spec(spec)
     assert (config["model_type"], config["max_position_embeddings"]) == ("opt", spec.max_seq_len)
+    assert spec_from_hf_config(config, name=spec.name).model_copy(update={"training": spec.training}) == spec
+
+
+def test_bloom_is_an_alibi_decoder_with_an_embedding_norm_at_its_published_size() -> None:
+    spec = spec_from_hf_config(OTHERS["bloom-560m"])
+    assert (spec.positional.type, spec.max_seq_len, spec.decoder.ffn.d_ff) == ("alibi", 2048, 4096)
+    assert spec.embedding.norm is not None and spec.decoder.ffn.activation == "gelu_tanh"
+    assert count_parameters(spec).total == 559_214_592  # the model card's
+    # the 176B model's config names its width n_embed
+    big = {k: v for k, v in OTHERS["bloom-560m"].items() if k != "hidden_size"} | {"n_embed": 14336, "n_head": 112}
+    assert spec_from_hf_config(big).d_model == 14336
+    _refused(lambda: spec_from_hf_config({**OTHERS["bloom-560m"], "apply_residual_connection_post_layernorm": True}),
+             ["apply_residual_connection_post_layernorm=True", "residual stream taken after"])
+
+
+def test_an_alibi_decoder_exports_as_bloom() -> None:
+    alibi = ["positional={type: alibi}", "decoder.ffn.d_ff=512", "init.scaled_residual=false"]
+    _refused(lambda: hf_config_from_spec(load_spec("gpt-nano", alibi)),
+             ["no Hugging Face bloom equivalent", "embedding.norm = None"])
+    spec = load_spec("gpt-nano", [*alibi, "embedding.norm={type: layernorm}", "embedding.dropout=0"])
+    config = hf_config_from_spec(spec)
+    assert (config["model_type"], config["seq_length"]) == ("bloom", spec.max_seq_len)
     assert spec_from_hf_config(config, name=spec.name).model_copy(update={"training": spec.training}) == spec
 
 

@@ -122,6 +122,7 @@ def import_hf_cmd(
         from specformer.analysis import count_parameters
         from specformer.interop.hf import (
             EXPORTED_AS,
+            MULTIMODAL,
             HFConversionError,
             chat_template_source,
             import_hf,
@@ -206,13 +207,27 @@ def import_hf_cmd(
         _say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")
     if weights is not None:
         assert state is not None and report is not None
+        tower = config.get("model_type") in MULTIMODAL
         _say(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors")
         if report.tied:
             _say(f"  tied copies checked and dropped: {', '.join(report.tied)}")
         if report.ignored:
-            _say(f"  left out (buffers, unused heads): {', '.join(report.ignored)}")
+            _say(f"  left out (buffers, unused heads{', the vision tower' if tower else ''}): "
+                 f"{escape(_grouped(report.ignored))}")
         if not spec.embedding.tie_output and config.get("tie_word_embeddings", True) is not False:
             _say("  the checkpoint's output layer is not tied to its embeddings: tie_output: false")
+
+
+def _grouped(names: list[str], shown: int = 8) -> str:
+    """``names``, those under one of a multimodal model's towers as one ``tower.*`` entry each,
+    at most ``shown`` listed and the rest counted."""
+    import re
+
+    towers = sorted({m.group(0) for n in names if (m := re.match(r"^(model\.)?(vision_tower|multi_modal_projector)\.", n))})
+    rest = [n for n in names if not any(n.startswith(t) for t in towers)]
+    parts = [f"{t}* ({sum(n.startswith(t) for n in names)} tensors)" for t in towers] + rest
+    more = f" (and {len(parts) - shown} more)" if len(parts) > shown else ""
+    return ", ".join(parts[:shown]) + more
 
 
 @app.command("export-hf")

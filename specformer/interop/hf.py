@@ -33,6 +33,7 @@ from specformer.data.cache import is_stream, locked, remove_temporaries
 from specformer.data.corpus import lfs_pointer
 from specformer.interop.hf_config import (
     EXPORTED_AS,
+    MULTIMODAL,
     SUPPORTED_MODEL_TYPES,
     HFConversionError,
     export_family,
@@ -54,6 +55,7 @@ from specformer.specs.schema import ModelSpec
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "EXPORTED_AS",
+    "MULTIMODAL",
     "HFConversionError",
     "WeightReport",
     "spec_from_hf_config",

@@ -31,6 +31,7 @@ __all__ = [
     "HFConversionError",
     "SUPPORTED_MODEL_TYPES",
     "EXPORTED_AS",
+    "MULTIMODAL",
     "read_hf_config",
     "spec_from_hf_config",
     "hf_config_from_spec",
@@ -874,8 +875,6 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "starcoder2": _starcoder2,
 }
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_IMPORTERS)
-
 # Imported families whose model is another family's under another name: the spec is that
 # family's, and export writes its model_type and classes, unless it is told the name the
 # weights were imported under (import-hf records it in their file): then that one
@@ -883,10 +882,18 @@ EXPORTED_AS: dict[str, str] = {"xlm-roberta": "roberta", "mt5": "t5"}
 # the class names of each such family: its model's, with the prefix of the family it is
 _CLASS_PREFIXES: dict[str, tuple[str, str]] = {"xlm-roberta": ("Roberta", "XLMRoberta"), "mt5": ("T5", "MT5")}
 
+# Multimodal families whose language model is a supported family's: the import reads
+# that model alone (its text_config, and its weights under language_model), leaving out
+# the vision tower. model_type -> (the text model's model_type, {multimodal class: the
+# text family's class})
+MULTIMODAL: dict[str, tuple[str, dict[str, str]]] = {
+    "gemma3": ("gemma3_text", {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM", "Gemma3Model": "Gemma3TextModel"}),
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = (*_IMPORTERS, *MULTIMODAL)
+
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
-    "gemma3": "Gemma 3's multimodal model: its text model (model_type gemma3_text, under text_config) beside a "
-              "vision tower; import the text_config, or a text-only Gemma 3",
     "olmo2": "a norm on each sublayer's output alone (none before it), and query/key norms over the whole "
              "projection rather than each head",
 }
@@ -1123,6 +1130,9 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type is None:
         raise _no_model_type("the config")
+    if model_type in MULTIMODAL:
+        data = _text_model_config(data, model_type)
+        model_type = data["model_type"]
     importer = _IMPORTERS.get(model_type)
     if importer is None:
         if model_type in _NEAR_MISSES:
@@ -1142,6 +1152,29 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
         # the spec's field and what is wrong with it, without pydantic's input dump
         lines = [f"{p.path}: {p.message}" if p.path else p.message for p in problems_from_validation(exc, {})]
         raise HFConversionError(f"{model_type} config gives an invalid spec: {'; '.join(lines)}") from None
+
+
+def _text_model_config(data: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The config of a multimodal model's text model (its ``text_config``), as a config of the
+    text family, with the class of its causal LM for the multimodal class the config names."""
+    text_type, classes = MULTIMODAL[model_type]
+    text = data.get("text_config") or {}
+    if not isinstance(text, Mapping):
+        raise HFConversionError(f"{model_type} config: text_config is a {type(text).__name__}, not an object")
+    out = {**text, "model_type": text_type, "architectures": []}
+    for cls in data.get("architectures") or []:
+        if cls not in classes:
+            raise HFConversionError(
+                f"architectures [{cls!r}]: specformer imports the text model of {model_type}'s "
+                f"{', '.join(classes)} (its language model, without the vision tower), not {cls}"
+            )
+        out["architectures"].append(classes[cls])
+    # transformers ties the output layer as the whole model's config says (its text config's
+    # flag is not read there)
+    if "tie_word_embeddings" in data:
+        out["tie_word_embeddings"] = data["tie_word_embeddings"]
+    out["_name_or_path"] = data.get("_name_or_path") or model_type  # the spec's default name: the model's
+    return out
 
 
 def _default_name(data: Mapping[str, Any]) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -211,8 +211,17 @@ _FAMILIES: dict[str, _Family] = {
         tied_copies=("lm_head.weight",),
     ),
 }
-for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text"):
+for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"):
     _FAMILIES[_name] = _FAMILIES["llama"]
+# Gemma 3's text model, alone or as the language model of the multimodal Gemma 3, whose
+# vision tower and projector have no place in the spec (transformers 4.50 saved it as
+# language_model.model.*, 5 as model.language_model.*, and its bare model as language_model.*)
+_FAMILIES["gemma3_text"] = replace(
+    _FAMILIES["llama"],
+    ignore=(*_FAMILIES["llama"].ignore, r"^(model\.)?(vision_tower|multi_modal_projector)\."),
+    aliases=((r"^language_model\.model\.", "model."), (r"^language_model\.lm_head\.", "lm_head."),
+             (r"^model\.language_model\.", "model."), (r"^language_model\.", "model.")),
+)
 
 
 # --------------------------------------------------------------------------- rules per family

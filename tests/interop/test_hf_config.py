@@ -412,6 +412,33 @@ def test_an_alibi_decoder_exports_as_bloom() -> None:
     assert spec_from_hf_config(config, name=spec.name).model_copy(update={"training": spec.training}) == spec
 
 
+# the multimodal Gemma 3 4B's published config.json (vision_config abridged to what it sets)
+_GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3", "torch_dtype": "bfloat16",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+
+
+def test_the_multimodal_gemma3_config_imports_its_text_model() -> None:
+    spec = spec_from_hf_config(_GEMMA3_4B)
+    assert spec.name == "gemma3"
+    assert spec == spec_from_hf_config(_GEMMA3_4B["text_config"], name="gemma3")  # its text model's own config
+    assert (spec.decoder.n_layers, spec.positional.local_base, spec.positional.scaling.factor) == (34, 1e4, 8.0)
+    # the parameters of transformers' text model alone (Gemma3ForCausalLM), built on meta
+    _, text_model = _hf_meta_model(_GEMMA3_4B["text_config"])
+    assert type(text_model).__name__ == "Gemma3ForCausalLM"
+    assert count_parameters(spec).total == sum(p.numel() for p in text_model.parameters())
+    _refused(lambda: spec_from_hf_config({**_GEMMA3_4B, "architectures": ["Gemma3ForSequenceClassification"]}),
+             ["Gemma3ForSequenceClassification", "text model of gemma3's Gemma3ForConditionalGeneration"])
+
+
 def test_distilbert_is_bert_without_token_types_at_its_published_size() -> None:
     spec = spec_from_hf_config(OTHERS["distilbert-base-uncased"])
     assert spec.kind == "encoder" and spec.embedding.segment_vocab_size == 0
@@ -654,7 +681,6 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
         ({"model_type": "olmo2", "hidden_size": 64}, ["olmo2", "each sublayer's output alone", "llama"]),
-        ({"model_type": "gemma3"}, ["gemma3", "import the text_config", "gemma3_text"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],

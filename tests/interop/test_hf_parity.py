@@ -1084,6 +1084,52 @@ def test_mistral_generates_past_max_position_embeddings_as_transformers_does(pad
     assert len(set(ours[0, 7:].tolist())) > 1
 
 
+def test_the_multimodal_gemma3_imports_its_language_model_alone(tmp_path) -> None:
+    """Gemma3ForConditionalGeneration's text model is a Gemma 3 text model under other names
+    (transformers 5: model.language_model.*; 4.50 and saved folders: language_model.model.*);
+    its vision tower and projector are left out, and the export is that text model."""
+    text = {**_SMALL, **TINY["gemma3_text"]}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 28, "patch_size": 14}
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    hf.config.architectures = [type(hf).__name__]
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    spec, state, report = import_hf(hf.config, state_dict=hf.state_dict())
+    assert report.ignored and all(n.startswith(("model.vision_tower.", "model.multi_modal_projector."))
+                                  for n in report.ignored)
+    model = build_model(spec).eval()
+    model.load_state_dict(state)
+    ids, mask = _inputs()
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask).logits
+        ours = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=0)
+    hf.save_pretrained(tmp_path / "saved")  # the names a folder on the Hub has
+    assert any(n.startswith("language_model.model.") for n in read_hf_state_dict(tmp_path / "saved"))
+    _, again, _ = import_hf(tmp_path / "saved")
+    assert again.keys() == state.keys() and all(torch.equal(again[k], state[k]) for k in state)
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    said = CliRunner().invoke(app, ["import-hf", str(tmp_path / "saved"), "-o", str(tmp_path / "g.yaml"),
+                                    "-w", str(tmp_path / "g.safetensors")], env={"COLUMNS": "200"})
+    assert said.exit_code == 0, said.output
+    towers = sum(n.startswith("vision_tower.") for n in read_hf_state_dict(tmp_path / "saved"))
+    assert f"the vision tower): multi_modal_projector.* (2 tensors), vision_tower.* ({towers} tensors)" in said.output
+    save_hf(model.state_dict(), spec, tmp_path / "text", imported_as="gemma3")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "text").eval()
+    assert type(exported).__name__ == "Gemma3ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids, attention_mask=mask).logits[real], theirs[real],
+                                   atol=1e-4, rtol=0)
+
+
 def test_a_run_started_from_imported_xlm_roberta_weights_exports_as_xlm_roberta(tmp_path) -> None:
     """The model_type the weights record goes into the checkpoints of a run started from
     them (of its resumes, and of a run started from its checkpoint), so export-hf of the

@@ -11,7 +11,7 @@ are needed where ``Q``, ``K``, ``V`` need a gradient, and ``dA = dO Vᵀ`` where
 ``K`` (or a trained bias added to the scores, T5's) do.
 
 :func:`grad_flow` walks the model as its forward runs — the embeddings, each layer's
-sublayers in their residual wiring (pre-norm, post-norm, parallel), the stacks' final
+sublayers in their residual wiring (pre-norm, post-norm, sandwich, output norms, parallel), the stacks' final
 norms, the encoder's output into the cross-attention's keys and values, the head — and
 says, for each tensor that matters, whether it needs a gradient. A part built from a
 plugin's type passes a gradient on where its input needs one or one of its parameters
@@ -183,7 +183,7 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
     norms: list[bool] = []
 
     def pre(name: str, x: bool) -> bool:  # a norm in front of a sublayer: its output
-        if placement == "post":
+        if placement in ("post", "output"):
             return x
         norms.append(x or t.any(f"{p}{name}."))
         return norms[-1]
@@ -196,6 +196,12 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
 
     def sandwich(name: str, out: bool) -> bool:  # a sandwich norm on a sublayer's output
         if placement != "sandwich":
+            return out
+        norms.append(out or t.any(f"{p}{name}."))
+        return norms[-1]
+
+    def output(name: str, out: bool) -> bool:  # an output norm: on a sublayer's output, none before
+        if placement != "output":
             return out
         norms.append(out or t.any(f"{p}{name}."))
         return norms[-1]
@@ -225,12 +231,12 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         return LayerFlow(x0, tuple(norms), a, cross, f, out or f.out)
     a_in = pre("attn_norm", x)
     a = attention("self_attn", a_in, a_in, layer.attention, False)
-    x = post("attn_norm", x or sandwich("attn_post_norm", a.out))
+    x = post("attn_norm", x or output("attn_norm", sandwich("attn_post_norm", a.out)))
     if cross_here:
         cross = attention("cross_attn", pre("cross_norm", x), enc, layer.cross_attention, True)
-        x = post("cross_norm", x or sandwich("cross_post_norm", cross.out))
+        x = post("cross_norm", x or output("cross_norm", sandwich("cross_post_norm", cross.out)))
     f = ffn(pre("ffn_norm", x))
-    x = post("ffn_norm", x or sandwich("ffn_post_norm", f.out))
+    x = post("ffn_norm", x or output("ffn_norm", sandwich("ffn_post_norm", f.out)))
     return LayerFlow(x0, tuple(norms), a, cross, f, x)
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from specformer.components.attention import Attention
 from specformer.components.blocks import (
     Block,
+    OutputNormBlock,
     ParallelBlock,
     PostNormBlock,
     PreNormBlock,
@@ -46,6 +47,7 @@ _BLOCKS: dict[tuple[str, str], type[Block]] = {
     ("sequential", "pre"): PreNormBlock,
     ("sequential", "post"): PostNormBlock,
     ("sequential", "sandwich"): SandwichBlock,
+    ("sequential", "output"): OutputNormBlock,
     ("parallel", "pre"): ParallelBlock,
 }
 

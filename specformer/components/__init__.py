@@ -2,6 +2,7 @@
 
 from specformer.components.attention import Attention
 from specformer.components.blocks import (
+    OutputNormBlock,
     ParallelBlock,
     PostNormBlock,
     PreNormBlock,
@@ -27,6 +28,7 @@ from specformer.components.positional import (
 
 __all__ = [
     "Attention",
+    "OutputNormBlock",
     "ParallelBlock",
     "PostNormBlock",
     "PreNormBlock",

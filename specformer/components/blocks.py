@@ -5,7 +5,9 @@ Tk key length (past + T).
 
 State-dict names inside a layer: ``attn_norm``, ``self_attn``, ``cross_norm``,
 ``cross_attn`` (decoder of an encoder-decoder), ``ffn_norm``, ``ffn``, and with sandwich
-norms ``attn_post_norm``, ``cross_post_norm``, ``ffn_post_norm``. A stack holds
+norms ``attn_post_norm``, ``cross_post_norm``, ``ffn_post_norm``. Each layer has the
+same names whatever its wiring: with output norms ``attn_norm`` normalises the attention's
+output, as with post-norm it normalises the sum. A stack holds
 ``layers.{i}``, ``final_norm`` (when the spec has one) and its positional module
 under the module's own name (``rel_bias`` for T5's table).
 
@@ -29,7 +31,8 @@ from specformer.components.dropout import Dropout
 from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
-__all__ = ["Block", "PreNormBlock", "SandwichBlock", "PostNormBlock", "ParallelBlock", "Stack", "LayerInputs", "padded_on_the_right"]
+__all__ = ["Block", "PreNormBlock", "SandwichBlock", "OutputNormBlock", "PostNormBlock", "ParallelBlock", "Stack",
+           "LayerInputs", "padded_on_the_right"]
 
 
 def padded_on_the_right(key_padding: Tensor) -> bool:
@@ -263,6 +266,27 @@ class SandwichBlock(Block):
             out, cross_weights = self._cross(self.cross_norm(x), s)
             x = x + self.cross_post_norm(out)
         x = x + self.ffn_post_norm(self._ffn(self.ffn_norm(x)))
+        return x, weights, cross_weights
+
+
+class OutputNormBlock(Block):
+    """A norm on each sublayer's output and none before it (OLMo 2; Swin v2's res-post-norm)::
+
+        x ──┬──────────────────────────(+)──┬────────────────────(+)── out
+            └─ self_attn ─ attn_norm ───┘   └─ ffn ─ ffn_norm ───┘
+
+    (``cross_attn ─ cross_norm`` in between for a decoder of an encoder-decoder); the
+    residual stream itself is never normalised until the stack's final norm.
+    """
+
+    def forward(self, x: Tensor, s: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        out, weights = self._self(x, s)
+        x = x + self.attn_norm(out)
+        cross_weights = None
+        if self.cross_attn is not None:
+            out, cross_weights = self._cross(x, s)
+            x = x + self.cross_norm(out)
+        x = x + self.ffn_norm(self._ffn(x))
         return x, weights, cross_weights
 
 

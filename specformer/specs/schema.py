@@ -485,15 +485,16 @@ def default_glu_d_ff(d_model: int) -> int:
 class _NormBase(Spec):
     type: str
     eps: PositiveFloat = Field(1e-5, description="Added to the variance for stability.")
-    placement: Literal["pre", "post", "sandwich"] = Field(
+    placement: Literal["pre", "post", "sandwich", "output"] = Field(
         "pre",
         description="pre: x + F(norm(x)); post (the original paper): norm(x + F(x)); sandwich (Gemma 2): "
-        "x + norm'(F(norm(x))), a second norm on each sublayer's output. Only meaningful for a stack's norm.",
+        "x + norm'(F(norm(x))), a second norm on each sublayer's output; output (OLMo 2, Swin v2's "
+        "res-post-norm): x + norm(F(x)), the norm on the output alone. Only meaningful for a stack's norm.",
     )
     final: bool | None = Field(
         None,
-        description="A norm after the last layer; default on for pre-norm and sandwich, off for post-norm. "
-        "Only meaningful for a stack's norm.",
+        description="A norm after the last layer; default on for pre-norm, sandwich and output, off for "
+        "post-norm. Only meaningful for a stack's norm.",
     )
 
 

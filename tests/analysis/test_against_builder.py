@@ -80,7 +80,7 @@ def valid_specs(draw) -> dict:
         "max_seq_len": max_seq_len,
         "positional": positional,
     }
-    placement = draw(st.sampled_from(["pre", "post", "sandwich"]))
+    placement = draw(st.sampled_from(["pre", "post", "sandwich", "output"]))
     for role in {"encoder": ["encoder"], "decoder": ["decoder"], "encoder-decoder": ["encoder", "decoder"]}[kind]:
         n_layers = draw(st.integers(1, 3))
         ffn_type = draw(st.sampled_from(["mlp", "glu"]))
@@ -182,6 +182,7 @@ _FROZEN = [
     ("gpt-nano", ["decoder.residual.type=parallel"], '[embed.*, "decoder.layers.0.*"]'),
     ("gpt-nano", ["decoder.residual={type: parallel, shared_norm: true}"], '[embed.*, "decoder.layers.0.*"]'),
     ("gpt-nano", ["decoder.norm.placement=sandwich", "decoder.attention.softcap=50"], '[embed.*, "decoder.layers.0.*"]'),
+    ("t5-nano", ["encoder.norm.placement=output", "decoder.norm.placement=output"], '[embed.*, "encoder.*"]'),
     ("t5-nano", ["decoder.residual={type: parallel, shared_norm: true}"], '[embed.*, "encoder.*"]'),
     ("gpt-nano", ["decoder.attention.backend=eager", "decoder.attention.sliding_window=16"], '["*.weight"]'),
     ("gpt-nano", ["embedding.tie_output=false"], '[embed.*, "decoder.*"]'),
@@ -196,6 +197,7 @@ _FROZEN = [
 ]
 _FROZEN_IDS = ["gpt-nano", "gpt-nano-gqa-glu-qk-norm", "gpt-nano-post-norm", "gpt-nano-parallel",
                "gpt-nano-parallel-one-norm", "t5-nano-parallel-one-norm-cross", "gpt-nano-sandwich-softcap",
+               "t5-nano-output-norms",
                "gpt-nano-eager-window-biases-train", "gpt-nano-untied-head-trains", "bert-nano",
                "bert-nano-classifier", "t5-nano", "t5-nano-cross-q-only", "gpt-nano-reglu-up-frozen",
                "gpt-nano-reglu-gate-frozen"]
@@ -357,9 +359,11 @@ def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch,
         ("gpt-nano", ["decoder.ffn={type: glu, activation: relu}"]),
         # Gemma 2's: a norm on each sublayer's output, capped scores (written out) and logits
         ("gpt-nano", ["decoder.norm.placement=sandwich", "decoder.attention.softcap=50", "head.softcap=30"]),
+        # OLMo 2's: a norm on each sublayer's output alone (with cross-attention: t5-nano's)
+        ("t5-nano", ["encoder.norm.placement=output", "decoder.norm.placement=output"]),
     ],
     ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano", "gpt-nano-large-vocab",
-         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps"],
+         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps", "t5-nano-output-norms"],
 )
 def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[str]) -> None:
     from specformer.analysis import activation_bytes

@@ -11,7 +11,13 @@ import torch
 from torch import nn
 
 from specformer.builder import build_model
-from specformer.components import ParallelBlock, PostNormBlock, PreNormBlock, SandwichBlock
+from specformer.components import (
+    OutputNormBlock,
+    ParallelBlock,
+    PostNormBlock,
+    PreNormBlock,
+    SandwichBlock,
+)
 from specformer.specs.schema import ModelSpec
 
 Tiny = Callable[..., ModelSpec]
@@ -105,6 +111,21 @@ def test_sandwich_norms_normalise_each_sublayer_output_before_the_sum(tiny: Tiny
     assert torch.allclose(seen["ffn_norm"][0], h, atol=1e-6)
     assert torch.equal(seen["ffn_post_norm"][0], seen["ffn"][1])
     assert torch.allclose(seen["block"][1], h + seen["ffn_post_norm"][1], atol=1e-6)
+
+
+def test_output_norms_normalise_each_sublayer_output_and_never_the_stream(tiny: Tiny) -> None:
+    model = build_model(tiny(stack={"norm": {"placement": "output"}})).eval()
+    block = model.decoder.layers[0]
+    assert isinstance(block, OutputNormBlock) and model.decoder.final_norm is not None  # final on by default
+    seen = _record(block)
+    _run(model)
+    x = seen["block"][0]
+    assert torch.equal(seen["self_attn"][0], x)  # the sublayer reads the stream itself
+    assert torch.equal(seen["attn_norm"][0], seen["self_attn"][1][0])  # x + norm(attn(x))
+    h = x + seen["attn_norm"][1]
+    assert torch.allclose(seen["ffn"][0], h, atol=1e-6)
+    assert torch.equal(seen["ffn_norm"][0], seen["ffn"][1])
+    assert torch.allclose(seen["block"][1], h + seen["ffn_norm"][1], atol=1e-6)
 
 
 def test_parallel_residual_with_one_norm_is_gptj_style(tiny: Tiny) -> None:

@@ -198,12 +198,16 @@ def _linear(prefix: str, d_in: int, d_out: int, bias: bool) -> Iterator[tuple[st
         yield f"{prefix}.bias", (d_out,)
 
 
-def _qk_norm(prefix: str, kind: str, head_dim: int) -> Iterator[tuple[str, Shape]]:
-    if kind == "none":
+def _qk_norms(prefix: str, att: Any) -> Iterator[tuple[str, Shape]]:
+    """The query and key norms: over a head's features, or (scope all) the whole projection."""
+    if att.qk_norm == "none":
         return
-    yield f"{prefix}.weight", (head_dim,)
-    if kind == "layernorm":
-        yield f"{prefix}.bias", (head_dim,)
+    whole = getattr(att, "qk_norm_scope", "head") == "all"
+    for name, heads in (("q_norm", att.n_heads), ("k_norm", att.n_kv_heads)):
+        dim = heads * att.head_dim if whole else att.head_dim
+        yield f"{prefix}.{name}.weight", (dim,)
+        if att.qk_norm == "layernorm":
+            yield f"{prefix}.{name}.bias", (dim,)
 
 
 def _self_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str, Shape]]:
@@ -212,8 +216,7 @@ def _self_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str, 
     h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
     yield from _linear(f"{prefix}.qkv_proj", d_model, (h + 2 * hkv) * dh, att.bias)
     yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.output_bias)
-    yield from _qk_norm(f"{prefix}.q_norm", att.qk_norm, dh)
-    yield from _qk_norm(f"{prefix}.k_norm", att.qk_norm, dh)
+    yield from _qk_norms(prefix, att)
 
 
 def _cross_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str, Shape]]:
@@ -223,8 +226,7 @@ def _cross_attention(prefix: str, att: Any, d_model: int) -> Iterator[tuple[str,
     yield from _linear(f"{prefix}.q_proj", d_model, h * dh, att.bias)
     yield from _linear(f"{prefix}.kv_proj", d_model, 2 * hkv * dh, att.bias)
     yield from _linear(f"{prefix}.o_proj", h * dh, d_model, att.output_bias)
-    yield from _qk_norm(f"{prefix}.q_norm", att.qk_norm, dh)
-    yield from _qk_norm(f"{prefix}.k_norm", att.qk_norm, dh)
+    yield from _qk_norms(prefix, att)
 
 
 def _ffn(prefix: str, ffn: Any, d_model: int) -> Iterator[tuple[str, Shape]]:

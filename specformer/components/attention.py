@@ -8,7 +8,8 @@ Dh head size, R rotated size.
 State-dict names. Self-attention: ``qkv_proj`` (one fused projection D -> (H + 2 Hkv) Dh,
 rows ordered q, k, v), ``o_proj`` (H Dh -> D). Cross-attention: ``q_proj`` (D -> H Dh),
 ``kv_proj`` (fused D -> 2 Hkv Dh, k rows then v rows), ``o_proj``. With qk-norm:
-``q_norm``, ``k_norm`` (over Dh, shared by the heads).
+``q_norm``, ``k_norm`` (over Dh, shared by the heads; with ``qk_norm_scope: all``, over the
+whole projection, H·Dh and Hkv·Dh).
 
 Two backends with one signature: ``sdpa`` calls
 :func:`torch.nn.functional.scaled_dot_product_attention` (fused kernels where the
@@ -793,10 +794,14 @@ class Attention(nn.Module):
             norm_entry = REGISTRY.get("norm", spec.qk_norm)
             offset = getattr(spec, "qk_norm_offset", 0.0)
             norm_spec = norm_entry.spec(eps=QK_NORM_EPS, **({"offset": offset} if offset else {}))
-            self.q_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
-            self.k_norm = norm_entry.resolve()(norm_spec, dim=spec.head_dim)
+            # over each head's features, or (scope all, OLMo 2) over the whole projection
+            whole = getattr(spec, "qk_norm_scope", "head") == "all"
+            self.q_norm = norm_entry.resolve()(norm_spec, dim=q_size if whole else spec.head_dim)
+            self.k_norm = norm_entry.resolve()(norm_spec, dim=kv_size if whole else spec.head_dim)
+            self.qk_norm_scope = "all" if whole else "head"
         else:
             self.q_norm = self.k_norm = None
+            self.qk_norm_scope = None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, t, _ = x.shape
@@ -815,39 +820,48 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None)."""
         b, t, _ = x.shape
+        whole = self.qk_norm_scope == "all"  # norms over the whole projection, before the head split
         if self.cross:
-            q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+            q = self.q_proj(x)  # (B, T, H Dh)
+            q = self._heads(self.q_norm(q) if whole else q, self.n_heads)  # (B, H, T, Dh)
             kv = cache.cross(self.layer_idx) if cache is not None else None
             if kv is None:
                 if context is None:
                     raise ValueError("cross-attention needs the encoder output (context)")
                 k, v = self.kv_proj(context).split(self._sizes[1:], dim=-1)
-                k = self._heads(k, self.n_kv_heads)  # (B, Hkv, S, Dh)
+                k = self._heads(self.k_norm(k) if whole else k, self.n_kv_heads)  # (B, Hkv, S, Dh)
                 v = self._heads(v, self.n_kv_heads)
-                if self.k_norm is not None:
+                if self.k_norm is not None and not whole:
                     k = self.k_norm(k)
                 if cache is not None:
                     cache.set_cross(self.layer_idx, k, v)
             else:
                 k, v = kv
-            if self.q_norm is not None:
+            if self.q_norm is not None and not whole:
                 q = self.q_norm(q)
         else:
             h, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-            qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)  # (B, T, H + 2 Hkv, Dh)
-            if self.q_norm is not None:
-                q, k, v = qkv.split((h, hkv, hkv), dim=2)
-                q, k = self.q_norm(q), self.k_norm(k)
+            if whole:
+                q, k, v = self.qkv_proj(x).split(self._sizes, dim=-1)  # (B, T, H Dh), (B, T, Hkv Dh) x 2
+                q, k = self.q_norm(q).view(b, t, h, dh), self.k_norm(k).view(b, t, hkv, dh)
                 if rope is not None:
                     q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            elif rope is not None:
-                # queries and keys rotate together: one rotation over their H + Hkv heads
-                qk, v = qkv.split((h + hkv, hkv), dim=2)
-                q, k = apply_rotary(qk, *rope).transpose(1, 2).split((h, hkv), dim=1)
-                v = v.transpose(1, 2)
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(b, t, hkv, dh).transpose(1, 2)
             else:
-                q, k, v = qkv.transpose(1, 2).split((h, hkv, hkv), dim=1)
+                qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)  # (B, T, H + 2 Hkv, Dh)
+                if self.q_norm is not None:
+                    q, k, v = qkv.split((h, hkv, hkv), dim=2)
+                    q, k = self.q_norm(q), self.k_norm(k)
+                    if rope is not None:
+                        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+                    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                elif rope is not None:
+                    # queries and keys rotate together: one rotation over their H + Hkv heads
+                    qk, v = qkv.split((h + hkv, hkv), dim=2)
+                    q, k = apply_rotary(qk, *rope).transpose(1, 2).split((h, hkv), dim=1)
+                    v = v.transpose(1, 2)
+                else:
+                    q, k, v = qkv.transpose(1, 2).split((h, hkv, hkv), dim=1)
             # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
             if v.requires_grad and (rope is not None or self.q_norm is not None):
                 # q and k are new tensors now; a view of v would keep the whole fused
@@ -873,7 +887,8 @@ class Attention(nn.Module):
         kind = "cross" if self.cross else "self"
         window = f", window={self.sliding_window}" if self.sliding_window else ""
         cap = f", softcap={self.softcap:g}" if self.softcap is not None else ""
+        scope = ", qk_norm over all heads" if self.qk_norm_scope == "all" else ""
         return (
             f"{kind}, heads={self.n_heads}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-            f"backend={self.backend}{window}{cap}"
+            f"backend={self.backend}{window}{cap}{scope}"
         )

@@ -405,7 +405,12 @@ class AttentionSpec(Spec):
         "(Gemma 2: 50); computed with explicit scores, as the eager backend does.",
     )
     qk_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
-        "none", description="Normalise queries and keys per head (eps 1e-6) before the dot product."
+        "none", description="Normalise queries and keys (eps 1e-6) before the dot product and the rotation."
+    )
+    qk_norm_scope: Literal["head", "all"] = Field(
+        "head",
+        description="head: one norm over each head's features, shared by the heads (Qwen3, Gemma 3); all: one "
+        "over the whole projection, every head's features together (OLMo 2).",
     )
     qk_norm_offset: float = Field(
         0.0, description="rmsnorm qk_norm only: its gain is offset + weight, as a stack norm's offset (Gemma 3: 1)."
@@ -436,6 +441,9 @@ class AttentionSpec(Spec):
                 f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                 f"(allowed: {', '.join(str(d) for d in _divisors(self.n_heads))})",
             )
+        if self.qk_norm_scope != "head" and self.qk_norm == "none":
+            raise _issue("qk_norm_scope", "qk_norm_scope needs a qk_norm (layernorm or rmsnorm); set qk_norm, "
+                                          "or remove qk_norm_scope")
         if self.qk_norm_offset and self.qk_norm != "rmsnorm":
             raise _issue("qk_norm_offset", f"an offset applies to an rmsnorm qk_norm, not {self.qk_norm!r}; "
                          "set qk_norm: rmsnorm, or remove qk_norm_offset")

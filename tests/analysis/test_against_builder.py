@@ -48,6 +48,8 @@ def _attention(draw, d_model: int, *, rope: bool) -> dict:
     n_kv = draw(st.sampled_from([h for h in (1, 2, 4) if n_heads % h == 0]))
     att = {"n_heads": n_heads, "n_kv_heads": n_kv, "bias": draw(st.booleans()),
            "qk_norm": draw(st.sampled_from(["none", "layernorm", "rmsnorm"]))}
+    if att["qk_norm"] != "none":
+        att["qk_norm_scope"] = draw(st.sampled_from(["head", "all"]))
     if head_dim is not None:
         att["head_dim"] = head_dim
     if draw(st.booleans()):
@@ -359,11 +361,15 @@ def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch,
         ("gpt-nano", ["decoder.ffn={type: glu, activation: relu}"]),
         # Gemma 2's: a norm on each sublayer's output, capped scores (written out) and logits
         ("gpt-nano", ["decoder.norm.placement=sandwich", "decoder.attention.softcap=50", "head.softcap=30"]),
-        # OLMo 2's: a norm on each sublayer's output alone (with cross-attention: t5-nano's)
+        # OLMo 2's: a norm on each sublayer's output alone (with cross-attention: t5-nano's), and
+        # query and key norms over the whole projection
         ("t5-nano", ["encoder.norm.placement=output", "decoder.norm.placement=output"]),
+        ("gpt-nano", ["positional={type: rope}", "decoder.norm={type: rmsnorm, placement: output}",
+                      "decoder.attention.qk_norm=rmsnorm", "decoder.attention.qk_norm_scope=all"]),
     ],
     ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano", "gpt-nano-large-vocab",
-         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps", "t5-nano-output-norms"],
+         "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps", "t5-nano-output-norms",
+         "gpt-nano-olmo2"],
 )
 def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[str]) -> None:
     from specformer.analysis import activation_bytes

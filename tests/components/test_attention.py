@@ -164,6 +164,35 @@ def test_qk_norm_normalises_queries_and_keys_per_head(qk_norm: str) -> None:
     assert "q_norm.weight" in state and "k_norm.weight" in state
 
 
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_qk_norm_over_all_heads_normalises_the_whole_projection(cross: bool) -> None:
+    # OLMo 2: one norm over every head's features together, before the split into heads
+    spec = AttentionSpec(n_heads=4, head_dim=8, n_kv_heads=2, qk_norm="rmsnorm", qk_norm_scope="all")
+    attn = Attention(spec, d_model=D, cross=cross).eval()
+    assert attn.q_norm.weight.shape == (4 * 8,) and attn.k_norm.weight.shape == (2 * 8,)
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("q", (i[0], o)))
+    attn.k_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("k", (i[0], o)))
+    x = torch.randn(2, 5, D) * 10
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+        out, _ = attn(x, context=x if cross else None)
+    q_proj = attn.q_proj if cross else attn.qkv_proj
+    q_in = q_proj(x)[..., : 4 * 8]
+    torch.testing.assert_close(seen["q"][0], q_in)  # the whole (B, T, H Dh) projection
+    expected = q_in * torch.rsqrt(q_in.pow(2).mean(-1, keepdim=True) + 1e-6) * attn.q_norm.weight
+    torch.testing.assert_close(seen["q"][1], expected, atol=1e-5, rtol=1e-5)
+    assert seen["k"][0].shape == (2, 5, 2 * 8)
+    # unit gains on both sides: only the scope differs, and it changes the output
+    per_head = Attention(AttentionSpec(n_heads=4, head_dim=8, n_kv_heads=2, qk_norm="rmsnorm"), d_model=D,
+                         cross=cross).eval()
+    per_head.load_state_dict({k: v for k, v in attn.state_dict().items() if "_norm" not in k}, strict=False)
+    with torch.no_grad():
+        attn.q_norm.weight.fill_(1.0)
+        whole, _ = attn(x, context=x if cross else None)
+        assert not torch.allclose(per_head(x, context=x if cross else None)[0], whole, atol=1e-3)
+
+
 def test_cross_attention_reads_keys_from_the_context() -> None:
     spec = AttentionSpec(n_heads=4, head_dim=8, n_kv_heads=2)
     attn = Attention(spec, d_model=D, cross=True).eval()

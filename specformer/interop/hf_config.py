@@ -497,7 +497,9 @@ _GEMMA_DEFAULTS = {"intermediate_size": 24576, "max_position_embeddings": 8192, 
 _GEMMA2_DEFAULTS = {"intermediate_size": 9216, "max_position_embeddings": 8192, "num_key_value_heads": 4,
                     "vocab_size": 256000, "head_dim": 256, "hidden_size": 2304, "num_attention_heads": 8,
                     "num_hidden_layers": 26, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
-_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
+_OLMO2_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None,
+                   "vocab_size": 50304, "head_dim": None, "rms_norm_eps": 1e-5}
+_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "olmo2": _OLMO2_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
                         "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS,
                         "gemma2": _GEMMA2_DEFAULTS,
                         "gemma3_text": {**_GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072}}
@@ -567,8 +569,11 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     head_dim of 256 and tied embeddings by default. Gemma 2 adds a norm on each sublayer's
     output (sandwich), soft-capped scores and logits, scores scaled by
     ``query_pre_attn_scalar``^-1/2, and a window on the layers ``layer_types`` names (every
-    other one by default). The import computes what transformers computes."""
-    mistral, qwen2, qwen3, phi3, gemma3 = (family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text"))
+    other one by default). OLMo 2 is Llama with a norm on each sublayer's output and none
+    before it (``norm.placement: output``), and query and key norms over the whole
+    projection (``qk_norm_scope: all``). The import computes what transformers computes."""
+    mistral, qwen2, qwen3, phi3, gemma3, olmo2 = (
+        family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "olmo2"))
     gemma2 = family in ("gemma2", "gemma3_text")  # Gemma 3 has Gemma 2's sandwich norms, scalar and caps
     gemma = family in ("gemma", "gemma2", "gemma3_text")
     defaults = _LLAMA_LIKE_DEFAULTS[family]
@@ -592,16 +597,18 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     if phi3:
         att["sliding_window"] = c("sliding_window")
     overrides: list[dict[str, Any]] = []
-    if qwen3 or gemma3:
+    if qwen3 or gemma3 or olmo2:
         if eps != _QK_NORM_EPS:
             raise c.refuse(
                 f"rms_norm_eps={eps!r}",
-                f"{'Qwen3' if qwen3 else 'Gemma 3'}'s query and key norms take it too, and specformer's "
-                f"qk_norm has eps {_QK_NORM_EPS:g}",
+                f"{'Qwen3' if qwen3 else 'Gemma 3' if gemma3 else 'OLMo 2'}'s query and key norms take it too, "
+                f"and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
             )
         att["qk_norm"] = "rmsnorm"
         if gemma3:  # Gemma's (1 + weight) gains there too
             att["qk_norm_offset"] = 1.0
+        if olmo2:  # one norm over all the heads' features
+            att["qk_norm_scope"] = "all"
     if gemma2:
         # scores scaled by query_pre_attn_scalar^-0.5 and soft-capped; Gemma 2's default scalar
         # is its default head_dim, 256
@@ -633,7 +640,7 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
             "bias": bool(c("mlp_bias", False)) and family == "llama",
         },
         # Gemma 2: a second norm on each sublayer's output
-        "norm": {"type": "rmsnorm", "placement": "sandwich" if gemma2 else "pre", "eps": eps,
+        "norm": {"type": "rmsnorm", "placement": "sandwich" if gemma2 else "output" if olmo2 else "pre", "eps": eps,
                  **({"offset": 1.0} if gemma else {})},
     }
     if overrides:
@@ -867,6 +874,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gemma": lambda c: _llama(c, "gemma"),
     "gemma2": lambda c: _llama(c, "gemma2"),
     "gemma3_text": lambda c: _llama(c, "gemma3_text"),
+    "olmo2": lambda c: _llama(c, "olmo2"),
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,
     "phi": _phi,
@@ -894,8 +902,7 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = (*_IMPORTERS, *MULTIMODAL)
 
 # Families people often try, and the one thing each needs that specformer lacks.
 _NEAR_MISSES = {
-    "olmo2": "a norm on each sublayer's output alone (none before it), and query/key norms over the whole "
-             "projection rather than each head",
+    "olmo": "LayerNorms without gains or biases (OLMo 1; OLMo 2 imports)",
 }
 
 
@@ -930,6 +937,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gemma": {"GemmaForCausalLM": "lm", "GemmaModel": "base"},
     "gemma2": {"Gemma2ForCausalLM": "lm", "Gemma2Model": "base"},
     "gemma3_text": {"Gemma3ForCausalLM": "lm", "Gemma3TextModel": "base"},
+    "olmo2": {"Olmo2ForCausalLM": "lm", "Olmo2Model": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
     "bloom": {"BloomForCausalLM": "lm", "BloomModel": "base"},
     "phi": {"PhiForCausalLM": "lm", "PhiModel": "base"},
@@ -1201,6 +1209,8 @@ def hf_family(spec: ModelSpec) -> str:
             return "bloom"
         if pos == "rope" and stack.norm.type == "rmsnorm":
             layers = list(stack.layers())
+            if stack.norm.placement == "output":  # a norm on each sublayer's output alone
+                return "olmo2"
             if stack.norm.offset:  # Gemma 2: sandwich norms, soft-capped scores and logits
                 sandwich = stack.norm.placement == "sandwich" or any(
                     getattr(layer.attention, "softcap", None) for layer in layers)
@@ -1490,7 +1500,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                            "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
                            "gemma2": "Gemma2ForCausalLM",
-                           "gemma3_text": "Gemma3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+                           "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}.get(
+                               model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": s.ffn.d_ff,
@@ -1544,6 +1555,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["sliding_window"] = next((w for w in windows if w is not None), None)
         out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
     else:
+        if model_type == "olmo2":
+            _check_qk_norm_eps(s.norm.eps, model_type)
         out["attention_bias"] = att.bias
         if model_type == "llama":  # Gemma's FFN has no biases
             out["mlp_bias"] = s.ffn.bias
@@ -1709,6 +1722,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gemma": lambda s: _export_llama(s, "gemma"),
     "gemma2": lambda s: _export_llama(s, "gemma2"),
     "gemma3_text": lambda s: _export_llama(s, "gemma3_text"),
+    "olmo2": lambda s: _export_llama(s, "olmo2"),
     "gpt_neox": _export_gpt_neox,
     "phi": _export_phi,
     "gptj": _export_gptj,

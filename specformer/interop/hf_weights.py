@@ -211,7 +211,7 @@ _FAMILIES: dict[str, _Family] = {
         tied_copies=("lm_head.weight",),
     ),
 }
-for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"):
+for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "olmo2"):
     _FAMILIES[_name] = _FAMILIES["llama"]
 # Gemma 3's text model, alone or as the language model of the multimodal Gemma 3, whose
 # vision tower and projector have no place in the spec (transformers 4.50 saved it as
@@ -486,6 +486,26 @@ def _gemma2(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _olmo2(spec: ModelSpec) -> Iterator[Rule]:
+    """OLMo 2: Llama's names, its norms on each sublayer's output (``post_attention_layernorm``,
+    ``post_feedforward_layernorm``), query and key norms over the whole projection."""
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"model.layers.{i}", s.layer(i)
+        a = f"{t}.self_attn"
+        yield from _separate_qkv(o, a, layer.attention)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.o_proj", layer.attention.output_bias)
+        yield from _norm(f"{o}.self_attn.q_norm", f"{a}.q_norm", None)
+        yield from _norm(f"{o}.self_attn.k_norm", f"{a}.k_norm", None)
+        yield from _norm(f"{o}.attn_norm", f"{t}.post_attention_layernorm", layer.norm)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield from _linear(f"{o}.ffn.{proj}", f"{t}.mlp.{proj}", layer.ffn.bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.post_feedforward_layernorm", layer.norm)
+    yield from _norm("decoder.final_norm", "model.norm", s.norm)
+    yield from _lm_head(spec)
+
+
 def _phi3(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
@@ -627,6 +647,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gemma": _llama,
     "gemma2": _gemma2,
     "gemma3_text": _gemma2,
+    "olmo2": _olmo2,
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,
     "phi": _phi,

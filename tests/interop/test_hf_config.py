@@ -81,6 +81,14 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 # Qwen/Qwen3-0.6B, Phi-3-mini and gemma-2b (all but pythia, T5 v1.1, Phi-3 and Gemma also shipped
 # as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
+    "olmo-2-1124-7b": {
+        "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "olmo2",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "pad_token_id": 100277,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False,
+        "torch_dtype": "float32", "use_cache": True, "vocab_size": 100352,
+    },
     "bloom-560m": {
         "apply_residual_connection_post_layernorm": False, "architectures": ["BloomForCausalLM"],
         "attention_dropout": 0.0, "attention_softmax_in_fp32": True, "bias_dropout_fusion": True,
@@ -313,7 +321,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "opt", "bloom", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
+        "decoder" if hf_config.model_type in ("gpt2", "opt", "bloom", "olmo2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
                                               "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
         else "encoder")
     auto = _AUTO_CLASS[kind]
@@ -437,6 +445,28 @@ def test_the_multimodal_gemma3_config_imports_its_text_model() -> None:
     assert count_parameters(spec).total == sum(p.numel() for p in text_model.parameters())
     _refused(lambda: spec_from_hf_config({**_GEMMA3_4B, "architectures": ["Gemma3ForSequenceClassification"]}),
              ["Gemma3ForSequenceClassification", "text model of gemma3's Gemma3ForConditionalGeneration"])
+
+
+def test_olmo2_normalises_sublayer_outputs_and_whole_projections_at_its_published_size() -> None:
+    spec = spec_from_hf_config(OTHERS["olmo-2-1124-7b"])
+    assert spec.decoder.norm.placement == "output" and spec.decoder.final_norm
+    assert (spec.decoder.attention.qk_norm, spec.decoder.attention.qk_norm_scope) == ("rmsnorm", "all")
+    assert count_parameters(spec).total == 7_298_617_344  # OLMo 2 7B's
+    # its query and key norms take rms_norm_eps, whose class default (1e-5) is not specformer's 1e-6
+    _refused(lambda: spec_from_hf_config({**OTHERS["olmo-2-1124-7b"], "rms_norm_eps": 1e-5}),
+             ["rms_norm_eps=1e-05", "OLMo 2's query and key norms take it too"])
+
+
+def test_a_decoder_with_output_norms_exports_as_olmo2() -> None:
+    olmo = ["decoder.norm.placement=output", "decoder.norm.eps=1e-6", "decoder.attention.qk_norm=rmsnorm",
+            "decoder.attention.qk_norm_scope=all"]
+    spec = load_spec("llama-nano", olmo)
+    config = hf_config_from_spec(spec, warnings=[])
+    assert (config["model_type"], config["architectures"]) == ("olmo2", ["Olmo2ForCausalLM"])
+    back = spec_from_hf_config(config, name=spec.name)
+    assert back.decoder == spec.decoder and back.positional == spec.positional
+    _refused(lambda: hf_config_from_spec(load_spec("llama-nano", olmo[:3])),
+             ["decoder.attention.qk_norm_scope = 'head' (Hugging Face olmo2 has 'all')"])
 
 
 def test_distilbert_is_bert_without_token_types_at_its_published_size() -> None:
@@ -680,7 +710,7 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
-        ({"model_type": "olmo2", "hidden_size": 64}, ["olmo2", "each sublayer's output alone", "llama"]),
+        ({"model_type": "olmo", "hidden_size": 64}, ["olmo", "LayerNorms without gains", "olmo2"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],

@@ -178,6 +178,10 @@ def _dropout(value: Any) -> float:
 # --------------------------------------------------------------------------- families: HF -> spec
 
 
+# OPT's position table starts 2 rows in (its rows 0 and 1 are read only for padding)
+_OPT_OFFSET = 2
+
+
 def _opt(c: _Config) -> dict[str, Any]:
     """OPT: GPT-2's decoder with separate q/k/v, ReLU, positions offset by 2 and no dropout
     on the embeddings; post-norm where ``do_layer_norm_before`` is false (no final norm)."""
@@ -210,9 +214,6 @@ def _opt(c: _Config) -> dict[str, Any]:
         "init": {"std": c("init_std", 0.02), "scaled_residual": False},
     }
 
-
-# OPT's position table starts 2 rows in (its rows 0 and 1 are read only for padding)
-_OPT_OFFSET = 2
 
 
 def _bloom(c: _Config) -> dict[str, Any]:
@@ -499,8 +500,8 @@ _GEMMA2_DEFAULTS = {"intermediate_size": 9216, "max_position_embeddings": 8192, 
                     "num_hidden_layers": 26, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
 _OLMO2_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None,
                    "vocab_size": 50304, "head_dim": None, "rms_norm_eps": 1e-5}
-_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "olmo2": _OLMO2_DEFAULTS, "mistral": _MISTRAL_DEFAULTS, "qwen2": _QWEN2_DEFAULTS,
-                        "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS,
+_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "olmo2": _OLMO2_DEFAULTS, "mistral": _MISTRAL_DEFAULTS,
+                        "qwen2": _QWEN2_DEFAULTS, "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS,
                         "gemma2": _GEMMA2_DEFAULTS,
                         "gemma3_text": {**_GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072}}
 

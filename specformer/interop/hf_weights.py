@@ -286,7 +286,7 @@ def _opt(spec: ModelSpec) -> Iterator[Rule]:
     for i in range(s.n_layers):
         o, t, layer = f"decoder.layers.{i}", f"model.decoder.layers.{i}", s.layer(i)
         yield from _separate_qkv(o, f"{t}.self_attn", layer.attention)
-        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.self_attn.out_proj", layer.attention.bias)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.self_attn.out_proj", layer.attention.output_bias)
         yield from _norm(f"{o}.attn_norm", f"{t}.self_attn_layer_norm", layer.norm)
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.fc1", layer.ffn.bias)
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.fc2", layer.ffn.bias)
@@ -362,7 +362,7 @@ def _distilbert(spec: ModelSpec) -> Iterator[Rule]:
         a = f"{t}.attention"
         yield from _linear(f"{o}.self_attn.qkv_proj", (f"{a}.q_lin", f"{a}.k_lin", f"{a}.v_lin"),
                            layer.attention.bias, "rows", _qkv_sizes(layer.attention))
-        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.out_lin", layer.attention.bias)
+        yield from _linear(f"{o}.self_attn.o_proj", f"{a}.out_lin", layer.attention.output_bias)
         yield from _norm(f"{o}.attn_norm", f"{t}.sa_layer_norm", layer.norm)
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.ffn.lin1", layer.ffn.bias)
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.ffn.lin2", layer.ffn.bias)

@@ -793,7 +793,8 @@ class Attention(nn.Module):
 
             norm_entry = REGISTRY.get("norm", spec.qk_norm)
             offset = getattr(spec, "qk_norm_offset", 0.0)
-            norm_spec = norm_entry.spec(eps=QK_NORM_EPS, **({"offset": offset} if offset else {}))
+            eps = getattr(spec, "qk_norm_eps", QK_NORM_EPS)
+            norm_spec = norm_entry.spec(eps=eps, **({"offset": offset} if offset else {}))
             # over each head's features, or (scope all, OLMo 2) over the whole projection
             whole = getattr(spec, "qk_norm_scope", "head") == "all"
             self.q_norm = norm_entry.resolve()(norm_spec, dim=q_size if whole else spec.head_dim)

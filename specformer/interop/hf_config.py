@@ -24,7 +24,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from specformer.specs.loader import problems_from_validation
-from specformer.specs.schema import QK_NORM_EPS as _QK_NORM_EPS
 from specformer.specs.schema import ModelSpec
 
 __all__ = [
@@ -599,13 +598,7 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         att["sliding_window"] = c("sliding_window")
     overrides: list[dict[str, Any]] = []
     if qwen3 or gemma3 or olmo2:
-        if eps != _QK_NORM_EPS:
-            raise c.refuse(
-                f"rms_norm_eps={eps!r}",
-                f"{'Qwen3' if qwen3 else 'Gemma 3' if gemma3 else 'OLMo 2'}'s query and key norms take it too, "
-                f"and specformer's qk_norm has eps {_QK_NORM_EPS:g}",
-            )
-        att["qk_norm"] = "rmsnorm"
+        att.update(qk_norm="rmsnorm", qk_norm_eps=eps)  # the stack's eps, as transformers gives them
         if gemma3:  # Gemma's (1 + weight) gains there too
             att["qk_norm_offset"] = 1.0
         if olmo2:  # one norm over all the heads' features
@@ -739,11 +732,11 @@ def _one_norm_parallel(c: _Config, *, d: int, vocab: int, positions: int, positi
 
 def _phi(c: _Config) -> dict[str, Any]:
     """Phi-1, Phi-1.5, Phi-2: partial rotary (rotate-half), biases on every projection."""
-    c.refuse_if("qk_layernorm", bool, "LayerNorms over the query and key heads with layer_norm_eps "
-                "(specformer's qk_norm is an eps-1e-6 norm; no released Phi has them)", False)
     heads = c("num_attention_heads", 32)
     attention = {"n_heads": heads, "n_kv_heads": c("num_key_value_heads", heads), "bias": True,
                  "dropout": _dropout(c("attention_dropout", 0.0))}
+    if c("qk_layernorm", False):  # a LayerNorm over each query and key head, with the model's eps
+        attention.update(qk_norm="layernorm", qk_norm_eps=c("layer_norm_eps", 1e-5))
     return _one_norm_parallel(
         c, d=c("hidden_size", 2048), vocab=c("vocab_size", 51200), positions=c("max_position_embeddings", 2048),
         positional=c.rope(default_fraction=0.5), layers=c("num_hidden_layers", 24), attention=attention,
@@ -1481,18 +1474,6 @@ def _rope_parameters(rope: Any) -> dict[str, Any]:
     return out
 
 
-def _check_qk_norm_eps(eps: float, model_type: str) -> None:
-    """Refuse a stack norm eps that a family's query and key norms would take too (Qwen3's,
-    Gemma 3's rms_norm_eps), where specformer's qk_norm has QK_NORM_EPS."""
-    if eps != _QK_NORM_EPS:
-        raise HFConversionError(
-            f"the spec has no Hugging Face {model_type} equivalent: decoder.norm.eps = {eps:g}, and "
-            f"its query and key norms take the same eps (rms_norm_eps), where specformer's "
-            f"qk_norm has {_QK_NORM_EPS:g}\na model trained with {model_type}'s values from the start "
-            f"exports: --set decoder.norm.eps={_QK_NORM_EPS:g}"
-        )
-
-
 def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
     s = spec.decoder
     assert s is not None
@@ -1525,8 +1506,6 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
             out["rope_parameters"]["partial_rotary_factor"] = spec.positional.fraction
             out["resid_pdrop"] = s.residual.dropout
     elif model_type in ("qwen2", "qwen3"):
-        if model_type == "qwen3":
-            _check_qk_norm_eps(s.norm.eps, model_type)
         # one window, in the layers layer_types names (a spec with two windows comes back
         # with one, and the check after export names the layers that differ)
         windows = [layer.attention.sliding_window for layer in s.layers()]
@@ -1540,7 +1519,6 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["max_window_layers"] = next((i for i, w in enumerate(windows) if w is not None), s.n_layers)
     elif model_type in ("gemma2", "gemma3_text"):
         if model_type == "gemma3_text":
-            _check_qk_norm_eps(s.norm.eps, model_type)
             pos = spec.positional
             local = pos.base if pos.local_base is None else pos.local_base
             out["rope_parameters"] = {"full_attention": _rope_parameters(pos),
@@ -1556,8 +1534,6 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["sliding_window"] = next((w for w in windows if w is not None), None)
         out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
     else:
-        if model_type == "olmo2":
-            _check_qk_norm_eps(s.norm.eps, model_type)
         out["attention_bias"] = att.bias
         if model_type == "llama":  # Gemma's FFN has no biases
             out["mlp_bias"] = s.ffn.bias
@@ -1610,7 +1586,7 @@ def _export_phi(spec: ModelSpec) -> dict[str, Any]:
         "attention_dropout": att.dropout,
         "resid_pdrop": s.residual.dropout,
         "embd_pdrop": spec.embedding.dropout,
-        "qk_layernorm": False,
+        "qk_layernorm": att.qk_norm != "none",
         "tie_word_embeddings": spec.embedding.tie_output,
     }
 

@@ -566,6 +566,10 @@ def _phi(spec: ModelSpec) -> Iterator[Rule]:
         yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
         yield from _separate_qkv(o, a, att)
         yield from _linear(f"{o}.self_attn.o_proj", f"{a}.dense", att.output_bias)
+        if att.qk_norm != "none":  # qk_layernorm: a LayerNorm over each query and key head
+            for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
+                yield Rule(f"{o}.self_attn.{ours}.weight", (f"{a}.{theirs}.weight",))
+                yield Rule(f"{o}.self_attn.{ours}.bias", (f"{a}.{theirs}.bias",))
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.fc1", layer.ffn.bias)
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.fc2", layer.ffn.bias)
     yield from _norm("decoder.final_norm", "model.final_layernorm", s.norm)

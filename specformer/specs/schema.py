@@ -377,7 +377,7 @@ class NoPositionalSpec(Spec):
 # --------------------------------------------------------------------------- attention
 
 
-# the eps of attention's query and key norms (qk_norm)
+# the default eps of attention's query and key norms (qk_norm)
 QK_NORM_EPS = 1e-6
 
 
@@ -405,7 +405,11 @@ class AttentionSpec(Spec):
         "(Gemma 2: 50); computed with explicit scores, as the eager backend does.",
     )
     qk_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
-        "none", description="Normalise queries and keys (eps 1e-6) before the dot product and the rotation."
+        "none", description="Normalise queries and keys before the dot product and the rotation."
+    )
+    qk_norm_eps: PositiveFloat = Field(
+        QK_NORM_EPS, description="eps of the query and key norms (Qwen3, Gemma 3, OLMo 2: their rms_norm_eps; "
+        "Phi: its layer_norm_eps)."
     )
     qk_norm_scope: Literal["head", "all"] = Field(
         "head",
@@ -441,6 +445,9 @@ class AttentionSpec(Spec):
                 f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                 f"(allowed: {', '.join(str(d) for d in _divisors(self.n_heads))})",
             )
+        if self.qk_norm_eps != QK_NORM_EPS and self.qk_norm == "none":
+            raise _issue("qk_norm_eps", "qk_norm_eps needs a qk_norm (layernorm or rmsnorm); set qk_norm, "
+                                        "or remove qk_norm_eps")
         if self.qk_norm_scope != "head" and self.qk_norm == "none":
             raise _issue("qk_norm_scope", "qk_norm_scope needs a qk_norm (layernorm or rmsnorm); set qk_norm, "
                                           "or remove qk_norm_scope")

@@ -193,6 +193,27 @@ def test_qk_norm_over_all_heads_normalises_the_whole_projection(cross: bool) -> 
         assert not torch.allclose(per_head(x, context=x if cross else None)[0], whole, atol=1e-3)
 
 
+def test_qk_norm_eps_is_the_norms_and_needs_a_qk_norm() -> None:
+    x = torch.randn(2, 5, D) * 1e-3  # small features: the eps decides the scale
+    outs = []
+    for eps in (1e-6, 1e-2):
+        attn = Attention(AttentionSpec(n_heads=4, head_dim=8, n_kv_heads=4, qk_norm="rmsnorm", qk_norm_eps=eps),
+                         d_model=D).eval()
+        torch.manual_seed(0)
+        for p in attn.parameters():
+            nn.init.normal_(p, std=0.2)
+        seen = {}
+        attn.q_norm.register_forward_hook(lambda m, i, o, seen=seen: seen.__setitem__("q", (i[0], o)))
+        attn(x)
+        q_in, q_out = seen["q"]
+        expected = q_in * torch.rsqrt(q_in.pow(2).mean(-1, keepdim=True) + eps) * attn.q_norm.weight
+        torch.testing.assert_close(q_out, expected, atol=1e-5, rtol=1e-4)
+        outs.append(q_out)
+    assert not torch.allclose(outs[0], outs[1], atol=1e-3)
+    with pytest.raises(ValueError, match="qk_norm_eps needs a qk_norm"):
+        AttentionSpec(qk_norm_eps=1e-5)
+
+
 def test_cross_attention_reads_keys_from_the_context() -> None:
     spec = AttentionSpec(n_heads=4, head_dim=8, n_kv_heads=2)
     attn = Attention(spec, d_model=D, cross=True).eval()

@@ -452,9 +452,9 @@ def test_olmo2_normalises_sublayer_outputs_and_whole_projections_at_its_publishe
     assert spec.decoder.norm.placement == "output" and spec.decoder.final_norm
     assert (spec.decoder.attention.qk_norm, spec.decoder.attention.qk_norm_scope) == ("rmsnorm", "all")
     assert count_parameters(spec).total == 7_298_617_344  # OLMo 2 7B's
-    # its query and key norms take rms_norm_eps, whose class default (1e-5) is not specformer's 1e-6
-    _refused(lambda: spec_from_hf_config({**OTHERS["olmo-2-1124-7b"], "rms_norm_eps": 1e-5}),
-             ["rms_norm_eps=1e-05", "OLMo 2's query and key norms take it too"])
+    # its query and key norms take rms_norm_eps too (the config class's default is 1e-5)
+    other = spec_from_hf_config({**OTHERS["olmo-2-1124-7b"], "rms_norm_eps": 1e-5})
+    assert other.decoder.norm.eps == other.decoder.attention.qk_norm_eps == 1e-5
 
 
 def test_a_decoder_with_output_norms_exports_as_olmo2() -> None:
@@ -622,7 +622,7 @@ def test_gemma3_has_qk_norms_and_a_base_of_its_windowed_layers_own() -> None:
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
     # transformers 5's keys (rope_parameters per layer type, layer_types) give the same spec
     assert spec_from_hf_config(config, name="gemma-3-1b") == spec_from_hf_config(OTHERS["gemma-3-1b"], name="gemma-3-1b")
-    _refused(lambda: spec_from_hf_config({**OTHERS["gemma-3-1b"], "rms_norm_eps": 1e-5}), ["rms_norm_eps=1e-05"])
+    assert spec_from_hf_config({**OTHERS["gemma-3-1b"], "rms_norm_eps": 1e-5}).decoder.attention.qk_norm_eps == 1e-5
     _refused(lambda: spec_from_hf_config({**config, "rope_parameters": {
         **config["rope_parameters"], "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}}),
         ["of the sliding layers"])
@@ -644,10 +644,20 @@ def test_starcoder2_is_a_windowed_grouped_query_layernorm_decoder() -> None:
     assert hf_config_from_spec(mqa, imported_as="starcoder2")["model_type"] == "starcoder2"
 
 
+def test_phi_qk_layernorm_is_a_layernorm_over_each_query_and_key_head() -> None:
+    spec = spec_from_hf_config({**OTHERS["phi-2"], "qk_layernorm": True})
+    att = spec.decoder.attention
+    assert (att.qk_norm, att.qk_norm_scope, att.qk_norm_eps) == ("layernorm", "head", 1e-5)  # layer_norm_eps
+    # a weight and a bias over each head's features, for queries and for keys
+    assert count_parameters(spec).total - count_parameters(spec_from_hf_config(OTHERS["phi-2"])).total == (
+        spec.decoder.n_layers * 2 * 2 * att.head_dim)
+    config = hf_config_from_spec(spec)
+    assert config["qk_layernorm"] is True and spec_from_hf_config(config, name=spec.name) == spec
+
+
 def test_gptj_rotary_dim_must_be_an_even_share_of_a_head() -> None:
     _refused(lambda: spec_from_hf_config({**OTHERS["gpt-j-6b"], "rotary_dim": None}), ["rotary_dim=None"])
     _refused(lambda: spec_from_hf_config({**OTHERS["gpt-j-6b"], "rotary_dim": 63}), ["rotary_dim=63", "even"])
-    _refused(lambda: spec_from_hf_config({**OTHERS["phi-2"], "qk_layernorm": True}), ["qk_layernorm=True"])
     # a share whose float is not exact still gives rotary_dim features (int(head_dim * fraction))
     odd = spec_from_hf_config({**OTHERS["gpt-j-6b"], "n_embd": 1200, "n_head": 12, "rotary_dim": 58})
     assert int(100 * odd.positional.fraction) == 58
@@ -766,9 +776,11 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         ("gpt2-small", ["decoder.attention.n_kv_heads=4"], ["gpt2", "decoder.attention.n_kv_heads = 4", "12"]),
         ("gpt2-small", ["decoder.norm.eps=1e-6", "decoder.ffn.activation=relu"], []),
         ("gpt2-small", ["embedding.scale=true"], ["embedding.scale = True"]),
-        # a Llama with q/k norms is Qwen3, whose q/k norms share the stack's eps
-        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm"], ["qwen3", "decoder.norm.eps = 1e-05",
-                                                              "--set decoder.norm.eps=1e-06"]),
+        # a Llama with q/k norms is Qwen3, whose q/k norms take the stack's eps
+        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm"], ["qwen3", "decoder.attention.qk_norm_eps = 1e-06 "
+                                                              "(Hugging Face qwen3 has 1e-05)",
+                                                              "--set decoder.attention.qk_norm_eps=1e-05"]),
+        ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm", "decoder.attention.qk_norm_eps=1e-5"], []),
         ("llama2-7b", ["decoder.attention.qk_norm=rmsnorm", "decoder.norm.eps=1e-6"], []),
         ("llama2-7b", ["decoder.attention.qk_norm=layernorm", "decoder.norm.eps=1e-6"],
          ["decoder.attention.qk_norm = 'layernorm' (Hugging Face qwen3 has 'rmsnorm')"]),

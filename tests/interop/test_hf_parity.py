@@ -149,11 +149,13 @@ TINY: dict[str, dict[str, Any]] = {
     "qwen3": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
               "max_position_embeddings": 64, "rope_theta": 500.0},
-    # and a window in the layers from max_window_layers on, tied, with attention biases
+    # and a window in the layers from max_window_layers on, tied, with attention biases (its
+    # query and key norms take rms_norm_eps, here 1e-5)
     "qwen3-window": {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
                      "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 48,
                      "max_position_embeddings": 64, "use_sliding_window": True, "sliding_window": 5,
-                     "max_window_layers": 1, "tie_word_embeddings": True, "attention_bias": True},
+                     "max_window_layers": 1, "tie_word_embeddings": True, "attention_bias": True,
+                     "rms_norm_eps": 1e-5},
     # Phi-3: q, k, v in one matrix, gate and up in another
     "phi3": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
@@ -171,6 +173,10 @@ TINY: dict[str, dict[str, Any]] = {
     # a biased LM head; and with grouped-query attention, tied (the head keeps its bias)
     "phi": {"hidden_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 64, "max_position_embeddings": 64, "partial_rotary_factor": 0.4},
+    # a LayerNorm over each query and key head, with layer_norm_eps (qk_layernorm)
+    "phi-qkln": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+                 "max_position_embeddings": 64, "partial_rotary_factor": 0.5, "qk_layernorm": True,
+                 "layer_norm_eps": 1e-4},
     "phi-gqa": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
                 "tie_word_embeddings": True, "rope_theta": 500.0},
@@ -836,7 +842,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
 
 _DOC_SECTIONS = {"gpt2": "### GPT-2", "olmo2": "### OLMo 2", "olmo2-gqa": "### OLMo 2", "bloom": "### BLOOM", "bloom-untied": "### BLOOM", "opt": "### OPT", "opt-post": "### OPT", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
                  "bart": "### BART", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
-                 "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "gptj": "### GPT-J",
+                 "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "phi-qkln": "### Phi-1", "gptj": "### GPT-J",
                  "gptj-full": "### GPT-J", "falcon-new": "### Falcon",
                  "gemma2": "### Gemma 2", "gemma3_text": "### Gemma 2", "starcoder2": "### StarCoder2",
                  "bert-cls": "### BERT sequence classification",
@@ -862,6 +868,8 @@ def test_documented_weight_names_exist_on_both_sides(family: str) -> None:
         if "Gemma 3 only" in conversion and family != "gemma3_text":
             continue
         if "only when tied" in conversion and not spec.embedding.tie_output:
+            continue
+        if "with qk_layernorm only" in conversion and spec.decoder.attention.qk_norm == "none":
             continue
         if "pre-norm only" in conversion and not spec.decoder.final_norm:
             continue

@@ -1206,6 +1206,21 @@ def _fill_ffn(ffn: Any, d_model: Any) -> None:
         ffn["d_ff"] = default_glu_d_ff(d_model)
 
 
+# the settings of the query and key norms, which mean nothing without them
+_QK_SETTINGS = ("qk_norm_scope", "qk_norm_offset", "qk_norm_eps")
+
+
+def _without_unused_qk_settings(merged: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``merged`` (inherited settings, then ``given``'s) without the inherited settings of
+    query and key norms where ``given`` turns those norms off: a cross-attention or a layer
+    override that writes ``qk_norm: none`` does not inherit an error about them."""
+    if given.get("qk_norm") == "none":
+        for key in _QK_SETTINGS:
+            if key not in given:
+                merged.pop(key, None)
+    return merged
+
+
 def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
     stack.setdefault("attention", {})
     stack.setdefault("ffn", {})
@@ -1219,7 +1234,7 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
         if given is None:
             stack["cross_attention"] = ca
         elif isinstance(given, dict):
-            stack["cross_attention"] = deep_merge(ca, given, "cross_attention")
+            stack["cross_attention"] = _without_unused_qk_settings(deep_merge(ca, given, "cross_attention"), given)
     # overrides merge onto the stack's settings as written, then everything is derived
     original = copy.deepcopy(stack)
     parts = ("attention", "cross_attention", "ffn", "norm", "residual")
@@ -1231,7 +1246,8 @@ def _fill_stack(stack: dict[str, Any], d_model: Any, *, cross: bool) -> None:
                 continue
             for key in parts:
                 if isinstance(ov.get(key), dict) and isinstance(original.get(key), dict):
-                    ov[key] = deep_merge(original[key], ov[key], key)
+                    merged = deep_merge(original[key], ov[key], key)
+                    ov[key] = _without_unused_qk_settings(merged, ov[key]) if "attention" in key else merged
             norm, stack_norm = ov.get("norm"), original.get("norm")
             if isinstance(norm, dict) and isinstance(stack_norm, dict):
                 # placement and final are the stack's: a norm of another type keeps them

@@ -201,6 +201,24 @@ def test_encoder_decoder_cross_attention_defaults_to_self_attention_settings():
     assert (partial.n_heads, partial.bias) == (t5_nano.decoder.attention.n_heads, t5_nano.decoder.attention.bias)
 
 
+def test_turning_query_and_key_norms_off_drops_their_inherited_settings():
+    # the self-attention's q/k-norm settings are inherited by the cross-attention and by a
+    # layer override; one that writes qk_norm: none keeps none of them (and no error about them)
+    qk = ["decoder.attention.qk_norm=rmsnorm", "decoder.attention.qk_norm_scope=all",
+          "decoder.attention.qk_norm_eps=1e-5", "decoder.attention.qk_norm_offset=1"]
+    spec = load_spec("t5-nano", overrides=[*qk, "decoder.cross_attention.qk_norm=none",
+                                           "decoder.overrides=[{layers: [0], attention: {qk_norm: none}}]"])
+    for att in (spec.decoder.cross_attention, spec.decoder.layer(0).attention):
+        assert (att.qk_norm, att.qk_norm_scope, att.qk_norm_eps, att.qk_norm_offset) == ("none", "head", 1e-6, 0.0)
+    kept = spec.decoder.layer(1).attention
+    assert (kept.qk_norm, kept.qk_norm_scope, kept.qk_norm_eps, kept.qk_norm_offset) == ("rmsnorm", "all", 1e-5, 1.0)
+    inherited = load_spec("t5-nano", overrides=qk).decoder.cross_attention
+    assert (inherited.qk_norm, inherited.qk_norm_scope, inherited.qk_norm_eps) == ("rmsnorm", "all", 1e-5)
+    # written on a stack without q/k norms, a setting is still an error at its field
+    with pytest.raises(SpecError, match="qk_norm_scope needs a qk_norm"):
+        load_spec("t5-nano", overrides=["decoder.attention.qk_norm_scope=all"])
+
+
 def test_mapping_without_type_is_the_family_default():
     spec = load_spec("gpt-nano", overrides=["decoder.norm={eps: 1.0e-6}"])
     assert isinstance(spec.decoder.norm, LayerNormSpec) and spec.decoder.norm.eps == 1e-6

@@ -303,6 +303,9 @@ def init_weights(model: nn.Module, init: InitSpec | None = None) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:  # as nn.Embedding starts it: a row of zeros
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
         elif hasattr(module, "init_parameters"):
             module.init_parameters(std)
         elif any(True for _ in module.parameters(recurse=False)) and hasattr(module, "reset_parameters"):

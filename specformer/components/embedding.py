@@ -45,7 +45,8 @@ class Embedding(nn.Module):
     ) -> None:
         super().__init__()
         if shared_tokens is None:
-            self.tokens = nn.Embedding(vocab_size, d_model)
+            # padding_idx: that row's lookups give it no gradient (Marian's decoder start token)
+            self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=getattr(spec, "padding_idx", None))
         else:
             # a plain attribute, not a submodule: the owning embedding holds (and saves) it
             object.__setattr__(self, "tokens", shared_tokens)

@@ -134,17 +134,21 @@ class NoPositional(Positional):
 # --------------------------------------------------------------------------- additive
 
 
-def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
     """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)): (P, D) float32.
 
-    Vaswani et al. 2017, section 3.5 (sines on even, cosines on odd features).
+    Vaswani et al. 2017, section 3.5 (sines on even, cosines on odd features). ``layout``
+    ``halves``: the same sines in the first ceil(D/2) features and the cosines after them
+    (tensor2tensor's layout, and Marian's).
     """
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
     angle = pos / base ** (two_i / d_model)  # (P, ceil(D/2))
     table = torch.empty(n_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    sines, cosines = (slice(0, None, 2), slice(1, None, 2)) if layout == "interleaved" else (
+        slice(0, angle.shape[1]), slice(angle.shape[1], None))
+    table[:, sines] = torch.sin(angle)
+    table[:, cosines] = torch.cos(angle[:, : d_model // 2])
     return table.float()
 
 
@@ -166,6 +170,7 @@ class SinusoidalPositional(Positional):
     ) -> None:
         super().__init__()
         self.base = spec.base
+        self.layout = getattr(spec, "layout", "interleaved")
         self.d_model = d_model
         self.max_seq_len = max_seq_len
         self._tables: dict[_Key, Tensor] = {}
@@ -178,10 +183,10 @@ class SinusoidalPositional(Positional):
         if torch.compiler.is_compiling():  # read, never filled: see Rotary.tables
             if table is not None and table.shape[0] >= n_positions:
                 return table
-            return sinusoidal_table(n_positions, self.d_model, self.base).to(device=device, dtype=dtype)
+            return sinusoidal_table(n_positions, self.d_model, self.base, self.layout).to(device=device, dtype=dtype)
         if table is None or table.shape[0] < n_positions:
             rows = max(n_positions, self.max_seq_len, 2 * table.shape[0] if table is not None else 0)
-            table = sinusoidal_table(rows, self.d_model, self.base).to(device=device, dtype=dtype)
+            table = sinusoidal_table(rows, self.d_model, self.base, self.layout).to(device=device, dtype=dtype)
             self._tables[key] = table
         return table
 

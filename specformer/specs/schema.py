@@ -102,6 +102,12 @@ class SinusoidalSpec(Spec):
 
     type: Literal["sinusoidal"] = "sinusoidal"
     base: PositiveFloat = Field(10000.0, description="Wavelength base (10000 in the paper).")
+    layout: Literal["interleaved", "halves"] = Field(
+        "interleaved",
+        description="interleaved: sines on the even features, cosines on the odd ones (the paper's formula); "
+        "halves: the sines in the first half, the cosines in the second, same frequencies (tensor2tensor, "
+        "Marian).",
+    )
 
 
 class LearnedSpec(Spec):
@@ -806,6 +812,12 @@ class EmbeddingSpec(Spec):
     segment_vocab_size: NonNegativeInt = Field(
         0, le=MAX_INDEX, description="Segment (token-type) embeddings, as BERT's 2; 0 for none."
     )
+    padding_idx: NonNegativeInt | None = Field(
+        None,
+        description="A token whose row of the table starts at zero and takes no gradient from the lookup "
+        "(nn.Embedding's padding_idx; Marian's, whose decoder starts from that token). A tied output layer "
+        "still trains it.",
+    )
     norm: NormSpec | None = Field(None, description="A norm after the embeddings (BERT has one).")
 
     @model_validator(mode="after")
@@ -951,6 +963,9 @@ class ModelSpec(Spec):
                 yield problem.path, f"{problem.message} ({problem.hint})"
 
     def _issues(self) -> Iterator[tuple[str, str]]:
+        pad = self.embedding.padding_idx
+        if pad is not None and pad >= self.vocab_size:
+            yield "embedding.padding_idx", f"padding_idx={pad} is not a token: vocab_size is {self.vocab_size} (allowed: 0-{self.vocab_size - 1})"
         has = {"encoder": self.encoder is not None, "decoder": self.decoder is not None}
         need = {
             "encoder": {"encoder": True, "decoder": False},

@@ -64,6 +64,20 @@ def test_classification_pooler_and_shapes(tiny: Tiny) -> None:
         tiny("encoder", head={"type": "classification", "pooler": False, "pooler_activation": "relu"})
 
 
+def test_embedding_padding_row_starts_at_zero_and_takes_no_lookup_gradient(tiny: Tiny) -> None:
+    for tied in (False, True):
+        model = build_model(tiny("encoder-decoder", embedding={"padding_idx": 3, "tie_output": tied}))
+        tokens = model.embed.tokens.weight
+        assert not tokens[3].any() and tokens[4].any()
+        ids = torch.tensor([[3, 5, 3, 7]])
+        model(ids, decoder_input_ids=ids).logits.sum().backward()
+        # no gradient from the lookups (encoder and decoder share the table); tied, the output
+        # layer still trains the row, as nn.Embedding's padding_idx leaves it
+        assert tokens.grad[3].any() == tied and tokens.grad[5].any()
+    with pytest.raises(ValueError, match="padding_idx=61 is not a token: vocab_size is 61"):
+        tiny("encoder", embedding={"padding_idx": 61})
+
+
 def test_embedding_scale_and_segments(tiny: Tiny) -> None:
     spec = tiny(
         "encoder",

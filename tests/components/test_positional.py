@@ -24,6 +24,15 @@ from specformer.specs.schema import ModelSpec, RopeSpec, SinusoidalSpec, T5BiasS
 Tiny = Callable[..., ModelSpec]
 
 
+def test_sinusoids_in_halves_are_the_interleaved_ones_regrouped() -> None:
+    # tensor2tensor's and Marian's layout: the same sines, then the same cosines
+    from specformer.components.positional import sinusoidal_table
+
+    inter, halves = sinusoidal_table(50, 16), sinusoidal_table(50, 16, layout="halves")
+    assert torch.equal(halves[:, :8], inter[:, 0::2]) and torch.equal(halves[:, 8:], inter[:, 1::2])
+    pos, j = torch.arange(50.0)[:, None], torch.arange(8.0)
+    torch.testing.assert_close(halves[:, 8:], torch.cos(pos / 10000 ** (2 * j / 16)))  # Marian's formula
+
 def test_sinusoidal_table_equals_the_formula() -> None:
     d, n, base = 12, 50, 10000.0
     table = sinusoidal_table(n, d, base)

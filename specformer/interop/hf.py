@@ -186,6 +186,7 @@ def _tokens_name(model_type: str) -> str:
         "distilbert": "distilbert.embeddings.word_embeddings.weight",
         "t5": "shared.weight",
         "bart": "model.shared.weight",
+        "marian": "model.shared.weight",
         "llama": "model.embed_tokens.weight",
         "mistral": "model.embed_tokens.weight",
         "qwen2": "model.embed_tokens.weight",

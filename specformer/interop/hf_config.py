@@ -430,7 +430,13 @@ def _t5(c: _Config, family: str = "t5") -> dict[str, Any]:
     }
 
 
-def _bart(c: _Config) -> dict[str, Any]:
+def _bart(c: _Config, marian: bool = False) -> dict[str, Any]:
+    """BART, and Marian (MarianMT, the opus-mt models): BART's post-norm layers with fixed
+    sinusoidal positions in halves, no embedding LayerNorm, and an output bias
+    (``final_logits_bias``)."""
+    if marian:
+        c.refuse_if("share_encoder_decoder_embeddings", lambda v: not v, "a decoder vocabulary of its own "
+                    "(decoder_vocab_size); specformer's encoder and decoder read one token table", True)
     d = c("d_model", 1024)
     act = c.activation("activation_function", "gelu")
     dropout = _dropout(c("dropout", 0.1))
@@ -456,6 +462,26 @@ def _bart(c: _Config) -> dict[str, Any]:
 
     n_pos = c("max_position_embeddings", 1024)
     tied = c("tie_word_embeddings", True)
+    if marian:
+        vocab = c("vocab_size", 58101)
+        pad = c("pad_token_id", 58100)
+        pad = pad if isinstance(pad, int) and 0 <= pad < vocab else None  # transformers builds no other
+        return {
+            "kind": "encoder-decoder",
+            "vocab_size": vocab,
+            "d_model": d,
+            "max_seq_len": n_pos,
+            "positional": {"type": "sinusoidal", "layout": "halves"},
+            "encoder": stack("encoder"),
+            "decoder": stack("decoder"),
+            # tied, one token table serves both stacks and the output layer; untied,
+            # transformers 5 gives each of the three its own (as BART's)
+            # the padding token's row takes no gradient from the lookup: the decoder starts from it
+            "embedding": {"scale": bool(c("scale_embedding", False)), "tie_output": tied,
+                          "share_encoder_decoder": tied, "dropout": dropout, "padding_idx": pad},
+            "head": {"type": "lm", "bias": True},  # final_logits_bias: Marian's output bias
+            "init": {"std": c("init_std", 0.02), "scaled_residual": False},
+        }
     return {
         "kind": "encoder-decoder",
         "vocab_size": c("vocab_size", 50265),
@@ -860,6 +886,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "t5": _t5,
     "mt5": lambda c: _t5(c, "mt5"),
     "bart": _bart,
+    "marian": lambda c: _bart(c, marian=True),
     "llama": _llama,
     "mistral": lambda c: _llama(c, "mistral"),
     "qwen2": lambda c: _llama(c, "qwen2"),
@@ -923,6 +950,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "t5": {"T5ForConditionalGeneration": "lm", "T5WithLMHeadModel": "lm", "T5Model": "base"},
     "mt5": {"MT5ForConditionalGeneration": "lm", "MT5Model": "base"},
     "bart": {"BartForConditionalGeneration": "lm", "BartModel": "base"},
+    "marian": {"MarianMTModel": "lm", "MarianModel": "base"},
     "llama": {"LlamaForCausalLM": "lm", "LlamaModel": "base"},
     "mistral": {"MistralForCausalLM": "lm", "MistralModel": "base"},
     "qwen2": {"Qwen2ForCausalLM": "lm", "Qwen2Model": "base"},
@@ -1236,6 +1264,8 @@ def hf_family(spec: ModelSpec) -> str:
             return "t5"
         if pos == "learned":
             return "bart"
+        if pos == "sinusoidal":
+            return "marian"
     raise HFConversionError(
         f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with "
         f"{pos!r} positions and {stack.norm.type} norms; exportable: encoder with learned positions "
@@ -1457,6 +1487,15 @@ def _export_bart(spec: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": spec.embedding.tie_output,
         "is_encoder_decoder": True,
     }
+
+
+def _export_marian(spec: ModelSpec) -> dict[str, Any]:
+    out = _export_bart(spec)
+    out.update(architectures=["MarianMTModel"], share_encoder_decoder_embeddings=True,
+               decoder_vocab_size=spec.vocab_size)
+    if spec.embedding.padding_idx is not None:  # its decoder starts from the padding token
+        out.update(pad_token_id=spec.embedding.padding_idx, decoder_start_token_id=spec.embedding.padding_idx)
+    return out
 
 
 def _rope_parameters(rope: Any) -> dict[str, Any]:
@@ -1691,6 +1730,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "distilbert": _export_distilbert,
     "t5": _export_t5,
     "bart": _export_bart,
+    "marian": _export_marian,
     "llama": lambda s: _export_llama(s, "llama"),
     "mistral": lambda s: _export_llama(s, "mistral"),
     "qwen2": lambda s: _export_llama(s, "qwen2"),
@@ -1707,7 +1747,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "starcoder2": _export_starcoder2,
 }
 
-_TRAINING_ONLY = ("dropout", "init.")
+_TRAINING_ONLY = ("dropout", "init.", "padding_idx")
 
 
 def _training_only_note(line: str, model_type: str) -> str:
@@ -1716,6 +1756,9 @@ def _training_only_note(line: str, model_type: str) -> str:
     if line.startswith("init."):
         why = ("an init setting only chose the weights the run started from; the exported weights "
                "compute the same outputs")
+    elif "padding_idx" in line:
+        why = (f"a padding row only stops the lookup's gradient in training; the exported model's outputs "
+               f"are the same, and fine-tuning it in transformers uses {model_type}'s")
     else:
         why = (f"dropout acts in training only; the exported model's outputs (eval mode) are the same, "
                f"and fine-tuning it in transformers uses {model_type}'s value")
@@ -1756,7 +1799,7 @@ def hf_config_from_spec(
     _check_head_exports(spec, model_type)
     spec = _without_equivalents(spec)
     e = spec.embedding
-    if model_type == "bart" and not e.tie_output and e.share_encoder_decoder:
+    if model_type in ("bart", "marian") and not e.tie_output and e.share_encoder_decoder:
         # untied, transformers 5 gives each stack a token table: one shared table exports as
         # two equal ones, which compute the same outputs
         spec = spec.model_copy(update={"embedding": {**e.model_dump(exclude_unset=True),
@@ -1780,6 +1823,8 @@ def hf_config_from_spec(
     for path, ours, theirs in _differences(_resolved(spec.to_dict()), _resolved(back.to_dict())):
         if path.startswith("head.") and path != "head.type" and spec.head.type != back.head.type:
             continue  # another kind of head: its type says it, not each field the two do not share
+        if model_type == "marian" and path == "head.bias" and ours is False:
+            continue  # Marian's output bias (final_logits_bias) of zeros: no bias
         if theirs is _ABSENT:  # a field of our type that the family's type lacks (layernorm's bias)
             line = f"{path} = {_shown(ours)} (Hugging Face {model_type}'s type has no such field)"
         elif ours is _ABSENT:
@@ -1866,10 +1911,12 @@ def _set_token_ids(
     ids: dict[str, int | None] = {key: token_ids.get(key) for key in _TOKEN_KEYS[:3]}
     if spec.kind == "encoder-decoder":
         start = token_ids.get("decoder_start_token_id")
-        ids["decoder_start_token_id"] = start if start is not None else ids["bos_token_id"]
+        # Marian's decoder starts from its padding token
+        fallback = ids["pad_token_id"] if config["model_type"] == "marian" else ids["bos_token_id"]
+        ids["decoder_start_token_id"] = start if start is not None else fallback
         for key in ("forced_bos_token_id", "forced_eos_token_id"):
             # BartConfig's default forced_eos (2) would force a token the spec does not name
-            if token_ids.get(key) is not None or config["model_type"] == "bart":
+            if token_ids.get(key) is not None or config["model_type"] in ("bart", "marian"):
                 ids[key] = token_ids.get(key)
     for key, value in ids.items():
         if value is not None and not (isinstance(value, int) and 0 <= value < spec.vocab_size):
@@ -1885,6 +1932,11 @@ def _set_token_ids(
                 )
             continue
         config[key] = value
+    if config["model_type"] == "marian" and config.get("pad_token_id") is None:
+        raise HFConversionError(
+            "marian needs a padding token (transformers' Marian builds its token table with one, and its "
+            "decoder starts from it): export with the model's tokenizer, or set embedding.padding_idx"
+        )
 
 
 def _resolved(spec: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from specformer.specs.schema import ModelSpec
 
 __all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
 
-Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part", "rows_rotary", "grouped_qkv"]
+Fuse = Literal["copy", "transpose", "rows", "neox_qkv", "part", "rows_rotary", "grouped_qkv", "row"]
 
 
 def _pair_order(head_dim: int, rot: int) -> Tensor:
@@ -58,7 +58,8 @@ class Rule:
     interleaved pairs into rotate-half order: GPT-J; ``sizes`` = (q, kv, kv, Dh, rotated)),
     ``grouped_qkv`` (one tensor whose rows are grouped per key/value head as (Hkv, G + 2, Dh):
     the G query heads of the group, its key, its value; Falcon's new decoder architecture;
-    ``sizes`` = (Hkv, G, Dh)).
+    ``sizes`` = (Hkv, G, Dh)), ``row`` (the one row of a (1, N) tensor: Marian's
+    ``final_logits_bias``).
     """
 
     ours: str
@@ -69,6 +70,8 @@ class Rule:
     def to_ours(self, tensors: list[Tensor]) -> Tensor:
         if self.fuse == "copy":
             return tensors[0]
+        if self.fuse == "row":  # the one row of a (1, N) tensor (Marian's final_logits_bias)
+            return tensors[0].reshape(-1)
         if self.fuse == "transpose":
             return tensors[0].t().contiguous()
         if self.fuse == "rows":
@@ -92,6 +95,8 @@ class Rule:
     def to_theirs(self, tensor: Tensor) -> list[Tensor]:
         if self.fuse == "copy":
             return [tensor]
+        if self.fuse == "row":
+            return [tensor.reshape(1, -1)]
         if self.fuse == "transpose":
             return [tensor.t().contiguous()]
         if self.fuse == "rows":
@@ -160,6 +165,12 @@ _FAMILIES: dict[str, _Family] = {
         heads=("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
         ignore=(r"embeddings\.position_ids$",),
         tied_copies=("vocab_projector.weight",),
+    ),
+    "marian": _Family(
+        prefix="model.",
+        heads=("lm_head.", "final_logits_bias"),
+        ignore=(r"embed_positions\.weight$",),  # fixed sinusoids, computed (transformers does not save them)
+        tied_copies=("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"),
     ),
     "t5": _Family(
         prefix="",
@@ -444,6 +455,25 @@ def _bart(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _marian(spec: ModelSpec) -> Iterator[Rule]:
+    """BART's layer names, one token table (``model.shared``), no position tables (fixed
+    sinusoids) and no embedding LayerNorm, and the output bias ``final_logits_bias``."""
+    if spec.embedding.share_encoder_decoder:
+        yield Rule("embed.tokens.weight", ("model.shared.weight",))
+    else:  # untied: transformers 5 gives each stack its own table (and leaves `shared` unused)
+        yield Rule("embed.tokens.weight", ("model.encoder.embed_tokens.weight",))
+        yield Rule("decoder_embed.tokens.weight", ("model.decoder.embed_tokens.weight",))
+    yield from (rule for rule in _bart(spec) if not rule.ours.startswith(("embed.", "decoder_embed.", "head.")))
+    # a head without a bias exports as a final_logits_bias of zeros (specformer_to_hf)
+    if spec.embedding.tie_output:
+        if spec.head.bias:
+            yield Rule("head.bias", ("final_logits_bias",), "row")
+    else:
+        yield Rule("head.proj.weight", ("lm_head.weight",))
+        if spec.head.bias:
+            yield Rule("head.proj.bias", ("final_logits_bias",), "row")
+
+
 def _llama(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("model.embed_tokens.weight",))
@@ -643,6 +673,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "distilbert": _distilbert,
     "t5": _t5,
     "bart": _bart,
+    "marian": _marian,
     "llama": _llama,
     "mistral": _llama,
     "qwen2": _llama,
@@ -814,7 +845,7 @@ def _live_tensors(
         h = "cls.predictions" if model_type == "bert" else "lm_head"
         if f"{h}.decoder.bias" in theirs:
             take(f"{h}.decoder.bias", f"{h}.bias")
-    if model_type == "bart" and not spec.embedding.share_encoder_decoder:
+    if model_type in ("bart", "marian") and not spec.embedding.share_encoder_decoder:
         # each stack reads its own table (a 4.x checkpoint holds the one they shared)
         shared = theirs.pop("model.shared.weight", None)
         tables = [f"model.{role}.embed_tokens.weight" for role in ("encoder", "decoder")]
@@ -823,7 +854,7 @@ def _live_tensors(
                 unused.append("model.shared.weight")
             for name in tables:
                 theirs.setdefault(name, shared)
-    elif model_type == "bart":
+    elif model_type in ("bart", "marian"):
         enc, dec = theirs.get("model.encoder.embed_tokens.weight"), theirs.get("model.decoder.embed_tokens.weight")
         if enc is not None and dec is not None:
             if enc.shape != dec.shape or not torch.equal(enc, dec):
@@ -882,8 +913,15 @@ def specformer_to_hf(
         value = _copy_of(name, family, spec, state_dict)
         if value is not None:
             out[name] = value
-    if model_type == "bart":
+    if model_type == "marian":  # the fixed sinusoids transformers holds as a table, in halves
+        from specformer.components.positional import sinusoidal_table
+
+        table = sinusoidal_table(spec.max_seq_len, spec.d_model, spec.positional.base, "halves")
+        for role in ("encoder", "decoder"):
+            out[f"model.{role}.embed_positions.weight"] = table.to(state_dict["embed.tokens.weight"].dtype)
+    if model_type == "bart" or (model_type == "marian" and not spec.head.bias):  # no bias: zeros
         out["final_logits_bias"] = torch.zeros(1, spec.vocab_size, dtype=state_dict["embed.tokens.weight"].dtype)
+    if model_type in ("bart", "marian"):
         # untied, `shared` is a parameter transformers computes nothing with: the encoder's table
         out.setdefault("model.shared.weight", state_dict["embed.tokens.weight"])
     return out

@@ -469,6 +469,43 @@ def test_a_decoder_with_output_norms_exports_as_olmo2() -> None:
              ["decoder.attention.qk_norm_scope = 'head' (Hugging Face olmo2 has 'all')"])
 
 
+# Helsinki-NLP/opus-mt-en-de's published config.json
+_OPUS_MT_EN_DE = {
+    "activation_dropout": 0.0, "activation_function": "swish", "add_bias_logits": False,
+    "add_final_layer_norm": False, "architectures": ["MarianMTModel"], "attention_dropout": 0.0,
+    "bad_words_ids": [[58100]], "bos_token_id": 0, "classif_dropout": 0.0, "classifier_dropout": 0.0,
+    "d_model": 512, "decoder_attention_heads": 8, "decoder_ffn_dim": 2048, "decoder_layerdrop": 0.0,
+    "decoder_layers": 6, "decoder_start_token_id": 58100, "decoder_vocab_size": 58101, "dropout": 0.1,
+    "encoder_attention_heads": 8, "encoder_ffn_dim": 2048, "encoder_layerdrop": 0.0, "encoder_layers": 6,
+    "eos_token_id": 0, "forced_eos_token_id": 0, "init_std": 0.02, "is_encoder_decoder": True, "max_length": 512,
+    "max_position_embeddings": 512, "model_type": "marian", "normalize_before": False,
+    "normalize_embedding": False, "num_beams": 4, "num_hidden_layers": 6, "pad_token_id": 58100,
+    "scale_embedding": True, "share_encoder_decoder_embeddings": True, "static_position_embeddings": True,
+    "use_cache": True, "vocab_size": 58101,
+}
+
+
+def test_marian_is_the_original_transformer_with_sinusoids_in_halves() -> None:
+    spec = spec_from_hf_config(_OPUS_MT_EN_DE)
+    assert (spec.positional.type, spec.positional.layout, spec.embedding.scale) == ("sinusoidal", "halves", True)
+    assert spec.encoder.norm.placement == "post" and spec.encoder.ffn.activation == "silu"
+    assert spec.head.bias and spec.embedding.padding_idx == 58100
+    # transformers' parameters hold the fixed sinusoids (not trained) and its output bias is a
+    # buffer; specformer's head bias is a parameter and sinusoids have none
+    _, hf_model = _hf_meta_model({**_OPUS_MT_EN_DE, "architectures": None})
+    trained = sum(p.numel() for p in hf_model.parameters() if p.requires_grad)
+    assert count_parameters(spec).total == trained + _OPUS_MT_EN_DE["vocab_size"]
+    assert sum(p.numel() for p in hf_model.parameters()) == 74_410_496  # the model card's 74.4M
+    config = hf_config_from_spec(spec)
+    assert (config["model_type"], config["pad_token_id"], config["decoder_start_token_id"]) == ("marian", 58100, 58100)
+    assert spec_from_hf_config(config, name=spec.name) == spec
+    _refused(lambda: spec_from_hf_config({**_OPUS_MT_EN_DE, "share_encoder_decoder_embeddings": False}),
+             ["share_encoder_decoder_embeddings=False", "decoder vocabulary of its own"])
+    # without a padding token transformers cannot build it: the export says so
+    _refused(lambda: hf_config_from_spec(load_spec(spec.to_dict(), ["embedding.padding_idx=null"])),
+             ["marian needs a padding token", "embedding.padding_idx"])
+
+
 def test_distilbert_is_bert_without_token_types_at_its_published_size() -> None:
     spec = spec_from_hf_config(OTHERS["distilbert-base-uncased"])
     assert spec.kind == "encoder" and spec.embedding.segment_vocab_size == 0
@@ -791,7 +828,9 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         ("gpt2-small", ["decoder.attention.out_bias=false"], ["decoder.attention.out_bias = False (Hugging Face "
                                                               "gpt2 has True)"]),
         ("bert-base", ["encoder.norm.placement=pre"], ["encoder.norm.placement = 'pre'"]),
-        ("transformer-base", [], ["encoder-decoder", "'sinusoidal'"]),
+        # the original Transformer is Marian's model, with its sinusoids in halves and eps 1e-5
+        ("transformer-base", [], ["marian", "positional.layout = 'interleaved' (Hugging Face marian has 'halves')",
+                                  '--set positional.layout="halves"', "encoder.norm.eps = 1e-06"]),
         # t5-nano keeps the usual 1/sqrt(head_dim) softmax scale; T5 has none
         ("t5-nano", [], ["encoder.attention.scale = None (Hugging Face t5 has 1.0)"]),
         # dynamic NTK grows the base past max_position_embeddings there, and past its own length here

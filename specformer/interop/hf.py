@@ -180,6 +180,7 @@ def _untied_in_checkpoint(state_dict: Mapping[str, Tensor], spec: ModelSpec) -> 
 def _tokens_name(model_type: str) -> str:
     return {
         "gpt2": "transformer.wte.weight",
+        "gpt_bigcode": "transformer.wte.weight",
         "opt": "model.decoder.embed_tokens.weight",
         "bert": "bert.embeddings.word_embeddings.weight",
         "roberta": "roberta.embeddings.word_embeddings.weight",

@@ -274,6 +274,17 @@ def _gpt2(c: _Config) -> dict[str, Any]:
     }
 
 
+def _gpt_bigcode(c: _Config) -> dict[str, Any]:
+    """GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's decoder with one key/value head
+    (``multi_query``, the default) or one per query head, and linear layers where GPT-2 has
+    Conv1D."""
+    raw = _gpt2(c)
+    att = raw["decoder"]["attention"]
+    att["n_kv_heads"] = 1 if c("multi_query", True) else att["n_heads"]
+    raw["decoder"]["ffn"]["activation"] = c.activation("activation_function", "gelu_pytorch_tanh")
+    return raw
+
+
 def _bert_like(c: _Config, *, roberta: bool, default_vocab: int | None = None) -> dict[str, Any]:
     """BERT and RoBERTa (and XLM-RoBERTa: RoBERTa's model under another name, whose config
     class defaults to BERT's vocabulary size, ``default_vocab``)."""
@@ -878,6 +889,7 @@ def _starcoder2(c: _Config) -> dict[str, Any]:
 
 _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
+    "gpt_bigcode": _gpt_bigcode,
     "opt": _opt,
     "bert": lambda c: _bert_like(c, roberta=False),
     "roberta": lambda c: _bert_like(c, roberta=True),
@@ -937,6 +949,7 @@ _NEAR_MISSES = {
 # tied to the token embeddings), since its checkpoint has none.
 _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gpt2": {"GPT2LMHeadModel": "lm", "GPT2Model": "base"},
+    "gpt_bigcode": {"GPTBigCodeForCausalLM": "lm", "GPTBigCodeModel": "base"},
     "opt": {"OPTForCausalLM": "lm", "OPTModel": "base"},
     # BertForPreTraining: the masked-LM head and next-sentence prediction (left out)
     "bert": {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
@@ -1226,7 +1239,10 @@ def hf_family(spec: ModelSpec) -> str:
         return "bert" if spec.embedding.segment_vocab_size else "distilbert"  # DistilBERT has no token types
     if spec.kind == "decoder":
         if pos == "learned":
-            return "opt" if spec.positional.offset else "gpt2"  # OPT's table starts 2 rows in
+            if spec.positional.offset:
+                return "opt"  # OPT's table starts 2 rows in
+            # GPT-BigCode: GPT-2 with multi-query attention
+            return "gpt_bigcode" if stack.attention.n_kv_heads != stack.attention.n_heads else "gpt2"
         if pos == "alibi":
             return "bloom"
         if pos == "rope" and stack.norm.type == "rmsnorm":
@@ -1270,12 +1286,13 @@ def hf_family(spec: ModelSpec) -> str:
         f"no supported Hugging Face family is {'an' if spec.kind[0] == 'e' else 'a'} {spec.kind} with "
         f"{pos!r} positions and {stack.norm.type} norms; exportable: encoder with learned positions "
         "(BERT, RoBERTa; DistilBERT without segment embeddings), decoder with learned positions (GPT-2; "
-        "OPT with the table offset by 2), ALiBi (BLOOM) or rope (Llama/Mistral with rmsnorm, Qwen2 with "
-        "rmsnorm and q/k/v biases only, Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary "
-        "fraction, Gemma with (1 + weight) rmsnorm, Gemma 2 with those and sandwich norms or soft caps, "
-        "GPT-NeoX with layernorm, Phi-1/2, GPT-J and Falcon with layernorm and one norm per parallel "
-        "block, Falcon with grouped keys, StarCoder2 with grouped keys or a window in sequential "
-        "blocks), encoder-decoder with t5 bias (T5) or learned positions (BART)"
+        "GPT-BigCode with multi-query attention; OPT with the table offset by 2), ALiBi (BLOOM) or rope "
+        "(Llama/Mistral with rmsnorm, OLMo 2 with output norms, Qwen2 with rmsnorm and q/k/v biases only, "
+        "Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, Gemma with (1 + weight) "
+        "rmsnorm, Gemma 2 with those and sandwich norms or soft caps, GPT-NeoX with layernorm, Phi-1/2, "
+        "GPT-J and Falcon with layernorm and one norm per parallel block, Falcon with grouped keys, "
+        "StarCoder2 with grouped keys or a window in sequential blocks), encoder-decoder with t5 bias (T5), "
+        "learned positions (BART) or sinusoids (Marian)"
     )
 
 
@@ -1290,6 +1307,8 @@ def export_family(spec: ModelSpec, imported_as: str | None = None) -> str:
         return "falcon"  # a Falcon whose structure another family also has (MHA, biased, sequential)
     if imported_as == "starcoder2" and family in ("gpt_neox", "falcon"):
         return "starcoder2"  # one without a window whose keys are a GPT-NeoX's or a Falcon's
+    if imported_as == "gpt_bigcode" and family == "gpt2":
+        return "gpt_bigcode"  # one with a key/value head per query head: GPT-2's structure
     return family
 
 
@@ -1324,6 +1343,12 @@ def _export_gpt2(spec: ModelSpec) -> dict[str, Any]:
         "scale_attn_weights": s.attention.scale is None,
         "tie_word_embeddings": spec.embedding.tie_output,
     }
+
+
+def _export_gpt_bigcode(spec: ModelSpec) -> dict[str, Any]:
+    out = _export_gpt2(spec)
+    out.update(architectures=["GPTBigCodeForCausalLM"], multi_query=spec.decoder.attention.n_kv_heads == 1)
+    return out
 
 
 def _export_opt(spec: ModelSpec) -> dict[str, Any]:
@@ -1723,6 +1748,7 @@ def _export_starcoder2(spec: ModelSpec) -> dict[str, Any]:
 
 _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gpt2": _export_gpt2,
+    "gpt_bigcode": _export_gpt_bigcode,
     "opt": _export_opt,
     "bloom": _export_bloom,
     "bert": lambda s: _export_bert(s, roberta=False),

@@ -135,6 +135,12 @@ _FAMILIES: dict[str, _Family] = {
         ignore=(r"\.attn\.(bias|masked_bias)$",),
         tied_copies=("lm_head.weight",),
     ),
+    "gpt_bigcode": _Family(
+        prefix="transformer.",
+        heads=("lm_head.",),
+        ignore=(),
+        tied_copies=("lm_head.weight",),
+    ),
     "opt": _Family(
         prefix="model.",
         heads=("lm_head.",),
@@ -286,6 +292,26 @@ def _gpt2(spec: ModelSpec) -> Iterator[Rule]:
         yield from _norm(f"{o}.ffn_norm", f"{t}.ln_2", layer.norm)
         yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.c_fc", True, "transpose")
         yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.c_proj", True, "transpose")
+    yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
+    yield from _lm_head(spec)
+
+
+def _gpt_bigcode(spec: ModelSpec) -> Iterator[Rule]:
+    """GPT-2's names with linear layers; ``c_attn``'s rows are q, k, v with one key/value
+    head (multi-query), and grouped per head as GPT-NeoX's with one per query head."""
+    s = spec.decoder
+    yield Rule("embed.tokens.weight", ("transformer.wte.weight",))
+    yield Rule("embed.positions.weight", ("transformer.wpe.weight",))
+    for i in range(s.n_layers):
+        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
+        att = layer.attention
+        fuse: Fuse = "copy" if att.n_kv_heads == 1 else "neox_qkv"
+        yield from _norm(f"{o}.attn_norm", f"{t}.ln_1", layer.norm)
+        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.attn.c_attn", att.bias, fuse, (att.n_heads, att.head_dim))
+        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.attn.c_proj", att.output_bias)
+        yield from _norm(f"{o}.ffn_norm", f"{t}.ln_2", layer.norm)
+        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.c_fc", layer.ffn.bias)
+        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.c_proj", layer.ffn.bias)
     yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
     yield from _lm_head(spec)
 
@@ -667,6 +693,7 @@ def _starcoder2(spec: ModelSpec) -> Iterator[Rule]:
 
 _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gpt2": _gpt2,
+    "gpt_bigcode": _gpt_bigcode,
     "opt": _opt,
     "bert": lambda spec: _bert_like(spec, "bert"),
     "roberta": lambda spec: _bert_like(spec, "roberta"),
@@ -816,6 +843,9 @@ def _checkpoint_family(state_dict: Mapping[str, Tensor], family: str) -> str:
         return "falcon"  # a Falcon with one key/value head per query head (or biases): another's structure
     if family in ("gpt_neox", "falcon") and any(n.endswith("mlp.c_fc.weight") for n in state_dict):
         return "starcoder2"  # a StarCoder2 without a window whose keys are GPT-NeoX's or Falcon's
+    if family == "gpt2" and any(n.endswith("attn.c_attn.weight") and t.dim() == 2 and t.shape[0] > t.shape[1]
+                                for n, t in state_dict.items()):
+        return "gpt_bigcode"  # a GPT-BigCode with a key/value head per query head: linear (out, in) layers
     return family
 
 

@@ -81,6 +81,14 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 # Qwen/Qwen3-0.6B, Phi-3-mini and gemma-2b (all but pythia, T5 v1.1, Phi-3 and Gemma also shipped
 # as presets: SHIPPED).
 OTHERS: dict[str, dict[str, Any]] = {
+    "starcoderbase-1b": {
+        "activation_function": "gelu_pytorch_tanh", "architectures": ["GPTBigCodeForCausalLM"],
+        "attention_softmax_in_fp32": True, "attn_pdrop": 0.1, "bos_token_id": 0, "embd_pdrop": 0.1,
+        "eos_token_id": 0, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt_bigcode",
+        "multi_query": True, "n_embd": 2048, "n_head": 16, "n_inner": 8192, "n_layer": 24, "n_positions": 8192,
+        "resid_pdrop": 0.1, "scale_attention_softmax_in_fp32": True, "scale_attn_weights": True,
+        "vocab_size": 49152,
+    },
     "olmo-2-1124-7b": {
         "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
@@ -321,7 +329,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "opt", "bloom", "olmo2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
+        "decoder" if hf_config.model_type in ("gpt2", "gpt_bigcode", "opt", "bloom", "olmo2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
                                               "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
         else "encoder")
     auto = _AUTO_CLASS[kind]
@@ -810,7 +818,10 @@ def test_export_config_round_trips_other_families(name: str) -> None:
 @pytest.mark.parametrize(
     ("preset", "overrides", "words"),
     [
-        ("gpt2-small", ["decoder.attention.n_kv_heads=4"], ["gpt2", "decoder.attention.n_kv_heads = 4", "12"]),
+        # grouped keys on GPT-2's decoder: GPT-BigCode, which has one key/value head or one per query head
+        ("gpt2-small", ["decoder.attention.n_kv_heads=4"], ["gpt_bigcode", "decoder.attention.n_kv_heads = 4 "
+                                                            "(Hugging Face gpt_bigcode has 12)"]),
+        ("gpt2-small", ["decoder.attention.n_kv_heads=1"], []),
         ("gpt2-small", ["decoder.norm.eps=1e-6", "decoder.ffn.activation=relu"], []),
         ("gpt2-small", ["embedding.scale=true"], ["embedding.scale = True"]),
         # a Llama with q/k norms is Qwen3, whose q/k norms take the stack's eps

@@ -38,6 +38,11 @@ _SMALL = {"vocab_size": V, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id":
 # model_type -> kwargs of a tiny config; each exercises the family's distinctive parts
 TINY: dict[str, dict[str, Any]] = {
     "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    # GPT-BigCode: GPT-2 with one key/value head and linear layers; and with a key/value head
+    # per query head (GPT-2's structure, its own names), untied
+    "gpt_bigcode": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    "gpt_bigcode-mha": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64, "multi_query": False,
+                        "tie_word_embeddings": False},
     # OPT: positions offset by 2, separate q/k/v, ReLU; post-norm without a final norm and
     # untied; and pre-norm without the final norm, biases or ReLU
     "opt": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "ffn_dim": 64,
@@ -263,7 +268,7 @@ def _names(family: str) -> str | None:
     StarCoder2's own (a Phi-3 rotating every feature has a Llama's spec, a Falcon with a
     key/value head per query head GPT-NeoX's, a multi-query StarCoder2 without a window a
     Falcon's), else the spec's."""
-    return _model_type(family) if _model_type(family) in ("phi3", "falcon", "starcoder2") else None
+    return _model_type(family) if _model_type(family) in ("phi3", "falcon", "starcoder2", "gpt_bigcode") else None
 
 
 def _hf_model(family: str, seed: int = 0) -> Any:
@@ -854,7 +859,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 
-_DOC_SECTIONS = {"gpt2": "### GPT-2", "olmo2": "### OLMo 2", "olmo2-gqa": "### OLMo 2", "bloom": "### BLOOM", "bloom-untied": "### BLOOM", "opt": "### OPT", "opt-post": "### OPT", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
+_DOC_SECTIONS = {"gpt2": "### GPT-2", "gpt_bigcode": "### GPT-BigCode", "gpt_bigcode-mha": "### GPT-BigCode", "olmo2": "### OLMo 2", "olmo2-gqa": "### OLMo 2", "bloom": "### BLOOM", "bloom-untied": "### BLOOM", "opt": "### OPT", "opt-post": "### OPT", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
                  "bart": "### BART", "marian": "### Marian", "marian-untied": "### Marian", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
                  "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "phi-qkln": "### Phi-1", "gptj": "### GPT-J",
                  "gptj-full": "### GPT-J", "falcon-new": "### Falcon",

@@ -194,14 +194,8 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         norms.append(x or t.any(f"{p}{name}."))
         return norms[-1]
 
-    def sandwich(name: str, out: bool) -> bool:  # a sandwich norm on a sublayer's output
-        if placement != "sandwich":
-            return out
-        norms.append(out or t.any(f"{p}{name}."))
-        return norms[-1]
-
-    def output(name: str, out: bool) -> bool:  # an output norm: on a sublayer's output, none before
-        if placement != "output":
+    def on_output(kind: str, name: str, out: bool) -> bool:  # a norm on a sublayer's output (``kind`` norms)
+        if placement != kind:
             return out
         norms.append(out or t.any(f"{p}{name}."))
         return norms[-1]
@@ -231,12 +225,14 @@ def _layer(spec: Any, t: _Trained, role: str, i: int, x: bool, enc: bool, bias: 
         return LayerFlow(x0, tuple(norms), a, cross, f, out or f.out)
     a_in = pre("attn_norm", x)
     a = attention("self_attn", a_in, a_in, layer.attention, False)
-    x = post("attn_norm", x or output("attn_norm", sandwich("attn_post_norm", a.out)))
+    # sandwich norms have names of their own; output norms those of the pre-norm ones
+    x = post("attn_norm", x or on_output("output", "attn_norm", on_output("sandwich", "attn_post_norm", a.out)))
     if cross_here:
         cross = attention("cross_attn", pre("cross_norm", x), enc, layer.cross_attention, True)
-        x = post("cross_norm", x or output("cross_norm", sandwich("cross_post_norm", cross.out)))
+        x = post("cross_norm", x or on_output("output", "cross_norm",
+                                              on_output("sandwich", "cross_post_norm", cross.out)))
     f = ffn(pre("ffn_norm", x))
-    x = post("ffn_norm", x or output("ffn_norm", sandwich("ffn_post_norm", f.out)))
+    x = post("ffn_norm", x or on_output("output", "ffn_norm", on_output("sandwich", "ffn_post_norm", f.out)))
     return LayerFlow(x0, tuple(norms), a, cross, f, x)
 
 

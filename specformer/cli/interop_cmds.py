@@ -223,7 +223,9 @@ def _grouped(names: list[str], shown: int = 8) -> str:
     at most ``shown`` listed and the rest counted."""
     import re
 
-    tower = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+    from specformer.interop.hf_weights import TOWERS
+
+    tower = re.compile(TOWERS)
     towers = sorted({m.group(0) for n in names if (m := tower.match(n))})
     rest = [n for n in names if not any(n.startswith(t) for t in towers)]
     parts = [f"{t}* ({sum(n.startswith(t) for n in names)} tensors)" for t in towers] + rest

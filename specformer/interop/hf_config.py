@@ -1298,18 +1298,21 @@ def hf_family(spec: ModelSpec) -> str:
 
 def export_family(spec: ModelSpec, imported_as: str | None = None) -> str:
     """The ``model_type`` a spec exports as: :func:`hf_family`, except for weights imported
-    from a Phi-3 (``imported_as``) whose model is a Llama's or Mistral's (every feature
-    rotates): those go back under Phi-3's fused names and classes."""
+    (``imported_as``) from a family whose model has another family's structure
+    (:data:`_STRUCTURE_OF`: a Phi-3 whose every feature rotates is a Llama's), which go back
+    under their own family's names and classes."""
     family = hf_family(spec)
-    if imported_as == "phi3" and family in ("llama", "mistral"):
-        return "phi3"
-    if imported_as == "falcon" and family in ("gpt_neox", "gptj", "phi"):
-        return "falcon"  # a Falcon whose structure another family also has (MHA, biased, sequential)
-    if imported_as == "starcoder2" and family in ("gpt_neox", "falcon"):
-        return "starcoder2"  # one without a window whose keys are a GPT-NeoX's or a Falcon's
-    if imported_as == "gpt_bigcode" and family == "gpt2":
-        return "gpt_bigcode"  # one with a key/value head per query head: GPT-2's structure
-    return family
+    return imported_as if imported_as is not None and family in _STRUCTURE_OF.get(imported_as, ()) else family
+
+
+# Families some of whose models have another family's structure: imported model_type -> the
+# families whose structure it may have; weights imported from it export back under its name
+_STRUCTURE_OF: dict[str, tuple[str, ...]] = {
+    "phi3": ("llama", "mistral"),  # every feature rotating (windowed: Mistral's)
+    "falcon": ("gpt_neox", "gptj", "phi"),  # MHA, biased, or sequential
+    "starcoder2": ("gpt_neox", "falcon"),  # without a window, MHA or multi-query
+    "gpt_bigcode": ("gpt2",),  # a key/value head per query head
+}
 
 
 def _any_sliding(stack: Any) -> bool:

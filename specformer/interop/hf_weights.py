@@ -230,12 +230,14 @@ _FAMILIES: dict[str, _Family] = {
 }
 for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "olmo2"):
     _FAMILIES[_name] = _FAMILIES["llama"]
+# the tensors of a multimodal model's vision tower and projector
+TOWERS = r"^(model\.)?(vision_tower|multi_modal_projector)\."
 # Gemma 3's text model, alone or as the language model of the multimodal Gemma 3, whose
 # vision tower and projector have no place in the spec (transformers 4.50 saved it as
 # language_model.model.*, 5 as model.language_model.*, and its bare model as language_model.*)
 _FAMILIES["gemma3_text"] = replace(
     _FAMILIES["llama"],
-    ignore=(*_FAMILIES["llama"].ignore, r"^(model\.)?(vision_tower|multi_modal_projector)\."),
+    ignore=(*_FAMILIES["llama"].ignore, TOWERS),
     aliases=((r"^language_model\.model\.", "model."), (r"^language_model\.lm_head\.", "lm_head."),
              (r"^model\.language_model\.", "model."), (r"^language_model\.", "model.")),
 )
@@ -296,22 +298,31 @@ def _gpt2(spec: ModelSpec) -> Iterator[Rule]:
     yield from _lm_head(spec)
 
 
+def _fused_qkv_layer(o: str, t: str, layer: Any, names: tuple[str, ...], qkv: Fuse = "neox_qkv") -> Iterator[Rule]:
+    """The rules of layer ``o`` of a family whose attention has one fused q/k/v projection
+    (``qkv``: how its rows are laid out) and whose layer has two norms; ``names``: its
+    attn_norm, qkv_proj, o_proj, ffn_norm, up_proj and down_proj under ``t``."""
+    att = layer.attention
+    attn_norm, qkv_proj, o_proj, ffn_norm, up, down = (f"{t}.{name}" for name in names)
+    yield from _norm(f"{o}.attn_norm", attn_norm, layer.norm)
+    yield from _linear(f"{o}.self_attn.qkv_proj", qkv_proj, att.bias, qkv, (att.n_heads, att.head_dim))
+    yield from _linear(f"{o}.self_attn.o_proj", o_proj, att.output_bias)
+    yield from _norm(f"{o}.ffn_norm", ffn_norm, layer.norm)
+    yield from _linear(f"{o}.ffn.up_proj", up, layer.ffn.bias)
+    yield from _linear(f"{o}.ffn.down_proj", down, layer.ffn.bias)
+
+
 def _gpt_bigcode(spec: ModelSpec) -> Iterator[Rule]:
     """GPT-2's names with linear layers; ``c_attn``'s rows are q, k, v with one key/value
     head (multi-query), and grouped per head as GPT-NeoX's with one per query head."""
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("transformer.wte.weight",))
     yield Rule("embed.positions.weight", ("transformer.wpe.weight",))
+    names = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
     for i in range(s.n_layers):
-        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
-        att = layer.attention
-        fuse: Fuse = "copy" if att.n_kv_heads == 1 else "neox_qkv"
-        yield from _norm(f"{o}.attn_norm", f"{t}.ln_1", layer.norm)
-        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.attn.c_attn", att.bias, fuse, (att.n_heads, att.head_dim))
-        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.attn.c_proj", att.output_bias)
-        yield from _norm(f"{o}.ffn_norm", f"{t}.ln_2", layer.norm)
-        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.c_fc", layer.ffn.bias)
-        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.c_proj", layer.ffn.bias)
+        layer = s.layer(i)
+        qkv: Fuse = "copy" if layer.attention.n_kv_heads == 1 else "neox_qkv"
+        yield from _fused_qkv_layer(f"decoder.layers.{i}", f"transformer.h.{i}", layer, names, qkv)
     yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
     yield from _lm_head(spec)
 
@@ -581,16 +592,10 @@ def _phi3(spec: ModelSpec) -> Iterator[Rule]:
 def _gpt_neox(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("gpt_neox.embed_in.weight",))
+    names = ("input_layernorm", "attention.query_key_value", "attention.dense", "post_attention_layernorm",
+             "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
     for i in range(s.n_layers):
-        o, t, layer = f"decoder.layers.{i}", f"gpt_neox.layers.{i}", s.layer(i)
-        att = layer.attention
-        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
-        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.attention.query_key_value", att.bias,
-                           "neox_qkv", (att.n_heads, att.head_dim))
-        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.attention.dense", att.bias)
-        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
-        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.dense_h_to_4h", layer.ffn.bias)
-        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.dense_4h_to_h", layer.ffn.bias)
+        yield from _fused_qkv_layer(f"decoder.layers.{i}", f"gpt_neox.layers.{i}", s.layer(i), names)
     yield from _norm("decoder.final_norm", "gpt_neox.final_layer_norm", s.norm)
     yield from _lm_head(spec)
 
@@ -599,16 +604,11 @@ def _bloom(spec: ModelSpec) -> Iterator[Rule]:
     s = spec.decoder
     yield Rule("embed.tokens.weight", ("transformer.word_embeddings.weight",))
     yield from _norm("embed.norm", "transformer.word_embeddings_layernorm", spec.embedding.norm)
+    # q/k/v rows per head, (H, 3, Dh), as GPT-NeoX's
+    names = ("input_layernorm", "self_attention.query_key_value", "self_attention.dense",
+             "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
     for i in range(s.n_layers):
-        o, t, layer = f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i)
-        att = layer.attention
-        yield from _norm(f"{o}.attn_norm", f"{t}.input_layernorm", layer.norm)
-        yield from _linear(f"{o}.self_attn.qkv_proj", f"{t}.self_attention.query_key_value", att.bias,
-                           "neox_qkv", (att.n_heads, att.head_dim))  # rows per head: (H, 3, Dh), as GPT-NeoX
-        yield from _linear(f"{o}.self_attn.o_proj", f"{t}.self_attention.dense", att.bias)
-        yield from _norm(f"{o}.ffn_norm", f"{t}.post_attention_layernorm", layer.norm)
-        yield from _linear(f"{o}.ffn.up_proj", f"{t}.mlp.dense_h_to_4h", layer.ffn.bias)
-        yield from _linear(f"{o}.ffn.down_proj", f"{t}.mlp.dense_4h_to_h", layer.ffn.bias)
+        yield from _fused_qkv_layer(f"decoder.layers.{i}", f"transformer.h.{i}", s.layer(i), names)
     yield from _norm("decoder.final_norm", "transformer.ln_f", s.norm)
     yield from _lm_head(spec)
 

@@ -40,11 +40,13 @@ from specformer.components.dropout import dropout as apply_dropout
 from specformer.components.positional import apply_rotary
 from specformer.components.products import (
     Linear,
+    bf16_in_float32,
     in_functorch_transform,
     measured_faster,
     measurement,
     mm_nt,
     onednn_is_faster,
+    rounded_to_bf16,
 )
 from specformer.registry import REGISTRY
 
@@ -77,6 +79,11 @@ def sdpa_attention(
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention through torch's fused ``scaled_dot_product_attention``; returns (out, None)."""
+    if q.is_floating_point() and bf16_in_float32(q, k, v):
+        q, k, v, mask = _rounded(q, k, v, mask)
+        with torch.autocast("cpu", enabled=False):
+            out, _ = sdpa_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout)
+        return out.to(torch.bfloat16), None
     if mask is not None and mask.requires_grad:
         return _learned_bias_attention(q, k, v, mask, scale=scale, dropout=dropout), None
     if dropout == 0.0 and (mask is None or _pads_keys_only(mask, is_causal)):
@@ -709,6 +716,15 @@ def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, sc
     return torch.matmul(weights.to(v.dtype), v)
 
 
+def _rounded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
+    """Queries, keys and values rounded to bfloat16 and held in float32, and the mask in
+    float32 (a boolean one as it is): attention in float32 where bfloat16 products are slow
+    (:func:`specformer.components.products.bf16_in_float32`)."""
+    if mask is not None and mask.is_floating_point():
+        mask = mask.float()
+    return rounded_to_bf16(q), rounded_to_bf16(k), rounded_to_bf16(v), mask
+
+
 def eager_attention(
     q: Tensor,
     k: Tensor,
@@ -724,6 +740,12 @@ def eager_attention(
     """softmax(Q K^T * scale + mask) V written out (Vaswani et al. 2017, eq. 1); returns
     (out, weights (B, H, T, S)). ``softcap``: the scaled scores become cap * tanh(score /
     cap) before the mask (Gemma 2)."""
+    if q.is_floating_point() and bf16_in_float32(q, k, v):
+        with torch.autocast("cpu", enabled=False):
+            q, k, v, mask = _rounded(q, k, v, mask)
+            out, weights = eager_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout,
+                                           need_weights=need_weights, softcap=softcap)
+        return out.to(torch.bfloat16), weights.to(torch.bfloat16) if weights is not None else None
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
     scores = torch.matmul(q, k.transpose(-2, -1))  # (B, H, T, S)

@@ -25,7 +25,13 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from specformer.components.products import add_mm_nt_, in_functorch_transform, mm_nt
+from specformer.components.products import (
+    add_mm_nt_,
+    bf16_in_float32,
+    in_functorch_transform,
+    mm_nt,
+    rounded_to_bf16,
+)
 
 __all__ = ["linear_cross_entropy", "check_label_smoothing", "IGNORE_INDEX"]
 
@@ -75,6 +81,19 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _factors(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[torch.dtype, Tensor, Tensor, Tensor | None]:
+    """The dtype the loss's products run in and its factors in it: the compute dtype's, or,
+    for bfloat16 on a CPU without bfloat16 products, float32 holding the bfloat16-rounded
+    factors (:func:`specformer.components.products.bf16_in_float32`). Outside autocast."""
+    dtype = _compute_dtype(x)
+    if dtype == torch.bfloat16 and bf16_in_float32(x, weight):
+        with torch.autocast(x.device.type, enabled=False):
+            return (torch.float32, rounded_to_bf16(x), rounded_to_bf16(weight),
+                    rounded_to_bf16(bias) if bias is not None else None)
+    with torch.autocast(x.device.type, enabled=False):
+        return dtype, x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+
+
 # a target's probability below this gives its row's loss from the logits themselves: -log p
 # loses digits as p nears float32's smallest normal (1.2e-38), and is inf once p underflows
 _SMALLEST_TARGET_PROBABILITY = 1e-30
@@ -118,13 +137,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         smoothing: float,
         softcap: float | None,
     ) -> Tensor:
-        dtype = _compute_dtype(x)
         n = x.shape[0]
         need_x, need_w = x.requires_grad, weight.requires_grad
         need_b = bias is not None and bias.requires_grad
+        dtype, xc, wc, bc = _factors(x.detach(), weight.detach(), bias.detach() if bias is not None else None)
         with torch.autocast(x.device.type, enabled=False):
-            xc, wc = x.detach().to(dtype), weight.detach().to(dtype)
-            bc = bias.detach().to(dtype) if bias is not None else None
             acc = _loss_dtype(dtype)
             count = (labels != IGNORE_INDEX).sum().to(acc)
             scale = 1.0 / count.clamp(min=1.0)
@@ -275,17 +292,15 @@ def linear_cross_entropy(
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ) and not in_functorch_transform():  # torch.func transforms differentiate the chunks below
         return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing, softcap)
-    dtype = _compute_dtype(x)
+    dtype, xc, wc, bc = _factors(x, weight, bias)
     acc = _loss_dtype(dtype)
     n = x.shape[0]
     count = (labels != IGNORE_INDEX).sum()
     total = torch.zeros((), dtype=acc, device=x.device)
     with torch.autocast(x.device.type, enabled=False):
-        wc = weight.to(dtype)
-        bc = bias.to(dtype) if bias is not None else None
         step = _chunk_rows(n, vocab, weight.shape[1])
-        for _, (xs, ys) in _chunks(step, x, labels):
-            logits = mm_nt(xs.to(dtype), wc, bc).to(acc)
+        for _, (xs, ys) in _chunks(step, xc, labels):
+            logits = mm_nt(xs, wc, bc).to(acc)
             if softcap is not None:
                 logits = torch.tanh(logits / softcap) * softcap
             total = total + F.cross_entropy(

@@ -20,6 +20,17 @@ Both libraries compute in float32 (no reduced-precision internals); the sums may
 in another order, so results differ at float32 rounding.
 
 ``specformer.components.products.ONEDNN = False`` (or ``True``) decides without measuring.
+
+**bfloat16 autocast on a CPU without bfloat16 products.** Processors with AVX-512 BF16 or AMX
+multiply bfloat16 matrices at twice float32's speed or more; others (AVX2 alone: AMD Zen 2 and
+3, many Intel desktops and laptops) take a fallback in torch that is far slower than float32:
+on a 2-core AMD EPYC (Zen 3, AVX2) a (512 x 512) by (512 x 1408) ``F.linear`` ran at 16
+GFLOP/s in bfloat16 against 115 in float32, and ``bmm`` at 1.9 against 55. There, under
+bfloat16 autocast, specformer's linear layers, loss and attention compute their products in
+float32 on the bfloat16-rounded factors (what a bfloat16 kernel multiplies, summed in float32
+as its kernels sum) and round the result to bfloat16: autocast's dtypes, saved tensors and
+memory, at float32's speed. A measurement taken once per process (:func:`bf16_in_float32`)
+decides; ``BF16_IN_FLOAT32 = False`` (or ``True``) decides without measuring.
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ from torch.nn import functional as F
 
 __all__ = [
     "Linear", "linear", "mm_nt", "add_mm_nt_", "measurement", "measured_faster", "onednn_is_faster",
-    "in_functorch_transform", "ONEDNN", "MIN_ROWS",
+    "in_functorch_transform", "ONEDNN", "MIN_ROWS", "bf16_in_float32", "bf16_products_in_float32",
+    "rounded_to_bf16", "BF16_IN_FLOAT32",
 ]
 
 #: None: measure once (:func:`onednn_is_faster`); True or False: decided.
@@ -46,6 +58,11 @@ MIN_ROWS = 32
 ONEDNN_MARGIN = 0.85
 #: the product the measurement times: (rows, in, out), a small transformer layer's
 PROBE_SHAPE = (256, 512, 1536)
+#: None: measure once (:func:`bf16_products_in_float32`); True or False: decided.
+BF16_IN_FLOAT32: bool | None = None
+#: bfloat16 products go to float32 where float32's (with the casts) take at most this fraction
+#: of bfloat16's time: only where bfloat16 has no kernels of its own, not for a near tie
+BF16_MARGIN = 0.5
 
 
 def _pointwise(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -139,6 +156,47 @@ def _measured() -> bool:
         return False
 
 
+@measurement
+def _measured_bf16() -> bool:
+    m, k, n = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    with torch.no_grad():
+        return measured_faster(lambda: mm_nt(xb.float(), wb.float()).to(torch.bfloat16),
+                               lambda: F.linear(xb, wb), margin=BF16_MARGIN, rounds=3)
+
+
+def bf16_products_in_float32() -> bool:
+    """Whether this CPU's bfloat16 products are slower than float32 ones on the same
+    (rounded) factors, so that bfloat16 autocast's products run in float32 here:
+    :data:`BF16_IN_FLOAT32` if set, else measured once per process."""
+    return BF16_IN_FLOAT32 if BF16_IN_FLOAT32 is not None else _measured_bf16()
+
+
+def bf16_in_float32(*factors: Tensor) -> bool:
+    """Whether products of ``factors`` (on the CPU, under bfloat16 autocast or all bfloat16
+    themselves) are computed in float32 here (:func:`bf16_products_in_float32`); not inside
+    ``torch.func`` transforms, whose rules are torch's own kernels', nor while ``torch.compile``
+    traces (whose trace of autocast switched off inside an autograd function loses the
+    outer autocast)."""
+    x = factors[0]
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    if torch.is_autocast_enabled("cpu"):
+        if torch.get_autocast_dtype("cpu") != torch.bfloat16:
+            return False
+    elif any(f.dtype != torch.bfloat16 for f in factors):
+        return False
+    return not in_functorch_transform() and bf16_products_in_float32()
+
+
+def rounded_to_bf16(x: Tensor) -> Tensor:
+    """``x`` rounded to bfloat16 and held in float32: a bfloat16 kernel's factor, for a
+    float32 product."""
+    return x.to(torch.bfloat16).float()
+
+
 def onednn_is_faster() -> bool:
     """Whether float32 products go through oneDNN here: :data:`ONEDNN` if set, else measured
     once per process (a few milliseconds)."""
@@ -220,9 +278,56 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+class _Bf16InFloat32Linear(torch.autograd.Function):
+    """``F.linear`` under bfloat16 autocast, its products in float32 on the bfloat16-rounded
+    factors (:func:`bf16_in_float32`): the output in bfloat16, as autocast's; keeps what
+    autocast's ``F.linear`` keeps (the bfloat16 input and weight). The weight's gradient is
+    summed straight into float32, the dtype autocast would cast it back to."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        with torch.autocast("cpu", enabled=False):
+            xb, wb = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+            ctx.save_for_backward(xb if weight.requires_grad else None, wb if x.requires_grad else None)
+            ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+            return _bf16_linear_in_float32(xb, wb, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        xb, wb = ctx.saved_tensors
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        with torch.autocast("cpu", enabled=False):
+            rows = grad.float().reshape(-1, grad.shape[-1])  # (M, N)
+            grad_x = grad_w = grad_b = None
+            if ctx.needs_input_grad[0]:  # rounded to bfloat16 as autocast's product gives it
+                grad_x = mm_nt(rows, wb.float().t()).to(torch.bfloat16).to(x_dtype)
+                grad_x = grad_x.reshape(*grad.shape[:-1], -1)
+            if ctx.needs_input_grad[1]:
+                grad_w = mm_nt(rows.t(), xb.reshape(-1, xb.shape[-1]).float().t()).to(w_dtype)
+            if b_dtype is not None and ctx.needs_input_grad[2]:
+                grad_b = rows.sum(0).to(b_dtype)
+        return grad_x, grad_w, grad_b
+
+
+def _bf16_linear_in_float32(xb: Tensor, wb: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear`` of bfloat16 ``xb`` and ``wb`` (and a bias, rounded to bfloat16 as autocast
+    casts it) computed in float32, the result in bfloat16."""
+    b = rounded_to_bf16(bias) if bias is not None else None
+    return mm_nt(xb.reshape(-1, xb.shape[-1]).float(), wb.float(), b).to(torch.bfloat16).reshape(
+        *xb.shape[:-1], wb.shape[0])
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, through oneDNN where :func:`onednn_is_faster` and the
-    product qualifies (float32 on the CPU, at least ``MIN_ROWS`` rows, no autocast)."""
+    product qualifies (float32 on the CPU, at least ``MIN_ROWS`` rows, no autocast); under
+    bfloat16 autocast on a CPU without bfloat16 products, in float32 (:func:`bf16_in_float32`)."""
+    if x.dim() >= 2 and x.is_floating_point() and bf16_in_float32(x, weight):
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return _Bf16InFloat32Linear.apply(x, weight, bias)
+        with torch.autocast("cpu", enabled=False):
+            return _bf16_linear_in_float32(x.to(torch.bfloat16), weight.to(torch.bfloat16), bias)
     if not _takes_onednn(x, weight):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad

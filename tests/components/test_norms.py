@@ -166,11 +166,10 @@ def test_inference_transforms_and_other_dtypes_take_torchs_path(calls) -> None:
     assert calls == [] and grads.shape == (32,)
 
 
-def test_a_built_model_trains_through_the_cpu_kernels(calls) -> None:
+def test_a_built_model_trains_through_the_cpu_kernels(calls, tiny) -> None:
     from specformer.builder import build_model
-    from tests.components.conftest import make_tiny
 
-    model = build_model(make_tiny(stack={"norm": {"type": "rmsnorm"}})).train()
+    model = build_model(tiny(stack={"norm": {"type": "rmsnorm"}})).train()
     ids = torch.randint(0, 61, (2, 12))
     out = model(ids[:, :-1], labels=ids[:, 1:])
     out.loss.backward()

@@ -1,0 +1,185 @@
+"""bfloat16 autocast on a CPU without bfloat16 products: linear layers, the loss and attention
+compute in float32 on the bfloat16-rounded factors (specformer.components.products), with
+autocast's output dtypes, and values and gradients that equal a float64 computation on the
+same rounded factors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from specformer.builder import build_model
+from specformer.components import products
+from specformer.components.attention import eager_attention, sdpa_attention
+from specformer.components.loss import linear_cross_entropy
+from specformer.components.products import Linear, bf16_in_float32
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def in_float32(monkeypatch) -> None:
+    monkeypatch.setattr(products, "BF16_IN_FLOAT32", True)
+
+
+def _r(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to bfloat16, in float64 for the reference."""
+    return t.detach().to(BF16).double()
+
+
+def _autocast():
+    return torch.autocast("cpu", dtype=BF16)
+
+
+def test_the_path_is_taken_for_bf16_autocast_and_bf16_tensors_only(in_float32, monkeypatch) -> None:
+    x32, xb = torch.ones(2, 2), torch.ones(2, 2, dtype=BF16)
+    assert not bf16_in_float32(x32, x32)  # float32, no autocast
+    assert bf16_in_float32(xb, xb)  # bfloat16 tensors (bf16-true)
+    assert not bf16_in_float32(xb, x32)  # mixed, no autocast: torch's own rules
+    with _autocast():
+        assert bf16_in_float32(x32, x32)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not bf16_in_float32(x32, x32)
+    assert not bf16_in_float32(torch.ones(2, 2, dtype=BF16, device="meta"), xb)
+    monkeypatch.setattr(products, "BF16_IN_FLOAT32", False)
+    with _autocast():
+        assert not bf16_in_float32(x32, x32)
+
+
+def test_the_measurement_decides_where_unset(monkeypatch) -> None:
+    monkeypatch.setattr(products, "BF16_IN_FLOAT32", None)
+    products._measured_bf16.cache_clear()
+    answer = products.bf16_products_in_float32()
+    assert isinstance(answer, bool)
+    assert products.bf16_products_in_float32() is answer  # measured once
+    with _autocast():
+        assert bf16_in_float32(torch.ones(1)) is answer
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_linear_layer_gives_the_float64_product_of_the_rounded_factors(in_float32, bias) -> None:
+    torch.manual_seed(0)
+    layer = Linear(48, 40, bias=bias)
+    x = torch.randn(3, 37, 48, requires_grad=True)
+    with _autocast():
+        y = layer(x)
+    assert y.dtype == BF16
+    want = F.linear(_r(x), _r(layer.weight), _r(layer.bias) if bias else None)
+    torch.testing.assert_close(y.double(), want.to(BF16).double(), rtol=0, atol=0.01 * want.abs().max().item())
+    g = torch.randn_like(y)
+    y.backward(g)
+    gd = g.double()
+    assert x.grad.dtype == layer.weight.grad.dtype == torch.float32
+    want_x = gd @ _r(layer.weight)
+    torch.testing.assert_close(x.grad.double(), want_x, rtol=0.01, atol=0.01 * want_x.abs().max().item())
+    # the weight's gradient is summed in float32 and never rounded to bfloat16
+    want_w = gd.reshape(-1, 40).t() @ _r(x).reshape(-1, 48)
+    torch.testing.assert_close(layer.weight.grad.double(), want_w, rtol=1e-5, atol=1e-5 * want_w.abs().max().item())
+    if bias:
+        torch.testing.assert_close(layer.bias.grad.double(), gd.reshape(-1, 40).sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_a_linear_layer_agrees_with_torch_s_bf16_kernel(monkeypatch) -> None:
+    torch.manual_seed(0)
+    layer = Linear(64, 32)
+    x = torch.randn(2, 40, 64, requires_grad=True)
+    grads = []
+    for setting in (True, False):
+        monkeypatch.setattr(products, "BF16_IN_FLOAT32", setting)
+        x.grad = None
+        layer.zero_grad()
+        with _autocast():
+            y = layer(x)
+        y.float().square().sum().backward()
+        grads.append((y.float(), x.grad.clone(), layer.weight.grad.clone()))
+    for ours, torch_s in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, torch_s, rtol=0.02, atol=0.02 * torch_s.abs().max().item())
+
+
+def test_bf16_tensors_outside_autocast_keep_their_dtype(in_float32) -> None:
+    layer = Linear(16, 8).to(BF16)
+    x = torch.randn(4, 16, dtype=BF16, requires_grad=True)
+    y = layer(x)
+    y.float().sum().backward()
+    assert y.dtype == x.grad.dtype == layer.weight.grad.dtype == layer.bias.grad.dtype == BF16
+    torch.testing.assert_close(y.double(), F.linear(_r(x), _r(layer.weight), _r(layer.bias)).to(BF16).double())
+
+
+def test_the_loss_is_float32_cross_entropy_of_the_rounded_factors(in_float32) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(70, 24, requires_grad=True)
+    w = torch.randn(50, 24, requires_grad=True)
+    labels = torch.randint(0, 50, (70,))
+    labels[::7] = -100
+    with _autocast():
+        loss = linear_cross_entropy(x, w, None, labels)
+    loss.backward()
+    xr, wr = _r(x).requires_grad_(), _r(w).requires_grad_()
+    want = F.cross_entropy(xr @ wr.t(), labels, ignore_index=-100)
+    want.backward()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.grad.double(), wr.grad, rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), _autocast():  # evaluation: the same value
+        torch.testing.assert_close(linear_cross_entropy(x, w, None, labels).double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", [sdpa_attention, eager_attention])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_is_float32_attention_of_the_rounded_inputs(in_float32, backend, causal) -> None:
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 24, 16, dtype=BF16, requires_grad=True)
+    k = torch.randn(2, 2, 24, 16, dtype=BF16, requires_grad=True)
+    v = torch.randn(2, 2, 24, 16, dtype=BF16, requires_grad=True)
+    with _autocast():
+        out, _ = backend(q, k, v, mask=None, is_causal=causal, scale=0.25, dropout=0.0)
+    assert out.dtype == BF16
+    out.float().square().sum().backward()
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(refs[0], refs[1], refs[2], is_causal=causal, scale=0.25, enable_gqa=True)
+    torch.testing.assert_close(out.double(), want.to(BF16).double(), rtol=0, atol=0.02)
+    want.to(BF16).double().square().sum().backward()
+    for got, ref in zip((q, k, v), refs, strict=True):
+        assert got.grad.dtype == BF16
+        torch.testing.assert_close(got.grad.double(), ref.grad, rtol=0.02, atol=0.02 * ref.grad.abs().max().item())
+
+
+def test_a_causal_model_trains_under_autocast_with_torch_s_gradients(monkeypatch, tiny) -> None:
+    """A whole decoder under bf16 autocast: no position reads a later one, and loss and
+    gradients agree with torch's bfloat16 kernels within bfloat16's rounding."""
+    spec = tiny("decoder")
+    torch.manual_seed(0)
+    model = build_model(spec)
+    ids = torch.randint(0, 61, (2, 20))
+    results = []
+    for setting in (True, False):
+        monkeypatch.setattr(products, "BF16_IN_FLOAT32", setting)
+        model.zero_grad(set_to_none=True)
+        with _autocast():
+            loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (ours, ours_g), (native, native_g) = results
+    torch.testing.assert_close(ours, native, rtol=0.01, atol=0.01)
+    for a, b in zip(ours_g, native_g, strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0.1, atol=0.05 * b.abs().max().item() + 1e-4)
+    monkeypatch.setattr(products, "BF16_IN_FLOAT32", True)
+    with torch.no_grad(), _autocast():
+        changed = ids.clone()
+        changed[:, 10:] = (changed[:, 10:] + 1) % 61
+        a, b = model(ids).logits, model(changed).logits
+    assert torch.equal(a[:, :10], b[:, :10])  # the causal mask holds
+    assert not torch.equal(a[:, 10:], b[:, 10:])
+
+
+def test_compiled_code_keeps_torch_s_bfloat16_kernels(in_float32) -> None:
+    def decision(x: torch.Tensor) -> torch.Tensor:
+        return torch.ones(()) if bf16_in_float32(x) else torch.zeros(())
+
+    x = torch.ones(2, 2)
+    with _autocast():
+        assert decision(x).item() == 1.0
+        assert torch.compile(decision, fullgraph=True)(x).item() == 0.0

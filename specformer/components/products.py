@@ -28,8 +28,9 @@ on a 2-core AMD EPYC (Zen 3, AVX2) a (512 x 512) by (512 x 1408) ``F.linear`` ra
 GFLOP/s in bfloat16 against 115 in float32, and ``bmm`` at 1.9 against 55. There, under
 bfloat16 autocast, specformer's linear layers, loss and attention compute their products in
 float32 on the bfloat16-rounded factors (what a bfloat16 kernel multiplies, summed in float32
-as its kernels sum) and round the result to bfloat16: autocast's dtypes, saved tensors and
-memory, at float32's speed. A measurement taken once per process (:func:`bf16_in_float32`)
+as its kernels sum) and round the result to bfloat16: autocast's dtypes (and, in the linear
+layers, its saved tensors), at float32's speed; attention keeps its queries, keys and values
+in float32. A measurement taken once per process (:func:`bf16_in_float32`)
 decides; ``BF16_IN_FLOAT32 = False`` (or ``True``) decides without measuring.
 """
 

@@ -741,8 +741,8 @@ def eager_attention(
     (out, weights (B, H, T, S)). ``softcap``: the scaled scores become cap * tanh(score /
     cap) before the mask (Gemma 2)."""
     if q.is_floating_point() and bf16_in_float32(q, k, v):
+        q, k, v, mask = _rounded(q, k, v, mask)
         with torch.autocast("cpu", enabled=False):
-            q, k, v, mask = _rounded(q, k, v, mask)
             out, weights = eager_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout,
                                            need_weights=need_weights, softcap=softcap)
         return out.to(torch.bfloat16), weights.to(torch.bfloat16) if weights is not None else None

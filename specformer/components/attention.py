@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,6 +41,7 @@ from specformer.components.positional import apply_rotary
 from specformer.components.products import (
     Linear,
     bf16_in_float32,
+    float32_matmul,
     in_functorch_transform,
     measured_faster,
     measurement,
@@ -82,7 +83,10 @@ def sdpa_attention(
     if q.is_floating_point() and bf16_in_float32(q, k, v):
         q, k, v, mask = _rounded(q, k, v, mask)
         with torch.autocast("cpu", enabled=False):
-            out, _ = sdpa_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout)
+            if torch.compiler.is_compiling():
+                out = _compiled_sdpa_in_float32(q, k, v, mask, is_causal=is_causal, scale=scale, dropout=dropout)
+            else:
+                out, _ = sdpa_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout)
         return out.to(torch.bfloat16), None
     if mask is not None and mask.requires_grad:
         return _learned_bias_attention(q, k, v, mask, scale=scale, dropout=dropout), None
@@ -700,7 +704,8 @@ def cpu_matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, sc
         return _MatmulAttention.apply(q, k, v, padding, is_causal, scale, block)
 
 
-def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float, dropout: float) -> Tensor:
+def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float, dropout: float,
+                            matmul: Callable[[Tensor, Tensor], Tensor] = torch.matmul) -> Tensor:
     """softmax(Q K^T * scale + bias) V for an additive bias that is being trained (T5's
     relative-position table). torch's fused kernels give no gradient for ``attn_mask``, so
     SDPA would run its math kernel here anyway; this is the same math without that
@@ -710,10 +715,24 @@ def _learned_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, sc
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
     if scale != 1.0:
         q = q * scale
-    weights = (torch.matmul(q, k.transpose(-2, -1)) + bias).softmax(dim=-1)  # (B, H, T, S)
+    weights = (matmul(q, k.transpose(-2, -1)) + bias).softmax(dim=-1)  # (B, H, T, S)
     if dropout > 0.0:
         weights = apply_dropout(weights, p=dropout)
-    return torch.matmul(weights.to(v.dtype), v)
+    return matmul(weights.to(v.dtype), v)
+
+
+def _compiled_sdpa_in_float32(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, is_causal: bool,
+                              scale: float, dropout: float) -> Tensor:
+    """:func:`sdpa_attention` of float32 ``q``, ``k``, ``v`` with autocast switched off inside
+    its caller's bfloat16 autocast, while ``torch.compile`` traces: the compiled backward pass
+    runs under the outer autocast, so every product here is one that autocast leaves in
+    float32 there: SDPA's fused kernel (its backward is an operation of its own), or for a
+    trained bias :func:`specformer.components.products.float32_matmul`."""
+    if mask is not None and mask.requires_grad:
+        return _learned_bias_attention(q, k, v, mask, scale=scale, dropout=dropout, matmul=float32_matmul)
+    groups = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
+                                          scale=scale, enable_gqa=groups > 1)
 
 
 def _rounded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
@@ -742,13 +761,19 @@ def eager_attention(
     cap) before the mask (Gemma 2)."""
     if q.is_floating_point() and bf16_in_float32(q, k, v):
         q, k, v, mask = _rounded(q, k, v, mask)
-        with torch.autocast("cpu", enabled=False):
-            out, weights = eager_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout,
-                                           need_weights=need_weights, softcap=softcap)
-        return out.to(torch.bfloat16), weights.to(torch.bfloat16) if weights is not None else None
+        with torch.autocast("cpu", enabled=False):  # while compiling, products autocast leaves in float32
+            out, weights = _eager_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout,
+                                            softcap=softcap, matmul=float32_matmul)
+        return out.to(torch.bfloat16), weights.to(torch.bfloat16)
+    return _eager_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout=dropout, softcap=softcap)
+
+
+def _eager_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
+                     dropout: float, softcap: float | None,
+                     matmul: Callable[[Tensor, Tensor], Tensor] = torch.matmul) -> tuple[Tensor, Tensor]:
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, S, Dh)
-    scores = torch.matmul(q, k.transpose(-2, -1))  # (B, H, T, S)
+    scores = matmul(q, k.transpose(-2, -1))  # (B, H, T, S)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # softmax in >= float32
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -763,7 +788,7 @@ def eager_attention(
             scores = scores + mask.to(scores.dtype)
     weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S)
     weights = apply_dropout(weights, p=dropout) if dropout > 0.0 else weights
-    return torch.matmul(weights, v), weights  # (B, H, T, Dh)
+    return matmul(weights, v), weights  # (B, H, T, Dh)
 
 
 BACKENDS = {"sdpa": sdpa_attention, "eager": eager_attention}

@@ -48,7 +48,7 @@ from torch.nn import functional as F
 __all__ = [
     "Linear", "linear", "mm_nt", "add_mm_nt_", "measurement", "measured_faster", "onednn_is_faster",
     "in_functorch_transform", "ONEDNN", "MIN_ROWS", "bf16_in_float32", "bf16_products_in_float32",
-    "rounded_to_bf16", "BF16_IN_FLOAT32",
+    "rounded_to_bf16", "product_in_float32", "float32_matmul", "BF16_IN_FLOAT32",
 ]
 
 #: None: measure once (:func:`onednn_is_faster`); True or False: decided.
@@ -178,11 +178,9 @@ def bf16_products_in_float32() -> bool:
 def bf16_in_float32(*factors: Tensor) -> bool:
     """Whether products of ``factors`` (on the CPU, under bfloat16 autocast or all bfloat16
     themselves) are computed in float32 here (:func:`bf16_products_in_float32`); not inside
-    ``torch.func`` transforms, whose rules are torch's own kernels', nor while ``torch.compile``
-    traces (whose trace of autocast switched off inside an autograd function loses the
-    outer autocast)."""
+    ``torch.func`` transforms, whose rules are torch's own kernels'."""
     x = factors[0]
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
+    if x.device.type != "cpu":
         return False
     if torch.is_autocast_enabled("cpu"):
         if torch.get_autocast_dtype("cpu") != torch.bfloat16:
@@ -283,40 +281,105 @@ class _Bf16InFloat32Linear(torch.autograd.Function):
     """``F.linear`` under bfloat16 autocast, its products in float32 on the bfloat16-rounded
     factors (:func:`bf16_in_float32`): the output in bfloat16, as autocast's; keeps what
     autocast's ``F.linear`` keeps (the bfloat16 input and weight). The weight's gradient is
-    summed straight into float32, the dtype autocast would cast it back to."""
+    summed straight into float32, the dtype autocast would cast it back to. Switches autocast
+    off only inside its products (:func:`product_in_float32`): ``torch.compile`` traces the
+    rest as it is."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
-        with torch.autocast("cpu", enabled=False):
-            xb, wb = x.to(torch.bfloat16), weight.to(torch.bfloat16)
-            ctx.save_for_backward(xb if weight.requires_grad else None, wb if x.requires_grad else None)
-            ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
-            return _bf16_linear_in_float32(xb, wb, bias)
+        xb, wb = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+        ctx.save_for_backward(xb if weight.requires_grad else None, wb if x.requires_grad else None)
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        return _bf16_linear_in_float32(xb, wb, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         xb, wb = ctx.saved_tensors
         x_dtype, w_dtype, b_dtype = ctx.dtypes
-        with torch.autocast("cpu", enabled=False):
-            rows = grad.float().reshape(-1, grad.shape[-1])  # (M, N)
-            grad_x = grad_w = grad_b = None
-            if ctx.needs_input_grad[0]:  # rounded to bfloat16 as autocast's product gives it
-                grad_x = mm_nt(rows, wb.float().t()).to(torch.bfloat16).to(x_dtype)
-                grad_x = grad_x.reshape(*grad.shape[:-1], -1)
-            if ctx.needs_input_grad[1]:
-                grad_w = mm_nt(rows.t(), xb.reshape(-1, xb.shape[-1]).float().t()).to(w_dtype)
-            if b_dtype is not None and ctx.needs_input_grad[2]:
-                grad_b = rows.sum(0).to(b_dtype)
+        rows = grad.reshape(-1, grad.shape[-1]).float()  # (M, N), converted once for both products
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # rounded to bfloat16 as autocast's product gives it
+            grad_x = product_in_float32(rows, wb.t()).to(x_dtype).reshape(*grad.shape[:-1], -1)
+        if ctx.needs_input_grad[1]:
+            grad_w = product_in_float32(rows.t(), xb.reshape(-1, xb.shape[-1]).t(), bf16_out=False).to(w_dtype)
+        if b_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = rows.sum(0).to(b_dtype)
         return grad_x, grad_w, grad_b
 
 
 def _bf16_linear_in_float32(xb: Tensor, wb: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear`` of bfloat16 ``xb`` and ``wb`` (and a bias, rounded to bfloat16 as autocast
     casts it) computed in float32, the result in bfloat16."""
-    b = rounded_to_bf16(bias) if bias is not None else None
-    return mm_nt(xb.reshape(-1, xb.shape[-1]).float(), wb.float(), b).to(torch.bfloat16).reshape(
-        *xb.shape[:-1], wb.shape[0])
+    return product_in_float32(xb.reshape(-1, xb.shape[-1]), wb, bias).reshape(*xb.shape[:-1], wb.shape[0])
+
+
+def _product_in_float32(a: Tensor, b: Tensor, bias: Tensor | None, bf16_out: bool) -> Tensor:
+    with torch.autocast("cpu", enabled=False):
+        out = mm_nt(a.float(), b.float(), rounded_to_bf16(bias) if bias is not None else None)
+    return out.to(torch.bfloat16) if bf16_out else out
+
+
+@torch.library.custom_op("specformer::product_in_float32", mutates_args=(),
+                         schema="(Tensor a, Tensor b, Tensor? bias, bool bf16_out) -> Tensor")
+def _compiled_product_in_float32(a: Tensor, b: Tensor, bias: Tensor | None, bf16_out: bool) -> Tensor:
+    """:func:`product_in_float32` as ``torch.compile`` sees it: one opaque operation, which
+    autocast leaves alone. Traced as plain operations, autocast switched off inside a compiled
+    region does not reach the backward pass (its products would run in bfloat16 there), and
+    inductor drops a round trip through bfloat16 (the rounding of the factors)."""
+    return _product_in_float32(a, b, bias, bf16_out)
+
+
+@_compiled_product_in_float32.register_fake
+def _(a: Tensor, b: Tensor, bias: Tensor | None, bf16_out: bool) -> Tensor:
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16 if bf16_out else torch.float32)
+
+
+def product_in_float32(a: Tensor, b: Tensor, bias: Tensor | None = None, *, bf16_out: bool = True) -> Tensor:
+    """``a @ b.T (+ bias)`` of (M, K) ``a`` and (N, K) ``b``, bfloat16 or float32 holding
+    bfloat16 values (any strides), computed in float32 with autocast off, outside autograd:
+    what a bfloat16 kernel computes, at float32's speed where bfloat16 has no kernels of its
+    own (:func:`bf16_in_float32`). The bias is rounded to bfloat16, as autocast casts it; the
+    result is rounded to bfloat16 unless ``bf16_out`` is False."""
+    if torch.compiler.is_compiling():
+        return _compiled_product_in_float32(a, b, bias, bf16_out)
+    return _product_in_float32(a, b, bias, bf16_out)
+
+
+@torch.library.custom_op("specformer::float32_matmul", mutates_args=())
+def _compiled_float32_matmul(a: Tensor, b: Tensor) -> Tensor:
+    with torch.autocast("cpu", enabled=False):
+        return torch.matmul(a, b)
+
+
+@_compiled_float32_matmul.register_fake
+def _(a: Tensor, b: Tensor) -> Tensor:
+    return a.new_empty((*a.shape[:-1], b.shape[-1]))
+
+
+def _float32_matmul_setup(ctx, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(*inputs)
+
+
+def _float32_matmul_grad(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # type: ignore[no-untyped-def]
+    a, b = ctx.saved_tensors
+    grad_a = _compiled_float32_matmul(grad, b.transpose(-2, -1)) if ctx.needs_input_grad[0] else None
+    grad_b = _compiled_float32_matmul(a.transpose(-2, -1), grad) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b
+
+
+_compiled_float32_matmul.register_autograd(_float32_matmul_grad, setup_context=_float32_matmul_setup)
+
+
+def float32_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``torch.matmul`` of float32 (..., M, K) ``a`` and (..., K, N) ``b`` (the same batch
+    shape) inside a region where autocast is switched off, its backward pass too: while
+    ``torch.compile`` traces, one operation with its own gradient (autocast switched off inside
+    a compiled region does not reach the backward pass, whose products would run in bfloat16
+    there); otherwise ``torch.matmul`` itself."""
+    if torch.compiler.is_compiling() and a.shape[:-2] == b.shape[:-2]:
+        return _compiled_float32_matmul(a, b)
+    return torch.matmul(a, b)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -327,8 +390,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad)):
             return _Bf16InFloat32Linear.apply(x, weight, bias)
-        with torch.autocast("cpu", enabled=False):
-            return _bf16_linear_in_float32(x.to(torch.bfloat16), weight.to(torch.bfloat16), bias)
+        return _bf16_linear_in_float32(x.to(torch.bfloat16), weight.to(torch.bfloat16), bias)
     if not _takes_onednn(x, weight):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad

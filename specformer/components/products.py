@@ -31,7 +31,10 @@ float32 on the bfloat16-rounded factors (what a bfloat16 kernel multiplies, summ
 as its kernels sum) and round the result to bfloat16: autocast's dtypes (and, in the linear
 layers, its saved tensors), at float32's speed; attention keeps its queries, keys and values
 in float32. A measurement taken once per process (:func:`bf16_in_float32`)
-decides; ``BF16_IN_FLOAT32 = False`` (or ``True``) decides without measuring.
+decides; ``BF16_IN_FLOAT32 = False`` (or ``True``) decides without measuring. Under
+``torch.compile`` these products are operations autocast leaves alone
+(``specformer::product_in_float32``, ``specformer::float32_matmul``): autocast switched off
+inside a compiled region does not reach the compiled backward pass.
 """
 
 from __future__ import annotations

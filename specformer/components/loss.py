@@ -84,14 +84,13 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 def _factors(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[torch.dtype, Tensor, Tensor, Tensor | None]:
     """The dtype the loss's products run in and its factors in it: the compute dtype's, or,
     for bfloat16 on a CPU without bfloat16 products, float32 holding the bfloat16-rounded
-    factors (:func:`specformer.components.products.bf16_in_float32`). Outside autocast."""
+    factors (:func:`specformer.components.products.bf16_in_float32`). (Casts, which autocast
+    leaves as they are.)"""
     dtype = _compute_dtype(x)
     if dtype == torch.bfloat16 and bf16_in_float32(x, weight):
-        with torch.autocast(x.device.type, enabled=False):
-            return (torch.float32, rounded_to_bf16(x), rounded_to_bf16(weight),
-                    rounded_to_bf16(bias) if bias is not None else None)
-    with torch.autocast(x.device.type, enabled=False):
-        return dtype, x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+        return (torch.float32, rounded_to_bf16(x), rounded_to_bf16(weight),
+                rounded_to_bf16(bias) if bias is not None else None)
+    return dtype, x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
 
 
 # a target's probability below this gives its row's loss from the logits themselves: -log p

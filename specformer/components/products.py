@@ -389,6 +389,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, through oneDNN where :func:`onednn_is_faster` and the
     product qualifies (float32 on the CPU, at least ``MIN_ROWS`` rows, no autocast); under
     bfloat16 autocast on a CPU without bfloat16 products, in float32 (:func:`bf16_in_float32`)."""
+    if x.dtype == torch.float32 and x.dim() and not torch.is_autocast_enabled("cpu") and x.numel() < MIN_ROWS * x.shape[-1]:
+        # a few float32 rows outside CPU autocast (a decoding step): neither path below applies,
+        # and their checks would cost more than a small product
+        return F.linear(x, weight, bias)
     if x.dim() >= 2 and x.is_floating_point() and bf16_in_float32(x, weight):
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad)):

@@ -97,6 +97,33 @@ def test_a_linear_layer_agrees_with_torch_s_bf16_kernel(monkeypatch) -> None:
         torch.testing.assert_close(ours, torch_s, rtol=0.02, atol=0.02 * torch_s.abs().max().item())
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_decoding_step_s_few_rows_take_the_path_too(in_float32, rows) -> None:
+    """A step of decoding under autocast (a few rows, no gradient): the float32 product of the
+    rounded factors, not torch's bfloat16 kernel."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dtypes: list[tuple[torch.dtype, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if func.__name__.split(".")[0] in ("mm", "addmm", "linear", "bmm", "baddbmm"):
+                self.dtypes.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    layer = Linear(48, 40)
+    x = torch.randn(1, rows, 48)
+    with torch.no_grad(), _autocast(), Products() as seen:
+        y = layer(x)
+    assert y.dtype == BF16
+    assert seen.dtypes and all(BF16 not in dtypes for dtypes in seen.dtypes)
+    want = F.linear(_r(x), _r(layer.weight), _r(layer.bias))
+    torch.testing.assert_close(y.double(), want.to(BF16).double(), rtol=0, atol=0.01 * want.abs().max().item())
+
+
 def test_bf16_tensors_outside_autocast_keep_their_dtype(in_float32) -> None:
     layer = Linear(16, 8).to(BF16)
     x = torch.randn(4, 16, dtype=BF16, requires_grad=True)
@@ -193,7 +220,9 @@ def _dtype_recording_backend() -> tuple[object, list[tuple[str, tuple[torch.dtyp
     return aot_autograd(fw_compiler=record, bw_compiler=record), seen
 
 
-_TORCH_PRODUCTS = ("aten.mm", "aten.bmm", "aten.addmm", "aten.baddbmm", "aten._scaled_dot_product")
+# torch's products, and oneDNN's float32 one where a measurement found it faster than MKL's
+_TORCH_PRODUCTS = ("aten.mm", "aten.bmm", "aten.addmm", "aten.baddbmm", "aten._scaled_dot_product",
+                   "specformer.onednn_linear")
 
 
 @pytest.mark.parametrize("model", ["rope-sdpa", "rope-eager", "t5-bias"])

@@ -62,6 +62,11 @@ MIN_ROWS = 32
 ONEDNN_MARGIN = 0.85
 #: the product the measurement times: (rows, in, out), a small transformer layer's
 PROBE_SHAPE = (256, 512, 1536)
+#: and, where oneDNN is the faster there, a larger one: oneDNN is taken where it is faster at
+#: both. On an AMD Zen 5 it is twice as fast at both; on a Zen 3 the two libraries tie (oneDNN
+#: 0.9-1.1x as fast), so one timing alone now and then chose oneDNN, which is slower there at
+#: the products of a prompt or a larger layer (2,048 rows: 114 against 125 GFLOP/s)
+PROBE_SHAPE_LARGER = (512, 768, 2048)
 #: None: measure once (:func:`bf16_products_in_float32`); True or False: decided.
 BF16_IN_FLOAT32: bool | None = None
 #: bfloat16 products go to float32 where float32's (with the casts) take at most this fraction
@@ -148,16 +153,22 @@ def _measured() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        m, k, n = PROBE_SHAPE
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
-        with torch.no_grad():
-            if not torch.allclose(_pointwise(x, w), x @ w.t(), rtol=1e-4, atol=1e-3):
-                return False
-            return measured_faster(lambda: _pointwise(x, w), lambda: torch.mm(x, w.t()),
-                                   margin=ONEDNN_MARGIN, calls=3)
+        return _onednn_faster_at(PROBE_SHAPE, calls=3) and _onednn_faster_at(PROBE_SHAPE_LARGER, calls=1, rounds=3)
     except (RuntimeError, AttributeError):  # a torch built without the op
         return False
+
+
+def _onednn_faster_at(shape: tuple[int, int, int], *, calls: int, rounds: int = 5) -> bool:
+    """Whether oneDNN's product of (rows, in, out) ``shape`` is right and takes at most
+    ``ONEDNN_MARGIN`` of ``mm``'s time here."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    with torch.no_grad():
+        if not torch.allclose(_pointwise(x, w), x @ w.t(), rtol=1e-4, atol=1e-3):
+            return False
+        return measured_faster(lambda: _pointwise(x, w), lambda: torch.mm(x, w.t()),
+                               margin=ONEDNN_MARGIN, calls=calls, rounds=rounds)
 
 
 @measurement
@@ -201,7 +212,7 @@ def rounded_to_bf16(x: Tensor) -> Tensor:
 
 def onednn_is_faster() -> bool:
     """Whether float32 products go through oneDNN here: :data:`ONEDNN` if set, else measured
-    once per process (a few milliseconds)."""
+    once per process (:func:`_onednn_faster_at` at ``PROBE_SHAPE``, then at ``PROBE_SHAPE_LARGER``)."""
     return ONEDNN if ONEDNN is not None else _measured()
 
 

@@ -145,6 +145,26 @@ def test_the_measurement_decides_once_and_a_setting_overrides_it(monkeypatch) ->
         assert products.onednn_is_faster() is setting
 
 
+@pytest.mark.parametrize(("small", "larger"), [(True, True), (True, False), (False, True)])
+def test_onednn_is_taken_only_where_faster_at_a_small_and_a_larger_product(monkeypatch, small, larger) -> None:
+    # a near tie at the small product (an AMD Zen 3) must not send a prompt's products to a slower library
+    faster = {products.PROBE_SHAPE: small, products.PROBE_SHAPE_LARGER: larger}
+    timed: list[tuple[int, int, int]] = []
+
+    def faster_at(shape: tuple[int, int, int], *, calls: int, rounds: int = 5) -> bool:
+        timed.append(shape)
+        return faster[shape]
+
+    monkeypatch.setattr(products, "_onednn_faster_at", faster_at)
+    monkeypatch.setattr(products, "ONEDNN", None)
+    products._measured.cache_clear()
+    try:
+        assert products.onednn_is_faster() is (small and larger)
+    finally:
+        products._measured.cache_clear()
+    assert timed == ([products.PROBE_SHAPE, products.PROBE_SHAPE_LARGER] if small else [products.PROBE_SHAPE])
+
+
 def test_a_flop_counter_counts_the_products_as_torch_s_own(onednn) -> None:
     # FlopCounterMode has no formula for oneDNN's product: under it, the products stay mm
     from torch.utils.flop_counter import FlopCounterMode

@@ -10,7 +10,8 @@ So the linear layers of a specformer model (:class:`Linear`, an ``nn.Linear`` wi
 parameters and state-dict names) and the chunked loss's products go through oneDNN's
 ``mkldnn::_linear_pointwise``, forward and backward, where a measurement taken once per
 process (:func:`onednn_is_faster`) finds it at least ``1 / ONEDNN_MARGIN`` times as fast as
-``mm`` on this machine; elsewhere (MKL on Intel processors is as fast) nothing changes. Only
+``mm`` on this machine, at a small layer's product and a larger one's; elsewhere (MKL on Intel
+processors is as fast, and on an AMD Zen 3 they tie) nothing changes. Only
 float32 products of at least ``MIN_ROWS`` rows with a weight stored row after row or column
 after column, outside autocast and ``torch.func`` transforms: the one-row products of
 decoding keep their own layout (:mod:`specformer.components.layout`). ``torch.compile``

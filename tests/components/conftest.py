@@ -48,20 +48,24 @@ def tiny() -> Callable[..., ModelSpec]:
 
 
 class RecordedOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the names of the ATen operations run under it."""
+    """Records the names of the ATen operations run under it, and the dtypes of each one's
+    tensor arguments."""
 
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
+        self.dtypes: list[tuple[torch.dtype, ...]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.names.append(func.__name__)
+        self.dtypes.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
         return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture
 def recorded_ops() -> type[RecordedOps]:
-    """``with recorded_ops() as ops: ...``: ``ops.names``, the ATen operations run under it."""
+    """``with recorded_ops() as ops: ...``: ``ops.names``, the ATen operations run under it
+    (``ops.dtypes``, their tensor arguments' dtypes)."""
     return RecordedOps
 
 

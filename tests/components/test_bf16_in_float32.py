@@ -98,28 +98,18 @@ def test_a_linear_layer_agrees_with_torch_s_bf16_kernel(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 4])
-def test_a_decoding_step_s_few_rows_take_the_path_too(in_float32, rows) -> None:
+def test_a_decoding_step_s_few_rows_take_the_path_too(in_float32, recorded_ops, rows) -> None:
     """A step of decoding under autocast (a few rows, no gradient): the float32 product of the
     rounded factors, not torch's bfloat16 kernel."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Products(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.dtypes: list[tuple[torch.dtype, ...]] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            if func.__name__.split(".")[0] in ("mm", "addmm", "linear", "bmm", "baddbmm"):
-                self.dtypes.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
-            return func(*args, **(kwargs or {}))
-
     torch.manual_seed(0)
     layer = Linear(48, 40)
     x = torch.randn(1, rows, 48)
-    with torch.no_grad(), _autocast(), Products() as seen:
+    with torch.no_grad(), _autocast(), recorded_ops() as seen:
         y = layer(x)
     assert y.dtype == BF16
-    assert seen.dtypes and all(BF16 not in dtypes for dtypes in seen.dtypes)
+    products_run = [dtypes for name, dtypes in zip(seen.names, seen.dtypes, strict=True)
+                    if name.split(".")[0] in ("mm", "addmm", "linear", "bmm", "baddbmm")]
+    assert products_run and all(BF16 not in dtypes for dtypes in products_run)
     want = F.linear(_r(x), _r(layer.weight), _r(layer.bias))
     torch.testing.assert_close(y.double(), want.to(BF16).double(), rtol=0, atol=0.01 * want.abs().max().item())
 

@@ -215,7 +215,7 @@ def _matmul_block_rows(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool) -> i
     stays with SDPA: off the CPU, when no gradient is taken (inference), a causal query block
     with a cache offset, keys too many, outside bfloat16 (the inputs', or autocast's) and
     float32, or in float32 where the products would be too small (:func:`_float32_block_rows`)."""
-    if q.device.type != "cpu" or not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or q.device.type != "cpu":
         return 0
     if in_functorch_transform():  # torch.func.grad, vmap: the fused kernel has their rules
         return 0
@@ -876,7 +876,7 @@ class Attention(nn.Module):
             if kv is None:
                 if context is None:
                     raise ValueError("cross-attention needs the encoder output (context)")
-                k, v = self.kv_proj(context).split(self._sizes[1:], dim=-1)
+                k, v = self.kv_proj(context).split_with_sizes(self._sizes[1:], -1)
                 k = self._heads(self.k_norm(k) if whole else k, self.n_kv_heads)  # (B, Hkv, S, Dh)
                 v = self._heads(v, self.n_kv_heads)
                 if self.k_norm is not None and not whole:
@@ -890,7 +890,7 @@ class Attention(nn.Module):
         else:
             h, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
             if whole:
-                q, k, v = self.qkv_proj(x).split(self._sizes, dim=-1)  # (B, T, H Dh), (B, T, Hkv Dh) x 2
+                q, k, v = self.qkv_proj(x).split_with_sizes(self._sizes, -1)  # (B, T, H Dh), (B, T, Hkv Dh) x 2
                 q, k = self.q_norm(q).view(b, t, h, dh), self.k_norm(k).view(b, t, hkv, dh)
                 if rope is not None:
                     q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
@@ -898,18 +898,18 @@ class Attention(nn.Module):
             else:
                 qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)  # (B, T, H + 2 Hkv, Dh)
                 if self.q_norm is not None:
-                    q, k, v = qkv.split((h, hkv, hkv), dim=2)
+                    q, k, v = qkv.split_with_sizes((h, hkv, hkv), 2)
                     q, k = self.q_norm(q), self.k_norm(k)
                     if rope is not None:
                         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
                     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
                 elif rope is not None:
                     # queries and keys rotate together: one rotation over their H + Hkv heads
-                    qk, v = qkv.split((h + hkv, hkv), dim=2)
-                    q, k = apply_rotary(qk, *rope).transpose(1, 2).split((h, hkv), dim=1)
+                    qk, v = qkv.split_with_sizes((h + hkv, hkv), 2)
+                    q, k = apply_rotary(qk, *rope).transpose(1, 2).split_with_sizes((h, hkv), 1)
                     v = v.transpose(1, 2)
                 else:
-                    q, k, v = qkv.transpose(1, 2).split((h, hkv, hkv), dim=1)
+                    q, k, v = qkv.transpose(1, 2).split_with_sizes((h, hkv, hkv), 1)
             # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
             if v.requires_grad and (rope is not None or self.q_norm is not None):
                 # q and k are new tensors now; a view of v would keep the whole fused

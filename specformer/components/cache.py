@@ -137,11 +137,11 @@ class KVCache:
                 capacity = min(capacity, self.max_length)
             buf_k = self._grow(buf_k, k, capacity, 0, old)
             buf_v = self._grow(buf_v, v, capacity, 0, old)
-        buf_k[:, :, old : old + t] = k
-        buf_v[:, :, old : old + t] = v
+        buf_k.narrow(2, old, t).copy_(k)  # narrow: one operation where indexing takes three
+        buf_v.narrow(2, old, t).copy_(v)
         self._keys[layer], self._values[layer] = buf_k, buf_v
         self._lengths[layer], self._starts[layer], self._windows[layer] = old + t, 0, None
-        return buf_k[:, :, : old + t], buf_v[:, :, : old + t]
+        return buf_k.narrow(2, 0, old + t), buf_v.narrow(2, 0, old + t)
 
     def _update_window(self, layer: int, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor]:
         """:meth:`update` of a layer with a sliding window: a rolling buffer of at most

@@ -65,6 +65,12 @@ class RMSNorm(nn.RMSNorm):
         w = self.weight
         if w is not None and self.offset:
             w = w + self.offset  # float32 like the weight (Gemma adds it in float32 too)
+        if (not torch.is_grad_enabled() or not (x.requires_grad or (w is not None and w.requires_grad))) and (
+            w is None or x.dtype == w.dtype
+        ):
+            # no gradient and no mixed dtypes (a decoding step): torch's own path, checked first
+            # since the checks below cost more than a one-row norm's own operations
+            return torch.rms_norm(x, self.normalized_shape, w, self.eps)
         if (
             w is not None
             and x.device.type == "cpu"

@@ -195,14 +195,12 @@ def bf16_in_float32(*factors: Tensor) -> bool:
     themselves) are computed in float32 here (:func:`bf16_products_in_float32`); not inside
     ``torch.func`` transforms, whose rules are torch's own kernels'."""
     x = factors[0]
-    if x.device.type != "cpu":
-        return False
     if torch.is_autocast_enabled("cpu"):
         if torch.get_autocast_dtype("cpu") != torch.bfloat16:
             return False
-    elif any(f.dtype != torch.bfloat16 for f in factors):
+    elif x.dtype != torch.bfloat16 or any(f.dtype != torch.bfloat16 for f in factors):
         return False
-    return not in_functorch_transform() and bf16_products_in_float32()
+    return x.device.type == "cpu" and not in_functorch_transform() and bf16_products_in_float32()
 
 
 def rounded_to_bf16(x: Tensor) -> Tensor:

@@ -65,23 +65,18 @@ class RMSNorm(nn.RMSNorm):
         w = self.weight
         if w is not None and self.offset:
             w = w + self.offset  # float32 like the weight (Gemma adds it in float32 too)
-        if (not torch.is_grad_enabled() or not (x.requires_grad or (w is not None and w.requires_grad))) and (
-            w is None or x.dtype == w.dtype
-        ):
-            # no gradient and no mixed dtypes (a decoding step): torch's own path, checked first
-            # since the checks below cost more than a one-row norm's own operations
-            return torch.rms_norm(x, self.normalized_shape, w, self.eps)
         if (
             w is not None
+            # first, being the cheapest: without autograd torch's own path is as fast, and the checks
+            # below cost more than a decoding step's one-row norm; but torch's path warns on a
+            # bfloat16 input with a float32 weight
+            and ((torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)) or x.dtype != w.dtype)
             and x.device.type == "cpu"
             and x.dtype in _KERNEL_DTYPES
             and w.dtype in _KERNEL_DTYPES
             and len(self.normalized_shape) == 1
             and not torch.compiler.is_compiling()
             and not in_functorch_transform()
-            # without autograd torch's own path is as fast (a few microseconds less for the
-            # one-row steps of decoding), but it warns on a bfloat16 input with a float32 weight
-            and ((torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)) or x.dtype != w.dtype)
         ):
             eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
             return _RMSNormFunction.apply(x, w, eps)

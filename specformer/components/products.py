@@ -198,7 +198,7 @@ def bf16_in_float32(*factors: Tensor) -> bool:
     if torch.is_autocast_enabled("cpu"):
         if torch.get_autocast_dtype("cpu") != torch.bfloat16:
             return False
-    elif x.dtype != torch.bfloat16 or any(f.dtype != torch.bfloat16 for f in factors):
+    elif x.dtype != torch.bfloat16 or any(f.dtype != torch.bfloat16 for f in factors):  # x first: no generator
         return False
     return x.device.type == "cpu" and not in_functorch_transform() and bf16_products_in_float32()
 

@@ -582,6 +582,7 @@ class T5RelativeBias(Positional):
         self.bidirectional = not causal
         self.weight = nn.Parameter(torch.empty(spec.num_buckets, n_heads))  # (buckets, H)
         self._buckets: dict[torch.device, Tensor] = {}
+        self._reach: tuple[int, Tensor] | None = None  # (R, the bucket of each distance in [-R, R])
 
     def bucket_table(self, device: torch.device) -> Tensor:
         """The bucket of every distance in [-max_distance, max_distance] (index d + max_distance).
@@ -613,9 +614,17 @@ class T5RelativeBias(Positional):
         # The buckets come from a table made once (a decoding step would otherwise spend
         # a dozen small operations on them).
         t, tk = q_index.shape[0], k_index.shape[0]
-        distances = torch.arange(-(t - 1), tk, device=q_index.device) + (k_index[0] - q_index[0])  # (L,)
         m = self.max_distance
-        buckets = self.bucket_table(q_index.device)[distances.clamp(-m, m) + m]
+        if q_index.device.type == "cpu" and not torch.compiler.is_compiling():
+            # on a CPU, where reading the offset is no device sync: the L buckets are a slice
+            # of a row made once, not half a dozen operations on each decoded token (the bias
+            # of one query over 100 keys: 81 -> 30 µs on a 2-core AMD EPYC)
+            offset = int(k_index[0]) - int(q_index[0])
+            reach, row = self._distance_buckets(max(t - 1 - offset, tk - 1 + offset, 0))
+            buckets = row[reach + offset - (t - 1): reach + offset + tk]  # (L,)
+        else:
+            distances = torch.arange(-(t - 1), tk, device=q_index.device) + (k_index[0] - q_index[0])  # (L,)
+            buckets = self.bucket_table(q_index.device)[distances.clamp(-m, m) + m]
         table = nn.functional.embedding(buckets, self.weight).to(dtype).t()  # (H, L)
         if torch.compiler.is_compiling():
             # unfold makes T and Tk constants of the graph (a new graph whenever a batch's length
@@ -623,7 +632,23 @@ class T5RelativeBias(Positional):
             j = torch.arange(tk, device=q_index.device)
             i = torch.arange(t - 1, -1, -1, device=q_index.device)
             return table[:, i.unsqueeze(1) + j].unsqueeze(0)  # (1, H, T, Tk)
+        if t == 1:
+            return table[None, :, None, :]  # (1, H, 1, Tk): one query's row, as unfold's
         return table.unfold(1, tk, 1).flip(1).unsqueeze(0)  # (1, H, T, Tk)
+
+    def _distance_buckets(self, reach: int) -> tuple[int, Tensor]:
+        """(R, row): the bucket of each distance d in [-R, R] at ``row[R + d]``, on the CPU,
+        R ≥ ``reach``; made again, twice as long, when a longer reach is asked (a decoding's
+        growing one remakes it log(length) times). Made outside inference mode: a row made
+        in it (a validation loop's) would make every later bias's buckets inference tensors,
+        which a training step's embedding cannot save for its backward pass."""
+        if self._reach is None or self._reach[0] < reach:
+            r = max(reach, 2 * self._reach[0] if self._reach is not None else 0, self.max_distance)
+            m = self.max_distance
+            with torch.inference_mode(False):
+                distances = torch.arange(-r, r + 1).clamp_(-m, m).add_(m)
+                self._reach = (r, self.bucket_table(torch.device("cpu"))[distances])
+        return self._reach
 
     def init_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=std)

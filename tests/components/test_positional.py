@@ -135,6 +135,38 @@ def test_t5_bias_and_its_gradient_equal_the_pairwise_definition(
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_t5_bias_follows_a_growing_decoding_and_windowed_keys(causal: bool) -> None:
+    # one module through calls whose reach grows (a decoding, past the max distance), shrinks
+    # and starts its keys late (a sliding window's k_start): each equals the definition
+    spec = T5BiasSpec(num_buckets=8, max_distance=12)
+    mod = REGISTRY.build("positional", spec, n_heads=2, causal=causal)
+    mod.init_parameters(1.0)
+    calls = [(past, 1, 0) for past in range(0, 60, 7)] + [(0, 5, 0), (3, 4, 0), (40, 3, 30), (100, 1, 90),
+                                                          (250, 2, 0), (10, 1, 0)]
+    for past, t, k_start in calls:
+        q_index, k_index = torch.arange(past, past + t), torch.arange(k_start, past + t)
+        with torch.no_grad():
+            bias = mod.bias(q_index, k_index, dtype=torch.float64)
+        buckets = t5_relative_buckets(k_index[None, :] - q_index[:, None], bidirectional=not causal,
+                                      num_buckets=8, max_distance=12)  # (T, Tk)
+        assert torch.equal(bias[0], mod.weight.detach().double()[buckets].permute(2, 0, 1)), (past, t, k_start)
+
+
+def test_t5_bias_made_in_inference_mode_still_trains() -> None:
+    # a validation loop (Lightning's, in inference mode) before a training step: the tables
+    # it fills must not make the step's bias an inference tensor, which autograd cannot save
+    spec = T5BiasSpec(num_buckets=8, max_distance=12)
+    mod = REGISTRY.build("positional", spec, n_heads=2, causal=True)
+    mod.init_parameters(1.0)
+    with torch.inference_mode():
+        mod.bias(torch.arange(3, 4), torch.arange(4), dtype=torch.float32)
+        mod.bias(torch.arange(40), torch.arange(40), dtype=torch.float32)
+    bias = mod.bias(torch.arange(5), torch.arange(5), dtype=torch.float32)
+    (grad,) = torch.autograd.grad(bias.square().sum(), mod.weight)
+    assert grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize(("num_buckets", "max_distance", "field"), [(32, 16, "max_distance"), (32, 8, "max_distance"),
                                                                  (2, 16, "num_buckets")])
 def test_t5_bias_settings_without_a_logarithmic_range_are_refused(num_buckets: int, max_distance: int,

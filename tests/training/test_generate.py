@@ -117,6 +117,34 @@ def test_generation_builds_no_autograd_graph(tiny: Any) -> None:
     assert seen and not any(seen)
 
 
+
+@pytest.mark.parametrize(("kind", "positional"), [("decoder", "rope"), ("decoder", "alibi"), ("encoder-decoder", "t5")])
+def test_generation_runs_in_inference_mode_and_training_goes_on_after_it(tiny: Any, kind: str, positional: str) -> None:
+    # no autograd bookkeeping at all while decoding, yet the tokens are an ordinary tensor and
+    # the tables the model keeps (T5's buckets, rotary cos/sin) still serve a training step
+    spec, model = _model(tiny, kind, positional={"type": positional})
+    seen: list[bool] = []
+    model.register_forward_hook(lambda module, args, out: seen.append(torch.is_inference_mode_enabled()))
+    src = torch.randint(5, 40, (2, 6))
+    beams = beam_search(model, src, num_beams=2, max_new_tokens=3, eos_id=None,
+                        start_id=1 if kind == "encoder-decoder" else None)
+    if kind == "encoder-decoder":
+        out = generate_seq2seq(model, src, start_id=1, eos_id=None, max_new_tokens=4)
+    else:
+        out = generate(model, src, max_new_tokens=4, temperature=0.0)
+    assert seen and all(seen)
+    for tokens in (out, beams):
+        assert not tokens.is_inference()
+        tokens[0, 0] = 7  # the caller's to change
+    model.train()
+    if kind == "encoder-decoder":
+        loss = model(src, decoder_input_ids=out[:, :-1], labels=out[:, 1:]).loss
+    else:
+        loss = model(out[:, :-1], labels=out[:, 1:]).loss
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def test_generation_slides_at_the_models_own_max_seq_len_by_default(tiny: Any) -> None:
     # a learned position table ends at max_seq_len: without max_seq_len= the context
     # slides there (the model's spec), rather than running past the table

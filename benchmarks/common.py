@@ -313,7 +313,10 @@ class Adapter:
     functions do); ``prefill(batch)`` the
     inference pass over a whole prompt (filling the KV cache where there is one);
     ``decode(prompt, n)`` greedy-decodes ``n`` tokens with the library's KV cache and
-    returns the seconds the ``n`` steps took (the prompt's prefill not included).
+    returns the seconds the ``n`` steps took (the prompt's prefill not included);
+    ``generate(prompt, n)`` greedy-generates ``n`` tokens through the library's own
+    generation function, as its users call it (prompt pass included, in the grad mode that
+    function sets), and returns (seconds, the new tokens (B, n)).
     """
 
     library: str
@@ -323,6 +326,7 @@ class Adapter:
     decode: Callable[[Batch, int], float] | None = None
     notes: str = ""
     loss: Callable[[Batch], Tensor] = None  # type: ignore[assignment]
+    generate: Callable[[Batch, int], tuple[float, Tensor]] | None = None
     params: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -378,7 +382,17 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
         def loss(b: Batch) -> Tensor:
             return model(b.input_ids, decoder_input_ids=b.decoder_input_ids, labels=b.labels).loss
 
-        return Adapter("specformer", model, logits, prefill, decode, loss=loss)
+        def generate(b: Batch, n: int) -> tuple[float, Tensor]:
+            from specformer.training.generate import generate_seq2seq
+
+            with _decoding_layout(model, b.input_ids.shape[0]):
+                start = _timer(dev)()
+                out = generate_seq2seq(model, b.input_ids, start_id=int(b.decoder_input_ids[0, 0]), eos_id=None,
+                                       max_new_tokens=n)  # (B, n), greedy
+                sync(dev)
+                return time.perf_counter() - start, out
+
+        return Adapter("specformer", model, logits, prefill, decode, loss=loss, generate=generate)
     if kind == "encoder":
         def enc_logits(b: Batch) -> Tensor:
             return model(b.input_ids).logits
@@ -407,7 +421,16 @@ def _specformer_adapter(model: nn.Module, kind: str, dev: torch.device) -> Adapt
             sync(dev)
             return time.perf_counter() - start
 
-    return Adapter("specformer", model, dec_logits, dec_prefill, dec_decode, loss=dec_loss)
+    def dec_generate(b: Batch, n: int) -> tuple[float, Tensor]:
+        from specformer.training.generate import generate
+
+        with _decoding_layout(model, b.input_ids.shape[0]):
+            start = _timer(dev)()
+            out = generate(model, b.input_ids, max_new_tokens=n, temperature=0.0)
+            sync(dev)
+            return time.perf_counter() - start, out[:, b.input_ids.shape[1]:]
+
+    return Adapter("specformer", model, dec_logits, dec_prefill, dec_decode, loss=dec_loss, generate=dec_generate)
 
 
 def _hf_adapter(hf: nn.Module, kind: str, dev: torch.device) -> Adapter:
@@ -432,7 +455,14 @@ def _hf_adapter(hf: nn.Module, kind: str, dev: torch.device) -> Adapter:
             sync(dev)
             return time.perf_counter() - start
 
-        return Adapter("transformers", hf, logits, prefill, decode, notes)
+        def generate(b: Batch, n: int) -> tuple[float, Tensor]:
+            start = _timer(dev)()
+            out = hf.generate(input_ids=b.input_ids, attention_mask=torch.ones_like(b.input_ids),
+                              decoder_start_token_id=int(b.decoder_input_ids[0, 0]), **_hf_greedy(n))
+            sync(dev)
+            return time.perf_counter() - start, out[:, 1:]  # after the start token
+
+        return Adapter("transformers", hf, logits, prefill, decode, notes, generate=generate)
     if kind == "encoder":
         def enc_logits(b: Batch) -> Tensor:
             return hf(input_ids=b.input_ids).logits
@@ -454,7 +484,20 @@ def _hf_adapter(hf: nn.Module, kind: str, dev: torch.device) -> Adapter:
         sync(dev)
         return time.perf_counter() - start
 
-    return Adapter("transformers", hf, dec_logits, dec_prefill, dec_decode, notes)
+    def dec_generate(b: Batch, n: int) -> tuple[float, Tensor]:
+        start = _timer(dev)()
+        out = hf.generate(input_ids=b.input_ids, attention_mask=torch.ones_like(b.input_ids), **_hf_greedy(n))
+        sync(dev)
+        return time.perf_counter() - start, out[:, b.input_ids.shape[1]:]
+
+    return Adapter("transformers", hf, dec_logits, dec_prefill, dec_decode, notes, generate=dec_generate)
+
+
+def _hf_greedy(n: int) -> dict[str, Any]:
+    """``generate()`` settings for exactly ``n`` greedy new tokens with the KV cache: no end
+    token to stop at, no sampling, no beams."""
+    return {"max_new_tokens": n, "do_sample": False, "num_beams": 1, "use_cache": True,
+            "eos_token_id": None, "pad_token_id": 0}
 
 
 def _xt_model(spec: ModelSpec) -> nn.Module | None:

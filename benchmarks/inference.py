@@ -3,7 +3,12 @@ where there is one) and greedy KV-cache decoding tokens/s at batch 1 and batch 8
 specformer against transformers and x-transformers (eval mode, no grad).
 
 Decoding loops are written the same way for every library: one prompt pass, then one
-token per call through the library's own cache; only the decoding steps are timed.
+token per call through the library's own cache; only the decoding steps are timed. The
+``generate b1`` rows time what a user calls instead, each library's own generation function
+(specformer's ``generate`` / ``generate_seq2seq``, ``transformers``' ``generate()``, greedy,
+exactly the same number of new tokens), prompt pass included, each in the grad mode it sets
+itself (specformer's inference mode, ``transformers``' ``no_grad``); ``same tokens`` says
+whether the tokens equal specformer's.
 
 Decoding at a small batch is bound by memory, not arithmetic: each step reads every
 weight of the decoder and its head, and the KV cache, once. So each decoding row also
@@ -125,12 +130,27 @@ def _timed_decode(a: Adapter, batch: Any, n: int, dev: torch.device, bf16: bool)
     return run
 
 
+def _timed_generate(a: Adapter, batch: Any, n: int, dev: torch.device, bf16: bool,
+                    tokens: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def run() -> float:
+        # no grad mode set here: each library's generation function sets its own
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            seconds, out = a.generate(batch, n)
+        tokens[a.library] = out
+        return seconds
+
+    return run
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
     p.add_argument("--precisions", nargs="*", default=["fp32"], choices=["fp32", "bf16"])
     p.add_argument("--prompt", type=int, default=None, help="prompt length for decoding (default 64; quick 8)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens decoded per run (default 64; quick 4)")
     p.add_argument("--decode-batches", nargs="*", type=int, default=[1, 8])
+    p.add_argument("--no-generate", dest="generate", action="store_false",
+                   help="skip the 'generate b1' rows: each library's own generation function "
+                        "(specformer's generate, transformers' generate()), prompt pass included")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--repeat", type=int, default=None)
     args = p.parse_args(argv)
@@ -169,6 +189,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 floor = median(times.pop(_FLOOR))
                 rows += _rows(shape.name, precision, f"decode b{b}", b, b * n, decoders, times, check,
                               floor=(step_bytes, floor))
+            generators = [a for a in adapters if a.generate is not None]
+            if args.generate and len(generators) > 1:
+                prompt_batch = make_batch(shape, dev, batch=1, seq_len=prompt, seed=1)
+                tokens: dict[str, Any] = {}
+                runs = {a.library: _timed_generate(a, prompt_batch, n, dev, bf16, tokens) for a in generators}
+                times = alternate(runs, warmup=warmup, repeat=repeat)
+                same = {lib: bool(torch.equal(out.cpu(), tokens["specformer"].cpu())) for lib, out in tokens.items()}
+                rows += [{**row, "same_tokens_as_specformer": same[row["library"]]}
+                         for row in _rows(shape.name, precision, "generate b1", 1, n, generators, times, check)]
         del adapters
         gc.collect()
     payload = {"benchmark": "inference", "machine": machine_info(dev), "libraries": libraries,
@@ -179,13 +208,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print_table(
         f"Inference on {dev} (prompt {prompt}, {new} new tokens per decode run)",
         ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×", "MB/step",
-         "floor ms", "of floor"],
+         "floor ms", "of floor", "same tokens"],
         [[r["shape"], r["task"], r["precision"], r["library"], r["batch"], r["ms"], r["tokens_per_s"],
           r["speedup_of_specformer"], _mb(r["bytes_per_step"]), r["floor_ms"],
-          None if r["fraction_of_floor"] is None else f"{100 * r['fraction_of_floor']:.0f}%"] for r in rows],
+          None if r["fraction_of_floor"] is None else f"{100 * r['fraction_of_floor']:.0f}%",
+          _same(r.get("same_tokens_as_specformer"))] for r in rows],
     )
     write_json(args.out, payload)
     return payload
+
+
+def _same(same: bool | None) -> str | None:
+    return None if same is None else ("yes" if same else "no")
 
 
 def _mb(nbytes: float | None) -> str | None:

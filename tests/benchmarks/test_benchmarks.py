@@ -247,6 +247,10 @@ def test_inference_quick(tmp_path: Path) -> None:
         has_decode = s.kind != "encoder"
         assert ((s.name, "decode b1") in tasks) is has_decode
         assert ((s.name, "decode b8") in tasks) is has_decode
+        # each library's own generation function, greedy: the same tokens as specformer's
+        generated = [r for r in rows if r["shape"] == s.name and r["task"] == "generate b1"]
+        assert {r["library"] for r in generated} == ({"specformer", "transformers"} if has_decode else set())
+        assert all(r["same_tokens_as_specformer"] is True and r["tokens"] == 2 for r in generated)
     for r in rows:
         assert r["tokens_per_s"] > 0
         if r["task"] == "decode b8":

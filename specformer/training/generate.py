@@ -18,7 +18,7 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 
 import torch
 from torch import Tensor, nn
@@ -262,7 +262,10 @@ def _prefill(model: nn.Module, context: Tensor, mask: Tensor | None, positions: 
     return out
 
 
-def _inference(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+_P = ParamSpec("_P")
+
+
+def _inference(fn: Callable[_P, Tensor]) -> Callable[_P, Tensor]:
     """Run a generation in inference mode, with no autograd bookkeeping at all (under
     ``no_grad`` each of a decoding step's few hundred small operations still passes autograd's
     dispatch: batch-1 generation took 0.86–0.93 of its time without it at t5-style, 0.94–1.00
@@ -271,7 +274,7 @@ def _inference(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     forwards (position tables) is made so that training can still use it."""
 
     @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Tensor:
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> Tensor:
         if torch.is_inference_mode_enabled():
             return fn(*args, **kwargs)
         with torch.inference_mode():

@@ -239,17 +239,22 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$")
 
 
 def _scalar_error(node: yaml.ScalarNode, what: str, allowed: str) -> yaml.constructor.ConstructorError:
-    return yaml.constructor.ConstructorError(
-        None, None, f"{node.value!r} is not {what} ({allowed})", node.start_mark
-    )
+    value = node.value if len(node.value) <= 60 else f"{node.value[:40]}…{node.value[-10:]}"
+    return yaml.constructor.ConstructorError(None, None, f"{value!r} is not {what} ({allowed})", node.start_mark)
 
 
 # SafeLoader's constructors read 1.1 forms too (`!!int 010` is 8, `!!float 1:30` is 90):
 # an explicit tag is read by the same 1.2 rules as a plain scalar.
+_MAX_DIGITS = 1_000
+
+
 def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
     text = loader.construct_scalar(node)
     if not _INT_12.match(text):
         raise _scalar_error(node, "an integer", "decimal digits (100_000 groups them), 0o17 octal or 0x1F hex")
+    digits = len(text.lstrip("+-").replace("_", ""))
+    if digits > _MAX_DIGITS:  # Python reads at most 4,300 decimal digits (and no spec needs 20)
+        raise _scalar_error(node, "an integer", f"this one is too long: {digits:,} digits")
     if text.startswith(("0o", "0x")):
         return int(text[2:], 8 if text[1] == "o" else 16)
     return int(text, 10)
@@ -306,6 +311,8 @@ _PLAIN_TAGS = {
 
 # keys and list items one spec file may hold after its aliases are expanded
 MAX_VALUES = 50_000
+# how deep a spec's mappings and lists may nest: a spec is a few levels deep
+MAX_DEPTH = 64
 
 
 def _pos(source: str, mark: Any) -> Position:
@@ -325,6 +332,11 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Po
     try:
         try:
             node = loader.get_single_node()
+        except RecursionError:  # PyYAML composes nested nodes by recursion
+            raise SpecError([SpecProblem(
+                f"the YAML is nested too deeply to read (a spec is a few levels deep; at most {MAX_DEPTH})",
+                position=Position(source, 1, 1),
+            )]) from None
         except yaml.reader.ReaderError as exc:
             raise SpecError([_reader_problem(exc, source, text)]) from None
         except yaml.MarkedYAMLError as exc:
@@ -335,6 +347,8 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Path_, Po
             raise SpecError([SpecProblem("the file is empty; a spec is a YAML mapping", position=Position(source, 1, 1))])
         positions: dict[Path_, Position] = {(): _pos(source, node.start_mark)}
         problems: list[SpecProblem] = []
+        loader.open_nodes = {}  # the mappings and lists being read, by node: their paths
+        loader.text = text
         data = _construct(loader, node, (), source, positions, problems)
         if problems:
             raise SpecError(problems)
@@ -439,6 +453,20 @@ def _construct(
             path=dotted, position=where,
             hint="a spec is a few hundred values; check the aliases that repeat large parts of it",
         )])
+    if id(node) in loader.open_nodes:  # an alias inside its own anchor: it holds itself
+        outer = loader.open_nodes[id(node)]
+        anchor = re.match(r"&([^\s,\[\]{}]+)", loader.text[node.start_mark.index:])
+        name = anchor.group(1) if anchor else "name"
+        raise SpecError([SpecProblem(
+            f"an alias (*{name}) inside its own anchor (&{name}) makes this value hold itself without end",
+            path=_dotted(outer), position=positions.get(outer, where),
+            hint=f"move *{name} out of the value that &{name} names",
+        )])
+    if len(path) > MAX_DEPTH:
+        raise SpecError([SpecProblem(
+            f"the spec is nested more than {MAX_DEPTH} levels deep", path=_dotted(path[:1]),
+            position=positions.get(path[:1], where), hint="a spec is a few levels deep: check its brackets and indentation",
+        )])
     if node.tag not in _PLAIN_TAGS:
         problems.append(
             SpecProblem(
@@ -449,6 +477,30 @@ def _construct(
             )
         )
         return None
+    if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+        loader.open_nodes[id(node)] = path
+        try:
+            return _construct_collection(loader, node, path, source, positions, problems)
+        finally:
+            del loader.open_nodes[id(node)]
+    try:
+        return loader.construct_object(node)
+    except yaml.YAMLError as exc:
+        problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) and exc.problem else exc
+        problems.append(SpecProblem(f"bad value: {problem}", path=dotted, position=where))
+        return None
+
+
+def _construct_collection(
+    loader: _Loader,
+    node: yaml.MappingNode | yaml.SequenceNode,
+    path: Path_,
+    source: str,
+    positions: dict[Path_, Position],
+    problems: list[SpecProblem],
+) -> Any:
+    where = _pos(source, node.start_mark)
+    dotted = _dotted(path)
     if isinstance(node, yaml.MappingNode):
         try:
             merged = _flatten(loader, node)
@@ -495,12 +547,6 @@ def _construct(
             positions[path + (i,)] = _pos(source, item.start_mark)
             items.append(_construct(loader, item, path + (i,), source, positions, problems))
         return items
-    try:
-        return loader.construct_object(node)
-    except yaml.YAMLError as exc:
-        problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) and exc.problem else exc
-        problems.append(SpecProblem(f"bad value: {problem}", path=dotted, position=where))
-        return None
 
 
 def _flatten(loader: _Loader, node: yaml.MappingNode) -> int:
@@ -1043,6 +1089,7 @@ def problems_from_validation(
     problems = [p for p in problems if not _copied_to_cross_attention(p, problems, positions)]
     problems = [_set_elsewhere(p) for p in problems]
     problems += _stacks_the_kind_lacks(problems, positions, data)
+    problems = [_names_what_the_user_set(p, positions, data) for p in problems]
     problems = [_inherited(p, positions.get(())) for p in problems]
     problems.sort(key=_order)
     return problems
@@ -1079,6 +1126,36 @@ def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
                            hint=f"write --set {both}; {in_a_file}{problem.hint}")
     return SpecProblem(problem.message, path=problem.path, position=problem.position,
                        hint=f"write {set_arguments(name, path, raw.strip())}{also}; {in_a_file}{problem.hint}")
+
+
+def _names_what_the_user_set(problem: SpecProblem, positions: Mapping[Path_, Position], data: Any) -> SpecProblem:
+    """A rule between fields, reported at one that a preset set (``positional.fraction``),
+    whose message names another that the user set (``head_dim=7`` by ``--set``, or in the
+    user's own file): the hint says where that one was set, the likelier change to undo."""
+    pos = problem.position
+    root = positions.get(())
+    if pos is None or root is None:
+        return problem
+    presets = Path(str(_preset_dir())).resolve()
+
+    def from_user(where: Position) -> bool:
+        if where.source.startswith("--set "):
+            return True
+        return where.source == root.source and Path(root.source).resolve().parent != presets
+
+    if from_user(pos):
+        return problem
+    named = []
+    for path, where in positions.items():
+        if (not path or not isinstance(path[-1], str) or not from_user(where)
+                or isinstance(_node_at(data, path), Mapping | list)):
+            continue
+        if re.search(rf"(?<![\w.]){re.escape(path[-1])}\b", problem.message):
+            named.append(f"{_dotted(path)} is set {'by' if where.source.startswith('--set ') else 'at'} {where}")
+    if not named:
+        return problem
+    hint = "; ".join(named) + (f"; {problem.hint}" if problem.hint else "")
+    return SpecProblem(problem.message, path=problem.path, position=pos, hint=hint)
 
 
 def _stacks_the_kind_lacks(

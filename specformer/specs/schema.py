@@ -706,18 +706,23 @@ class LayerOverride(Spec):
         if isinstance(value, str):
             lo, sep, hi = value.partition("-")
             try:
-                if sep:
-                    a, b = int(lo), int(hi)
-                    if b < a:
-                        raise ValueError
-                    return tuple(range(a, b + 1))
-                return (int(lo),)
+                a, b = int(lo), int(hi) if sep else int(lo)
             except ValueError:
+                a, b = 0, -1
+            if b < a:
                 raise PydanticCustomError(
                     "layer_range",
                     'expected a layer index, a list of indices or a range like "0-5" (low to high)',
                     {"value": value},
-                ) from None
+                )
+            if b - a >= MAX_LAYERS:  # refused before the range is made: "0-99999999999"
+                raise PydanticCustomError(
+                    "layer_range_size",
+                    "the range covers {count} layers; a stack has at most {most} (layer indices run "
+                    "from 0 to n_layers - 1)",
+                    {"value": value, "count": f"{b - a + 1:,}", "most": f"{MAX_LAYERS:,}"},
+                )
+            return tuple(range(a, b + 1))
         return value
 
 

@@ -101,6 +101,15 @@ BAD_INPUTS = [
     ("int-bool", "extends: gpt-nano\nembedding: {tie_output: 1}\n", 2, "embedding.tie_output", ["valid boolean"]),
     ("override-reversed-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '3-1', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ['range like "0-5" (low to high), got \'3-1\'']),
+    # a range is measured before it is made: a typo of a few digits must not fill memory
+    ("override-huge-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '0-99999999999999999999', ffn: {d_ff: 8}}\n",
+     4, "decoder.overrides.0.layers", ["covers 100,000,000,000,000,000,000 layers", "at most 10,000"]),
+    # an integer longer than Python reads (4,300 digits) is a spec error, not a ValueError
+    ("integer-too-long", "extends: gpt-nano\nd_model: " + "1" * 5000 + "\n", 2, "d_model",
+     ["too long", "5,000 digits"]),
+    # a mapping that holds itself (an alias inside its own anchor) or nesting without end
+    ("recursive-alias", "extends: gpt-nano\ndecoder: &a {overrides: [*a]}\n", 2, "decoder",
+     ["an alias (*a) inside its own anchor (&a)", "move *a out of"]),
     ("bad-devices", "extends: gpt-nano\ntraining: {devices: [cpu]}\n", 2, "training.devices",
      ["a device count (1, 2, ...), a non-empty list of device indices ([0, 1]) or 'auto'"]),
     ("embedding-norm-placement", "extends: bert-nano\nembedding:\n  norm: {type: layernorm, placement: post}\n", 3,
@@ -798,3 +807,23 @@ def test_a_type_that_cannot_be_registered_is_not_offered_as_ones_own(tmp_path):
     # a registry family still says it
     problems = _problems(tmp_path, "extends: gpt-nano\ndecoder:\n  ffn: {type: moe}\n")
     assert "a type of your own is registered first" in str(problems[0])
+
+
+def test_a_rule_broken_at_a_preset_field_names_the_field_the_user_set(tmp_path):
+    # head_dim=7 by --set breaks the preset's rotary fraction: the error sits at the preset's
+    # field, and its hint names the --set, the change to undo
+    with pytest.raises(SpecError) as info:
+        load_spec("llama-nano", overrides=["decoder.attention.head_dim=7"])
+    (problem,) = info.value.problems
+    assert problem.path == "positional.fraction" and problem.position.source.endswith("llama-nano.yaml")
+    assert "decoder.attention.head_dim is set by --set decoder.attention.head_dim=7" in problem.hint
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["d_model=130"])
+    assert info.value.problems[0].hint.startswith("d_model is set by --set d_model=130")
+    # the same change written in the user's own file: its line
+    (problem,) = _problems(tmp_path, "extends: llama-nano\ndecoder:\n  attention: {head_dim: 7}\n")
+    assert f"decoder.attention.head_dim is set at {tmp_path / 'spec.yaml'}:3:15" in problem.hint, problem.hint
+    assert "comes from the preset llama-nano" in problem.hint
+    # a problem at the user's own field needs no such hint
+    (problem,) = _problems(tmp_path, "extends: gpt-nano\ndecoder:\n  attention: {n_heads: 3}\n")
+    assert " is set " not in problem.hint

@@ -646,7 +646,8 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         scalar = c("query_pre_attn_scalar", 256)
         if scalar != att["head_dim"]:
             att["scale"] = float(scalar) ** -0.5
-        if c("attn_logit_softcapping") is not None:
+        # Gemma 3's attention never reads attn_logit_softcapping (its released configs have null)
+        if c("attn_logit_softcapping") is not None and not gemma3:
             att["softcap"] = float(c("attn_logit_softcapping"))
     if qwen2 or qwen3 or gemma2:
         windows = _gemma2_windows(c, n_layers, 6 if gemma3 else 2) if gemma2 else _qwen_windows(c, n_layers)

@@ -27,7 +27,8 @@ from specformer.interop.hf import (  # noqa: E402
     save_hf,
     to_hf,
 )
-from specformer.interop.hf_config import spec_from_hf_config  # noqa: E402
+from specformer.interop.hf_config import hf_config_from_spec, spec_from_hf_config  # noqa: E402
+from specformer.specs.loader import load_spec  # noqa: E402
 from specformer.interop.hf_weights import hf_to_specformer, specformer_to_hf  # noqa: E402
 
 pytestmark = pytest.mark.reference
@@ -1119,6 +1120,22 @@ def test_mistral_generates_past_max_position_embeddings_as_transformers_does(pad
     assert ours.shape == (2, 47) and torch.equal(ours, theirs.sequences)
     torch.testing.assert_close(torch.stack(steps, dim=1), torch.stack(theirs.logits, dim=1), atol=1e-4, rtol=1e-4)
     assert len(set(ours[0, 7:].tolist())) > 1
+
+
+def test_gemma3_computes_without_the_score_cap_its_config_may_name() -> None:
+    # transformers' Gemma 3 attention never reads attn_logit_softcapping (Gemma 2's does): the
+    # import leaves it out, and a capped spec has no gemma3_text export
+    hf = _hf_model("gemma3_text")
+    capped = type(hf)(type(hf.config).from_dict({**hf.config.to_dict(), "attn_logit_softcapping": 1.0})).eval()
+    capped.load_state_dict(hf.state_dict())
+    spec, model = _imported(capped)
+    assert spec.decoder.attention.softcap is None
+    ids, mask = _inputs(padded=False)
+    with torch.no_grad():
+        ours, theirs = model(ids).logits, capped(input_ids=ids).logits
+    assert (ours - theirs).abs().max() < 1e-4
+    with pytest.raises(HFConversionError, match=r"decoder\.attention\.softcap = 1\.0 \(Hugging Face gemma3_text has None\)"):
+        hf_config_from_spec(load_spec(spec, ["decoder.attention.softcap=1.0"]))
 
 
 def test_the_multimodal_gemma3_imports_its_language_model_alone(tmp_path) -> None:

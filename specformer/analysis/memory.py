@@ -15,14 +15,17 @@ in fp32.
 With ``training.activation_checkpointing``, each layer keeps only its input and one layer's
 activations are alive at a time, in the backward pass that computes them again.
 
-Activations are what autograd saves for the backward pass, counted tensor by tensor
+Activations are what autograd saves for the backward pass, counted tensor by tensor, each
+in its dtype (under autocast the residual stream, which norms in front of a sublayer or after
+the residual sum read, stays float32; a projection keeps the low-precision copy of its input),
 for the spec's layers, after the accounting of Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1), generalised to
 GQA, gated FFNs, qk-norm, cross-attention and the two attention backends: ``sdpa``
 (fused kernels keep Q, K, V, the output and a log-sum-exp, never the T × T scores;
 specformer's own training attention on a CPU also keeps up to
 ``attention.MATMUL_KEPT_BYTES`` of probabilities a layer, which is not counted)
-and ``eager`` (keeps the softmax probabilities, and the dropout mask and dropped
+and ``eager`` (keeps the softmax probabilities, computed and kept in float32, and the copy
+in the compute dtype that multiplies the values, or the dropout mask and dropped
 probabilities when attention dropout is on). Dropout masks are 1 byte per element.
 The output head trains through the fused loss (``model(..., labels=)``, as ``specformer
 train`` does): its forward computes and keeps the gradients of the head's input
@@ -244,9 +247,12 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
     if softcap:
         extra += 4 * h * keys  # the capped scores' tanh, float32
     if att.backend == "eager" or learned_bias or softcap:
-        elems += h * keys  # softmax probabilities
+        # the softmax runs in float32 (at least) and keeps its output; A V keeps its input:
+        # those probabilities in the compute dtype (a copy below float32), or dropped ones
+        extra += max(4, act) * h * keys
+        if act < 4 or att.dropout > 0:
+            elems += h * keys
         if att.dropout > 0:
-            elems += h * keys  # dropped probabilities, input of A V
             extra += h * keys  # dropout mask (1 byte)
     else:
         extra += 4 * h  # log-sum-exp, fp32
@@ -304,6 +310,7 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
     batch, seq_len = whole_number("batch", batch), whole_number("seq_len", seq_len)
     p = precision(dtype)
     act = p.activation
+    res = p.weight  # the residual stream's dtype: the embeddings' and the residual sums'
     d, v = spec.d_model, spec.vocab_size
     # a plugin's objective runs the head's loss as it chooses: what that keeps is its own
     objective = plugin_objective(spec)
@@ -318,7 +325,7 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
     embedded = [flow is None or flow.stacks[role].embedding for role in roles] if spec.kind == "encoder-decoder" \
         else [flow is None or flow.stacks[roles[0]].embedding]
     if emb.norm is not None and "embedding.norm" not in not_counted:
-        per_seq += sum(embedded) * t * d * act
+        per_seq += sum(embedded) * t * d * res  # the summed embeddings, in the weights' dtype
     if emb.dropout > 0:
         per_seq += sum(embedded) * t * d
     checkpointing = bool(getattr(spec.training, "activation_checkpointing", False))
@@ -358,15 +365,22 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
                 ]
                 tok -= max(0, sum(map(bool, readers)) - 1) * d * act
             if analysed("norm", layer.norm.type):
-                # norm inputs: a norm keeps its input where it is differentiated
-                kept = n_norms if lf is None else sum(lf.norms)
-                # a parallel layer's norms all read its input: one tensor, kept once
-                tok += (min(kept, 1) if layer.residual.type == "parallel" else kept) * d * act
+                # norm inputs: a norm keeps its input where it is differentiated. A norm in
+                # front of a sublayer or after the residual sum reads the residual stream, in
+                # the weights' dtype (under autocast: float32, as the embeddings and the
+                # residual sums are); one on a sublayer's output (sandwich's second, output
+                # norms) reads that output, in the compute dtype
+                kept = [True] * n_norms if lf is None else list(lf.norms)
+                on_output = [layer.norm.placement == "output" or (sandwich and i % 2 == 1) for i in range(len(kept))]
+                if layer.residual.type == "parallel":  # its norms all read its input: kept once
+                    tok += min(sum(kept), 1) * d * res
+                else:
+                    tok += sum((act if out else res) for k, out in zip(kept, on_output, strict=True) if k) * d
             if res_drop:
                 tok += d * (2 if lf is None else int(lf.attention.out) + int(lf.ffn.out))
             layer_costs.append(t * tok)
         if stack.final_norm and analysed("norm", stack.norm.type) and (flow is None or flow.stacks[role].final_norm):
-            per_seq += t * d * act
+            per_seq += t * d * (act if stack.norm.placement == "output" else res)
         # a plugin attention need not have a backend; what its mask costs is its own
         fused = [layer.attention for layer, lf in zip(stack.layers(), flows, strict=True)
                  if analysed("attention", layer.attention.type) and layer.attention.backend == "sdpa"

@@ -371,12 +371,17 @@ def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch,
          "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps", "t5-nano-output-norms",
          "gpt-nano-olmo2"],
 )
-def test_activation_estimate_matches_saved_tensors(name: str, overrides: list[str]) -> None:
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed"])
+def test_activation_estimate_matches_saved_tensors(monkeypatch, name: str, overrides: list[str], dtype: str) -> None:
+    # bf16-mixed: the residual stream (norm inputs) stays float32 under autocast, and an
+    # eager softmax keeps its float32 output beside the bfloat16 copy A V multiplies by
     from specformer.analysis import activation_bytes
+    from specformer.components import products
 
+    monkeypatch.setattr(products, "BF16_IN_FLOAT32", False)  # bfloat16 products, as on a GPU
     spec = load_spec(name, overrides=overrides)
-    measured = _saved_activation_bytes(spec, 2, 64)
-    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype="fp32")
+    measured = _saved_activation_bytes(spec, 2, 64, autocast=dtype == "bf16-mixed")
+    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype=dtype)
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
 
 

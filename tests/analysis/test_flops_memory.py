@@ -274,7 +274,9 @@ def test_activations_close_to_korthikanti() -> None:
     ours = memory_estimate(spec, batch=b, seq_len=s, dtype="bf16-true").activations
     # final norm input; the fused loss's gradients of the head input (s·b·h) and weight (V·h)
     head = s * b * h * 2 + s * b * h * 2 + 50257 * h * 2
-    assert math.isclose(ours - head, korthikanti, rel_tol=0.10)
+    # specformer's eager softmax runs in float32 and keeps its output at 4 bytes, not 2
+    softmax = n_layers * 2 * a * s * s * b
+    assert math.isclose(ours - head, korthikanti + softmax, rel_tol=0.10)
 
 
 def test_nanogpts_parameter_count_and_mfu_flops_are_ours_less_the_position_table() -> None:

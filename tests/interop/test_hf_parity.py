@@ -28,8 +28,8 @@ from specformer.interop.hf import (  # noqa: E402
     to_hf,
 )
 from specformer.interop.hf_config import hf_config_from_spec, spec_from_hf_config  # noqa: E402
-from specformer.specs.loader import load_spec  # noqa: E402
 from specformer.interop.hf_weights import hf_to_specformer, specformer_to_hf  # noqa: E402
+from specformer.specs.loader import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.reference
 

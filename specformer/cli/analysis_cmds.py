@@ -36,14 +36,20 @@ FormatOption = Annotated[
 BatchOption = Annotated[int, typer.Option("--batch", "-b", min=1, help="Sequences per training step (memory).")]
 SeqLenOption = Annotated[
     int | None,
-    typer.Option("--seq-len", "-t", min=1, help="Tokens per sequence for FLOPs and memory; default: the spec's max_seq_len (diff: the first spec's).",
+    typer.Option("--seq-len", "-t", min=1, help="Tokens per sequence for FLOPs and memory; default: the spec's max_seq_len.",
                  show_default=False),
+]
+DiffSeqLenOption = Annotated[
+    int | None,
+    typer.Option("--seq-len", "-t", min=1, help="Tokens per sequence for FLOPs and memory; default: the first spec's "
+                 "max_seq_len.", show_default=False),
 ]
 DtypeOption = Annotated[
     str,
-    typer.Option("--dtype", "-d", help="Training precision, named as training.precision names it: "
-                 "fp32, bf16-mixed (or bf16), 16-mixed (or 16), or pure low precision bf16-true, 16-true "
-                 "(or fp16). The KV cache uses the compute dtype."),
+    typer.Option("--dtype", "-d", help="Precision of the training step: fp32 (or 32), bf16-mixed (or bf16), "
+                 "16-mixed (or 16), as training.precision names them, or pure low precision: bf16-true, "
+                 "16-true (or fp16: pure float16, where Hugging Face's fp16=True is 16-mixed). The KV cache uses the "
+                 "compute dtype."),
 ]
 
 FlopsCountOption = Annotated[
@@ -911,7 +917,7 @@ def diff(
         ),
     ] = None,
     batch: BatchOption = 1,
-    seq_len: SeqLenOption = None,
+    seq_len: DiffSeqLenOption = None,
     dtype: DtypeOption = "bf16-mixed",
     output_format: FormatOption = "rich",
     flops_count: FlopsCountOption = "needed",
@@ -947,9 +953,16 @@ def diff(
         raise typer.Exit(2)
     from specformer.analysis import diff_specs
 
-    if len(specs) == 1:
-        specs = [specs[0], specs[0]]
-    resolved = load_all_or_exit([(s, set_ if i == len(specs) - 1 else None) for i, s in enumerate(specs)])
+    if specs.count("-") > 1:
+        print_error("standard input (-) can be read once: give one spec as -, the others by name or path")
+        raise typer.Exit(2)
+    if specs == ["-"]:  # read once, then changed by --set
+        (first,) = load_all_or_exit([("-", None)])
+        specs, resolved = ["-", "-"], [first, *load_all_or_exit([(first, set_)])]
+    else:
+        if len(specs) == 1:
+            specs = [specs[0], specs[0]]
+        resolved = load_all_or_exit([(s, set_ if i == len(specs) - 1 else None) for i, s in enumerate(specs)])
     labels = _labels(specs, resolved, set_last=bool(set_))
     for spec_obj, label in zip(resolved, labels, strict=True):
         _warn_past_learned_table(spec_obj, seq_len if seq_len is not None else resolved[0].max_seq_len,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -52,7 +52,7 @@ def load_or_exit(source: str, overrides: list[str] | None = None):
     return load_all_or_exit([(source, overrides)])[0]
 
 
-def load_all_or_exit(sources: list[tuple[str, list[str] | None]]) -> list:
+def load_all_or_exit(sources: list[tuple[Any, list[str] | None]]) -> list:
     """``load_spec`` of each (source, overrides): when any is bad, print the problems of every
     bad one (not only the first's) and exit with status 1."""
     from specformer.specs.loader import load_spec
@@ -133,7 +133,7 @@ def _natural_width(table: Table) -> int:
 
 def _human(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
+        if n >= size * 0.9995:  # what rounds to 1000 of the unit below is 1 of this one: 1B, not 1e+03M
             return f"{n / size:.3g}{unit}"
     return str(n)
 

@@ -313,6 +313,8 @@ _PLAIN_TAGS = {
 MAX_VALUES = 50_000
 # how deep a spec's mappings and lists may nest: a spec is a few levels deep
 MAX_DEPTH = 64
+# the largest spec file read: the largest presets are a few KB
+MAX_FILE_BYTES = 16 << 20
 
 
 def _pos(source: str, mark: Any) -> Position:
@@ -672,7 +674,8 @@ def _load_file(
         raise SpecError([SpecProblem(f"extends cycle: {cycle}", path="extends", position=position)])
     source = _display(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as file:  # at most a little past the limit: /dev/zero never ends
+            raw = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(source))]) from None
     if b"\0" in raw[:8192] and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -682,6 +685,11 @@ def _load_file(
             position=Position(source),
             hint="a spec is a preset name or a YAML file; a checkpoint's spec is in its run folder "
             "(spec.yaml), and export-hf takes weights with --spec",
+        )])
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError([SpecProblem(
+            f"the file is larger than {MAX_FILE_BYTES >> 20} MiB; a spec is a few KB of YAML",
+            position=Position(source), hint="give the spec's YAML file, not data or weights",
         )])
     try:
         text = raw.decode("utf-8")

@@ -706,16 +706,25 @@ def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
     for name, folder in folders.items():
         if folder.exists() and not folder.is_dir():
             raise DataError(f"{name}: {folder} is a file, not a folder")
+        if name == "training.out_dir":
+            # made when the run starts: a run that fails before leaves no empty folder behind;
+            # until then, a file can be made where it will be (or in the folder it goes into)
+            where = folder
+            while not where.exists() and where.parent != where:
+                where = where.parent
+            if not where.is_dir():
+                raise DataError(f"{name}: cannot create the folder {folder} ({where} is a file)")
+            try:
+                with tempfile.TemporaryFile(dir=where):
+                    pass
+            except OSError as exc:  # a read-only file system (which refuses root as well), no permission
+                verb = "write in" if where == folder else "create"
+                raise DataError(f"{name}: cannot {verb} the folder {folder} ({exc.strerror or exc})") from None
+            continue
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DataError(f"{name}: cannot create the folder {folder} ({exc.strerror or exc})") from None
-        if name == "training.out_dir":
-            try:
-                with tempfile.TemporaryFile(dir=folder):
-                    pass
-            except OSError as exc:  # a read-only file system (which refuses root as well), no permission
-                raise DataError(f"{name}: cannot write in the folder {folder} ({exc.strerror or exc})") from None
 
 
 def _hardware(t: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from importlib import resources
 
@@ -73,6 +74,8 @@ def test_list_shows_every_preset_with_its_size():
         assert name in result.stdout
     assert " 124M " in result.stdout  # gpt2-small with tied embeddings
     assert " 6.74B " in result.stdout  # llama2-7b
+    # gemma-3-1b's 999,885,952 round to 1000M: it is 1B, not 1e+03M
+    assert re.search(r"gemma-3-1b .* 1B ", result.stdout) and "e+" not in result.stdout
 
 
 def test_help_teaches():
@@ -314,6 +317,14 @@ def test_a_dash_reads_the_spec_from_standard_input():
     run = subprocess.run([sys.executable, "-m", "specformer", "validate", "-"], input="extends: gpt-nano\nd_model: 6x\n",
                          capture_output=True, text=True)
     assert run.returncode == 1 and "/dev/stdin:2:1: d_model: input should be a valid integer" in run.stderr
+    # read once: diff of standard input against itself with --set; twice is refused by name
+    run = subprocess.run([sys.executable, "-m", "specformer", "diff", "-", "--set", "decoder.n_layers=6", "--format",
+                          "json"], input="extends: gpt-nano\nd_model: 64\n", capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert [(c["path"], c["values"]) for c in json.loads(run.stdout)["changes"]] == [("decoder.n_layers", [4, 6])]
+    run = subprocess.run([sys.executable, "-m", "specformer", "diff", "-", "-"], input="extends: gpt-nano\n",
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "standard input (-) can be read once" in run.stderr
 
 
 def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():

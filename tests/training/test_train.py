@@ -227,6 +227,20 @@ def test_a_read_only_out_dir_is_refused_before_the_data_is_prepared(tiny, tmp_pa
     assert str(caught.value) == f"training.out_dir: cannot write in the folder {frozen} (Read-only file system)"
 
 
+def test_a_run_that_fails_before_it_starts_leaves_no_output_folder(tiny, tmp_path: Path, monkeypatch) -> None:
+    from specformer.data import module as data_module
+    from specformer.data.corpus import DataError
+
+    def bad_data(*args, **kwargs):
+        raise DataError("training.data.paths: nothing matches 'nothere.txt'")
+
+    monkeypatch.setattr(data_module.SpecDataModule, "setup", bad_data)
+    out = tmp_path / "new" / "runs"
+    with pytest.raises(DataError, match="nothere.txt"):
+        train(load_spec(tiny("decoder", out_dir=str(out))), progress=False)
+    assert not (tmp_path / "new").exists()
+
+
 def test_a_full_disk_at_the_start_leaves_no_run_and_at_the_end_keeps_the_result(tiny, tmp_path: Path, monkeypatch) -> None:
     from io import StringIO
 

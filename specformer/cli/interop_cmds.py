@@ -91,8 +91,13 @@ def import_hf_cmd(
 ) -> None:
     """Write the specformer spec of a Hugging Face model, and optionally its weights.
 
-    Supported: GPT-2, BERT, RoBERTa, XLM-RoBERTa, T5 (v1.0 and v1.1), mT5, BART,
-    Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma, GPT-NeoX. Anything the spec language cannot express is refused by name; the
+    Supported (model_type): decoders GPT-2 (gpt2), GPT-BigCode (gpt_bigcode), OPT (opt),
+    BLOOM (bloom), Llama (llama), Mistral (mistral), Qwen2 (qwen2), Qwen3 (qwen3), Phi-3
+    (phi3), Gemma (gemma, gemma2, gemma3_text, gemma3), OLMo 2 (olmo2), GPT-NeoX (gpt_neox),
+    Phi-1/1.5/2 (phi), GPT-J (gptj), Falcon (falcon), StarCoder2 (starcoder2); encoders BERT
+    (bert), RoBERTa (roberta), XLM-RoBERTa (xlm-roberta), DistilBERT (distilbert);
+    encoder-decoders T5 v1.0 and v1.1 (t5), mT5 (mt5), BART (bart), Marian (marian).
+    Anything the spec language cannot express is refused by name; the
     result is the same model, never a look-alike. `build_model(spec)` plus the
     converted weights reproduces the original's outputs.
 

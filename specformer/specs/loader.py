@@ -1253,6 +1253,11 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         if field is not None and (field != guess or name.lower() in OTHER_MEANING):
             # a name from another tool, or a field of another section: say where it is written
             hint = f"{typed or where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
+        elif field is None and (below := _sections_below(owner, name)):
+            # a field one section down (decoder: {activation: ...} is decoder.ffn's), before a
+            # look-alike of this section's own (attention)
+            where = " and of ".join(_dotted([*path[:-1], section]) for section in below)
+            hint = f"{name!r} is a field of {where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         elif guess is None and (elsewhere := _field_elsewhere(name, path, owner)):
             hint = f"{elsewhere}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         else:
@@ -1348,6 +1353,18 @@ def _path_example(value: Any, annotation: Any) -> str:
         if "path" in fields:
             return f"{{type: {kind.default}, path: {value}}}"
     return ""
+
+
+def _sections_below(owner: Any, name: str) -> list[str]:
+    """The sections of ``owner`` (a spec class) whose own fields include ``name``."""
+    if owner is None or not hasattr(owner, "model_fields"):
+        return []
+    found = []
+    for section, info in owner.model_fields.items():
+        members = [m for m in _unwrap(info.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+        if any(name in m.model_fields for m in members) and section not in found:
+            found.append(section)
+    return found
 
 
 def _field_elsewhere(name: str, path: list, owner: Any) -> str:

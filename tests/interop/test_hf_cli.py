@@ -859,3 +859,14 @@ def test_ctrl_c_or_sigterm_while_torch_loads_is_said(tmp_path, monkeypatch, comm
     assert result.stderr.strip() == f"error: {said} while starting; nothing was written"
     assert "HFConversionError" in imported  # the whole import ran, then the command stopped
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_import_hf_help_names_every_supported_model_type() -> None:
+    import re
+
+    from specformer.interop.hf_config import SUPPORTED_MODEL_TYPES
+
+    out = runner.invoke(app, ["import-hf", "--help"], env={"COLUMNS": "300"}).output
+    named = set(re.findall(r"\(([\w, -]+)\)", " ".join(out.split())))
+    types = {t.strip() for group in named for t in group.split(",")}
+    assert set(SUPPORTED_MODEL_TYPES) <= types, set(SUPPORTED_MODEL_TYPES) - types

@@ -101,6 +101,11 @@ BAD_INPUTS = [
     ("int-bool", "extends: gpt-nano\nembedding: {tie_output: 1}\n", 2, "embedding.tie_output", ["valid boolean"]),
     ("override-reversed-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '3-1', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ['range like "0-5" (low to high), got \'3-1\'']),
+    # a field of a section one level down is placed there, not taken for a look-alike ('attention')
+    ("field-of-a-section-below", "extends: gpt-nano\ndecoder:\n  activation: relu\n", 3, "decoder.activation",
+     ["'activation' is a field of decoder.ffn", "allowed here: n_layers"]),
+    ("norm-field-in-the-stack", "extends: gpt-nano\ndecoder: {placement: post}\n", 2, "decoder.placement",
+     ["'placement' is a field of decoder.norm"]),
     # a range is measured before it is made: a typo of a few digits must not fill memory
     ("override-huge-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '0-99999999999999999999', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ["covers 100,000,000,000,000,000,000 layers", "at most 10,000"]),

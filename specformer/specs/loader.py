@@ -519,7 +519,7 @@ def _construct_collection(
                 continue
             key = loader.construct_object(key_node)
             if not isinstance(key, str):
-                key = str(key)
+                key = key_node.value  # as written: null, true, 3
             if index >= merged:
                 if key in first_seen and key not in own_keys:
                     # a key of the mapping itself overrides one merged in with `<<: *base`
@@ -773,9 +773,24 @@ def _exists(data: Any, path: Path_, *, null: bool = True) -> bool:
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", type(None): "nothing"}.get(
-        type(value), type(value).__name__
-    )
+    return {dict: "a mapping", list: "a list", str: "a string", type(None): "nothing", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _flow_yaml(value: Any) -> str:
+    """``value`` written as YAML's flow style: {layers: 0, ffn: {d_ff: 8}}."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow_yaml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_flow_yaml(v) for v in value) + "]"
+    return value if isinstance(value, str) else _shown(value)
+
+
+def _shown(value: Any) -> str:
+    """``value`` as YAML writes it: true, null, 'gelu'."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return repr(value)
 
 
 # --------------------------------------------------------------------------- overrides
@@ -1294,10 +1309,10 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
             return [_unknown_type(path, value, choices)]
         if known := _name_hint(value, choices):
             # a name from another tool: say what it is here rather than the nearest spelling
-            return [(path, f"{value!r} is not allowed", f"{known}. allowed: {', '.join(choices)}")]
+            return [(path, f"{_shown(value)} is not allowed", f"{known}. allowed: {', '.join(choices)}")]
         guess = did_you_mean(str(value), choices) if isinstance(value, str) else None
         hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
-        return [(path, f"{value!r} is not allowed", hint)]
+        return [(path, f"{_shown(value)} is not allowed", hint)]
 
     if kind in ("missing", "too_long") and isinstance(value, list | tuple):
         # `betas: [0.9]` or `betas: [0.9, 0.95, 0.99]`: a list of a fixed length
@@ -1316,6 +1331,12 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         # `d_model: 1e3` reads as the float 1000.0; an integer field takes it written whole
         return [(path, f"expected an integer, got the float {value!r}",
                  f"write {int(value)} (a number written with an exponent or a decimal point is a float)")]
+
+    if kind in ("tuple_type", "list_type") and isinstance(value, dict):
+        # `overrides: {layers: 0, ...}`: one item where a list of them belongs
+        item = _flow_yaml(value)
+        return [(path, "expected a list, got a mapping",
+                 f"a list is written in brackets (or one '- ' line per item): {path[-1] if path else 'it'}: [{item}]")]
 
     if kind in ("tuple_type", "list_type") and not isinstance(value, dict | list):
         # `betas: 0.9`: a list is written in brackets; the field's default shows its form

@@ -106,6 +106,13 @@ BAD_INPUTS = [
      ["'activation' is a field of decoder.ffn", "allowed here: n_layers"]),
     ("norm-field-in-the-stack", "extends: gpt-nano\ndecoder: {placement: post}\n", 2, "decoder.placement",
      ["'placement' is a field of decoder.norm"]),
+    # YAML's words, not Python's: true, null, a list, a number
+    ("bool-for-a-choice", "extends: gpt-nano\ndecoder:\n  attention: {qk_norm: true}\n", 3,
+     "decoder.attention.qk_norm", ["true is not allowed", "allowed: none, layernorm, rmsnorm"]),
+    ("null-key", "extends: gpt-nano\nnull: foo\n", 2, "null", ["unknown field 'null'"]),
+    ("mapping-for-a-list", "extends: gpt-nano\ndecoder:\n  overrides: {layers: 0, ffn: {d_ff: 8}}\n", 3,
+     "decoder.overrides", ["expected a list, got a mapping", "overrides: [{layers: 0, ffn: {d_ff: 8}}]"]),
+    ("extends-a-number", "extends: 5\n", 1, "extends", ["found a number"]),
     # a range is measured before it is made: a typo of a few digits must not fill memory
     ("override-huge-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '0-99999999999999999999', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ["covers 100,000,000,000,000,000,000 layers", "at most 10,000"]),

@@ -1303,7 +1303,24 @@ def export_family(spec: ModelSpec, imported_as: str | None = None) -> str:
     (:data:`_STRUCTURE_OF`: a Phi-3 whose every feature rotates is a Llama's), which go back
     under their own family's names and classes."""
     family = hf_family(spec)
-    return imported_as if imported_as is not None and family in _STRUCTURE_OF.get(imported_as, ()) else family
+    if imported_as is not None:
+        return imported_as if family in _STRUCTURE_OF.get(imported_as, ()) else family
+    # a structure only another family expresses in full (a Falcon with one bias for every
+    # projection, or sequential with a key/value head per query head: GPT-NeoX's layout but
+    # not its options) exports as that family
+    others = [other for other, structures in _STRUCTURE_OF.items() if family in structures]
+    if others and not _expresses(spec, family):
+        return next((other for other in others if _expresses(spec, other)), family)
+    return family
+
+
+def _expresses(spec: ModelSpec, model_type: str) -> bool:
+    """Whether ``spec`` exports as ``model_type`` with nothing that the family cannot express."""
+    try:
+        hf_config_from_spec(spec, _model_type=model_type)
+    except HFConversionError:
+        return False
+    return True
 
 
 # Families some of whose models have another family's structure: imported model_type -> the
@@ -1801,6 +1818,7 @@ def hf_config_from_spec(
     warnings: list[str] | None = None,
     token_ids: Mapping[str, int | None] | None = None,
     imported_as: str | None = None,
+    _model_type: str | None = None,
 ) -> dict[str, Any]:
     """The Hugging Face ``config.json`` dict of a spec that maps onto a supported family.
 
@@ -1825,7 +1843,7 @@ def hf_config_from_spec(
     written when given, and BART's are None otherwise (``BartConfig``'s defaults would
     force tokens the model was not fine-tuned with).
     """
-    model_type = export_family(spec, imported_as)
+    model_type = _model_type or export_family(spec, imported_as)
     _check_head_exports(spec, model_type)
     spec = _without_equivalents(spec)
     e = spec.embedding

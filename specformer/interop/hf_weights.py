@@ -24,7 +24,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from specformer.interop.hf_config import HFConversionError, falcon_new_architecture, hf_family
+from specformer.interop.hf_config import (
+    HFConversionError,
+    export_family,
+    falcon_new_architecture,
+    hf_family,
+)
 from specformer.specs.schema import ModelSpec
 
 __all__ = ["Rule", "rules_for", "hf_to_specformer", "specformer_to_hf", "WeightReport"]
@@ -721,7 +726,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
 
 def rules_for(spec: ModelSpec, model_type: str | None = None) -> list[Rule]:
     """Every conversion rule of ``spec``'s Hugging Face family (default: :func:`hf_family`)."""
-    model_type = model_type or hf_family(spec)
+    model_type = model_type or export_family(spec)
     return list(_RULES[model_type](spec))
 
 
@@ -916,7 +921,7 @@ def specformer_to_hf(
 ) -> dict[str, Tensor]:
     """Convert a specformer state dict for ``spec`` to Hugging Face names (tied copies
     included, as in ``PreTrainedModel.state_dict()``)."""
-    model_type = model_type or hf_family(spec)
+    model_type = model_type or export_family(spec)
     family = _FAMILIES[model_type]
     rules = rules_for(spec, model_type)
     expected = {r.ours for r in rules}

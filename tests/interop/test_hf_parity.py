@@ -211,6 +211,13 @@ TINY: dict[str, dict[str, Any]] = {
     # every head its own keys ((H, 3, Dh) rows), biases, sequential blocks: GPT-NeoX's structure
     "falcon-mha": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "multi_query": False,
                    "parallel_attn": False, "bias": True, "max_position_embeddings": 64},
+    # structures another family has, but not with Falcon's options, export as Falcon without
+    # being told they were imported from it: one key/value head with biases (Phi's structure, but
+    # Phi's head has a bias), sequential blocks without biases (GPT-NeoX's, which always has them)
+    "falcon-bias": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "bias": True,
+                    "max_position_embeddings": 64},
+    "falcon-sequential": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "multi_query": False,
+                          "parallel_attn": False, "max_position_embeddings": 64},
     # Gemma 2: a norm before and after each sublayer, soft-capped scores and logits (caps small
     # enough to act on these weights), scores scaled by query_pre_attn_scalar, a window on
     # every other layer

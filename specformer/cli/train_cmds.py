@@ -6,6 +6,7 @@ and prints. torch and Lightning are imported inside the commands.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -580,13 +581,17 @@ def generate_cmd(
         if not repetition_penalty > 0:
             raise _fail(f"--repetition-penalty must be above 0, got {repetition_penalty:g}",
                         "1 is none; above 1 makes tokens already in the text less likely (1.2 is common)")
-        if greedy:  # the most likely token each step: a temperature, top-k or top-p would go unused
+        for name, value in (("--temperature", temperature), ("--length-penalty", length_penalty)):
+            if value is not None and not math.isfinite(value):
+                raise _fail(f"{name} must be a finite number, got {value:g}")
+        if greedy or temperature == 0:  # the most likely token each step: a top-k or top-p would go unused
             sampling = [f"{name} {value:g}" for name, value in (("--temperature", temperature), ("--top-k", top_k),
                                                                  ("--top-p", top_p))
                         if value is not None and not (name == "--temperature" and value == 0)]
             if sampling:
-                raise _fail(f"--greedy takes the most likely token and samples nothing: leave out "
-                            f"{', '.join(sampling)}", "or sample without --greedy")
+                how = "--greedy" if greedy else "--temperature 0"
+                raise _fail(f"{how} takes the most likely token and samples nothing: leave out "
+                            f"{', '.join(sampling)}", f"or sample without {how}")
         if num_beams == 1 and length_penalty != 1.0:
             raise _fail("--length-penalty scores the texts of a beam search: add --num-beams K (K > 1)")
         if num_beams > 1:
@@ -800,9 +805,14 @@ def chat_cmd(
         if spec.kind != "decoder":
             raise _fail(f"chat answers with a decoder; this is {'an' if spec.kind.startswith('encoder') else 'a'} "
                         f"{spec.kind} model (specformer generate decodes an encoder-decoder's input)")
+        if not math.isfinite(temperature):
+            raise _fail(f"--temperature must be a finite number, got {temperature:g}")
         if greedy and (temperature != 0.8 or top_k is not None or top_p is not None):
             raise _fail("--greedy takes the most likely token and samples nothing: leave out --temperature, "
                         "--top-k and --top-p")
+        if temperature == 0 and (top_k is not None or top_p is not None):
+            raise _fail("--temperature 0 takes the most likely token and samples nothing: leave out --top-k and "
+                        "--top-p", "or sample with a temperature above 0")
         try:
             template = chat_template_for(spec.training, tok)
         except DataError as exc:

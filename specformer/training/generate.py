@@ -14,6 +14,7 @@ with its rolling cache instead (:func:`generate`).
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,7 +44,8 @@ def sample_next(
     smallest set whose probability reaches p. Both filters apply before sampling.
     ``n_candidates`` < V keeps ids below it only: a tokenizer smaller than the model's
     vocabulary has no text for the rest. ``allowed`` (bool, (B, V) or (V,)) keeps only
-    the ids it marks, before the filters.
+    the ids it marks, before the filters. A row with no token left (every one at -inf: each
+    would repeat an n-gram, say) gets -1, :data:`NONE_LEFT`.
     """
     _check_sampling(temperature, top_k, top_p)
     if n_candidates is not None and n_candidates < logits.shape[-1]:
@@ -54,8 +56,11 @@ def sample_next(
         if allowed.shape[-1] < logits.shape[-1]:  # a tokenizer smaller than the vocabulary: the rest has no text
             allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]), value=False)
         logits = logits.masked_fill(~allowed, float("-inf"))
+    none_left = torch.isneginf(logits).all(dim=-1)  # (B,)
+    if bool(none_left.any()):
+        logits = logits.masked_fill(none_left[:, None], 0.0)  # sampled from, then replaced
     if temperature <= 0.0:
-        return logits.argmax(dim=-1)
+        return torch.where(none_left, NONE_LEFT, logits.argmax(dim=-1))
     logits = logits.float() / temperature
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
@@ -68,13 +73,29 @@ def sample_next(
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.where(none_left, NONE_LEFT, torch.multinomial(probs, 1, generator=generator).squeeze(-1))
+
+
+#: what :func:`sample_next` gives a row that has no token left to take
+NONE_LEFT = -1
+
+
+def _end_where_none_left(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, bool]:
+    """Rows that had no token left (:data:`NONE_LEFT`) end there: they take ``eos_id``, as if
+    they had produced it; without one, the whole generation stops (True), since those rows
+    have nothing to add. Rows already done are left to :func:`_finish`."""
+    stuck = (tokens == NONE_LEFT) & ~done
+    if not bool(stuck.any()):
+        return tokens, False
+    if eos_id is None:
+        return tokens, True
+    return torch.where(stuck, torch.full_like(tokens, eos_id), tokens), False
 
 
 def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Settings outside their range are errors, not a silently different sampler."""
-    if temperature < 0.0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0.0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1 (1 is greedy), got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
@@ -391,6 +412,9 @@ def generate(
                                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
             nxt = sample_next(scores, temperature=temperature, top_k=top_k,
                               top_p=top_p, generator=generator, n_candidates=n_candidates, allowed=allowed)
+            nxt, stop = _end_where_none_left(nxt, done, eos_id)
+            if stop:
+                break
             nxt, done = _finish(nxt, done, eos_id)
             if on_token is not None:
                 on_token(nxt)
@@ -469,6 +493,9 @@ def generate_seq2seq(
             scores = _forced(scores, forced_end_id if step == max_new_tokens - 1 else None)
             nxt = sample_next(scores, temperature=temperature,
                               top_k=top_k, top_p=top_p, generator=generator, n_candidates=n_candidates)
+            nxt, stop = _end_where_none_left(nxt, done, eos_id)
+            if stop:
+                break
             nxt, done = _finish(nxt, done, eos_id)
             if on_token is not None:
                 on_token(nxt)
@@ -531,6 +558,8 @@ def beam_search(
     _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1 (1 is greedy), got {num_beams!r}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
     b, k = input_ids.shape[0], num_beams
     if max_new_tokens == 0:  # nothing to search: the prompts (an encoder-decoder's empty outputs)
         return input_ids[:, :0] if start_id is not None else input_ids

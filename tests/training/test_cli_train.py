@@ -1125,6 +1125,18 @@ def test_generate_refuses_greedy_with_sampling_options_it_would_leave_unused(
     both = runner.invoke(app, [*base, "--greedy", "--temperature", "0"])
     assert greedy.exit_code == 0 and both.exit_code == 0, both.output
     assert greedy.stdout.startswith("def") and both.stdout == greedy.stdout
+    # --temperature 0 with a filter is refused as --greedy is; a temperature or length penalty
+    # that is no number is refused before anything runs
+    zero = runner.invoke(app, [*base, "--temperature", "0", "--top-k", "5"])
+    assert zero.exit_code == 1 and "--temperature 0 takes the most likely token" in zero.stderr
+    assert "leave out --top-k 5" in zero.stderr
+    for option, value in (("--temperature", "inf"), ("--length-penalty", "nan")):
+        bad = runner.invoke(app, [*base, option, value, "--num-beams", "2"] if option == "--length-penalty"
+                            else [*base, option, value])
+        assert bad.exit_code == 1 and f"{option} must be a finite number" in bad.stderr, bad.output
+    # every id banned (a 1-gram may not repeat) ends the text where none is left, with the text kept
+    banned = runner.invoke(app, [*base, "-n", "600", "--no-repeat-ngram", "1", "--temperature", "1"])
+    assert banned.exit_code == 0 and "Traceback" not in banned.output and banned.stdout.startswith("def")
 
 
 def test_generate_given_its_prompt_as_an_argument_says_to_use_prompt(tiny: Any, tmp_path: Path) -> None:

@@ -596,3 +596,35 @@ def test_validation_decodes_from_the_forced_start_the_spec_names(monkeypatch) ->
                                 "decoder_attention_mask": torch.ones_like(dec), "labels": dec.clone()}, 0)
     # the forced start opens every decode; the forced end is left out (it would end unfinished ones)
     assert seen == {"start_id": tok.bos_id, "eos_id": tok.eos_id, "forced_start_id": tok.token_id("<s>")}
+
+
+def test_generation_ends_where_no_token_is_left(tiny: Any) -> None:
+    # no_repeat_ngram_size=1 over 256 ids: after 256 distinct tokens every id repeats a 1-gram
+    spec, model = _model(tiny, "decoder", max_seq_len=512)
+    n = spec.vocab_size
+    prompt = torch.randint(3, n, (1, 4))
+    distinct = len(set(prompt[0].tolist()))
+    for temperature in (0.0, 1.0):
+        out = generate(model, prompt, max_new_tokens=n + 10, temperature=temperature, no_repeat_ngram_size=1,
+                       generator=torch.Generator().manual_seed(0))
+        new = out[0, 4:].tolist()
+        # every id is taken once (the prompt's ones already spent), then generation stops, no id repeated
+        assert len(new) == n - distinct and len(set(out[0].tolist())) == n, (temperature, len(new))
+    # with an end token, the row ends with it instead
+    out = generate(model, prompt, max_new_tokens=n + 10, temperature=0.0, no_repeat_ngram_size=1, eos_id=2)
+    assert out[0, -1].item() == 2 and out.shape[1] <= n + 1
+    # nothing to sample from at all: -1, not a crash or a banned id
+    blocked = torch.full((2, 5), float("-inf"))
+    blocked[1, 3] = 0.0
+    assert sample_next(blocked, temperature=0.0).tolist() == [-1, 3]
+    assert sample_next(blocked, temperature=1.0, generator=torch.Generator().manual_seed(0)).tolist() == [-1, 3]
+
+
+def test_settings_that_are_not_numbers_are_refused(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+    prompt = torch.randint(3, 256, (1, 4))
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature must be a finite number"):
+            generate(model, prompt, max_new_tokens=2, temperature=bad)
+        with pytest.raises(ValueError, match="length_penalty must be a finite number"):
+            beam_search(model, prompt, num_beams=2, max_new_tokens=2, eos_id=None, length_penalty=bad)

@@ -93,7 +93,7 @@ class SpecModule(L.LightningModule):
 
     Logged metrics: ``train/loss``, ``train/lr``, ``val/loss``, ``val/ppl``, for
     sequence-to-sequence ``val/exact_match``, and for sequence classification
-    ``val/accuracy``.
+    ``val/accuracy`` (in place of ``val/ppl``).
     """
 
     def __init__(self, spec: Any, *, tokenizer: Any = None) -> None:
@@ -225,8 +225,8 @@ class SpecModule(L.LightningModule):
         return self(*args, **kwargs)
 
     def val_metrics(self) -> dict[str, float] | None:
-        """``val/loss``, ``val/ppl`` (and ``val/exact_match``; ``val/accuracy`` for sequence
-        classification, with ``val/examples``, how many they are of) of the validation batches scored
+        """``val/loss``, ``val/ppl`` (and ``val/exact_match``; for sequence classification
+        ``val/accuracy`` in place of ``val/ppl``, with ``val/examples``, how many they are of) of the validation batches scored
         so far, summed over the processes; None before any token was scored."""
         sums = torch.tensor(
             [self._val_sums[k] for k in ("loss", "tokens", "correct", "examples")], dtype=torch.float64
@@ -237,7 +237,9 @@ class SpecModule(L.LightningModule):
         if tokens == 0:
             return None
         loss = loss_sum / tokens
-        metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
+        metrics = {"val/loss": loss}
+        if self.objective.name != "classification":  # a loss over classes, not a text's: no perplexity
+            metrics["val/ppl"] = math.exp(min(loss, 50.0))
         if examples:
             metrics["val/accuracy" if self.objective.name == "classification" else "val/exact_match"] = correct / examples
             metrics["val/examples"] = examples  # what the share is of: held-out texts, or examples

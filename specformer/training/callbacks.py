@@ -38,7 +38,9 @@ def validation_line(h: dict[str, Any], train_loss: float | None = None) -> str:
     validation loss, perplexity (and exact match): the two losses side by side, as nanoGPT
     prints them, so overfitting shows as it starts."""
     train = f"  train loss {train_loss:.4f}" if train_loss is not None else ""
-    text = f"step {h['step']:>6}{train}  val loss {h['val/loss']:.4f}  ppl {h['val/ppl']:.2f}"
+    text = f"step {h['step']:>6}{train}  val loss {h['val/loss']:.4f}"
+    if "val/ppl" in h:  # a classifier's loss is over its classes: no perplexity
+        text += f"  ppl {h['val/ppl']:.2f}"
     if "val/exact_match" in h:
         text += f"  exact match {100 * h['val/exact_match']:.1f}%"
     if "val/accuracy" in h:

@@ -25,6 +25,9 @@ def classifier(tiny: Any, tmp_path: Path) -> Any:
     table = _table(tmp_path / "t.csv", n=200)
     result = train(load_spec(_spec(tiny, table, max_steps=40, val_interval=40, val_batches=None)), progress=False)
     assert result.accuracy is not None and result.accuracy >= 0.9
+    # a loss over the classes: accuracy in place of a perplexity, in the log and the result
+    assert result.val_ppl is None
+    assert "val/ppl" not in (Path(result.run_dir) / "metrics.csv").read_text().splitlines()[0]
     return result.checkpoint
 
 

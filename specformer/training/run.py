@@ -544,8 +544,12 @@ def train(
                 train_seconds = time.perf_counter() - (module.train_started or started)
                 val_seconds = min(module.val_seconds, train_seconds)
                 if not module.val_history or module.val_history[-1]["step"] != trainer.global_step:
+                    closing = time.perf_counter()
                     _interruptible(trainer, lambda signum: interrupted(signum, finished=True),
                                    lambda: trainer.validate(module, datamodule=dm, verbose=False))
+                    # the validation after the last step is part of the run's time, said as validation
+                    closing = time.perf_counter() - closing
+                    train_seconds, val_seconds = train_seconds + closing, val_seconds + closing
             except CheckpointError:  # says which checkpoint is left itself
                 raise
             except Exception as exc:  # out of memory, a NaN check, a full disk under the logs

@@ -227,6 +227,26 @@ def test_a_read_only_out_dir_is_refused_before_the_data_is_prepared(tiny, tmp_pa
     assert str(caught.value) == f"training.out_dir: cannot write in the folder {frozen} (Read-only file system)"
 
 
+def test_the_validation_after_the_last_step_is_counted_as_validation(tiny, monkeypatch) -> None:
+    # 5 steps, a validation every 4: the run validates once more after step 5, which takes
+    # (at least) the time slept here; it is part of the run's time and said as validation time
+    import time
+
+    import lightning
+
+    validate = lightning.Trainer.validate
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.5)
+        return validate(self, *args, **kwargs)
+
+    monkeypatch.setattr(lightning.Trainer, "validate", slow)
+    result = train(load_spec(tiny("decoder", max_steps=5, val_interval=4)), progress=False)
+    assert [h["step"] for h in result.history] == [4, 5]
+    assert result.val_seconds >= 0.5 and result.train_seconds - result.val_seconds > 0
+    assert result.wall_seconds >= result.train_seconds
+
+
 def test_a_run_that_fails_before_it_starts_leaves_no_output_folder(tiny, tmp_path: Path, monkeypatch) -> None:
     from specformer.data import module as data_module
     from specformer.data.corpus import DataError

@@ -649,7 +649,7 @@ def generate_cmd(
                             "reads as a token of its own, rarely seen before a word in training (words carry their "
                             "leading space): the text may go astray; leave out --no-heal to have the first new "
                             "token begin with it", label="[yellow]warning:[/]")
-            if len(ids) > window and not rolling:
+            if len(ids) > window and not rolling and num_beams == 1:  # beams do not slide: refused below
                 what = "--max-seq-len" if context is not None else "max_seq_len"
                 print_error(f"the prompt is {len(ids)} tokens and the model reads at most {what}="
                             f"{window} at once: only its last {window} are read (the context "
@@ -667,10 +667,14 @@ def generate_cmd(
 
             if num_beams > 1:
                 room = window - len(ids) if not rolling else max_new_tokens
+                what = "--max-seq-len" if context is not None else "max_seq_len"
                 if room <= 0:
-                    what = "--max-seq-len" if context is not None else "max_seq_len"
                     raise _fail(f"the prompt is {len(ids)} tokens and beam search keeps every beam's context "
                                 f"within {what}={window}: shorten the prompt")
+                if room < max_new_tokens:
+                    print_error(f"beam search keeps every beam's context within {what}={window}: after the "
+                                f"prompt's {len(ids)} tokens it makes at most {room} of the {max_new_tokens} asked "
+                                "for (sampling slides the context and goes on)", label="[yellow]note:[/]")
                 found = beam_search(
                     model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=min(max_new_tokens, room),
                     eos_id=end_id if stop_at_eot else None, length_penalty=length_penalty,
@@ -731,6 +735,9 @@ def generate_cmd(
 
         if num_beams > 1:
             limit = min(max_new_tokens, spec.max_seq_len - 1) if learned else max_new_tokens
+            if limit < max_new_tokens:
+                print_error(f"the decoder's learned positions end at max_seq_len={spec.max_seq_len}: beam search "
+                            f"makes at most {limit} of the {max_new_tokens} tokens asked for", label="[yellow]note:[/]")
             found = beam_search(
                 model, torch.tensor([ids]), num_beams=num_beams, max_new_tokens=limit, eos_id=tok.eos_id,
                 start_id=start, length_penalty=length_penalty, n_candidates=candidates,

@@ -1134,6 +1134,14 @@ def test_generate_refuses_greedy_with_sampling_options_it_would_leave_unused(
         bad = runner.invoke(app, [*base, option, value, "--num-beams", "2"] if option == "--length-penalty"
                             else [*base, option, value])
         assert bad.exit_code == 1 and f"{option} must be a finite number" in bad.stderr, bad.output
+    # beams do not slide: a prompt past max_seq_len is refused without the sliding warning,
+    # and fewer new tokens than asked for are said
+    long = runner.invoke(app, [*base[:4], "-p", "x" * 80, "-n", "4", "--num-beams", "2"])
+    assert long.exit_code == 1 and "beam search keeps every beam's context within max_seq_len=64" in long.stderr
+    assert "slides" not in long.stderr
+    short = runner.invoke(app, [*base[:4], "-p", "x" * 60, "-n", "10", "--num-beams", "2"])
+    assert short.exit_code == 0, short.output
+    assert "after the prompt's 60 tokens it makes at most 4 of the 10 asked for" in " ".join(short.stderr.split())
     # every id banned (a 1-gram may not repeat) ends the text where none is left, with the text kept
     banned = runner.invoke(app, [*base, "-n", "600", "--no-repeat-ngram", "1", "--temperature", "1"])
     assert banned.exit_code == 0 and "Traceback" not in banned.output and banned.stdout.startswith("def")

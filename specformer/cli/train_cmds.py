@@ -58,7 +58,7 @@ def _starting() -> AbstractContextManager[None]:
 
 @contextmanager
 def _errors_for_people(
-    interrupt_hint: Callable[[], str] | None = None,
+    interrupt_hint: Callable[[int], str] | None = None,
     stopped: str = " before training started; nothing was written to resume from",
     resume_again: Sequence[str] = (),
 ) -> Iterator[None]:
@@ -90,7 +90,7 @@ def _errors_for_people(
             again = "" if own else "".join(f" {shlex.quote(arg)}" for arg in resume_again)
             print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}{again}")
         else:
-            print_error(str(exc), interrupt_hint() if interrupt_hint else "")
+            print_error(str(exc), interrupt_hint(exc.step) if interrupt_hint else "")
         raise typer.Exit(exc.exit_status) from None
     except KeyboardInterrupt as exc:
         print_error(_stopped_by(exc) + stopped)
@@ -352,11 +352,14 @@ def train_cmd(
     # a multi-process run starts this command again in each other process: only rank 0 reports
     report = rank_zero_only.rank == 0
 
-    def interrupt_hint() -> str:
+    def interrupt_hint(step: int) -> str:
         if spec_obj is None:
             return ""
         t = spec_obj.training
         first = min(t.checkpoint_every, t.max_steps) if t.max_steps is not None else t.checkpoint_every
+        if step >= first:  # stopped in the validation the first checkpoint is written after
+            return (f"nothing to resume from: the checkpoint of step {first} is written after that step's "
+                    "validation, which the stop cut short")
         return f"nothing to resume from: the first checkpoint comes at step {first}"
 
     again = [*([spec] if spec is not None else []), *(["--training", training] if training is not None else []),

@@ -1254,3 +1254,21 @@ def test_an_encoder_decoder_refuses_chat_and_system_without_sending_from_one_to_
     result = runner.invoke(app, ["generate", str(ckpt), "--messages", str(chat)], env={"COLUMNS": "200"})
     assert result.exit_code == 1 and ("--messages is a conversation for a decoder to answer; an encoder-decoder reads "
                                       "its input as it is") in " ".join(result.output.split())
+
+
+def test_a_stop_before_any_checkpoint_says_when_the_first_comes(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    # stopped before step 5, the first checkpoint is still to come; stopped at step 5, in the
+    # validation it is written after, the stop cut it short
+    from specformer.training import run
+    from specformer.training.stops import TrainingInterrupted
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=20, val_interval=5))
+    for step, hint in ((3, "the first checkpoint comes at step 5"),
+                       (5, "the checkpoint of step 5 is written after that step's validation, which the stop cut")):
+        def stopped(*args: Any, step: int = step, **kwargs: Any) -> Any:
+            raise TrainingInterrupted(step, None, None, str(tmp_path / "runs"))
+
+        monkeypatch.setattr(run, "train", stopped)
+        out = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "300"})
+        assert out.exit_code == 130 and f"interrupted at step {step}; no checkpoint yet" in out.stderr, out.output
+        assert hint in " ".join(out.stderr.split())

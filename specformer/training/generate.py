@@ -56,12 +56,11 @@ def sample_next(
         if allowed.shape[-1] < logits.shape[-1]:  # a tokenizer smaller than the vocabulary: the rest has no text
             allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]), value=False)
         logits = logits.masked_fill(~allowed, float("-inf"))
-    none_left = torch.isneginf(logits).all(dim=-1)  # (B,)
-    if bool(none_left.any()):
-        logits = logits.masked_fill(none_left[:, None], 0.0)  # sampled from, then replaced
+    none_left = torch.isneginf(logits).all(dim=-1)  # (B,); read on the device, no sync
     if temperature <= 0.0:
         return torch.where(none_left, NONE_LEFT, logits.argmax(dim=-1))
-    logits = logits.float() / temperature
+    # such a row is sampled from evenly (multinomial refuses all zeros), then replaced
+    logits = logits.float().masked_fill(none_left[:, None], 0.0) / temperature
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -80,16 +79,15 @@ def sample_next(
 NONE_LEFT = -1
 
 
-def _end_where_none_left(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, bool]:
+def _end_where_none_left(tokens: Tensor, eos_id: int | None) -> tuple[Tensor, bool]:
     """Rows that had no token left (:data:`NONE_LEFT`) end there: they take ``eos_id``, as if
-    they had produced it; without one, the whole generation stops (True), since those rows
-    have nothing to add. Rows already done are left to :func:`_finish`."""
-    stuck = (tokens == NONE_LEFT) & ~done
-    if not bool(stuck.any()):
-        return tokens, False
-    if eos_id is None:
-        return tokens, True
-    return torch.where(stuck, torch.full_like(tokens, eos_id), tokens), False
+    they had produced it (no device sync: :func:`_finish` marks them done); without one, the
+    whole generation stops (True), since those rows have nothing to add (the one sync of such
+    a step: without an end token no row is ever done)."""
+    stuck = tokens == NONE_LEFT
+    if eos_id is not None:
+        return torch.where(stuck, eos_id, tokens), False
+    return tokens, bool(stuck.any())
 
 
 def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -412,7 +410,7 @@ def generate(
                                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
             nxt = sample_next(scores, temperature=temperature, top_k=top_k,
                               top_p=top_p, generator=generator, n_candidates=n_candidates, allowed=allowed)
-            nxt, stop = _end_where_none_left(nxt, done, eos_id)
+            nxt, stop = _end_where_none_left(nxt, eos_id)
             if stop:
                 break
             nxt, done = _finish(nxt, done, eos_id)
@@ -422,7 +420,7 @@ def generate(
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 full_mask = torch.cat([full_mask, full_mask.new_ones(full_mask.shape[0], 1)], dim=1)
-            if bool(done.all()):
+            if eos_id is not None and bool(done.all()):  # without an end token no row is done
                 break
     return seq
 
@@ -493,14 +491,14 @@ def generate_seq2seq(
             scores = _forced(scores, forced_end_id if step == max_new_tokens - 1 else None)
             nxt = sample_next(scores, temperature=temperature,
                               top_k=top_k, top_p=top_p, generator=generator, n_candidates=n_candidates)
-            nxt, stop = _end_where_none_left(nxt, done, eos_id)
+            nxt, stop = _end_where_none_left(nxt, eos_id)
             if stop:
                 break
             nxt, done = _finish(nxt, done, eos_id)
             if on_token is not None:
                 on_token(nxt)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
-            if bool(done.all()):
+            if eos_id is not None and bool(done.all()):  # without an end token no row is done
                 break
     return seq[:, 1:]
 

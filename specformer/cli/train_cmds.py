@@ -508,6 +508,9 @@ def generate_cmd(
 ) -> None:
     """Sample from a trained model: continue a prompt (decoder) or decode an input (encoder-decoder).
 
+    The text is printed as its tokens are generated (a beam search's when it is done); Ctrl-C
+    stops, keeping what is shown.
+
     A prompt that ends in whitespace ("The model ") is healed with a BPE or tokenizer.json
     tokenizer: those put a word's space at its start (" is"), so a lone trailing space is a
     token training rarely had before a word; the space is taken off and the first new token
@@ -628,11 +631,6 @@ def generate_cmd(
             lay_out_for_decoding(model, rows=num_beams)
         ids = tok.with_template(tok.encode(prompt))  # as the model read text: Llama's <s>, T5's </s>
         _warn_unknown_symbols(tok, prompt)
-        new: list[int] = []  # the tokens generated so far: shown, not lost, on Ctrl-C
-
-        def keep(nxt: Any) -> None:
-            new.append(int(nxt[0]))
-
         if spec.kind == "decoder":
             end_id = tok.eot_id  # where --stop-at-eot ends the text
             if chat:
@@ -659,14 +657,12 @@ def generate_cmd(
                             "slides, as it does while generating)", label="[yellow]warning:[/]")
             shown = prompt if prompt.strip() or not encoded.healed else ""
 
-            def show() -> None:
-                # --stop-at-eot ends the text at the end of its document, the marker left out (as
-                # an encoder-decoder's end token is)
-                row = new[: new.index(end_id)] if stop_at_eot and end_id in new else new
-                text = _continuation(tok, ids, row)
-                # the healed whitespace is the prompt's, shown with it
-                text = text.removeprefix(encoded.healed) if shown else text
-                console.print(f"[dim]{_escape(shown)}[/]{_escape(text)}", highlight=False, soft_wrap=True)
+            def streamed() -> _Stream:
+                # the prompt, then each token's text as it comes; --stop-at-eot ends the text at the end
+                # of its document, the marker left out (as an encoder-decoder's end token is), and the
+                # healed whitespace is the prompt's, shown with it
+                console.print(f"[dim]{_escape(shown)}[/]", end="", highlight=False, soft_wrap=True)
+                return _Stream(tok, ids, stop_id=end_id if stop_at_eot else None, strip=encoded.healed if shown else "")
 
             if num_beams > 1:
                 room = window - len(ids) if not rolling else max_new_tokens
@@ -685,24 +681,24 @@ def generate_cmd(
                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                     max_seq_len=None if rolling else window,
                 )
-                new.extend(found[0, len(ids):].tolist())
-                if stop_at_eot and end_id in new:
-                    del new[new.index(end_id) + 1:]  # the rest is filler after the end
-            else:
-                for sample in range(num_samples):
-                    if sample:
-                        show()
-                        _sample_separator()
-                        new.clear()
-                    with _shown_on_interrupt(new, max_new_tokens, show):
-                        generate(
-                            model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp,
-                            top_k=top_k, top_p=top_p, eos_id=end_id if stop_at_eot else None, use_cache=cache,
-                            max_seq_len=None if rolling else window, generator=generator, n_candidates=candidates,
-                            on_token=keep, allowed_tokens=encoded.allowed_tokens,
-                            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
-                        )
-            show()
+                stream = streamed()
+                for token in found[0, len(ids):].tolist():
+                    stream([token])
+                stream.finish()
+                return
+            for sample in range(num_samples):
+                if sample:
+                    _sample_separator()
+                stream = streamed()
+                with _shown_on_interrupt(stream, max_new_tokens):
+                    generate(
+                        model, torch.tensor([ids]), max_new_tokens=max_new_tokens, temperature=temp,
+                        top_k=top_k, top_p=top_p, eos_id=end_id if stop_at_eot else None, use_cache=cache,
+                        max_seq_len=None if rolling else window, generator=generator, n_candidates=candidates,
+                        on_token=stream, allowed_tokens=encoded.allowed_tokens,
+                        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                    )
+                stream.finish()
             return
         if not ids:
             raise _fail("give a --prompt to decode")
@@ -727,11 +723,9 @@ def generate_cmd(
                             "token of the tokenizer")
         opening = tok.template()[0]  # the target was framed as the source: BART's outputs open with <s>
 
-        def show_decoded() -> None:
-            row = new[: new.index(tok.eos_id)] if tok.eos_id is not None and tok.eos_id in new else new
-            row = row[len(opening):] if opening and row[: len(opening)] == opening else row
-            console.print(tok.decode(row), highlight=False, markup=False, soft_wrap=True)
-            if not row and new:  # an empty line alone reads as a failure
+        def finish(stream: _Stream) -> None:
+            stream.finish()
+            if not stream.kept and stream.new:  # an empty line alone reads as a failure
                 print_error("the output is empty: the model's first token was its end token (a model trained "
                             "for a few steps often ends at once; --num-beams or sampling may find a longer text)",
                             label="[yellow]note:[/]")
@@ -747,22 +741,24 @@ def generate_cmd(
                 repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
                 forced_start_id=forced[0], forced_end_id=forced[1],
             )
-            new.extend(found[0].tolist())
-        else:
-            for sample in range(num_samples):
-                if sample:
-                    show_decoded()
-                    _sample_separator()
-                    new.clear()
-                with _shown_on_interrupt(new, max_new_tokens, show_decoded):
-                    generate_seq2seq(
-                        model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
-                        temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
-                        n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=keep,
-                        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
-                        forced_start_id=forced[0], forced_end_id=forced[1],
-                    )
-        show_decoded()
+            stream = _Stream(tok, stop_id=tok.eos_id, skip=opening)
+            for token in found[0].tolist():
+                stream([token])
+            finish(stream)
+            return
+        for sample in range(num_samples):
+            if sample:
+                _sample_separator()
+            stream = _Stream(tok, stop_id=tok.eos_id, skip=opening)
+            with _shown_on_interrupt(stream, max_new_tokens):
+                generate_seq2seq(
+                    model, torch.tensor([ids]), start_id=start, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+                    temperature=temp, top_k=top_k, top_p=top_p, use_cache=cache, generator=generator,
+                    n_candidates=candidates, max_len=spec.max_seq_len if learned else None, on_token=stream,
+                    repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram,
+                    forced_start_id=forced[0], forced_end_id=forced[1],
+                )
+            finish(stream)
 
 
 def _sample_separator() -> None:
@@ -877,19 +873,7 @@ def chat_cmd(
                 oldest = "its oldest exchange is" if dropped == 1 else f"its oldest {dropped} exchanges are"
                 print_error(f"the conversation outgrew max_seq_len={window}: {oldest} left out",
                             label="[yellow]note:[/]")
-            new: list[int] = []
-            shown = [""]
-
-            def stream(nxt: Any, ids: list[int] = ids, new: list[int] = new, shown: list[str] = shown) -> None:
-                token = int(nxt[0])
-                if token == end_id:
-                    return
-                new.append(token)
-                so_far = _continuation(tok, ids, new)
-                if not so_far.endswith("\ufffd"):  # a character whose bytes are not all out yet
-                    console.print(escape(so_far[len(shown[0]):]), end="", highlight=False, soft_wrap=True)
-                    shown[0] = so_far
-
+            stream = _Stream(tok, ids, stop_id=end_id)  # the reply, shown as it comes
             try:
                 generate(model, torch.tensor([ids]), max_new_tokens=min(max_new_tokens, window - len(ids)),
                          temperature=temp, top_k=top_k, top_p=top_p, eos_id=end_id, max_seq_len=window,
@@ -898,23 +882,95 @@ def chat_cmd(
                 if _signal_of(exc) != signal.SIGINT:
                     raise
                 err_console.print("[dim] (stopped)[/]", highlight=False, end="")
-            reply = _continuation(tok, ids, new)
-            console.print(escape(reply[len(shown[0]):]), highlight=False, soft_wrap=True)
+            stream.finish()
+            reply = _continuation(tok, ids, stream.kept)
             history = [*turns, {"role": "assistant", "content": reply.strip()}]
 
 
 @contextmanager
-def _shown_on_interrupt(new: list[int], limit: int, show: Callable[[], None]) -> Iterator[None]:
-    """Ctrl-C while generating: the text of the tokens generated so far is printed, then said."""
+def _shown_on_interrupt(stream: _Stream, limit: int) -> Iterator[None]:
+    """Ctrl-C while generating: the text of the tokens generated so far is ended, then said."""
     try:
         yield
     except KeyboardInterrupt as exc:
-        if not new:
+        stream.finish()
+        if not stream.new:
             raise
-        show()
-        print_error(f"{_stopped_by(exc)} after {len(new)} of at most {limit} new tokens: the text above "
+        print_error(f"{_stopped_by(exc)} after {len(stream.new)} of at most {limit} new tokens: the text above "
                     "is what was generated")
         raise typer.Exit(128 + _signal_of(exc)) from None
+
+
+class _Stream:
+    """Prints a generated text as its tokens come (an ``on_token`` callback), as chat prints
+    its replies and transformers' ``TextStreamer`` its text.
+
+    Each new piece is decoded after the tokens before it (``context``'s last ones, then those
+    already shown), since a SentencePiece-style tokenizer reads a word's leading space only
+    after another token; a piece whose last character's bytes are not all out yet waits for
+    the next token. Decoding a bounded tail keeps each token's cost flat however long the text.
+    ``stop_id`` ends the text (left out); ``skip`` is an opening left out when the text starts
+    with it (BART's ``<s>``); ``strip`` is text of the prompt's that the first pieces spell
+    again (the whitespace token healing took off it), shown once."""
+
+    _TAIL = 16  # tokens of context a piece is decoded after
+    _SETTLE = 32  # tokens after which a shown stretch becomes context
+
+    def __init__(self, tok: Any, context: Sequence[int] = (), *, stop_id: int | None = None,
+                 skip: Sequence[int] = (), strip: str = "") -> None:
+        self.tok, self.stop_id, self.strip = tok, stop_id, strip
+        self.new: list[int] = []  # every token generated, the stop token too
+        self.kept: list[int] = []  # the text's tokens
+        self._skip, self._skipped = list(skip), 0
+        self._before = list(context)[-self._TAIL:]
+        self._start = 0  # kept[_start:] is the stretch being shown
+        self._shown = ""  # the text of that stretch printed so far
+        self.ended = False
+
+    def __call__(self, nxt: Any) -> None:
+        token = int(nxt[0])
+        self.new.append(token)
+        if self.ended:
+            return
+        if token == self.stop_id:
+            self.ended = True
+            return
+        if self._skipped < len(self._skip):
+            if token == self._skip[self._skipped]:
+                self._skipped += 1
+                return
+            self._unskip()
+        self.kept.append(token)
+        self._print(final=False)
+
+    def _print(self, *, final: bool) -> None:
+        text = _continuation(self.tok, self._before, self.kept[self._start:])
+        if text.endswith("\ufffd") and not final:
+            return
+        piece = text[len(self._shown):] if text.startswith(self._shown) else ""
+        if self.strip:
+            if self.strip.startswith(piece) and not final:  # the next piece may go on spelling it
+                return
+            piece, self.strip = piece.removeprefix(self.strip), ""
+        if piece:
+            console.print(escape(piece), end="", highlight=False, soft_wrap=True)
+        self._shown = text
+        if len(self.kept) - self._start >= self._SETTLE:  # the stretch shown becomes the context
+            self._before = [*self._before, *self.kept[self._start:]][-self._TAIL:]
+            self._start, self._shown = len(self.kept), ""
+
+    def _unskip(self) -> None:
+        """The tokens taken for the opening are text after all (the opening did not go on)."""
+        self.kept[:0] = self._skip[: self._skipped]
+        self._skip, self._skipped = [], 0
+
+    def finish(self) -> None:
+        """Prints what is held back and ends the line."""
+        if 0 < self._skipped < len(self._skip):
+            self._unskip()
+        if self.kept:
+            self._print(final=True)
+        console.print(highlight=False)
 
 
 def _continuation(tok: Any, ids: list[int], new: list[int]) -> str:

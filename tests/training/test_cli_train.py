@@ -862,6 +862,65 @@ def test_sigterm_while_the_libraries_load_is_said(capsys: Any) -> None:
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
 
 
+def test_generate_prints_each_token_as_it_comes(tiny: Any, tmp_path: Path, monkeypatch) -> None:
+    import importlib
+
+    gen = importlib.import_module("specformer.training.generate")  # the module, not the function
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    text = "héllo, wörld"  # two characters of two bytes: each waits for its second byte
+    seen: list[str] = []
+
+    def spell(*args: Any, **kwargs: Any) -> Any:  # the byte tokenizer's ids of the text, one a step
+        sys.stdout.flush()
+        seen.append(sys.stdout.buffer.getvalue().decode())  # what the terminal shows before this step
+        return torch.tensor([text.encode()[len(seen) - 1]])
+
+    monkeypatch.setattr(gen, "sample_next", spell)
+    n = len(text.encode())
+    result = runner.invoke(app, ["generate", ckpt, "--prompt", "def ", "-n", str(n), "--greedy"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "def " + text + "\n"
+    assert seen[:4] == ["def ", "def h", "def h", "def hé"]  # "é" shown once both its bytes are out
+    assert seen[-1] == "def " + text[:-1]
+
+
+def test_streamed_text_is_the_text_of_its_tokens_decoded_whole(capsys) -> None:
+    from specformer.cli.train_cmds import _Stream
+    from specformer.data.tokenizers import ByteTokenizer
+
+    tok = ByteTokenizer()
+    text = "ünïcode, " * 30  # past the stretch after which shown tokens become the context
+    stream = _Stream(tok, tok.encode("say: "))
+    for token in tok.encode(text):
+        stream([token])
+    stream.finish()
+    assert capsys.readouterr().out == text + "\n"
+
+    # the stop token ends the text, left out with what follows it
+    stream = _Stream(tok, stop_id=tok.eot_id)
+    for token in [*tok.encode("done"), tok.eot_id, *tok.encode("more")]:
+        stream([token])
+    stream.finish()
+    assert capsys.readouterr().out == "done\n" and len(stream.new) == 9 and stream.kept == tok.encode("done")
+
+    # an opening is left out; tokens that only began it are text
+    for tokens, shown in (([1, 2, 65], "A"), ([1, 66], "\x01B"), ([1], "\x01")):
+        stream = _Stream(tok, skip=[1, 2])
+        for token in tokens:
+            stream([token])
+        stream.finish()
+        assert capsys.readouterr().out == shown + "\n"
+
+    # the whitespace that token healing took off the prompt (shown with it) is not shown twice
+    for tokens, shown in ((b"  word", "word"), (b"   ", " "), (b"-x", "-x"), (b" x", " x")):
+        stream = _Stream(tok, strip="  " if shown != " x" else "\n")
+        for token in tokens:
+            stream([token])
+        stream.finish()
+        assert capsys.readouterr().out == shown + "\n", tokens
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_in_generate_prints_the_tokens_generated_so_far(tiny: Any, tmp_path: Path, monkeypatch, signum: int) -> None:
     import importlib

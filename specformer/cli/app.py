@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from specformer.cli.help import install as _fit_help
+
 __all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "loading", "check_output_file",
            "Command",
            "OnceCommand"]
@@ -137,6 +139,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )
+_fit_help()
 console = Console()
 err_console = Console(stderr=True)
 

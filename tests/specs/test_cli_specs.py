@@ -342,6 +342,26 @@ def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():
         assert not missing, f"{name} --help drops {missing}"
 
 
+@pytest.mark.parametrize("columns", [80, 100, 250])
+def test_help_shows_every_option_and_its_help_whole_at_any_width(columns):
+    # on 80 columns (a default terminal, and output that is piped) typer's table cut long
+    # names and words short: "--repetition-pen…", "(encoder-decode…"
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in [("", group), *group.commands.items()]:
+        result = runner.invoke(app, [name, "--help"] if name else ["--help"], env={"COLUMNS": str(columns)})
+        assert result.exit_code == 0, result.output
+        assert "…" not in result.stdout, f"{name} --help at {columns} columns:\n{result.stdout}"
+        assert max(len(line) for line in result.stdout.splitlines()) <= columns
+        shown = "".join(result.stdout.replace("│", "").split())
+        for param in command.params:
+            for flag in [*param.opts, *param.secondary_opts]:
+                assert flag in result.stdout, f"{name} --help at {columns} columns has no {flag}"
+            for word in (param.help or "").replace("`", "").split():  # wrapped anywhere, markdown's marks left out
+                assert word in shown, f"{name} --help at {columns} columns: {param.opts[0]}'s help lacks {word!r}"
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["train", "gpt-nano", "--batch_size=32"], "No such option: --batch_size. A spec's fields are set with --set: "
                                                "--set training.batch_size=32"),

@@ -1273,6 +1273,10 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
             # look-alike of this section's own (attention)
             where = " and of ".join(_dotted([*path[:-1], section]) for section in below)
             hint = f"{name!r} is a field of {where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
+        elif field is None and (beside := _sections_beside(tuple(err["loc"]), path, root, name)):
+            # a field of a sibling section (decoder.attention: {activation: ...} is decoder.ffn's)
+            where = " and of ".join(_dotted([*path[:-2], section]) for section in beside)
+            hint = f"{name!r} is a field of {where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         elif guess is None and (elsewhere := _field_elsewhere(name, path, owner)):
             hint = f"{elsewhere}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         else:
@@ -1386,6 +1390,18 @@ def _sections_below(owner: Any, name: str) -> list[str]:
         if any(name in m.model_fields for m in members) and section not in found:
             found.append(section)
     return found
+
+
+def _sections_beside(loc: tuple, path: list, root: type[BaseModel], name: str) -> list[str]:
+    """The sections beside the one at ``path[:-1]`` (of the class that holds it) whose own
+    fields include ``name``: ``ffn`` for ``activation`` under ``decoder.attention``."""
+    if len(path) < 2 or not isinstance(path[-2], str):
+        return []
+    for k in range(len(loc) - 1, 0, -1):
+        walked, holder, _ = _walk(loc[:k], root)
+        if walked == path[:-1]:
+            return [s for s in _sections_below(holder, name) if s != path[-2]]
+    return []
 
 
 def _field_elsewhere(name: str, path: list, owner: Any) -> str:

@@ -106,6 +106,12 @@ BAD_INPUTS = [
      ["'activation' is a field of decoder.ffn", "allowed here: n_layers"]),
     ("norm-field-in-the-stack", "extends: gpt-nano\ndecoder: {placement: post}\n", 2, "decoder.placement",
      ["'placement' is a field of decoder.norm"]),
+    # and a field of the section beside it, there
+    ("field-of-a-sibling-section", "extends: gpt-nano\ndecoder:\n  attention: {activation: relu}\n", 3,
+     "decoder.attention.activation", ["'activation' is a field of decoder.ffn", "allowed here: type, n_heads"]),
+    ("field-of-a-sibling-in-an-override",
+     "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 1, norm: {activation: relu}}\n", 4,
+     "decoder.overrides.0.norm.activation", ["'activation' is a field of decoder.overrides.0.ffn"]),
     # YAML's words, not Python's: true, null, a list, a number
     ("bool-for-a-choice", "extends: gpt-nano\ndecoder:\n  attention: {qk_norm: true}\n", 3,
      "decoder.attention.qk_norm", ["true is not allowed", "allowed: none, layernorm, rmsnorm"]),

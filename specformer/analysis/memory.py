@@ -3,7 +3,7 @@
 The optimizer's states are the spec's ``training.optimizer``'s: AdamW keeps two moments
 the size of the parameters, SGD one (its momentum; none without), Adafactor a row and a
 column mean of each matrix's squared gradients (its last two dimensions) and a full
-second moment of each vector. Precisions follow Lightning's names. ``fp32``, ``bf16`` and
+second moment of each vector. Precisions follow Lightning's names. ``fp64``, ``fp32``, ``bf16`` and
 ``fp16`` ("true" precisions) keep weights, gradients, optimizer states (allocated like
 the parameter) and activations in that dtype. ``bf16-mixed`` and
 ``16-mixed`` keep fp32 weights, gradients and moments, compute in half precision, and
@@ -112,6 +112,7 @@ class Precision:
 # ``16`` are the mixed settings, the pure ones are ``bf16-true`` and ``16-true``.
 PRECISIONS: dict[str, Precision] = {
     "fp32": Precision("fp32", 4, 4, 4, 4, 4, 0),
+    "fp64": Precision("fp64", 8, 8, 8, 8, 8, 0),
     "bf16-true": Precision("bf16-true", 2, 2, 2, 2, 2, 0),
     "16-true": Precision("16-true", 2, 2, 2, 2, 2, 0),
     "bf16-mixed": Precision("bf16-mixed", 4, 4, 4, 2, 4, 2),
@@ -119,6 +120,7 @@ PRECISIONS: dict[str, Precision] = {
 }
 _ALIASES = {
     "float32": "fp32", "32": "fp32", "32-true": "fp32", "float": "fp32",
+    "float64": "fp64", "64": "fp64", "64-true": "fp64", "double": "fp64",
     "bf16": "bf16-mixed", "bfloat16": "bf16-true",
     "16": "16-mixed", "fp16-mixed": "16-mixed",
     "fp16": "16-true", "float16": "16-true", "half": "16-true", "fp16-true": "16-true",
@@ -128,7 +130,7 @@ _CACHE_ONLY = {"fp8": 1, "float8": 1, "int8": 1}
 
 
 def precision(name: str) -> Precision:
-    """The :class:`Precision` called ``name`` (``fp32``, ``bf16-mixed``, ``16-mixed``,
+    """The :class:`Precision` called ``name`` (``fp32``, ``fp64``, ``bf16-mixed``, ``16-mixed``,
     ``bf16-true``, ``16-true``, or an alias: ``bf16`` and ``16`` are the mixed ones, as in
     Lightning and ``training.precision``; ``fp16``, ``bfloat16`` the pure ones)."""
     key = name.strip().lower()

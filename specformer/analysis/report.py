@@ -96,7 +96,7 @@ def analyze(
     spec = as_spec(spec)
     p = precision(dtype)
     memory = memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name)
-    kv_dtype = "fp32" if p.activation == 4 else ("bf16" if "bf16" in p.name else "fp16")
+    kv_dtype = {8: "fp64", 4: "fp32"}.get(p.activation, "bf16" if "bf16" in p.name else "fp16")
     kv_plugins = {k: v for k, v in plugin_components(spec).items()
                   if k in ("decoder.attention", "decoder.cross_attention")}
     return SpecReport(

@@ -47,7 +47,7 @@ DiffSeqLenOption = Annotated[
 DtypeOption = Annotated[
     str,
     typer.Option("--dtype", "-d", help="Precision of the training step: fp32 (or 32), bf16-mixed (or bf16), "
-                 "16-mixed (or 16), as training.precision names them, or pure low precision: bf16-true, "
+                 "16-mixed (or 16), fp64 (or 64), as training.precision names them, or pure low precision: bf16-true, "
                  "16-true (or fp16: pure float16, where Hugging Face's fp16=True is 16-mixed). The KV cache uses the "
                  "compute dtype."),
 ]
@@ -539,10 +539,7 @@ def _training_step_note(spec: Any, memory: Any) -> list[str]:
     from specformer.analysis.memory import precision
 
     t = spec.training
-    try:
-        name = precision(t.precision).name
-    except ValueError:  # 64: no estimate for it
-        return []
+    name = precision(t.precision).name
     if (t.batch_size, t.seq_len, name) == (memory.batch, memory.seq_len, memory.dtype):
         return []
     return [

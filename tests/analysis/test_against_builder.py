@@ -269,7 +269,8 @@ def test_training_flops_of_a_frozen_model_are_the_products_autograd_runs(
 
 
 def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bool = False,
-                            autocast: bool = False, freeze: bool = False, kept: int = 0) -> int:
+                            autocast: bool = False, freeze: bool = False, kept: int = 0,
+                            dtype: torch.dtype = torch.float32) -> int:
     """Bytes of the distinct tensors autograd saves in a training forward (weights excluded),
     with the loss computed as training computes it (``labels=``; a masked-LM head on its
     labelled positions, ``mask_prob`` of them). With ``checkpointing``, what the
@@ -279,7 +280,7 @@ def _saved_activation_bytes(spec, batch: int, seq_len: int, *, checkpointing: bo
     (``MATMUL_KEPT_BYTES = 0``): the estimate leaves those out (a CPU path's, at most that
     many bytes a layer; :func:`test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate`)."""
     torch.manual_seed(0)
-    model = build_model(spec).train()
+    model = build_model(spec).train().to(dtype)  # float64: training.precision 64
     if freeze:
         from specformer.training.optim import apply_freeze
 
@@ -371,7 +372,7 @@ def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch,
          "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps", "t5-nano-output-norms",
          "gpt-nano-olmo2"],
 )
-@pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed", "fp64"])
 def test_activation_estimate_matches_saved_tensors(monkeypatch, name: str, overrides: list[str], dtype: str) -> None:
     # bf16-mixed: the residual stream (norm inputs) stays float32 under autocast, and an
     # eager softmax keeps its float32 output beside the bfloat16 copy A V multiplies by
@@ -380,7 +381,8 @@ def test_activation_estimate_matches_saved_tensors(monkeypatch, name: str, overr
 
     monkeypatch.setattr(products, "BF16_IN_FLOAT32", False)  # bfloat16 products, as on a GPU
     spec = load_spec(name, overrides=overrides)
-    measured = _saved_activation_bytes(spec, 2, 64, autocast=dtype == "bf16-mixed")
+    measured = _saved_activation_bytes(spec, 2, 64, autocast=dtype == "bf16-mixed",
+                                       dtype=torch.float64 if dtype == "fp64" else torch.float32)
     estimate = activation_bytes(spec, batch=2, seq_len=64, dtype=dtype)
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
 

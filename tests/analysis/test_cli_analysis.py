@@ -90,6 +90,13 @@ def test_show_says_which_options_show_the_training_step_of_the_spec() -> None:
     assert "batch 16 × seq_len 256, fp32" in step and "shows its step" not in step
     same = ["--set", "training.batch_size=1", "--set", "training.precision=bf16-mixed"]
     assert "shows its step" not in _ok(["show", "gpt-nano", *same]).stdout
+    # float64 training (training.precision 64) is estimated too: at twice float32's bytes
+    doubled = ["--set", "training.precision=64"]
+    assert "`--batch 16 --seq-len 256 --dtype 64` shows its step" in _ok(["show", "gpt-nano", *doubled]).stdout
+    fp32, fp64 = (json.loads(_ok(["show", "gpt-nano", "--dtype", d, "-f", "json"]).stdout)["memory"] for d in ("32", "64"))
+    assert fp64["dtype"] == "fp64" and fp64["weights"] == 2 * fp32["weights"]
+    # all but the dropout masks (a byte) and attention's float32 log-sum-exp
+    assert 1.99 * fp32["activations"] < fp64["activations"] < 2 * fp32["activations"]
 
 
 def test_show_set_overrides() -> None:

@@ -183,7 +183,8 @@ def _numel(shape: Shape) -> int:
 def _norm(prefix: str, norm: Any, dim: int) -> Iterator[tuple[str, Shape]]:
     kind = getattr(norm, "type", None)
     if kind == "layernorm":
-        yield f"{prefix}.weight", (dim,)
+        if norm.weight:
+            yield f"{prefix}.weight", (dim,)
         if norm.bias:
             yield f"{prefix}.bias", (dim,)
     elif kind == "rmsnorm":

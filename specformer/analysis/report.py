@@ -175,7 +175,7 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
                     "heads_text": attention,
                     "d_ff": getattr(ffn, "d_ff", None),  # a plugin's FFN may size itself otherwise
                     "ffn": " ".join(str(x) for x in (ffn.type, getattr(ffn, "activation", None)) if x),
-                    "norm": f"{norm.type} ({norm.placement})",
+                    "norm": f"{norm.type} ({norm.placement}{'' if getattr(norm, 'weight', True) else ', no gain'})",
                     "positional": _positional(spec),
                     "extras": ", ".join(extras),
                 }

@@ -93,7 +93,7 @@ def import_hf_cmd(
 
     Supported (model_type): decoders GPT-2 (gpt2), GPT-BigCode (gpt_bigcode), OPT (opt),
     BLOOM (bloom), Llama (llama), Mistral (mistral), Qwen2 (qwen2), Qwen3 (qwen3), Phi-3
-    (phi3), Gemma (gemma, gemma2, gemma3_text, gemma3), OLMo 2 (olmo2), GPT-NeoX (gpt_neox),
+    (phi3), Gemma (gemma, gemma2, gemma3_text, gemma3), OLMo (olmo), OLMo 2 (olmo2), GPT-NeoX (gpt_neox),
     Phi-1/1.5/2 (phi), GPT-J (gptj), Falcon (falcon), StarCoder2 (starcoder2); encoders BERT
     (bert), RoBERTa (roberta), XLM-RoBERTa (xlm-roberta), DistilBERT (distilbert);
     encoder-decoders T5 v1.0 and v1.1 (t5), mT5 (mt5), BART (bart), Marian (marian).

@@ -34,7 +34,7 @@ __all__ = ["RMSNorm", "build_layernorm", "build_rmsnorm"]
 
 def build_layernorm(spec: LayerNormSpec, *, dim: int) -> nn.LayerNorm:
     """Layer normalisation over the last ``dim`` features (Ba et al. 2016)."""
-    return nn.LayerNorm(dim, eps=spec.eps, bias=spec.bias)
+    return nn.LayerNorm(dim, eps=spec.eps, elementwise_affine=spec.weight, bias=spec.bias)
 
 
 def build_rmsnorm(spec: RMSNormSpec, *, dim: int) -> RMSNorm:

@@ -196,6 +196,7 @@ def _tokens_name(model_type: str) -> str:
         "gemma": "model.embed_tokens.weight",
         "gemma2": "model.embed_tokens.weight",
         "gemma3_text": "model.embed_tokens.weight",
+        "olmo": "model.embed_tokens.weight",
         "olmo2": "model.embed_tokens.weight",
         "gpt_neox": "gpt_neox.embed_in.weight",
         "bloom": "transformer.word_embeddings.weight",

@@ -536,7 +536,10 @@ _GEMMA2_DEFAULTS = {"intermediate_size": 9216, "max_position_embeddings": 8192, 
                     "num_hidden_layers": 26, "tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}
 _OLMO2_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None,
                    "vocab_size": 50304, "head_dim": None, "rms_norm_eps": 1e-5}
-_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "olmo2": _OLMO2_DEFAULTS, "mistral": _MISTRAL_DEFAULTS,
+_OLMO_DEFAULTS = {"intermediate_size": 11008, "max_position_embeddings": 2048, "num_key_value_heads": None,
+                  "vocab_size": 50304, "head_dim": None}
+_LLAMA_LIKE_DEFAULTS = {"llama": _LLAMA_DEFAULTS, "olmo": _OLMO_DEFAULTS, "olmo2": _OLMO2_DEFAULTS,
+                        "mistral": _MISTRAL_DEFAULTS,
                         "qwen2": _QWEN2_DEFAULTS, "qwen3": _QWEN3_DEFAULTS, "phi3": _PHI3_DEFAULTS, "gemma": _GEMMA_DEFAULTS,
                         "gemma2": _GEMMA2_DEFAULTS,
                         "gemma3_text": {**_GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072}}
@@ -608,9 +611,12 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     ``query_pre_attn_scalar``^-1/2, and a window on the layers ``layer_types`` names (every
     other one by default). OLMo 2 is Llama with a norm on each sublayer's output and none
     before it (``norm.placement: output``), and query and key norms over the whole
-    projection (``qk_norm_scope: all``). The import computes what transformers computes."""
-    mistral, qwen2, qwen3, phi3, gemma3, olmo2 = (
-        family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "olmo2"))
+    projection (``qk_norm_scope: all``). OLMo (the first) is Llama with LayerNorms that have
+    neither gain nor bias, at eps 1e-5 (``norm: {type: layernorm, weight: false, bias: false}``);
+    its ``clip_qkv`` (OLMo-7B-0424's), which clamps the projections, is refused. The import
+    computes what transformers computes."""
+    mistral, qwen2, qwen3, phi3, gemma3, olmo2, olmo = (
+        family == f for f in ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "olmo2", "olmo"))
     gemma2 = family in ("gemma2", "gemma3_text")  # Gemma 3 has Gemma 2's sandwich norms, scalar and caps
     gemma = family in ("gemma", "gemma2", "gemma3_text")
     defaults = _LLAMA_LIKE_DEFAULTS[family]
@@ -675,6 +681,10 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
         "norm": {"type": "rmsnorm", "placement": "sandwich" if gemma2 else "output" if olmo2 else "pre", "eps": eps,
                  **({"offset": 1.0} if gemma else {})},
     }
+    if olmo:  # transformers' OlmoLayerNorm: F.layer_norm(x, eps=1e-5), no parameters
+        c.refuse_if("clip_qkv", lambda v: v is not None,
+                    "specformer's attention does not clamp its query, key and value projections", default=None)
+        stack["norm"] = {"type": "layernorm", "weight": False, "bias": False, "eps": 1e-5}
     if overrides:
         stack["overrides"] = overrides
     if phi3:
@@ -908,6 +918,7 @@ _IMPORTERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gemma": lambda c: _llama(c, "gemma"),
     "gemma2": lambda c: _llama(c, "gemma2"),
     "gemma3_text": lambda c: _llama(c, "gemma3_text"),
+    "olmo": lambda c: _llama(c, "olmo"),
     "olmo2": lambda c: _llama(c, "olmo2"),
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,
@@ -935,9 +946,7 @@ MULTIMODAL: dict[str, tuple[str, dict[str, str]]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = (*_IMPORTERS, *MULTIMODAL)
 
 # Families people often try, and the one thing each needs that specformer lacks.
-_NEAR_MISSES = {
-    "olmo": "LayerNorms without gains or biases (OLMo 1; OLMo 2 imports)",
-}
+_NEAR_MISSES: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------- architectures: which head
@@ -973,6 +982,7 @@ _ARCHITECTURES: dict[str, dict[str, str]] = {
     "gemma": {"GemmaForCausalLM": "lm", "GemmaModel": "base"},
     "gemma2": {"Gemma2ForCausalLM": "lm", "Gemma2Model": "base"},
     "gemma3_text": {"Gemma3ForCausalLM": "lm", "Gemma3TextModel": "base"},
+    "olmo": {"OlmoForCausalLM": "lm", "OlmoModel": "base"},
     "olmo2": {"Olmo2ForCausalLM": "lm", "Olmo2Model": "base"},
     "gpt_neox": {"GPTNeoXForCausalLM": "lm", "GPTNeoXModel": "base"},
     "bloom": {"BloomForCausalLM": "lm", "BloomModel": "base"},
@@ -1264,6 +1274,8 @@ def hf_family(spec: ModelSpec) -> str:
                 return "qwen2"
             return "mistral" if _any_sliding(stack) else "llama"
         if pos == "rope" and stack.norm.type == "layernorm":
+            if not stack.norm.weight:  # LayerNorms without parameters
+                return "olmo"
             shared = any(layer.residual.shared_norm for layer in stack.layers())
             if shared and stack.attention.bias:  # one norm for both sublayers, attention biases
                 return "phi"
@@ -1288,7 +1300,7 @@ def hf_family(spec: ModelSpec) -> str:
         f"{pos!r} positions and {stack.norm.type} norms; exportable: encoder with learned positions "
         "(BERT, RoBERTa; DistilBERT without segment embeddings), decoder with learned positions (GPT-2; "
         "GPT-BigCode with multi-query attention; OPT with the table offset by 2), ALiBi (BLOOM) or rope "
-        "(Llama/Mistral with rmsnorm, OLMo 2 with output norms, Qwen2 with rmsnorm and q/k/v biases only, "
+        "(Llama/Mistral with rmsnorm, OLMo with layernorms without parameters, OLMo 2 with output norms, Qwen2 with rmsnorm and q/k/v biases only, "
         "Qwen3 with rmsnorm and qk_norm, Phi-3 with rmsnorm and a rotary fraction, Gemma with (1 + weight) "
         "rmsnorm, Gemma 2 with those and sandwich norms or soft caps, GPT-NeoX with layernorm, Phi-1/2, "
         "GPT-J and Falcon with layernorm and one norm per parallel block, Falcon with grouped keys, "
@@ -1567,7 +1579,8 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         "architectures": [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                            "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
                            "gemma2": "Gemma2ForCausalLM",
-                           "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}.get(
+                           "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                           "olmo": "OlmoForCausalLM"}.get(
                                model_type, "LlamaForCausalLM")],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
@@ -1622,6 +1635,9 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         out["attention_bias"] = att.bias
         if model_type == "llama":  # Gemma's FFN has no biases
             out["mlp_bias"] = s.ffn.bias
+        if model_type == "olmo":  # LayerNorms at eps 1e-5, written nowhere; nothing clamped
+            del out["rms_norm_eps"]
+            out["clip_qkv"] = None
     return out
 
 
@@ -1786,6 +1802,7 @@ _EXPORTERS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
     "gemma": lambda s: _export_llama(s, "gemma"),
     "gemma2": lambda s: _export_llama(s, "gemma2"),
     "gemma3_text": lambda s: _export_llama(s, "gemma3_text"),
+    "olmo": lambda s: _export_llama(s, "olmo"),
     "olmo2": lambda s: _export_llama(s, "olmo2"),
     "gpt_neox": _export_gpt_neox,
     "phi": _export_phi,

@@ -233,7 +233,7 @@ _FAMILIES: dict[str, _Family] = {
         tied_copies=("lm_head.weight",),
     ),
 }
-for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "olmo2"):
+for _name in ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "olmo", "olmo2"):
     _FAMILIES[_name] = _FAMILIES["llama"]
 # the tensors of a multimodal model's vision tower and projector
 TOWERS = r"^(model\.)?(vision_tower|multi_modal_projector)\."
@@ -261,6 +261,8 @@ def _linear(ours: str, theirs: str | tuple[str, ...], bias: bool, fuse: Fuse = "
 
 
 def _norm(ours: str, theirs: str, norm: Any) -> Iterator[Rule]:
+    if not getattr(norm, "weight", True):  # a LayerNorm without parameters (OLMo's)
+        return
     yield Rule(f"{ours}.weight", (f"{theirs}.weight",))
     if getattr(norm, "bias", False):
         yield Rule(f"{ours}.bias", (f"{theirs}.bias",))
@@ -714,6 +716,7 @@ _RULES: dict[str, Callable[[ModelSpec], Iterator[Rule]]] = {
     "gemma": _llama,
     "gemma2": _gemma2,
     "gemma3_text": _gemma2,
+    "olmo": _llama,
     "olmo2": _olmo2,
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,

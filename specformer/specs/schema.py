@@ -524,6 +524,18 @@ class LayerNormSpec(_NormBase):
 
     type: Literal["layernorm"] = "layernorm"
     bias: bool = Field(True, description="Learned additive bias (beta).")
+    weight: bool = Field(
+        True,
+        description="Learned gain (gamma). false, with bias: false, is a LayerNorm without parameters "
+        "(OLMo 1's; torch's elementwise_affine=False).",
+    )
+
+    @model_validator(mode="after")
+    def _gain_before_bias(self) -> LayerNormSpec:
+        if not self.weight and self.bias:
+            raise _issue("bias", "a LayerNorm without a gain (weight: false) has no bias either, as torch's "
+                         "elementwise_affine=False: set bias: false")
+        return self
 
 
 class RMSNormSpec(_NormBase):

@@ -93,6 +93,7 @@ def valid_specs(draw) -> dict:
         norm: dict = {"type": norm_type, "placement": placement}
         if norm_type == "layernorm":
             norm["bias"] = draw(st.booleans())
+            norm["weight"] = norm["bias"] or draw(st.booleans())  # no gain: no bias either (OLMo's)
         if draw(st.booleans()):
             norm["final"] = draw(st.booleans())
         stack: dict = {

@@ -204,7 +204,7 @@ def _hf_folder(tmp_path) -> str:
         # another library's config.json (timm's): the file, and the model types that import
         ("other_library", ["timm/config.json has no model_type", "not a Hugging Face transformers config",
                            "one of: gpt2, gpt_bigcode, opt, bert, roberta, xlm-roberta, distilbert, t5, mt5, bart, marian, llama, mistral, qwen2, qwen3, phi3, gemma, "
-                           "gemma2, gemma3_text, olmo2, gpt_neox, bloom, phi, gptj, falcon, starcoder2, gemma3"]),
+                           "gemma2, gemma3_text, olmo, olmo2, gpt_neox, bloom, phi, gptj, falcon, starcoder2, gemma3"]),
         # another file of the model's folder given by mistake
         ("generation_config", ["generation_config.json is not a model config", "give the model's config.json"]),
     ],

@@ -89,6 +89,15 @@ OTHERS: dict[str, dict[str, Any]] = {
         "resid_pdrop": 0.1, "scale_attention_softmax_in_fp32": True, "scale_attn_weights": True,
         "vocab_size": 49152,
     },
+    # allenai/OLMo-1B-hf's config.json
+    "olmo-1b": {
+        "architectures": ["OlmoForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": None, "clip_qkv": None, "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 2048,
+        "model_type": "olmo", "num_attention_heads": 16, "num_hidden_layers": 16, "num_key_value_heads": 16,
+        "pad_token_id": 1, "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": True,
+        "torch_dtype": "float32", "use_cache": True, "vocab_size": 50304,
+    },
     "olmo-2-1124-7b": {
         "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
@@ -329,7 +338,7 @@ def _hf_meta_model(config: dict[str, Any]) -> tuple[Any, Any]:
 
     hf_config = transformers.AutoConfig.for_model(**config)
     kind = "encoder-decoder" if hf_config.is_encoder_decoder else (
-        "decoder" if hf_config.model_type in ("gpt2", "gpt_bigcode", "opt", "bloom", "olmo2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
+        "decoder" if hf_config.model_type in ("gpt2", "gpt_bigcode", "opt", "bloom", "olmo", "olmo2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox",
                                               "phi", "gptj", "falcon", "gemma2", "gemma3_text", "starcoder2")
         else "encoder")
     auto = _AUTO_CLASS[kind]
@@ -463,6 +472,20 @@ def test_olmo2_normalises_sublayer_outputs_and_whole_projections_at_its_publishe
     # its query and key norms take rms_norm_eps too (the config class's default is 1e-5)
     other = spec_from_hf_config({**OTHERS["olmo-2-1124-7b"], "rms_norm_eps": 1e-5})
     assert other.decoder.norm.eps == other.decoder.attention.qk_norm_eps == 1e-5
+
+
+def test_olmo_has_layernorms_without_parameters_at_its_published_size() -> None:
+    spec = spec_from_hf_config(OTHERS["olmo-1b"])
+    norm = spec.decoder.norm
+    assert (norm.type, norm.weight, norm.bias, norm.eps, norm.placement) == ("layernorm", False, False, 1e-5, "pre")
+    assert count_parameters(spec).total == 1_176_764_416  # OLMo 1B's, tied: no norm has a parameter
+    config = hf_config_from_spec(spec, warnings=[])
+    assert (config["model_type"], config["architectures"], config["clip_qkv"]) == ("olmo", ["OlmoForCausalLM"], None)
+    assert spec_from_hf_config(config, name=spec.name) == spec
+    # OLMo's LayerNorms take no eps from the config: another is refused on export, by name
+    _refused(lambda: hf_config_from_spec(load_spec("llama-nano", ["decoder.norm={type: layernorm, weight: false, "
+                                                                  "bias: false, eps: 1e-6}"])),
+             ["decoder.norm.eps"])
 
 
 def test_a_decoder_with_output_norms_exports_as_olmo2() -> None:
@@ -765,7 +788,9 @@ def test_t5_v1_1_is_gated_gelu_untied_and_unscaled() -> None:
         ({**OTHERS["mistral-7b"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                          "partial_rotary_factor": 0.25}},
          ["partial_rotary_factor=0.25"]),
-        ({"model_type": "olmo", "hidden_size": 64}, ["olmo", "LayerNorms without gains", "olmo2"]),
+        # OLMo-7B-0424's clamp of the query, key and value projections
+        ({"model_type": "olmo", "hidden_size": 64, "num_attention_heads": 4, "clip_qkv": 8.0},
+         ["clip_qkv=8.0", "does not clamp"]),
         ({"model_type": "whisper"}, ["whisper", "not supported", "gpt2", "xlm-roberta", "mt5"]),
         ({"hidden_size": 64}, ["model_type"]),
     ],
@@ -854,7 +879,7 @@ def test_export_config_round_trips_other_families(name: str) -> None:
         # a heterogeneous stack is named by its layers, not dumped override by override
         ("gpt-nano", ["decoder.overrides=[{layers: [0], attention: {sliding_window: 8}}]", "embedding.norm={}"],
          ["decoder.overrides = 1 per-layer override (layers [0]) (Hugging Face gpt2 has [])",
-          "embedding.norm = {type: 'layernorm', eps: 1e-05, placement: 'pre', bias: True} (Hugging Face gpt2 has None)"]),
+          "embedding.norm = {type: 'layernorm', eps: 1e-05, placement: 'pre', bias: True, weight: True} (Hugging Face gpt2 has None)"]),
     ],
 )
 def test_export_refuses_fields_with_no_equivalent(preset: str, overrides: list[str], words: list[str]) -> None:

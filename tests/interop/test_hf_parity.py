@@ -247,6 +247,12 @@ TINY: dict[str, dict[str, Any]] = {
     "bloom": {"hidden_size": 32, "n_layer": 2, "n_head": 4},
     "bloom-untied": {"hidden_size": 48, "n_layer": 2, "n_head": 3, "tie_word_embeddings": False,
                      "layer_norm_epsilon": 1e-6},
+    # OLMo: Llama with LayerNorms that have no parameters; and grouped, biased and tied
+    "olmo": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+             "max_position_embeddings": 64, "rope_theta": 500.0},
+    "olmo-gqa": {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "intermediate_size": 48, "max_position_embeddings": 64, "attention_bias": True,
+                 "tie_word_embeddings": True, "rope_theta": 500.0},
     # OLMo 2: a norm on each sublayer's output alone, query and key norms over the whole
     # projection; and grouped, biased and tied
     "olmo2": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
@@ -867,7 +873,7 @@ def test_load_hf_weights_reproduces_the_reference() -> None:
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 
-_DOC_SECTIONS = {"gpt2": "### GPT-2", "gpt_bigcode": "### GPT-BigCode", "gpt_bigcode-mha": "### GPT-BigCode", "olmo2": "### OLMo 2", "olmo2-gqa": "### OLMo 2", "bloom": "### BLOOM", "bloom-untied": "### BLOOM", "opt": "### OPT", "opt-post": "### OPT", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
+_DOC_SECTIONS = {"gpt2": "### GPT-2", "gpt_bigcode": "### GPT-BigCode", "gpt_bigcode-mha": "### GPT-BigCode", "olmo": "### OLMo (", "olmo-gqa": "### OLMo (", "olmo2": "### OLMo 2", "olmo2-gqa": "### OLMo 2", "bloom": "### BLOOM", "bloom-untied": "### BLOOM", "opt": "### OPT", "opt-post": "### OPT", "bert": "### BERT", "roberta": "### RoBERTa", "t5-v1_1": "### T5",
                  "bart": "### BART", "marian": "### Marian", "marian-untied": "### Marian", "llama": "### Llama", "qwen2": "### Llama", "qwen3": "### Llama", "gemma": "### Llama", "phi3": "### Phi-3",
                  "gpt_neox": "### GPT-NeoX", "phi": "### Phi-1", "phi-gqa": "### Phi-1", "phi-qkln": "### Phi-1", "gptj": "### GPT-J",
                  "gptj-full": "### GPT-J", "falcon-new": "### Falcon",

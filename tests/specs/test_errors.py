@@ -112,6 +112,8 @@ BAD_INPUTS = [
     ("field-of-a-sibling-in-an-override",
      "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 1, norm: {activation: relu}}\n", 4,
      "decoder.overrides.0.norm.activation", ["'activation' is a field of decoder.overrides.0.ffn"]),
+    ("layernorm-bias-without-gain", "extends: gpt-nano\ndecoder:\n  norm: {weight: false}\n", 3,
+     "decoder.norm.bias", ["without a gain (weight: false) has no bias either", "set bias: false"]),
     # YAML's words, not Python's: true, null, a list, a number
     ("bool-for-a-choice", "extends: gpt-nano\ndecoder:\n  attention: {qk_norm: true}\n", 3,
      "decoder.attention.qk_norm", ["true is not allowed", "allowed: none, layernorm, rmsnorm"]),

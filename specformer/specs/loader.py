@@ -1110,12 +1110,24 @@ def problems_from_validation(
                 SpecProblem(message, path=_dotted(path), position=_nearest(positions, path), hint=hint)
             )
     problems = [p for p in problems if not _copied_to_cross_attention(p, problems, positions)]
+    problems = [p for p in problems if not _misspelt_in_the_same_mapping(p, problems)]
     problems = [_set_elsewhere(p) for p in problems]
     problems += _stacks_the_kind_lacks(problems, positions, data)
     problems = [_names_what_the_user_set(p, positions, data) for p in problems]
     problems = [_inherited(p, positions.get(())) for p in problems]
     problems.sort(key=_order)
     return problems
+
+
+def _misspelt_in_the_same_mapping(problem: SpecProblem, problems: list[SpecProblem]) -> bool:
+    """A required field reported missing where the same mapping has an unknown field taken
+    for it (``path:`` for ``paths:``): one mistake, said once, by the unknown field's "did you
+    mean"."""
+    if problem.message != "required field is missing":
+        return False
+    section, _, name = problem.path.rpartition(".")
+    return any(other.message.startswith("unknown field ") and other.hint.startswith(f"did you mean {name!r}?")
+               and other.path.rpartition(".")[0] == section for other in problems)
 
 
 def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
@@ -1129,9 +1141,10 @@ def _set_elsewhere(problem: SpecProblem) -> SpecProblem:
     name = problem.path.rpartition(".")[2]
     if key.strip() != problem.path or problem.hint.startswith("did you mean") or name.lower() in OTHER_MEANING:
         return problem
-    given = re.search(rf"give the type with it, (\S+)=\{{type: ([\w-]+), {re.escape(name)}: \.\.\.\}}", problem.hint)
+    given = re.search(rf"give the type with it, (\S+)=\{{(type: [\w-]+(?:, \w+: [^,{{}}]+)*), {re.escape(name)}: \.\.\.\}}",
+                      problem.hint)
     if given:  # a field of another type of the family: the --set that gives both, with the value
-        both = shlex.quote(f"{given[1]}={{type: {given[2]}, {name}: {raw.strip()}}}")
+        both = shlex.quote(f"{given[1]}={{{given[2]}, {name}: {raw.strip()}}}")
         return SpecProblem(problem.message, path=problem.path, position=problem.position,
                            hint=problem.hint.replace(given[0], f"give the type with it: --set {both}"))
     found = field_path(name)
@@ -1273,8 +1286,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
             # look-alike of this section's own (attention)
             where = " and of ".join(_dotted([*path[:-1], section]) for section in below)
             hint = f"{name!r} is a field of {where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
-        elif field is None and (beside := _sections_beside(tuple(err["loc"]), path, root, name)):
-            # a field of a sibling section (decoder.attention: {activation: ...} is decoder.ffn's)
+        elif another := _field_of_another_type(name, path, owner):
+            # the field itself, of another type of this section (training.data's max_len, of
+            # type synthetic, under type stdlib), before a look-alike of this type's own (max_mb)
+            hint = f"{another}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
+        elif field is None and guess is None and (
+                beside := _sections_beside(tuple(err["loc"]), path, root, name)):
+            # a field of a sibling section (decoder.attention: {activation: ...} is decoder.ffn's),
+            # after a look-alike of this section's own (training.data's path is paths)
             where = " and of ".join(_dotted([*path[:-2], section]) for section in beside)
             hint = f"{name!r} is a field of {where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
         elif guess is None and (elsewhere := _field_elsewhere(name, path, owner)):
@@ -1404,21 +1423,39 @@ def _sections_beside(loc: tuple, path: list, root: type[BaseModel], name: str) -
     return []
 
 
-def _field_elsewhere(name: str, path: list, owner: Any) -> str:
-    """Where an unknown field ``name`` is a field after all: of another type of the same
-    family (``paths`` under ``training.data`` of type stdlib is a field of type files), or of
-    another section (``training.betas`` is ``training.optimizer.betas``); '' if nowhere."""
+def _field_of_another_type(name: str, path: list, owner: Any) -> str:
+    """Where an unknown field ``name`` is a field of another type of the same family
+    (``paths`` under ``training.data`` of type stdlib is a field of type files), with the
+    mapping that gives that type, its required fields and this one; '' if of none."""
     from specformer.registry import FAMILIES, REGISTRY
 
     for family in FAMILIES:
         classes = REGISTRY.spec_classes(family)
         if owner not in classes:
             continue
-        types = [c.model_fields["type"].default for c in classes if name in c.model_fields]
-        if types:
+        having = [c for c in classes if name in c.model_fields]
+        if having:
+            types = [c.model_fields["type"].default for c in having]
+            needed = [f"{f}: {_placeholder(info)}" for f, info in having[0].model_fields.items()
+                      if info.is_required() and f not in ("type", name)]
             section = _dotted(path[:-1])
             return (f"{name!r} is a field of type {', '.join(types)}, not of type {owner.model_fields['type'].default}: "
-                    f"give the type with it, {section}={{type: {types[0]}, {name}: ...}}")
+                    f"give the type with it, {section}={{{', '.join([f'type: {types[0]}', *needed])}, {name}: ...}}")
+    return ""
+
+
+def _placeholder(info: Any) -> str:
+    """``[...]`` for a field that takes a list, ``...`` for any other: a value to fill in."""
+    listed = any(typing.get_origin(m) in (list, tuple) for m in _unwrap(info.annotation))
+    return "[...]" if listed else "..."
+
+
+def _field_elsewhere(name: str, path: list, owner: Any) -> str:
+    """Where an unknown field ``name`` is a field after all: of another type of the same
+    family (:func:`_field_of_another_type`), or of another section (``training.betas`` is
+    ``training.optimizer.betas``); '' if nowhere."""
+    if another := _field_of_another_type(name, path, owner):
+        return another
     found = field_path(name)
     if found is None or found[0] == _dotted(path):
         return ""

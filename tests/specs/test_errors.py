@@ -112,6 +112,11 @@ BAD_INPUTS = [
     ("field-of-a-sibling-in-an-override",
      "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 1, norm: {activation: relu}}\n", 4,
      "decoder.overrides.0.norm.activation", ["'activation' is a field of decoder.overrides.0.ffn"]),
+    # one mistake, said once: not also "paths: required field is missing"
+    ("misspelt-required-field", "extends: gpt-nano\ntraining:\n  data: {type: files, path: [input.txt]}\n", 3,
+     "training.data.path", ["did you mean 'paths'?"]),
+    ("field-of-a-type-with-required-fields", "extends: gpt-nano\ntraining:\n  data: {text_field: body}\n", 3,
+     "training.data.text_field", ["training.data={type: files, paths: [...], text_field: ...}"]),
     ("layernorm-bias-without-gain", "extends: gpt-nano\ndecoder:\n  norm: {weight: false}\n", 3,
      "decoder.norm.bias", ["without a gain (weight: false) has no bias either", "set bias: false"]),
     # YAML's words, not Python's: true, null, a list, a number
@@ -711,6 +716,19 @@ SET_ELSEWHERE = [
      "'paths' is a field of type files, pairs, labelled, conversations, not of type stdlib: give the type with it: "
      "--set 'training.data={type: files, paths: [input.txt]}'. allowed here: type,"),
 ]
+
+
+def test_a_field_of_another_type_is_given_with_that_types_required_fields():
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.data.text_field=body"])
+    (problem,) = info.value.problems
+    assert "--set 'training.data={type: files, paths: [...], text_field: body}'" in problem.hint
+    # the field itself, of another type, before a look-alike of this type's own (max_mb)
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.data.max_len=8"])
+    (problem,) = info.value.problems
+    assert problem.hint.startswith("'max_len' is a field of type synthetic, not of type stdlib: give the type with "
+                                   "it: --set 'training.data={type: synthetic, max_len: 8}'"), problem.hint
 
 
 @pytest.mark.parametrize(("override", "hint"), SET_ELSEWHERE, ids=[o for o, _ in SET_ELSEWHERE])

@@ -121,6 +121,14 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     """``torch.load(path, weights_only=True)`` with errors that say what is wrong."""
     path = Path(path)
     if not path.exists():
+        from specformer.specs.loader import preset_names
+
+        if str(path) in preset_names():  # a preset's name, as train takes it
+            raise CheckpointError(
+                f"{path} is a preset spec, not a checkpoint: eval, generate, fill-mask, train --resume and "
+                f"--init-from take a checkpoint (a .ckpt file or a run folder) written by `specformer train`, e.g. "
+                f"specformer train {path}"
+            )
         raise CheckpointError(f"{path}: no such checkpoint file")
     if path.is_dir():
         candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
@@ -145,6 +153,13 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             raise CheckpointError(f"{path} is a folder with no last.ckpt (expected a run folder or a .ckpt file)")
         path = candidate
     if path.suffix.lower() in (".yaml", ".yml"):
+        run = path.parent
+        if (run / "checkpoints").is_dir() and path.name == "spec.yaml":  # the spec a run folder keeps
+            has = (run / "checkpoints" / "last.ckpt").is_file()
+            raise CheckpointError(
+                f"{path} is the spec of the run {run}, not a checkpoint: give the run folder {run}"
+                + (" (or its checkpoints/last.ckpt)" if has else ", once its first checkpoint is written")
+            )
         raise CheckpointError(
             f"{path} is a spec, not a checkpoint: eval, generate, fill-mask, train --resume and --init-from take a "
             f"checkpoint (a .ckpt file or a run folder) written by `specformer train`, e.g. specformer train {path}"

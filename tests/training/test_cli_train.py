@@ -334,6 +334,10 @@ def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) 
         (["eval", "garbage.ckpt"], "garbage.ckpt is not a specformer checkpoint: it is not a torch zip file"),
         (["eval", "my-variant.yaml"], "my-variant.yaml is a spec, not a checkpoint"),
         (["generate", "my-variant.yml"], "written by `specformer train`"),
+        (["generate", "gpt-nano", "-p", "def"], "gpt-nano is a preset spec, not a checkpoint"),
+        # the spec a run keeps: that run is meant
+        (["generate", "runs/r/spec.yaml"], "runs/r/spec.yaml is the spec of the run runs/r, not a checkpoint: give "
+                                           "the run folder runs/r (or its checkpoints/last.ckpt)"),
         (["train"], "give a SPEC"),
         (["train", "gpt-nano", "--set", "training.precision=8"], "'8' is not allowed"),
         (["train", "gpt-nano", "--set", "training.objective.type=seq2seq"], "does not train a decoder"),
@@ -359,6 +363,9 @@ def test_errors_are_one_clear_message(tmp_path: Path, args: list[str], message: 
     (tmp_path / "truncated.ckpt").write_bytes((tmp_path / "whole.ckpt").read_bytes()[:3000])
     (tmp_path / "my-variant.yaml").write_text("extends: gpt-nano\nd_model: 64\n")
     (tmp_path / "my-variant.yml").write_text("extends: gpt-nano\n")
+    (tmp_path / "runs" / "r" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "spec.yaml").write_text("extends: gpt-nano\n")
+    torch.save({"state_dict": {}}, tmp_path / "runs" / "r" / "checkpoints" / "last.ckpt")
     result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output
     assert message in result.output

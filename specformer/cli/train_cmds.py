@@ -142,7 +142,8 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
             position=Position(str(file)),
         )])
     if not file.exists():  # a pipe (/dev/stdin, <(...)) exists and is read as it is
-        raise SpecError([SpecProblem(f"file not found: {file}", position=Position(str(file)))])
+        where = "" if file.is_absolute() else f" (in {Path.cwd()})"
+        raise SpecError([SpecProblem(f"--training {file}: file not found{where}")])
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -339,6 +339,7 @@ def test_fill_mask_offers_only_ids_the_tokenizer_has(tiny: Any, tmp_path: Path) 
         (["generate", "runs/r/spec.yaml"], "runs/r/spec.yaml is the spec of the run runs/r, not a checkpoint: give "
                                            "the run folder runs/r (or its checkpoints/last.ckpt)"),
         (["train"], "give a SPEC"),
+        (["train", "gpt-nano", "--training", "nofile.yaml"], "--training nofile.yaml: file not found (in "),
         (["train", "gpt-nano", "--set", "training.precision=8"], "'8' is not allowed"),
         (["train", "gpt-nano", "--set", "training.objective.type=seq2seq"], "does not train a decoder"),
         (["train", "gpt-nano", "--resume", "garbage.ckpt"], "not a specformer checkpoint"),

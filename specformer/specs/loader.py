@@ -1355,6 +1355,18 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         return [(path, f"expected an integer, got the float {value!r}",
                  f"write {int(value)} (a number written with an exponent or a decimal point is a float)")]
 
+    if kind in ("bool_type", "bool_parsing") and isinstance(value, str):
+        # `compile: yes` or `compile: "true"`: a switch is YAML's true or false, unquoted
+        return [(path, f"expected true or false, got the string {value!r}",
+                 "write true or false, unquoted (yes, no, on and off are strings in a spec, as in YAML 1.2)")]
+
+    if kind in ("int_type", "int_parsing", "float_type", "float_parsing") and isinstance(value, str) \
+            and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", value):
+        # `d_model: "128"`: a number in quotes is a string
+        number = "an integer" if kind.startswith("int") else "a number"
+        return [(path, f"expected {number}, got the string {value!r}",
+                 f"write {value.strip()} without quotes (quoted, it is a string)")]
+
     if kind in ("tuple_type", "list_type") and isinstance(value, dict):
         # `overrides: {layers: 0, ...}`: one item where a list of them belongs
         item = _flow_yaml(value)

@@ -94,10 +94,15 @@ BAD_INPUTS = [
     # sizes are integers and switches booleans: 64.0, "128", true or "false" are not coerced
     ("float-size", "extends: gpt-nano\nd_model: 64.0\n", 2, "d_model", ["expected an integer", "64.0", "write 64"]),
     ("fractional-size", "extends: gpt-nano\nd_model: 64.5\n", 2, "d_model", ["valid integer", "64.5"]),
-    ("string-size", "extends: gpt-nano\nd_model: '128'\n", 2, "d_model", ["valid integer", "'128'"]),
+    ("string-size", "extends: gpt-nano\nd_model: '128'\n", 2, "d_model",
+     ["expected an integer, got the string '128'", "write 128 without quotes"]),
+    ("string-rate", "extends: gpt-nano\ntraining: {optimizer: {lr: '3e-4'}}\n", 2, "training.optimizer.lr",
+     ["expected a number, got the string '3e-4'", "write 3e-4 without quotes"]),
     ("bool-size", "extends: gpt-nano\ndecoder: {n_layers: true}\n", 2, "decoder.n_layers", ["valid integer", "True"]),
     ("string-bool", "extends: gpt-nano\nembedding: {tie_output: 'false'}\n", 2, "embedding.tie_output",
-     ["valid boolean", "'false'"]),
+     ["expected true or false, got the string 'false'", "write true or false, unquoted"]),
+    ("yes-for-a-switch", "extends: gpt-nano\ntraining: {compile: yes}\n", 2, "training.compile",
+     ["got the string 'yes'", "yes, no, on and off are strings"]),
     ("int-bool", "extends: gpt-nano\nembedding: {tie_output: 1}\n", 2, "embedding.tie_output", ["valid boolean"]),
     ("override-reversed-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: '3-1', ffn: {d_ff: 8}}\n",
      4, "decoder.overrides.0.layers", ['range like "0-5" (low to high), got \'3-1\'']),
@@ -394,7 +399,7 @@ def test_no_value_changes_silently_in_a_file_or_a_set(tmp_path):
         load_spec("gpt-nano", overrides=["embedding.tie_output=off", "max_seq_len=1:30"])
     assert [(p.path, str(p.position)) for p in info.value.problems] == [
         ("embedding.tie_output", "--set embedding.tie_output=off"), ("max_seq_len", "--set max_seq_len=1:30")]
-    assert "got 'off'" in str(info.value) and "got '1:30'" in str(info.value)
+    assert "got the string 'off'" in str(info.value) and "got '1:30'" in str(info.value)
     # an explicit tag is read by the same rules
     problems = _problems(tmp_path, "extends: gpt-nano\nd_model: !!int 1:30\n")
     assert problems[0].path == "d_model" and "'1:30' is not an integer" in problems[0].message

@@ -1099,7 +1099,7 @@ def _unmatched(path: str, pattern: str, names: Sequence[str], tied: dict[str, st
         return SpecProblem(
             f"pattern {pattern!r} matches only {a}, which is tied to {n}: the one tensor goes by {n}",
             path=path,
-            hint=f"name it as {n} (freezing or scaling it acts on both uses)",
+            hint=f"name it as {n}; freezing or scaling it acts on both uses",
         )
     inside = [n for n in names if n.startswith(pattern.rstrip(".") + ".")]
     if inside:  # a module's name: its parameters' names go on (`decoder.layers.0` -> `.weight`)

@@ -165,6 +165,9 @@ def test_patterns_that_match_nothing_are_errors_with_the_nearest_names(tmp_path:
     # a tied head has no weight of its own
     with pytest.raises(SpecError, match="'head.[*]' matches only head.weight, which is tied to embed.tokens.weight"):
         load_spec("gpt-nano", overrides=["training.optimizer.lr_scale=[{pattern: head.*, factor: 3}]"])
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.optimizer.freeze=[head.*]"])
+    assert "(name it as embed.tokens.weight; freezing or scaling it acts on both uses)" in str(info.value)
 
 
 def test_the_built_model_is_checked_too() -> None:

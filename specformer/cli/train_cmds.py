@@ -662,7 +662,7 @@ def generate_cmd(
                 # the prompt, then each token's text as it comes; --stop-at-eot ends the text at the end
                 # of its document, the marker left out (as an encoder-decoder's end token is), and the
                 # healed whitespace is the prompt's, shown with it
-                console.print(f"[dim]{_escape(shown)}[/]", end="", highlight=False, soft_wrap=True)
+                _write_text(shown, dim=True)
                 return _Stream(tok, ids, stop_id=end_id if stop_at_eot else None, strip=encoded.healed if shown else "")
 
             if num_beams > 1:
@@ -948,13 +948,15 @@ class _Stream:
         text = _continuation(self.tok, self._before, self.kept[self._start:])
         if text.endswith("\ufffd") and not final:
             return
-        piece = text[len(self._shown):] if text.startswith(self._shown) else ""
+        # past what is shown; where a later byte rewrote shown text (a byte-fallback
+        # tokenizer's stray byte turns a character into replacement marks), past the part
+        # that is still the same: what changed stays on screen, nothing after it is lost
+        piece = text[len(os.path.commonprefix([text, self._shown])):]
         if self.strip:
             if self.strip.startswith(piece) and not final:  # the next piece may go on spelling it
                 return
             piece, self.strip = piece.removeprefix(self.strip), ""
-        if piece:
-            console.print(escape(piece), end="", highlight=False, soft_wrap=True)
+        _write_text(piece)
         self._shown = text
         if len(self.kept) - self._start >= self._SETTLE:  # the stretch shown becomes the context
             self._before = [*self._before, *self.kept[self._start:]][-self._TAIL:]
@@ -971,7 +973,19 @@ class _Stream:
             self._unskip()
         if self.kept:
             self._print(final=True)
-        console.print(highlight=False)
+        _write_text("\n")
+
+
+def _write_text(text: str, *, dim: bool = False) -> None:
+    """``text`` on the standard output as it is: a generated text's tabs, carriage returns,
+    backslashes and ``:name:`` words are its own, not rich's to expand, drop, escape or turn
+    into emoji; ``dim`` on a terminal (a prompt, shown before what the model adds)."""
+    if not text:
+        return
+    out = sys.stdout
+    styled = dim and console.is_terminal and not console.no_color
+    out.write(f"\x1b[2m{text}\x1b[22m" if styled else text)
+    out.flush()
 
 
 def _continuation(tok: Any, ids: list[int], new: list[int]) -> str:

@@ -905,6 +905,14 @@ def test_streamed_text_is_the_text_of_its_tokens_decoded_whole(capsys) -> None:
     stream.finish()
     assert capsys.readouterr().out == text + "\n"
 
+    # as decoded, each character its own: not rich's to expand, drop, escape or make an emoji of
+    text = "a\\\tb\rc\x07d\\ :smile: [bold]e[/]\\"
+    stream = _Stream(tok)
+    for token in tok.encode(text):
+        stream([token])
+    stream.finish()
+    assert capsys.readouterr().out == text + "\n"
+
     # the stop token ends the text, left out with what follows it
     stream = _Stream(tok, stop_id=tok.eot_id)
     for token in [*tok.encode("done"), tok.eot_id, *tok.encode("more")]:
@@ -921,7 +929,7 @@ def test_streamed_text_is_the_text_of_its_tokens_decoded_whole(capsys) -> None:
         assert capsys.readouterr().out == shown + "\n"
 
     # the whitespace that token healing took off the prompt (shown with it) is not shown twice
-    for tokens, shown in ((b"  word", "word"), (b"   ", " "), (b"-x", "-x"), (b" x", " x")):
+    for tokens, shown in ((b"  word", "word"), (b"   ", " "), (b"\tx", "\tx"), (b" x", " x")):
         stream = _Stream(tok, strip="  " if shown != " x" else "\n")
         for token in tokens:
             stream([token])

@@ -488,7 +488,7 @@ def _show_heading(report: Any, overrides: list[str] | None = None) -> str:
 
 @app.command()
 def show(
-    spec: Annotated[str, typer.Argument(help="A preset name, a path to a YAML spec, or a run folder (its spec.yaml).", show_default=False)],
+    spec: Annotated[str, typer.Argument(metavar="SPEC", help="A preset name, a path to a YAML spec, or a run folder (its spec.yaml).", show_default=False)],
     set_: SetOption = None,
     batch: BatchOption = 1,
     seq_len: SeqLenOption = None,
@@ -510,7 +510,8 @@ def show(
 
     ```
     specformer show gpt2-small
-    specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown
+    specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed \\
+        --format markdown
     specformer show my.yaml --tree
     ```
     """
@@ -902,12 +903,14 @@ def _labels(args: list[str], specs: list[Any], *, set_last: bool = False) -> lis
 @app.command()
 def diff(
     specs: Annotated[list[str], typer.Argument(
+        metavar="SPEC",
         help="Two or more preset names, YAML paths or run folders (their spec.yaml; one, with --set).", show_default=False)],
     set_: Annotated[
         list[str] | None,
         typer.Option(
             "--set",
             "-s",
+            metavar="FIELD=VALUE",
             help="Override a field of the last spec: `--set decoder.attention.n_kv_heads=4`. With a "
             "single spec, diffs it against itself with the overrides. Repeatable.",
             show_default=False,

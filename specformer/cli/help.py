@@ -5,9 +5,10 @@ the long and short names, the ``--no-`` names, the type, the help). On 80 column
 width of a default terminal and of output that is piped, a command with long option names
 (``--repetition-penalty``, ``--stop-at-eot/--no-stop-at-eot``) left its help a column of
 16 characters and cut names and words short with an ellipsis (``--repetition-pen…``,
-``(encoder-decode…``). Where typer's table would cut anything, the panel is laid out as
-argparse and click lay out theirs instead: each option's names and type on a line, its
-help below them across the width. Elsewhere typer's own table is kept.
+``(encoder-decode…``). Where typer's table would cut anything, or take more lines than
+this layout, the panel is laid out as argparse and click lay out theirs instead: each
+option's names and type on a line (a flag has no type: it takes no value), its help below
+them across the width. Elsewhere (a wide terminal) typer's own table is kept.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _names(param: Any, ctx: Any) -> Text:
             text.append_text(rich_utils.negative_highlighter(", ".join(param.secondary_opts)))
     if getattr(param, "required", False):
         text = Text(rich_utils.REQUIRED_SHORT_STRING + " ", style=rich_utils.STYLE_REQUIRED_SHORT) + text
-    kind = param.display_type_rich(ctx=ctx) if hasattr(param, "display_type_rich") else None
+    flag = getattr(param, "is_flag", False) or bool(param.secondary_opts)  # takes no value: no <bool>
+    kind = None if flag or not hasattr(param, "display_type_rich") else param.display_type_rich(ctx=ctx)
     ranged = param._get_number_range_help_str() if hasattr(param, "_get_number_range_help_str") else None
     if kind:
         text.append("  ")
@@ -61,13 +63,21 @@ def _stacked(*, name: str, params: list[Any], ctx: Any, markup_mode: Any, consol
                         title_align=rich_utils.ALIGN_OPTIONS_PANEL))
 
 
-def _cuts(panel: Any, *, console: Console, params: list[Any], **kwargs: Any) -> bool:
-    """Whether typer's table cuts a name or a word short at this console's width."""
-    if any(ELLIPSIS in (getattr(p, "help", None) or "") for p in params):
-        return False  # an ellipsis of the help's own: not a sign of a cut
+def _rendered(panel: Any, *, console: Console, **kwargs: Any) -> str:
+    """What ``panel`` prints at this console's width, without styles."""
     probe = Console(file=io.StringIO(), width=console.width, color_system=None, force_terminal=False)
-    panel(params=params, console=probe, **kwargs)
-    return ELLIPSIS in probe.file.getvalue()
+    panel(console=probe, **kwargs)
+    return probe.file.getvalue()
+
+
+def _stacks_better(panel: Any, *, params: list[Any], **kwargs: Any) -> bool:
+    """Whether typer's table cuts a name or a word short at this console's width, or takes
+    more lines than the stacked layout (a help column squeezed to a few words a line)."""
+    table = _rendered(panel, params=params, **kwargs)
+    own = any(ELLIPSIS in (getattr(p, "help", None) or "") for p in params)  # not a sign of a cut
+    if ELLIPSIS in table and not own:
+        return True
+    return table.count("\n") > _rendered(_stacked, params=params, **kwargs).count("\n")
 
 
 def install() -> None:
@@ -81,7 +91,7 @@ def install() -> None:
     def fitted(**kwargs: Any) -> None:
         known = {"name", "params", "ctx", "markup_mode", "console"} == kwargs.keys()
         if (known and kwargs["params"] and hasattr(rich_utils, "_get_parameter_help")
-                and _cuts(typer_panel, **kwargs)):
+                and _stacks_better(typer_panel, **kwargs)):
             _stacked(**kwargs)
         else:  # typer's own table: it fits, or this typer's panel is not the one this module knows
             typer_panel(**kwargs)

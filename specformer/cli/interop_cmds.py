@@ -80,7 +80,7 @@ def _folder(source: Path) -> Path:
 @app.command("import-hf")
 def import_hf_cmd(
     source: Annotated[
-        Path, typer.Argument(help="A Hugging Face model folder (config.json + weights) or a config.json.")
+        Path, typer.Argument(metavar="SOURCE", help="A Hugging Face model folder (config.json + weights) or a config.json.")
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the spec YAML (missing folders on its path are made).")],
     weights: Annotated[
@@ -106,7 +106,8 @@ def import_hf_cmd(
     ```
     specformer import-hf path/to/model_dir -o my.yaml
     specformer import-hf path/to/model_dir -o my.yaml --weights my.safetensors
-    specformer train my.yaml --init-from my.safetensors --set 'training.data={type: files, paths: [my_texts/]}'
+    specformer train my.yaml --init-from my.safetensors \\
+        --set 'training.data={type: files, paths: [my_texts/]}'
     ```
 
     The spec trains with the model's own tokenizer.json (its training.tokenizer names
@@ -115,7 +116,8 @@ def import_hf_cmd(
     BART's `</s>`), so it fine-tunes on your pairs as transformers does:
 
     ```
-    specformer train my.yaml --init-from my.safetensors --set 'training.data={type: pairs, paths: [pairs.jsonl]}'
+    specformer train my.yaml --init-from my.safetensors \\
+        --set 'training.data={type: pairs, paths: [pairs.jsonl]}'
     ```
 
     Tokens the model's generation_config.json forces (BART's forced_bos_token_id and
@@ -242,7 +244,7 @@ def _grouped(names: list[str], shown: int = 8) -> str:
 def export_hf_cmd(
     source: Annotated[
         Path,
-        typer.Argument(
+        typer.Argument(metavar="SOURCE",
             help="A specformer checkpoint (.ckpt or a run folder), or a .safetensors file of weights with --spec."
         ),
     ],

@@ -26,6 +26,7 @@ SetOption = Annotated[
     typer.Option(
         "--set",
         "-s",
+        metavar="FIELD=VALUE",
         help="Override a field: `--set decoder.n_layers=4 --set positional.type=rope`. "
         "The value is parsed as YAML and checked like the file. Repeatable.",
         show_default=False,
@@ -140,7 +141,7 @@ def _human(n: int) -> str:
 
 @app.command()
 def validate(
-    spec: Annotated[str, typer.Argument(help="A preset name, a path to a YAML spec, or a run folder (its spec.yaml).")],
+    spec: Annotated[str, typer.Argument(metavar="SPEC", help="A preset name, a path to a YAML spec, or a run folder (its spec.yaml).")],
     set_: SetOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing when the spec is valid.")] = False,
     output_format: Annotated[
@@ -156,7 +157,8 @@ def validate(
 
     ```
     specformer validate gpt2-small
-    specformer validate my.yaml --set decoder.n_layers=4 --set positional.type=rope
+    specformer validate my.yaml --set decoder.n_layers=4 \\
+        --set positional.type=rope
     ```
     """
     if output_format not in ("yaml", "json"):

@@ -49,11 +49,12 @@ def _stopped_by(exc: BaseException) -> str:
     return stopped_by(_signal_of(exc))
 
 
-def _starting() -> AbstractContextManager[None]:
+def _starting(nothing: str = "nothing was written") -> AbstractContextManager[None]:
     """The imports of torch and Lightning (seconds): Ctrl-C or SIGTERM there is said once they
     end, not silent (the handler of :func:`~specformer.training.run.sigterm_raises` is not in
-    place before those imports), and never raised inside them (:func:`~specformer.cli.app.loading`)."""
-    return loading("while starting; nothing was written")
+    place before those imports), and never raised inside them (:func:`~specformer.cli.app.loading`).
+    ``nothing``: what the command had not done yet."""
+    return loading(f"while starting; {nothing}")
 
 
 @contextmanager
@@ -287,7 +288,7 @@ def _print_summary(result: Any) -> None:
 def train_cmd(
     spec: Annotated[
         str | None,
-        typer.Argument(help="A preset name, a YAML spec or a run folder (its spec.yaml). Leave it out with --resume: the checkpoint's spec, "
+        typer.Argument(metavar="SPEC", help="A preset name, a YAML spec or a run folder (its spec.yaml). Leave it out with --resume: the checkpoint's spec, "
                             "with every --set of its run, is used; a spec given there replaces the run's "
                             "training settings (those its --set gave included) with its own."),
     ] = None,
@@ -324,11 +325,17 @@ def train_cmd(
     specformer train gpt-nano
     specformer train bert-nano --set training.max_steps=200
     specformer train t5-nano --set training.data.task=sort
-    specformer train gpt-nano --set 'training.data={type: files, paths: [input.txt]}' --set training.tokenizer.type=byte
-    specformer train my.yaml --training fast.yaml --set training.precision=bf16-mixed
-    specformer train --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt
-    specformer train gpt2.yaml --init-from gpt2.safetensors --set training.max_steps=200
-    specformer train gpt2.yaml --init-from gpt2.safetensors --set training.objective.type=sft --set 'training.data={type: pairs, paths: [qa.jsonl]}'
+    specformer train gpt-nano \\
+        --set 'training.data={type: files, paths: [input.txt]}' \\
+        --set training.tokenizer.type=byte
+    specformer train my.yaml --training fast.yaml \\
+        --set training.precision=bf16-mixed
+    specformer train --resume runs/gpt-nano/20250101-120000   # or its last.ckpt
+    specformer train gpt2.yaml --init-from gpt2.safetensors \\
+        --set training.max_steps=200
+    specformer train gpt2.yaml --init-from gpt2.safetensors \\
+        --set training.objective.type=sft \\
+        --set 'training.data={type: pairs, paths: [qa.jsonl]}'
     ```
 
     A decoder given (prompt, response) pairs (`training.data` of type pairs: .jsonl lines
@@ -483,7 +490,7 @@ def _conversation_file(path: Path, prompt: str) -> list[dict[str, Any]]:
 
 @app.command("generate", cls=OnceCommand)
 def generate_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate at most.")] = 100,
     temperature: Annotated[
@@ -520,19 +527,27 @@ def generate_cmd(
     Examples:
 
     ```
-    specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt --prompt "def" --max-new-tokens 100
-    specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 --top-p 0.95
+    specformer generate runs/gpt-nano/<timestamp>/checkpoints/last.ckpt \\
+        --prompt "def" --max-new-tokens 100
+    specformer generate CKPT --prompt "import os" --temperature 0.7 --top-k 50 \\
+        --top-p 0.95
     specformer generate CKPT --prompt "def" --top-k 200 --num-samples 5
     specformer generate runs/t5-nano/<timestamp> --prompt "hello"
-    specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy   # import-hf's weights
-    specformer generate my.safetensors --spec my.yaml --prompt "What is 2+2?" --chat   # an instruct model
-    specformer generate CKPT --prompt "What is 2+2?" --chat --system "Answer in one word."
-    specformer generate CKPT --messages chat.json --prompt "And 3+3?"   # a conversation so far, then a turn
+    # import-hf's weights
+    specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy
+    # an instruct model
+    specformer generate my.safetensors --spec my.yaml --prompt "What is 2+2?" \\
+        --chat
+    specformer generate CKPT --prompt "What is 2+2?" --chat \\
+        --system "Answer in one word."
+    # a conversation so far, then a turn
+    specformer generate CKPT --messages chat.json --prompt "And 3+3?"
     specformer generate runs/t5-nano/<timestamp> --prompt "hello" --num-beams 4
-    specformer generate CKPT --prompt "def" -n 4000 --max-seq-len 4096   # a RoPE model built for 1024
+    # a RoPE model built for 1024
+    specformer generate CKPT --prompt "def" -n 4000 --max-seq-len 4096
     ```
     """
-    with _starting():
+    with _starting("nothing was generated"):
         import torch
 
         from specformer.components.layout import lay_out_for_decoding
@@ -623,7 +638,8 @@ def generate_cmd(
             how = (f"--num-beams {num_beams}" if num_beams > 1 else "--greedy" if greedy
                    else "--temperature 0" if temperature is not None else "an encoder-decoder's default, greedy decoding")
             raise _fail(f"--num-samples draws several texts, and {how} gives the same text each time",
-                        "sample with a temperature above 0 (e.g. --temperature 0.8)")
+                        "leave out --num-beams to sample" if num_beams > 1
+                        else "sample with a temperature above 0 (e.g. --temperature 0.8)")
         # a tokenizer smaller than the model's vocabulary (a BPE trained on little text) has no text for the rest
         candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
         learned = spec.positional.type == "learned"
@@ -770,7 +786,7 @@ def _sample_separator() -> None:
 
 @app.command("chat")
 def chat_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec, of a decoder whose tokenizer has a chat template.")],
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec, of a decoder whose tokenizer has a chat template.")],
     system: Annotated[str | None, typer.Option("--system", help="A system prompt, the conversation's first turn. Default: the training.objective.system the model was fine-tuned with, if any.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens of a reply at most.")] = 256,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.8,
@@ -793,10 +809,11 @@ def chat_cmd(
 
     ```
     specformer chat runs/chat/<timestamp>
-    specformer chat my.safetensors --spec my.yaml --system "Answer in one word." --greedy
+    specformer chat my.safetensors --spec my.yaml \\
+        --system "Answer in one word." --greedy
     ```
     """
-    with _starting():
+    with _starting("nothing was generated"):
         import torch
 
         from specformer.components.layout import lay_out_for_decoding
@@ -1019,7 +1036,7 @@ def _escape(text: str) -> str:
 
 @app.command("eval")
 def eval_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     set_: SetOption = None,
     batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always scores its whole held-out set, in batches large enough to hold it in this many.")] = None,
     spec_source: SpecOfWeights = None,
@@ -1038,10 +1055,15 @@ def eval_cmd(
     ```
     specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
     specformer eval CKPT --batches 50
-    specformer eval CKPT --set max_seq_len=2048   # a RoPE model trained at 512, at 2048 tokens
-    specformer eval CKPT --set max_seq_len=2048 --set 'positional.scaling={type: linear, factor: 4}'
-    specformer eval CKPT --set max_seq_len=2048 --set 'positional.scaling={type: dynamic, factor: 2, original_max_position_embeddings: 512}'
-    specformer eval my.safetensors --spec my.yaml --set 'training.data={type: files, paths: [my_texts/]}'
+    # a RoPE model trained at 512, at 2048 tokens
+    specformer eval CKPT --set max_seq_len=2048
+    specformer eval CKPT --set max_seq_len=2048 \\
+        --set 'positional.scaling={type: linear, factor: 4}'
+    specformer eval CKPT --set max_seq_len=2048 \\
+        --set 'positional.scaling={type: dynamic, factor: 2,
+                                   original_max_position_embeddings: 512}'
+    specformer eval my.safetensors --spec my.yaml \\
+        --set 'training.data={type: files, paths: [my_texts/]}'
     ```
     """
     with _starting():
@@ -1188,8 +1210,8 @@ def _precision(precision: str) -> str:
 
 @app.command("fill-mask")
 def fill_mask_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint of an encoder (masked LM), or a .safetensors file of its weights with --spec.")],
-    text: Annotated[str, typer.Argument(help="Text with one or more `<mask>` (or `[MASK]`) placeholders.")],
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint of an encoder (masked LM), or a .safetensors file of its weights with --spec.")],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="Text with one or more `<mask>` (or `[MASK]`) placeholders.")],
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Candidates shown per mask.")] = 5,
     spec_source: SpecOfWeights = None,
 ) -> None:
@@ -1198,9 +1220,10 @@ def fill_mask_cmd(
     Examples:
 
     ```
-    specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"
+    specformer fill-mask runs/bert-nano/<timestamp> "import <mask>"
     specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10
-    specformer fill-mask my.safetensors --spec my.yaml "Paris is the <mask> of France."
+    specformer fill-mask my.safetensors \\
+        --spec my.yaml "Paris is the <mask> of France."
     ```
     """
     with _starting():
@@ -1286,8 +1309,8 @@ _OUTPUT_KINDS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "js
 
 @app.command("classify", cls=OnceCommand)
 def classify_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint (.ckpt) or run folder of a classifier, or a .safetensors file of its weights with --spec.")],
-    texts: Annotated[list[str] | None, typer.Argument(help="Texts to classify; - reads them from standard input, one a line.", show_default=False)] = None,
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt) or run folder of a classifier, or a .safetensors file of its weights with --spec.")],
+    texts: Annotated[list[str] | None, typer.Argument(metavar="TEXT", help="Texts to classify; - reads them from standard input, one a line.", show_default=False)] = None,
     file: Annotated[str | None, typer.Option("--file", "-f", help="Texts to classify: a table (.csv, .tsv with a header row, .json, .jsonl, .ndjson; .gz, .bz2, .xz read decompressed) or a plain text file, one text a line; - is standard input.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the predictions to this file, as its extension says: .csv, .tsv, .jsonl (.ndjson) or .json; a table's own columns are kept. Default: a table on the screen.")] = None,
     text_column: Annotated[str | None, typer.Option("--text-column", help="The table's column (or JSON field) of texts. Default: the one the model was trained on (training.data.text_field), else text.")] = None,
@@ -1317,11 +1340,14 @@ def classify_cmd(
     Examples:
 
     ```
-    specformer classify runs/my-bert/<timestamp> "a good film" "the plot was bad"
-    specformer classify CKPT --file test.csv -o predictions.csv   # accuracy when test.csv has a label column
-    specformer classify CKPT --file reviews.jsonl --text-column review --top-k 3 -o out.jsonl
+    specformer classify runs/my-bert/<timestamp> "a good film" "a bad plot"
+    # accuracy when test.csv has a label column
+    specformer classify CKPT --file test.csv -o predictions.csv
+    specformer classify CKPT --file reviews.jsonl --text-column review \\
+        --top-k 3 -o out.jsonl
     cat texts.txt | specformer classify CKPT -
-    specformer classify my.safetensors --spec my.yaml "a good film"   # import-hf's classifier
+    # import-hf's classifier
+    specformer classify my.safetensors --spec my.yaml "a good film"
     ```
     """
     from specformer.cli.app import check_output_file

@@ -223,7 +223,9 @@ def test_help_examples_are_shown_verbatim():
     result = runner.invoke(app, ["schema", "--help"], env={"COLUMNS": "120"})
     assert "# yaml-language-server: $schema=specformer.schema.json" in result.stdout
     result = runner.invoke(app, ["show", "--help"], env={"COLUMNS": "120"})
-    assert "specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed --format markdown" in result.stdout
+    lines = [line.rstrip() for line in result.stdout.splitlines()]
+    first = lines.index("  specformer show llama2-7b --batch 8 --seq-len 2048 --dtype bf16-mixed \\")
+    assert lines[first + 1] == "      --format markdown"  # a command too long for 80 columns goes on, as a shell reads it
 
 
 def test_field_reference_lists_the_choices_of_a_type_field():
@@ -342,6 +344,24 @@ def test_help_keeps_every_angle_bracketed_token_of_the_docstrings():
         assert not missing, f"{name} --help drops {missing}"
 
 
+def test_help_examples_fit_80_columns_whole():
+    # a wrapped example's first line is an incomplete command, and its second a stray one
+    import re
+
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for block in re.findall(r"```\n(.*?)```", command.help or "", flags=re.S):
+            for line in block.splitlines():
+                assert len(line.strip()) <= 76, f"{name} --help: an example past 80 columns: {line.strip()}"
+        result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+        lines = result.stdout.splitlines()
+        for i, line in enumerate(lines[:-1]):
+            if line.startswith("  specformer ") and not line.rstrip().endswith("\\"):
+                assert not re.match(r"  [^\s#s]", lines[i + 1]), f"{name} --help wraps: {line!r} / {lines[i + 1]!r}"
+
+
 @pytest.mark.parametrize("columns", [80, 100, 250])
 def test_help_shows_every_option_and_its_help_whole_at_any_width(columns):
     # on 80 columns (a default terminal, and output that is piped) typer's table cut long
@@ -356,7 +376,8 @@ def test_help_shows_every_option_and_its_help_whole_at_any_width(columns):
         assert max(len(line) for line in result.stdout.splitlines()) <= columns
         shown = "".join(result.stdout.replace("│", "").split())
         for param in command.params:
-            for flag in [*param.opts, *param.secondary_opts]:
+            names = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [param.metavar]
+            for flag in names:
                 assert flag in result.stdout, f"{name} --help at {columns} columns has no {flag}"
             for word in (param.help or "").replace("`", "").split():  # wrapped anywhere, markdown's marks left out
                 assert word in shown, f"{name} --help at {columns} columns: {param.opts[0]}'s help lacks {word!r}"

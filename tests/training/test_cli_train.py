@@ -107,6 +107,8 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     assert all(text.startswith("import") for text in texts)
     same = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--greedy", "--num-samples", "2"])
     assert same.exit_code == 1 and "--greedy gives the same text each time" in same.stderr
+    beams = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--num-beams", "2", "--num-samples", "2"])
+    assert beams.exit_code == 1 and "leave out --num-beams to sample" in beams.stderr
 
     ev = runner.invoke(app, ["eval", str(ckpt), "--batches", "2"], env={"COLUMNS": "200"})
     assert ev.exit_code == 0, ev.output
@@ -597,7 +599,7 @@ def test_help_shows_placeholders_and_examples_verbatim() -> None:
 
     out = CliRunner().invoke(app, ["fill-mask", "--help"], env={"COLUMNS": "160"}).stdout
     assert "Text with one or more <mask> (or [MASK]) placeholders" in out
-    assert 'specformer fill-mask runs/bert-nano/<timestamp>/checkpoints/last.ckpt "import <mask>"' in out
+    assert 'specformer fill-mask runs/bert-nano/<timestamp> "import <mask>"' in out
     assert 'specformer fill-mask CKPT "def __init__(self, <mask>):" --top-k 10' in out
 
 
@@ -850,6 +852,9 @@ def test_ctrl_c_while_the_libraries_load_is_said(capsys: Any) -> None:
         os.kill(os.getpid(), signal.SIGINT)  # as during `import lightning`
     assert info.value.exit_code == 130
     assert "interrupted while starting; nothing was written" in capsys.readouterr().err
+    with pytest.raises(typer.Exit), _starting("nothing was generated"):  # generate's and chat's
+        os.kill(os.getpid(), signal.SIGINT)
+    assert "interrupted while starting; nothing was generated" in capsys.readouterr().err
 
 
 def test_sigterm_while_the_libraries_load_is_said(capsys: Any) -> None:
@@ -1169,7 +1174,7 @@ def test_train_help_resumes_as_the_interruption_hint_says() -> None:
     # a spec given with --resume replaces the run's training settings (its --set included):
     # the help's example resumes without one, as the Ctrl-C hint does, and says so
     out = " ".join(CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).stdout.split())
-    assert "specformer train --resume runs/gpt-nano/20250101-120000/checkpoints/last.ckpt" in out
+    assert "specformer train --resume runs/gpt-nano/20250101-120000" in out
     assert "specformer train gpt-nano --resume" not in out
     assert "Leave it out with --resume: the checkpoint's spec, with every --set of its run, is used" in out
 

@@ -81,7 +81,8 @@ def _stacks_better(panel: Any, *, params: list[Any], **kwargs: Any) -> bool:
 
 
 def install() -> None:
-    """Routes typer's options panels through a check of their fit (once): :func:`_stacked` where typer's table cuts."""
+    """Routes typer's options panels through a check of their fit (once): :func:`_stacked` where typer's table
+    cuts a word or takes more lines."""
     from typer import rich_utils
 
     typer_panel = getattr(rich_utils, "_print_options_panel", None)

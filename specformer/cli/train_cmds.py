@@ -536,8 +536,8 @@ def generate_cmd(
     # import-hf's weights
     specformer generate my.safetensors --spec my.yaml --prompt "Hello" --greedy
     # an instruct model
-    specformer generate my.safetensors --spec my.yaml --prompt "What is 2+2?" \\
-        --chat
+    specformer generate my.safetensors --spec my.yaml --chat \\
+        --prompt "What is 2+2?"
     specformer generate CKPT --prompt "What is 2+2?" --chat \\
         --system "Answer in one word."
     # a conversation so far, then a turn

@@ -77,7 +77,7 @@ class Spec(BaseModel):
         (``specformer validate`` prints a whole spec so); ``repr()`` stays pydantic's."""
         from specformer.specs.loader import dump_yaml
 
-        return dump_yaml(self.model_dump(mode="json"))
+        return dump_yaml(self.model_dump(mode="json")).rstrip("\n")  # print() ends the line
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         """How IPython and Jupyter show a spec: its fields as YAML (what ``specformer validate``

@@ -1158,8 +1158,8 @@ class ModelSpec(Spec):
 
     def __str__(self) -> str:
         # print(spec) shows the resolved YAML, as `specformer validate` prints it; repr() stays
-        # pydantic's ModelSpec(name=..., ...), unambiguous for debugging
-        return self.to_yaml()
+        # pydantic's ModelSpec(name=..., ...), unambiguous for debugging; print() ends the line
+        return self.to_yaml().rstrip("\n")
 
 
 def _attentions(stack: StackSpec) -> Iterator[tuple[str, AttentionSpec]]:

@@ -547,7 +547,7 @@ def test_a_bare_preset_name_is_the_preset_beside_a_file_of_that_name(tmp_path, m
 
 def test_a_spec_shows_as_its_yaml_and_keeps_pydantics_repr() -> None:
     spec = load_spec("gpt-nano")
-    assert str(spec) == spec.to_yaml() and load_spec(yaml.safe_load(str(spec))) == spec  # print(spec)
+    assert str(spec) + "\n" == spec.to_yaml() and load_spec(yaml.safe_load(str(spec))) == spec  # print(spec)
     assert repr(spec).startswith("ModelSpec(name='gpt-nano', kind='decoder', vocab_size=512, ")  # one line, pydantic's
     assert "\n" not in repr(spec)
 
@@ -567,6 +567,8 @@ def test_a_spec_shows_as_its_yaml_and_keeps_pydantics_repr() -> None:
     assert part.out.splitlines()[:4] == ["# AttentionSpec", "type: mha", "n_heads: 4", "n_kv_heads: 4"]
     # print(spec.decoder): a part prints as its YAML too, which is the part's own fields
     assert str(spec.decoder.attention).splitlines()[:3] == ["type: mha", "n_heads: 4", "n_kv_heads: 4"]
+    # print() ends the line: no blank line after the YAML
+    assert not str(spec.decoder.attention).endswith("\n") and str(spec) == spec.to_yaml().rstrip("\n")
     assert yaml.safe_load(str(spec.decoder)) == spec.decoder.model_dump(mode="json")
     assert spec.model_copy(update={"decoder": yaml.safe_load(str(spec.decoder))}) == spec
     assert repr(spec.decoder).startswith("StackSpec(n_layers=4, ") and "\n" not in repr(spec.decoder)

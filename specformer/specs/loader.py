@@ -1277,7 +1277,7 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         guess = did_you_mean(name, allowed)
         field, where = FIELD_HINTS.get(name.lower(), (None, ""))
         # a field of another type of this family (an rmsnorm's bias is a layernorm's) says so first
-        typed = _field_elsewhere(name, path, owner) if name.lower() == "bias" else None
+        typed = _field_of_another_type(name, path, owner) if name.lower() == "bias" else None
         if field is not None and (field != guess or name.lower() in OTHER_MEANING):
             # a name from another tool, or a field of another section: say where it is written
             hint = f"{typed or where}. " + (f"allowed here: {', '.join(allowed)}" if allowed else "")
@@ -1463,11 +1463,8 @@ def _placeholder(info: Any) -> str:
 
 
 def _field_elsewhere(name: str, path: list, owner: Any) -> str:
-    """Where an unknown field ``name`` is a field after all: of another type of the same
-    family (:func:`_field_of_another_type`), or of another section (``training.betas`` is
-    ``training.optimizer.betas``); '' if nowhere."""
-    if another := _field_of_another_type(name, path, owner):
-        return another
+    """Where an unknown field ``name`` is a field of another section after all
+    (``training.betas`` is ``training.optimizer.betas``); '' if nowhere."""
     found = field_path(name)
     if found is None or found[0] == _dotted(path):
         return ""

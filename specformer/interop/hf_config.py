@@ -945,9 +945,6 @@ MULTIMODAL: dict[str, tuple[str, dict[str, str]]] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = (*_IMPORTERS, *MULTIMODAL)
 
-# Families people often try, and the one thing each needs that specformer lacks.
-_NEAR_MISSES: dict[str, str] = {}
-
 
 # --------------------------------------------------------------------------- architectures: which head
 
@@ -1189,11 +1186,6 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
         model_type = data["model_type"]
     importer = _IMPORTERS.get(model_type)
     if importer is None:
-        if model_type in _NEAR_MISSES:
-            raise HFConversionError(
-                f"model_type {model_type!r} needs {_NEAR_MISSES[model_type]}, which specformer "
-                f"cannot express; supported model types: {supported}"
-            )
         raise HFConversionError(f"model_type {model_type!r} is not supported; supported: {supported}")
     c = _Config(data, model_type)
     raw = importer(c)

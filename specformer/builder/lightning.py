@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -114,6 +115,9 @@ class SpecModule(L.LightningModule):
         self.objective = REGISTRY.build("objective", t.objective, model_spec=self.spec)
         self.tokenizer = tokenizer
         self.tokens_seen = 0  # read by this rank, since the run began (resumes included)
+        # this run's training tokens by the length their batch ran at (padded): the model FLOPs
+        # a token costs grow with it, and pairs, SFT and labelled texts run shorter than seq_len
+        self.tokens_by_length: Counter[int] = Counter()
         self.recent_losses: deque[torch.Tensor] = deque(maxlen=max(10, t.log_interval))
         self.val_history: list[dict[str, float]] = []
         self._step_losses: list[torch.Tensor] = []  # the micro-batches' losses of the step under way
@@ -180,6 +184,9 @@ class SpecModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self.objective(self, batch)
         self.tokens_seen += out.n_input
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+        if isinstance(ids, torch.Tensor) and ids.dim() > 0:
+            self.tokens_by_length[int(ids.shape[-1])] += out.n_input
         self.recent_losses.append(out.loss.detach())
         # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean of its
         # micro-batches' losses (what the step's gradient is of), not the last micro-batch's alone
@@ -311,6 +318,7 @@ class SpecModule(L.LightningModule):
         self.train_started = time.perf_counter()
         self.val_seconds = 0.0
         self.tokens_at_start = self.tokens_seen
+        self.tokens_by_length = Counter()
         self.compile_seconds, self.compile_tokens = 0.0, 0
         self._first_step_from = self.trainer.global_step if self._compiled is not None else None
         # after a resume the optimizer holds the lr the old schedule gave; set this one's

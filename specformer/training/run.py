@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -87,8 +87,9 @@ class TrainResult:
     resumed_from: str | None = None
     initialized_from: str | None = None
     # the model FLOPs of a training step per token (show --flops-count executed: 6N + 12·L·T·d for
-    # a GPT, nanoGPT's and PaLM's count for MFU; with training.optimizer.freeze, the forward and
-    # the backward products the trained parameters need); None for an encoder-decoder, whose tokens differ
+    # a GPT, nanoGPT's and PaLM's count for MFU, at the lengths the batches ran at; with
+    # training.optimizer.freeze, the forward and the backward products the trained parameters
+    # need); None for an encoder-decoder, whose tokens differ
     flops_per_token: float | None = None
     # of train_seconds, the time validations took: tokens/s is over the rest, the steps' own time
     val_seconds: float = 0.0
@@ -148,20 +149,31 @@ def spec_yaml_header(command: str | None, versions: dict[str, str], workdir: str
     return "\n".join(lines) + "\n"
 
 
-def _training_flops(spec: Any) -> float | None:
-    """The training FLOPs per token of ``spec`` at its ``training.seq_len``, every query against
-    all keys (what MFU counts); None for an encoder-decoder (its step reads source and target
-    tokens, and tokens/s counts the inputs) or a part the analysis has no formula for (a plugin's
-    type, or an objective a plugin builds): a figure that leaves it out would understate the MFU."""
+def _training_flops(spec: Any, lengths: Mapping[int, int] | None = None) -> float | None:
+    """The training FLOPs per token of ``spec``, every query against all keys (what MFU counts):
+    at the lengths the batches ran at, ``lengths`` mapping each to the tokens trained at it (a
+    token of a 16-token SFT batch costs less attention than one of a 256-token block), or at
+    ``training.seq_len`` without them. None for an encoder-decoder (its step reads source and
+    target tokens, and tokens/s counts the inputs) or a part the analysis has no formula for (a
+    plugin's type, or an objective a plugin builds): a figure that leaves it out would
+    understate the MFU."""
     if spec.kind == "encoder-decoder":
         return None
     from specformer.analysis import flops_per_token
 
+    weights = {int(n): w for n, w in (lengths or {}).items() if n > 0 and w > 0}
+    if not weights:
+        weights = {spec.training.seq_len or spec.max_seq_len: 1}
+    total = 0.0
     try:
-        flops = flops_per_token(spec, seq_len=spec.training.seq_len or spec.max_seq_len, count="executed")
+        for n, w in weights.items():
+            flops = flops_per_token(spec, seq_len=n, count="executed")
+            if flops.not_counted:
+                return None
+            total += w * float(flops.training)
     except Exception:  # a model the analysis cannot read: the summary leaves the figure out
         return None
-    return None if flops.not_counted else float(flops.training)
+    return total / sum(weights.values())
 
 
 def _steps(n: int) -> str:
@@ -593,7 +605,7 @@ def train(
         data=dm.data.description,
         resumed_from=str(resume) if resume else None,
         initialized_from=str(init_from) if init_from is not None else None,
-        flops_per_token=_training_flops(spec),
+        flops_per_token=_training_flops(spec, module.tokens_by_length),
         parameters=sum(p.numel() for p in module.model.parameters()),
         trainable_parameters=sum(p.numel() for p in module.model.parameters() if p.requires_grad),
         history=[dict(h) for h in history],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -235,3 +236,28 @@ def test_a_few_steps_on_pairs_lower_the_response_loss_and_generate_continues_a_p
             assert cli.stdout == said
         else:
             assert cli.stdout.startswith("x:ab") and cli.stdout.rstrip("\n").endswith("cd"), cli.stdout
+
+
+def test_the_model_flops_a_token_are_counted_at_the_lengths_the_batches_ran_at(tiny: Any, tmp_path: Path) -> None:
+    from specformer.analysis import flops_per_token
+
+    # one pair a batch: each batch runs at its pair's own length, and one epoch reads every
+    # training pair once, whatever the order, so the run's tokens by length are known here
+    spec = load_spec(_sft(tiny, _reversals(tmp_path / "p.jsonl", 40), batch_size=1, val_interval=1000,
+                          seq_len=64))
+    dm = SpecDataModule(spec)
+    dm.setup()
+    epoch = itertools.islice(dm.train_dataloader(), len(dm.data.train))  # the stream's first epoch
+    lengths = [(int(b["input_ids"].shape[-1]), int(b["attention_mask"].sum())) for b in epoch]
+    assert all(n == real for n, real in lengths) and max(n for n, _ in lengths) < spec.training.seq_len
+
+    def training_flops(n: int) -> float:
+        return float(flops_per_token(spec, seq_len=n, count="executed").training)
+
+    want = sum(real * training_flops(n) for n, real in lengths) / sum(real for _, real in lengths)
+    result = train(load_spec(_sft(tiny, tmp_path / "p.jsonl", batch_size=1, val_interval=1000,
+                                  seq_len=64, max_steps=len(lengths))))
+    assert result.tokens == sum(real for _, real in lengths)
+    assert result.flops_per_token == pytest.approx(want, rel=1e-12)
+    # the seq_len figure counts each token's attention over 64 keys, where these read 24 to 42
+    assert result.flops_per_token < 0.95 * training_flops(spec.training.seq_len)

@@ -9,6 +9,11 @@ width of a default terminal and of output that is piped, a command with long opt
 this layout, the panel is laid out as argparse and click lay out theirs instead: each
 option's names and type on a line (a flag has no type: it takes no value), its help below
 them across the width. Elsewhere (a wide terminal) typer's own table is kept.
+
+Two more of typer's marks read wrong to a user of other command lines, and go: a flag's
+``<bool>`` (it takes no value: ``--tree``, not ``--tree true``), and the braces around a
+required argument in the usage line (``show [OPTIONS] {SPEC}``), where braces mean a choice
+of values; it reads ``SPEC``, as argparse and click write it, optional ones keeping ``[...]``.
 """
 
 from __future__ import annotations
@@ -42,8 +47,7 @@ def _names(param: Any, ctx: Any) -> Text:
             text.append_text(rich_utils.negative_highlighter(", ".join(param.secondary_opts)))
     if getattr(param, "required", False):
         text = Text(rich_utils.REQUIRED_SHORT_STRING + " ", style=rich_utils.STYLE_REQUIRED_SHORT) + text
-    flag = getattr(param, "is_flag", False) or bool(param.secondary_opts)  # takes no value: no <bool>
-    kind = None if flag or not hasattr(param, "display_type_rich") else param.display_type_rich(ctx=ctx)
+    kind = None if _is_flag(param) or not hasattr(param, "display_type_rich") else param.display_type_rich(ctx=ctx)
     ranged = param._get_number_range_help_str() if hasattr(param, "_get_number_range_help_str") else None
     if kind:
         text.append("  ")
@@ -80,10 +84,41 @@ def _stacks_better(panel: Any, *, params: list[Any], **kwargs: Any) -> bool:
     return table.count("\n") > _rendered(_stacked, params=params, **kwargs).count("\n")
 
 
+def _is_flag(param: Any) -> bool:
+    return bool(getattr(param, "is_flag", False) or getattr(param, "secondary_opts", None))
+
+
+def _unmark(typer_core: Any) -> None:
+    """No ``<bool>`` after a flag in typer's table, no braces around a required argument in the usage line."""
+    option, argument = getattr(typer_core, "TyperOption", None), getattr(typer_core, "TyperArgument", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is not None and not getattr(shown, "_specformer", False):
+        def display_type_rich(self: Any, ctx: Any) -> str | None:
+            return None if _is_flag(self) else shown(self, ctx)
+
+        display_type_rich._specformer = True  # type: ignore[attr-defined]
+        option.display_type_rich = display_type_rich
+    usage = getattr(argument, "_usage_display_name", None)
+    if usage is not None and not getattr(usage, "_specformer", False):
+        def _usage_display_name(self: Any) -> str:
+            name = usage(self)
+            more = "..." if name.endswith("...") else ""
+            bare = name.removesuffix(more)
+            if bare.startswith("{") and bare.endswith("}"):
+                return bare[1:-1] + more
+            return name
+
+        _usage_display_name._specformer = True  # type: ignore[attr-defined]
+        argument._usage_display_name = _usage_display_name
+
+
 def install() -> None:
     """Routes typer's options panels through a check of their fit (once): :func:`_stacked` where typer's table
-    cuts a word or takes more lines."""
+    cuts a word or takes more lines; and takes typer's ``<bool>`` and usage braces out (:func:`_unmark`)."""
+    from typer import core as typer_core
     from typer import rich_utils
+
+    _unmark(typer_core)
 
     typer_panel = getattr(rich_utils, "_print_options_panel", None)
     if typer_panel is None or getattr(typer_panel, "_specformer", False):

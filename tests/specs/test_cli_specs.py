@@ -374,6 +374,14 @@ def test_help_shows_every_option_and_its_help_whole_at_any_width(columns):
         assert result.exit_code == 0, result.output
         assert "…" not in result.stdout, f"{name} --help at {columns} columns:\n{result.stdout}"
         assert max(len(line) for line in result.stdout.splitlines()) <= columns
+        # a flag takes no value: typer's "--tree <bool>" reads as if it took one; and braces in
+        # the usage line ("show [OPTIONS] {SPEC}") mean a choice of values, not a required argument
+        assert "<bool>" not in result.stdout, f"{name} --help at {columns} columns:\n{result.stdout}"
+        usage = next(line for line in result.stdout.splitlines() if "Usage:" in line)
+        assert "{" not in usage, usage
+        for param in command.params:
+            if param.param_type_name == "argument":
+                assert (param.metavar if param.required else f"[{param.metavar}") in usage, usage
         shown = "".join(result.stdout.replace("│", "").split())
         for param in command.params:
             names = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [param.metavar]

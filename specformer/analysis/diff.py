@@ -275,8 +275,32 @@ def flatten_spec(spec: Any) -> tuple[dict[str, Any], set[str]]:
     flat.update(derived)
     flat.update(layer_paths)
     derived_paths = set(derived) | {p for p in layer_paths if p.endswith(".kv_groups")}
-    derived_paths |= {p for p in flat if _follows_from_others(spec, flat, p)}
+    derived_paths |= {p for p in flat if _follows_from_others(spec, flat, p) and not _written(spec, flat, p)}
     return flat, derived_paths
+
+
+def _written(spec: Any, flat: dict[str, Any], path: str) -> bool:
+    """Whether the spec's files (or its Python caller) write ``path``'s value: a size that
+    equals its derivation is still the spec's own where it is written (a d_ff: 512 stays 512
+    when d_model changes). A layer's field is written where the last override of that layer
+    with the part writes it, or where its value is the stack's and the stack writes it."""
+    m = _LAYER_PATH.match(path)
+    if m is None:
+        *parents, name = path.split(".")
+        node = spec
+        for part in parents:
+            node = getattr(node, part, None)
+        return name in getattr(node, "model_fields_set", ())
+    role, index, (part, _, name) = m.group(1), int(m.group(2)), m.group(3).partition(".")
+    stack = getattr(spec, role, None)
+    for ov in reversed(getattr(stack, "overrides", ())):
+        node = getattr(ov, part, None) if index in ov.layers else None
+        if node is not None:
+            if name in node.model_fields_set:
+                return True
+            break
+    stack_path = f"{role}.{m.group(3)}"
+    return stack_path in flat and _same(flat[stack_path], flat.get(path)) and _written(spec, flat, stack_path)
 
 
 def _value_at(spec: Any, flat: dict[str, Any], path: str) -> Any:
@@ -303,7 +327,8 @@ def _derived_in(spec: Any, flat: dict[str, Any], derived: set[str], path: str, v
         return path in derived
     if value is ABSENT or path.endswith(".kv_groups"):
         return True
-    return _follows_from_others(spec, {**flat, path: value}, path, inherited=True)
+    with_layer = {**flat, path: value}
+    return _follows_from_others(spec, with_layer, path, inherited=True) and not _written(spec, with_layer, path)
 
 
 def _changes(specs: list[Any]) -> list[Change]:

@@ -194,3 +194,34 @@ def test_a_section_null_in_one_spec_is_shown_by_its_fields_not_as_a_null_row() -
     assert paths["decoder.cross_attention.n_heads"].values == (ABSENT, 4)
     # a field that is null in the only spec that has its section is still a row
     assert paths["encoder.cross_attention"].values == (ABSENT, None)
+
+
+def test_a_size_the_spec_writes_is_not_marked_derived_even_where_it_equals_the_derivation() -> None:
+    # d_ff: 512 written at d_model 128 is 4·d_model, but it stays 512 when d_model changes:
+    # the spec's own value, not one that follows from d_model
+    written = load_spec({"extends": "gpt-nano", "decoder": {"ffn": {"d_ff": 512}, "attention": {"head_dim": 32},
+                                                            "norm": {"final": True}}})
+    wide = load_spec("gpt-nano", overrides=["d_model=256"])
+    changes = {c.path: c for c in diff_specs(written, wide, reports=False, checkpoints=False).changes}
+    assert changes["decoder.ffn.d_ff"].values == (512, 1024) and not changes["decoder.ffn.d_ff"].derived
+    assert not changes["decoder.attention.head_dim"].derived
+    # where neither writes it, it follows from d_model in both
+    changes = {c.path: c for c in diff_specs("gpt-nano", wide, reports=False, checkpoints=False).changes}
+    assert changes["decoder.ffn.d_ff"].derived and changes["decoder.attention.head_dim"].derived
+    post = load_spec("gpt-nano", overrides=["decoder.norm.placement=post"])
+    assert {c.path: c.derived for c in diff_specs(written, post, reports=False, checkpoints=False).changes}[
+        "decoder.norm.final"] is False
+    assert {c.path: c.derived for c in diff_specs("gpt-nano", post, reports=False, checkpoints=False).changes}[
+        "decoder.norm.final"] is True
+    # a layer's: an override that writes the size the new type derives, and a stack's written size it keeps
+    glu = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [{"layers": [3], "ffn": {"type": "glu"}}]}})
+    sized = load_spec({"extends": "gpt-nano", "decoder": {"overrides": [
+        {"layers": [3], "ffn": {"type": "glu", "d_ff": 384}}]}})
+    assert {c.path: c.derived for c in diff_specs("gpt-nano", glu, reports=False, checkpoints=False).changes}[
+        "decoder.layers.3.ffn.d_ff"] is True
+    assert {c.path: c.derived for c in diff_specs("gpt-nano", sized, reports=False, checkpoints=False).changes}[
+        "decoder.layers.3.ffn.d_ff"] is False
+    kept = load_spec({"extends": "gpt-nano", "d_model": 256, "decoder": {
+        "ffn": {"d_ff": 1024}, "overrides": [{"layers": [0], "attention": {"sliding_window": 8}}]}})
+    changes = {c.path: c for c in diff_specs("gpt-nano", kept, reports=False, checkpoints=False).changes}
+    assert not changes["decoder.ffn.d_ff"].derived

@@ -1191,14 +1191,23 @@ def _plain(value: Any) -> Any:
 
 def _mark_written(node: Any, raw: Any) -> None:
     """Set the ``model_fields_set`` of ``node`` and of the spec objects inside it to the
-    fields ``raw`` (the input it was validated from) gives."""
+    fields ``raw`` (the input it was validated from) gives: a section the input leaves out
+    (a stack's attention filled in with its derived sizes, a decoder's cross-attention
+    copied from its self-attention) has none written."""
     if isinstance(node, BaseModel):
         if not isinstance(raw, dict):
             return
         written = {name for name in raw if name in type(node).model_fields}
         object.__setattr__(node, "__pydantic_fields_set__", written)
-        for name in written:
-            _mark_written(getattr(node, name), raw[name])
+        for name in type(node).model_fields:
+            value = getattr(node, name, None)
+            if name in written:
+                _mark_written(value, raw[name])
+            elif isinstance(value, BaseModel):
+                _mark_written(value, {})
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    _mark_written(item, {})
     elif isinstance(node, list | tuple) and isinstance(raw, list) and len(raw) == len(node):
         for item, given in zip(node, raw, strict=True):
             _mark_written(item, given)

@@ -225,3 +225,17 @@ def test_a_size_the_spec_writes_is_not_marked_derived_even_where_it_equals_the_d
         "ffn": {"d_ff": 1024}, "overrides": [{"layers": [0], "attention": {"sliding_window": 8}}]}})
     changes = {c.path: c for c in diff_specs("gpt-nano", kept, reports=False, checkpoints=False).changes}
     assert not changes["decoder.ffn.d_ff"].derived
+
+
+def test_sizes_of_a_section_the_spec_leaves_out_are_derived() -> None:
+    # no attention: or ffn: written, and a decoder's cross-attention copied from its
+    # self-attention: every size in them follows from the fields the spec writes
+    minimal = {"name": "m", "kind": "decoder", "vocab_size": 1000, "d_model": 256, "decoder": {"n_layers": 2}}
+    changes = {c.path: c for c in diff_specs(minimal, {**minimal, "d_model": 512},
+                                             reports=False, checkpoints=False).changes}
+    assert changes["decoder.attention.head_dim"].derived and changes["decoder.ffn.d_ff"].derived
+    fewer = load_spec("t5-nano", overrides=["decoder.attention.n_heads=2"])
+    changes = {c.path: c for c in diff_specs("t5-nano", fewer, reports=False, checkpoints=False).changes}
+    assert changes["decoder.cross_attention.n_heads"].values == (4, 2)
+    assert changes["decoder.cross_attention.head_dim"].derived
+    assert changes["decoder.cross_attention.n_kv_heads"].derived

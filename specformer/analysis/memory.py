@@ -129,10 +129,24 @@ _ALIASES = {
 _CACHE_ONLY = {"fp8": 1, "float8": 1, "int8": 1}
 
 
-def precision(name: str) -> Precision:
+def _name(value: Any, what: str) -> str:
+    """A precision or dtype name; a ``torch.dtype`` by its own (``torch.bfloat16``: ``bfloat16``,
+    the pure setting that ``build_model(dtype=torch.bfloat16)`` builds)."""
+    if isinstance(value, str):
+        return value
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        name = str(value).removeprefix("torch.")
+        return "fp8" if name.startswith("float8") else name
+    raise TypeError(f"{what} must be a name such as 'fp32', 'bf16-mixed' or 'bf16-true', or a torch.dtype, "
+                    f"not {type(value).__name__}")
+
+
+def precision(name: str | Any) -> Precision:
     """The :class:`Precision` called ``name`` (``fp32``, ``fp64``, ``bf16-mixed``, ``16-mixed``,
     ``bf16-true``, ``16-true``, or an alias: ``bf16`` and ``16`` are the mixed ones, as in
-    Lightning and ``training.precision``; ``fp16``, ``bfloat16`` the pure ones)."""
+    Lightning and ``training.precision``; ``fp16``, ``bfloat16`` the pure ones), or of a
+    ``torch.dtype`` (``torch.bfloat16``: ``bf16-true``, weights and all in that dtype)."""
+    name = _name(name, "a precision")
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in PRECISIONS:
@@ -141,8 +155,10 @@ def precision(name: str) -> Precision:
     return PRECISIONS[key]
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes of one activation element in ``dtype`` (also accepts fp8 / int8 for caches)."""
+def dtype_bytes(dtype: str | Any) -> int:
+    """Bytes of one activation element in ``dtype``, a name or a ``torch.dtype`` (also
+    accepts fp8 / int8 for caches)."""
+    dtype = _name(dtype, "a dtype")
     key = dtype.strip().lower()
     if key in _CACHE_ONLY:
         return _CACHE_ONLY[key]

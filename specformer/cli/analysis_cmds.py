@@ -47,9 +47,9 @@ DiffSeqLenOption = Annotated[
 DtypeOption = Annotated[
     str,
     typer.Option("--dtype", "-d", help="Precision of the training step: fp32 (or 32), bf16-mixed (or bf16), "
-                 "16-mixed (or 16), fp64 (or 64), as training.precision names them, or pure low precision: bf16-true, "
-                 "16-true (or fp16: pure float16, where Hugging Face's fp16=True is 16-mixed). The KV cache uses the "
-                 "compute dtype."),
+                 "16-mixed (or 16), fp64 (or 64), as training.precision names them, or pure low precision, weights "
+                 "and all in it: bf16-true (or bfloat16, as torch names the dtype), 16-true (or fp16, float16, half; "
+                 "Hugging Face's fp16=True is 16-mixed). The KV cache uses the compute dtype."),
 ]
 
 FlopsCountOption = Annotated[

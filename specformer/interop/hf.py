@@ -36,6 +36,7 @@ from specformer.interop.hf_config import (
     MULTIMODAL,
     SUPPORTED_MODEL_TYPES,
     HFConversionError,
+    _spec,
     export_family,
     hf_config_from_spec,
     hf_family,
@@ -448,7 +449,7 @@ def hf_state_dict(
 
 def save_hf(
     model: nn.Module | Mapping[str, Tensor],
-    spec: ModelSpec | None,
+    spec: ModelSpec | str | Path | Mapping[str, Any] | None,
     out_dir: str | Path,
     *,
     warnings: list[str] | None = None,
@@ -474,6 +475,7 @@ def save_hf(
         spec = getattr(model, "spec", None)
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
+    spec = _spec(spec)
     token_ids = special_token_ids(tokenizer, spec) if tokenizer is not None else None
     chat = _chat_template(spec, tokenizer) if tokenizer is not None else None
     ends = _turn_ends(spec, tokenizer, chat, token_ids)
@@ -496,6 +498,10 @@ def save_hf(
         generation = {key: config.get(key) for key in ("bos_token_id", "pad_token_id")}
         texts["generation_config.json"] = json.dumps({**generation, "eos_token_id": ends}, indent=2) + "\n"
     out = Path(out_dir)
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a folder: out_dir is the folder that "
+                                 "config.json and model.safetensors are written into", str(existing))
     writers: dict[Path, Callable[[Path], None]] = {
         out / name: (lambda path, text=text: path.write_text(text, encoding="utf-8")) for name, text in texts.items()
     }
@@ -649,7 +655,7 @@ def hf_auto_class(spec: ModelSpec) -> Any:
     return getattr(transformers, hf_auto_name(spec))
 
 
-def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:
+def to_hf(model: nn.Module, spec: ModelSpec | str | Path | Mapping[str, Any] | None = None) -> Any:
     """The ``transformers`` model equal to a specformer ``model`` (requires ``transformers``),
     in the model's dtype and in eval mode."""
     try:
@@ -661,6 +667,7 @@ def to_hf(model: nn.Module, spec: ModelSpec | None = None) -> Any:
     spec = spec if spec is not None else getattr(model, "spec", None)
     if spec is None:
         raise HFConversionError("the model has no .spec; pass spec=")
+    spec = _spec(spec)
     config = hf_config_from_spec(spec)
     hf_config = transformers.AutoConfig.for_model(**config)
     # T5Config (and MT5Config) tie whatever tie_word_embeddings says: from_pretrained unties

@@ -427,7 +427,7 @@ def write_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -
 
 
 def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoint:
-    """The model of ``spec`` with the weights of a ``.safetensors`` file (what ``import-hf
+    """The model of ``spec`` (a ModelSpec, preset name, YAML path or dict) with the weights of a ``.safetensors`` file (what ``import-hf
     --weights`` writes), as :func:`load_checkpoint` rebuilds a checkpoint's: an imported
     model generates, evaluates and fills masks before any training. Its tokenizer is the
     spec's ``training.tokenizer`` when that is a ``tokenizer.json`` (``type: file``, as
@@ -435,7 +435,10 @@ def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoi
     recorded in the file's header, else None (a BPE the spec would train has none of the
     weights' ids)."""
     from specformer.builder import build_model
+    from specformer.specs.loader import load_spec
+    from specformer.specs.schema import ModelSpec
 
+    spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)  # a preset name, a YAML path, a dict
     path = Path(path)
     weights, _, _ = read_weights_and_tokenizer(path)
     model = build_model(spec)

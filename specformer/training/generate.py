@@ -553,6 +553,13 @@ def beam_search(
     from specformer.components.cache import CacheNotFilledError
 
     kind = "encoder-decoder" if start_id is not None else "decoder"
+    model_kind = getattr(getattr(model, "spec", None), "kind", None)
+    if model_kind == "encoder-decoder" and start_id is None:
+        raise ValueError("beam_search of an encoder-decoder needs start_id=, the token its decoder starts "
+                         "from (decoder_start_id(tokenizer, spec.training.objective) gives it)")
+    if model_kind == "decoder" and start_id is not None:
+        raise ValueError("start_id is for an encoder-decoder, whose decoder starts from it: a decoder "
+                         "continues its prompt; leave start_id out")
     _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1 (1 is greedy), got {num_beams!r}")

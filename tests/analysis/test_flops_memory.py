@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+import torch
 
 from specformer import load_spec
 from specformer.analysis import (
@@ -193,6 +194,17 @@ def test_unknown_dtype_is_a_clear_error() -> None:
     assert dtype_bytes("int8") == 1 and dtype_bytes("FP16") == 2
     assert precision("bfloat16").name == "bf16-true"
     assert precision("32-true").name == "fp32"
+
+
+def test_a_torch_dtype_is_a_precision_and_a_cache_dtype() -> None:
+    # build_model(dtype=torch.bfloat16) builds every weight in it: the pure setting
+    assert [precision(d).name for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16)] == [
+        "fp32", "fp64", "bf16-true", "16-true"]
+    assert memory_estimate("gpt-nano", dtype=torch.bfloat16) == memory_estimate("gpt-nano", dtype="bf16-true")
+    assert [kv_cache_bytes_per_token("gpt-nano", dtype=d) for d in (torch.float32, torch.bfloat16, torch.int8)] == [
+        4 * 2 * 4 * 128, 2 * 2 * 4 * 128, 2 * 4 * 128]
+    with pytest.raises(TypeError, match="a dtype must be a name such as 'fp32'.*or a torch.dtype, not int"):
+        kv_cache_bytes_per_token("gpt-nano", dtype=2)
 
 
 def test_precision_names_mean_what_training_precision_means() -> None:

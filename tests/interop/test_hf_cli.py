@@ -385,6 +385,23 @@ def test_an_export_removes_the_temporary_files_a_killed_export_left(tmp_path) ->
     assert sorted(f.name for f in out.iterdir()) == sorted(["config.json", "model.safetensors"] + [p.name for p in others])
 
 
+def test_the_python_exports_take_a_spec_as_load_spec_does_and_refuse_a_file_for_a_folder(tmp_path) -> None:
+    import specformer.interop.hf as hf
+
+    model = build_model("gpt-nano")
+    assert hf.hf_config_from_spec("gpt-nano") == hf.hf_config_from_spec(load_spec("gpt-nano"))
+    out = hf.save_hf(model, "gpt-nano", tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
+    # out_dir is a folder: a file there (or above it) is named, and nothing is written
+    taken = tmp_path / "notes.py"
+    taken.write_text("x = 1\n")
+    for out_dir in (taken, taken / "hf"):
+        with pytest.raises(NotADirectoryError, match="is a file, not a folder: out_dir is the folder") as info:
+            hf.save_hf(model, None, out_dir)
+        assert info.value.filename == str(taken)
+    assert taken.read_text() == "x = 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "notes.py"]
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes")
 def test_outputs_through_a_link_or_into_a_pipe_keep_them_what_they_are(tmp_path) -> None:
     """-o through a symbolic link writes the file it points to and keeps the link; -o into a

@@ -469,8 +469,14 @@ def test_beam_search_checks_its_arguments(tiny: Any) -> None:
         beam_search(model, prompt, num_beams=0, max_new_tokens=3, eos_id=None)
     with pytest.raises(ValueError, match="must fit max_seq_len"):
         beam_search(model, prompt, num_beams=2, max_new_tokens=spec.max_seq_len, eos_id=None)
-    with pytest.raises(ValueError, match="beam_search is for an encoder-decoder model"):
+    # start_id says which kind the call is for: one that does not match the model is named,
+    # not answered with "use generate", which has no beams
+    with pytest.raises(ValueError, match="start_id is for an encoder-decoder, whose decoder starts from it: a "
+                                         "decoder continues its prompt; leave start_id out"):
         beam_search(model, prompt, num_beams=2, max_new_tokens=3, eos_id=None, start_id=1)
+    _, seq2seq = _model(tiny, "encoder-decoder")
+    with pytest.raises(ValueError, match=r"beam_search of an encoder-decoder needs start_id="):
+        beam_search(seq2seq, prompt, num_beams=2, max_new_tokens=3, eos_id=None)
 
 
 def test_penalize_repeats_divides_seen_scores_and_bans_repeated_ngrams() -> None:

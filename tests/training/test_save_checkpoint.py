@@ -106,6 +106,11 @@ def test_load_weights_file_is_the_python_side_of_weights_with_spec(tiny: Any, tm
     ids = torch.randint(0, 256, (2, 9))
     assert torch.equal(loaded.model(ids).logits, model(ids).logits)
     assert isinstance(loaded.tokenizer, ByteTokenizer)
+    # the spec as generate FILE --spec SPEC gives it: a YAML path (or a preset name, or a dict)
+    (tmp_path / "spec.yaml").write_text(model.spec.to_yaml())
+    from_file = load_weights_file(tmp_path / "w.safetensors", str(tmp_path / "spec.yaml"))
+    assert from_file.spec == model.spec and isinstance(from_file.tokenizer, ByteTokenizer)
+    assert torch.equal(from_file.model(ids).logits, model(ids).logits)
 
 
 def test_a_spec_whose_bpe_is_trained_at_run_time_warns_when_saved_without_a_tokenizer(tiny: Any, tmp_path: Path) -> None:

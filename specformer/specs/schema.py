@@ -764,17 +764,17 @@ class StackSpec(Spec):
         (), strict=False, description="Per-layer settings for heterogeneous stacks; later entries win."
     )
 
-    @model_validator(mode="after")
-    def _override_indices(self) -> StackSpec:
+    def override_issues(self) -> Iterator[tuple[str, str]]:
+        """Each override whose layers run past ``n_layers`` (checked with the model's other
+        cross-field rules, so that every problem is said at once)."""
         for i, ov in enumerate(self.overrides):
             bad = [j for j in ov.layers if j >= self.n_layers]
             if bad:
-                raise _issue(
+                yield (
                     f"overrides.{i}.layers",
                     f"layer index {bad[0]} is out of range: the stack has n_layers={self.n_layers} "
                     f"(allowed: 0-{self.n_layers - 1})",
                 )
-        return self
 
     @property
     def final_norm(self) -> bool:
@@ -998,6 +998,9 @@ class ModelSpec(Spec):
                     yield "kind", f"kind {self.kind!r} needs {article} {role} stack ({role}: {{n_layers: ...}})"
             if has[role] and not need[role]:
                 yield role, f"kind {self.kind!r} has no {role} stack; remove it or change kind"
+        for role, stack in self.stacks():
+            for field, message in stack.override_issues():
+                yield f"{role}.{field}", message
         for field in ("share_positions", "share_encoder_decoder"):
             if not getattr(self.embedding, field) and self.kind != "encoder-decoder":
                 yield (
@@ -1033,6 +1036,8 @@ class ModelSpec(Spec):
             for where, att in _attentions(stack):
                 path = f"{role}.{where}"
                 if att.head_dim is None:
+                    if where != "attention" and not {"n_heads", "head_dim"} & att.model_fields_set:
+                        continue  # the heads it inherits: said once, where they are written
                     yield (
                         f"{path}.n_heads",
                         f"d_model={self.d_model} is not divisible by n_heads={att.n_heads}; "

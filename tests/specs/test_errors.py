@@ -269,6 +269,32 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert "activation: silu" in problems[2].hint  # users' name for it is explained
 
 
+def test_overrides_past_the_stack_are_reported_with_every_other_cross_field_problem(tmp_path):
+    # each out-of-range override, and the model's other cross-field rules, in one run; the
+    # heads an override inherits are said once, at the stack that writes them
+    problems = _problems(
+        tmp_path,
+        """
+        extends: gpt-nano
+        d_model: 250
+        positional: {type: learned, max_positions: 128}
+        decoder:
+          attention: {n_heads: 8}
+          overrides:
+            - {layers: "2-5", attention: {sliding_window: 8}}
+            - {layers: [7], ffn: {d_ff: 64}}
+        """,
+    )
+    assert [(p.path, p.position.line) for p in problems] == [
+        ("positional.max_positions", 3),
+        ("decoder.attention.n_heads", 5),
+        ("decoder.overrides.0.layers", 7),
+        ("decoder.overrides.1.layers", 8),
+    ]
+    assert "layer index 4 is out of range" in problems[2].message
+    assert "layer index 7 is out of range" in problems[3].message
+
+
 def test_extends_cycle_is_an_error(tmp_path):
     (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
     (tmp_path / "b.yaml").write_text("extends: ./a.yaml\nname: b\n")

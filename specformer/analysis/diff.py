@@ -491,15 +491,21 @@ def diff_specs(
     tables (default: their ``name`` fields, a repeated one numbered: ``gpt-nano #2``).
     ``count`` is :func:`flops_per_token`'s (``"needed"`` or ``"executed"``).
     """
+    if len(specs) == 1 and isinstance(specs[0], list | tuple):
+        raise TypeError(f"diff_specs takes the specs as arguments: diff_specs(*specs), not one "
+                        f"{type(specs[0]).__name__} of {len(specs[0])}")
     if len(specs) < 2:
         raise ValueError(f"diff needs at least two specs, got {len(specs)}")
+    if isinstance(labels, str):
+        raise TypeError(f"labels is one name a spec, as a list: labels=[...], not the string {labels!r}")
+    if labels is not None and len(labels) != len(specs):
+        raise ValueError(f"{len(labels)} labels for {len(specs)} specs")
     resolved = [as_spec(s) for s in specs]
     t = seq_len if seq_len is not None else resolved[0].max_seq_len
     changes = _changes(resolved)
     out_reports = [analyze(s, batch=batch, seq_len=t, dtype=dtype, count=count) for s in resolved] if reports else []
-    if labels is not None and len(labels) != len(resolved):
-        raise ValueError(f"{len(labels)} labels for {len(resolved)} specs")
-    names = list(labels) if labels is not None else distinct_names([s.name for s in resolved])
+    # the tables and the checkpoint lines name the specs by these: a label given twice is numbered
+    names = distinct_names([str(label) for label in labels] if labels is not None else [s.name for s in resolved])
     compat: list[Compatibility] = []
     if checkpoints:
         cache: dict[int, tuple[dict[str, tuple[int, ...]], str]] = {}

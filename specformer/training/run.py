@@ -248,7 +248,7 @@ def build_trainer(
     run_dir: Path,
     *,
     max_steps: int,
-    callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Callback] | Callback = (),
     loggers: Sequence[Logger] | Logger | bool | None = None,
     progress: bool = True,
     console: Console | None = None,
@@ -276,7 +276,7 @@ def build_trainer(
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_interval,
         logger=_default_loggers(run_dir) if loggers is None else loggers,
-        callbacks=own + list(callbacks),
+        callbacks=own + ([callbacks] if isinstance(callbacks, Callback) else list(callbacks)),
         enable_checkpointing=False,
         enable_progress_bar=progress,
         enable_model_summary=False,
@@ -313,11 +313,11 @@ def _resumed_position(raw: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def train(
-    spec: Any,
+    spec: Any = None,
     *,
     resume: str | Path | None = None,
     init_from: str | Path | None = None,
-    callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Callback] | Callback = (),
     loggers: Sequence[Logger] | Logger | bool | None = None,
     progress: bool = True,
     console: Console | None = None,
@@ -328,7 +328,9 @@ def train(
     """Train ``spec`` (a ModelSpec, preset name, path or dict) as its ``training:`` section says.
 
     ``resume`` continues from a checkpoint exactly (step, optimizer, scheduler, data
-    position, random state). ``init_from`` starts a new run (step 0, a fresh optimizer)
+    position, random state); without ``spec``, with the spec the checkpoint holds (as
+    ``specformer train --resume CKPT`` does; ``load_spec(load_checkpoint(CKPT).spec,
+    overrides=[...])`` is that spec with other settings). ``init_from`` starts a new run (step 0, a fresh optimizer)
     from the weights of a ``.safetensors`` file (``import-hf --weights``) or a checkpoint:
     fine-tuning; they must fit the spec's model exactly, but for a classification head, which
     starts from its initialisation under a body that fits (a masked-LM encoder's). Extra callbacks, loggers and ``Trainer`` keyword
@@ -348,6 +350,14 @@ def train(
             "init_from starts a new one from weights"
         )
     started = time.perf_counter()
+    if spec is None:
+        if resume is None:
+            raise TypeError("give a spec to train (a ModelSpec, preset name, YAML path or dict), or resume= a "
+                            "checkpoint to continue with the spec it holds")
+        meta = read_checkpoint(resume).get("specformer")
+        if not isinstance(meta, dict) or "spec" not in meta:
+            raise CheckpointError(f"{resume}: not a specformer checkpoint (it has no spec): give the spec to train")
+        spec = meta["spec"]
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     t = spec.training
     quiet_lightning()

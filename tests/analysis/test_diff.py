@@ -239,3 +239,15 @@ def test_sizes_of_a_section_the_spec_leaves_out_are_derived() -> None:
     assert changes["decoder.cross_attention.n_heads"].values == (4, 2)
     assert changes["decoder.cross_attention.head_dim"].derived
     assert changes["decoder.cross_attention.n_kv_heads"].derived
+
+
+def test_diff_specs_arguments_are_checked_as_a_notebook_passes_them() -> None:
+    with pytest.raises(TypeError, match=r"diff_specs takes the specs as arguments: diff_specs\(\*specs\), not one list"):
+        diff_specs(["gpt-nano", "llama-nano"])
+    with pytest.raises(TypeError, match="labels is one name a spec, as a list"):
+        diff_specs("gpt-nano", "llama-nano", labels="ab")
+    with pytest.raises(ValueError, match="3 labels for 2 specs"):
+        diff_specs("gpt-nano", "llama-nano", labels=["a", "b", "c"])
+    # a label given twice is numbered, as a repeated name is: each column and checkpoint line is one spec's
+    d = diff_specs("gpt-nano", "llama-nano", labels=["a", "a"], reports=False)
+    assert d.names == ["a", "a #2"] and d.compatibility[0].target == "a #2"

@@ -1168,3 +1168,20 @@ def test_weights_with_none_of_specformers_names_point_at_import_hf() -> None:
     with pytest.raises(CheckpointError) as info:
         check_weights(model, {**own, "extra.weight": torch.zeros(1)}, source="w.safetensors")
     assert "import-hf" not in str(info.value)
+
+
+def test_train_without_a_spec_resumes_with_the_checkpoints_own(tiny: Any) -> None:
+    # train(resume=CKPT) is `specformer train --resume CKPT`: the spec the checkpoint holds
+    full = LossRecorder()
+    train(_spec(tiny, "decoder", max_steps=6), progress=False, callbacks=full)  # one callback, not a list
+    assert sorted(full.losses) == [1, 2, 3, 4, 5, 6]
+    # a run of max_steps 6 stopped at step 3 (the Trainer's max_steps)
+    first = train(_spec(tiny, "decoder", max_steps=6), progress=False, max_steps=3)
+    assert first.checkpoint and read_checkpoint(first.checkpoint)["global_step"] == 3
+    resumed = LossRecorder()
+    result = train(resume=first.checkpoint, progress=False, callbacks=resumed)
+    assert result.steps == 6 and sorted(resumed.losses) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6)
+    with pytest.raises(TypeError, match="give a spec to train .* or resume= a checkpoint"):
+        train()

@@ -228,10 +228,7 @@ def import_hf(
     """
     config = read_hf_config(source)
     generation = read_generation_config(source)
-    if name is None and not config.get("_name_or_path") and isinstance(source, str | Path):
-        folder = Path(source) if Path(source).is_dir() else Path(source).resolve().parent
-        name = folder.name or None
-    spec = spec_from_hf_config(config, name=name)
+    spec = spec_from_hf_config(source if isinstance(source, str | Path) else config, name=name)
     tokenizer = model_tokenizer(source) if isinstance(source, str | Path) else None
     if tokenizer is not None:
         data = spec.to_dict()

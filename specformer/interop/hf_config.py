@@ -1190,7 +1190,7 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
     c = _Config(data, model_type)
     raw = importer(c)
     raw["head"] = _head_from_architectures(c, raw)
-    raw["name"] = name or _default_name(data)
+    raw["name"] = name or _default_name(data, config)
     raw = {"name": raw.pop("name"), **raw}
     try:
         return ModelSpec.model_validate(raw)
@@ -1223,9 +1223,18 @@ def _text_model_config(data: Mapping[str, Any], model_type: str) -> dict[str, An
     return out
 
 
-def _default_name(data: Mapping[str, Any]) -> str:
+def _default_name(data: Mapping[str, Any], config: Any = None) -> str:
+    """The config's ``_name_or_path`` (its last part), else the name of the folder a path
+    ``config`` is or is in, else the ``model_type``."""
     source = str(data.get("_name_or_path") or "").rstrip("/")
-    return source.rsplit("/", 1)[-1] if source else str(data["model_type"])
+    if source:
+        return source.rsplit("/", 1)[-1]
+    if isinstance(config, str | Path):
+        path = Path(config)
+        folder = path if path.is_dir() else path.resolve().parent
+        if folder.name:
+            return folder.name
+    return str(data["model_type"])
 
 
 # --------------------------------------------------------------------------- spec -> HF

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1285,3 +1286,17 @@ def test_docs_export_table_lists_every_preset_as_it_exports() -> None:
                 hf_config_from_spec(load_spec(preset))
         else:
             assert hf_config_from_spec(load_spec(preset))["model_type"] == exported, preset
+
+
+def test_a_config_read_from_a_folder_is_named_after_it_as_import_hf_names_it(tmp_path: Path) -> None:
+    from specformer.builder import build_model
+    from specformer.interop.hf import import_hf, save_hf
+
+    folder = save_hf(build_model("gpt-nano"), None, tmp_path / "my-model")
+    config = json.loads((folder / "config.json").read_text())
+    assert "_name_or_path" not in config
+    names = {spec_from_hf_config(folder).name, spec_from_hf_config(folder / "config.json").name,
+             import_hf(folder)[0].name}
+    assert names == {"my-model"}
+    assert spec_from_hf_config(config).name == "gpt2"  # a dict has no folder: its model_type
+    assert spec_from_hf_config({**config, "_name_or_path": "org/tiny-gpt"}).name == "tiny-gpt"

@@ -39,7 +39,7 @@ from specformer.analysis.params import (
     count_parameters,
     parameter_shapes,
 )
-from specformer.analysis.report import SpecReport, analyze
+from specformer.analysis.report import PositionTableWarning, SpecReport, analyze
 
 __all__ = [
     "ABSENT",
@@ -52,6 +52,7 @@ __all__ = [
     "ParamCounts",
     "Precision",
     "SpecDiff",
+    "PositionTableWarning",
     "SpecReport",
     "activation_bytes",
     "analyze",

@@ -20,7 +20,22 @@ from specformer.analysis.memory import (
 )
 from specformer.analysis.params import ParamCounts, as_spec, count_parameters, plugin_components
 
-__all__ = ["SpecReport", "analyze", "architecture_rows"]
+__all__ = ["PositionTableWarning", "SpecReport", "analyze", "architecture_rows", "past_position_table"]
+
+
+class PositionTableWarning(UserWarning):
+    """A length past a spec's learned position table: the model cannot run there, and the
+    numbers computed at it are what it would cost."""
+
+
+def past_position_table(spec: Any, seq_len: int | None) -> int | None:
+    """The rows of ``spec``'s learned position table when ``seq_len`` runs past them, else
+    None (no learned table, or a length within it: the other schemes extend)."""
+    pos = spec.positional
+    if seq_len is None or pos.type != "learned":
+        return None
+    rows = (pos.max_positions - pos.offset) if pos.max_positions is not None else spec.max_seq_len
+    return rows if seq_len > rows else None
 
 
 @dataclass(frozen=True)
@@ -92,10 +107,20 @@ def analyze(
     built on the meta device; the FLOPs, KV cache and memory its module alone knows are left
     out and the parts named in ``flops.not_counted``, ``kv_cache_not_counted`` and
     ``memory.not_counted``.
+
+    A ``seq_len`` past the spec's learned position table warns
+    (:class:`PositionTableWarning`): that model cannot run at that length.
     """
     spec = as_spec(spec)
     p = precision(dtype)
     memory = memory_estimate(spec, batch=batch, seq_len=seq_len, dtype=p.name)
+    rows = past_position_table(spec, memory.seq_len)
+    if rows is not None:
+        import warnings
+
+        warnings.warn(f"seq_len {memory.seq_len:,} is past {spec.name}'s learned position table ({rows:,} "
+                      "positions): the model cannot run at that length; the numbers are what it would cost",
+                      PositionTableWarning, stacklevel=2)
     kv_dtype = {8: "fp64", 4: "fp32"}.get(p.activation, "bf16" if "bf16" in p.name else "fp16")
     kv_plugins = {k: v for k, v in plugin_components(spec).items()
                   if k in ("decoder.attention", "decoder.cross_attention")}

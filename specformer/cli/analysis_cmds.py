@@ -209,10 +209,15 @@ def _check_options(output_format: str, dtype: str, flops_count: str = "needed") 
 def _analysis_errors(fn: Any) -> Any:
     """Run ``fn``; turn a ValueError (unknown dtype, a plugin's module that cannot be built to
     count it) into a message and exit status 1."""
+    import warnings
+
     from specformer.analysis.params import AnalysisError
+    from specformer.analysis.report import PositionTableWarning
 
     try:
-        return fn()
+        with warnings.catch_warnings():  # said before the tables, in the command's own words
+            warnings.simplefilter("ignore", PositionTableWarning)
+            return fn()
     except AnalysisError as exc:
         # a plugin's module that fails when built on the meta device to count it
         if exc.__cause__ is not None and os.environ.get("SPECFORMER_DEBUG"):
@@ -555,11 +560,11 @@ def _warn_past_learned_table(spec: Any, seq_len: int | None, *, name: str | None
     """A learned position table has a fixed length: past it the model cannot run (the
     other schemes extend), so say so rather than print costs of an impossible length.
     ``name`` names the spec (diff); ``given``: the length came from --seq-len."""
-    pos = spec.positional
-    if seq_len is None or pos.type != "learned":
-        return
-    rows = (pos.max_positions - pos.offset) if pos.max_positions is not None else spec.max_seq_len
-    if seq_len > rows:
+    from specformer.analysis.report import past_position_table
+
+    rows = past_position_table(spec, seq_len)
+    if rows is not None:
+        assert seq_len is not None
         length = f"--seq-len {seq_len:,}" if given else f"seq_len {seq_len:,} (the first spec's max_seq_len)"
         whose = f"{name}'s" if name is not None else "this spec's"
         print_error(

@@ -222,6 +222,7 @@ def test_show_warns_past_a_learned_position_table():
     result = runner.invoke(app, ["show", "gpt2-small", "--seq-len", "4096"])
     assert result.exit_code == 0, result.output
     assert "--seq-len 4,096 is past this spec's learned position table (1,024 positions)" in result.stderr
+    assert "PositionTableWarning" not in result.output and result.stderr.count("learned position table") == 1
     for ok in (["gpt2-small", "--seq-len", "1024"], ["llama2-7b", "--seq-len", "8192"]):  # rope extends
         result = runner.invoke(app, ["show", *ok])
         assert result.exit_code == 0 and "warning" not in result.stderr
@@ -308,6 +309,22 @@ def test_diff_warns_for_each_spec_evaluated_past_its_learned_position_table() ->
     assert "gpt-nano's" not in result.stderr
     quiet = runner.invoke(app, ["diff", "gpt-nano", "bert-nano", "--seq-len", "128"])
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_python_analysis_warns_past_a_learned_position_table_as_the_commands_do() -> None:
+    import warnings
+
+    from specformer.analysis import PositionTableWarning, analyze, diff_specs
+
+    with pytest.warns(PositionTableWarning, match=r"seq_len 1,000 is past gpt-nano's learned position table "
+                                                   r"\(256 positions\): the model cannot run at that length"):
+        analyze("gpt-nano", seq_len=1000)
+    with pytest.warns(PositionTableWarning, match="seq_len 1,024 is past gpt-nano's learned position table"):
+        diff_specs("gpt2-small", "gpt-nano")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        analyze("gpt-nano", seq_len=256)
+        analyze("llama-nano", seq_len=4096)  # rope extends
 
 
 def test_diff_names_the_problems_of_every_bad_spec_not_only_the_first(tmp_path: Path) -> None:

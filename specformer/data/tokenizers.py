@@ -78,6 +78,13 @@ class Tokenizer(ABC):
     bos_id: int | None = None
     eos_id: int | None = None
 
+    def __repr__(self) -> str:
+        # what a notebook wants to see of it: its size and special ids
+        ids = [f"{name}_id={getattr(self, f'{name}_id')}" for name in ("bos", "eos", "eot", "pad", "mask")
+               if getattr(self, f"{name}_id", None) is not None]
+        extra = ", chat_template" if getattr(self, "chat_template", None) is not None else ""
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}{''.join(', ' + i for i in ids)}{extra})"
+
     @abstractmethod
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
         """``text``'s ids. With ``specials`` (a prompt) the strings of special tokens, such as

@@ -795,6 +795,9 @@ class _Spelling:
         self.texts, self.text = list(texts), text
         self._masks: dict[str, Tensor] = {}
 
+    def __repr__(self) -> str:
+        return f"tokens spelling {self.text!r}"
+
     def _mask(self, left: str) -> Tensor | None:
         if left not in self._masks:
             ok = [bool(t) and (t.startswith(left) or left.startswith(t)) for t in self.texts]

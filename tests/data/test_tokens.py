@@ -170,3 +170,18 @@ def test_the_token_cache_is_reused_until_a_file_or_the_tokenizer_changes(tmp_pat
     assert not other.cached and other.path not in (first.path, changed.path)
     assert len(list((cache / "tokens").iterdir())) == 3
     assert len(list((cache / "tokenizers").glob("bpe-*.json"))) == 3
+
+
+def test_a_tokenizer_shows_its_size_and_special_ids() -> None:
+    from tokenizers import Tokenizer, models
+
+    from specformer.data.tokenizers import HFTokenizer
+    from specformer.training.generate import encode_prompt
+
+    assert repr(ByteTokenizer()) == "ByteTokenizer(vocab_size=259, bos_id=256, eos_id=256, eot_id=256, pad_id=257, mask_id=258)"
+    bpe = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, " b": 2, "<|endoftext|>": 3}, merges=[]))
+    bpe.add_special_tokens(["<|endoftext|>"])
+    assert repr(HFTokenizer(bpe)) == "HFTokenizer(vocab_size=4, bos_id=3, eos_id=3, eot_id=3)"
+    # a prompt's token healing shows the text its first tokens spell, not an object address
+    healed = encode_prompt(HFTokenizer(bpe), "a ")
+    assert "object at 0x" not in repr(healed) and "tokens spelling ' '" in repr(healed)

@@ -145,6 +145,9 @@ def _positional(spec: Any) -> str:
         return f"learned ({pos.rows(spec.max_seq_len)} rows)"
     if pos.type == "rope":
         frac = "" if pos.fraction == 1.0 else f", {pos.fraction:g} of head_dim"
+        dims = sorted({stack.attention.head_dim for _, stack in spec.stacks() if stack.attention.head_dim})
+        if frac and len(dims) == 1:  # the features rotated: int(head_dim × fraction), as transformers counts them
+            frac += f": {int(dims[0] * pos.fraction)} of {dims[0]}"
         scaling = ""
         if pos.scaling is not None:
             scaling = f", {pos.scaling.type} x{pos.scaling.factor:g}"

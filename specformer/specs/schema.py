@@ -330,7 +330,8 @@ class RopeSpec(Spec):
     type: Literal["rope"] = "rope"
     base: PositiveFloat = Field(10000.0, description="Frequency base theta.")
     fraction: float = Field(
-        1.0, gt=0.0, le=1.0, description="Fraction of head_dim that is rotated (GPT-NeoX: 0.25)."
+        1.0, gt=0.0, le=1.0, description="Fraction of head_dim that is rotated (GPT-NeoX: 0.25): the first int(head_dim * fraction) "
+        "features, rounded down as transformers rounds them, an even number."
     )
     local_base: PositiveFloat | None = Field(
         None,

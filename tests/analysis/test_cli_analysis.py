@@ -519,6 +519,10 @@ def test_show_and_diff_name_the_rope_scaling(tmp_path: Path) -> None:
         ["show", "llama2-7b", "-s", "positional.scaling={type: linear, factor: 4}", "-f", "markdown"]).stdout
     assert "| rope (base 10000, dynamic x2 of 4096) |" in _ok(["show", "llama2-7b", "-s", "positional.scaling="
         "{type: dynamic, factor: 2, original_max_position_embeddings: 4096}", "-f", "markdown"]).stdout
+    # a partial rotation names the features it rotates: 48 × 0.3 = 14.4, rounded down as transformers does
+    assert "| rope (base 10000, 0.3 of head_dim: 14 of 48) |" in _ok(
+        ["show", "gpt-nano", "-s", "positional={type: rope, fraction: 0.3}", "-s", "d_model=192", "-f", "markdown"]
+    ).stdout
     for factor in (8, 32):
         (tmp_path / f"x{factor}.yaml").write_text(
             f"extends: llama2-7b\nname: x{factor}\npositional:\n  scaling: {{type: llama3, factor: {factor}}}\n")

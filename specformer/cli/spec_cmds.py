@@ -167,6 +167,10 @@ def validate(
     resolved = load_or_exit(spec, set_)
     if quiet:
         return
+    from specformer.specs.training import training_problems
+
+    for problem in training_problems(resolved):  # valid, and it builds: train alone refuses it
+        print_error(f"{problem.path}: {problem.message}", label="[dim]note: specformer train refuses this spec:[/]")
     if output_format == "json":
         console.print_json(json.dumps(resolved.to_dict()))
     elif console.is_terminal:

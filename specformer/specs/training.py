@@ -41,6 +41,7 @@ from specformer.registry import PLUGIN_GROUP, REGISTRY, register_builtin
 from specformer.specs.base import Spec, family_union
 
 __all__ = [
+    "training_problems",
     "CausalLMSpec",
     "MaskedLMSpec",
     "Seq2SeqSpec",
@@ -1134,3 +1135,39 @@ def reference_models() -> list[tuple[str, type[Spec]]]:
         if family == "optimizer":
             out.append(("`training.optimizer.lr_scale:` entries", LRScaleSpec))
     return out
+
+
+def training_problems(spec: Any) -> list[Any]:
+    """What ``specformer train`` refuses in a spec that validates (it builds and analyses):
+    a classification head under an objective that trains a vocabulary head, and a
+    classifier with no labelled data. ``validate`` says them as a note; ``train`` refuses
+    them before any data is prepared."""
+    from specformer.specs.errors import SpecProblem
+
+    t = spec.training
+    if t is None:
+        return []
+    if spec.head is not None and spec.head.type == "classification" and t.objective is not None \
+            and t.objective.type != "classification":
+        if spec.kind != "encoder":  # objective classification trains an encoder only
+            article = "an" if spec.kind.startswith("e") else "a"
+            return [SpecProblem(
+                f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
+                f"classification, which trains on an encoder only (objective classification); {article} "
+                f"{spec.kind}'s classification head builds and analyses, but does not train: give it "
+                "--set head.type=lm to train it as a language model, or classify with an encoder (kind: encoder)",
+                path="head.type",
+            )]
+        return [SpecProblem(
+            f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
+            "classification: train it with objective classification on type: labelled data "
+            "(--set training.objective.type=classification --set 'training.data={type: labelled, paths: [train.csv]}')",
+            path="head.type",
+        )]
+    if t.objective is not None and t.objective.type == "classification" and t.data is None:
+        return [SpecProblem(
+            "a classifier trains on labelled texts, which have no default: set training.data: {type: labelled, "
+            "paths: [train.csv]} (a .csv, .tsv, .json or .jsonl table with a text and a label column)",
+            path="training.data",
+        )]
+    return []

@@ -635,31 +635,13 @@ def train(
 def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
     """Settings that would otherwise fail only once the data is prepared (minutes, for a
     large corpus), each named with what to do instead."""
-    from specformer.specs.errors import SpecError, SpecProblem
+    from specformer.specs.errors import SpecError
+    from specformer.specs.training import training_problems
 
     t = spec.training
-    if spec.head is not None and spec.head.type == "classification" and t.objective is not None \
-            and t.objective.type != "classification":
-        if spec.kind != "encoder":  # objective classification trains an encoder only
-            raise SpecError([SpecProblem(
-                f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
-                f"classification, which trains on an encoder only (objective classification); {'an' if spec.kind.startswith('e') else 'a'} "
-                f"{spec.kind}'s classification head builds and analyses, but does not train: give it "
-                "--set head.type=lm to train it as a language model, or classify with an encoder (kind: encoder)",
-                path="head.type",
-            )])
-        raise SpecError([SpecProblem(
-            f"objective {t.objective.type!r} trains a vocabulary head, and this model's head is type: "
-            "classification: train it with objective classification on type: labelled data "
-            "(--set training.objective.type=classification --set 'training.data={type: labelled, paths: [train.csv]}')",
-            path="head.type",
-        )])
-    if t.objective is not None and t.objective.type == "classification" and t.data is None:
-        raise SpecError([SpecProblem(
-            "a classifier trains on labelled texts, which have no default: set training.data: {type: labelled, "
-            "paths: [train.csv]} (a .csv, .tsv, .json or .jsonl table with a text and a label column)",
-            path="training.data",
-        )])
+    problems = training_problems(spec)
+    if problems:
+        raise SpecError(problems)
     if getattr(t.optimizer, "freeze", ()) or getattr(t.optimizer, "lr_scale", ()):
         from specformer.analysis.params import meta_build, plugin_components
 

@@ -45,6 +45,20 @@ def test_validate_reports_problems_and_exits_1(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_validate_notes_what_train_would_refuse_in_a_valid_spec():
+    # a decoder's classification head builds and analyses (valid), but does not train
+    result = runner.invoke(app, ["validate", "gpt-nano", "--set", "head={type: classification}"],
+                           env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["head"]["type"] == "classification"
+    note = " ".join(result.stderr.split())
+    assert note.startswith("note: specformer train refuses this spec: head.type: objective 'causal_lm' trains a "
+                           "vocabulary head")
+    assert "--set head.type=lm" in note
+    assert runner.invoke(app, ["validate", "gpt-nano"]).stderr == ""
+    assert runner.invoke(app, ["validate", "gpt-nano", "--set", "head={type: classification}", "-q"]).output == ""
+
+
 def test_validate_bad_override_exits_1():
     result = runner.invoke(app, ["validate", "gpt-nano", "--set", "decoder.n_layers=lots"])
     assert result.exit_code == 1

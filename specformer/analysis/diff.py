@@ -497,7 +497,7 @@ def diff_specs(
     if len(specs) < 2:
         raise ValueError(f"diff needs at least two specs, got {len(specs)}")
     if isinstance(labels, str):
-        raise TypeError(f"labels is one name a spec, as a list: labels=[...], not the string {labels!r}")
+        raise TypeError(f"labels are one name per spec, in a list: labels=[...], not the string {labels!r}")
     if labels is not None and len(labels) != len(specs):
         raise ValueError(f"{len(labels)} labels for {len(specs)} specs")
     resolved = [as_spec(s) for s in specs]

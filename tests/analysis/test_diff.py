@@ -244,7 +244,7 @@ def test_sizes_of_a_section_the_spec_leaves_out_are_derived() -> None:
 def test_diff_specs_arguments_are_checked_as_a_notebook_passes_them() -> None:
     with pytest.raises(TypeError, match=r"diff_specs takes the specs as arguments: diff_specs\(\*specs\), not one list"):
         diff_specs(["gpt-nano", "llama-nano"])
-    with pytest.raises(TypeError, match="labels is one name a spec, as a list"):
+    with pytest.raises(TypeError, match=r"labels are one name per spec, in a list: labels=\[...\], not the string .ab."):
         diff_specs("gpt-nano", "llama-nano", labels="ab")
     with pytest.raises(ValueError, match="3 labels for 2 specs"):
         diff_specs("gpt-nano", "llama-nano", labels=["a", "b", "c"])

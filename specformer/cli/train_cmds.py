@@ -97,8 +97,10 @@ def _errors_for_people(
         print_error(_stopped_by(exc) + stopped)
         raise typer.Exit(128 + _signal_of(exc)) from None
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
-        if os.environ.get(DEBUG_ENV):
-            raise
+        from specformer.cli import _output_error
+
+        if os.environ.get(DEBUG_ENV) or (isinstance(exc, OSError) and _output_error(exc)):
+            raise  # a full disk under a redirected output: said as every command says it
         text = _without_worker_traceback(str(exc).strip(), type(exc).__name__) or type(exc).__name__
         # where a failed run stopped and its checkpoint (specformer.training.run adds it)
         notes = [str(note) for note in getattr(exc, "__notes__", [])]
@@ -351,12 +353,21 @@ def train_cmd(
     gpt2.safetensors`, or of another run). Imported weights train with the model's own
     tokenizer, which the spec import-hf writes names (training.tokenizer: {type: file}).
     """
+    spec_obj: Any = None
+    positions: dict = {}
+    if spec is not None and (resume is None or init_from is None):
+        # read before torch and Lightning are imported (seconds): a mistake in the spec or a
+        # --set is said as fast as validate says it
+        try:
+            spec_obj, positions = _load_spec(spec, training, set_)
+        except SpecError as exc:
+            print_problems(exc)
+            raise typer.Exit(1) from None
     with _starting():
         from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
         from specformer.training.checkpoint import read_checkpoint
 
-    spec_obj: Any = None
     # a multi-process run starts this command again in each other process: only rank 0 reports
     report = rank_zero_only.rank == 0
 
@@ -385,8 +396,6 @@ def train_cmd(
             if not isinstance(meta, dict) or "spec" not in meta:
                 raise _fail(f"{resume}: not a specformer checkpoint (it has no spec)")
             spec_obj, positions = _load_spec(meta["spec"], training, set_)
-        else:
-            spec_obj, positions = _load_spec(spec, training, set_)
         from specformer.training.run import train
 
         if report:

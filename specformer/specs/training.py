@@ -776,6 +776,16 @@ class TrainingSpec(Spec):
         "else ~/.cache/specformer.",
     )
 
+    @field_validator("out_dir", "cache_dir")
+    @classmethod
+    def _a_folder(cls, value: str | None, info: Any) -> str | None:
+        # an empty one (an unset shell variable in `out_dir: $OUT`) would write into the working directory
+        if value is not None and not value.strip():
+            raise PydanticCustomError(
+                "folder", f"an empty folder name, which would write into the working directory: give a folder, "
+                f"e.g. {'runs' if info.field_name == 'out_dir' else '~/.cache/specformer'} (or . for this folder)")
+        return value
+
     @field_validator("precision", mode="before")
     @classmethod
     def _precision(cls, value: Any) -> Any:

@@ -470,6 +470,20 @@ def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(args):
     assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, whose every write fails as on a full disk")
+def test_train_into_an_output_that_cannot_be_written_says_so_as_the_other_commands_do(tmp_path):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-m", "specformer", "train", "gpt-nano", "--set", "training.max_steps=1"],
+                             stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                             env={**os.environ, "COLUMNS": "200", "SPECFORMER_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 1
+    assert run.stderr.startswith("error: cannot write the output (No space left on device)"), run.stderr
+    assert "OSError" not in run.stderr and "Traceback" not in run.stderr
+
+
 def test_schema_output_makes_missing_folders_and_its_help_says_so(tmp_path):
     out = tmp_path / "new" / "deeper" / "specformer.schema.json"
     result = runner.invoke(app, ["schema", "-o", str(out)])

@@ -79,6 +79,11 @@ BAD_INPUTS = [
      "decoder.cross_attention", ["only in the decoder of an encoder-decoder"]),
     ("absurdly-deep", "extends: gpt-nano\ndecoder:\n  n_layers: 100000000000\n", 3, "decoder.n_layers",
      ["less than or equal to 10000"]),
+    # an unset shell variable (`out_dir: $OUT`) is no folder, not the working directory
+    ("empty-out-dir", "extends: gpt-nano\ntraining: {out_dir: ''}\n", 2, "training.out_dir",
+     ["an empty folder name, which would write into the working directory", "e.g. runs (or . for this folder)"]),
+    ("blank-cache-dir", "extends: gpt-nano\ntraining: {cache_dir: ' '}\n", 2, "training.cache_dir",
+     ["an empty folder name"]),
     ("override-out-of-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 7, attention: {sliding_window: 8}}\n",
      4, "decoder.overrides.0.layers", ["out of range", "0-3"]),
     ("override-bad-range", "extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: 'five', ffn: {d_ff: 8}}\n",

@@ -1352,3 +1352,16 @@ def test_a_stop_before_any_checkpoint_says_when_the_first_comes(tiny: Any, tmp_p
         out = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "300"})
         assert out.exit_code == 130 and f"interrupted at step {step}; no checkpoint yet" in out.stderr, out.output
         assert hint in " ".join(out.stderr.split())
+
+
+def test_a_mistake_in_the_spec_is_said_before_torch_and_lightning_are_imported() -> None:
+    # train reads the spec and its --set first: a typo is said as fast as validate says it
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom specformer.cli.app import app\ntry:\n"
+            "    app(['train', 'gpt-nano', '--set', 'decoder.n_layer=2'])\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, 'torch' in sys.modules, 'lightning' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines()[-1] == "exit 1 False False"
+    assert "decoder.n_layer: unknown field 'n_layer'" in run.stderr and "did you mean 'n_layers'?" in run.stderr

@@ -282,6 +282,7 @@ def export_hf_cmd(
     if output.exists() and not output.is_dir():
         raise _fail(f"--output {output}: is a file; export-hf writes a folder (config.json + model.safetensors)")
     check_output_file(output / "config.json", "--output")
+    before = _loadable_files(output)
     with stops_cleanly("while exporting; nothing was written"):
         spec, state, tokenizer, imported_as = _read_source(source, spec_source)
         warnings: list[str] = []
@@ -309,15 +310,40 @@ def export_hf_cmd(
         why = ("the spec's training.tokenizer is not a tokenizer.json" if source.suffix == ".safetensors"
                else "the source carries none")
         _say(f"  no tokenizer ({why}): bos/eos/pad token ids are null in config.json")
-        # an earlier export's tokenizer files, which AutoTokenizer would still load beside these weights
-        stale = [name for name in ("tokenizer.json", "tokenizer_config.json") if (output / name).is_file()]
-        if stale:
-            print_error(
-                f"{output} still holds {' and '.join(stale)} from before, which this export did not write: "
-                "AutoTokenizer.from_pretrained would load them with these weights; remove them unless they "
-                "are these weights' tokenizer",
-                label="[yellow]warning:[/]",
-            )
+    # an earlier export's files that this one did not write (a chat template, a tokenizer, a
+    # generation config), which from_pretrained would still load beside these weights
+    stale = [name for name, seen in before.items() if _loadable_files(output).get(name) == seen]
+    if stale:
+        listed = ", ".join(stale[:-1]) + (" and " if len(stale) > 1 else "") + stale[-1]
+        print_error(
+            f"{output} still holds {listed} from before, which this export did not write: "
+            "from_pretrained (AutoTokenizer, GenerationConfig) would load "
+            f"{'them' if len(stale) > 1 else 'it'} with these weights; remove "
+            f"{'them' if len(stale) > 1 else 'it'} unless {'they are' if len(stale) > 1 else 'it is'} "
+            "these weights' own",
+            label="[yellow]warning:[/]",
+        )
+
+
+# the files of a model folder that transformers' from_pretrained reads beside config.json and
+# the weights: an earlier export's that a new one does not write would be loaded with it
+_LOADED_BESIDE = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "chat_template.jinja", "chat_template.json", "generation_config.json", "vocab.json",
+                  "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                  "model.safetensors.index.json")
+
+
+def _loadable_files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each of :data:`_LOADED_BESIDE` in ``folder`` by (inode, mtime): a file an export writes
+    is a new one renamed into place."""
+    found = {}
+    for name in _LOADED_BESIDE:
+        try:
+            stat = (folder / name).stat()
+        except OSError:
+            continue
+        found[name] = (stat.st_ino, stat.st_mtime_ns)
+    return found
 
 
 def _write_error(exc: OSError) -> str:

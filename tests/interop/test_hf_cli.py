@@ -587,6 +587,16 @@ def test_export_without_a_tokenizer_names_an_earlier_exports_tokenizer_left_in_t
     assert result.exit_code == 0, result.output
     assert f"{out} still holds tokenizer.json from before, which this export did not write" in result.stderr
     assert (out / "tokenizer.json").read_text() == "{}"  # the user's file is left alone
+    # and any file from_pretrained loads beside the weights: an earlier chat model's template
+    # and generation config would come with a plain model's weights
+    (out / "tokenizer.json").unlink()
+    (out / "chat_template.jinja").write_text("{{ messages }}")
+    (out / "generation_config.json").write_text('{"eos_token_id": [1, 2]}')
+    result = runner.invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert (f"{out} still holds chat_template.jinja and generation_config.json from before, which this export "
+            "did not write") in said
 
 
 def _model_folder(tmp_path: Path, config: dict, *, tokenizer: bool) -> Path:

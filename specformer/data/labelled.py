@@ -217,7 +217,7 @@ def row_values(record: object, where: str, columns: Columns, *, blank_label: boo
         raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with {fields} "
                         f"field{'s' if columns.label is not None else ''}")
     for name, what in columns.named():
-        if name not in record:
+        if name not in record and not (blank_label and name == columns.label):  # no label: as a null one
             has = ", ".join(map(repr, list(record)[:8])) or "no fields"
             raise DataError(f"{where}: no {name!r} field ({what}); this row has {has}")
     text = record[columns.text]
@@ -228,7 +228,7 @@ def row_values(record: object, where: str, columns: Columns, *, blank_label: boo
         raise DataError(f"{where}: the text ({columns.text!r}) is empty; every row needs a text to classify")
     if columns.label is None:
         return text, None
-    label = record[columns.label]
+    label = record.get(columns.label)
     if blank_label and (label is None or (isinstance(label, str) and not label.strip())):
         return text, None
     if isinstance(label, str):
@@ -263,13 +263,13 @@ def read_text_table(path: Path, text: str, setting: str, columns: Columns, *, op
                     blank_labels: bool = False) -> TextTable:
     """The rows of a table file's ``text`` (:func:`table_records`) read by ``columns``. With
     ``optional_label``, a table without ``columns.label`` (a CSV header without it, or a JSON
-    row) is read without labels instead of being an error; with ``blank_labels``, a row whose
-    label is empty (or null) has the label None."""
+    row that has it) is read without labels instead of being an error; with ``blank_labels``, a
+    row whose label is empty, null or (a JSON row) missing has the label None."""
     if optional_label and columns.label is not None:
         header, records = table_records(path, text, setting, Columns(columns.text, None, columns.text_setting))
         rows = list(records)
         has_label = (columns.label in header if header is not None
-                     else bool(rows) and all(isinstance(r, dict) and columns.label in r for _, r in rows))
+                     else any(isinstance(r, dict) and columns.label in r for _, r in rows))
         if not has_label:
             columns = Columns(columns.text, None, columns.text_setting, columns.label_setting)
     else:

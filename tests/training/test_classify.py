@@ -232,6 +232,13 @@ def test_the_training_columns_are_the_default_and_a_label_column_gives_accuracy(
     out = _cli(classifier, "--file", str(blank))
     assert out.exit_code == 0, out.output
     assert "accuracy 100.0% (2 of 2 texts with a label, the 'label' column)" in out.output
+    # JSON lines: a row without the label key is one without a label, as the empty cell is
+    lines = tmp_path / "blank.jsonl"
+    lines.write_text('{"text": "good film", "label": "pos"}\n{"text": "bad plot"}\n{"text": "so bad", "label": "neg"}\n')
+    for extra in ([], ["--label-column", "label"]):
+        out = _cli(classifier, "--file", str(lines), *extra)
+        assert out.exit_code == 0, out.output
+        assert "accuracy 100.0% (2 of 2 texts with a label, the 'label' column)" in out.output
     plain = tmp_path / "texts.txt"
     plain.write_text("good film\n\nbad plot\n")
     out = _cli(classifier, "--file", str(plain))

@@ -1265,8 +1265,9 @@ def fill_mask_cmd(
                         f"{spec.training.seq_len or spec.max_seq_len}", label="[yellow]warning:[/]")
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]  # (T, V)
-        # ids past the tokenizer's (a BPE that ended below vocab_size) have no text: never candidates
-        probs = logits[positions, : tok.vocab_size].float().softmax(-1)  # (M, V)
+        # over the whole vocabulary, as BertForMaskedLM's (and pipeline("fill-mask")'s) are; ids past
+        # the tokenizer's (a BPE that ended below vocab_size) have no text: never candidates
+        probs = logits[positions].float().softmax(-1)[:, : tok.vocab_size]  # (M, V)
         best = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     filled = list(ids)
     for n, pos in enumerate(positions):

@@ -226,3 +226,36 @@ def test_an_exported_bpe_reads_a_mask_as_fill_mask_does(tmp_path: Path) -> None:
     other["added_tokens"][2]["content"] = "[MASK]"
     from specformer.interop.hf_tokenizer import hf_tokenizer_json
     assert hf_tokenizer_json({"type": "hf", "json": json.dumps(other)}) == json.dumps(other)
+
+
+def test_fill_mask_gives_the_pipelines_probabilities_when_the_bpe_ended_below_vocab_size(tmp_path: Path) -> None:
+    # a BPE trained on a small corpus stops below the spec's vocab_size: fill-mask ranks the
+    # tokenizer's ids alone, but its probabilities are BertForMaskedLM's, over every id
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    from safetensors.torch import save_file
+
+    tok = _bpe()
+    assert tok.vocab_size == 300
+    out = tmp_path / "hf"
+    spec = load_spec("bert-nano", ["encoder.n_layers=1", "vocab_size=400"])
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    save_hf(model, spec, out, tokenizer=tok)
+    spec = load_spec(spec, [f"training.tokenizer={{type: file, path: {out / 'tokenizer.json'}}}"])
+    (tmp_path / "spec.yaml").write_text(spec.to_yaml())
+    save_file(model.state_dict(), str(tmp_path / "w.safetensors"))
+    text = "def <mask>(self):"
+    result = runner.invoke(app, ["fill-mask", str(tmp_path / "w.safetensors"), "--spec", str(tmp_path / "spec.yaml"),
+                                 text, "-k", "3"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    import re
+
+    shown = [float(p) for p in re.findall(r"│\s+\d\s+│\s+\S+\s+│\s+([\d.]+)\s+│", result.stdout)]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    inputs = hf_tok(text, return_tensors="pt")
+    with torch.no_grad():
+        logits = transformers.AutoModelForMaskedLM.from_pretrained(out)(**inputs).logits[0]
+    at = inputs.input_ids[0].tolist().index(hf_tok.mask_token_id)
+    probs = logits[at].softmax(-1)  # what the pipeline scores, over all 400 ids
+    assert shown == [round(p, 3) for p in probs[:300].topk(3).values.tolist()]
+    assert shown != [round(p, 3) for p in logits[at, :300].softmax(-1).topk(3).values.tolist()]

@@ -59,7 +59,7 @@ def _starting(nothing: str = "nothing was written") -> AbstractContextManager[No
 
 @contextmanager
 def _errors_for_people(
-    interrupt_hint: Callable[[int], str] | None = None,
+    interrupt_hint: Callable[[int, int | None], str] | None = None,
     stopped: str = " before training started; nothing was written to resume from",
     resume_again: Sequence[str] = (),
 ) -> Iterator[None]:
@@ -91,7 +91,7 @@ def _errors_for_people(
             again = "" if own else "".join(f" {shlex.quote(arg)}" for arg in resume_again)
             print_error(str(exc), f"resume with: specformer train --resume {shlex.quote(exc.checkpoint)}{again}")
         else:
-            print_error(str(exc), interrupt_hint(exc.step) if interrupt_hint else "")
+            print_error(str(exc), interrupt_hint(exc.step, exc.max_steps) if interrupt_hint else "")
         raise typer.Exit(exc.exit_status) from None
     except KeyboardInterrupt as exc:
         print_error(_stopped_by(exc) + stopped)
@@ -371,11 +371,12 @@ def train_cmd(
     # a multi-process run starts this command again in each other process: only rank 0 reports
     report = rank_zero_only.rank == 0
 
-    def interrupt_hint(step: int) -> str:
+    def interrupt_hint(step: int, max_steps: int | None = None) -> str:
         if spec_obj is None:
             return ""
         t = spec_obj.training
-        first = min(t.checkpoint_every, t.max_steps) if t.max_steps is not None else t.checkpoint_every
+        last = max_steps if max_steps is not None else t.max_steps  # a max_epochs run's steps, where known
+        first = min(t.checkpoint_every, last) if last is not None else t.checkpoint_every
         if step >= first:  # stopped in the validation the first checkpoint is written after
             return (f"nothing to resume from: the checkpoint of step {first} is written after that step's "
                     "validation, which the stop cut short")

@@ -542,7 +542,8 @@ def train(
                 ckpt, at = (str(resume), resumed_step) if resume else (None, None)
             # a signal at the last step stops the run before its closing validation: every step ran
             finished = finished or 0 < trainer.max_steps <= trainer.global_step
-            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished, signum=signum)
+            return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished, signum=signum,
+                                       max_steps=trainer.max_steps if trainer.max_steps > 0 else None)
 
         def failed(exc: Exception) -> BaseException:
             """``exc`` with what is left said: the step the run stopped at and its checkpoint."""

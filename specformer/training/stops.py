@@ -38,9 +38,10 @@ class TrainingInterrupted(KeyboardInterrupt):
 
     def __init__(
         self, step: int, checkpoint: str | None, checkpoint_step: int | None, run_dir: str, *, finished: bool = False,
-        signum: int = signal.SIGINT,
+        signum: int = signal.SIGINT, max_steps: int | None = None,
     ) -> None:
         self.step, self.checkpoint, self.checkpoint_step, self.run_dir = step, checkpoint, checkpoint_step, run_dir
+        self.max_steps = max_steps  # the run's last step (training.max_steps, or the steps its max_epochs make)
         self.finished = finished  # every step ran: only the closing validation was cut off
         self.signum = int(signum)
         where = f"; the last checkpoint (step {checkpoint_step}) is {checkpoint}" if checkpoint else "; no checkpoint yet"

@@ -1352,6 +1352,15 @@ def test_a_stop_before_any_checkpoint_says_when_the_first_comes(tiny: Any, tmp_p
         out = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "300"})
         assert out.exit_code == 130 and f"interrupted at step {step}; no checkpoint yet" in out.stderr, out.output
         assert hint in " ".join(out.stderr.split())
+    # a run by epochs of 20 steps writes its first checkpoint at its last step, not at val_interval
+    by_epochs = _write(tmp_path, tiny("decoder", max_steps=None, max_epochs=0.5, val_interval=100))
+
+    def stopped_early(*args: Any, **kwargs: Any) -> Any:
+        raise TrainingInterrupted(3, None, None, str(tmp_path / "runs"), max_steps=20)
+
+    monkeypatch.setattr(run, "train", stopped_early)
+    out = runner.invoke(app, ["train", str(by_epochs), "--no-progress"], env={"COLUMNS": "300"})
+    assert out.exit_code == 130 and "the first checkpoint comes at step 20" in " ".join(out.stderr.split())
 
 
 def test_a_mistake_in_the_spec_is_said_before_torch_and_lightning_are_imported() -> None:

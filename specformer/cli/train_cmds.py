@@ -406,8 +406,10 @@ def train_cmd(
             # how the run was started, for its spec.yaml and summary.json (as `specformer`, whatever
             # launched it: the script, python -m specformer)
             command = shlex.join(["specformer", *sys.argv[1:]])
+            # the bar on stderr; the validation lines with the summary where stdout is a file or a
+            # pipe (train ... > log keeps the run's curve), above the bar where both are the terminal
             result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console,
-                           command=command)
+                           log=None if console.is_terminal else console, command=command)
         except SpecError as exc:
             raise _placed(exc, positions) from None
     if report:

@@ -252,18 +252,21 @@ def build_trainer(
     loggers: Sequence[Logger] | Logger | bool | None = None,
     progress: bool = True,
     console: Console | None = None,
+    log: Console | None = None,
     **trainer_kwargs: Any,
 ) -> L.Trainer:
-    """A ``Trainer`` configured from ``spec.training``; ``trainer_kwargs`` override anything."""
+    """A ``Trainer`` configured from ``spec.training``; ``trainer_kwargs`` override anything.
+    The validation lines go to ``log`` where it is given, else to ``console`` (the bar's)."""
     t = spec.training
     own: list[Callback] = [
         LogGlobalStep(),
         PeriodicCheckpoint(run_dir / "checkpoints", every=t.checkpoint_every),
     ]
     if progress:
-        own.insert(0, SpecProgressBar(console))
-    elif console is not None:
-        own.insert(0, ValidationLines(console))
+        own.insert(0, SpecProgressBar(console, validation_lines=log is None))
+    lines = log if log is not None else (console if not progress else None)
+    if lines is not None:
+        own.insert(1 if progress else 0, ValidationLines(lines))
     settings: dict[str, Any] = dict(
         max_steps=max_steps,
         max_epochs=-1,
@@ -321,6 +324,7 @@ def train(
     loggers: Sequence[Logger] | Logger | bool | None = None,
     progress: bool = True,
     console: Console | None = None,
+    log: Console | None = None,
     datamodule: SpecDataModule | None = None,
     command: str | None = None,
     **trainer_kwargs: Any,
@@ -339,7 +343,8 @@ def train(
     training, after saving the step reached; any other error that stops the run carries a
     note (``__notes__``) saying at which step, and that checkpoint. ``command``, how the run was
     started, is written with the versions it runs with at the top of the run folder's
-    ``spec.yaml`` and into ``summary.json``.
+    ``spec.yaml`` and into ``summary.json``. ``console`` shows the progress bar and the line
+    each validation leaves, which go to ``log`` instead where it is given.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
@@ -500,7 +505,8 @@ def train(
         settings = {"max_steps": t.max_steps if t.max_steps is not None else -1, **trainer_kwargs}
         try:
             trainer = build_trainer(
-                spec, run_dir, callbacks=callbacks, loggers=loggers, progress=progress, console=console, **settings
+                spec, run_dir, callbacks=callbacks, loggers=loggers, progress=progress, console=console, log=log,
+                **settings
             )
         except BaseException:
             # a setting the Trainer refuses (strategy, accelerator): nothing ran, leave no run behind

@@ -49,8 +49,10 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
 
     n = count_parameters(load_spec(spec)).total
     assert out.startswith(f"training tiny-decoder (decoder, {n:,} parameters) — preparing data…")
-    # without the bar, each validation still leaves its line (steps 5, 10 and the last, 12)
-    lines = [line for line in result.stderr.splitlines() if "val loss" in line]
+    # without the bar, each validation still leaves its line (steps 5, 10 and the last, 12), on
+    # stdout with the summary where that is no terminal: train ... > log keeps the curve
+    lines = [line for line in result.stdout.splitlines() if "val loss" in line and line.startswith("step")]
+    assert not [line for line in result.stderr.splitlines() if "val loss" in line]
     assert [line.split("train loss")[0].split() for line in lines] == [["step", "5"], ["step", "10"], ["step", "12"]]
     # the training loss beside the validation loss, as nanoGPT prints them: at the last step, the summary's
     summary = json.loads(next((tmp_path / "runs" / "tiny-decoder").glob("*/summary.json")).read_text())

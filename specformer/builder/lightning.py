@@ -115,6 +115,7 @@ class SpecModule(L.LightningModule):
         self.objective = REGISTRY.build("objective", t.objective, model_spec=self.spec)
         self.tokenizer = tokenizer
         self.tokens_seen = 0  # read by this rank, since the run began (resumes included)
+        self.step_lr: float | None = None  # the learning rate of the step under way (train/lr)
         # this run's training tokens by the length their batch ran at (padded): the model FLOPs
         # a token costs grow with it, and pairs, SFT and labelled texts run shorter than seq_len
         self.tokens_by_length: Counter[int] = Counter()
@@ -199,7 +200,8 @@ class SpecModule(L.LightningModule):
         if self._trainer is not None and self.trainer.optimizers:
             # the schedule's lr (training.optimizer.lr's), which each group scales by its lr_scale
             group = self.trainer.optimizers[0].param_groups[0]
-            self.log("train/lr", group["lr"] / group.get("lr_scale", 1.0), on_step=True)
+            self.step_lr = group["lr"] / group.get("lr_scale", 1.0)  # the step's, before the schedule moves on
+            self.log("train/lr", self.step_lr, on_step=True)
         return out.loss
 
     def on_validation_epoch_start(self) -> None:

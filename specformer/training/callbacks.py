@@ -394,6 +394,17 @@ class LogGlobalStep(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         pl_module.log("step", float(trainer.global_step), on_step=True, on_epoch=False)
+        # the last step's training loss, which Lightning logs only at a multiple of log_interval:
+        # metrics.csv and TensorBoard end where the run and its summary end
+        last = 0 < trainer.max_steps <= trainer.global_step
+        logged = getattr(getattr(trainer, "_logger_connector", None), "should_update_logs", True)
+        loss = getattr(pl_module, "step_loss", None)
+        if last and not logged and loss is not None and trainer.is_global_zero and trainer.loggers:
+            metrics = {"train/loss": float(loss)}
+            if getattr(pl_module, "step_lr", None) is not None:
+                metrics["train/lr"] = float(pl_module.step_lr)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.log("step", float(trainer.global_step), on_step=False, on_epoch=True, rank_zero_only=True)

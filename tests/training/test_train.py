@@ -471,6 +471,28 @@ def test_logged_train_loss_of_a_step_is_the_mean_of_its_micro_batches(tiny) -> N
         assert logged[step] == pytest.approx(sum(losses) / 2, abs=1e-5)
 
 
+def test_the_logs_end_with_the_last_steps_loss_whatever_the_log_interval(tiny) -> None:
+    # Lightning logs train/loss every log_interval steps: a run of 4 steps at log_interval 3
+    # ended its curve at step 3, before the run and its summary did
+    import lightning as L
+
+    micro: dict[int, list[float]] = {}
+
+    class Seen(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
+            step = trainer.global_step if i % 2 else trainer.global_step + 1
+            micro.setdefault(step, []).append(float(outputs["loss"]) * 2)
+
+    spec = load_spec(tiny("decoder", max_steps=4, accumulate=2, log_interval=3, val_interval=4))
+    result = train(spec, progress=False, callbacks=[Seen()])
+    with open(Path(result.run_dir) / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+    assert [int(r["step"]) for r in rows] == [3, 4]  # once each: step 3 is Lightning's own row
+    for r in rows:
+        assert float(r["train/loss"]) == pytest.approx(sum(micro[int(r["step"])]) / 2, abs=1e-5)
+        assert float(r["train/lr"]) == pytest.approx(3e-3)  # the constant schedule's, as Lightning logs it
+
+
 def test_progress_bar_shows_the_loss_metrics_csv_logs_for_the_step(tiny) -> None:
     # the bar's loss of a step is train/loss's in metrics.csv: with accumulate=4 the mean of the
     # step's four micro-batches' losses; it showed the last micro-batch's alone (a quarter of the

@@ -842,8 +842,12 @@ def _training_changes(raw: dict[str, Any], spec: Any) -> list[str]:
 
     def walk(a: Any, b: Any, path: str) -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
-            if a.get("type") != b.get("type"):  # another kind of section: its fields are another's
-                return [f"{path}.type {a.get('type')} → {b.get('type')}"]
+            if a.get("type") != b.get("type"):
+                # another kind of section: its own fields are another's; those both kinds have
+                # (a schedule's warmup_steps, an optimizer's lr) are compared as ever
+                shared = sorted((set(a) & set(b)) - {"type"})
+                return [f"{path}.type {a.get('type')} → {b.get('type')}",
+                        *(change for key in shared for change in walk(a[key], b[key], f"{path}.{key}"))]
             # a list the checkpoint's specformer did not have yet (training.optimizer.freeze) was empty
             old = {k: a[k] if k in a or not isinstance(b.get(k), list | tuple) else [] for k in set(a) | set(b)}
             return [change for key in sorted(old) for change in walk(old[key], b.get(key), f"{path}.{key}")]

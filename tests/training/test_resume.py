@@ -1185,3 +1185,18 @@ def test_train_without_a_spec_resumes_with_the_checkpoints_own(tiny: Any) -> Non
         assert resumed.losses[step] == pytest.approx(full.losses[step], abs=1e-6)
     with pytest.raises(TypeError, match="give a spec to train .* or resume= a checkpoint"):
         train()
+
+
+def test_a_resume_that_changes_a_sections_type_also_names_the_fields_both_types_have() -> None:
+    # cosine (warmup 50) → constant (warmup 0): warmup_steps is a field of both, kept across a
+    # type change, and its change was left out of the line a resume prints
+    from specformer.training.run import _training_changes
+
+    raw = {"specformer": {"spec": load_spec("gpt-nano").to_dict()}}
+    spec = load_spec("gpt-nano", overrides=["training.schedule={type: constant, warmup_steps: 0}"])
+    assert _training_changes(raw, spec) == ["training.schedule.type cosine → constant",
+                                            "training.schedule.warmup_steps 50 → 0"]
+    # warmup kept, and min_lr_ratio, a field of both, at the new type's default: that change is said too
+    kept = load_spec("gpt-nano", overrides=["training.schedule.type=linear"])
+    assert _training_changes(raw, kept) == ["training.schedule.type cosine → linear",
+                                            "training.schedule.min_lr_ratio 0.1 → 0.0"]

@@ -904,15 +904,23 @@ def chat_cmd(
                 print_error(f"the conversation outgrew max_seq_len={window}: {oldest} left out",
                             label="[yellow]note:[/]")
             stream = _Stream(tok, ids, stop_id=end_id)  # the reply, shown as it comes
+            room = min(max_new_tokens, window - len(ids))
+            stopped = False
             try:
-                generate(model, torch.tensor([ids]), max_new_tokens=min(max_new_tokens, window - len(ids)),
+                generate(model, torch.tensor([ids]), max_new_tokens=room,
                          temperature=temp, top_k=top_k, top_p=top_p, eos_id=end_id, max_seq_len=window,
                          generator=generator, n_candidates=candidates, on_token=stream)
             except KeyboardInterrupt as exc:
                 if _signal_of(exc) != signal.SIGINT:
                     raise
                 err_console.print("[dim] (stopped)[/]", highlight=False, end="")
+                stopped = True
             stream.finish()
+            if not stopped and room < max_new_tokens and len(stream.new) >= room and end_id not in stream.new:
+                # cut by the context, not by -n: said, as a beam search says it makes fewer tokens
+                print_error(f"the reply stopped at {room} tokens, where the conversation reaches max_seq_len={window} "
+                            f"(-n {max_new_tokens}); the next turn leaves its oldest exchanges out, /reset starts "
+                            "a new conversation", label="[yellow]note:[/]")
             reply = _continuation(tok, ids, stream.kept)
             history = [*turns, {"role": "assistant", "content": reply.strip()}]
 

@@ -768,3 +768,30 @@ def test_chat_outgrowing_the_model_leaves_out_the_oldest_exchanges(tmp_path: Pat
     spec_path, weights = _imported(plain, tmp_path)
     result = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path)], input="hi\n")
     assert result.exit_code == 1 and "has no chat template" in " ".join(result.stderr.split())
+
+
+def test_a_reply_the_context_cuts_short_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # -n 500 past what max_seq_len leaves: the reply stops there, and is not taken for a whole one
+    import importlib
+
+    generation = importlib.import_module("specformer.training.generate")  # the module, not the function
+    folder, _ = _chat_folder(tmp_path, CHATML)
+    spec_path, weights = _imported(folder, tmp_path)
+    asked: list[int] = []
+
+    def endless(model: Any, ids: Any, *, max_new_tokens: int, on_token: Any, **kwargs: Any) -> Any:
+        asked.append(max_new_tokens)  # a reply that never says its end token
+        for _ in range(max_new_tokens):
+            on_token(torch.tensor([65]))
+        return ids
+
+    monkeypatch.setattr(generation, "generate", endless)
+    result = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path), "-n", "500", "--greedy"],
+                           input="reverse red cat\n")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert f"the reply stopped at {asked[0]} tokens, where the conversation reaches max_seq_len=128 (-n 500)" in said
+    assert 0 < asked[0] < 128
+    quiet = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path), "-n", "5", "--greedy"],
+                          input="reverse red cat\n")
+    assert quiet.exit_code == 0 and asked[-1] == 5 and "the reply stopped" not in quiet.stderr

@@ -717,7 +717,10 @@ def check_folders(t: Any, *, out: bool = True, cache: bool = True) -> None:
     if out:
         folders["training.out_dir"] = Path(t.out_dir).expanduser()
     if cache:
-        folders["training.cache_dir"] = Path(t.cache_dir).expanduser() if t.cache_dir else default_cache_dir()
+        # named as the user set it: the spec's field, or the environment variable that gave the default
+        env = next((v for v in ("SPECFORMER_CACHE", "XDG_CACHE_HOME") if os.environ.get(v)), None)
+        name = "training.cache_dir" if t.cache_dir or env is None else f"${env} (the default training.cache_dir)"
+        folders[name] = Path(t.cache_dir).expanduser() if t.cache_dir else default_cache_dir()
     for name, folder in folders.items():
         if folder.exists() and not folder.is_dir():
             raise DataError(f"{name}: {folder} is a file, not a folder")

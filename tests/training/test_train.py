@@ -172,6 +172,11 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
         train(load_spec(tiny("decoder", out_dir=str(tmp_path / "f" / "x"))), progress=False)
     with pytest.raises(DataError, match=r"training.cache_dir: .*/f is a file, not a folder"):
         train(load_spec(tiny("decoder", cache_dir=str(tmp_path / "f"))), progress=False)
+    # a cache folder the spec does not name is named as the user set it
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path / "f" / "cache"))
+    with pytest.raises(DataError, match=r"^\$SPECFORMER_CACHE \(the default training.cache_dir\): cannot create "
+                                        r"the folder .*f/cache"):
+        train(load_spec(tiny("decoder", cache_dir=None)), progress=False)
     classifier = {**tiny("encoder"), "head": {"type": "classification", "n_classes": 2}}
     del classifier["training"]["data"]
     with pytest.raises(SpecError, match=r"training.data: a classifier trains on labelled texts, which have no default"):

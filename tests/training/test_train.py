@@ -453,9 +453,12 @@ def test_accumulation_and_clipping_are_applied(tiny) -> None:
     assert result.tokens == 4 * 2 * 8 * 32  # two micro-batches per optimizer step
 
 
-def test_logged_train_loss_of_a_step_is_the_mean_of_its_micro_batches(tiny) -> None:
+@pytest.mark.parametrize(("log_interval", "steps"), [(1, [1, 2, 3, 4]), (3, [3, 4])])
+def test_logged_train_loss_of_a_step_is_the_mean_of_its_micro_batches(tiny, log_interval: int, steps: list[int]) -> None:
     # metrics.csv's train/loss at step N is the loss of step N's batch, whose gradient the step
-    # takes; with accumulate=2 it was the second micro-batch's loss alone (half the batch)
+    # takes; with accumulate=2 it was the second micro-batch's loss alone (half the batch). The
+    # logs end at the last step whatever the log_interval: at 3, they ended at step 3, before
+    # the run and its summary did
     import lightning as L
 
     micro: dict[int, list[float]] = {}
@@ -466,36 +469,17 @@ def test_logged_train_loss_of_a_step_is_the_mean_of_its_micro_batches(tiny) -> N
             step = trainer.global_step if i % 2 else trainer.global_step + 1
             micro.setdefault(step, []).append(float(outputs["loss"]) * 2)
 
-    spec = load_spec(tiny("decoder", max_steps=4, accumulate=2, log_interval=1, val_interval=4))
-    result = train(spec, progress=False, callbacks=[Seen()])
-    with open(Path(result.run_dir) / "metrics.csv") as f:
-        logged = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
-    assert sorted(micro) == sorted(logged) == [1, 2, 3, 4]
-    for step, losses in micro.items():
-        assert len(losses) == 2 and abs(losses[0] - losses[1]) > 1e-4  # two different micro-batches
-        assert logged[step] == pytest.approx(sum(losses) / 2, abs=1e-5)
-
-
-def test_the_logs_end_with_the_last_steps_loss_whatever_the_log_interval(tiny) -> None:
-    # Lightning logs train/loss every log_interval steps: a run of 4 steps at log_interval 3
-    # ended its curve at step 3, before the run and its summary did
-    import lightning as L
-
-    micro: dict[int, list[float]] = {}
-
-    class Seen(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
-            step = trainer.global_step if i % 2 else trainer.global_step + 1
-            micro.setdefault(step, []).append(float(outputs["loss"]) * 2)
-
-    spec = load_spec(tiny("decoder", max_steps=4, accumulate=2, log_interval=3, val_interval=4))
+    spec = load_spec(tiny("decoder", max_steps=4, accumulate=2, log_interval=log_interval, val_interval=4))
     result = train(spec, progress=False, callbacks=[Seen()])
     with open(Path(result.run_dir) / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
-    assert [int(r["step"]) for r in rows] == [3, 4]  # once each: step 3 is Lightning's own row
+    assert [int(r["step"]) for r in rows] == steps  # once each
+    assert sorted(micro) == [1, 2, 3, 4]
     for r in rows:
-        assert float(r["train/loss"]) == pytest.approx(sum(micro[int(r["step"])]) / 2, abs=1e-5)
-        assert float(r["train/lr"]) == pytest.approx(3e-3)  # the constant schedule's, as Lightning logs it
+        losses = micro[int(r["step"])]
+        assert len(losses) == 2 and abs(losses[0] - losses[1]) > 1e-4  # two different micro-batches
+        assert float(r["train/loss"]) == pytest.approx(sum(losses) / 2, abs=1e-5)
+        assert float(r["train/lr"]) == pytest.approx(3e-3)  # the constant schedule's
 
 
 def test_progress_bar_shows_the_loss_metrics_csv_logs_for_the_step(tiny) -> None:

@@ -98,18 +98,16 @@ def _unmark(typer_core: Any) -> None:
 
         display_type_rich._specformer = True  # type: ignore[attr-defined]
         option.display_type_rich = display_type_rich
-    usage = getattr(argument, "_usage_display_name", None)
+    usage = getattr(argument, "get_usage_pieces", None)  # click's, which typer's arguments override
     if usage is not None and not getattr(usage, "_specformer", False):
-        def _usage_display_name(self: Any) -> str:
-            name = usage(self)
-            more = "..." if name.endswith("...") else ""
-            bare = name.removesuffix(more)
-            if bare.startswith("{") and bare.endswith("}"):
-                return bare[1:-1] + more
-            return name
+        def get_usage_pieces(self: Any, ctx: Any) -> list[str]:
+            pieces = usage(self, ctx)
+            # "{SPEC}" (typer 0.29), "{SPEC}..." or "{name}:TEXT" (older typers): the braces go
+            return [piece[1:].replace("}", "", 1) if piece.startswith("{") and "}" in piece else piece
+                    for piece in pieces]
 
-        _usage_display_name._specformer = True  # type: ignore[attr-defined]
-        argument._usage_display_name = _usage_display_name
+        get_usage_pieces._specformer = True  # type: ignore[attr-defined]
+        argument.get_usage_pieces = get_usage_pieces
 
 
 def install() -> None:

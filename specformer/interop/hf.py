@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from specformer.analysis.params import as_spec
 from specformer.data.cache import is_stream, locked, remove_temporaries
 from specformer.data.corpus import lfs_pointer
 from specformer.interop.hf_config import (
@@ -36,7 +37,6 @@ from specformer.interop.hf_config import (
     MULTIMODAL,
     SUPPORTED_MODEL_TYPES,
     HFConversionError,
-    _spec,
     export_family,
     hf_config_from_spec,
     hf_family,
@@ -472,7 +472,7 @@ def save_hf(
         spec = getattr(model, "spec", None)
     if spec is None:
         raise HFConversionError("give the spec of the weights (spec=)")
-    spec = _spec(spec)
+    spec = as_spec(spec)
     token_ids = special_token_ids(tokenizer, spec) if tokenizer is not None else None
     chat = _chat_template(spec, tokenizer) if tokenizer is not None else None
     ends = _turn_ends(spec, tokenizer, chat, token_ids)
@@ -664,7 +664,7 @@ def to_hf(model: nn.Module, spec: ModelSpec | str | Path | Mapping[str, Any] | N
     spec = spec if spec is not None else getattr(model, "spec", None)
     if spec is None:
         raise HFConversionError("the model has no .spec; pass spec=")
-    spec = _spec(spec)
+    spec = as_spec(spec)
     config = hf_config_from_spec(spec)
     hf_config = transformers.AutoConfig.for_model(**config)
     # T5Config (and MT5Config) tie whatever tie_word_embeddings says: from_pretrained unties

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from specformer.analysis.params import as_spec
 from specformer.specs.loader import problems_from_validation
 from specformer.specs.schema import ModelSpec
 
@@ -1830,16 +1831,6 @@ def _training_only_note(line: str, model_type: str) -> str:
     return f"left out of the export: {line}: {why}"
 
 
-def _spec(spec: Any) -> ModelSpec:
-    """``spec`` as a :class:`ModelSpec`: a preset name, a YAML path or a dict loaded as
-    ``load_spec`` loads them."""
-    if isinstance(spec, ModelSpec):
-        return spec
-    from specformer.specs.loader import load_spec
-
-    return load_spec(spec)
-
-
 def hf_config_from_spec(
     spec: ModelSpec | str | Path | Mapping[str, Any],
     *,
@@ -1871,7 +1862,7 @@ def hf_config_from_spec(
     written when given, and BART's are None otherwise (``BartConfig``'s defaults would
     force tokens the model was not fine-tuned with).
     """
-    spec = _spec(spec)
+    spec = as_spec(spec)
     model_type = _model_type or export_family(spec, imported_as)
     _check_head_exports(spec, model_type)
     spec = _without_equivalents(spec)

@@ -434,11 +434,10 @@ def load_weights_file(path: str | os.PathLike[str], spec: Any) -> LoadedCheckpoi
     ``import-hf`` writes it) or a fixed one (``byte``, ``task``), else the one ``import-hf``
     recorded in the file's header, else None (a BPE the spec would train has none of the
     weights' ids)."""
+    from specformer.analysis.params import as_spec
     from specformer.builder import build_model
-    from specformer.specs.loader import load_spec
-    from specformer.specs.schema import ModelSpec
 
-    spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)  # a preset name, a YAML path, a dict
+    spec = as_spec(spec)  # a preset name, a YAML path, a dict
     path = Path(path)
     weights, _, _ = read_weights_and_tokenizer(path)
     model = build_model(spec)

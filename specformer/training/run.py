@@ -355,11 +355,13 @@ def train(
             "init_from starts a new one from weights"
         )
     started = time.perf_counter()
+    raw: dict[str, Any] | None = None  # the checkpoint resumed from, read once
     if spec is None:
         if resume is None:
             raise TypeError("give a spec to train (a ModelSpec, preset name, YAML path or dict), or resume= a "
                             "checkpoint to continue with the spec it holds")
-        meta = read_checkpoint(resume).get("specformer")
+        raw = read_checkpoint(resume)
+        meta = raw.get("specformer")
         if not isinstance(meta, dict) or "spec" not in meta:
             raise CheckpointError(f"{resume}: not a specformer checkpoint (it has no spec): give the spec to train")
         spec = meta["spec"]
@@ -377,7 +379,7 @@ def train(
     lr_given = "lr" in t.optimizer.model_fields_set and t.optimizer.lr != type(t.optimizer).model_fields["lr"].default
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
-        raw = read_checkpoint(resume)
+        raw = raw if raw is not None else read_checkpoint(resume)
         spec = _with_checkpoint_label_names(spec, raw)
         t = spec.training
         check_resumable(raw, spec, source=str(resume))

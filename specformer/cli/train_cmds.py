@@ -34,6 +34,30 @@ def _fail(message: str, hint: str = "") -> typer.Exit:
     return typer.Exit(1)
 
 
+def _number(low: float | None = None, high: float | None = None, *, above: bool = False, hint: str = "") -> dict[str, Any]:
+    """A float option's ``parser`` and ``metavar``: a finite number from ``low``
+    (``above``: strictly) to ``high``. The parser runs in every typer version
+    the project allows, where click's and pydantic's range checks read ``nan``
+    as out of range ("greater than or equal to 0") and ``inf`` as in it."""
+    if high is None:
+        shown = "" if low is None else f"x>{low:g}" if above else f"x>={low:g}"
+    else:
+        shown = ("" if low is None else f"{low:g}<" if above else f"{low:g}<=") + f"x<={high:g}"
+
+    def parse(value: str | float) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"{value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        if (low is not None and (number <= low if above else number < low)) or (high is not None and number > high):
+            raise typer.BadParameter(f"{value} is not in the range {shown}" + (f": {hint}" if hint else ""))
+        return number
+
+    return {"parser": parse, "metavar": "<float>" if low is None and high is None else f"<float range> [{shown}]"}
+
+
 INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2); SIGTERM's is 143
 
 
@@ -506,10 +530,10 @@ def generate_cmd(
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate at most.")] = 100,
     temperature: Annotated[
-        float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy. Default 0.8 (decoder), 0 (encoder-decoder).")
+        float | None, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy. Default 0.8 (decoder), 0 (encoder-decoder).")
     ] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", **_number(0, 1, above=True, hint="1 keeps every token; for the most likely token use --greedy"), help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
     stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response; with --chat, the tokenizer's eos_token, an instruct model's end of turn) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there, and with --chat; off otherwise.")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Decoder: frame the prompt as a user turn of the tokenizer's chat template, followed by its generation prompt (transformers' apply_chat_template(..., add_generation_prompt=True)), as an instruct model reads a question. The template is the one the checkpoint's tokenizer keeps (read, when it was trained, from beside its tokenizer.json), else the one beside the spec's training.tokenizer (chat_template.jinja or tokenizer_config.json). Default: on for a model fine-tuned with sft and chat_template: true; off otherwise.")] = None,
@@ -519,9 +543,9 @@ def generate_cmd(
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
     heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
     num_beams: Annotated[int, typer.Option("--num-beams", min=1, help="Beam search with this many beams (as transformers' num_beams): the most likely text found, instead of sampling. 1: sample (or --greedy).")] = 1,
-    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Above 1, tokens already in the text are less likely: their scores are divided by it (multiplied when negative), as transformers' repetition_penalty. 1: none.")] = 1.0,
+    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", **_number(0, above=True, hint="1 is none; above 1 makes tokens already in the text less likely (1.2 is common)"), help="Above 1, tokens already in the text are less likely: their scores are divided by it (multiplied when negative), as transformers' repetition_penalty. 1: none.")] = 1.0,
     no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
-    length_penalty: Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
+    length_penalty: Annotated[float, typer.Option("--length-penalty", **_number(), help="Beam search: a finished text scores its log-probability / length ** this; above 0 favours longer texts.")] = 1.0,
     num_samples: Annotated[int, typer.Option("--num-samples", min=1, help="Texts to sample from the same prompt, one after another (as nanoGPT's sample.py), separated by a line of dashes.")] = 1,
     context: Annotated[int | None, typer.Option("--max-seq-len", min=1, help="Decoder: the most tokens read at once, where the context slides (default: the spec's max_seq_len; none for a model with a sliding window in every layer and no learned table, whose rolling KV cache goes on as Mistral's). Larger lets a RoPE, ALiBi, T5, sinusoidal or NoPE model generate at positions past the length it was built for; a learned table reads only its rows.")] = None,
     spec_source: SpecOfWeights = None,
@@ -610,14 +634,6 @@ def generate_cmd(
                         "chat_template: true has it by default)")
         if system is None and objective is not None and objective.type == "sft":
             system = objective.system  # the system prompt the model was fine-tuned with
-        if top_p is not None and top_p <= 0.0:
-            raise _fail("--top-p must be above 0 (1 keeps every token)", "for the most likely token use --greedy")
-        if not repetition_penalty > 0:
-            raise _fail(f"--repetition-penalty must be above 0, got {repetition_penalty:g}",
-                        "1 is none; above 1 makes tokens already in the text less likely (1.2 is common)")
-        for name, value in (("--temperature", temperature), ("--length-penalty", length_penalty)):
-            if value is not None and not math.isfinite(value):
-                raise _fail(f"{name} must be a finite number, got {value:g}")
         if greedy or temperature == 0:  # the most likely token each step: a top-k or top-p would go unused
             sampling = [f"{name} {value:g}" for name, value in (("--temperature", temperature), ("--top-k", top_k),
                                                                  ("--top-p", top_p))
@@ -801,9 +817,9 @@ def chat_cmd(
     checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec, of a decoder whose tokenizer has a chat template.")],
     system: Annotated[str | None, typer.Option("--system", help="A system prompt, the conversation's first turn. Default: the training.objective.system the model was fine-tuned with, if any.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens of a reply at most.")] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.8,
+    temperature: Annotated[float, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy.")] = 0.8,
     top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: the smallest set with this probability.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", **_number(0, 1, above=True, hint="1 keeps every token; for the most likely token use --greedy"), help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     spec_source: SpecOfWeights = None,
@@ -841,8 +857,6 @@ def chat_cmd(
         if spec.kind != "decoder":
             raise _fail(f"chat answers with a decoder; this is {'an' if spec.kind.startswith('encoder') else 'a'} "
                         f"{spec.kind} model (specformer generate decodes an encoder-decoder's input)")
-        if not math.isfinite(temperature):
-            raise _fail(f"--temperature must be a finite number, got {temperature:g}")
         if greedy and (temperature != 0.8 or top_k is not None or top_p is not None):
             raise _fail("--greedy takes the most likely token and samples nothing: leave out --temperature, "
                         "--top-k and --top-p")

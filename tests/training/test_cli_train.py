@@ -75,7 +75,8 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     sampled = runner.invoke(app, ["generate", str(ckpt.parent.parent), "-p", "import", "--top-k", "5", "--top-p", "0.9"])
     assert sampled.exit_code == 0, sampled.output
     zero = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "--top-p", "0"])
-    assert zero.exit_code == 1 and "--top-p must be above 0" in zero.stderr and "--greedy" in zero.stderr
+    assert zero.exit_code == 2 and "'--top-p': 0 is not in the range 0<x<=1" in zero.stderr, zero.output
+    assert "--greedy" in zero.stderr
     eot = runner.invoke(app, ["generate", str(ckpt), "-p", "import", "-n", "200", "--stop-at-eot", "--seed", "1"])
     assert eot.exit_code == 0, eot.output
     beams = runner.invoke(app, ["generate", str(ckpt), "--prompt", "def", "-n", "12", "--num-beams", "3"])
@@ -96,7 +97,7 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
                         repetition_penalty=1.3, no_repeat_ngram_size=2)
     assert fresh.stdout.rstrip("\n") == loaded.tokenizer.decode(expected[0].tolist())
     zero = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--repetition-penalty", "0"])
-    assert zero.exit_code == 1 and "--repetition-penalty must be above 0" in zero.stderr
+    assert zero.exit_code == 2 and "'--repetition-penalty': 0 is not in the range x>0" in zero.stderr, zero.output
     alone = runner.invoke(app, ["generate", str(ckpt), "-p", "def", "--length-penalty", "2"])
     assert alone.exit_code == 1 and "add --num-beams" in alone.stderr
     # several samples, as nanoGPT's sample.py draws them: the first is the one --seed draws alone, the
@@ -1212,10 +1213,16 @@ def test_generate_refuses_greedy_with_sampling_options_it_would_leave_unused(
     zero = runner.invoke(app, [*base, "--temperature", "0", "--top-k", "5"])
     assert zero.exit_code == 1 and "--temperature 0 takes the most likely token" in zero.stderr
     assert "leave out --top-k 5" in zero.stderr
-    for option, value in (("--temperature", "inf"), ("--length-penalty", "nan")):
-        bad = runner.invoke(app, [*base, option, value, "--num-beams", "2"] if option == "--length-penalty"
-                            else [*base, option, value])
-        assert bad.exit_code == 1 and f"{option} must be a finite number" in bad.stderr, bad.output
+    for option, value in (("--temperature", "inf"), ("--temperature", "nan"), ("--length-penalty", "nan"),
+                          ("--top-p", "nan"), ("--repetition-penalty", "-inf")):
+        bad = runner.invoke(app, [*base, option, value])
+        assert bad.exit_code == 2 and f"'{option}': {value} is not a finite number" in bad.stderr, bad.output
+    assert "'--temperature': -1 is not in the range x>=0" in runner.invoke(app, [*base, "--temperature", "-1"]).stderr
+    assert "'--temperature': 'warm' is not a number" in runner.invoke(app, [*base, "--temperature", "warm"]).stderr
+    for option, value, problem in (("--temperature", "nan", "nan is not a finite number"),
+                                   ("--top-p", "0", "0 is not in the range 0<x<=1")):  # chat's too, before it loads
+        bad = runner.invoke(app, ["chat", str(tmp_path / "none.ckpt"), option, value])
+        assert bad.exit_code == 2 and f"'{option}': {problem}" in bad.stderr, bad.output
     # beams do not slide: a prompt past max_seq_len is refused without the sliding warning,
     # and fewer new tokens than asked for are said
     long = runner.invoke(app, [*base[:4], "-p", "x" * 80, "-n", "4", "--num-beams", "2"])

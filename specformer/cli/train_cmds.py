@@ -1466,14 +1466,18 @@ def _classify_progress(shown: bool, total: int) -> Iterator[Callable[[int], None
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.table import Column
 
-    with Progress(TextColumn("[bold]classify"), BarColumn(bar_width=None), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+    from specformer.data.progress import fitting_progress
+
+    whole = {"table_column": Column(no_wrap=True)}
+    with fitting_progress(TextColumn("[bold]classify", **whole), BarColumn(bar_width=None), MofNCompleteColumn(**whole),
+                          TimeElapsedColumn(**whole), TextColumn("ETA", **whole), TimeRemainingColumn(**whole),
+                          optional=((3,), (4, 5), (1,)), console=err_console, transient=True) as bar:
         task = bar.add_task("classify", total=total)
         yield lambda done: bar.update(task, completed=done)
 

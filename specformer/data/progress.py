@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["Advance", "Reporter", "step", "reporting", "rich_reporter", "done_line"]
+__all__ = ["Advance", "Reporter", "step", "reporting", "rich_reporter", "done_line", "fitting_progress"]
 
 Advance = Callable[[int], None]
 # (what the step does, its total in bytes of text, or None when it cannot tell) -> a block
@@ -51,6 +51,49 @@ def reporting(reporter: Reporter | None) -> Iterator[None]:
         _REPORTER.reset(token)
 
 
+# the fewest cells a bar that fills the line keeps before it gives way itself
+MIN_BAR = 5
+
+
+def fitting_progress(*columns: Any, optional: tuple[tuple[int, ...], ...] = (), **kwargs: Any) -> Any:
+    """A rich ``Progress`` whose columns give way to a narrow terminal whole, where rich would
+    cut every column short (``step ━╸ 12… loss 3.123 0:0… ETA -:-…`` at 50 columns). Each
+    refresh keeps every column that fits the console's width: the groups of column indices in
+    ``optional`` are left out first to last until the rest fits, a bar that fills the line
+    counted at :data:`MIN_BAR` cells."""
+    from rich.measure import Measurement
+    from rich.progress import BarColumn, Progress
+
+    class FittingProgress(Progress):
+        def _width(self, kept: list[Any], tasks: list[Any]) -> int:
+            shown = [task for task in tasks if task.visible]
+            width = len(kept) - 1  # a space between two columns
+            for column in kept:
+                if isinstance(column, BarColumn) and column.bar_width is None:
+                    width += MIN_BAR
+                elif shown:
+                    width += max(Measurement.get(self.console, self.console.options, column(task)).maximum
+                                 for task in shown)
+            return width
+
+        def make_tasks_table(self, tasks: Any) -> Any:
+            if "live" not in vars(self):  # rich's __init__ renders once before it has a console
+                return super().make_tasks_table(tasks)
+            every = self.columns
+            kept = list(every)
+            for group in ((), *optional):
+                kept = [column for index, column in enumerate(every) if column in kept and index not in group]
+                if self._width(kept, tasks) <= self.console.width:
+                    break
+            self.columns = tuple(kept)
+            try:
+                return super().make_tasks_table(tasks)
+            finally:
+                self.columns = every
+
+    return FittingProgress(*columns, **kwargs)
+
+
 # a step that ends sooner leaves no line behind (its bar is shown only while it runs)
 LINE_AFTER_S = 2.0
 
@@ -63,7 +106,6 @@ def rich_reporter(console: Any) -> Reporter:
     from rich.progress import (
         BarColumn,
         DownloadColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -73,17 +115,19 @@ def rich_reporter(console: Any) -> Reporter:
 
     @contextmanager
     def bar(description: str, total: int | None) -> Iterator[Advance]:
-        # the bar alone gives way to a narrow terminal: the numbers never wrap
-        fixed = {"table_column": Column(no_wrap=True)}
-        columns: list[Any] = [TextColumn("{task.description}", **fixed), BarColumn(bar_width=None)]
+        whole = {"table_column": Column(no_wrap=True)}  # rich would cut each column short
+        columns: list[Any] = [TextColumn("{task.description}"), BarColumn(bar_width=None)]
+        # a narrow terminal drops the elapsed time, then the speed, then the ETA, then the bar
+        optional: tuple[tuple[int, ...], ...] = ((2,), (1,))
         if total is not None:
-            columns += [DownloadColumn(**fixed), TransferSpeedColumn(**fixed)]
-        columns.append(TimeElapsedColumn(**fixed))
+            columns += [DownloadColumn(**whole), TransferSpeedColumn(**whole)]
+            optional = ((4,), (3,), (5, 6), (1,))
+        columns.append(TimeElapsedColumn(**whole))
         if total is not None:
-            columns += [TextColumn("ETA", **fixed), TimeRemainingColumn(**fixed)]
+            columns += [TextColumn("ETA", **whole), TimeRemainingColumn(**whole)]
         start = time.perf_counter()
         if console.is_terminal:
-            with Progress(*columns, console=console, transient=True) as shown:
+            with fitting_progress(*columns, optional=optional, console=console, transient=True) as shown:
                 task = shown.add_task(description, total=total)
                 yield lambda done: shown.advance(task, done)
         else:  # a log: the line below alone

@@ -20,6 +20,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
+
+from specformer.data.progress import fitting_progress
 
 __all__ = ["SpecProgressBar", "ValidationLines", "PeriodicCheckpoint", "LogGlobalStep", "format_count", "validation_line",
            "recent_train_loss", "share_of_held_out"]
@@ -122,14 +125,18 @@ class SpecProgressBar(ProgressBar):
 
     def _start(self) -> Progress:
         if self._progress is None:
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
+            # a narrow terminal drops the elapsed time, then the ETA, then the bar: the step
+            # count and the loss stay whole
+            whole = {"table_column": Column(no_wrap=True)}  # rich would cut each column short
+            self._progress = fitting_progress(
+                TextColumn("[bold]{task.description}", **whole),
                 BarColumn(bar_width=None),
-                MofNCompleteColumn(),
+                MofNCompleteColumn(**whole),
                 TextColumn("{task.fields[stats]}"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
+                TimeElapsedColumn(**whole),
+                TextColumn("ETA", **whole),
+                TimeRemainingColumn(**whole),
+                optional=((4,), (5, 6), (1,)),
                 console=self.console,
                 refresh_per_second=self.refresh_per_second,
                 transient=False,

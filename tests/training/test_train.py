@@ -840,3 +840,37 @@ def test_a_run_says_what_its_data_preparation_does(tiny, tmp_path: Path, monkeyp
     other = tiny("decoder", max_steps=1, val_interval=1, val_batches=1, cache_dir=str(tmp_path / "another cache"))
     result = train(load_spec(other), progress=False, console=Console(file=out, width=200))
     assert not result.data.endswith("read from the cache") and "tokenising" not in out.getvalue()
+
+
+@pytest.mark.parametrize("width", [50, 60, 70, 80, 120])
+def test_progress_bar_gives_way_to_a_narrow_terminal_whole(width: int) -> None:
+    # at 50 columns rich cut every column short ("step ━╸ 12… loss 3.123 0:0… ETA -:-…"): the
+    # elapsed time, then the ETA, then the bar give way, and the step count and loss stay whole
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from specformer.training import callbacks
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None)
+    bar = callbacks.SpecProgressBar(console)
+    trainer = SimpleNamespace(is_global_zero=True, max_steps=2000, global_step=0, world_size=1,
+                              accumulate_grad_batches=1, sanity_checking=False, num_val_batches=[20])
+    module = SimpleNamespace(tokens_seen=0, automatic_optimization=True, val_history=[])
+    bar.on_train_start(trainer, module)  # type: ignore[arg-type]
+    module.tokens_seen, trainer.global_step = 12_000, 1234
+    bar.on_train_batch_end(trainer, module, {"loss": torch.tensor(3.123)}, None, 0)  # type: ignore[arg-type]
+    bar.on_validation_start(trainer, module)  # type: ignore[arg-type]
+    table = bar._progress.make_tasks_table(bar._progress.tasks)
+    bar._progress.stop()
+    shown = Console(file=io.StringIO(), width=width, color_system=None)
+    shown.print(table)
+    lines = [line.rstrip() for line in shown.file.getvalue().splitlines()]
+    step, validate = lines
+    assert "1234/2000 loss 3.123" in step and "tok/s" in step and "…" not in step, lines
+    assert " 0/20" in validate and "…" not in validate, lines
+    assert all(len(line) <= width for line in lines)
+    assert ("ETA" in step) is (width >= 60) and ("━" in step or "╸" in step) is (width >= 50)
+    assert ("0:00:00 ETA" in step) is (width >= 70)

@@ -1,9 +1,9 @@
 """Diff of fully resolved specs: every changed field, the consequences, checkpoint compatibility.
 
 Specs are compared after ``extends``, overrides and defaults are resolved, and with
-their derived values (``head_dim``, ``n_kv_heads``, ``d_ff``, the final norm, and the
-``kv_groups`` computed here). Nothing is ignored: the ``name`` and every dropout,
-epsilon and init setting are fields like any other. A field that exists in only
+their derived values (``head_dim``, ``n_kv_heads``, ``out_bias``, ``d_ff``, the final norm,
+``training.seq_len``, and the ``kv_groups`` computed here). Nothing is ignored: the ``name``
+and every dropout, epsilon and init setting are fields like any other. A field that exists in only
 some specs (because a ``type`` changed) is reported as absent in the others.
 """
 
@@ -199,16 +199,17 @@ def _layer_flat(layer: Any) -> dict[str, Any]:
 
 
 _DERIVABLE = re.compile(
-    r"^(?P<at>(?:encoder|decoder)(?:\.layers\.[\d-]+)?)\.(?:(?P<att>attention|cross_attention)\.(?P<size>head_dim|n_kv_heads)"
+    r"^(?P<at>(?:encoder|decoder)(?:\.layers\.[\d-]+)?)\.(?:(?P<att>attention|cross_attention)\.(?P<size>head_dim|n_kv_heads|out_bias)"
     r"|ffn\.d_ff|norm\.final)$"
 )
 
 
 def _follows_from_others(spec: Any, flat: dict[str, Any], path: str, *, inherited: bool = False) -> bool:
-    """Whether the value at ``path`` (``head_dim``, ``n_kv_heads``, ``d_ff``, the final
-    norm) is the one the spec derives from its other fields. ``inherited``: a layer's
-    value that is its stack's, no override changing it."""
-
+    """Whether the value at ``path`` (``head_dim``, ``n_kv_heads``, ``out_bias``, ``d_ff``,
+    the final norm, ``training.seq_len``) is the one the spec derives from its other
+    fields. ``inherited``: a layer's value that is its stack's, no override changing it."""
+    if path == "training.seq_len":
+        return path in flat and flat[path] == flat.get("max_seq_len")
     m = _DERIVABLE.match(path)
     if m is None or path not in flat:
         return False
@@ -222,6 +223,8 @@ def _follows_from_others(spec: Any, flat: dict[str, Any], path: str, *, inherite
         if kind is None and inherited:
             kind = _value_or_stack(flat, prefix, "ffn.type")
         return kind is not None and value == _default_d_ff(spec, kind)
+    if m.group("size") == "out_bias":
+        return value == _value_or_stack(flat, prefix, f"{m.group('att')}.bias")
     if m.group("att"):
         n_heads = _value_or_stack(flat, prefix, f"{m.group('att')}.n_heads")
         if not isinstance(n_heads, int) or n_heads <= 0:

@@ -241,6 +241,30 @@ def test_sizes_of_a_section_the_spec_leaves_out_are_derived() -> None:
     assert changes["decoder.cross_attention.n_kv_heads"].derived
 
 
+def test_out_bias_and_training_seq_len_follow_what_they_default_to() -> None:
+    # out_bias defaults to the attention's bias, training.seq_len to max_seq_len: unwritten,
+    # they are marked derived; written, they are the spec's own even where they are equal
+    minimal = {"name": "m", "kind": "decoder", "vocab_size": 1000, "d_model": 64, "max_seq_len": 128,
+               "decoder": {"n_layers": 2, "attention": {"n_heads": 4}}}
+    other = {**minimal, "max_seq_len": 256, "decoder": {"n_layers": 2, "attention": {"n_heads": 4, "bias": False},
+                                                          "overrides": [{"layers": [1], "attention": {"bias": True}}]}}
+    changes = {c.path: c for c in diff_specs(minimal, other, reports=False, checkpoints=False).changes}
+    assert changes["training.seq_len"].values == (128, 256) and changes["training.seq_len"].derived
+    assert changes["decoder.attention.out_bias"].values == (True, False)
+    assert changes["decoder.attention.out_bias"].derived and not changes["decoder.attention.bias"].derived
+    kept = changes["decoder.layers.1.attention.out_bias"]  # layer 1 keeps true, as its bias does
+    assert kept.kept and kept.values == (True, True) and kept.derived
+    written = {**other, "training": {"seq_len": 256},
+               "decoder": {"n_layers": 2, "attention": {"n_heads": 4, "bias": False, "out_bias": False}}}
+    changes = {c.path: c for c in diff_specs(minimal, written, reports=False, checkpoints=False).changes}
+    assert not changes["training.seq_len"].derived and not changes["decoder.attention.out_bias"].derived
+    layered = {**minimal, "decoder": {"n_layers": 2, "attention": {"n_heads": 4},
+                                      "overrides": [{"layers": [0], "attention": {"bias": False}}]}}
+    changes = {c.path: c for c in diff_specs(minimal, layered, reports=False, checkpoints=False).changes}
+    assert changes["decoder.layers.0.attention.out_bias"].derived
+    assert not changes["decoder.layers.0.attention.bias"].derived
+
+
 def test_diff_specs_arguments_are_checked_as_a_notebook_passes_them() -> None:
     with pytest.raises(TypeError, match=r"diff_specs takes the specs as arguments: diff_specs\(\*specs\), not one list"):
         diff_specs(["gpt-nano", "llama-nano"])

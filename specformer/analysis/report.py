@@ -139,7 +139,9 @@ def analyze(
     )
 
 
-def _positional(spec: Any) -> str:
+def _positional(spec: Any, attention: Any = None) -> str:
+    """The positional scheme as a layer with ``attention`` sees it: a windowed layer of a
+    rope with ``local_base`` rotates with that base, unscaled (Gemma 3's local layers)."""
     pos = spec.positional
     if pos.type == "learned":
         return f"learned ({pos.rows(spec.max_seq_len)} rows)"
@@ -148,6 +150,8 @@ def _positional(spec: Any) -> str:
         dims = sorted({stack.attention.head_dim for _, stack in spec.stacks() if stack.attention.head_dim})
         if frac and len(dims) == 1:  # the features rotated: int(head_dim × fraction), as transformers counts them
             frac += f": {int(dims[0] * pos.fraction)} of {dims[0]}"
+        if pos.local_base is not None and getattr(attention, "sliding_window", None) is not None:
+            return f"rope (local base {pos.local_base:g}{frac})"
         scaling = ""
         if pos.scaling is not None:
             scaling = f", {pos.scaling.type} x{pos.scaling.factor:g}"
@@ -204,7 +208,7 @@ def architecture_rows(spec: Any) -> list[dict[str, Any]]:
                     "d_ff": getattr(ffn, "d_ff", None),  # a plugin's FFN may size itself otherwise
                     "ffn": " ".join(str(x) for x in (ffn.type, getattr(ffn, "activation", None)) if x),
                     "norm": f"{norm.type} ({norm.placement}{'' if getattr(norm, 'weight', True) else ', no gain'})",
-                    "positional": _positional(spec),
+                    "positional": _positional(spec, att),
                     "extras": ", ".join(extras),
                 }
             )

@@ -523,6 +523,11 @@ def test_show_and_diff_name_the_rope_scaling(tmp_path: Path) -> None:
     assert "| rope (base 10000, 0.3 of head_dim: 14 of 48) |" in _ok(
         ["show", "gpt-nano", "-s", "positional={type: rope, fraction: 0.3}", "-s", "d_model=192", "-f", "markdown"]
     ).stdout
+    # Gemma 3's windowed layers rotate with local_base, unscaled; its global layers with base
+    rows = [line for line in _ok(["show", "gemma-3-1b", "-f", "markdown"]).stdout.splitlines()
+            if line.startswith("| decoder[")]
+    assert rows and all(("| rope (local base 10000) |" in row) is ("window 512" in row) for row in rows)
+    assert all("| rope (base 1e+06) |" in row for row in rows if "window" not in row)
     for factor in (8, 32):
         (tmp_path / f"x{factor}.yaml").write_text(
             f"extends: llama2-7b\nname: x{factor}\npositional:\n  scaling: {{type: llama3, factor: {factor}}}\n")

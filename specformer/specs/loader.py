@@ -92,6 +92,16 @@ TYPE_HINTS = {
     **dict.fromkeys(("float64", "fp64", "double", "64-true"), "float64 training is `64`"),
 }
 
+# values other tools have that specformer does not build in, and what to do instead: a
+# look-alike spelling of a built-in one (relu2 -> relu) would be another function
+NOT_BUILT_IN = {
+    **dict.fromkeys(
+        ("relu2", "relu_squared", "squared_relu", "sqrelu", "relu_sq", "relusquared"),
+        "squared ReLU (Primer, relu²) is not built in: register it as an FFN type, as docs/spec.md, "
+        "*Plugins*, shows with `type: relu2`",
+    ),
+}
+
 # Field names from Hugging Face configs, nanoGPT, LitGPT and PyTorch: (the field here, where it
 # is written). Said for an unknown field unless "did you mean" already names that field.
 _WIDTH = ("d_model", "the width is `d_model`, at the top level")
@@ -1333,6 +1343,8 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         if known := _name_hint(value, choices):
             # a name from another tool: say what it is here rather than the nearest spelling
             return [(path, f"{_shown(value)} is not allowed", f"{known}. allowed: {', '.join(choices)}")]
+        if isinstance(value, str) and (missing := NOT_BUILT_IN.get(value.lower())):
+            return [(path, f"{_shown(value)} is not allowed", f"{missing}. allowed: {', '.join(choices)}")]
         guess = did_you_mean(str(value), choices) if isinstance(value, str) else None
         hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
         return [(path, f"{_shown(value)} is not allowed", hint)]

@@ -690,6 +690,11 @@ def test_names_from_other_tools_are_explained_where_they_apply():
     # NoPE is no positions, not the rope its spelling is nearest to
     assert hint("positional.type=nope") == (
         "no positional information (NoPE) is `type: none`. allowed: sinusoidal, learned, rope, alibi, t5, none")
+    # squared ReLU is not built in: not the relu its spelling is nearest to, but the plugin that adds it
+    for name in ("relu2", "squared_relu", "ReLU_Squared"):
+        assert hint(f"decoder.ffn.activation={name}") == (
+            "squared ReLU (Primer, relu²) is not built in: register it as an FFN type, as docs/spec.md, *Plugins*, "
+            "shows with `type: relu2`. allowed: relu, gelu, gelu_tanh, silu")
 
 
 def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():

@@ -171,6 +171,8 @@ def validate(
 
     for problem in training_problems(resolved):  # valid, and it builds: train alone refuses it
         print_error(f"{problem.path}: {problem.message}", label="[dim]note: specformer train refuses this spec:[/]")
+    for problem in resolved.settings_without_effect():
+        print_error(f"{problem.path}: {problem.message}", problem.hint, label="[dim]note:[/]")
     if output_format == "json":
         console.print_json(json.dumps(resolved.to_dict()))
     elif console.is_terminal:

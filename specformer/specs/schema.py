@@ -1167,6 +1167,28 @@ class ModelSpec(Spec):
         # pydantic's ModelSpec(name=..., ...), unambiguous for debugging; print() ends the line
         return self.to_yaml().rstrip("\n")
 
+    def settings_without_effect(self) -> list[Any]:
+        """Settings the spec writes that change nothing in the model it builds, as
+        :class:`~specformer.specs.errors.SpecProblem` (valid, and built: ``validate`` says them
+        as notes). A rope's ``local_base`` rotates the layers with a sliding window; with none,
+        every layer rotates with ``base``."""
+        from specformer.specs.errors import SpecProblem
+
+        problems = []
+        pos = self.positional
+        if getattr(pos, "local_base", None) is not None and not any(
+            stack.layer(i).attention.sliding_window is not None
+            for _, stack in self.stacks() for i in range(stack.n_layers)
+        ):
+            problems.append(SpecProblem(
+                f"no layer has a sliding window, so local_base={pos.local_base:g} rotates none: every layer rotates "
+                f"with base {pos.base:g}",
+                path="positional.local_base",
+                hint="give the local layers a window (overrides: [{layers: [...], attention: {sliding_window: N}}]) "
+                     "or remove local_base",
+            ))
+        return problems
+
 
 def _attentions(stack: StackSpec) -> Iterator[tuple[str, AttentionSpec]]:
     yield "attention", stack.attention

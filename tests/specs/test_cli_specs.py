@@ -59,6 +59,20 @@ def test_validate_notes_what_train_would_refuse_in_a_valid_spec():
     assert runner.invoke(app, ["validate", "gpt-nano", "--set", "head={type: classification}", "-q"]).output == ""
 
 
+def test_validate_notes_a_setting_that_changes_nothing():
+    # local_base rotates the windowed layers; with no window anywhere it rotates none
+    result = runner.invoke(app, ["validate", "llama-nano", "--set", "positional.local_base=100"],
+                           env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    note = " ".join(result.stderr.split())
+    assert note.startswith("note: positional.local_base: no layer has a sliding window, so local_base=100 rotates "
+                           "none: every layer rotates with base 10000"), note
+    windowed = runner.invoke(app, ["validate", "llama-nano", "--set", "positional.local_base=100", "--set",
+                                   "decoder.overrides=[{layers: [0], attention: {sliding_window: 8}}]"])
+    assert windowed.exit_code == 0 and windowed.stderr == "", windowed.output
+    assert runner.invoke(app, ["validate", "gemma-3-1b"]).stderr == ""
+
+
 def test_validate_bad_override_exits_1():
     result = runner.invoke(app, ["validate", "gpt-nano", "--set", "decoder.n_layers=lots"])
     assert result.exit_code == 1

@@ -79,7 +79,8 @@ REQUIRED_FIELDS: dict[str, dict[str, str]] = {
 
 # families whose types the rest of specformer handles one by one: no new type can work there
 BUILT_IN_ONLY: dict[str, str] = {
-    "objective": "objectives are built in (causal_lm, masked_lm, seq2seq, sft): the data pipeline prepares "
+    "objective": "objectives are built in (causal_lm, masked_lm, seq2seq, sft, classification): the data "
+    "pipeline prepares "
     "the batches of each and the spec checks which model kind each trains; a new one cannot be added "
     "by registering it (a registered objective's own build target may replace a built-in one with "
     "replace=True)",

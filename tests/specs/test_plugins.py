@@ -798,6 +798,11 @@ def test_a_new_objective_is_refused_at_registration_saying_objectives_are_built_
     with pytest.raises(ValueError, match=r"objective type 'prefix_lm': objectives are built in \(causal_lm"):
         registry.register("objective", PrefixLM, "x:y")
     registry.register("objective", PrefixLM, "x:y", source="specformer")  # how the built-ins register
+    import specformer.specs.schema  # noqa: F401 - registers the built-in types
+    from specformer.registry import BUILT_IN_ONLY, REGISTRY
+
+    listed = BUILT_IN_ONLY["objective"].partition("(")[2].partition(")")[0].split(", ")
+    assert listed == REGISTRY.names("objective")  # every built-in objective, in the registry's order
 
 
 def test_an_unregistered_type_is_unknown_in_every_family_and_the_hint_says_to_register_it():

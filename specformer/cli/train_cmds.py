@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -770,10 +771,20 @@ def generate_cmd(
 
         def finish(stream: _Stream) -> None:
             stream.finish()
-            if not stream.kept and stream.new:  # an empty line alone reads as a failure
+            if not stream.new or stream.wrote:
+                return
+            # an empty line alone reads as a failure
+            if not stream.kept:
                 print_error("the output is empty: the model's first token was its end token (a model trained "
                             "for a few steps often ends at once; --num-beams or sampling may find a longer text)",
                             label="[yellow]note:[/]")
+                return
+            counts = Counter(stream.kept).most_common()
+            which = ", ".join(f"id {token} ×{n}" if n > 1 else f"id {token}" for token, n in counts[:3])
+            print_error(f"the output is empty: the model's {len(stream.kept)} tokens have no text ({which}"
+                        f"{', …' if len(counts) > 3 else ''}: tokens the tokenizer decodes to nothing, such as its "
+                        "start and padding tokens; a model trained for a few steps often repeats one; train it "
+                        "longer, or sample with --temperature 0.8)", label="[yellow]note:[/]")
 
         if num_beams > 1:
             limit = min(max_new_tokens, spec.max_seq_len - 1) if learned else max_new_tokens
@@ -978,6 +989,7 @@ class _Stream:
         self._start = 0  # kept[_start:] is the stretch being shown
         self._shown = ""  # the text of that stretch printed so far
         self.ended = False
+        self.wrote = False  # whether any text was printed (tokens that decode to none print nothing)
 
     def __call__(self, nxt: Any) -> None:
         token = int(nxt[0])
@@ -1008,6 +1020,7 @@ class _Stream:
                 return
             piece, self.strip = piece.removeprefix(self.strip), ""
         _write_text(piece)
+        self.wrote = self.wrote or bool(piece)
         self._shown = text
         if len(self.kept) - self._start >= self._SETTLE:  # the stretch shown becomes the context
             self._before = [*self._before, *self.kept[self._start:]][-self._TAIL:]

@@ -243,6 +243,25 @@ def test_an_encoder_decoder_output_that_ends_at_once_is_said_to(tiny: Any, tmp_p
     assert out.stdout == "\n"
     assert "note: the output is empty: the model's first token was its end token" in out.stderr
 
+    # a model that repeats a token with no text (its start token, which decodes to nothing)
+    # prints an empty line too: the note says which tokens it made
+    from specformer.training import load_checkpoint
+
+    tok = load_checkpoint(s2s).tokenizer
+    silent = next(i for i in sorted(tok.special_ids) if tok.decode([i]) == "" and i != tok.eos_id)
+
+    def repeats(model, ids, *, eos_id, on_token, max_new_tokens, **kwargs):
+        for _ in range(max_new_tokens):
+            on_token(torch.tensor([silent]))
+        return torch.full((1, max_new_tokens), silent)
+
+    monkeypatch.setattr(gen, "generate_seq2seq", repeats)
+    out = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "7"], env={"COLUMNS": "300"})
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "\n"
+    assert (f"note: the output is empty: the model's 7 tokens have no text (id {silent} ×7: tokens the tokenizer "
+            "decodes to nothing") in " ".join(out.stderr.split())
+
 
 def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     _train([str(_write(tmp_path, tiny("encoder", max_steps=4, val_interval=4), "enc.yaml"))])

@@ -1922,7 +1922,34 @@ def hf_config_from_spec(
         theirs, own = _CLASS_PREFIXES[imported_as]
         config["model_type"] = imported_as
         config["architectures"] = [own + name.removeprefix(theirs) for name in config["architectures"]]
+    _check_loadable(config, spec)
     return config
+
+
+def _check_loadable(config: dict[str, Any], spec: ModelSpec) -> None:
+    """Refuse a config that the installed ``transformers``' config class refuses (recent
+    Llama and Gemma 2 configs want a hidden size their head count divides, whatever their
+    ``head_dim``), where ``from_pretrained`` would fail on the folder written. Without
+    ``transformers`` there is nothing to check against."""
+    try:
+        import transformers
+    except ImportError:
+        return
+    if config["model_type"] not in transformers.CONFIG_MAPPING:  # an older transformers: a newer one may load it
+        return
+    fields = {key: value for key, value in config.items() if key != "model_type"}
+    try:
+        transformers.AutoConfig.for_model(config["model_type"], **fields)
+    except Exception as exc:  # noqa: BLE001 - a config class raises what it likes (ValueError, hub's validation errors)
+        cause = exc.__cause__ or exc
+        why = str(cause).strip().splitlines()[-1].strip().rstrip(".") if str(cause).strip() else type(cause).__name__
+        message = (f"Hugging Face {config['model_type']} cannot load this spec's config: transformers "
+                   f"{transformers.__version__} refuses it ({why})")
+        if "not a multiple of the number of attention heads" in why:
+            heads = sorted({stack.attention.n_heads for _, stack in spec.stacks()})
+            message += (f"; d_model = {spec.d_model} with n_heads = {', '.join(map(str, heads))}: a d_model that "
+                        "n_heads divides exports, whatever head_dim is")
+        raise HFConversionError(message) from None
 
 
 def _without_equivalents(spec: ModelSpec) -> ModelSpec:

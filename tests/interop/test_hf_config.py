@@ -11,6 +11,7 @@ import pytest
 from specformer.analysis import count_parameters
 from specformer.interop.hf_config import (
     HFConversionError,
+    export_family,
     hf_config_from_spec,
     hf_family,
     read_hf_config,
@@ -1300,3 +1301,69 @@ def test_a_config_read_from_a_folder_is_named_after_it_as_import_hf_names_it(tmp
     assert names == {"my-model"}
     assert spec_from_hf_config(config).name == "gpt2"  # a dict has no folder: its model_type
     assert spec_from_hf_config({**config, "_name_or_path": "org/tiny-gpt"}).name == "tiny-gpt"
+
+
+ODD_HEADS = {"name": "odd", "kind": "decoder", "vocab_size": 96, "d_model": 48, "max_seq_len": 32,
+             "positional": {"type": "rope"},
+             "decoder": {"n_layers": 2, "attention": {"n_heads": 5, "n_kv_heads": 1, "head_dim": 16, "bias": False},
+                         "ffn": {"type": "glu", "activation": "gelu_tanh", "d_ff": 40, "bias": False},
+                         "norm": {"type": "rmsnorm", "placement": "sandwich", "offset": 1.0, "eps": 1e-6}},
+             "embedding": {"scale": True}}
+
+
+def test_a_config_the_installed_transformers_refuses_is_refused_before_a_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # recent Llama and Gemma 2 configs want hidden_size divisible by the head count whatever
+    # their head_dim: the folder written would not load, so the export says why instead
+    transformers = pytest.importorskip("transformers")
+    try:
+        transformers.AutoConfig.for_model("gemma2", hidden_size=48, num_attention_heads=5, head_dim=16)
+    except Exception:  # noqa: BLE001 - the hub's validation error, or a ValueError
+        refused = True
+    else:
+        refused = False
+    spec = load_spec(ODD_HEADS)
+    assert export_family(spec) == "gemma2"
+    if refused:
+        with pytest.raises(HFConversionError, match=r"Hugging Face gemma2 cannot load this spec's config: "
+                           r"transformers \S+ refuses it \(The hidden size \(48\) is not a multiple of the number of "
+                           r"attention heads \(5\)\); d_model = 48 with n_heads = 5: a d_model that n_heads divides"):
+            hf_config_from_spec(spec)
+    else:
+        assert hf_config_from_spec(spec)["hidden_size"] == 48
+    # whatever the version: the config class's refusal, in its own words, as an HFConversionError
+    def refuse(model_type: str, **fields: Any) -> Any:
+        raise ValueError(f"{model_type} wants something else.")
+
+    monkeypatch.setattr(transformers.AutoConfig, "for_model", refuse)
+    with pytest.raises(HFConversionError, match=r"^Hugging Face gpt2 cannot load this spec's config: transformers "
+                       r"\S+ refuses it \(gpt2 wants something else\)$"):
+        hf_config_from_spec("gpt-nano")
+
+
+def test_a_llama_whose_config_transformers_refuses_exports_as_phi3_with_the_same_logits() -> None:
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    from specformer import build_model
+    from specformer.interop.hf import to_hf
+
+    llama = {**ODD_HEADS, "embedding": {}, "decoder": {**ODD_HEADS["decoder"], "norm": {"type": "rmsnorm"},
+                                                        "ffn": {"type": "glu", "activation": "silu", "d_ff": 40,
+                                                                "bias": False}}}
+    spec = load_spec(llama)
+    try:
+        transformers.AutoConfig.for_model("llama", hidden_size=48, num_attention_heads=5, head_dim=16)
+    except Exception:  # noqa: BLE001 - the hub's validation error, or a ValueError
+        expected = "phi3"
+    else:
+        expected = "llama"
+    assert export_family(spec) == expected
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    theirs = to_hf(model).eval()
+    assert theirs.config.model_type == expected
+    ids = torch.randint(0, 96, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,6 +77,16 @@ class TokenArrays:
     cached: bool = False
 
 
+# a document longer than this is encoded in pieces of about this many characters, cut where
+# the ids are those of the whole (nanoGPT's one-file input.txt: encoded at once, its encoding
+# took ~165 times the text's size, and a bar that waits for it shows nothing until the end)
+PIECE_CHARS = 1_000_000
+# characters each side of a cut encoded with and without it: a cut is taken where they agree
+CUT_WINDOW = 256
+# candidate cuts tried, after a line end, then before a space, before a piece is left whole
+CUT_TRIES = 16
+
+
 def token_chunks(
     texts: Sequence[str], tokenizer: Tokenizer, dtype: np.dtype, eot_id: int
 ) -> Iterator[tuple[np.ndarray, int]]:
@@ -84,31 +94,76 @@ def token_chunks(
     time: (the chunk's ids, its characters). Each document is in the tokenizer's template (a
     ``tokenizer.json``'s ``<s>`` before it, ``[CLS]`` … ``[SEP]`` around it; nothing for
     specformer's own tokenizers), then ``eot_id``, unless the template already ends the
-    document with it (BERT's ``[SEP]``)."""
+    document with it (BERT's ``[SEP]``). A document longer than :data:`PIECE_CHARS` is
+    encoded in pieces (see :func:`_pieces`), with the same ids as encoded whole."""
     before, after = tokenizer.template()
     head = np.array(before, dtype=dtype)
     tail = np.array(after if after and after[-1] == eot_id else [*after, eot_id], dtype=dtype)
-    for batch in _batches(texts, CHUNK_CHARS, _threads()):
+    for batch in _batches(_pieces(texts, tokenizer), CHUNK_CHARS, _threads()):
         parts: list[np.ndarray] = []
-        for ids in tokenizer.encode_arrays(batch, dtype):
-            if head.size:
+        for ids, (_, first, last) in zip(tokenizer.encode_arrays([p for p, _, _ in batch], dtype), batch, strict=True):
+            if first and head.size:
                 parts.append(head)
             parts.append(ids)
-            parts.append(tail)
-        yield np.concatenate(parts), sum(map(len, batch))
+            if last:
+                parts.append(tail)
+        yield np.concatenate(parts), sum(len(p) for p, _, _ in batch)
 
 
-def _batches(texts: Sequence[str], limit: int, at_least: int = 1) -> Iterator[list[str]]:
-    """``texts`` in consecutive batches of at most ``limit`` characters, or of ``at_least``
-    texts where those are longer (one for each thread to encode)."""
-    batch: list[str] = []
-    size = 0
+def _pieces(texts: Sequence[str], tokenizer: Tokenizer) -> Iterator[tuple[str, bool, bool]]:
+    """(piece, first of its document, last of it) for each document of ``texts``: a document
+    longer than :data:`PIECE_CHARS` in pieces of about that length. A piece ends after a line
+    end (or before a space) where the text around the cut encodes to the same ids cut as whole,
+    :data:`CUT_WINDOW` characters each side: so a pre-tokenizer that splits there (GPT-2's
+    byte-level BPE, WordPiece, bytes) gives the ids of the whole, and one that does not (a
+    SentencePiece ``▁`` prepended to every input) finds no cut and encodes the document whole."""
     for text in texts:
-        if len(batch) >= at_least and size + len(text) > limit:
+        start = 0
+        while len(text) - start > PIECE_CHARS + PIECE_CHARS // 2:
+            cut = _cut(text, start + PIECE_CHARS, tokenizer)
+            if cut is None:
+                break
+            yield text[start:cut], start == 0, False
+            start = cut
+        yield text[start:] if start else text, start == 0, True
+
+
+def _cut(text: str, at: int, tokenizer: Tokenizer) -> int | None:
+    """A place at or after ``at`` where ``text`` may be cut (see :func:`_pieces`), or None."""
+    end = min(len(text) - 1, at + PIECE_CHARS // 2)
+
+    def candidates(mark: str, offset: int) -> Iterator[int]:
+        i = at
+        while (i := text.find(mark, i, end)) != -1:
+            # the characters on either side of the mark are no whitespace: a run is never cut
+            if not text[i - 1].isspace() and not text[i + 1].isspace():
+                yield i + offset
+            i += 1
+
+    tried = 0
+    for mark, offset in (("\n", 1), (" ", 0)):
+        for cut in candidates(mark, offset):
+            left, right = text[max(0, cut - CUT_WINDOW):cut], text[cut:cut + CUT_WINDOW]
+            if tokenizer.encode(left + right, specials=False) == (
+                    tokenizer.encode(left, specials=False) + tokenizer.encode(right, specials=False)):
+                return cut
+            tried += 1
+            if tried % CUT_TRIES == 0:
+                break
+    return None
+
+
+def _batches(pieces: Iterable[tuple[str, bool, bool]], limit: int, at_least: int = 1) -> Iterator[list[tuple[str, bool, bool]]]:
+    """``pieces`` (see :func:`_pieces`) in consecutive batches of at most ``limit`` characters,
+    or of ``at_least`` pieces where those are longer (one for each thread to encode)."""
+    batch: list[tuple[str, bool, bool]] = []
+    size = 0
+    for piece in pieces:
+        if len(batch) >= at_least and size + len(piece[0]) > limit:
             yield batch
             batch, size = [], 0
-        batch.append(text)
-        size += len(text)
+        batch.append(piece)
+        size += len(piece[0])
     if batch:
         yield batch
 

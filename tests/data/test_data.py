@@ -1399,3 +1399,64 @@ def test_a_tsv_without_the_text_column_and_a_stray_quote_names_the_column(tmp_pa
     with pytest.raises(DataError, match=r"rows.tsv:1: no 'text' column \(training.data.text_field\); the header row "
                                         r"has 'body', 'id'"):
         files_corpus(FilesDataSpec(paths=(str(table),)))
+
+
+class _Prepending(ByteTokenizer):
+    """Bytes after a marker that opens every input, as a SentencePiece ▁ prepended to it: a
+    text encoded in pieces would have a marker at each."""
+
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        return [0, *super().encode(text, specials=specials)]
+
+    def encode_arrays(self, texts: Any, dtype: Any) -> list[np.ndarray]:
+        return [np.asarray(self.encode(t, specials=False), dtype=dtype) for t in texts]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "byte", "wordpiece", "metaspace", "prepending"])
+def test_a_long_document_is_encoded_in_pieces_with_the_ids_of_the_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # one 40 MB input.txt encoded at once took ~6 GB and showed no progress until it ended:
+    # a long document is cut where the ids around the cut are those of the whole, and a
+    # tokenizer that reads a cut differently (a marker opening every input) is left whole
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specformer.data import tokens
+    from specformer.data.corpus import Corpus
+    from specformer.data.tokenizers import HFTokenizer
+
+    rng = random.Random(0)
+    words = "the of and to in is was naïve 日本語 emoji😀 x=1; don't it's \tTab".split(" ") + ["  two", "end.\n"]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(3000)) + "\n"
+    if kind == "bpe":
+        tok = bpe_tokenizer(BPETokenizerSpec(vocab_size=400), corpus=Corpus(
+            name="t", train=[text[:20000]], val=["x"], fingerprint="pieces"), cache_dir=tmp_path)
+    elif kind in ("byte", "prepending"):
+        tok = ByteTokenizer() if kind == "byte" else _Prepending()
+    else:
+        model = models.WordPiece(unk_token="[UNK]") if kind == "wordpiece" else models.BPE(unk_token="[UNK]")
+        raw = Tokenizer(model)
+        raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if kind == "wordpiece" else pre_tokenizers.Metaspace()
+        trainer = (trainers.WordPieceTrainer if kind == "wordpiece" else trainers.BpeTrainer)(
+            vocab_size=300, special_tokens=["[UNK]", "<|endoftext|>"])
+        raw.train_from_iterator([text[:20000]], trainer)
+        tok = HFTokenizer(raw)
+    docs = [text, "a short one", text[:7000]]
+    whole = tokens.tokenize_to_array(docs, tok, np.dtype(np.int32), tok.eot_id)
+    assert whole.size == sum(len(tok.encode(d, specials=False)) + 1 for d in docs)
+    monkeypatch.setattr(tokens, "PIECE_CHARS", 2000)
+    pieces = list(tokens._pieces(docs, tok))
+    assert "".join(p for p, _, _ in pieces) == "".join(docs)
+    assert [(first, last) for _, first, last in pieces].count((True, True)) >= 1  # the short one, whole
+    assert sum(last for _, _, last in pieces) == 3 and sum(first for _, first, _ in pieces) == 3
+    if kind == "prepending":
+        assert len(pieces) == 3  # no cut reads as the whole: each document encoded whole
+    else:
+        assert len(pieces) > 20
+    assert np.array_equal(tokens.tokenize_to_array(docs, tok, np.dtype(np.int32), tok.eot_id), whole)
+    seen: list[int] = []
+    n = tokens.write_token_stream(tmp_path / "s.bin", docs, tok, np.dtype(np.int32), tok.eot_id, advance=seen.append)
+    assert n == whole.size and sum(seen) == sum(map(len, docs))
+    assert np.array_equal(np.fromfile(tmp_path / "s.bin", dtype=np.int32), whole)

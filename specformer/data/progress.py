@@ -98,11 +98,12 @@ def fitting_progress(*columns: Any, optional: tuple[tuple[int, ...], ...] = (), 
 LINE_AFTER_S = 2.0
 
 
-def rich_reporter(console: Any) -> Reporter:
+def rich_reporter(console: Any, *, bars: bool = True) -> Reporter:
     """A rich bar on ``console`` while each step runs: what it does, MB done of the total,
     MB/s, elapsed time and ETA (a step of unknown length: its elapsed time). A step that
     took more than :data:`LINE_AFTER_S` seconds then leaves one line, which is also all a
-    log gets: ``tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)``."""
+    log gets, or a run without ``bars`` (``--no-progress``):
+    ``tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)``."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -126,7 +127,7 @@ def rich_reporter(console: Any) -> Reporter:
         if total is not None:
             columns += [TextColumn("ETA", **whole), TimeRemainingColumn(**whole)]
         start = time.perf_counter()
-        if console.is_terminal:
+        if bars and console.is_terminal:
             with fitting_progress(*columns, optional=optional, console=console, transient=True) as shown:
                 task = shown.add_task(description, total=total)
                 yield lambda done: shown.advance(task, done)

@@ -468,8 +468,9 @@ def train(
     # tokenized with it, not with a tokenizer trained afresh on this run's data
     dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)
     # reading, training a BPE and tokenising a large corpus take minutes: each says how far it is
-    shown = progress and console is not None and rank_zero_only.rank == 0
-    with data_progress.reporting(data_progress.rich_reporter(console) if shown else None):
+    # (a bar, unless --no-progress) and leaves a line with its time, which a log keeps
+    shown = console is not None and rank_zero_only.rank == 0
+    with data_progress.reporting(data_progress.rich_reporter(console, bars=progress) if shown else None):
         dm.setup("fit")
     assert dm.data is not None
     module.tokenizer = module.tokenizer or dm.data.tokenizer

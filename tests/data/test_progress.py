@@ -69,6 +69,14 @@ def test_a_long_step_leaves_a_line_with_its_rate(tmp_path: Path, monkeypatch: py
     with progress.reporting(progress.rich_reporter(console)):
         _corpus(tmp_path / "again")
     assert out.getvalue() == ""
+    # --no-progress: no bar on a terminal, and the line all the same (a log's only word on the step)
+    terminal = io.StringIO()
+    monkeypatch.setattr(progress, "LINE_AFTER_S", 0.0)
+    shown = Console(file=terminal, force_terminal=True, width=200)
+    with progress.reporting(progress.rich_reporter(shown, bars=False)):
+        _corpus(tmp_path / "third")
+    (line,) = terminal.getvalue().splitlines()
+    assert line.startswith("reading 6 files: ") and "\x1b[?25l" not in terminal.getvalue()  # no live display
     assert progress.done_line("tokenising the training text", 94_400_000, 63.0) == (
         "tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)")
     assert progress.done_line("training the BPE tokenizer", None, 5.04) == "training the BPE tokenizer: 5.0s"

@@ -44,6 +44,7 @@ class Corpus:
     train_ids: list[str] = field(default_factory=list)
     val_ids: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # files left out as not UTF-8 text
+    skipped_at: dict[str, str] = field(default_factory=dict)  # of those, where: "line 3, column 7, byte 0xe9"
     unreadable: list[str] = field(default_factory=list)  # files left out as unreadable: "key (reason)"
     notes: list[str] = field(default_factory=list)  # what else was left out, for the run's data line
     split_by_lines: bool = False  # one document, split into its first and last lines
@@ -134,6 +135,7 @@ def _read_files(
     digests: list[bytes] = []
     held_out: list[bool] = []  # each document's split, with val_from
     skipped: list[str] = []
+    skipped_at: dict[str, str] = {}
     unreadable: list[str] = []  # "key (reason)": a dangling symbolic link, a file without read permission
     utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
     with progress.step(f"reading {len(items):,} file{'s' if len(items) != 1 else ''}", sum(map(_size, items))) as advance:
@@ -154,6 +156,7 @@ def _read_files(
             except UnicodeDecodeError as exc:
                 if report:  # (a few stdlib test files are deliberately not UTF-8)
                     skipped.append(key)
+                    skipped_at[key] = _where_not_utf8(exc)
                     if bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
                         utf16.append(key)
                 continue
@@ -185,7 +188,7 @@ def _read_files(
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
                       train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped,
-                      unreadable=unreadable, split_by_lines=True, notes=notes)
+                      skipped_at=skipped_at, unreadable=unreadable, split_by_lines=True, notes=notes)
     if val_from is None:
         train_idx, val_idx = split_by_path(keys, val_fraction)
     else:
@@ -199,6 +202,7 @@ def _read_files(
         train_ids=[keys[i] for i in train_idx],
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
+        skipped_at=skipped_at,
         unreadable=unreadable,
         notes=notes,
     )
@@ -527,6 +531,16 @@ def read_texts(patterns: tuple[str, ...], setting: str, digests: list[bytes]) ->
             raise DataError(f"{setting}: {not_utf8(path, exc)}") from None
         digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
         yield key, path, text.removeprefix("\ufeff")
+
+
+def _where_not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16: says so)."""
+    data = bytes(exc.object)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "UTF-16"
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return f"line {line}, column {column}, byte 0x{data[exc.start]:02x}"
 
 
 def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:

@@ -68,6 +68,8 @@ class PreparedData:
     # a hash of the data's content and settings: a checkpoint records it, and a run resumed
     # on other data (a file edited, added or removed) is told
     fingerprint: str | None = None
+    # files the reading left out, each with why: said before training as well as in the summary
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def unit(self) -> str:
@@ -151,7 +153,24 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         n_val_tokens=len(arrays.val),
         extra={"token_cache": str(arrays.path)},
         fingerprint=corpus.fingerprint,
+        left_out=_left_out(corpus),
     )
+
+
+def _left_out(corpus: Any) -> list[str]:
+    """What the reading left out, a line each, with where a file stops being UTF-8."""
+    lines = []
+    skipped, where = getattr(corpus, "skipped", []), getattr(corpus, "skipped_at", {})
+    if skipped:
+        shown = ", ".join(f"{key} ({where[key]})" if key in where else key for key in skipped[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        lines.append(f"left out {len(skipped)} file{'s' if len(skipped) != 1 else ''} that {'are' if len(skipped) != 1 else 'is'} "
+                     f"not UTF-8 text: {shown}{more} (save them as UTF-8 to train on them)")
+    unreadable = getattr(corpus, "unreadable", [])
+    if unreadable:
+        lines.append(f"left out {len(unreadable)} file{'s' if len(unreadable) != 1 else ''} that cannot be read: "
+                     f"{_names(unreadable)}")
+    return lines
 
 
 def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:

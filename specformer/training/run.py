@@ -473,6 +473,8 @@ def train(
     with data_progress.reporting(data_progress.rich_reporter(console, bars=progress) if shown else None):
         dm.setup("fit")
     assert dm.data is not None
+    for line in dm.data.left_out:  # said before training too: the summary comes at the end of a long run
+        _warn(console, line)
     module.tokenizer = module.tokenizer or dm.data.tokenizer
     names = dm.data.extra.get("label_names")
     if names is not None and spec.head.labels != tuple(names):

@@ -165,6 +165,12 @@ def test_a_utf16_file_is_left_out_with_how_to_make_it_readable(tmp_path: Path) -
     assert corpus.skipped == ["latin.txt", "notepad.txt"]
     assert corpus.notes == ["notepad.txt is UTF-16 text (what Windows Notepad saves as 'Unicode'): save it as "
                             "UTF-8 to train on it"]
+    assert corpus.skipped_at == {"latin.txt": "line 1, column 4, byte 0xe9", "notepad.txt": "UTF-16"}
+    # the run says it before training, where: the summary comes at the end of a long run
+    from specformer.data.module import _left_out
+
+    assert _left_out(corpus) == ["left out 2 files that are not UTF-8 text: latin.txt (line 1, column 4, byte 0xe9), "
+                                 "notepad.txt (UTF-16) (save them as UTF-8 to train on them)"]
     with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out "
                                         r"as not UTF-8 text: notepad.txt; notepad.txt is UTF-16 text \(what Windows "
                                         r"Notepad saves as 'Unicode'\): save it as UTF-8 to train on it$"):

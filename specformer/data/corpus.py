@@ -334,7 +334,7 @@ def _table_rows(path: Path, text: str, text_field: str, kind: str) -> Iterator[t
         try:
             records = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{where}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+            raise DataError(f"{where}:{exc.lineno}: not JSON ({json_problem(exc)})") from None
         for number, record in enumerate(records, start=1):
             if not isinstance(record, dict):
                 raise DataError(f"{where}: item {number} is a JSON {type(record).__name__}, not an object with "
@@ -386,7 +386,7 @@ def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, s
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{where}:{number}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl "
+            raise DataError(f"{where}:{number}: not a JSON object ({json_problem(exc)}); a .jsonl "
                             "file holds one JSON object per line") from None
         if not isinstance(record, dict):
             raise DataError(f"{where}:{number}: a JSON {type(record).__name__}, not an object; a .jsonl file holds "
@@ -541,6 +541,12 @@ def _where_not_utf8(exc: UnicodeDecodeError) -> str:
     line = data.count(b"\n", 0, exc.start) + 1
     column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
     return f"line {line}, column {column}, byte 0x{data[exc.start]:02x}"
+
+
+def json_problem(exc: Any) -> str:
+    """What is wrong with a line of JSON, and at which column: 'Expecting value at column 8'
+    ('Unterminated string starting at column 10', the message already ending in 'at')."""
+    return f"{exc.msg}{'' if exc.msg.endswith(' at') else ' at'} column {exc.colno}"
 
 
 def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:

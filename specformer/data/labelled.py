@@ -27,6 +27,7 @@ from specformer.data.corpus import (
     _plain_text,
     _table_kind,
     csv_fields_up_to,
+    json_problem,
     read_texts,
     reader_rows,
     split_by_path,
@@ -182,7 +183,7 @@ def table_records(
         try:
             records = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{setting}: {path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+            raise DataError(f"{setting}: {path}:{exc.lineno}: not JSON ({json_problem(exc)})") from None
         return None, ((f"{setting}: {path}: item {number}", record) for number, record in enumerate(records, start=1))
     return None, _json_lines(path, text, setting)
 
@@ -203,7 +204,7 @@ def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, obje
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{setting}: {path}:{number}: not a JSON object ({exc.msg} at column {exc.colno}); a "
+            raise DataError(f"{setting}: {path}:{number}: not a JSON object ({json_problem(exc)}); a "
                             ".jsonl file holds one JSON object per line") from None
         yield f"{setting}: {path}:{number}", record
 

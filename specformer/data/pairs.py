@@ -22,6 +22,7 @@ from specformer.data.corpus import (
     DataError,
     _is_json_lines,
     _plain_text,
+    json_problem,
     read_texts,
     split_by_path,
 )
@@ -195,7 +196,7 @@ def json_object(line: str, where: str, holds: str) -> dict:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise DataError(
-            f"{where}: not a JSON object ({exc.msg} at column {exc.colno}); a .jsonl file holds one JSON object per line"
+            f"{where}: not a JSON object ({json_problem(exc)}); a .jsonl file holds one JSON object per line"
         ) from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: a JSON {type(record).__name__}, not an object{holds}")

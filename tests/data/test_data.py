@@ -732,6 +732,12 @@ def test_unigram_cross_entropy_matches_its_definition() -> None:
     p = counts / counts.sum()
     expected = -np.mean(np.log(p[[0, 1, 3]]))
     assert unigram_cross_entropy(train, val, 4) == pytest.approx(expected)
+    # validation tokens training rarely has (another language held out) score worse than a
+    # uniform guess: the baseline is the better of the two, never above ln V
+    train = np.zeros(10_000, dtype=np.int64)
+    val = np.arange(1, 100)
+    smoothed = -np.mean(np.log(1.0 / (10_000 + 512)))
+    assert smoothed > np.log(512) and unigram_cross_entropy(train, val, 512) == pytest.approx(np.log(512))
 
 
 @pytest.mark.parametrize("objective", ["causal_lm", "masked_lm"])

@@ -99,7 +99,7 @@ def test_the_token_cache_is_written_without_holding_the_whole_stream(
 def test_the_unigram_baseline_reads_the_token_cache_a_slice_at_a_time(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     path = tmp_path / "ids.bin"
-    rng.integers(0, 1000, size=4_000_000, dtype=np.uint16).tofile(path)
+    (rng.random(4_000_000) ** 3 * 1000).astype(np.uint16).tofile(path)  # skewed: below a uniform guess
     ids = np.memmap(path, dtype=np.uint16, mode="r")
     train, val = ids[:3_000_000], ids[3_000_000:]
     counts = np.bincount(np.asarray(train, dtype=np.int64), minlength=1000) + 1.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,8 @@ class Corpus:
     val_ids: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # files left out as not UTF-8 text
     skipped_at: dict[str, str] = field(default_factory=dict)  # of those, where: "line 3, column 7, byte 0xe9"
+    # tables and JSON found in a folder that hold no documents (a package.json, a CSV of numbers): "key (why)"
+    not_documents: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)  # files left out as unreadable: "key (reason)"
     notes: list[str] = field(default_factory=list)  # what else was left out, for the run's data line
     split_by_lines: bool = False  # one document, split into its first and last lines
@@ -123,19 +126,24 @@ def _read_files(
     report: bool = True,
     text_field: str | None = None,
     val_from: int | None = None,
+    walked: frozenset[Path] | set[Path] = frozenset(),
 ) -> Corpus:
     """Read ``items`` (key, path) as UTF-8 text and split them; files that are not UTF-8
     text are left out (listed in ``skipped`` when ``report``) and empty ones dropped. With
     ``text_field``, a JSON-lines file (``.jsonl``, ``.ndjson``) gives one document per line,
     its ``text_field``, keyed ``file.jsonl:LINE``, and a table (``.csv``, ``.tsv``, ``.json``)
     one per row (:func:`_table_rows`). With ``val_from``, the items from that index on are
-    the validation split, the ones before it training; without, ``val_fraction`` splits."""
+    the validation split, the ones before it training; without, ``val_fraction`` splits. A
+    table or ``.json`` file in ``walked`` (found in a folder, not named) that holds no documents
+    (no ``text_field``, not JSON: a project's package.json) is left out and listed in
+    ``not_documents``, where a file named, and a JSON-lines file anywhere, is an error."""
     texts: list[str] = []
     keys: list[str] = []
     digests: list[bytes] = []
     held_out: list[bool] = []  # each document's split, with val_from
     skipped: list[str] = []
     skipped_at: dict[str, str] = {}
+    not_documents: list[str] = []
     unreadable: list[str] = []  # "key (reason)": a dangling symbolic link, a file without read permission
     utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
     with progress.step(f"reading {len(items):,} file{'s' if len(items) != 1 else ''}", sum(map(_size, items))) as advance:
@@ -163,6 +171,13 @@ def _read_files(
             kind = _table_kind(path)
             if text_field is not None and (_is_json_lines(path) or kind is not None):
                 rows = _table_rows(path, text, text_field, kind) if kind else _json_lines(path, text, text_field)
+                if kind is not None and path in walked:  # a folder's package.json or CSV of numbers: left out
+                    try:
+                        rows = list(rows)
+                    except DataError as exc:
+                        why = re.sub(r"^training\.data\.\w+: ", "", str(exc))  # the file's place says which
+                        not_documents.append(f"{key} ({why})")
+                        continue
                 for line, document in rows:
                     texts.append(document)
                     keys.append(f"{key}:{line}")
@@ -188,7 +203,7 @@ def _read_files(
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
                       train_ids=[f"{keys[0]} (first lines)"], val_ids=[f"{keys[0]} (last lines)"], skipped=skipped,
-                      skipped_at=skipped_at, unreadable=unreadable, split_by_lines=True, notes=notes)
+                      skipped_at=skipped_at, not_documents=not_documents, unreadable=unreadable, split_by_lines=True, notes=notes)
     if val_from is None:
         train_idx, val_idx = split_by_path(keys, val_fraction)
     else:
@@ -203,6 +218,7 @@ def _read_files(
         val_ids=[keys[i] for i in val_idx],
         skipped=skipped,
         skipped_at=skipped_at,
+        not_documents=not_documents,
         unreadable=unreadable,
         notes=notes,
     )
@@ -480,10 +496,11 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     to the fixed part of the pattern that found it (``data/**/*.txt`` -> below ``data``;
     a directory -> below it; a file -> its name), so it does not change when other
     paths are added."""
-    found = _expand_paths(spec.paths, "training.data.paths")
+    walked: set[Path] = set()
+    found = _expand_paths(spec.paths, "training.data.paths", walked)
     held: list[tuple[str, Path]] = []
     if spec.val_paths is not None:  # validation files given: left out of paths, read whole
-        held = _expand_paths(spec.val_paths, "training.data.val_paths")
+        held = _expand_paths(spec.val_paths, "training.data.val_paths", walked)
         resolved = {path.resolve() for _, path in held}
         given, found = found, [(key, path) for key, path in found if path.resolve() not in resolved]
         if not found:
@@ -493,7 +510,8 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     # (text_field is in each JSON-lines document's digest: other files keep the key they had)
     corpus = _read_files("files", keyed + held, spec.val_fraction,
                          spec.model_dump(exclude={"paths", "val_paths", "text_field"}),
-                         text_field=spec.text_field, val_from=len(keyed) if spec.val_paths is not None else None)
+                         text_field=spec.text_field, val_from=len(keyed) if spec.val_paths is not None else None,
+                         walked=walked)
     if spec.max_mb is not None and (size := sum(path.stat().st_size for _, path in keyed)) > spec.max_mb * 1e6:
         # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
         corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {_mb(size)} MB of "
@@ -501,10 +519,13 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids} if spec.val_paths is None else set()
         unreadable = {entry.rsplit(" (", 1)[0] for entry in corpus.unreadable}
+        unreadable |= {entry.split(" (", 1)[0] for entry in corpus.not_documents}
         empty = [key for key, _ in keyed if key not in corpus.skipped and key not in unreadable and key not in read]
         found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
         found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
         found += [f"cannot be read: {_names(corpus.unreadable)}"] if corpus.unreadable else []
+        found += [f"found in a folder, with no documents: {'; '.join(corpus.not_documents)}"] if corpus.not_documents \
+            else []
         found += [note for note in corpus.notes if "UTF-16" in note]
         found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
         raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
@@ -561,9 +582,10 @@ def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
     return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}): save the file as UTF-8{how}"
 
 
-def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Path]]:
+def _expand_paths(patterns: tuple[str, ...], setting: str, walked: set[Path] | None = None) -> list[tuple[str, Path]]:
     """(key, path) of every file that ``patterns`` (files, directories, globs) find, sorted
-    by key; a pattern that finds nothing is an error naming ``setting``."""
+    by key; a pattern that finds nothing is an error naming ``setting``. The files found
+    below a directory go to ``walked`` as well."""
     items: dict[str, tuple[str, Path]] = {}
     missing = []
     for pattern in patterns:
@@ -576,6 +598,8 @@ def _expand_paths(patterns: tuple[str, ...], setting: str) -> list[tuple[str, Pa
         for match in matches:
             if match.is_dir():
                 files = _files_below(match)
+                if walked is not None:
+                    walked.update(files)
             else:
                 files = [match]
             for f in files:

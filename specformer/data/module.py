@@ -142,6 +142,9 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
     if getattr(corpus, "unreadable", None):
         description += f"; left out {len(corpus.unreadable)} file(s) that cannot be read: {_names(corpus.unreadable)}"
+    if getattr(corpus, "not_documents", None):
+        description += (f"; left out {len(corpus.not_documents)} file(s) found in a folder with no documents: "
+                        f"{_names([entry.split(' (', 1)[0] for entry in corpus.not_documents])}")
     description += _notes(spec, tokenizer, getattr(corpus, "notes", ()), cached=arrays.cached)
     return PreparedData(
         tokenizer=tokenizer,
@@ -166,6 +169,12 @@ def _left_out(corpus: Any) -> list[str]:
         more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
         lines.append(f"left out {len(skipped)} file{'s' if len(skipped) != 1 else ''} that {'are' if len(skipped) != 1 else 'is'} "
                      f"not UTF-8 text: {shown}{more} (save them as UTF-8 to train on them)")
+    documentless = getattr(corpus, "not_documents", [])
+    if documentless:
+        lines.append(f"left out {len(documentless)} file{'s' if len(documentless) != 1 else ''} found in a folder "
+                     f"that hold{'s' if len(documentless) == 1 else ''} no documents: {'; '.join(documentless[:5])}"
+                     f"{f' and {len(documentless) - 5} more' if len(documentless) > 5 else ''} (a file named in "
+                     "training.data.paths is read as data)")
     unreadable = getattr(corpus, "unreadable", [])
     if unreadable:
         lines.append(f"left out {len(unreadable)} file{'s' if len(unreadable) != 1 else ''} that cannot be read: "

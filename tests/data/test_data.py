@@ -1473,3 +1473,31 @@ def test_a_long_document_is_encoded_in_pieces_with_the_ids_of_the_whole(
     n = tokens.write_token_stream(tmp_path / "s.bin", docs, tok, np.dtype(np.int32), tok.eot_id, advance=seen.append)
     assert n == whole.size and sum(seen) == sum(map(len, docs))
     assert np.array_equal(np.fromfile(tmp_path / "s.bin", dtype=np.int32), whole)
+
+
+def test_a_folder_s_json_and_csv_without_documents_are_left_out_not_the_run_s_end(tmp_path: Path) -> None:
+    # a project folder holds a package.json, a tsconfig.json with comments and a CSV of numbers:
+    # walking the folder leaves them out, said; naming one of them is still an error
+    from specformer.data.module import _left_out
+
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "notes.txt").write_text("plain notes about the project\n" * 50)
+    (tmp_path / "proj" / "package.json").write_text('{"name": "x", "version": 1}\n')
+    (tmp_path / "proj" / "tsconfig.json").write_text('{"compilerOptions": {} // comment\n}\n')
+    (tmp_path / "proj" / "numbers.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "proj" / "docs.jsonl").write_text('{"text": "a document"}\n{"text": "another"}\n')
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path / "proj"),)))
+    assert sorted(corpus.train_ids + corpus.val_ids) == ["docs.jsonl:1", "docs.jsonl:2", "notes.txt"]
+    assert [entry.split(" (", 1)[0] for entry in corpus.not_documents] == ["numbers.csv", "package.json",
+                                                                            "tsconfig.json"]
+    assert "package.json (" + str(tmp_path / "proj" / "package.json") + ":1: no 'text' field" in corpus.not_documents[1]
+    (line,) = _left_out(corpus)
+    assert line.startswith("left out 3 files found in a folder that hold no documents: numbers.csv (")
+    with pytest.raises(DataError, match=r"package.json:1: no 'text' field"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "proj" / "package.json"),)))
+    # a folder of nothing else: no text to train on, each file named with why
+    (tmp_path / "proj" / "notes.txt").unlink()
+    (tmp_path / "proj" / "docs.jsonl").unlink()
+    with pytest.raises(DataError, match=r"no text to train on in the given files; found in a folder, with no "
+                                        r"documents: numbers.csv \("):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "proj"),)))

@@ -174,6 +174,17 @@ def _main(
     """The options of ``specformer`` itself, before a command: ``--version``."""
 
 
+def reader_gone(exc: OSError, path: Any) -> bool:
+    """Whether writing ``path`` failed because it is a pipe whose reader has stopped reading
+    (``-o /dev/stdout | head``): a command ends quietly there, as one printing to a closed
+    standard output does, not with an error saying that nothing was written."""
+    import errno
+
+    from specformer.data.cache import is_stream
+
+    return exc.errno == errno.EPIPE and is_stream(path)
+
+
 def print_error(message: str, hint: str = "", *, label: str = "[bold red]error:[/]") -> None:
     """``error: message`` (and a dim hint) on stderr, the text shown exactly as written:
     square brackets in a user's value or path are not read as rich markup."""

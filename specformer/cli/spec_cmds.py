@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from specformer.cli.app import app, console, err_console, print_error
+from specformer.cli.app import app, console, err_console, print_error, reader_gone
 from specformer.specs.errors import SpecError
 
 __all__ = ["load_all_or_exit", "load_or_exit", "print_problems", "SetOption"]
@@ -220,6 +220,8 @@ def schema(
     try:
         atomic_write_text(real, text)
     except OSError as exc:
+        if reader_gone(exc, output):
+            raise typer.Exit(0) from None
         kept = "; the file from before is as it was" if output.is_file() else ""
         print_error(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}")
         raise typer.Exit(1) from None

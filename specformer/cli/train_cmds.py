@@ -21,7 +21,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from specformer.cli.app import OnceCommand, app, console, err_console, loading, print_error
+from specformer.cli.app import (
+    OnceCommand,
+    app,
+    console,
+    err_console,
+    loading,
+    print_error,
+    reader_gone,
+)
 from specformer.cli.spec_cmds import SetOption, print_problems
 from specformer.specs.errors import SpecError
 
@@ -1627,6 +1635,8 @@ def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, 
         with atomic_file(output) as f:
             f.write(data.encode("utf-8"))
     except OSError as exc:
+        if reader_gone(exc, output):
+            raise typer.Exit(0) from None
         kept = "; the file from before is as it was" if output.is_file() else ""
         raise _fail(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}") from None
 

@@ -567,3 +567,14 @@ def test_schema_output_through_a_link_or_into_a_pipe_keeps_it_what_it_is(tmp_pat
     assert result.exit_code == 0, result.output
     assert pipe.is_fifo() and json.loads(got[0]) == spec_json_schema()
     assert "wrote" not in result.stdout  # the schema alone goes down a pipe (-o /dev/stdout)
+    # a pipe whose reader stops (-o /dev/stdout | head): quiet, as a closed standard output is
+    def read_a_little() -> None:
+        with open(pipe, "rb") as f:
+            got.append(f.read(10))
+
+    reader = threading.Thread(target=read_a_little, daemon=True)
+    reader.start()
+    result = runner.invoke(app, ["schema", "-o", str(pipe)])
+    reader.join(10)
+    assert result.exit_code == 0 and result.output == "", result.output
+    assert got[-1] == b'{\n  "$defs'[:10]

@@ -58,6 +58,12 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     summary = json.loads(next((tmp_path / "runs" / "tiny-decoder").glob("*/summary.json")).read_text())
     assert lines[-1].split("train loss")[1].split()[0] == f"{summary['train_loss']:.4f}"
     assert lines[-1].split("val loss")[1].split()[0] == f"{summary['val_loss']:.4f}"
+    # every key of summary.json is in the docs' list of them
+    docs = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    keys = docs[docs.index("`summary.json`'s keys"):].split("\n\n", 1)[0]
+    assert [key for key in summary if f"`{key}`" not in keys] == []
+    assert summary["tokens_per_second"] == pytest.approx(
+        summary["run_tokens"] / (summary["train_seconds"] - summary["val_seconds"] - summary["compile_seconds"]))
     for label in ("val loss", "val perplexity", "unigram baseline", "tokens/s", "wall time", "checkpoint"):
         assert label in out
     ckpt = _checkpoint(tmp_path, "tiny-decoder")

@@ -401,10 +401,36 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
     try:
         tok = _Tok.from_file(str(path))
     except Exception as exc:
-        raise DataError(f"training.tokenizer.path: {lfs_pointer(path) or f'{path} is not a tokenizer.json ({exc})'}") from None
+        raise DataError(f"training.tokenizer.path: {lfs_pointer(path) or _not_a_tokenizer(path, exc)}") from None
     from specformer.data.chat import find_chat_template
 
     return HFTokenizer(tok, chat_template=find_chat_template(path))
+
+
+def _not_a_tokenizer(path: Path, exc: Exception) -> str:
+    """Why ``path`` is no tokenizer.json, in the terms of what it is: not JSON, or JSON of
+    another kind (a tokenizer_config.json, a vocab.json), or a tokenizer.json the installed
+    ``tokenizers`` cannot read (its own words)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        why = error.strerror if isinstance(error, OSError) else "not UTF-8 text" if isinstance(
+            error, UnicodeDecodeError) else f"not JSON: {error}"
+        return f"{path} is not a tokenizer.json ({why})"
+    made = ("a tokenizer.json is what tokenizers' Tokenizer.save and transformers' save_pretrained write: "
+            "AutoTokenizer.from_pretrained(folder).save_pretrained(out) makes one from a slow tokenizer's files")
+    if not isinstance(data, dict):
+        return f"{path} is not a tokenizer.json: it holds a JSON {type(data).__name__}, not an object; {made}"
+    if "model" not in data:
+        keys = ", ".join(map(repr, list(data)[:6])) or "no keys"
+        kind = ("a tokenizer_config.json (the tokenizer's settings; its tokenizer.json is the file beside it)"
+                if "tokenizer_class" in data or "added_tokens_decoder" in data
+                else "a vocabulary (token -> id), as a slow tokenizer's vocab.json" if data and all(
+                    isinstance(v, int) for v in list(data.values())[:100]) else "JSON without a 'model'")
+        return f"{path} is not a tokenizer.json: it is {kind} ({keys}); {made}"
+    return f"{path} is not a tokenizer.json this tokenizers can read ({exc})"
 
 
 def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:

@@ -135,8 +135,19 @@ def test_a_tokenizer_json_that_is_a_git_lfs_pointer_says_so(tmp_path: Path) -> N
         "without Git LFS): fetch the file with `git lfs pull` in that repository, or download it with `hf download`"
     )
     path.write_text("{")  # any other file that is not a tokenizer.json says that
-    with pytest.raises(DataError, match=r"tokenizer.json is not a tokenizer.json \("):
+    with pytest.raises(DataError, match=r"tokenizer.json is not a tokenizer.json \(not JSON: Expecting"):
         file_tokenizer(FileTokenizerSpec(path=str(path)))
+    # JSON of another kind says which: the tokenizer's settings, a slow tokenizer's vocabulary
+    for text, kind in (('{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>"}',
+                        "a tokenizer_config.json (the tokenizer's settings; its tokenizer.json is the file beside it)"),
+                       ('{"hello": 0, "world": 1}', "a vocabulary (token -> id), as a slow tokenizer's vocab.json"),
+                       ('[1, 2]', None)):
+        path.write_text(text)
+        with pytest.raises(DataError) as err:
+            file_tokenizer(FileTokenizerSpec(path=str(path)))
+        said = str(err.value)
+        assert said.startswith(f"training.tokenizer.path: {path} is not a tokenizer.json: ")
+        assert (kind or "it holds a JSON list, not an object") in said and "save_pretrained(out)" in said
 
 
 def test_a_max_mb_below_the_one_file_read_is_said(tmp_path: Path) -> None:

@@ -194,7 +194,12 @@ def _csv_rows(reader: csv.DictReader, where: str, size: int, kind: str) -> list[
     document's text), and a row it cannot read is an error naming its line, as is a ``.tsv``
     row a stray quote ran on into the next ones (:func:`check_tsv_row`)."""
     with csv_fields_up_to(size):
-        return [(f"{where}:{last}", row) for _, last, row in reader_rows(reader, kind, where)]
+        return [(f"{where}:{last}", CsvRow(row)) for _, last, row in reader_rows(reader, kind, where)]
+
+
+class CsvRow(dict):
+    """A row of a CSV or TSV file: a cell it lacks is None (csv's ``DictReader`` fills a
+    short row so), not a JSON null."""
 
 
 def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, object]]:
@@ -221,6 +226,11 @@ def row_values(record: object, where: str, columns: Columns, *, blank_label: boo
         if name not in record and not (blank_label and name == columns.label):  # no label: as a null one
             has = ", ".join(map(repr, list(record)[:8])) or "no fields"
             raise DataError(f"{where}: no {name!r} field ({what}); this row has {has}")
+        if isinstance(record, CsvRow) and record.get(name, "") is None and not (blank_label and name == columns.label):
+            # a CSV row shorter than its header (csv's DictReader fills the rest with None)
+            cells = len([v for v in record.values() if v is not None])
+            raise DataError(f"{where}: the row ends before its {name!r} column ({what}): {cells} of the header's "
+                            f"{len(record)} columns")
     text = record[columns.text]
     if not isinstance(text, str):
         raise DataError(f"{where}: the text ({columns.text!r}) is {_kind(text)}, not a string")

@@ -1414,6 +1414,16 @@ def test_a_table_row_with_more_fields_than_its_header_is_an_error_not_a_cut_text
     table.write_text('text,label\na good film,pos\n"a good, fun film",pos\na bad film,neg\nfine,pos\n')
     corpus = labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
     assert ("a good, fun film", "pos") in corpus.train + corpus.val
+    # fewer fields than the header names: the row ends before its label, said as the text column's
+    # end is, not as a JSON null; a .jsonl row's null label is one
+    table.write_text("text,label\na good film,pos\na bad film,neg\nshort\n")
+    with pytest.raises(DataError, match=r"reviews.csv:4: the row ends before its 'label' column "
+                                        r"\(training.data.label_field\): 1 of the header's 2 columns$"):
+        labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+    rows = tmp_path / "reviews.jsonl"
+    rows.write_text('{"text": "a good film", "label": "pos"}\n{"text": "a bad film", "label": null}\n')
+    with pytest.raises(DataError, match=r"reviews.jsonl:2: the label \('label'\) is null"):
+        labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(rows),)))
 
 
 def test_a_tsv_without_the_text_column_and_a_stray_quote_names_the_column(tmp_path: Path) -> None:

@@ -1886,6 +1886,16 @@ def hf_config_from_spec(
     try:
         back = spec_from_hf_config(config, name=spec.name)
     except HFConversionError as exc:
+        # a head_dim the family has no field for reads back as d_model / n_heads, which may make
+        # no valid spec at all (a rotary share of it that is odd): the head_dim is what differs
+        sizes = [f"{role}.{part}.head_dim = {att.head_dim} (Hugging Face {model_type} has "
+                 f"d_model / n_heads = {spec.d_model // att.n_heads})"
+                 for role, stack in spec.stacks() for part, att in _attentions_of(stack)
+                 if att.head_dim != spec.d_model // att.n_heads]
+        if sizes and not any(key in config for key in ("head_dim", "d_kv", "attention_head_dim")):
+            raise HFConversionError(
+                f"the spec has no Hugging Face {model_type} equivalent; these fields differ from what "
+                f"{model_type} can express:\n  " + "\n  ".join(sizes)) from None
         raise HFConversionError(f"the spec does not map onto Hugging Face {model_type}: {exc}") from None
     problems, notes, fixes = [], [], []
     for path, ours, theirs in _differences(_resolved(spec.to_dict()), _resolved(back.to_dict())):
@@ -1924,6 +1934,18 @@ def hf_config_from_spec(
         config["architectures"] = [own + name.removeprefix(theirs) for name in config["architectures"]]
     _check_loadable(config, spec)
     return config
+
+
+def _attentions_of(stack: Any) -> Iterator[tuple[str, Any]]:
+    """(``attention`` or ``cross_attention``, its spec) of each layer of ``stack``, once each."""
+    seen = set()
+    for i in range(stack.n_layers):
+        layer = stack.layer(i)
+        for part in ("attention", "cross_attention"):
+            att = getattr(layer, part, None)
+            if att is not None and (part, att.head_dim, att.n_heads) not in seen:
+                seen.add((part, att.head_dim, att.n_heads))
+                yield part, att
 
 
 def _check_loadable(config: dict[str, Any], spec: ModelSpec) -> None:

@@ -1367,3 +1367,19 @@ def test_a_llama_whose_config_transformers_refuses_exports_as_phi3_with_the_same
     ids = torch.randint(0, 96, (2, 20))
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_dim_the_family_has_no_field_for_is_named_where_its_read_back_spec_is_invalid() -> None:
+    # Phi has no head_dim: it reads back as d_model / n_heads = 8, whose 0.4 share is 3.2
+    # features, no valid spec; the error names head_dim, not the rotary share the user chose
+    phi = {"name": "phi-odd", "kind": "decoder", "vocab_size": 96, "d_model": 48, "max_seq_len": 32,
+           "positional": {"type": "rope", "fraction": 0.4},
+           "decoder": {"n_layers": 2, "attention": {"n_heads": 6, "n_kv_heads": 2, "head_dim": 10,
+                                                    "qk_norm": "layernorm", "qk_norm_eps": 1e-5},
+                       "ffn": {"type": "mlp", "activation": "gelu_tanh", "d_ff": 64}, "norm": {"type": "layernorm"},
+                       "residual": {"type": "parallel", "shared_norm": True}},
+           "embedding": {"tie_output": False}, "head": {"type": "lm", "bias": True}}
+    with pytest.raises(HFConversionError) as caught:
+        hf_config_from_spec(phi)
+    assert str(caught.value) == ("the spec has no Hugging Face phi equivalent; these fields differ from what phi can "
+                                 "express:\n  decoder.attention.head_dim = 10 (Hugging Face phi has d_model / n_heads = 8)")

@@ -128,23 +128,51 @@ def main(argv: Sequence[str] | None = None) -> None:
     missing = [p for p in args.files if not Path(p).is_file()]
     if missing:
         parser.error(f"no such file: {', '.join(missing)}")
+    loaded = [(path, _load(path, parser)) for path in args.files]
     if args.ratios:
-        runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in args.files]
-        print(ratios(runs))
+        kinds = sorted({data["benchmark"] for _, data in loaded})
+        if len(kinds) > 1:
+            parser.error(f"--ratios compares runs of one benchmark; these files are of {', '.join(kinds)}")
+        # each run its own column: files of the same name in other folders (results/*/train.json)
+        # are told apart by their paths
+        stems = [Path(path).stem for path, _ in loaded]
+        names = stems if len(set(stems)) == len(stems) else [path for path, _ in loaded]
+        print(ratios([(name, data) for name, (_, data) in zip(names, loaded, strict=True)]))
         return
-    for path in args.files:
-        data = json.loads(Path(path).read_text())
-        m = data["machine"]
+    for path, data in loaded:
+        m = data.get("machine", {})
         print(f"### {data['benchmark']} — `{path}`\n")
-        print(f"{m['date']}, {m['cpu']}, {m['cpu_count']} cores, torch threads {m['torch_threads']}, "
-              f"device {m['device']}, torch {m['torch']}, transformers {m['transformers']}, "
-              f"x-transformers {m['x-transformers']}"
+        print(f"{m.get('date', '?')}, {m.get('cpu', '?')}, {m.get('cpu_count', '?')} cores, torch threads "
+              f"{m.get('torch_threads', '?')}, device {m.get('device', '?')}, torch {m.get('torch', '?')}, "
+              f"transformers {m.get('transformers', '–')}, x-transformers {m.get('x-transformers', '–')}"
               + (f", malloc {m['malloc']}" if "malloc" in m else "")
               + (f", specformer's float32 products: {m['specformer_fp32_products']}" if "specformer_fp32_products" in m else "")
               + (", training attention: " + ", ".join(f"{k} {v}" for k, v in m["specformer_training_attention"].items())
                  if "specformer_training_attention" in m else "")
               + "\n")
-        print(render(data) + "\n")
+        rounds = sorted({len(r["times_s"]) for r in data["results"] if isinstance(r, dict) and r.get("times_s")})
+        if rounds:
+            shown = f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]}–{rounds[-1]}"
+            print(f"Medians of {shown} timed round{'s' if rounds[-1] != 1 else ''} each."
+                  + (" A --quick run: a smoke test of the benchmark, not a measurement."
+                     if data.get("settings", {}).get("quick") else "") + "\n")
+        try:
+            print(render(data) + "\n")
+        except (KeyError, TypeError, ValueError) as exc:
+            parser.error(f"{path}: a row lacks what its table needs ({type(exc).__name__}: {exc}); "
+                         "was it written by this version's benchmarks?")
+
+
+def _load(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """A benchmark's JSON, or an error naming the file and what is wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        parser.error(f"{path}: not a benchmark's JSON ({exc})")
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list) or "benchmark" not in data:
+        parser.error(f"{path}: not a benchmark's JSON (no 'benchmark' and 'results' list): write one with a "
+                     "benchmark's --out")
+    return data
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from benchmarks.common import (
     _timer,
     alternate,
+    at_least,
     base_parser,
     machine_info,
     median,
@@ -81,13 +82,16 @@ def _timed(attend: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...],
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
-    p.add_argument("--precisions", nargs="*", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--repeat", type=int, default=None)
+    p.add_argument("--precisions", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    p.add_argument("--warmup", type=at_least(0), default=None)
+    p.add_argument("--repeat", type=at_least(1), default=None)
     p.add_argument("--dims", nargs="*", default=[], metavar="B,H,HKV,T,DH",
                    help="also these causal attentions (batch, heads, key/value heads, length, head size), "
                         "e.g. 1,32,8,1024,128")
     args = p.parse_args(argv)
+    if args.libraries:
+        p.error("--libraries: the attention benchmark times specformer's attention against torch's "
+                "scaled_dot_product_attention, no library's model")
     dev = setup(args)
     from specformer.components import attention
 
@@ -100,9 +104,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cases.append((shape.name, (shape.batch, att.n_heads, att.n_kv_heads, shape.seq_len, att.head_dim),
                       spec.kind == "decoder"))
     for text in args.dims:
-        dims = tuple(int(n) for n in text.split(","))
-        if len(dims) != 5 or dims[1] % dims[2]:
-            raise SystemExit(f"--dims {text}: give B,H,HKV,T,DH with HKV dividing H")
+        try:
+            dims = tuple(int(n) for n in text.split(","))
+        except ValueError:
+            dims = ()
+        if len(dims) != 5 or min(dims) < 1 or dims[1] % dims[2]:
+            raise SystemExit(f"--dims {text}: give B,H,HKV,T,DH, five whole numbers above 0, with HKV dividing H")
         cases.append(("dims", dims, True))
     rows: list[dict[str, Any]] = []
     for name, dims, causal in cases:

@@ -11,7 +11,8 @@ Every benchmark builds one architecture in specformer and in each peer:
   parameter counts are reported so the sizes can be compared.
 
 Runs alternate between the libraries after warm-up, in one process, rotating the order
-each round, and the medians are reported with the ratio specformer / peer.
+each round, and the medians are reported with the ratio peer time / specformer time
+(``speedup_of_specformer``: above 1, specformer is faster).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -579,7 +581,9 @@ def available_libraries(requested: Sequence[str] | None = None) -> list[str]:
             out.append(lib)
     if "specformer" not in out:
         out.insert(0, "specformer")
-    return out
+    # specformer first, the peers in their usual order, whatever order they were asked in:
+    # every ratio is computed against specformer's row, which must come first
+    return sorted(dict.fromkeys(out), key=LIBRARIES.index)
 
 
 def build_adapters(shape: Shape, dev: torch.device, libraries: Sequence[str], *, seed: int = 0) -> list[Adapter]:
@@ -693,7 +697,9 @@ def machine_info(dev: torch.device) -> dict[str, Any]:
         "device": str(dev),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "specformer": _specformer_version(),
         "malloc": "keep" if _allocator._applied else "glibc's own thresholds",
+        "argv": list(sys.argv),  # how the process was started: with the settings, how to run it again
     }
     if dev.type == "cpu":  # specformer's float32 products through oneDNN (measured faster than mm here)
         from specformer.components.products import onednn_is_faster
@@ -721,12 +727,27 @@ def machine_info(dev: torch.device) -> dict[str, Any]:
     return info
 
 
+def _specformer_version() -> str:
+    """specformer's version, and its commit where it runs from a git checkout."""
+    from specformer import __version__
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__} ({commit})" if commit else __version__
+
+
 def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
     if path is None:
         return
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(payload, indent=2) + "\n")
+    # written whole or not at all: a full disk or a killed run leaves the file from before
+    from specformer.data.cache import atomic_write_text
+
+    atomic_write_text(p, json.dumps(payload, indent=2) + "\n")
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -757,6 +778,22 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (a repeat of 0 had no median, a
+    warm-up of -3 timed a cold run, a --decode-batches 0 decoded the default batch)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    parse.__name__ = f"a whole number of at least {low}"
+    return parse
+
+
 def base_parser(doc: str, *, models: bool = True) -> argparse.ArgumentParser:
     """The options every benchmark takes; the description is the first paragraph of ``doc``
     (a script's docstring), whole: its first line alone may end mid-sentence. ``models``:
@@ -767,7 +804,7 @@ def base_parser(doc: str, *, models: bool = True) -> argparse.ArgumentParser:
     if models:
         p.add_argument("--shapes", nargs="*", default=None, help="shape names (default: all)")
         p.add_argument("--libraries", nargs="*", default=None, help=f"subset of {', '.join(LIBRARIES)}")
-        p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+        p.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads (default: torch's)")
         p.add_argument("--malloc", choices=["keep", "glibc"], default="keep",
                        help="keep: freed memory kept for the next step (glibc's thresholds raised, for every "
                             "library in the process), as specformer train runs; glibc: glibc's own thresholds")

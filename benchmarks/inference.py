@@ -25,6 +25,7 @@ speed of reading the weights.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ from torch.utils._pytree import tree_leaves
 from benchmarks.common import (
     Adapter,
     alternate,
+    at_least,
     available_libraries,
     base_parser,
     build_adapters,
@@ -144,15 +146,15 @@ def _timed_generate(a: Adapter, batch: Any, n: int, dev: torch.device, bf16: boo
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
-    p.add_argument("--precisions", nargs="*", default=["fp32"], choices=["fp32", "bf16"])
-    p.add_argument("--prompt", type=int, default=None, help="prompt length for decoding (default 64; quick 8)")
-    p.add_argument("--new-tokens", type=int, default=None, help="tokens decoded per run (default 64; quick 4)")
-    p.add_argument("--decode-batches", nargs="*", type=int, default=[1, 8])
+    p.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    p.add_argument("--prompt", type=at_least(1), default=None, help="prompt length for decoding (default 64; quick 8)")
+    p.add_argument("--new-tokens", type=at_least(1), default=None, help="tokens decoded per run (default 64; quick 4)")
+    p.add_argument("--decode-batches", nargs="+", type=at_least(1), default=[1, 8])
     p.add_argument("--no-generate", dest="generate", action="store_false",
                    help="skip the 'generate b1' rows: each library's own generation function "
                         "(specformer's generate, transformers' generate()), prompt pass included")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--repeat", type=int, default=None)
+    p.add_argument("--warmup", type=at_least(0), default=None)
+    p.add_argument("--repeat", type=at_least(1), default=None)
     args = p.parse_args(argv)
     dev = setup(args)
     shapes = select_shapes(args.shapes, args.quick)
@@ -179,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             # learned position tables end at max_seq_len: stay inside them
             n = min(new, shape.spec["max_seq_len"] - prompt)
             if n < 1:
-                raise SystemExit(f"{shape.name}: a prompt of {prompt} leaves no room below max_seq_len")
+                raise SystemExit(f"{shape.name}: a prompt of {prompt} tokens leaves no room for a new one below its "
+                                 f"max_seq_len of {shape.spec['max_seq_len']}: give a shorter --prompt")
+            if n < new and precision == args.precisions[0]:
+                print(f"note: {shape.name}: {n} new tokens a decode run, not {new}: its prompt of {prompt} and "
+                      f"max_seq_len of {shape.spec['max_seq_len']} leave room for {n}", file=sys.stderr)
             for b in args.decode_batches:
                 prompt_batch = make_batch(shape, dev, batch=b, seq_len=prompt, seed=1)
                 step_bytes = decode_bytes(decoders[0], prompt_batch, n, bf16=bf16, dev=dev)
@@ -187,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 # the floor is timed in the same rounds, so load hits it as it hits the libraries
                 times = alternate({**runs, _FLOOR: timed_read(step_bytes, n, dev)}, warmup=warmup, repeat=repeat)
                 floor = median(times.pop(_FLOOR))
-                rows += _rows(shape.name, precision, f"decode b{b}", b, b * n, decoders, times, check,
-                              floor=(step_bytes, floor))
+                rows += [{**row, "new_tokens": n} for row in _rows(
+                    shape.name, precision, f"decode b{b}", b, b * n, decoders, times, check, floor=(step_bytes, floor))]
             generators = [a for a in adapters if a.generate is not None]
             if args.generate and len(generators) > 1:
                 prompt_batch = make_batch(shape, dev, batch=1, seq_len=prompt, seed=1)
@@ -196,17 +202,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 runs = {a.library: _timed_generate(a, prompt_batch, n, dev, bf16, tokens) for a in generators}
                 times = alternate(runs, warmup=warmup, repeat=repeat)
                 same = {lib: bool(torch.equal(out.cpu(), tokens["specformer"].cpu())) for lib, out in tokens.items()}
-                rows += [{**row, "same_tokens_as_specformer": same[row["library"]]}
+                rows += [{**row, "same_tokens_as_specformer": same[row["library"]], "new_tokens": n}
                          for row in _rows(shape.name, precision, "generate b1", 1, n, generators, times, check)]
         del adapters
         gc.collect()
     payload = {"benchmark": "inference", "machine": machine_info(dev), "libraries": libraries,
-               "settings": {"prompt": prompt, "new_tokens": new, "quick": args.quick,
+               "settings": {"prompt": prompt, "new_tokens": new, "quick": args.quick, "warmup": warmup,
+                            "repeat": repeat, "precisions": args.precisions, "decode_batches": args.decode_batches,
                             "decode": "greedy, one token per call through the library's KV cache; "
                                       "the prompt pass is not timed"},
                "results": rows}
     print_table(
-        f"Inference on {dev} (prompt {prompt}, {new} new tokens per decode run)",
+        f"Inference on {dev} (prompt {prompt}, {new} new tokens per decode run where max_seq_len leaves room; "
+        f"medians of {repeat} round{'s' if repeat != 1 else ''})",
         ["shape", "task", "precision", "library", "batch", "ms", "tokens/s", "specformer ×", "MB/step",
          "floor ms", "of floor", "same tokens"],
         [[r["shape"], r["task"], r["precision"], r["library"], r["batch"], r["ms"], r["tokens_per_s"],

@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.common import (
     apply_malloc,
+    at_least,
     available_libraries,
     base_parser,
     machine_info,
@@ -113,8 +114,8 @@ def _run_child(shape: str, library: str, precision: str, quick: bool, steps: int
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
-    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    p.add_argument("--steps", type=int, default=None, help="training steps per process (default 3; quick 1)")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--steps", type=at_least(1), default=None, help="training steps per process (default 3; quick 1)")
     p.add_argument("--child", nargs=3, metavar=("SHAPE", "LIBRARY", "PRECISION"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     steps = args.steps or (1 if args.quick else 3)

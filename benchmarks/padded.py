@@ -28,6 +28,7 @@ from benchmarks.common import (
     Adapter,
     Shape,
     alternate,
+    at_least,
     available_libraries,
     base_parser,
     build_adapters,
@@ -132,15 +133,18 @@ def _same_loss(adapters: Sequence[Adapter], batch: dict[str, Tensor]) -> float:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
-    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
                    help="fp32; bf16 (float32 weights, bfloat16 autocast)")
-    p.add_argument("--batches", type=int, default=None, help="batches in the cycle (default: 6; --quick: 3)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed passes over the cycle (default: 1)")
-    p.add_argument("--repeat", type=int, default=None, help="timed passes, alternating libraries (default: 5)")
+    p.add_argument("--batches", type=at_least(1), default=None, help="batches in the cycle (default: 6; --quick: 3)")
+    p.add_argument("--warmup", type=at_least(0), default=None, help="untimed passes over the cycle (default: 1)")
+    p.add_argument("--repeat", type=at_least(1), default=None, help="timed passes, alternating libraries (default: 5)")
     p.add_argument("--compile", action="store_true",
                    help="also time specformer compiled as training.compile runs it (compile time excluded)")
     args = p.parse_args(argv)
     dev = setup(args)
+    if args.libraries and set(args.libraries) - set(_LIBRARIES):
+        p.error(f"--libraries: the padded benchmark runs {' and '.join(_LIBRARIES)} (x-transformers has no padded "
+                f"batches with a mask of its own), not {', '.join(sorted(set(args.libraries) - set(_LIBRARIES)))}")
     libraries = [lib for lib in available_libraries(args.libraries) if lib in _LIBRARIES]
     shapes = select_shapes(args.shapes, args.quick)
     count = args.batches or (3 if args.quick else 6)

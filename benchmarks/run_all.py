@@ -22,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1-2 iterations")
     p.add_argument("--out-dir", default="benchmarks/results")
-    p.add_argument("--only", nargs="*", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    p.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads for the benchmarks that run models (all but cli and data)")
     args = p.parse_args(argv)

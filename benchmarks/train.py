@@ -28,6 +28,7 @@ from benchmarks.common import (
     Adapter,
     _specformer_adapter,
     alternate,
+    at_least,
     available_libraries,
     base_parser,
     build_adapters,
@@ -170,11 +171,11 @@ def compiled_adapter(ours: Adapter, kind: str, dev: torch.device, mode: str | No
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = base_parser(__doc__)
-    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=list(PRECISIONS),
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(PRECISIONS),
                    help="fp32; bf16 (float32 weights, bfloat16 autocast); bf16-true (bfloat16 weights "
                         "and AdamW state, no autocast, as training.precision: bf16-true)")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--repeat", type=int, default=None)
+    p.add_argument("--warmup", type=at_least(0), default=None)
+    p.add_argument("--repeat", type=at_least(1), default=None)
     p.add_argument("--compile", action="store_true",
                    help="also time torch.compile(specformer model) as its own row (compile time excluded); "
                         "a 'compiled ×' column gives it against each peer")
@@ -182,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    help="with --compile: torch.compile modes, one row each (default: its default mode; "
                         "e.g. default max-autotune-no-cudagraphs)")
     args = p.parse_args(argv)
+    if args.compile_modes != [None] and not args.compile:
+        p.error("--compile-modes names the modes of --compile: give --compile with it")
     dev = setup(args)
     from benchmarks.common import select_shapes
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import specformer
+
 pytest.importorskip("transformers", reason="the benchmarks compare against transformers: pip install 'specformer[hf]'")
 
 from benchmarks import (  # noqa: E402
@@ -264,6 +266,21 @@ def test_inference_quick(tmp_path: Path) -> None:
     assert "| llama-style | decode b1 | fp32 | transformers |" in report.ratios([("run", _load(out))])
 
 
+def test_inference_says_and_records_new_tokens_that_max_seq_len_cuts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a prompt of 30 at max_seq_len 32 leaves room for 2: the title said 64 and the rows held 2 tokens
+    out = tmp_path / "inference.json"
+    inference.main(["--quick", "--shapes", "gpt2-style", "--libraries", "specformer", "--prompt", "30",
+                    "--new-tokens", "64", "--decode-batches", "1", "--no-generate", "--out", str(out)])
+    assert "note: gpt2-style: 2 new tokens a decode run, not 64" in capsys.readouterr().err
+    data = _load(out)
+    decoded = [r for r in data["results"] if r["task"] == "decode b1"]
+    assert decoded and all(r["new_tokens"] == 2 and r["tokens"] == 2 for r in decoded)
+    assert data["settings"]["new_tokens"] == 64 and data["settings"]["repeat"] == 1
+    assert data["machine"]["specformer"].startswith(specformer.__version__)
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_decode_bytes_are_the_weights_and_the_kv_cache_a_step_reads(kind: str) -> None:
     # every weight but the embedding tables (one row of them is read), plus the keys and
@@ -449,3 +466,32 @@ def test_help_describes_the_benchmark_in_whole_sentences(module, capsys: pytest.
     text = " ".join(capsys.readouterr().out.split())
     first_paragraph = " ".join(module.__doc__.split("\n\n")[0].split())
     assert first_paragraph in text and first_paragraph.endswith(".")
+
+
+def test_report_tells_runs_apart_refuses_mixed_benchmarks_and_names_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # results/*/train.json: files of one name in two folders were one column, the second run's
+    row = {"shape": "gpt2-style", "precision": "fp32", "library": "transformers", "speedup_of_specformer": 1.14}
+    for folder, ratio in (("a", 1.14), ("b", 9.99)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "train.json").write_text(json.dumps(
+            {"benchmark": "train", "machine": {}, "results": [{**row, "speedup_of_specformer": ratio}]}))
+    report.main(["--ratios", str(tmp_path / "a" / "train.json"), str(tmp_path / "b" / "train.json")])
+    out = capsys.readouterr().out
+    assert "| gpt2-style | fp32 | transformers | 1.14× | 9.99× | 1.14–9.99× |" in out
+    (tmp_path / "inference.json").write_text(json.dumps({"benchmark": "inference", "results": []}))
+    with pytest.raises(SystemExit):
+        report.main(["--ratios", str(tmp_path / "a" / "train.json"), str(tmp_path / "inference.json")])
+    assert "--ratios compares runs of one benchmark; these files are of inference, train" in capsys.readouterr().err
+    (tmp_path / "cut.json").write_text('{"benchmark": "train", "results": [{"shape": ')
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "cut.json")])
+    assert f"{tmp_path / 'cut.json'}: not a benchmark's JSON (" in capsys.readouterr().err
+
+
+def test_libraries_come_in_their_order_specformer_first_however_asked() -> None:
+    from benchmarks.common import available_libraries
+
+    assert available_libraries(["transformers", "specformer"]) == ["specformer", "transformers"]
+    assert available_libraries(["transformers"])[0] == "specformer"

@@ -28,6 +28,7 @@ from specformer.training.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
     check_resumable,
+    check_same_model,
     rng_state,
     set_rng_state,
 )
@@ -233,6 +234,27 @@ class SpecModule(L.LightningModule):
             kwargs["label_smoothing"] = 0.0
         return self(*args, **kwargs)
 
+    # Trainer.test scores the validation split as validation does, logged as test/*; Trainer.predict
+    # gives each batch's model output (logits), as the model computes it from the batch's inputs
+    def on_test_epoch_start(self) -> None:
+        self._val_sums = {"loss": 0.0, "tokens": 0.0, "correct": 0.0, "examples": 0.0}
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        for name, value in (self.val_metrics() or {}).items():
+            if name != "val/examples":
+                self.log(name.replace("val/", "test/", 1), value, sync_dist=False, rank_zero_only=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        if not isinstance(batch, Mapping):
+            return self(batch)  # a tensor of ids
+        import inspect
+
+        accepted = inspect.signature(self.model.forward).parameters
+        return self(**{k: v for k, v in batch.items() if k in accepted and k != "labels"})
+
     def val_metrics(self) -> dict[str, float] | None:
         """``val/loss``, ``val/ppl`` (and ``val/exact_match``; for sequence classification
         ``val/accuracy`` in place of ``val/ppl``, with ``val/examples``, how many they are of) of the validation batches scored
@@ -259,8 +281,8 @@ class SpecModule(L.LightningModule):
             self.val_seconds += time.perf_counter() - self._val_started
             self._val_started = None
         metrics = self.val_metrics()
-        if metrics is None:
-            return
+        if metrics is None or (self._trainer is not None and self.trainer.sanity_checking):
+            return  # Lightning's sanity check scores a couple of batches: no validation of the run
         for name, value in metrics.items():
             if name == "val/examples":  # a count, kept in the history beside the share it is of
                 continue
@@ -274,12 +296,31 @@ class SpecModule(L.LightningModule):
         t = self.spec.training
         precision = str(self.trainer.precision) if self._trainer is not None else str(t.precision)
         optimizer = REGISTRY.build("optimizer", t.optimizer, model=self.model, precision=precision)
-        total = self.trainer.max_steps if self._trainer is not None and self.trainer.max_steps > 0 else (t.max_steps or 1)
+        total = self._schedule_steps()
         schedule = REGISTRY.build(
             "schedule", t.schedule, total=total, d_model=self.spec.d_model, base_lr=t.optimizer.lr
         )
         scheduler = LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _schedule_steps(self) -> int:
+        """The steps the learning-rate schedule spans: the trainer's max_steps, else its epochs'
+        steps where they end (a Trainer of your own with max_epochs and limit_train_batches),
+        else the spec's max_steps (no trainer)."""
+        t = self.spec.training
+        if self._trainer is None:
+            return t.max_steps or 1
+        if self.trainer.max_steps > 0:
+            return self.trainer.max_steps
+        steps = self.trainer.estimated_stepping_batches  # -1 or inf where the epochs have no end
+        if not math.isfinite(steps) or steps <= 0:
+            raise ValueError(
+                "SpecModule trains on an endless stream of batches (resumable at any step), so an epoch of "
+                "its data module never ends: give the Trainer max_steps (the spec's training.max_steps is "
+                f"{t.max_steps}), or epochs of a length with limit_train_batches; specformer's train() turns "
+                "training.max_epochs into steps itself"
+            )
+        return max(1, int(steps))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -362,8 +403,28 @@ class SpecModule(L.LightningModule):
             "imported_model_type": self.imported_model_type,
         }
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, with the spec the checkpoint holds unless one is
+        given (``spec=``): a specformer checkpoint carries its spec and tokenizer."""
+        if "spec" not in kwargs:
+            from specformer.training.checkpoint import read_checkpoint
+
+            meta = read_checkpoint(checkpoint_path).get("specformer")
+            if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict):
+                raise CheckpointError(f"{checkpoint_path}: not a specformer checkpoint (it has no spec): give spec=")
+            kwargs["spec"] = meta["spec"]
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
+                                            strict=strict, **kwargs)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        check_resumable(checkpoint, self.spec, source="the checkpoint")
+        path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        source = str(path) if path else "the checkpoint"
+        if self._trainer is not None and self.trainer.state.fn is not None and self.trainer.state.fn != "fit":
+            check_same_model(checkpoint, self.spec, source=source)  # validate/test/predict: nothing resumed
+        else:
+            check_resumable(checkpoint, self.spec, source=source)
         meta = checkpoint["specformer"]
         if self.tokenizer is None and meta.get("tokenizer"):
             from specformer.data.tokenizers import tokenizer_from_state

@@ -1173,6 +1173,14 @@ def eval_cmd(
                 raise _fail("--batches does not apply to a synthetic task: it is always evaluated on its whole "
                             "held-out set (exact match needs every example)")
             spec = load_spec(spec.to_dict(), [f"training.val_batches={batches}"])
+        if loaded.tokenizer is None and not (spec.training.tokenizer is not None
+                                             and spec.training.tokenizer.type in ("byte", "file", "task")):
+            # a checkpoint of a Trainer of your own: its ids may be another tokenizer's than the one
+            # the spec's training.tokenizer makes from the data now (a BPE trained afresh)
+            print_error(f"{checkpoint}: the checkpoint carries no tokenizer: the data is read with the one the "
+                        "spec's training.tokenizer makes from it, and the scores mean something only if the model "
+                        "was trained on its ids (a run of specformer train saves its tokenizer)",
+                        label="[yellow]warning:[/]")
         quiet_lightning()
         check_folders(spec.training, cache=True, out=False)
         module = SpecModule(spec, tokenizer=loaded.tokenizer)

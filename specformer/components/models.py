@@ -47,6 +47,9 @@ def _check_ids(
     """Clear errors for token ids that are not (B, T) integers in [0, vocab_size) and for a
     mask (B, past + T) that does not cover them, before any embedding or broadcasting error
     could. Returns the ids as int64 (any integer dtype is accepted, as for labels)."""
+    if not isinstance(ids, Tensor):
+        hint = " (a batch of the data module: model(**batch))" if isinstance(ids, dict) else ""
+        raise TypeError(f"{name} must be a tensor of token ids, got a {type(ids).__name__}{hint}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must be (batch, length), got shape {tuple(ids.shape)}")
     if not _is_integer(ids):

@@ -707,7 +707,7 @@ class SpecDataModule(L.LightningDataModule):
         rank, world, start = self._placement()
         sampler = StreamBatchSampler(
             len(self.data.train), t.batch_size, seed=t.seed, rank=rank, world_size=world, start=start,
-            offset=self.items_consumed(),
+            offset=self.items_consumed(), position=lambda: self._placement()[2],
         )
         return self._loader(self.data.train, sampler, rank, t.seed)
 
@@ -732,6 +732,15 @@ class SpecDataModule(L.LightningDataModule):
             n_batches = None
         sampler = EvalBatchSampler(len(self.data.val), batch, n_batches=n_batches, rank=rank, world_size=world)
         return self._loader(self.data.val, sampler, rank, t.seed + 1, evaluation=True)
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation split's batches, as validation reads them: ``Trainer.test`` scores what
+        validation scores (the data has no third split)."""
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        """The validation split's batches, for ``Trainer.predict``."""
+        return self.val_dataloader()
 
     def batches_per_pass(self, world_size: int | None = None) -> int:
         """Global batches in one pass over the training split, with ``world_size`` processes

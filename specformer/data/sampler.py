@@ -29,7 +29,10 @@ __all__ = ["StreamBatchSampler", "EvalBatchSampler", "EvalCollator"]
 class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
     """Batches of ``(position, index)`` pairs; see the module docstring. ``start`` is the
     position of the first batch (micro-batches consumed), ``offset`` the item it begins
-    at (default ``start × batch_size × world_size``)."""
+    at (default ``start × batch_size × world_size``). ``position``, where given, says at
+    each new iteration which batch the stream has reached (the trainer's micro-batches
+    consumed): Lightning iterates the loader again for each epoch, and an epoch cut short
+    (``limit_train_batches``) must read on, not start over at ``start``."""
 
     def __init__(
         self,
@@ -42,12 +45,13 @@ class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
         start: int = 0,
         offset: int | None = None,
         shuffle: bool = True,
+        position: Callable[[], int] | None = None,
     ) -> None:
         if n_items <= 0:
             raise ValueError("the training split is empty")
         self.n_items, self.batch_size = n_items, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.start, self.shuffle = start, shuffle
+        self.start, self.shuffle, self.position = start, shuffle, position
         # the item global batch ``start`` begins at (the run's items consumed)
         self.offset = start * batch_size * world_size if offset is None else offset
         self._pass, self._order = -1, np.arange(0)
@@ -72,7 +76,7 @@ class StreamBatchSampler(Sampler[list[tuple[int, int]]]):
         return out
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        b = self.start
+        b = self.start if self.position is None else max(self.start, self.position())
         while True:
             yield self.batch(b)
             b += 1

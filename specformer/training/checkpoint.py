@@ -285,6 +285,24 @@ def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
         )
 
 
+def check_same_model(raw: dict[str, Any], spec: Any, *, source: str) -> None:
+    """Refuse to load the checkpoint ``raw`` into a module of ``spec`` to evaluate it
+    (``Trainer.validate``/``test``/``predict`` with ``ckpt_path``) when it holds another
+    model: nothing is resumed there, so the way out is a module of the checkpoint's spec."""
+    meta = raw.get("specformer")
+    if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict):
+        raise CheckpointError(f"{source}: not a specformer checkpoint (it has no 'specformer' entry with a spec)")
+    differences = model_spec_differences(meta["spec"], spec.to_dict())
+    if differences:
+        shown = "\n  ".join(differences[:_SHOWN])
+        if len(differences) > _SHOWN:
+            shown += f"\n  … and {len(differences) - _SHOWN} more"
+        raise CheckpointError(
+            f"{source}: the checkpoint holds another model than this SpecModule's spec describes:\n  {shown}\n"
+            f"evaluate it with a module of its own spec: SpecModule.load_from_checkpoint({source!r})"
+        )
+
+
 @dataclass
 class LoadedCheckpoint:
     """What a checkpoint rebuilds: the spec, the model (weights loaded, eval mode), the

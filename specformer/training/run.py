@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from rich.console import Console
@@ -267,6 +267,7 @@ def build_trainer(
     lines = log if log is not None else (console if not progress else None)
     if lines is not None:
         own.insert(1 if progress else 0, ValidationLines(lines))
+    extra = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
     settings: dict[str, Any] = dict(
         max_steps=max_steps,
         max_epochs=-1,
@@ -279,8 +280,10 @@ def build_trainer(
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_interval,
         logger=_default_loggers(run_dir) if loggers is None else loggers,
-        callbacks=own + ([callbacks] if isinstance(callbacks, Callback) else list(callbacks)),
-        enable_checkpointing=False,
+        callbacks=own + extra,
+        # specformer's own checkpoints are PeriodicCheckpoint's; a ModelCheckpoint passed in (the
+        # best val/loss kept) needs Lightning's checkpointing on
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in extra),
         enable_progress_bar=progress,
         enable_model_summary=False,
         use_distributed_sampler=False,
@@ -289,6 +292,55 @@ def build_trainer(
     )
     settings.update(trainer_kwargs)
     return L.Trainer(**settings)
+
+
+# Trainer keyword arguments that are settings of the spec's training section
+_TRAINER_FIELDS = {
+    "max_steps": "max_steps",
+    "max_epochs": "max_epochs",
+    "accumulate_grad_batches": "accumulate",
+    "gradient_clip_val": "grad_clip",
+    "precision": "precision",
+    "log_every_n_steps": "log_interval",
+    "accelerator": "accelerator",
+    "devices": "devices",
+    "strategy": "strategy",
+    "num_nodes": "num_nodes",
+}
+
+
+def _trainer_settings_in_spec(spec: Any, trainer_kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``spec`` with the Trainer keyword arguments that are its training settings
+    (``max_steps=4``, ``accumulate_grad_batches=2``, ``precision``, ...) written into it, and
+    the others. The run then is what its spec.yaml and checkpoint say: the schedule's length,
+    the validation cadence in optimizer steps, the hardware check and a resume read the
+    values that ran, not the spec's. A value the spec cannot hold (a Strategy object, a
+    max_steps of -1) is passed to the Trainer as it is."""
+    from specformer.specs.errors import SpecError
+    from specformer.specs.loader import load_spec
+
+    rest, given = dict(trainer_kwargs), {}
+    for key in _TRAINER_FIELDS:
+        value = rest.get(key)
+        if key not in rest or not (value is None or isinstance(value, str | int | float | list | tuple)):
+            continue
+        if (key == "max_steps" and value == -1) or (key == "max_epochs" and value in (-1, None)):
+            continue  # Lightning's "no limit": the spec's own limit stays
+        given[key] = rest.pop(key)
+    if not given:
+        return spec, rest
+    values = {_TRAINER_FIELDS[key]: 0.0 if key == "gradient_clip_val" and value is None else value
+              for key, value in given.items()}
+    if "max_epochs" in values and "max_steps" not in values:
+        values["max_steps"] = None  # training by epochs, as a section that gives max_epochs alone does
+    if isinstance(values.get("precision"), int):
+        values["precision"] = str(values["precision"])
+    try:
+        return load_spec(spec, overrides=[f"training.{name}={json.dumps(value)}" for name, value in values.items()]), rest
+    except SpecError as exc:
+        shown = ", ".join(f"{key}={value!r}" for key, value in given.items())
+        raise ValueError(f"{shown}: Trainer settings that are the spec's training settings are written into it, "
+                         f"and {'this one is' if len(given) == 1 else 'these are'} not valid there:\n{exc}") from None
 
 
 def _total_steps(spec: Any, dm: SpecDataModule, world_size: int = 1, resumed: tuple[int, int] | None = None) -> int:
@@ -366,6 +418,7 @@ def train(
             raise CheckpointError(f"{resume}: not a specformer checkpoint (it has no spec): give the spec to train")
         spec = meta["spec"]
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
+    spec, trainer_kwargs = _trainer_settings_in_spec(spec, trainer_kwargs)
     t = spec.training
     quiet_lightning()
     # Trainer settings passed here replace the spec's: Lightning checks those itself

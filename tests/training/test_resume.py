@@ -1175,8 +1175,14 @@ def test_train_without_a_spec_resumes_with_the_checkpoints_own(tiny: Any) -> Non
     full = LossRecorder()
     train(_spec(tiny, "decoder", max_steps=6), progress=False, callbacks=full)  # one callback, not a list
     assert sorted(full.losses) == [1, 2, 3, 4, 5, 6]
-    # a run of max_steps 6 stopped at step 3 (the Trainer's max_steps)
-    first = train(_spec(tiny, "decoder", max_steps=6), progress=False, max_steps=3)
+    # a run of max_steps 6 stopped at step 3
+    import lightning as L
+
+    class StopAt3(L.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            trainer.should_stop = trainer.should_stop or trainer.global_step == 3
+
+    first = train(_spec(tiny, "decoder", max_steps=6), progress=False, callbacks=[StopAt3()])
     assert first.checkpoint and read_checkpoint(first.checkpoint)["global_step"] == 3
     resumed = LossRecorder()
     result = train(resume=first.checkpoint, progress=False, callbacks=resumed)

@@ -834,12 +834,14 @@ def test_a_run_says_what_its_data_preparation_does(tiny, tmp_path: Path, monkeyp
     out.seek(0)
     train(spec, progress=True, console=Console(file=out, width=200))
     assert [line for line in out.getvalue().splitlines() if "tokenising" in line] == []
-    # without the bar (--no-progress), nothing is said, however long it takes
+    # without the bar (--no-progress, a log's flag), each step still leaves its line
     out.truncate(0)
     out.seek(0)
     other = tiny("decoder", max_steps=1, val_interval=1, val_batches=1, cache_dir=str(tmp_path / "another cache"))
     result = train(load_spec(other), progress=False, console=Console(file=out, width=200))
-    assert not result.data.endswith("read from the cache") and "tokenising" not in out.getvalue()
+    assert not result.data.endswith("read from the cache")
+    assert [line.split(":")[0] for line in out.getvalue().splitlines() if line.startswith("tokenising")] == [
+        "tokenising the training text", "tokenising the validation text"]
 
 
 @pytest.mark.parametrize("width", [50, 60, 70, 80, 120])
@@ -874,3 +876,123 @@ def test_progress_bar_gives_way_to_a_narrow_terminal_whole(width: int) -> None:
     assert all(len(line) <= width for line in lines)
     assert ("ETA" in step) is (width >= 60) and ("━" in step or "╸" in step) is (width >= 50)
     assert ("0:00:00 ETA" in step) is (width >= 70)
+
+
+def _own_trainer(**kwargs: Any) -> Any:
+    import lightning as L
+
+    settings = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, use_distributed_sampler=False, limit_val_batches=1)
+    return L.Trainer(**{**settings, **kwargs})
+
+
+def test_a_trainer_of_your_own_reads_on_through_epochs_and_keeps_its_sanity_check_out(tiny) -> None:
+    # limit_train_batches cuts epochs short: each epoch read the same first batches again, the
+    # checkpoint counting them as new; the sanity check's two batches were the step-0 validation
+    import hashlib
+
+    import lightning as L
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec(tiny("decoder", max_steps=6, val_interval=3, val_batches=2))
+    seen: list[str] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            seen.append(hashlib.sha1(batch["input_ids"].numpy().tobytes()).hexdigest())
+
+    module, dm = SpecModule(spec), SpecDataModule(spec)
+    trainer = _own_trainer(max_epochs=3, limit_train_batches=2, callbacks=[Record()])
+    trainer.fit(module, datamodule=dm)
+    assert trainer.global_step == 6 and len(seen) == 6 and len(set(seen)) == 6
+    # the same batches as an uninterrupted stream's first six
+    stream = dm.train_dataloader().batch_sampler
+    assert [b[0][0] for b in (stream.batch(i) for i in range(6))] == list(range(6))
+    assert [entry["step"] for entry in module.val_history] == [2, 4, 6]  # no step-0 sanity check
+    assert dm.state_dict()["items"] == 6 * spec.training.batch_size
+
+
+def test_a_trainer_of_your_own_without_an_end_is_refused_with_what_to_give(tiny) -> None:
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec(tiny("decoder", max_steps=6))
+    with pytest.raises(ValueError, match=r"SpecModule trains on an endless stream of batches .*: give the Trainer "
+                                         r"max_steps \(the spec's training.max_steps is 6\)"):
+        _own_trainer(max_epochs=1).fit(SpecModule(spec), datamodule=SpecDataModule(spec))
+    # epochs of a length: the schedule spans their steps
+    module = SpecModule(spec)
+    _own_trainer(max_epochs=2, limit_train_batches=2).fit(module, datamodule=SpecDataModule(spec))
+    assert module._schedule_steps() == 4 and module.trainer.global_step == 4
+
+
+def test_trainer_keyword_arguments_that_are_spec_settings_are_written_into_the_run_s_spec(tiny) -> None:
+    # accumulate_grad_batches=2 validated at steps 1, 3, 4, 6 (the cadence came from the spec's
+    # accumulate 1) and spec.yaml said accumulate: 1, max_steps: 6 for a 4-step run
+    spec = load_spec(tiny("decoder", max_steps=6, val_interval=2, val_batches=1))
+    result = train(spec, progress=False, max_steps=4, accumulate_grad_batches=2, gradient_clip_val=None)
+    assert result.steps == 4 and [entry["step"] for entry in result.history] == [2, 4]
+    assert result.tokens == 4 * 2 * 8 * 32
+    ran = load_spec(Path(result.run_dir) / "spec.yaml").training
+    assert (ran.max_steps, ran.accumulate, ran.grad_clip) == (4, 2, 0.0)
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=0: Trainer settings that are the spec's training "
+                                         r"settings are written into it"):
+        train(spec, progress=False, accumulate_grad_batches=0)
+
+
+def test_a_trainer_of_your_own_tests_predicts_and_loads_a_checkpoint_by_its_spec(tiny, tmp_path: Path) -> None:
+    import lightning as L
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+    from specformer.training.checkpoint import CheckpointError
+
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2, val_batches=2))
+    module, dm = SpecModule(spec), SpecDataModule(spec)
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "mine", save_last=True)
+    _own_trainer(max_steps=2, val_check_interval=2, check_val_every_n_epoch=None, callbacks=[checkpoints],
+                 enable_checkpointing=True).fit(module, datamodule=dm)
+    # test scores the validation split as validation does; predict gives the logits of each batch
+    tested = _own_trainer(limit_test_batches=1).test(module, datamodule=dm, verbose=False)
+    assert tested[0]["test/loss"] == pytest.approx(module.val_history[-1]["val/loss"], rel=1e-5)
+    predicted = _own_trainer(limit_predict_batches=1).predict(module, datamodule=dm)
+    assert predicted[0].logits.shape[-1] == spec.vocab_size
+    # the checkpoint holds its spec: no spec= needed
+    last = tmp_path / "mine" / "last.ckpt"
+    again = SpecModule.load_from_checkpoint(last)
+    assert again.spec == module.spec
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), module.state_dict().values(), strict=True))
+    # the command evaluates it, and says that the ids it reads come from a tokenizer made now
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+    from specformer.training.checkpoint import read_checkpoint
+
+    assert read_checkpoint(last)["specformer"]["tokenizer"]  # the data module's, as train() keeps it
+    scored = CliRunner().invoke(app, ["eval", str(last)], env={"COLUMNS": "300"})
+    assert scored.exit_code == 0 and "carries no tokenizer" not in scored.stderr, scored.output
+    # one trained on a DataLoader of your own has none
+    raw = torch.load(last, weights_only=False)
+    raw["specformer"]["tokenizer"] = None
+    raw["specformer"]["spec"]["training"]["tokenizer"] = {"type": "bpe", "vocab_size": 300}  # made afresh
+    bare = tmp_path / "bare.ckpt"
+    torch.save(raw, bare)
+    scored = CliRunner().invoke(app, ["eval", str(bare)], env={"COLUMNS": "300"})
+    assert scored.exit_code == 0, scored.output
+    assert f"warning: {bare}: the checkpoint carries no tokenizer" in " ".join(scored.stderr.split())
+    # evaluating it with a module of another model says so, with the path and the way out
+    other = SpecModule(load_spec(tiny("decoder", max_steps=2), overrides=["decoder.n_layers=2"]))
+    with pytest.raises(CheckpointError, match=rf"^{last}: the checkpoint holds another model than this SpecModule's "
+                                              r"spec describes:\n  decoder.n_layers"):
+        _own_trainer().validate(other, datamodule=dm, ckpt_path=str(last), verbose=False)
+
+
+def test_train_takes_a_model_checkpoint_among_its_callbacks(tiny, tmp_path: Path) -> None:
+    import lightning as L
+
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2, val_batches=1))
+    best = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "best", monitor="val/loss", mode="min")
+    result = train(spec, progress=False, callbacks=[best])
+    assert result.steps == 2 and Path(best.best_model_path).is_file()

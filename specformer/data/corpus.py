@@ -554,14 +554,19 @@ def read_texts(patterns: tuple[str, ...], setting: str, digests: list[bytes]) ->
         yield key, path, text.removeprefix("\ufeff")
 
 
-def _where_not_utf8(exc: UnicodeDecodeError) -> str:
-    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16: says so)."""
+def _utf8_stop(exc: UnicodeDecodeError) -> tuple[int, int, int, bool]:
+    """Where a text stops being UTF-8, as an editor counts it: (line, column, the byte there,
+    whether a UTF-16 byte-order mark opens it)."""
     data = bytes(exc.object)
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        return "UTF-16"
     line = data.count(b"\n", 0, exc.start) + 1
     column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-    return f"line {line}, column {column}, byte 0x{data[exc.start]:02x}"
+    return line, column, data[exc.start], data[:2] in (b"\xff\xfe", b"\xfe\xff")
+
+
+def _where_not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16: says so)."""
+    line, column, byte, utf16 = _utf8_stop(exc)
+    return "UTF-16" if utf16 else f"line {line}, column {column}, byte 0x{byte:02x}"
 
 
 def json_problem(exc: Any) -> str:
@@ -573,13 +578,10 @@ def json_problem(exc: Any) -> str:
 def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
     """Where a file stops being UTF-8, as an editor counts it: 'data/qa.jsonl:6:4: not UTF-8 text
     (byte 0xe9)', with the usual cause and its fix."""
-    data = bytes(exc.object)
-    line = data.count(b"\n", 0, exc.start) + 1
-    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-    utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+    line, column, byte, utf16 = _utf8_stop(exc)
     how = (" (UTF-16: a byte-order mark opens it, what Windows Notepad saves as 'Unicode')" if utf16
            else " (from Latin-1, `iconv -f latin1 -t utf-8`)")
-    return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}): save the file as UTF-8{how}"
+    return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{byte:02x}): save the file as UTF-8{how}"
 
 
 def _expand_paths(patterns: tuple[str, ...], setting: str, walked: set[Path] | None = None) -> list[tuple[str, Path]]:

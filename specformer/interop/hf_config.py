@@ -1939,8 +1939,7 @@ def hf_config_from_spec(
 def _attentions_of(stack: Any) -> Iterator[tuple[str, Any]]:
     """(``attention`` or ``cross_attention``, its spec) of each layer of ``stack``, once each."""
     seen = set()
-    for i in range(stack.n_layers):
-        layer = stack.layer(i)
+    for layer in stack.layers():
         for part in ("attention", "cross_attention"):
             att = getattr(layer, part, None)
             if att is not None and (part, att.head_dim, att.n_heads) not in seen:

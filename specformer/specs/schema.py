@@ -1177,8 +1177,7 @@ class ModelSpec(Spec):
         problems = []
         pos = self.positional
         if getattr(pos, "local_base", None) is not None and not any(
-            stack.layer(i).attention.sliding_window is not None
-            for _, stack in self.stacks() for i in range(stack.n_layers)
+            layer.attention.sliding_window is not None for _, stack in self.stacks() for layer in stack.layers()
         ):
             problems.append(SpecProblem(
                 f"no layer has a sliding window, so local_base={pos.local_base:g} rotates none: every layer rotates "

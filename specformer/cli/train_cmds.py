@@ -432,9 +432,9 @@ def train_cmd(
             spec_obj, positions = _load_spec(meta["spec"], training, set_)
         from specformer.training.run import train
 
-        if report:
-            console.print(f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}{_parameters(spec_obj)}) — "
-                          "preparing data…", highlight=False)
+        # said once the checkpoint or weights are checked: a refused --resume says only why
+        header = (f"[bold]training[/] {escape(spec_obj.name)} ({spec_obj.kind}{_parameters(spec_obj)}) — "
+                  "preparing data…")
         try:
             # how the run was started, for its spec.yaml and summary.json (as `specformer`, whatever
             # launched it: the script, python -m specformer)
@@ -442,7 +442,8 @@ def train_cmd(
             # the bar on stderr; the validation lines with the summary where stdout is a file or a
             # pipe (train ... > log keeps the run's curve), above the bar where both are the terminal
             result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console,
-                           log=None if console.is_terminal else console, command=command)
+                           log=None if console.is_terminal else console, command=command,
+                           header=header if report else None)
         except SpecError as exc:
             raise _placed(exc, positions) from None
     if report:

@@ -379,6 +379,7 @@ def train(
     log: Console | None = None,
     datamodule: SpecDataModule | None = None,
     command: str | None = None,
+    header: str | None = None,
     **trainer_kwargs: Any,
 ) -> TrainResult:
     """Train ``spec`` (a ModelSpec, preset name, path or dict) as its ``training:`` section says.
@@ -396,7 +397,10 @@ def train(
     note (``__notes__``) saying at which step, and that checkpoint. ``command``, how the run was
     started, is written with the versions it runs with at the top of the run folder's
     ``spec.yaml`` and into ``summary.json``. ``console`` shows the progress bar and the line
-    each validation leaves, which go to ``log`` instead where it is given.
+    each validation leaves, which go to ``log`` instead where it is given. ``header``, a line
+    said on ``log`` (or ``console``) once the spec, the checkpoint resumed from and the weights started from
+    are checked (a run they refuse says only why), comes before the notes on them and the
+    data's preparation.
     """
     from specformer.specs.loader import load_spec
     from specformer.specs.schema import ModelSpec
@@ -426,10 +430,19 @@ def train(
     resumed_step: int | None = None
     saved_data: str | None = None  # the fingerprint of the data the checkpoint was trained on
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
-    tokenizer = tokenizer_spec = None
+    tokenizer = tokenizer_spec = tokenizer_note = None
     # a run folder's spec.yaml writes every field, the default lr too: only another lr was given.
     # A resumed run: when it changes the checkpoint's
     lr_given = "lr" in t.optimizer.model_fields_set and t.optimizer.lr != type(t.optimizer).model_fields["lr"].default
+    heard = log if log is not None else console  # with the validation lines: a log file keeps it
+    said = header is None or heard is None or rank_zero_only.rank != 0
+
+    def announce() -> None:
+        nonlocal said
+        if not said:
+            heard.print(header, highlight=False)
+            said = True
+
     if resume is not None:
         # a clear error now, before the data is prepared, rather than deep inside Lightning
         raw = raw if raw is not None else read_checkpoint(resume)
@@ -474,7 +487,12 @@ def train(
                 f"there is nothing left to train; resume with more steps, e.g. "
                 f"--set training.max_steps={resumed_step + max(limit, 1)}"
             )
+        if tokenizer_spec is not None:
+            spec, tokenizer_note = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume))
+            t = spec.training
         resume = _checkpoint_file(Path(resume))
+        announce()
+        _warn(console, tokenizer_note)
         if changed and console is not None and rank_zero_only.rank == 0:
             console.print(f"resuming at step {resumed_step} with other training settings than the checkpoint's: "
                           f"{', '.join(changed)}", highlight=False, soft_wrap=True, markup=False)
@@ -495,20 +513,23 @@ def train(
         weights, tokenizer, tokenizer_spec, origin = read_weights_tokenizer_and_origin(init_from)
         meta = build_model(spec, device="meta")
         fresh_head = _fresh_classification_head(spec, meta, weights)
-        if fresh_head:  # a pretrained body (BERT's masked-LM encoder) under a new classifier head
-            theirs = [k for k in weights if k.startswith("head.")]
-            for k in theirs:
-                del weights[k]
-            _warn(console, f"{init_from}: its head ({_names_of(theirs) or 'none'}) does not fit this spec's "
-                           f"classification head ({_names_of(fresh_head)}), which starts from its initialisation "
-                           "and is trained on the labels; every other weight is the checkpoint's")
+        theirs = [k for k in weights if k.startswith("head.")] if fresh_head else []
+        for k in theirs:  # a pretrained body (BERT's masked-LM encoder) under a new classifier head
+            del weights[k]
         # the weights' shapes first: a checkpoint of another model is that, not a tokenizer problem
         own = meta.state_dict()
         check_weights(meta, {**weights, **{k: own[k] for k in fresh_head}}, source=str(init_from))
-        _check_imported_tokenizer(spec, init_from, console)
-    if tokenizer_spec is not None:
-        spec = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume or init_from), console)
-        t = spec.training
+        imported_note = _imported_tokenizer_note(spec, init_from)
+        if tokenizer_spec is not None:
+            spec, tokenizer_note = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(init_from))
+            t = spec.training
+        announce()
+        if fresh_head:
+            _warn(console, f"{init_from}: its head ({_names_of(theirs) or 'none'}) does not fit this spec's "
+                           f"classification head ({_names_of(fresh_head)}), which starts from its initialisation "
+                           "and is trained on the labels; every other weight is the checkpoint's")
+        _warn(console, imported_note)
+        _warn(console, tokenizer_note)
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)
     if weights is not None:
@@ -522,6 +543,7 @@ def train(
     dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)
     # reading, training a BPE and tokenising a large corpus take minutes: each says how far it is
     # (a bar, unless --no-progress) and leaves a line with its time, which a log keeps
+    announce()
     shown = console is not None and rank_zero_only.rank == 0
     with data_progress.reporting(data_progress.rich_reporter(console, bars=progress) if shown else None):
         dm.setup("fit")
@@ -940,9 +962,9 @@ def _inverse_sqrt_lr_note(spec: Any) -> str:
     )
 
 
-def _warn(console: Console | None, message: str) -> None:
-    """A warning, printed once (by the first process) on the console the run reports on."""
-    if console is not None and rank_zero_only.rank == 0:
+def _warn(console: Console | None, message: str | None) -> None:
+    """A warning (none for ``None``), printed once (by the first process) on the console the run reports on."""
+    if message is not None and console is not None and rank_zero_only.rank == 0:
         console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
@@ -970,25 +992,26 @@ def _names_of(keys: list[str]) -> str:
     return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
 
-def _check_imported_tokenizer(spec: Any, init_from: str | Path, console: Console | None) -> None:
-    """Weights from ``import-hf --weights`` fit the token ids of the model's own tokenizer: a
-    spec that trains with another (a BPE trained afresh on this run's data) is warned about."""
+def _imported_tokenizer_note(spec: Any, init_from: str | Path) -> str | None:
+    """Weights from ``import-hf --weights`` fit the token ids of the model's own tokenizer: the
+    warning for a spec that trains with another (a BPE trained afresh on this run's data)."""
     origin = weights_origin(init_from)
     source = origin.get("specformer.imported_from")
     tokenizer = spec.training.tokenizer
     if source is None or tokenizer is None or tokenizer.type == "file":
-        return
+        return None
     own = origin.get("specformer.tokenizer")
     fix = (f"--set training.tokenizer.type=file --set training.tokenizer.path={own}" if own else
            "save the model's tokenizer as tokenizer.json and set training.tokenizer: {type: file, path: ...}")
-    _warn(console, f"{init_from} holds the weights of {source} (import-hf), which fit the token ids of that model's "
-                   f"tokenizer, but training.tokenizer is {tokenizer.type}: its ids mean other tokens, and the "
-                   f"imported embeddings start out meaningless; to fine-tune with the model's own: {fix}")
+    return (f"{init_from} holds the weights of {source} (import-hf), which fit the token ids of that model's "
+            f"tokenizer, but training.tokenizer is {tokenizer.type}: its ids mean other tokens, and the "
+            f"imported embeddings start out meaningless; to fine-tune with the model's own: {fix}")
 
 
-def _with_checkpoint_tokenizer(spec: Any, tokenizer_spec: dict[str, Any], source: str, console: Console | None) -> Any:
+def _with_checkpoint_tokenizer(spec: Any, tokenizer_spec: dict[str, Any], source: str) -> tuple[Any, str | None]:
     """``spec`` with the ``training.tokenizer`` of the checkpoint it starts from: the
-    weights fit that tokenizer's ids, so the run uses it and its spec.yaml says so."""
+    weights fit that tokenizer's ids, so the run uses it and its spec.yaml says so; and the
+    note to give where the spec named another."""
     from specformer.specs.errors import SpecError
     from specformer.specs.loader import load_spec
 
@@ -1005,13 +1028,11 @@ def _with_checkpoint_tokenizer(spec: Any, tokenizer_spec: dict[str, Any], source
             "a checkpoint of this model, or change the spec to the checkpoint's"
         ) from None
     theirs = adopted.training.tokenizer.model_dump(mode="json") if adopted.training.tokenizer is not None else None
+    note = None
     if ours != theirs and ours is not None:
-        _warn(
-            console,
-            f"training.tokenizer ({_short(ours)}) is not used: the weights of {source} fit the tokenizer they "
-            f"were trained with ({_short(theirs)}), which this run uses and records in its spec.yaml",
-        )
-    return adopted
+        note = (f"training.tokenizer ({_short(ours)}) is not used: the weights of {source} fit the tokenizer they "
+                f"were trained with ({_short(theirs)}), which this run uses and records in its spec.yaml")
+    return adopted, note
 
 
 def _short(settings: dict[str, Any] | None) -> str:

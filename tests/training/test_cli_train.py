@@ -219,6 +219,15 @@ def test_resume_from_the_command_line_without_a_spec(tiny: Any, tmp_path: Path) 
     out = _train(["--resume", str(ckpt), "--set", "training.max_steps=6"]).output
     assert "(resumed: see below)" in out and " 6 " in out
     assert f"resumed    {ckpt}\n" in out  # the whole path, on its own line
+    # the header comes before the note on what the resumed run changes
+    assert out.index("preparing data…") < out.index("resuming at step 4 with other training settings")
+    # a resume that is refused says why, and not that it is starting
+    done = runner.invoke(app, ["train", "--resume", str(ckpt), "--no-progress"], env={"COLUMNS": "200"})
+    assert done.exit_code == 1 and "nothing left to train" in done.stderr, done.output
+    assert "preparing data" not in done.output and "training tiny-decoder" not in done.output
+    other = _write(tmp_path, {**tiny("decoder", max_steps=4, val_interval=4), "d_model": 48}, "other.yaml")
+    refused = runner.invoke(app, ["train", str(other), "--init-from", str(ckpt), "--no-progress"])
+    assert refused.exit_code == 1 and "preparing data" not in refused.output, refused.output
 
 
 def test_init_from_on_the_command_line_and_not_with_resume(tiny: Any, tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ On CPU: the peak resident set size. The peak is reset after the imports (Linux
 ``/proc/self/clear_refs``), so ``peak - baseline`` is what building the model, the
 optimizer and running the steps added; the absolute peak is reported too. Before the
 baseline, each process runs one step of a tiny model of the same library, so one-time
-costs (lazy imports, kernel set-up) are not counted as the model's. On CUDA:
+costs (lazy imports, kernel set-up) are not counted as the model's; the memory that step
+freed goes back to the system first (``malloc_trim``), so the model measured faults in its
+own pages even where it is as small as the warm-up's (``--quick``). On CUDA:
 ``torch.cuda.max_memory_allocated``.
 
     python -m benchmarks.memory [--quick] [--shapes ...] [--out memory.json]
@@ -45,6 +47,15 @@ def _reset_peak() -> bool:
         return False
 
 
+def _release_freed_memory() -> None:
+    """glibc's ``malloc_trim(0)``: free heap pages go back to the system (nothing elsewhere)."""
+    from specformer.training.allocator import _glibc
+
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 def child(shape_name: str, library: str, precision: str, quick: bool, steps: int) -> dict[str, Any]:
     """Runs in the subprocess: build one library's model, train ``steps`` steps, report."""
     import gc
@@ -79,6 +90,9 @@ def child(shape_name: str, library: str, precision: str, quick: bool, steps: int
     del warm
     batch = make_batch(shape, dev)
     gc.collect()
+    # the warm-up's freed memory back to the system: kept (--malloc keep), a model as small as
+    # the warm-up's (--quick) would reuse its pages and add nothing to the resident set
+    _release_freed_memory()
     reset = _reset_peak()
     baseline = current_rss_bytes()
     if dev.type == "cuda":

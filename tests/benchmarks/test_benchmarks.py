@@ -310,6 +310,9 @@ def test_memory_quick(tmp_path: Path) -> None:
     for r in rows.values():
         assert r["peak_bytes"] >= r["baseline_bytes"] > 0
         assert r["added_bytes"] == r["peak_bytes"] - r["baseline_bytes"]
+        # at least the weights, their gradients and AdamW's two moments, in float32: the tiny
+        # model measured does not reuse the pages its tiny warm-up freed
+        assert r["added_bytes"] >= 16 * r["params"], r
     assert "| llama-style | fp32 | specformer |" in report.render(_load(out))
 
 

@@ -134,6 +134,24 @@ def test_every_linear_layer_and_the_head_take_onednn_in_a_training_step(onednn, 
         assert torch.allclose(got, want, rtol=1e-3, atol=1e-5 * want.abs().max().item())
 
 
+def test_a_measurement_compares_the_fastest_timings_so_a_busy_machine_does_not_flip_it(monkeypatch) -> None:
+    # the baseline (a bfloat16 product) is twice as fast as the candidate (its float32 form), but
+    # other work on the machine stretched two of its three timings: compared by medians, the
+    # candidate would look faster by the margin and the slow path would be taken
+    now = [0.0]
+    seconds = {"candidate": [3.0] * 4, "baseline": [1.5, 10.0, 10.0, 1.5]}  # the set-up run first
+
+    def timed(name: str):  # each call advances a fake clock by its time
+        def run() -> None:
+            now[0] += seconds[name].pop(0)
+        return run
+
+    monkeypatch.setattr(products.time, "perf_counter", lambda: now[0])
+    assert products.measured_faster(timed("candidate"), timed("baseline"), margin=0.5, rounds=3) is False
+    seconds.update(candidate=[3.0] * 4, baseline=[10.0] * 4)  # slower every time: then it is slower
+    assert products.measured_faster(timed("candidate"), timed("baseline"), margin=0.5, rounds=3) is True
+
+
 def test_the_measurement_decides_once_and_a_setting_overrides_it(monkeypatch) -> None:
     products._measured.cache_clear()
     monkeypatch.setattr(products, "ONEDNN", None)

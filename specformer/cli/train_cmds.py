@@ -711,6 +711,8 @@ def generate_cmd(
                             f"{window} at once: only its last {window} are read (the context "
                             "slides, as it does while generating)", label="[yellow]warning:[/]")
             shown = prompt if prompt.strip() or not encoded.healed else ""
+            if chat and shown.strip():  # a user's turn, not text the reply goes on with: the reply on a line of its own
+                shown = shown.rstrip() + "\n"
 
             def streamed() -> _Stream:
                 # the prompt, then each token's text as it comes; --stop-at-eot ends the text at the end

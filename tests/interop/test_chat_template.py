@@ -195,7 +195,8 @@ def test_generate_chat_frames_the_prompt_as_apply_chat_template_and_generates_as
     result = runner.invoke(app, [*args, "--chat"])
     assert result.exit_code == 0, result.output
     assert seen["out"] == theirs  # token for token, the template's tokens included
-    assert result.stdout == prompt + hf_tok.decode(theirs[len(ids):]) + "\n"
+    # the user's turn, then the reply on a line of its own (not glued on, as plain text goes on)
+    assert result.stdout == prompt + "\n" + hf_tok.decode(theirs[len(ids):]) + "\n"
     # without --chat (a spec that fine-tuned with no chat template) the prompt is plain text
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -213,7 +214,7 @@ def test_generate_chat_stops_at_the_end_of_the_assistant_s_turn(tmp_path: Path, 
     assert end is not None and end != tok.eot_id
     made = [*tok.encode("ab", specials=False), end, *tok.encode("cd", specials=False)]
     gen = importlib.import_module("specformer.training.generate")
-    for flags, said in ((["--chat"], "hi ab\n"), (["--chat", "--no-stop-at-eot"], None), ([], None)):
+    for flags, said in ((["--chat"], "hi\nab\n"), (["--chat", "--no-stop-at-eot"], None), ([], None)):
         steps = iter(made)
         monkeypatch.setattr(gen, "sample_next", lambda logits, steps=steps, **_: torch.tensor([next(steps)]))
         result = runner.invoke(app, ["generate", str(weights), "--spec", str(spec_path), "--prompt", "hi ",

@@ -87,14 +87,22 @@ def label_ids(
     """Class ids of ``labels`` for a head of ``n_classes`` classes, and the class names they
     were numbered by (None for integer labels). ``names`` (the head's ``labels``) fixes the
     order of names; without it they are numbered in sorted order, and there must be exactly
-    ``n_classes`` of them."""
-    if all(isinstance(x, int) for x in labels):
+    ``n_classes`` of them. Integer labels are class ids, unless ``names`` spells each of them
+    (star ratings 1-5 under ``head.labels: ["1", "2", "3", "4", "5"]``): then they are names."""
+    ints = all(isinstance(x, int) for x in labels)
+    if ints and names is not None and labels and {str(x) for x in labels} <= set(names):
+        labels, ints = [str(x) for x in labels], False
+    if ints:
         bad = sorted({x for x in labels if not 0 <= x < n_classes})  # type: ignore[operator]
         if bad:
+            low, high = min(labels), max(labels)  # type: ignore[type-var]
+            fix = ("set head.n_classes to the number of classes" if not (low >= 1 and high == n_classes) else  # type: ignore[operator]
+                   f"class ids count from 0; to keep the data's numbers as they are, name the classes: "
+                   f"head.labels: [{', '.join(repr(str(i)) for i in range(1, n_classes + 1))}] (or subtract 1 from "
+                   "each label)")
             raise DataError(
                 f"{setting}: label {bad[0]} is not a class id of the classification head, which has "
-                f"n_classes={n_classes} (ids 0-{n_classes - 1}); the data's labels run "
-                f"{min(labels)}-{max(labels)}: set head.n_classes to the number of classes"  # type: ignore[type-var]
+                f"n_classes={n_classes} (ids 0-{n_classes - 1}); the data's labels run {low}-{high}: {fix}"
             )
         return [int(x) for x in labels], None
     text = [str(x) for x in labels]

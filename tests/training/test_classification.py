@@ -113,6 +113,13 @@ def test_the_head_names_fix_the_label_order(tmp_path: Path) -> None:
         label_ids(["a", "b", "c"], 2, None)
     with pytest.raises(DataError, match=r"label 2 is not a class id .* n_classes=2 \(ids 0-1\)"):
         label_ids([0, 1, 2], 2, None)
+    # ratings 1-5 under a head of 5: the head's names keep the data's numbers (ids count from 0)
+    with pytest.raises(DataError, match=r"labels run 1-5: class ids count from 0; .* name the classes: "
+                                        r"head.labels: \['1', '2', '3', '4', '5'\] \(or subtract 1"):
+        label_ids([1, 2, 5], 5, None)
+    stars = ("1", "2", "3", "4", "5")
+    assert label_ids([1, 2, 5], 5, stars) == ([0, 1, 4], stars)
+    assert label_ids([1, 0], 2, ("neg", "pos")) == ([1, 0], None)  # names that are not the numbers: ids
     with pytest.raises(DataError, match=r"label 'meh' is not one of the classification head's labels"):
         label_ids(["pos", "meh"], 2, ("neg", "pos"))
 

@@ -1023,6 +1023,14 @@ def _classification_issues(objective: Any, data: Any, kind: str, head: str | Non
             f"objective classification trains on labelled texts, not {data.type!r}: use type: labelled "
             "(a .csv, .tsv, .json or .jsonl table with text_field and label_field columns)",
         )
+    elif labelled and kind != "encoder":
+        yield (
+            "training.data.type",
+            f"labelled texts train an encoder's classification head (objective classification), and this is "
+            f"{'an' if kind.startswith('encoder') else 'a'} {kind} model: start from an encoder (extends: "
+            "bert-nano, head: {type: classification, n_classes: N}), or train this model on text (type: files), "
+            "pairs or conversations",
+        )
     elif labelled and objective is not None and not classify:
         yield (
             "training.data.type",

@@ -171,6 +171,12 @@ def test_classification_goes_with_a_classification_head_and_labelled_data(tiny: 
         load_spec({**spec, "head": None})
     with pytest.raises(SpecError, match=r"objective 'classification' does not train a decoder model"):
         load_spec({**tiny("decoder", data=spec["training"]["data"], objective={"type": "classification"})})
+    # labelled texts for a decoder: not told to set an objective that it then refuses
+    with pytest.raises(SpecError) as info:
+        load_spec({**tiny("decoder", data=spec["training"]["data"])})
+    (problem,) = info.value.problems
+    assert "labelled texts train an encoder's classification head" in problem.message
+    assert "set training.objective.type: classification" not in problem.message
     # so a decoder's or encoder-decoder's classification head is not told to train with it
     for kind in ("decoder", "encoder-decoder"):
         other = load_spec({**tiny(kind), "head": {"type": "classification", "pooling": "last"}})

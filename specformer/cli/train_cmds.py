@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -921,6 +922,12 @@ def chat_cmd(
             if text.strip() == "/reset":
                 history.clear()
                 err_console.print("[dim]a new conversation[/]", highlight=False)
+                continue
+            if re.fullmatch(r"/\w+", text.strip()):  # /help, or a command mistyped: not a turn for the model
+                said = "" if text.strip() == "/help" else f"{text.strip()} is not a command; "
+                err_console.print(f"[dim]{escape(said)}/reset starts a new conversation, /exit or Ctrl-D ends, Ctrl-C "
+                                  "stops a reply (a line of more words is a turn, whatever it begins with)[/]",
+                                  highlight=False)
                 continue
             if not text.strip():
                 continue

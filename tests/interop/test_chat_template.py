@@ -731,7 +731,8 @@ def test_chat_keeps_the_conversation_and_answers_each_turn_as_transformers_does(
         return real(model, ids, **kwargs)
 
     monkeypatch.setattr(gen, "generate", recording)
-    lines = ["reverse red cat", "", "reverse big dog", "/reset", "reverse sun sky", "/exit", "never read"]
+    lines = ["reverse red cat", "", "/help", "reverse big dog", "/rest", "/reset", "reverse sun sky", "/exit",
+             "never read"]
     result = runner.invoke(app, ["chat", str(weights), "--spec", str(spec_path), "-n", "5", "--greedy",
                                  "--system", "Be brief."], input="\n".join(lines) + "\n")
     assert result.exit_code == 0, result.output
@@ -752,6 +753,10 @@ def test_chat_keeps_the_conversation_and_answers_each_turn_as_transformers_does(
             "<|im_end|>") in new else new
         assert reply == hf_tok.decode(ids + new)[len(hf_tok.decode(ids)):]
     assert "a new conversation" in result.stderr
+    # /help and a mistyped command are answered, not sent to the model as turns
+    said = " ".join(result.stderr.split())
+    assert "/rest is not a command; /reset starts a new conversation, /exit or Ctrl-D ends" in said
+    assert said.count("/reset starts a new conversation") == 2
 
 
 def test_chat_outgrowing_the_model_leaves_out_the_oldest_exchanges(tmp_path: Path) -> None:

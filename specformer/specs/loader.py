@@ -1193,10 +1193,14 @@ def _names_what_the_user_set(problem: SpecProblem, positions: Mapping[Path_, Pos
         return problem
     named = []
     for path, where in positions.items():
-        if (not path or not isinstance(path[-1], str) or not from_user(where)
-                or isinstance(_node_at(data, path), Mapping | list)):
+        if not path or not isinstance(path[-1], str) or not from_user(where) or isinstance(node := _node_at(data, path), list):
             continue
-        if re.search(rf"(?<![\w.]){re.escape(path[-1])}\b", problem.message):
+        if isinstance(node, Mapping):
+            # a section set whole (--set training.data={type: conversations, ...}) is named by its type
+            words = [node["type"]] if isinstance(node.get("type"), str) and len(path) > 1 else []
+        else:
+            words = [path[-1]]
+        if any(re.search(rf"(?<![\w.]){re.escape(word)}\b", problem.message) for word in words):
             named.append(f"{_dotted(path)} is set {'by' if where.source.startswith('--set ') else 'at'} {where}")
     if not named:
         return problem

@@ -903,6 +903,12 @@ def test_a_rule_broken_at_a_preset_field_names_the_field_the_user_set(tmp_path):
     (problem,) = _problems(tmp_path, "extends: llama-nano\ndecoder:\n  attention: {head_dim: 7}\n")
     assert f"decoder.attention.head_dim is set at {tmp_path / 'spec.yaml'}:3:15" in problem.hint, problem.hint
     assert "comes from the preset llama-nano" in problem.hint
+    # a section set whole is named by its type: conversations clash with the preset's BPE tokenizer
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=["training.data={type: conversations, paths: [chats.jsonl]}"])
+    (problem,) = info.value.problems
+    assert problem.path == "training.tokenizer" and problem.position.source.endswith("gpt-nano.yaml")
+    assert problem.hint.startswith("training.data is set by --set training.data={type: conversations"), problem.hint
     # a problem at the user's own field needs no such hint
     (problem,) = _problems(tmp_path, "extends: gpt-nano\ndecoder:\n  attention: {n_heads: 3}\n")
     assert " is set " not in problem.hint

@@ -15,6 +15,7 @@ model computes, are reported as warnings instead).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -1605,6 +1606,9 @@ def _export_llama(spec: ModelSpec, model_type: str) -> dict[str, Any]:
         if model_type == "phi3":
             out["rope_parameters"]["partial_rotary_factor"] = spec.positional.fraction
             out["resid_pdrop"] = s.residual.dropout
+            original = out["rope_parameters"].get("original_max_position_embeddings")
+            if original is not None:  # Phi-3 reads its pretraining length from beside rope_parameters
+                out["original_max_position_embeddings"] = original
     elif model_type in ("qwen2", "qwen3"):
         # one window, in the layers layer_types names (a spec with two windows comes back
         # with one, and the check after export names the layers that differ)
@@ -1958,7 +1962,9 @@ def _check_loadable(config: dict[str, Any], spec: ModelSpec) -> None:
         return
     if config["model_type"] not in transformers.CONFIG_MAPPING:  # an older transformers: a newer one may load it
         return
-    fields = {key: value for key, value in config.items() if key != "model_type"}
+    # a deep copy: a config class may write into the dicts it is given (Phi-3's sets
+    # rope_parameters' original context from its own attribute)
+    fields = copy.deepcopy({key: value for key, value in config.items() if key != "model_type"})
     try:
         transformers.AutoConfig.for_model(config["model_type"], **fields)
     except Exception as exc:  # noqa: BLE001 - a config class raises what it likes (ValueError, hub's validation errors)

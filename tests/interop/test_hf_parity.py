@@ -180,6 +180,14 @@ TINY: dict[str, dict[str, Any]] = {
     "phi3-partial": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                      "num_key_value_heads": 1, "intermediate_size": 48, "max_position_embeddings": 64,
                      "sliding_window": 5, "tie_word_embeddings": True, "partial_rotary_factor": 0.5},
+    # and LongRoPE past an original context of 16 (Phi-3.5's), which Phi-3's config keeps beside
+    # its rope_parameters: an export must write it there (else transformers reads 4096)
+    "phi3-longrope": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "num_key_value_heads": 1, "intermediate_size": 48, "max_position_embeddings": 64,
+                      "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5,
+                      "rope_parameters": {"rope_type": "longrope", "rope_theta": 500.0,
+                                          "short_factor": [1.0, 1.1, 1.2, 1.3],
+                                          "long_factor": [2.0, 2.1, 2.2, 2.3]}},
     # Gemma: RMSNorm gains of 1 + weight, embeddings scaled by sqrt(hidden_size), GELU (tanh)
     # gates under its legacy name, multi-query attention with a wider head, tied
     "gemma": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -469,7 +477,13 @@ def _greedy(
 _START = {"t5": 0, "mt5": 0, "bart": 2, "marian": 0}  # decoder start tokens: T5, Marian from pad, BART eos
 
 
-@pytest.mark.parametrize("family", sorted(DECODERS))
+# Phi-3's own generate drops its cache at the step that passes LongRoPE's original context and
+# reads the whole sequence again with the long factors; specformer keeps the cache there, as
+# Llama's generate does (docs/interop.md), so the tokens after that step differ
+_GENERATES_OTHERWISE = {"phi3-longrope"}
+
+
+@pytest.mark.parametrize("family", sorted(f for f in DECODERS if f not in _GENERATES_OTHERWISE))
 def test_greedy_generation_matches_transformers_generate(family: str) -> None:
     hf = _hf_model(family)
     spec, model = _imported(hf)

@@ -530,6 +530,7 @@ def train(
                            "and is trained on the labels; every other weight is the checkpoint's")
         _warn(console, imported_note)
         _warn(console, tokenizer_note)
+    announce()  # before the model is built: a large one takes a while
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = SpecModule(spec)
     if weights is not None:
@@ -543,7 +544,6 @@ def train(
     dm = datamodule or SpecDataModule(spec, tokenizer=tokenizer)
     # reading, training a BPE and tokenising a large corpus take minutes: each says how far it is
     # (a bar, unless --no-progress) and leaves a line with its time, which a log keeps
-    announce()
     shown = console is not None and rank_zero_only.rank == 0
     with data_progress.reporting(data_progress.rich_reporter(console, bars=progress) if shown else None):
         dm.setup("fit")

@@ -28,6 +28,7 @@ def implicit_type(mapping: dict[str, Any], key: Any) -> Any:
     mlp); None when unknown."""
     if "type" in mapping:
         return mapping["type"]
+    import specformer.specs.schema  # noqa: F401 - its import registers the families and their defaults
     from specformer.specs.base import FAMILY_DEFAULTS
 
     family = _FAMILY_OF_KEY.get(key) if isinstance(key, str) else None

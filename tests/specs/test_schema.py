@@ -234,6 +234,26 @@ def test_deep_merge_semantics():
     assert base["a"]["y"] == [1, 2]  # inputs untouched
 
 
+def test_a_mapping_without_type_is_its_default_type_before_the_schema_is_imported(tmp_path):
+    # `train` resolves extends and --set before it imports the schema (which registers the
+    # families' defaults): the ffn given another type is replaced whole there too, as validate
+    # and show replace it, not merged key by key into a glu with the mlp's d_ff and activation
+    import subprocess
+    import sys
+
+    (tmp_path / "base.yaml").write_text(textwrap.dedent("""\
+        kind: decoder
+        vocab_size: 50
+        d_model: 64
+        decoder: {n_layers: 1, ffn: {activation: relu, d_ff: 300}}
+    """))
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\ndecoder: {ffn: {type: glu}}\n")
+    code = ("from specformer.specs.loader import load_spec_data\n"
+            f"print(load_spec_data({str(tmp_path / 'child.yaml')!r})[0]['decoder']['ffn'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "{'type': 'glu'}"
+
+
 def test_a_mapping_without_type_is_its_default_type_when_another_type_is_merged_over_it(tmp_path):
     # `ffn: {activation: gelu}` is an mlp: a glu over it must not inherit the mlp's gelu,
     # exactly as when the mlp is written with `type: mlp` (extends, --set and overrides)

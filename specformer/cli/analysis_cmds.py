@@ -384,7 +384,8 @@ def _compute_section(report: Any) -> Section:
         s.rows.append([label, human_flops(n), f"{n / f.forward:.1%}" if f.forward and not missing else ""])
     for key, what in missing.items():
         s.rows.append([_part_name(key, what), "not counted", ""])
-    s.rows.append([f"forward{_without(missing)}", _at_least(human_flops(f.forward), missing), f"{f.forward:,}"])
+    s.rows.append([f"forward{_without(missing)}", _at_least(human_flops(f.forward), missing, f.forward),
+                   f"{f.forward:,}" if f.forward or not missing else ""])
     share = getattr(report.spec.training.objective, "mask_prob", 1.0)
     if f.trained_parameters is not None:
         step = f"training step (forward + backward, {_trained(f)}" + (
@@ -393,8 +394,8 @@ def _compute_section(report: Any) -> Section:
         step = f"training step (3× forward, head on {share:.0%} of tokens)"
     else:
         step = "training step (3× forward)"
-    s.rows.append([f"{step}{_without(step_missing)}", _at_least(human_flops(f.training), step_missing),
-                   f"{f.training:,}"])
+    s.rows.append([f"{step}{_without(step_missing)}", _at_least(human_flops(f.training), step_missing, f.training),
+                   f"{f.training:,}" if f.training or not step_missing else ""])
     s.bold_rows = {len(s.rows) - 2, len(s.rows) - 1}
     return s
 

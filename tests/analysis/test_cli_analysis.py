@@ -581,3 +581,18 @@ def test_a_narrow_terminal_never_folds_a_number(monkeypatch, args) -> None:
     for line in out.splitlines():  # no number cell ends in a cut group of digits ("39,383,80", "264,")
         for cell in line.strip("│").split("│")[1:]:  # the first column is the row's name, text
             assert not re.fullmatch(r"\s*[+-]?[\d,]*\d,\d{0,2}\s*", cell), line
+
+
+def test_a_figure_with_nothing_counted_says_not_counted_not_at_least_zero() -> None:
+    # every part a plugin's: the forward and the training step have no FLOP counted at all
+    from types import SimpleNamespace
+
+    from specformer import load_spec
+    from specformer.cli.analysis_cmds import _compute_section
+
+    parts = {"decoder.attention": "attention type 'mine'", "decoder.ffn": "ffn type 'mine'", "head": "head type 'mine'"}
+    flops = SimpleNamespace(seq_len=64, count="attended", components={}, forward_not_counted=parts, not_counted=parts,
+                            trained_parameters=None, forward=0, training=0)
+    section = _compute_section(SimpleNamespace(flops=flops, spec=load_spec("gpt-nano")))
+    totals = {row[0].split(",")[0]: row[1:] for row in section.rows}
+    assert totals["forward"] == ["not counted", ""] and totals["training step (3× forward)"] == ["not counted", ""]

@@ -1170,6 +1170,18 @@ def _no_model_type(where: str) -> HFConversionError:
     )
 
 
+# families refused for a feature specformer has no component for
+_MOE = "a mixture-of-experts FFN (a router over several FFNs)"
+_RECURRENT = "recurrent or state-space layers in place of attention"
+_UNBUILT_FEATURES = {
+    **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "dbrx", "granitemoe", "phimoe", "jetmoe",
+                     "minimax", "llama4", "llama4_text"), _MOE),
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3"), "multi-head latent attention and " + _MOE),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "jamba", "zamba", "zamba2",
+                     "bamba", "falcon_h1"), _RECURRENT),
+}
+
+
 def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
     """The :class:`ModelSpec` of a Hugging Face model config.
 
@@ -1188,7 +1200,9 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
         model_type = data["model_type"]
     importer = _IMPORTERS.get(model_type)
     if importer is None:
-        raise HFConversionError(f"model_type {model_type!r} is not supported; supported: {supported}")
+        need = _UNBUILT_FEATURES.get(model_type)
+        why = f": it needs {need}, which specformer does not build" if need else ""
+        raise HFConversionError(f"model_type {model_type!r} is not supported{why}; supported: {supported}")
     c = _Config(data, model_type)
     raw = importer(c)
     raw["head"] = _head_from_architectures(c, raw)

@@ -17,7 +17,7 @@ recognised by their missing prefix.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -757,6 +757,28 @@ def _normalise(state_dict: Mapping[str, Tensor], family: _Family) -> dict[str, T
     return out
 
 
+def _spec_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """The shape of each parameter of ``spec``'s model, by state-dict name (none for a plugin's)."""
+    from specformer.analysis.params import AnalysisError, parameter_shapes
+
+    try:
+        return {name: tuple(shape) for name, shape in parameter_shapes(spec).items()}
+    except AnalysisError:
+        return {}
+
+
+def _shapes_of(names: Sequence[str], tensors: Sequence[Tensor]) -> str:
+    return ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(names, tensors, strict=True))
+
+
+def _verb(tensors: Sequence[Tensor]) -> str:
+    return "does" if len(tensors) == 1 else "do"
+
+
+def _wanted(want: Mapping[str, tuple[int, ...]], name: str) -> str:
+    return f" {want[name]}" if name in want else ""
+
+
 def _short_list(names: list[str], n: int = 8) -> str:
     more = f" (and {len(names) - n} more)" if len(names) > n else ""
     return ", ".join(names[:n]) + more
@@ -778,13 +800,26 @@ def hf_to_specformer(
     out: dict[str, Tensor] = {}
     missing: list[str] = []
     used: set[str] = set()
+    want = _spec_shapes(spec)
     for rule in rules:
         absent = [n for n in rule.theirs if n not in theirs]
         if absent:
             missing.extend(absent)
             continue
         used.update(rule.theirs)
-        out[rule.ours] = rule.to_ours([theirs[n] for n in rule.theirs])
+        tensors = [theirs[n] for n in rule.theirs]
+        try:
+            out[rule.ours] = rule.to_ours(tensors)
+        except (RuntimeError, ValueError):  # a fused tensor's reshape that its size does not allow
+            raise HFConversionError(
+                f"the {model_type} checkpoint's {_shapes_of(rule.theirs, tensors)} {_verb(tensors)} not fit the spec's "
+                f"{rule.ours}{_wanted(want, rule.ours)}: the config (or spec) does not describe these weights"
+            ) from None
+        if rule.ours in want and tuple(out[rule.ours].shape) != want[rule.ours]:
+            raise HFConversionError(
+                f"the {model_type} checkpoint's {_shapes_of(rule.theirs, tensors)} {_verb(tensors)} not fit the spec's "
+                f"{rule.ours}{_wanted(want, rule.ours)}: the config (or spec) does not describe these weights"
+            )
     if missing:
         head = {n for r in rules if r.ours.startswith("head.") for n in r.theirs}
         why = ""
@@ -937,6 +972,12 @@ def specformer_to_hf(
         if extra:
             parts.append(f"with no {model_type} counterpart {_short_list(extra)}")
         raise HFConversionError(f"the state dict does not match the spec: {'; '.join(parts)}")
+    want = _spec_shapes(spec)
+    wrong = [f"{name} {tuple(state_dict[name].shape)} (the spec's {want[name]})" for name in dict.fromkeys(r.ours for r in rules)
+             if name in want and tuple(state_dict[name].shape) != want[name]]
+    if wrong:
+        raise HFConversionError(f"the weights do not fit the spec: {len(wrong)} tensor(s) of other shapes, "
+                                f"{_short_list(wrong)}")
     out: dict[str, Tensor] = {}
     blocks: dict[str, dict[int, Tensor]] = {}  # the blocks of rows of a tensor that several rules share
     for rule in rules:

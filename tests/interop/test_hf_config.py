@@ -1383,3 +1383,12 @@ def test_a_head_dim_the_family_has_no_field_for_is_named_where_its_read_back_spe
         hf_config_from_spec(phi)
     assert str(caught.value) == ("the spec has no Hugging Face phi equivalent; these fields differ from what phi can "
                                  "express:\n  decoder.attention.head_dim = 10 (Hugging Face phi has d_model / n_heads = 8)")
+
+
+def test_an_unsupported_family_names_the_feature_it_needs_where_one_is_known() -> None:
+    for model_type, need in (("mixtral", "a mixture-of-experts FFN"), ("mamba", "recurrent or state-space layers"),
+                             ("deepseek_v3", "multi-head latent attention and a mixture-of-experts FFN")):
+        with pytest.raises(HFConversionError, match=rf"model_type '{model_type}' is not supported: it needs {need}"):
+            spec_from_hf_config({"model_type": model_type})
+    with pytest.raises(HFConversionError, match=r"model_type 'cohere' is not supported; supported: gpt2"):
+        spec_from_hf_config({"model_type": "cohere"})

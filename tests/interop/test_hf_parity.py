@@ -655,6 +655,30 @@ def test_state_dict_conversion_round_trips_exactly(family: str) -> None:
     assert persistent <= set(back)
 
 
+def test_weights_of_other_shapes_than_the_spec_says_are_refused_both_ways() -> None:
+    # a config that does not describe its weights (a wrong num_key_value_heads, an edited
+    # tensor): refused with the tensors' shapes, not a reshape's traceback or a wrong file
+    for family, name, rows in (("llama", "model.layers.0.self_attn.k_proj.weight", 12),
+                               ("gpt_neox", "gpt_neox.layers.0.attention.query_key_value.weight", 95),
+                               ("llama", "model.layers.1.mlp.up_proj.weight", 80)):
+        hf = _hf_model(family)
+        spec, _ = _imported(hf)
+        theirs = dict(hf.state_dict())
+        theirs[name] = theirs[name][:rows] if rows < theirs[name].shape[0] else torch.cat(
+            [theirs[name], theirs[name][: rows - theirs[name].shape[0]]])
+        with pytest.raises(HFConversionError, match=rf"the {family} checkpoint's .*{name} \({rows}, ") as info:
+            hf_to_specformer(theirs, spec)
+        assert "not fit the spec's decoder.layers." in str(info.value), info.value
+    # and a specformer state dict of another model than the spec exports: named before anything is written
+    hf = _hf_model("llama")
+    spec, model = _imported(hf)
+    ours = dict(model.state_dict())
+    ours["decoder.layers.0.ffn.up_proj.weight"] = torch.zeros(80, spec.d_model)
+    with pytest.raises(HFConversionError, match=r"the weights do not fit the spec: 1 tensor\(s\) of other shapes, "
+                                               r"decoder.layers.0.ffn.up_proj.weight \(80, 32\) \(the spec's \(64, 32\)\)"):
+        specformer_to_hf(ours, spec)
+
+
 def test_neox_query_key_value_is_regrouped_per_head() -> None:
     hf = _hf_model("gpt_neox")
     spec, model = _imported(hf)
@@ -817,7 +841,8 @@ def test_missing_and_unexpected_tensors_are_named() -> None:
         load_hf_weights(model, sd)
     sd = dict(hf.state_dict())
     sd["transformer.h.0.ln_1.weight"] = torch.ones(7)
-    with pytest.raises(HFConversionError, match=r"decoder\.layers\.0\.attn_norm\.weight: model \(32,\), checkpoint \(7,\)"):
+    with pytest.raises(HFConversionError, match=r"checkpoint's transformer\.h\.0\.ln_1\.weight \(7,\) does not fit the "
+                                               r"spec's decoder\.layers\.0\.attn_norm\.weight \(32,\)"):
         load_hf_weights(model, sd)
 
 

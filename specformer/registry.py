@@ -286,11 +286,26 @@ class Registry:
             except TypeError as exc:
                 call = ", ".join(["spec", "*", *kwargs]) if kwargs else "spec"
                 raise TargetCallError(
-                    f"{family} type {spec.type!r}: its target {getattr(target, '__qualname__', target)} "
-                    f"({entry.source}) cannot be called as the builder calls it, Target({call}): {exc} "
+                    f"{family} type {spec.type!r}: its target {_target_name(entry, target)} (registered by "
+                    f"{entry.source}) cannot be called as the builder calls it, Target({call}): {exc} "
                     "(docs/components.md#adding-a-component lists each family's arguments)"
                 ) from None
-        return target(spec, **kwargs)
+        try:
+            return target(spec, **kwargs)
+        except Exception as exc:
+            # a constructor's own error (one that cannot run on the meta device, where the model is
+            # built first: Tensor.item()) says which part raised it
+            exc.add_note(f"raised building {family} type {spec.type!r} with {_target_name(entry, target)}; a "
+                         "constructor runs on the meta device first (docs/components.md#adding-a-component)")
+            raise
+
+
+def _target_name(entry: Entry, target: Any) -> str:
+    """``package.module:Class``, as a target is registered."""
+    if isinstance(entry.target, str):
+        return entry.target
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    return f"{module}:{name}" if module and name else repr(target)
 
 
 def _same_definition(first: type, second: type) -> bool:

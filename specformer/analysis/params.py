@@ -466,6 +466,14 @@ def built_parameter_shapes(spec: Any) -> dict[str, Shape]:
         return hit[1]
     parts = ", ".join(f"{key} ({what})" for key, what in plugin_components(spec).items())
     model = meta_build(spec, f"to count the parameters of {parts or 'its types'}")
+    from torch.nn.parameter import UninitializedParameter
+
+    lazy = [name for name, p in model.named_parameters() if isinstance(p, UninitializedParameter)]
+    if lazy:  # nn.LazyLinear and friends: a shape only the first forward sets
+        named = ", ".join(lazy[:3]) + (f" and {len(lazy) - 3} more" if len(lazy) > 3 else "")
+        raise AnalysisError(f"{spec.name}: {named} of {parts or 'its types'} are lazy parameters (nn.Lazy*), "
+                            "whose shapes only a first forward sets: their count is not known from the spec; give "
+                            "the module its sizes (nn.Linear(d_model, d_ff)) to have it counted")
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     if len(_BUILT) >= 8:
         _BUILT.pop(next(iter(_BUILT)))

@@ -226,6 +226,61 @@ def test_a_built_in_type_name_a_plugin_builds_is_counted_as_a_plugin_type(tmp_pa
     assert "≥" in result.stdout and "built by gated_mha:build" in " ".join(result.stdout.split())
 
 
+LAZY_MLP = '''
+from torch import nn
+
+
+def register(registry):
+    registry.register("ffn", registry.get("ffn", "mlp").spec, "lazy_mlp:Lazy", replace=True)
+
+
+class Lazy(nn.Module):
+    def __init__(self, spec, *, d_model):
+        super().__init__()
+        self.up, self.down = nn.LazyLinear(spec.d_ff), nn.Linear(spec.d_ff, d_model)
+
+    def forward(self, x):
+        return self.down(self.up(x).relu())
+'''
+
+
+def test_a_plugin_module_with_lazy_parameters_is_named_not_a_traceback(tmp_path):
+    # nn.LazyLinear has no shape until its first forward: show says so instead of torch's error
+    (tmp_path / "lazy_mlp.py").write_text(LAZY_MLP)
+    dist = tmp_path / "lazy_mlp-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lazy-mlp\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\nlazy = lazy_mlp:register\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "300"}
+    result = subprocess.run([sys.executable, "-m", "specformer", "show", "gpt-nano"], capture_output=True, text=True,
+                            env=env)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert ("decoder.layers.0.ffn.up.weight, decoder.layers.0.ffn.up.bias, decoder.layers.1.ffn.up.weight and 5 more "
+            "of decoder.ffn (ffn type 'mlp', built by lazy_mlp:Lazy) are lazy parameters") in said, said
+
+
+def test_a_constructor_that_reads_a_tensor_on_the_meta_device_names_its_part(tmp_path):
+    # the model is built on the meta device first: a constructor's .item() fails there, and the
+    # error says which family, type and target raised it; a target that cannot be called so
+    # names its own module, not the module of the spec class it builds
+    plugin = LAZY_MLP.replace("lazy_mlp:Lazy", "reading:Reads").replace(
+        "self.up, self.down = nn.LazyLinear(spec.d_ff), nn.Linear(spec.d_ff, d_model)",
+        "self.up = nn.Linear(d_model, spec.d_ff)\n        self.scale = float(self.up.weight.abs().max())")
+    (tmp_path / "reading.py").write_text(plugin.replace("class Lazy", "class Reads"))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import reading, specformer.specs.schema\n"
+            "from specformer.registry import REGISTRY; reading.register(REGISTRY)\n"
+            "from specformer import build_model\n"
+            "try:\n    build_model('gpt-nano')\nexcept RuntimeError as exc:\n    print(exc.__notes__)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "raised building ffn type 'mlp' with reading:Reads; a constructor runs on the meta device first" in out, out
+    (tmp_path / "reading.py").write_text(plugin.replace("class Lazy", "class Reads").replace(
+        "def __init__(self, spec, *, d_model):", "def __init__(self, spec, *, d_model, extra):"))
+    code = code.replace("except RuntimeError as exc:\n    print(exc.__notes__)", "except TypeError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "its target reading:Reads (registered by " in out, out
+
+
 def test_a_plugin_type_in_some_layers_only_is_named_with_them(plugin_path, tmp_path):
     spec = tmp_path / "p.yaml"
     spec.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0, 1], ffn: {type: relu2, d_ff: 64}}\n")

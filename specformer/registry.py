@@ -388,6 +388,10 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
     if existing is None:
         REGISTRY.register(family, spec, target, source="specformer")
         REGISTRY.builtin_targets[(family, name)] = target
+    elif existing.spec is not spec and existing.source == "specformer" and _same_class_statement(existing.spec, spec):
+        # the schema's module run again (its first import failed on a plugin, now fixed): its own classes anew
+        REGISTRY.register(family, spec, target, source="specformer", replace=True)
+        REGISTRY.builtin_targets[(family, name)] = target
     elif existing.spec is not spec:
         error = ValueError(
             f"{family} type {name!r} is built in, and {existing.spec.__name__}, registered under that "
@@ -400,6 +404,10 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
         if plugin is not None:
             raise PluginError(_plugin_failure(plugin, error))
         raise error
+
+
+def _same_class_statement(first: type, second: type) -> bool:
+    return (first.__module__, first.__qualname__) == (second.__module__, second.__qualname__)
 
 
 def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
@@ -429,15 +437,19 @@ def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
         dist = getattr(ep, "dist", None)
         package = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "its package"
         plugin = f"the specformer plugin {ep.name!r} ({ep.value}, from {package})"
+        if (ep.name, ep.value) in _HOOKED:  # registered before another plugin failed: its types are there
+            continue
         before = {(family, name) for family in FAMILIES for name in REGISTRY.names(family)}
         try:
             hook = ep.load()
             if callable(hook):
                 hook(REGISTRY)
         except Exception as exc:
+            _plugins_loaded = False  # a retry, once the plugin is fixed or removed, loads them again
             raise PluginError(_plugin_failure(plugin, exc)) from exc
         for key in {(family, name) for family in FAMILIES for name in REGISTRY.names(family)} - before:
             _PLUGIN_OF[key] = plugin
+        _HOOKED.add((ep.name, ep.value))
         loaded.append(ep.name)
     if group == PLUGIN_GROUP:
         _LOADED.extend(loaded)
@@ -446,6 +458,8 @@ def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:
 
 # the names of the plugins loaded so far
 _LOADED: list[str] = []
+# the entry points whose hook has run: a retry after another plugin failed does not run them again
+_HOOKED: set[tuple[str, str]] = set()
 
 
 # (family, name) -> the plugin that registered it, named when a built-in type finds it taken

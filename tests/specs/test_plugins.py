@@ -78,6 +78,30 @@ def test_plugin_entry_becomes_valid_yaml(plugin_path):
     assert result.stdout.split() == ["SquaredReLUSpec", "32", "demo-plugin"]
 
 
+def test_a_plugin_that_failed_to_load_is_tried_again_and_the_others_kept(plugin_path):
+    # a second plugin needs a module that is missing: every load says so; once it is there (a
+    # notebook installs it), the next load works, the first plugin's type included, instead of
+    # the schema's own types colliding with themselves
+    (plugin_path / "needs_more.py").write_text("import not_installed_yet\n\ndef register(registry):\n    pass\n")
+    entry = plugin_path / "demo_plugin-0.1.dist-info" / "entry_points.txt"
+    entry.write_text(entry.read_text() + "more = needs_more:register\n")
+    code = textwrap.dedent("""
+        import sys, types
+        from specformer import load_spec
+        from specformer.registry import PluginError
+        for _ in range(2):
+            try:
+                load_spec("gpt-nano")
+            except PluginError as exc:
+                print("refused:", "'more'" in str(exc) and "not_installed_yet" in str(exc))
+        sys.modules["not_installed_yet"] = types.ModuleType("not_installed_yet")
+        spec = load_spec({"extends": "gpt-nano", "decoder": {"ffn": {"type": "relu2", "d_ff": 32}}})
+        print("loaded:", spec.decoder.ffn.type)
+    """)
+    result = _run(plugin_path, code)
+    assert result.stdout.split("\n")[:3] == ["refused: True", "refused: True", "loaded: relu2"], result.stderr
+
+
 def test_plugin_type_is_in_the_json_schema_and_errors(plugin_path):
     code = (
         "import json\n"

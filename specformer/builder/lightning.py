@@ -389,6 +389,7 @@ class SpecModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from specformer import __version__
+        from specformer.training.checkpoint import own_modules
 
         checkpoint["specformer"] = {
             "format": FORMAT_VERSION,
@@ -401,6 +402,7 @@ class SpecModule(L.LightningModule):
             # the summary's "mean of the last steps": a resumed run averages the same steps
             "recent_losses": [float(x) for x in self.recent_losses],
             "imported_model_type": self.imported_model_type,
+            "own_modules": own_modules(self.spec),
         }
 
     @classmethod

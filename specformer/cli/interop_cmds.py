@@ -395,7 +395,7 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
             raise _fail(f"--spec {spec_source}: {exc}") from None
     from specformer.specs.errors import SpecError
     from specformer.specs.loader import load_spec
-    from specformer.training.checkpoint import CheckpointError, read_checkpoint
+    from specformer.training.checkpoint import CheckpointError, check_own_modules, read_checkpoint
 
     try:
         raw = read_checkpoint(source)
@@ -408,8 +408,11 @@ def _read_source(source: Path, spec_source: str | None) -> tuple[Any, dict[str, 
         raise _fail(f"{source} carries its own spec; --spec is only for a .safetensors SOURCE")
     try:
         spec = load_spec(meta["spec"])
+        check_own_modules(meta, spec, source=str(source))
     except SpecError as exc:
         raise _fail(f"{source}: the spec stored in the checkpoint is not valid here:\n{exc}") from None
+    except CheckpointError as exc:
+        raise _fail(str(exc)) from None
     state = raw.get("state_dict")
     if not isinstance(state, dict):
         raise _fail(f"{source}: the checkpoint has no weights (no state_dict)")

@@ -626,6 +626,12 @@ def _llama(c: _Config, family: str = "llama") -> dict[str, Any]:
     n_heads = c("num_attention_heads", defaults.get("num_attention_heads", 32))
     # a key written as null takes the query heads; an absent one the config class's default
     kv_heads = c.data["num_key_value_heads"] if "num_key_value_heads" in c.data else defaults["num_key_value_heads"]
+    if "num_key_value_heads" not in c.data and kv_heads and n_heads % kv_heads:
+        raise HFConversionError(
+            f"{family} config: it has no num_key_value_heads, for which {family}'s config class takes {kv_heads}, "
+            f"and {kv_heads} does not divide num_attention_heads={n_heads}: write the model's num_key_value_heads "
+            "in config.json"
+        )
     n_layers = c("num_hidden_layers", defaults.get("num_hidden_layers", 32))
     eps = c("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6))
     att: dict[str, Any] = {
@@ -1198,6 +1204,8 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
     if model_type in MULTIMODAL:
         data = _text_model_config(data, model_type)
         model_type = data["model_type"]
+    if "vocab_size" in data and data["vocab_size"] is None:  # transformers refuses it; the default would be a guess
+        raise HFConversionError(f"{model_type} config: vocab_size is null: write the size of the model's vocabulary")
     importer = _IMPORTERS.get(model_type)
     if importer is None:
         need = _UNBUILT_FEATURES.get(model_type)
@@ -1849,6 +1857,21 @@ def _training_only_note(line: str, model_type: str) -> str:
     return f"left out of the export: {line}: {why}"
 
 
+def _check_built_in_modules(spec: ModelSpec) -> None:
+    """Refuse a spec whose built-in type is built by a module of one's own (``register(...,
+    replace=True)``): its config would be the built-in's, and Hugging Face's model would
+    compute the built-in, not what was trained."""
+    from specformer.analysis.params import plugin_components
+
+    own = {key: what for key, what in plugin_components(spec).items() if ", built by " in what}
+    if own:
+        parts = "; ".join(f"{key} ({what})" for key, what in own.items())
+        raise HFConversionError(
+            f"{parts}: a module of your own builds this built-in type, and a Hugging Face model would compute "
+            "the built-in one instead; export-hf writes models of specformer's own modules only"
+        )
+
+
 def hf_config_from_spec(
     spec: ModelSpec | str | Path | Mapping[str, Any],
     *,
@@ -1881,6 +1904,7 @@ def hf_config_from_spec(
     force tokens the model was not fine-tuned with).
     """
     spec = as_spec(spec)
+    _check_built_in_modules(spec)
     model_type = _model_type or export_family(spec, imported_as)
     _check_head_exports(spec, model_type)
     spec = _without_equivalents(spec)

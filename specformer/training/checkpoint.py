@@ -255,12 +255,49 @@ def _short(exc: BaseException) -> str:
 _SHOWN = 12  # differences written out in full when a resume is refused; the rest are named
 
 
+def own_modules(spec: Any) -> dict[str, str]:
+    """The parts of ``spec``'s model whose built-in type a module of one's own builds
+    (``register(..., replace=True)``), with that module: ``{"decoder.ffn": "ffn type 'mlp',
+    built by my_pkg:Relu2MLP"}``. A checkpoint records them: its spec alone reads as the
+    built-in types, and weights of the same names would run through another computation."""
+    from specformer.analysis.params import plugin_components
+
+    try:
+        return {key: what for key, what in plugin_components(spec).items() if ", built by " in what}
+    except Exception:  # noqa: BLE001 - a spec the analysis cannot walk: nothing to record
+        return {}
+
+
+def check_own_modules(meta: Any, spec: Any, *, source: str) -> None:
+    """Refuse a checkpoint whose parts were built by modules of one's own (:func:`own_modules`,
+    as it records them) that build them otherwise here (the plugin not installed)."""
+    recorded = meta.get("own_modules") if isinstance(meta, dict) else None
+    if not isinstance(recorded, dict) or not recorded:
+        return
+    here = own_modules(spec)
+    changed = {key: what for key, what in recorded.items() if here.get(key) != what}
+    if changed:
+        parts = "; ".join(f"{key}: {what}, here {_here(here.get(key), what)}" for key, what in changed.items())
+        raise CheckpointError(
+            f"{source}: its model was built with modules of your own ({parts}): its weights would run through "
+            "another computation here; install the plugin that registers them (or register their targets, "
+            "replace=True) before loading it"
+        )
+
+
+def _here(current: str | None, recorded: str) -> str:
+    if current is not None:
+        return current.split(", built by ", 1)[1]
+    return "specformer's own " + recorded.split(", built by ", 1)[0]
+
+
 def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:
     """Refuse to resume ``spec`` from the checkpoint ``raw`` (read from ``source``) when it
     is not a specformer checkpoint or holds a different model; training settings may differ."""
     meta = raw.get("specformer")
     if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict):
         raise CheckpointError(f"{source}: not a specformer checkpoint (it has no 'specformer' entry with a spec)")
+    check_own_modules(meta, spec, source=source)
     saved_kind, kind = meta["spec"].get("kind"), spec.kind
     if saved_kind != kind and saved_kind in _KIND_NAMES:
         # another kind of model: every part differs, and its weights fit no field changed here
@@ -349,6 +386,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             "or register the type before load_checkpoint"
         ) if unknown else ""
         raise CheckpointError(f"{path}: the spec stored in the checkpoint is not valid here:\n{exc}{hint}") from None
+    check_own_modules(meta, spec, source=str(path))
     model = build_model(spec)
     load_weights(model, _model_weights(raw, path), source=str(path))
     model.eval()
@@ -420,6 +458,7 @@ def save_checkpoint(
             "version": __version__,
             "spec": spec.to_dict(),
             "tokenizer": tokenizer.state() if tokenizer is not None else None,
+            "own_modules": own_modules(spec),
         },
     }
     write_checkpoint(checkpoint, path)

@@ -305,6 +305,41 @@ def test_a_constructor_that_reads_a_tensor_on_the_meta_device_names_its_part(tmp
     assert "its target reading:Reads (registered by " in out, out
 
 
+def test_export_refuses_a_built_in_type_a_module_of_ones_own_builds(tmp_path):
+    # its config would be gpt2's, and transformers' GPT-2 computes mha without the gate
+    (tmp_path / "gated_mha.py").write_text(GATED_MHA)
+    dist = tmp_path / "gated_mha-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gated-mha\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\ngated = gated_mha:register\n")
+    code = ("from specformer.interop.hf_config import hf_config_from_spec, HFConversionError\n"
+            "try:\n    hf_config_from_spec('gpt-nano')\nexcept HFConversionError as exc:\n    print(exc)\n")
+    said = _run(tmp_path, code).stdout
+    assert said.startswith("decoder.attention (attention type 'mha', built by gated_mha:build): a module of your "
+                           "own builds this built-in type"), said
+    assert "model_type" in _run(tmp_path / "elsewhere", code.replace("print(exc)", "pass") + "print(hf_config_from_spec('gpt-nano'))").stdout
+
+
+def test_a_checkpoint_built_with_ones_own_module_for_a_built_in_type_is_refused_without_it(tmp_path):
+    # its spec reads as gpt-nano's: without the record, the gated weights would load into the
+    # built-in mha (the gate left out, as unexpected or quietly) and compute something else
+    (tmp_path / "gated_mha.py").write_text(GATED_MHA)
+    dist = tmp_path / "gated_mha-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gated-mha\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[specformer.plugins]\ngated = gated_mha:register\n")
+    ckpt = tmp_path / "gated.ckpt"
+    saved = _run(tmp_path, f"from specformer import build_model\nfrom specformer.training import save_checkpoint\n"
+                           f"save_checkpoint(build_model('gpt-nano'), {str(ckpt)!r})\n")
+    assert saved.returncode == 0, saved.stderr
+    load = (f"from specformer.training import load_checkpoint\nfrom specformer.training.checkpoint import CheckpointError\n"
+            f"try:\n    print(load_checkpoint({str(ckpt)!r}).spec.name)\nexcept CheckpointError as exc:\n    print(exc)\n")
+    assert _run(tmp_path, load).stdout.strip() == "gpt-nano"  # with the plugin: as it was saved
+    said = _run(tmp_path / "elsewhere", load).stdout
+    assert ("its model was built with modules of your own (decoder.attention: attention type 'mha', built by "
+            "gated_mha:build, here specformer's own attention type 'mha')") in said, said
+
+
 def test_a_plugin_type_in_some_layers_only_is_named_with_them(plugin_path, tmp_path):
     spec = tmp_path / "p.yaml"
     spec.write_text("extends: gpt-nano\ndecoder:\n  overrides:\n    - {layers: [0, 1], ffn: {type: relu2, d_ff: 64}}\n")

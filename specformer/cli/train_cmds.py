@@ -430,7 +430,15 @@ def train_cmd(
             meta = read_checkpoint(resume).get("specformer")
             if not isinstance(meta, dict) or "spec" not in meta:
                 raise _fail(f"{resume}: not a specformer checkpoint (it has no spec)")
-            spec_obj, positions = _load_spec(meta["spec"], training, set_)
+            try:
+                spec_obj, positions = _load_spec(meta["spec"], training, set_)
+            except SpecError as exc:
+                print_problems(exc, source=f"{resume} holds")
+                if any(p.message.startswith("unknown type") for p in exc.problems):
+                    print_error("its model uses a type that is not registered here (a plugin's, or one a script "
+                                "registered): install the plugin (a 'specformer.plugins' entry point registers it "
+                                "for the command line too)", label="[dim]note:[/]")
+                raise typer.Exit(1) from None
         from specformer.training.run import train
 
         # said once the checkpoint or weights are checked: a refused --resume says only why

@@ -1392,3 +1392,15 @@ def test_an_unsupported_family_names_the_feature_it_needs_where_one_is_known() -
             spec_from_hf_config({"model_type": model_type})
     with pytest.raises(HFConversionError, match=r"model_type 'cohere' is not supported; supported: gpt2"):
         spec_from_hf_config({"model_type": "cohere"})
+
+
+def test_a_config_that_leaves_out_or_nulls_what_its_class_cannot_default_is_refused() -> None:
+    # Mistral's class takes 8 key/value heads where the key is absent: 4 query heads cannot share them
+    tiny = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
+            "intermediate_size": 64, "vocab_size": 100}
+    with pytest.raises(HFConversionError, match=r"mistral config: it has no num_key_value_heads, for which mistral's "
+                                                r"config class takes 8, and 8 does not divide num_attention_heads=4"):
+        spec_from_hf_config(tiny)
+    assert spec_from_hf_config({**tiny, "num_key_value_heads": 2}).decoder.attention.n_kv_heads == 2
+    with pytest.raises(HFConversionError, match=r"mistral config: vocab_size is null"):
+        spec_from_hf_config({**tiny, "num_key_value_heads": 2, "vocab_size": None})

@@ -225,6 +225,14 @@ def test_resume_from_the_command_line_without_a_spec(tiny: Any, tmp_path: Path) 
     done = runner.invoke(app, ["train", "--resume", str(ckpt), "--no-progress"], env={"COLUMNS": "200"})
     assert done.exit_code == 1 and "nothing left to train" in done.stderr, done.output
     assert "preparing data" not in done.output and "training tiny-decoder" not in done.output
+    # a checkpoint of a type not registered here (a plugin's): said with what to do
+    raw = torch.load(ckpt, weights_only=False)
+    raw["specformer"]["spec"]["decoder"]["ffn"] = {"type": "relu2", "d_ff": 64}
+    torch.save(raw, tmp_path / "plugin.ckpt")
+    plugin = runner.invoke(app, ["train", "--resume", str(tmp_path / "plugin.ckpt"), "--no-progress"])
+    said = " ".join(plugin.stderr.split())
+    assert plugin.exit_code == 1 and "decoder.ffn.type: unknown type 'relu2'" in said, plugin.output
+    assert "install the plugin" in said
     other = _write(tmp_path, {**tiny("decoder", max_steps=4, val_interval=4), "d_model": 48}, "other.yaml")
     refused = runner.invoke(app, ["train", str(other), "--init-from", str(ckpt), "--no-progress"])
     assert refused.exit_code == 1 and "preparing data" not in refused.output, refused.output

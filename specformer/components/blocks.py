@@ -175,6 +175,10 @@ class Block(nn.Module):
             and (cross_attn is None or type(cross_attn) is Attention)
             and type(ffn) in (MLP, GLU)
         )
+        if type(self_attn) is not Attention:  # a forward that cannot take the call: said at build
+            _check_forward(self_attn, "self-attention", ("mask", "is_causal", "rope", "cache", "need_weights"))
+        if cross_attn is not None and type(cross_attn) is not Attention:
+            _check_forward(cross_attn, "cross-attention", ("context", "mask", "cache", "need_weights"))
 
     def _drop(self, x: Tensor) -> Tensor:
         # called only when it acts: a no-op module call costs microseconds per token in decoding
@@ -481,6 +485,24 @@ def _described(value: object) -> str:
     if isinstance(value, tuple | list):
         return f"a {type(value).__name__} of {len(value)}"
     return f"a {type(value).__name__}"
+
+
+def _check_forward(module: nn.Module, what: str, keywords: tuple[str, ...]) -> None:
+    """Refuse an attention module of one's own whose ``forward`` cannot be called as the block
+    calls it: ``forward(x, mask=..., ...)`` with these keyword arguments."""
+    import inspect
+
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):  # no signature to read: the call says
+        return
+    try:
+        signature.bind(None, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        raise TypeError(
+            f"the {what} {type(module).__name__}'s forward{signature} cannot be called as the block calls it, "
+            f"forward(x, {', '.join(f'{k}=...' for k in keywords)}): {exc} (docs/components.md#adding-a-component)"
+        ) from None
 
 
 def _check_attention(result: object, h: Tensor, module: nn.Module, what: str) -> None:

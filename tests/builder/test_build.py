@@ -309,6 +309,22 @@ def test_a_component_of_ones_own_that_returns_the_wrong_shape_is_named(monkeypat
         model(ids)
 
 
+class _OldForward(torch.nn.Module):
+    def __init__(self, spec, *, d_model, cross, layer_idx) -> None:
+        super().__init__()
+
+    def forward(self, x, mask=None):  # no is_causal, rope, cache, need_weights
+        return x, None
+
+
+def test_an_attention_whose_forward_cannot_take_the_blocks_call_is_named_at_build(monkeypatch) -> None:
+    _swap(monkeypatch, "attention", "mha", _OldForward)
+    with pytest.raises(TypeError, match=r"the self-attention _OldForward's forward\(x, mask=None\) cannot be called "
+                                        r"as the block calls it, forward\(x, mask=..., is_causal=..., rope=..., "
+                                        r"cache=..., need_weights=...\): got an unexpected keyword argument 'is_causal'"):
+        build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]), device="meta")
+
+
 def test_a_target_that_takes_other_arguments_than_the_builder_gives_is_named(monkeypatch) -> None:
     _swap(monkeypatch, "norm", "layernorm", _WrongNorm)
     with pytest.raises(TypeError, match=r"norm type 'layernorm': its target [\w.]*test_build:_WrongNorm \(registered by tests\) cannot be called as "

@@ -469,6 +469,9 @@ def generate_seq2seq(
     with _eval_mode(model):
         encoded = model.encode(input_ids, attention_mask)  # (B, S, D)
         seq = torch.full((b, 1), start_id, dtype=torch.long, device=input_ids.device)
+        # a start token that is the end token (specformer's bpe and byte tokenizers start the decoder
+        # from <|endoftext|>) is no repeat: in the history it would ban or penalise ending at all
+        skip = int(start_id == eos_id)
         done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
         cache: Any = _sized_cache(use_cache, max_new_tokens, None)  # the start token and N - 1 read back
         for step in range(max_new_tokens):
@@ -485,7 +488,7 @@ def generate_seq2seq(
                 logits_to_keep=1,
             )  # logits (B, 1, V)
             cache = out.cache
-            scores = penalize_repeats(_last_logits(out.logits, model, "generate_seq2seq"), seq,
+            scores = penalize_repeats(_last_logits(out.logits, model, "generate_seq2seq"), seq[:, skip:],
                                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
             scores = _forced(scores, forced_start_id if step == 0 else None)
             scores = _forced(scores, forced_end_id if step == max_new_tokens - 1 else None)
@@ -647,7 +650,8 @@ def beam_search(
             history_mask = None
             if start_id is None and attention_mask is not None:  # the prompt's padding, then real tokens
                 history_mask = torch.nn.functional.pad(expand(attention_mask), (0, cur - prompt_len), value=1)
-            logp = penalize_repeats(logits.log_softmax(-1), seq.reshape(b * k, -1), history_mask=history_mask,
+            skip = int(start_id is not None and start_id == eos_id)  # as in generate_seq2seq
+            logp = penalize_repeats(logits.log_softmax(-1), seq[:, :, skip:].reshape(b * k, -1), history_mask=history_mask,
                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
             logp = _forced(logp, forced_start_id if cur == prompt_len else None)
             logp = _forced(logp, forced_end_id if cur + 1 == max_len else None)

@@ -511,6 +511,31 @@ def test_no_repeat_ngram_holds_in_sampled_and_beam_outputs(tiny: Any) -> None:
             assert len(grams) == len(set(grams))
 
 
+def test_a_start_token_that_is_the_end_token_is_no_repeat(tiny: Any, monkeypatch) -> None:
+    # bpe and byte tokenizers start the decoder from <|endoftext|>, the end token too: in the
+    # history, --no-repeat-ngram 1 would forbid ending and a penalty discourage it
+    import importlib
+
+    gen = importlib.import_module("specformer.training.generate")
+    spec, model = _model(tiny, "encoder-decoder")
+    seen: list[list[int]] = []
+    real = gen.penalize_repeats
+
+    def recording(scores: Any, history: Any, **kwargs: Any) -> Any:
+        seen.append(history[0].tolist())
+        return real(scores, history, **kwargs)
+
+    monkeypatch.setattr(gen, "penalize_repeats", recording)
+    source = torch.randint(3, spec.vocab_size, (1, 5))
+    for start, eos in ((0, 0), (0, 1)):
+        seen.clear()
+        gen.generate_seq2seq(model, source, start_id=start, eos_id=eos, max_new_tokens=3, no_repeat_ngram_size=1)
+        assert (seen[0] == []) == (start == eos) and seen[0][:1] in ([], [start])
+        seen.clear()
+        gen.beam_search(model, source, num_beams=2, start_id=start, eos_id=eos, max_new_tokens=3, no_repeat_ngram_size=1)
+        assert (seen[0] == []) == (start == eos)
+
+
 class _NoCache(torch.nn.Module):
     """A self-attention that ignores the cache, as a plugin's may."""
 

@@ -954,7 +954,7 @@ def training_issues(
                 f"response alone): set training.objective.type: sft (a spec import-hf wrote names causal_lm); "
                 f"{objective.type} trains on text, with a loss on every token ({files})",
             )
-        else:
+        elif kind != "encoder-decoder":  # an encoder-decoder's data is right: the objective's problem says what is not
             text = "" if synthetic else f"; an encoder trains on text, masked LM ({files})"
             yield ("training.data.type", f"{what} sequence-to-sequence: they train encoder-decoder models{text}")
     if tok is not None:

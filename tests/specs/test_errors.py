@@ -583,6 +583,15 @@ def test_an_objective_the_kind_cannot_train_names_the_kind(preset, objective, me
     assert message in str(info.value)
 
 
+def test_an_encoder_decoder_with_the_wrong_objective_is_not_told_its_pairs_are_wrong():
+    # the pairs fit t5-nano: the objective alone is the problem, not "an encoder trains on text"
+    with pytest.raises(SpecError) as info:
+        load_spec("t5-nano", overrides=["training.data={type: pairs, paths: [p.jsonl]}",
+                                        "training.objective.type=causal_lm"])
+    (problem,) = info.value.problems
+    assert problem.path == "training.objective.type" and "does not train an encoder-decoder model" in problem.message
+
+
 def test_a_dict_that_extends_a_preset_is_blamed_for_what_it_writes():
     # the dict's own values are not at the preset's lines, which hold other values
     with pytest.raises(SpecError) as info:

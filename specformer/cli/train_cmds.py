@@ -835,6 +835,10 @@ def generate_cmd(
                     forced_start_id=forced[0], forced_end_id=forced[1],
                 )
             finish(stream)
+            cap = spec.max_seq_len - 1
+            if learned and cap < max_new_tokens and len(stream.new) >= cap and tok.eos_id not in stream.new:
+                print_error(f"the decoder's learned positions end at max_seq_len={spec.max_seq_len}: the text stopped "
+                            f"at {cap} of the {max_new_tokens} tokens asked for", label="[yellow]note:[/]")
 
 
 def _sample_separator() -> None:
@@ -1325,7 +1329,10 @@ def fill_mask_cmd(
         ids = tok.with_template(text_ids)  # as the model read text: BERT's [CLS] ... [SEP]
         positions = [i for i, t in enumerate(ids) if t == tok.mask_id]
         if not positions:
-            raise _fail("the text has no <mask> placeholder", 'e.g. specformer fill-mask CKPT "import <mask>"')
+            other = re.search(r"<mask>|\[mask\]", text, flags=re.IGNORECASE)
+            said = f" ({other.group()} is not one: the placeholders are spelled so, case and all)" if other else ""
+            raise _fail(f"the text has no <mask> or [MASK] placeholder{said}",
+                        'e.g. specformer fill-mask CKPT "import <mask>"')
         limit = _position_limit(spec)
         if limit is not None and len(ids) > limit:
             raise _fail(f"the text is {len(ids)} tokens long and the model reads at most {limit} "

@@ -285,6 +285,22 @@ def test_an_encoder_decoder_output_that_ends_at_once_is_said_to(tiny: Any, tmp_p
     assert (f"note: the output is empty: the model's 7 tokens have no text (id {silent} ×7: tokens the tokenizer "
             "decodes to nothing") in " ".join(out.stderr.split())
 
+    # sampling that the learned positions cut short of -n says so, as beam search does
+    letter = tok.encode("a")[-1]
+
+    def to_the_cap(model, ids, *, eos_id, on_token, max_new_tokens, max_len, **kwargs):
+        n = min(max_new_tokens, max_len - 1) if max_len is not None else max_new_tokens
+        for _ in range(n):
+            on_token(torch.tensor([letter]))
+        return torch.full((1, n), letter)
+
+    monkeypatch.setattr(gen, "generate_seq2seq", to_the_cap)
+    for n, said in ((100, True), (10, False)):
+        out = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", str(n)], env={"COLUMNS": "300"})
+        assert out.exit_code == 0, out.output
+        cut = "the decoder's learned positions end at max_seq_len=64: the text stopped at 63 of the 100 tokens"
+        assert (cut in " ".join(out.stderr.split())) is said, out.stderr
+
 
 def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     _train([str(_write(tmp_path, tiny("encoder", max_steps=4, val_interval=4), "enc.yaml"))])
@@ -293,7 +309,10 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "<mask> 1 of 1" in result.output and "filled:" in result.output
     no_mask = runner.invoke(app, ["fill-mask", str(ckpt), "no placeholder"])
-    assert no_mask.exit_code == 1 and "no <mask>" in no_mask.output
+    assert no_mask.exit_code == 1 and "no <mask> or [MASK] placeholder" in no_mask.output
+    shouted = runner.invoke(app, ["fill-mask", str(ckpt), "import <MASK>s"])
+    assert shouted.exit_code == 1 and "(<MASK> is not one: the placeholders are spelled so" in " ".join(
+        shouted.output.split())
     # the tiny model's learned table has 64 positions; the byte tokenizer reads 100 bytes as 100 tokens
     long = runner.invoke(app, ["fill-mask", str(ckpt), "x" * 100 + " <mask>"], env={"COLUMNS": "200"})
     assert long.exit_code == 1 and "tokens long and the model reads at most 64" in long.output, long.output

@@ -67,7 +67,24 @@ def _check_ids(
     # Skipped while torch.compile traces, where reading a value breaks the graph.
     if not torch.compiler.is_compiling():
         _check_range(ids, 0, vocab_size, name=name, allowed=f"token ids in [0, vocab_size) = [0, {vocab_size})")
+        if mask is not None and mask.dtype != torch.bool:
+            _check_mask_values(mask, mask_name)
     return ids
+
+
+def _check_mask_values(mask: Tensor, name: str) -> None:
+    """A mask of 1 for a real token and 0 for padding: other values (2, 0.5, -1) would count
+    positions wrong, silently, and past the position table fail deep in the embedding."""
+    if mask.numel() == 0 or mask.device.type == "meta":
+        return
+    if mask.is_floating_point() or mask.is_complex():
+        bad = (mask != 0) & (mask != 1)
+        if bool(bad.any()):
+            where = [int(i) for i in bad.nonzero()[0]]
+            raise ValueError(f"{name} must hold 1 for a real token and 0 for padding; found "
+                             f"{mask[tuple(where)].item()} at {name}{where}")
+        return
+    _check_range(mask, 0, 2, name=name, allowed="1 for a real token and 0 for padding")
 
 
 def _is_integer(t: Tensor) -> bool:

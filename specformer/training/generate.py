@@ -94,8 +94,8 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) 
     """Settings outside their range are errors, not a silently different sampler."""
     if not math.isfinite(temperature) or temperature < 0.0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1 (1 is greedy), got {top_k}")
+    if top_k is not None and (_whole(top_k) is None or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 (1 is greedy), got {top_k!r}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
 
@@ -136,6 +136,30 @@ def penalize_repeats(
     return scores
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as an int if it is a whole number of an integer type (not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _check_limits(model: nn.Module, *, n_candidates: int | None = None, max_seq_len: int | None = None,
+                  eos_id: int | None = None, max_seq_len_name: str = "max_seq_len") -> None:
+    """``n_candidates`` and a context length of at least 1, and an end id inside the vocabulary:
+    0 would generate nothing, a negative count slice from the end, an id past the vocabulary
+    never match (and be written where a row has no token left)."""
+    for label, value in (("n_candidates", n_candidates), (max_seq_len_name, max_seq_len)):
+        if value is not None and (_whole(value) is None or value < 1):
+            raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+    vocab = getattr(getattr(model, "spec", None), "vocab_size", None)
+    if eos_id is not None and (_whole(eos_id) is None or eos_id < 0 or (vocab is not None and eos_id >= vocab)):
+        within = f" in [0, vocab_size) = [0, {vocab})" if vocab is not None else " >= 0"
+        raise ValueError(f"eos_id must be a token id{within}, got {eos_id!r}")
+
+
 def _check_penalties(repetition_penalty: float, no_repeat_ngram_size: int) -> None:
     if not repetition_penalty > 0.0:
         raise ValueError(f"repetition_penalty must be > 0 (1 is none; above 1 discourages repeats), "
@@ -163,6 +187,9 @@ def _a(word: str) -> str:
 
 def _check_call(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, kind: str, name: str) -> None:
     """The model's kind and the ids' shape, checked before anything runs."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{name} takes a model (build_model(...), load_checkpoint(...).model), got a "
+                        f"{type(model).__name__}")
     model_kind = getattr(getattr(model, "spec", None), "kind", None)
     if model_kind is not None and model_kind != kind:
         other = {"decoder": "generate", "encoder-decoder": "generate_seq2seq"}.get(model_kind)
@@ -354,6 +381,7 @@ def generate(
     On a CPU, :func:`specformer.components.lay_out_for_decoding` (``rows=B``) called once on the
     model beforehand can make each cached step faster, as ``specformer generate`` does."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
+    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_seq_len, eos_id=eos_id)
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     reach = _rolling_reach(model) if max_seq_len is None else None
@@ -459,6 +487,7 @@ def generate_seq2seq(
     ``max_new_tokens``, or ``max_len``) without having ended, whatever the scores: Hugging
     Face's ``forced_bos_token_id`` and ``forced_eos_token_id`` (BART's ``<s>`` and ``</s>``)."""
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
+    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_len, eos_id=eos_id, max_seq_len_name="max_len")
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     if max_len is None:
@@ -564,6 +593,7 @@ def beam_search(
         raise ValueError("start_id is for an encoder-decoder, whose decoder starts from it: a decoder "
                          "continues its prompt; leave start_id out")
     _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
+    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_seq_len, eos_id=eos_id)
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1 (1 is greedy), got {num_beams!r}")
     if not math.isfinite(length_penalty):

@@ -279,7 +279,7 @@ def build_trainer(
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_interval,
-        logger=_default_loggers(run_dir) if loggers is None else loggers,
+        logger=_loggers(run_dir, loggers),
         callbacks=own + extra,
         # specformer's own checkpoints are PeriodicCheckpoint's; a ModelCheckpoint passed in (the
         # best val/loss kept) needs Lightning's checkpointing on
@@ -292,6 +292,29 @@ def build_trainer(
     )
     settings.update(trainer_kwargs)
     return L.Trainer(**settings)
+
+
+def _loggers(run_dir: Path, loggers: Sequence[Logger] | Logger | bool | None) -> Any:
+    """The run's own loggers (metrics.csv, TensorBoard) with the caller's after them;
+    ``False``: none at all."""
+    if loggers is False:
+        return False
+    theirs = [] if loggers is None or loggers is True else [loggers] if isinstance(loggers, Logger) else list(loggers)
+    return [*_default_loggers(run_dir), *theirs]
+
+
+def _check_extras(callbacks: Any, loggers: Any) -> None:
+    """A callback or logger of another type is named before the run folder is made (Lightning
+    would fail on it at its first hook, leaving a folder with a spec.yaml alone)."""
+    for what, given, kind in (("callbacks", callbacks, Callback), ("loggers", loggers, Logger)):
+        if given is None or isinstance(given, bool | kind):
+            continue
+        items = list(given) if isinstance(given, Sequence) and not isinstance(given, str) else [given]
+        for i, item in enumerate(items):
+            if not isinstance(item, kind):
+                name = type(item).__name__
+                raise TypeError(f"{what}[{i}] is {'an' if name[:1].lower() in 'aeiou' else 'a'} {name}, not a lightning.pytorch "
+                                f"{kind.__name__}: pass {kind.__name__} instances (or a sequence of them)")
 
 
 # Trainer keyword arguments that are settings of the spec's training section
@@ -390,8 +413,9 @@ def train(
     overrides=[...])`` is that spec with other settings). ``init_from`` starts a new run (step 0, a fresh optimizer)
     from the weights of a ``.safetensors`` file (``import-hf --weights``) or a checkpoint:
     fine-tuning; they must fit the spec's model exactly, but for a classification head, which
-    starts from its initialisation under a body that fits (a masked-LM encoder's). Extra callbacks, loggers and ``Trainer`` keyword
-    arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
+    starts from its initialisation under a body that fits (a masked-LM encoder's). Extra callbacks and loggers
+    run beside specformer's own (the run folder's metrics.csv and TensorBoard logs; ``loggers=False``
+    turns all logging off), and ``Trainer`` keyword arguments are passed through to Lightning. Ctrl-C raises :class:`TrainingInterrupted`
     (a ``KeyboardInterrupt``) naming the checkpoint to resume from, and so does SIGTERM during
     training, after saving the step reached; any other error that stops the run carries a
     note (``__notes__``) saying at which step, and that checkpoint. ``command``, how the run was
@@ -423,6 +447,7 @@ def train(
         spec = meta["spec"]
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     spec, trainer_kwargs = _trainer_settings_in_spec(spec, trainer_kwargs)
+    _check_extras(callbacks, loggers)
     t = spec.training
     quiet_lightning()
     # Trainer settings passed here replace the spec's: Lightning checks those itself

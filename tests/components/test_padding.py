@@ -102,6 +102,10 @@ def test_bad_ids_and_masks_are_clear_errors(tiny: Tiny, positional: str, kind: s
     if kind == "encoder-decoder":
         with pytest.raises(ValueError, match=r"decoder_attention_mask must be \(batch, length\) = \(1, 5\)"):
             model(ids, decoder_input_ids=ids, decoder_attention_mask=torch.ones(1, 6))
+    # a mask of other values than 1 and 0 would count positions wrong without an error
+    for bad, found in ((torch.full((1, 5), 2), "found 2 at"), (torch.full((1, 5), 0.5), "found 0.5 at")):
+        with pytest.raises(ValueError, match=rf"attention_mask must (hold|be) 1 for a real token and 0 for padding; {found}"):
+            model(ids, attention_mask=bad, **extra)
 
 
 @pytest.mark.parametrize("kind", ["decoder", "encoder", "encoder-decoder"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -260,7 +261,8 @@ def test_the_package_exports_the_generate_function_not_its_module(first: str) ->
 def test_sampling_settings_out_of_range_are_errors() -> None:
     logits = torch.randn(2, 10)
     for kwargs, words in (({"top_p": 0.0}, "top_p must be in (0, 1]"), ({"top_p": 1.5}, "top_p"),
-                          ({"top_k": 0}, "top_k must be at least 1"), ({"temperature": -1.0}, "temperature")):
+                          ({"top_k": 0}, "top_k must be an integer >= 1"), ({"top_k": 5.5}, "top_k must be an integer"),
+                          ({"temperature": -1.0}, "temperature")):
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("]", r"\]")):
             sample_next(logits, **kwargs)
     assert sample_next(logits, top_p=1.0, top_k=50).shape == (2,)  # the edges that keep everything
@@ -269,6 +271,19 @@ def test_sampling_settings_out_of_range_are_errors() -> None:
 def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
     _, gpt = _model(tiny, "decoder")
     _, t5 = _model(tiny, "encoder-decoder")
+    prompt = torch.tensor([[5, 6, 7]])
+    # counts that would generate nothing or slice from the end, an end id no token can be
+    for kwargs, words in (({"n_candidates": 0}, "n_candidates must be an integer >= 1, got 0"),
+                          ({"n_candidates": -5}, "n_candidates must be an integer >= 1"),
+                          ({"max_seq_len": 0}, "max_seq_len must be an integer >= 1, got 0"),
+                          ({"eos_id": 9999}, "eos_id must be a token id in [0, vocab_size) = [0, 300), got 9999")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            generate(gpt, prompt, max_new_tokens=2, **kwargs)
+        if "max_seq_len" not in kwargs:
+            with pytest.raises(ValueError, match=re.escape(words).replace("300", "64")):
+                generate_seq2seq(t5, prompt, start_id=0, max_new_tokens=2, **{"eos_id": None, **kwargs})
+    with pytest.raises(TypeError, match=r"generate takes a model \(build_model"):
+        generate("gpt-nano", prompt, max_new_tokens=2)
     with pytest.raises(ValueError, match=r"input_ids must be an integer tensor \(B, T\), got shape \(3,\); "
                                          r"one prompt is ids\[None\]"):
         generate(gpt, torch.tensor([5, 6, 7]), max_new_tokens=2)

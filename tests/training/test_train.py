@@ -56,6 +56,22 @@ def test_activation_checkpointing_trains_the_same_run(tiny, kind: str) -> None:
     assert checkpointed.train_loss == pytest.approx(plain.train_loss, abs=1e-5)
 
 
+def test_loggers_given_run_beside_the_runs_own_and_a_wrong_callback_is_named_first(tiny, tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    spec = load_spec(tiny("decoder", max_steps=4, val_interval=2, log_interval=1))
+    result = train(spec, progress=False, loggers=[CSVLogger(str(tmp_path / "mine"), name="", version="")])
+    assert (Path(result.run_dir) / "metrics.csv").is_file()  # the run folder's, as documented
+    assert "train/loss" in (tmp_path / "mine" / "metrics.csv").read_text()  # and the caller's
+    quiet = train(spec, progress=False, loggers=False)
+    assert not (Path(quiet.run_dir) / "metrics.csv").exists()
+    runs = set(Path(result.run_dir).parent.iterdir())
+    for callbacks in ([5], 5):
+        with pytest.raises(TypeError, match=r"callbacks\[0\] is an int, not a lightning.pytorch Callback"):
+            train(spec, progress=False, callbacks=callbacks)
+    assert set(Path(result.run_dir).parent.iterdir()) == runs  # no folder with a spec.yaml alone
+
+
 def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path) -> None:
     spec = load_spec(tiny("decoder", max_steps=12, val_interval=6, log_interval=2))
     result = train(spec, progress=False)

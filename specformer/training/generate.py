@@ -769,6 +769,9 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     end-of-sequence) leaves nothing to heal: such a prompt is encoded as it is. An empty
     prompt (or one of whitespace only) starts from the template's tokens (``<s>``), else
     from the end-of-text token, as a document does."""
+    if not isinstance(text, str):
+        raise TypeError(f"encode_prompt takes the prompt's text, a str; got a {type(text).__name__} (ids go "
+                        "straight to generate as torch.tensor([ids]))")
     if not heal or not _heals(tokenizer, text):
         ids = _framed(tokenizer, tokenizer.encode(text))
         return Prompt(ids=ids or _start(tokenizer))

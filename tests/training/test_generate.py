@@ -13,6 +13,7 @@ from specformer import load_spec
 from specformer.builder import build_model
 from specformer.training.generate import (
     beam_search,
+    encode_prompt,
     generate,
     generate_seq2seq,
     penalize_repeats,
@@ -284,6 +285,10 @@ def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
                 generate_seq2seq(t5, prompt, start_id=0, max_new_tokens=2, **{"eos_id": None, **kwargs})
     with pytest.raises(TypeError, match=r"generate takes a model \(build_model"):
         generate("gpt-nano", prompt, max_new_tokens=2)
+    from specformer.data.tokenizers import ByteTokenizer
+
+    with pytest.raises(TypeError, match=r"encode_prompt takes the prompt's text, a str; got a int"):
+        encode_prompt(ByteTokenizer(), 5)
     with pytest.raises(ValueError, match=r"input_ids must be an integer tensor \(B, T\), got shape \(3,\); "
                                          r"one prompt is ids\[None\]"):
         generate(gpt, torch.tensor([5, 6, 7]), max_new_tokens=2)

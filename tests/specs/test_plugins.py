@@ -217,15 +217,21 @@ def build(spec, *, d_model, cross, layer_idx):
 '''
 
 
+def _plugin_installed(root, module: str, source: str, entry: str) -> None:
+    """``module`` (its ``source``) as an installed package whose ``specformer.plugins`` entry
+    point ``entry`` (``name = module:hook``) registers it, under ``root`` on PYTHONPATH."""
+    (root / f"{module}.py").write_text(source)
+    dist = root / f"{module}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[specformer.plugins]\n{entry}\n")
+
+
 def test_a_built_in_type_name_a_plugin_builds_is_counted_as_a_plugin_type(tmp_path):
     """A plugin that gives `mha` a build target of its own (replace=True): show counts its
     parameters from the meta build and leaves its FLOPs and KV cache out, naming them, as
     for a new plugin type name, rather than the built-in formulas."""
-    (tmp_path / "gated_mha.py").write_text(GATED_MHA)
-    dist = tmp_path / "gated_mha-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gated-mha\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[specformer.plugins]\ngated = gated_mha:register\n")
+    _plugin_installed(tmp_path, "gated_mha", GATED_MHA, "gated = gated_mha:register")
     mine = _show_json(tmp_path, "gpt-nano")
     nano = _show_json(tmp_path / "elsewhere", "gpt-nano")  # no plugin on the path
     assert nano["params"]["counted_from"] == "analytic" and nano["flops_per_token"]["not_counted"] == {}
@@ -270,11 +276,7 @@ class Lazy(nn.Module):
 
 def test_a_plugin_module_with_lazy_parameters_is_named_not_a_traceback(tmp_path):
     # nn.LazyLinear has no shape until its first forward: show says so instead of torch's error
-    (tmp_path / "lazy_mlp.py").write_text(LAZY_MLP)
-    dist = tmp_path / "lazy_mlp-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lazy-mlp\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[specformer.plugins]\nlazy = lazy_mlp:register\n")
+    _plugin_installed(tmp_path, "lazy_mlp", LAZY_MLP, "lazy = lazy_mlp:register")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "300"}
     result = subprocess.run([sys.executable, "-m", "specformer", "show", "gpt-nano"], capture_output=True, text=True,
                             env=env)
@@ -307,11 +309,7 @@ def test_a_constructor_that_reads_a_tensor_on_the_meta_device_names_its_part(tmp
 
 def test_export_refuses_a_built_in_type_a_module_of_ones_own_builds(tmp_path):
     # its config would be gpt2's, and transformers' GPT-2 computes mha without the gate
-    (tmp_path / "gated_mha.py").write_text(GATED_MHA)
-    dist = tmp_path / "gated_mha-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gated-mha\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[specformer.plugins]\ngated = gated_mha:register\n")
+    _plugin_installed(tmp_path, "gated_mha", GATED_MHA, "gated = gated_mha:register")
     code = ("from specformer.interop.hf_config import hf_config_from_spec, HFConversionError\n"
             "try:\n    hf_config_from_spec('gpt-nano')\nexcept HFConversionError as exc:\n    print(exc)\n")
     said = _run(tmp_path, code).stdout
@@ -323,11 +321,7 @@ def test_export_refuses_a_built_in_type_a_module_of_ones_own_builds(tmp_path):
 def test_a_checkpoint_built_with_ones_own_module_for_a_built_in_type_is_refused_without_it(tmp_path):
     # its spec reads as gpt-nano's: without the record, the gated weights would load into the
     # built-in mha (the gate left out, as unexpected or quietly) and compute something else
-    (tmp_path / "gated_mha.py").write_text(GATED_MHA)
-    dist = tmp_path / "gated_mha-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gated-mha\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[specformer.plugins]\ngated = gated_mha:register\n")
+    _plugin_installed(tmp_path, "gated_mha", GATED_MHA, "gated = gated_mha:register")
     ckpt = tmp_path / "gated.ckpt"
     saved = _run(tmp_path, f"from specformer import build_model\nfrom specformer.training import save_checkpoint\n"
                            f"save_checkpoint(build_model('gpt-nano'), {str(ckpt)!r})\n")
@@ -380,11 +374,7 @@ def test_a_built_in_objective_a_plugin_builds_leaves_the_heads_training_step_unc
     """A plugin that gives `causal_lm` a build target of its own runs the loss as it chooses:
     show counts the forward as the model's, leaves the head out of the training step and of
     the activations, marks those ≥ and names the objective."""
-    (tmp_path / "own_clm.py").write_text(OWN_CLM)
-    dist = tmp_path / "own_clm-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: own-clm\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[specformer.plugins]\nclm = own_clm:register\n")
+    _plugin_installed(tmp_path, "own_clm", OWN_CLM, "clm = own_clm:register")
     mine = _show_json(tmp_path, "gpt-nano")
     nano = _show_json(tmp_path / "elsewhere", "gpt-nano")  # no plugin on the path
     # without the plugin: the built-in objective's numbers, as before

@@ -293,8 +293,10 @@ class Registry:
         try:
             return target(spec, **kwargs)
         except Exception as exc:
-            # a constructor's own error (one that cannot run on the meta device, where the model is
-            # built first: Tensor.item()) says which part raised it
+            # a module of one's own: its constructor's error (one that cannot run on the meta
+            # device, where the model is built first: Tensor.item()) says which part raised it
+            if self.builtin_targets.get((family, spec.type)) is entry.target:
+                raise
             exc.add_note(f"raised building {family} type {spec.type!r} with {_target_name(entry, target)}; a "
                          "constructor runs on the meta device first (docs/components.md#adding-a-component)")
             raise

@@ -362,8 +362,11 @@ def _trainer_settings_in_spec(spec: Any, trainer_kwargs: dict[str, Any]) -> tupl
         return load_spec(spec, overrides=[f"training.{name}={json.dumps(value)}" for name, value in values.items()]), rest
     except SpecError as exc:
         shown = ", ".join(f"{key}={value!r}" for key, value in given.items())
+        # the fields' problems, without the --set a command line would have given them by
+        problems = "\n".join(f"  {p.path}: {p.message}" for p in exc.problems)
         raise ValueError(f"{shown}: Trainer settings that are the spec's training settings are written into it, "
-                         f"and {'this one is' if len(given) == 1 else 'these are'} not valid there:\n{exc}") from None
+                         f"and {'this one is' if len(given) == 1 else 'these are'} not valid there:\n"
+                         f"{problems}") from None
 
 
 def _total_steps(spec: Any, dm: SpecDataModule, world_size: int = 1, resumed: tuple[int, int] | None = None) -> int:

@@ -70,6 +70,11 @@ def test_loggers_given_run_beside_the_runs_own_and_a_wrong_callback_is_named_fir
         with pytest.raises(TypeError, match=r"callbacks\[0\] is an int, not a lightning.pytorch Callback"):
             train(spec, progress=False, callbacks=callbacks)
     assert set(Path(result.run_dir).parent.iterdir()) == runs  # no folder with a spec.yaml alone
+    # a Trainer argument the spec cannot hold names the field, not a --set the caller never wrote
+    with pytest.raises(ValueError, match=r"max_steps='5': .* not valid there:\n  training.max_steps: expected an "
+                                         r"integer, got the string '5'$") as info:
+        train(spec, progress=False, max_steps="5")
+    assert "--set" not in str(info.value)
 
 
 def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path) -> None:

@@ -189,14 +189,19 @@ class SpecModule(L.LightningModule):
         ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
         if isinstance(ids, torch.Tensor) and ids.dim() > 0:
             self.tokens_by_length[int(ids.shape[-1])] += out.n_input
-        self.recent_losses.append(out.loss.detach())
+        batch_loss = out.loss.detach()
+        if self._trainer is not None and self.trainer.world_size > 1:
+            # the global batch's loss, as one process of the same global batch reports it (the
+            # processes' shards are equal), not the first process's shard's
+            batch_loss = self.all_gather(batch_loss).mean()
+        self.recent_losses.append(batch_loss)
         # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean of its
         # micro-batches' losses (what the step's gradient is of), not the last micro-batch's alone
         step = self.trainer.global_step if self._trainer is not None else None
         if step != self._step_losses_at:
             self._step_losses, self._step_losses_at = [], step
-        self._step_losses.append(out.loss.detach())
-        loss = out.loss if len(self._step_losses) == 1 else torch.stack(self._step_losses).mean()
+        self._step_losses.append(batch_loss)
+        loss = batch_loss if len(self._step_losses) == 1 else torch.stack(self._step_losses).mean()
         self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         if self._trainer is not None and self.trainer.optimizers:
             # the schedule's lr (training.optimizer.lr's), which each group scales by its lr_scale

@@ -91,6 +91,14 @@ def _starting(nothing: str = "nothing was written") -> AbstractContextManager[No
     return loading(f"while starting; {nothing}")
 
 
+def _first_process() -> bool:
+    """Whether this is the run's first process (rank 0), the one that reports; True before
+    Lightning knows of others."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
 @contextmanager
 def _errors_for_people(
     interrupt_hint: Callable[[int, int | None], str] | None = None,
@@ -116,6 +124,8 @@ def _errors_for_people(
     except (DataError, CheckpointError) as exc:
         raise _fail(str(exc)) from None
     except TrainingInterrupted as exc:
+        if not _first_process():  # one message for a run of several processes, which all stop
+            raise typer.Exit(exc.exit_status) from None
         if exc.finished and exc.checkpoint:
             print_error(str(exc), f"every step ran; evaluate it with: specformer eval {shlex.quote(exc.checkpoint)}")
         elif exc.checkpoint:
@@ -128,7 +138,8 @@ def _errors_for_people(
             print_error(str(exc), interrupt_hint(exc.step, exc.max_steps) if interrupt_hint else "")
         raise typer.Exit(exc.exit_status) from None
     except KeyboardInterrupt as exc:
-        print_error(_stopped_by(exc) + stopped)
+        if _first_process():
+            print_error(_stopped_by(exc) + stopped)
         raise typer.Exit(128 + _signal_of(exc)) from None
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
         from specformer.cli import _output_error

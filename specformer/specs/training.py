@@ -743,7 +743,7 @@ class TrainingSpec(Spec):
         False, description="Keep each layer's input only and run its forward again in the backward pass "
         "(Hugging Face's gradient checkpointing): the layers' activations for about a third more compute."
     )
-    strategy: str = Field("auto", description="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ...")
+    strategy: str = Field("auto", description="Lightning strategy: auto, ddp (one process a device), fsdp and deepspeed (GPUs), ...; spawning ones (ddp_spawn) are refused")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
         "auto", description="Lightning accelerator: auto, cpu, gpu, cuda, mps, tpu."
     )

@@ -227,6 +227,8 @@ def quiet_lightning() -> None:
         r".*that has `shuffle=True`.*",
         r".*You are using `torch.load` with `weights_only=False`.*",
         r".*isinstance\(treespec, LeafSpec\)`? is deprecated.*",
+        # validation sums its numbers over the processes itself (SpecModule.val_metrics)
+        r".*It is recommended to use `self.log\('(step|val/\w+)', \.\.\., sync_dist=True\)`.*",
     ):
         warnings.filterwarnings("ignore", message=message)
 
@@ -890,6 +892,13 @@ def _check_hardware(t: Any) -> None:
         }
         raise SpecError([SpecProblem(f"{value!r} cannot run here: {text}", path=f"training.{field}",
                                      hint=hints[field])]) from None
+    if getattr(probe.strategy, "_start_method", None) in ("spawn", "forkserver"):
+        # Lightning pickles the Trainer for such processes, and the run's console, progress bar and
+        # loggers hold locks: it would fail after the data is prepared
+        raise SpecError([SpecProblem(
+            f"{t.strategy!r} starts its processes by pickling the trainer, which the run's console and progress "
+            "callbacks cannot go through", path="training.strategy",
+            hint="strategy: ddp (each process starts the command again, as torchrun does), or auto")])
     cores = usable_cores()
     if isinstance(probe.accelerator, CPUAccelerator) and probe.num_devices > cores:
         # one process a device: more than the cores starve each other (64 on 2 cores never got going)

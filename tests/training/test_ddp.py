@@ -78,3 +78,20 @@ def test_a_two_process_run_from_the_command_line_reports_once(tiny: Any, tmp_pat
     # the second process runs the command too; only rank 0 prints
     assert proc.stdout.count("preparing data") == 1 and proc.stdout.count("trained tiny-decoder") == 1, proc.stdout
     assert proc.stderr.count("warmup_steps=4 is not below") == 1, proc.stderr
+    # validation sums over the processes itself: Lightning's advice to sync its logs is not shown
+    assert "sync_dist=True" not in proc.stderr, proc.stderr
+    # the training loss is the global batch's: one process of the same global batch logs the same
+    single = subprocess.run(
+        [sys.executable, "-m", "specformer", "train", "spec.yaml", "--no-progress", "--set", "training.devices=1",
+         "--set", "training.strategy=auto", "--set", f"training.batch_size={2 * spec['training']['batch_size']}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    import csv
+
+    def train_losses(run: Path) -> list[float]:
+        with open(run / "metrics.csv") as f:
+            return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+
+    two, one = sorted((tmp_path / "runs" / spec["name"]).iterdir())
+    assert train_losses(two) == pytest.approx(train_losses(one), rel=1e-5) and train_losses(two)

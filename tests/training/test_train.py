@@ -70,6 +70,13 @@ def test_loggers_given_run_beside_the_runs_own_and_a_wrong_callback_is_named_fir
         with pytest.raises(TypeError, match=r"callbacks\[0\] is an int, not a lightning.pytorch Callback"):
             train(spec, progress=False, callbacks=callbacks)
     assert set(Path(result.run_dir).parent.iterdir()) == runs  # no folder with a spec.yaml alone
+    # a spawning strategy would fail on pickling the run's console after the data is prepared
+    from specformer.specs.errors import SpecError
+
+    spawned = load_spec(tiny("decoder", max_steps=4, strategy="ddp_spawn", devices=1, accelerator="cpu"))
+    with pytest.raises(SpecError, match=r"'ddp_spawn' starts its processes by pickling the trainer"):
+        train(spawned, progress=False)
+    assert set(Path(result.run_dir).parent.iterdir()) == runs
     # a Trainer argument the spec cannot hold names the field, not a --set the caller never wrote
     with pytest.raises(ValueError, match=r"max_steps='5': .* not valid there:\n  training.max_steps: expected an "
                                          r"integer, got the string '5'$") as info:

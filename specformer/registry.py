@@ -390,7 +390,7 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
     if existing is None:
         REGISTRY.register(family, spec, target, source="specformer")
         REGISTRY.builtin_targets[(family, name)] = target
-    elif existing.spec is not spec and existing.source == "specformer" and _same_class_statement(existing.spec, spec):
+    elif existing.spec is not spec and existing.source == "specformer" and _same_definition(existing.spec, spec):
         # the schema's module run again (its first import failed on a plugin, now fixed): its own classes anew
         REGISTRY.register(family, spec, target, source="specformer", replace=True)
         REGISTRY.builtin_targets[(family, name)] = target
@@ -406,10 +406,6 @@ def register_builtin(family: str, spec: type, target: Target) -> None:
         if plugin is not None:
             raise PluginError(_plugin_failure(plugin, error))
         raise error
-
-
-def _same_class_statement(first: type, second: type) -> bool:
-    return (first.__module__, first.__qualname__) == (second.__module__, second.__qualname__)
 
 
 def load_plugins(group: str = PLUGIN_GROUP) -> list[str]:

@@ -30,6 +30,8 @@ __all__ = [
     "component_of",
     "AnalysisError",
     "plugin_components",
+    "own_built_components",
+    "BUILT_BY",
     "plugin_objective",
     "BUILT_IN_TYPES",
     "analysed",
@@ -75,8 +77,20 @@ def _type_words(family: str, name: str) -> str:
             shown = target
         else:
             shown = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', target)}"
-        text += f", built by {shown}"
+        text += f"{BUILT_BY}{shown}"
     return text
+
+
+#: what :func:`plugin_components` says of a built-in type that a module of one's own builds
+BUILT_BY = ", built by "
+
+
+def own_built_components(spec: Any) -> dict[str, str]:
+    """The parts of :func:`plugin_components` whose built-in type a module of one's own builds
+    (``register(..., replace=True)``): ``{"decoder.ffn": "ffn type 'mlp', built by
+    my_pkg:Relu2MLP"}``. The spec alone reads as the built-in types: a checkpoint records these,
+    and an export refuses them."""
+    return {key: what for key, what in plugin_components(spec).items() if BUILT_BY in what}
 
 
 def index_ranges(indices: list[int], sep: str = ", ") -> str:

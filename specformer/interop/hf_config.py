@@ -1861,9 +1861,9 @@ def _check_built_in_modules(spec: ModelSpec) -> None:
     """Refuse a spec whose built-in type is built by a module of one's own (``register(...,
     replace=True)``): its config would be the built-in's, and Hugging Face's model would
     compute the built-in, not what was trained."""
-    from specformer.analysis.params import plugin_components
+    from specformer.analysis.params import own_built_components
 
-    own = {key: what for key, what in plugin_components(spec).items() if ", built by " in what}
+    own = own_built_components(spec)
     if own:
         parts = "; ".join(f"{key} ({what})" for key, what in own.items())
         raise HFConversionError(

@@ -809,17 +809,15 @@ def hf_to_specformer(
         used.update(rule.theirs)
         tensors = [theirs[n] for n in rule.theirs]
         try:
-            out[rule.ours] = rule.to_ours(tensors)
+            converted = rule.to_ours(tensors)
         except (RuntimeError, ValueError):  # a fused tensor's reshape that its size does not allow
-            raise HFConversionError(
-                f"the {model_type} checkpoint's {_shapes_of(rule.theirs, tensors)} {_verb(tensors)} not fit the spec's "
-                f"{rule.ours}{_wanted(want, rule.ours)}: the config (or spec) does not describe these weights"
-            ) from None
-        if rule.ours in want and tuple(out[rule.ours].shape) != want[rule.ours]:
+            converted = None
+        if converted is None or (rule.ours in want and tuple(converted.shape) != want[rule.ours]):
             raise HFConversionError(
                 f"the {model_type} checkpoint's {_shapes_of(rule.theirs, tensors)} {_verb(tensors)} not fit the spec's "
                 f"{rule.ours}{_wanted(want, rule.ours)}: the config (or spec) does not describe these weights"
             )
+        out[rule.ours] = converted
     if missing:
         head = {n for r in rules if r.ours.startswith("head.") for n in r.theirs}
         why = ""

@@ -256,14 +256,12 @@ _SHOWN = 12  # differences written out in full when a resume is refused; the res
 
 
 def own_modules(spec: Any) -> dict[str, str]:
-    """The parts of ``spec``'s model whose built-in type a module of one's own builds
-    (``register(..., replace=True)``), with that module: ``{"decoder.ffn": "ffn type 'mlp',
-    built by my_pkg:Relu2MLP"}``. A checkpoint records them: its spec alone reads as the
-    built-in types, and weights of the same names would run through another computation."""
-    from specformer.analysis.params import plugin_components
+    """:func:`~specformer.analysis.params.own_built_components` of ``spec``, as a checkpoint
+    records them (none for a spec the analysis cannot walk)."""
+    from specformer.analysis.params import own_built_components
 
     try:
-        return {key: what for key, what in plugin_components(spec).items() if ", built by " in what}
+        return own_built_components(spec)
     except Exception:  # noqa: BLE001 - a spec the analysis cannot walk: nothing to record
         return {}
 
@@ -286,9 +284,11 @@ def check_own_modules(meta: Any, spec: Any, *, source: str) -> None:
 
 
 def _here(current: str | None, recorded: str) -> str:
+    from specformer.analysis.params import BUILT_BY
+
     if current is not None:
-        return current.split(", built by ", 1)[1]
-    return "specformer's own " + recorded.split(", built by ", 1)[0]
+        return current.split(BUILT_BY, 1)[1]
+    return "specformer's own " + recorded.split(BUILT_BY, 1)[0]
 
 
 def check_resumable(raw: dict[str, Any], spec: Any, *, source: str) -> None:

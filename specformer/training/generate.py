@@ -206,10 +206,7 @@ def _check_call(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, kin
                          "one prompt is ids[None]")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids has no tokens: give each prompt at least one (e.g. the end-of-text id)")
-    try:  # a whole number of any kind range() takes: int, numpy's int64, a 0-d integer tensor
-        count = None if isinstance(max_new_tokens, bool) else operator.index(max_new_tokens)
-    except TypeError:
-        count = None
+    count = _whole(max_new_tokens)  # any kind range() takes: int, numpy's int64, a 0-d integer tensor
     if count is None or count < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
 

@@ -363,6 +363,7 @@ class SpecModule(L.LightningModule):
                 scheduler["base_lrs"] = [new["lr"] for new in settings]
 
     def on_train_start(self) -> None:
+        self._check_epoch_length()
         self.train_started = time.perf_counter()
         self.val_seconds = 0.0
         self.tokens_at_start = self.tokens_seen
@@ -377,6 +378,21 @@ class SpecModule(L.LightningModule):
                     scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
                 ):
                     group["lr"] = base * fn(scheduler.last_epoch)
+
+    def _check_epoch_length(self) -> None:
+        """Epochs of a length (a Trainer of your own with ``limit_train_batches``) must end on
+        an optimizer step: Lightning steps on whatever micro-batches an epoch's end leaves, and the
+        stream, which reads on from ``global_step × accumulate`` micro-batches, would skip the rest
+        of that step's."""
+        batches, accumulate = self.trainer.num_training_batches, self.trainer.accumulate_grad_batches
+        if math.isfinite(batches) and accumulate > 1 and int(batches) % accumulate:
+            raise ValueError(
+                f"an epoch of {int(batches)} batches (limit_train_batches) ends between the micro-batches of "
+                f"an optimizer step (accumulate_grad_batches={accumulate}): Lightning would step on the last "
+                f"{int(batches) % accumulate} alone and the data stream would skip "
+                f"{accumulate - int(batches) % accumulate}; give limit_train_batches a multiple of {accumulate}, "
+                "or max_steps without epochs"
+            )
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._first_step_from is not None and self.trainer.global_step > self._first_step_from:

@@ -942,6 +942,36 @@ def test_a_trainer_of_your_own_reads_on_through_epochs_and_keeps_its_sanity_chec
     assert dm.state_dict()["items"] == 6 * spec.training.batch_size
 
 
+def test_a_trainer_of_your_own_whose_epochs_end_mid_accumulation_is_refused(tiny) -> None:
+    # 3 batches an epoch, 2 a step: Lightning stepped on the third alone, and the next epoch
+    # read on from global_step × 2 = 4 micro-batches, so stream batch 3 was never seen
+    import lightning as L
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec(tiny("decoder", max_steps=4))
+    with pytest.raises(ValueError, match=r"an epoch of 3 batches \(limit_train_batches\) ends between the "
+                                         r"micro-batches of an optimizer step \(accumulate_grad_batches=2\).*"
+                                         r"skip 1; give limit_train_batches a multiple of 2"):
+        _own_trainer(max_epochs=2, limit_train_batches=3, accumulate_grad_batches=2).fit(
+            SpecModule(spec), datamodule=SpecDataModule(spec))
+    # a multiple reads eight different batches, and the checkpoint counts them
+    import hashlib
+
+    positions: list[str] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            positions.append(hashlib.sha1(batch["input_ids"].numpy().tobytes()).hexdigest())
+
+    dm = SpecDataModule(spec)
+    trainer = _own_trainer(max_epochs=2, limit_train_batches=4, accumulate_grad_batches=2, callbacks=[Record()])
+    trainer.fit(SpecModule(spec), datamodule=dm)
+    assert trainer.global_step == 4 and len(positions) == 8 and len(set(positions)) == 8
+    assert dm.state_dict()["items"] == 8 * spec.training.batch_size
+
+
 def test_a_trainer_of_your_own_without_an_end_is_refused_with_what_to_give(tiny) -> None:
     from specformer.builder.lightning import SpecModule
     from specformer.data.module import SpecDataModule

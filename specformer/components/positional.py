@@ -250,12 +250,13 @@ def rope_frequencies(
     base: float,
     scaling: RopeScaling | None = None,
     *,
-    seq_len: int | None = None,
+    seq_len: int | Tensor | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor, float]:
     """The rotary inverse frequencies θ_i (R/2,) float32 and the factor cos and sin are
     multiplied by, for ``rot_dim`` rotated features, in a forward whose positions reach
-    ``seq_len - 1`` (None: no further than the original context).
+    ``seq_len - 1`` (None: no further than the original context; a 0-d tensor: a length
+    taken past it, which a compiled forward computes without reading it back).
 
     Unscaled, θ_i = base^(-2i/R). ``scaling`` rescales them as Hugging Face's rope types of
     the same names do (the same float32 operations, so the same bits); all but ``dynamic``
@@ -323,13 +324,15 @@ def _yarn(
 
 
 def _dynamic(
-    scaling: DynamicRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+    scaling: DynamicRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | Tensor | None
 ) -> tuple[Tensor, float]:
     factor, context = scaling.factor, scaling.original_max_position_embeddings
     exponent = rot_dim / (rot_dim - 2)
-    if seq_len is None or seq_len <= context:
+    if isinstance(seq_len, Tensor):
+        grown: float | Tensor = base * ((factor * seq_len / context) - (factor - 1)) ** exponent
+    elif seq_len is None or seq_len <= context:
         # transformers' frequencies at initialisation: its formula at n = L, in Python floats
-        grown: float | Tensor = base * ((factor * context / context) - (factor - 1)) ** exponent
+        grown = base * ((factor * context / context) - (factor - 1)) ** exponent
     else:
         # past L, from n as transformers has it while decoding (max(position_ids) + 1, an int64
         # tensor), so in float32 tensor arithmetic: the same bits
@@ -340,9 +343,9 @@ def _dynamic(
 
 
 def _longrope(
-    scaling: LongRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | None
+    scaling: LongRopeScaling, powers: Tensor, rot_dim: int, base: float, seq_len: int | Tensor | None
 ) -> tuple[Tensor, float]:
-    long = seq_len is not None and seq_len > scaling.original_max_position_embeddings
+    long = isinstance(seq_len, Tensor) or (seq_len is not None and seq_len > scaling.original_max_position_embeddings)
     factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32,
                            device=powers.device)  # (R/2,)
     return 1.0 / (factors * powers), scaling.attention_scale
@@ -452,13 +455,24 @@ class Rotary(Positional):
         cached keys keep those of their step, as in transformers."""
         past = self.follows_length_past
         if past is not None and n_positions > past:
+            if torch.compiler.is_compiling():
+                # both rotations, chosen in the graph: reading the length back (.item()) would
+                # break the graph in two at every forward
+                n = position_ids.max() + 1
+                cos_long, sin_long = self._rotation_at(position_ids, n, dtype)
+                cos, sin = self.tables(n_positions, position_ids.device, dtype)
+                long = n > past
+                return (torch.where(long, cos_long, cos[position_ids].unsqueeze(2)),
+                        torch.where(long, sin_long, sin[position_ids].unsqueeze(2)))
             seq_len = int(position_ids.max()) + 1  # n_positions bounds it; padding may leave it lower
             if seq_len > past:
                 return self._rotation_at(position_ids, seq_len, dtype)
         cos, sin = self.tables(n_positions, position_ids.device, dtype)
         return cos[position_ids].unsqueeze(2), sin[position_ids].unsqueeze(2)  # (B|1, T, 1, R)
 
-    def _rotation_at(self, position_ids: Tensor, seq_len: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def _rotation_at(
+        self, position_ids: Tensor, seq_len: int | Tensor, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
         device = position_ids.device
         inv_freq, scale = rope_frequencies(self.rot_dim, self.base, self.scaling, seq_len=seq_len, device=device)
         freqs = position_ids[..., None].float() * inv_freq  # (B|1, T, R/2)

@@ -372,3 +372,26 @@ def test_the_opaque_attention_operation_is_the_traced_one(monkeypatch, dtype, is
                     strict=True):
         assert torch.equal(g, w)
     torch.library.opcheck(attention._products_attention, (q, k, v, padding, is_causal, 0.25, block))
+
+
+@pytest.mark.parametrize("scaling", [
+    {"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16},
+    {"type": "longrope", "factor": 2.0, "original_max_position_embeddings": 16,
+     "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [2.0, 3.0, 4.0, 5.0]},
+])
+def test_rope_scaled_by_the_length_compiles_to_one_graph_with_the_eager_values(tiny, scaling) -> None:  # noqa: ANN001
+    # reading max(position_ids) + 1 back to choose the frequencies broke the graph at every forward
+    model = build_model(tiny(positional={"type": "rope", "scaling": scaling}, max_seq_len=64, d_model=32,
+                             stack={"attention": {"n_heads": 4}}))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=False)
+    for length in (12, 40):  # within the original context, past it
+        ids = torch.randint(0, 61, (2, length))
+        want = model(ids).logits
+        got = compiled(ids).logits
+        assert (got - want).abs().max() < 1e-5, length
+    # padded on the left, the row's own length decides (here within the context)
+    ids, mask = torch.randint(0, 61, (1, 40)), torch.zeros(1, 40, dtype=torch.long)
+    mask[:, -14:] = 1
+    want = model(ids, attention_mask=mask).logits[:, -14:]
+    got = compiled(ids, attention_mask=mask).logits[:, -14:]
+    assert (got - want).abs().max() < 1e-5

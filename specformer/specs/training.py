@@ -737,7 +737,8 @@ class TrainingSpec(Spec):
     )
     compile: bool = Field(
         False, description="Compile the model with torch.compile (tens of seconds before the first step; "
-        "specformer's CPU kernels stay in the compiled step, and the elementwise work around them is fused)."
+        "specformer's CPU kernels stay in the compiled step, and the elementwise work around them is fused). "
+        "Needs a C++ compiler on the CPU, Triton on a GPU: train checks before the data."
     )
     activation_checkpointing: bool = Field(
         False, description="Keep each layer's input only and run its forward again in the backward pass "

@@ -907,6 +907,8 @@ def _check_hardware(t: Any) -> None:
             f"{'s' if cores != 1 else ''}", path="training.devices",
             hint=f"give at most {cores} (one process a core; 1 uses every core through torch's threads), "
                  "or train on a GPU")])
+    if t.compile:
+        _check_compiler(isinstance(probe.accelerator, CPUAccelerator))
     ran = str(probe.precision)
     if lightning_precision(t.precision) != ran:
         raise SpecError([SpecProblem(
@@ -915,6 +917,31 @@ def _check_hardware(t: Any) -> None:
             path="training.precision",
             hint=f"set training.precision={ran} (fp16 mixed precision needs a GPU)",
         )])
+
+
+def _check_compiler(cpu: bool) -> None:
+    """``training.compile`` needs what inductor builds its kernels with: a C++ compiler on the
+    CPU, Triton on a GPU. Without it the first step failed, after the data, in torch's words."""
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    if cpu:
+        from torch._inductor import cpp_builder
+
+        try:
+            cpp_builder.get_cpp_compiler()
+        except Exception as exc:  # InvalidCxxCompiler, or whatever the search meets
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SpecError([SpecProblem(
+                f"torch.compile cannot build its CPU kernels here: {text}", path="training.compile",
+                hint="install a C++ compiler (g++ or clang++; the CXX variable names another), "
+                     "or set training.compile=false to train uncompiled")]) from None
+        return
+    from torch.utils._triton import has_triton
+
+    if not has_triton():
+        raise SpecError([SpecProblem(
+            "torch.compile builds its GPU kernels with Triton, which is not installed", path="training.compile",
+            hint="pip install triton (the version your torch names), or set training.compile=false")])
 
 
 def _batch_changes(raw: dict[str, Any], spec: Any) -> str:

@@ -77,6 +77,20 @@ def test_loggers_given_run_beside_the_runs_own_and_a_wrong_callback_is_named_fir
     with pytest.raises(SpecError, match=r"'ddp_spawn' starts its processes by pickling the trainer"):
         train(spawned, progress=False)
     assert set(Path(result.run_dir).parent.iterdir()) == runs
+    # training.compile without a C++ compiler failed at the first step, in inductor's words
+    from torch._inductor import cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    def no_compiler() -> str:
+        raise InvalidCxxCompiler()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+        compiled = load_spec(tiny("decoder", max_steps=4, compile=True))
+        with pytest.raises(SpecError, match=r"training.compile: torch.compile cannot build its CPU kernels here: "
+                                            r"No working C\+\+ compiler.*\n.*or set training.compile=false"):
+            train(compiled, progress=False)
+    assert set(Path(result.run_dir).parent.iterdir()) == runs
     # a Trainer argument the spec cannot hold names the field, not a --set the caller never wrote
     with pytest.raises(ValueError, match=r"max_steps='5': .* not valid there:\n  training.max_steps: expected an "
                                          r"integer, got the string '5'$") as info:

@@ -1171,7 +1171,8 @@ class ModelSpec(Spec):
         """Settings the spec writes that change nothing in the model it builds, as
         :class:`~specformer.specs.errors.SpecProblem` (valid, and built: ``validate`` says them
         as notes). A rope's ``local_base`` rotates the layers with a sliding window; with none,
-        every layer rotates with ``base``."""
+        every layer rotates with ``base``. A window of ``max_seq_len`` or more masks nothing in
+        training."""
         from specformer.specs.errors import SpecProblem
 
         problems = []
@@ -1186,6 +1187,17 @@ class ModelSpec(Spec):
                 hint="give the local layers a window (overrides: [{layers: [...], attention: {sliding_window: N}}]) "
                      "or remove local_base",
             ))
+        for role, stack in self.stacks():
+            for where, attention in _attentions(stack):
+                window = attention.sliding_window
+                if window is not None and window > self.max_seq_len:
+                    problems.append(SpecProblem(
+                        f"a window of {window} reaches every key of max_seq_len {self.max_seq_len}, so it masks "
+                        f"nothing in training; generation past max_seq_len reads up to {window - 1} tokens back, "
+                        f"further than any trained distance ({self.max_seq_len - 1})",
+                        path=f"{role}.{where}.sliding_window",
+                        hint=f"a window below {self.max_seq_len} masks in training, or none for full attention",
+                    ))
         return problems
 
 

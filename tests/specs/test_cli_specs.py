@@ -71,6 +71,18 @@ def test_validate_notes_a_setting_that_changes_nothing():
                                    "decoder.overrides=[{layers: [0], attention: {sliding_window: 8}}]"])
     assert windowed.exit_code == 0 and windowed.stderr == "", windowed.output
     assert runner.invoke(app, ["validate", "gemma-3-1b"]).stderr == ""
+    # a window past max_seq_len masks nothing in training, and generation then reads further back
+    wide = runner.invoke(app, ["validate", "llama-nano", "--set", "max_seq_len=64", "--set", "training.seq_len=64", "--set",
+                               "decoder.overrides=[{layers: [1], attention: {sliding_window: 100}}]"],
+                         env={"COLUMNS": "400"})
+    assert wide.exit_code == 0, wide.output
+    assert " ".join(wide.stderr.split()).startswith(
+        "note: decoder.overrides.0.attention.sliding_window: a window of 100 reaches every key of max_seq_len 64, "
+        "so it masks nothing in training; generation past max_seq_len reads up to 99 tokens back, further than "
+        "any trained distance (63)"), wide.stderr
+    exact = runner.invoke(app, ["validate", "llama-nano", "--set", "max_seq_len=64", "--set", "training.seq_len=64", "--set",
+                                "decoder.attention.sliding_window=64"])
+    assert exact.exit_code == 0 and exact.stderr == "", exact.output  # a rolling cache at trained distances
 
 
 def test_validate_bad_override_exits_1():

@@ -1412,14 +1412,14 @@ def classify_cmd(
     checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt) or run folder of a classifier, or a .safetensors file of its weights with --spec.")],
     texts: Annotated[list[str] | None, typer.Argument(metavar="TEXT", help="Texts to classify; - reads them from standard input, one a line.", show_default=False)] = None,
     file: Annotated[str | None, typer.Option("--file", "-f", help="Texts to classify: a table (.csv, .tsv with a header row, .json, .jsonl, .ndjson; .gz, .bz2, .xz read decompressed) or a plain text file, one text a line; - is standard input.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the predictions to this file, as its extension says: .csv, .tsv, .jsonl (.ndjson) or .json; a table's own columns are kept. Default: a table on the screen.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the predictions to this file, as its extension says: .csv, .tsv, .jsonl (.ndjson) or .json; a table's own columns are kept. - writes tab-separated values to standard output (for cut, awk, a pipe). Default: a table on the screen.")] = None,
     text_column: Annotated[str | None, typer.Option("--text-column", help="The table's column (or JSON field) of texts. Default: the one the model was trained on (training.data.text_field), else text.")] = None,
     label_column: Annotated[str | None, typer.Option("--label-column", help="The table's column of true labels, for an accuracy line. Default: the one the model was trained on (training.data.label_field, else label) when the table has it.")] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Labels shown (and written) per text, most likely first.")] = 1,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Texts read by the model at once.")] = 32,
     max_length: Annotated[int | None, typer.Option("--max-length", min=1, help="The most tokens of a text read, template included. Default: the length the model was trained at (training.seq_len, else max_seq_len), where training cut its texts.")] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU when there is one: cuda, then mps), cpu, cuda, cuda:N or mps.")] = "auto",
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar while a file's texts are classified.")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar (on a terminal) while more texts than a batch are classified.")] = True,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Classify texts with a trained sequence classifier: each text's most likely label and its probability.
@@ -1430,12 +1430,13 @@ def classify_cmd(
     read as training read it: framed by the tokenizer's template and cut to the length the
     model was trained at (a warning says how many texts were cut).
 
-    A few texts are shown as a table; `-o` writes every prediction to a file (replaced
-    whole when done: Ctrl-C leaves no half-written file), with the input table's own
-    columns and `prediction`, `probability` (and `prediction_2`, `probability_2`, ... with
-    `--top-k`). A table with a column of true labels (the model's own label column, or
-    `--label-column`) also gets an accuracy line: a test set scored as `eval` scores the
-    held-out rows.
+    Without `-o` the predictions are shown as a table; `-o` writes every prediction to a
+    file (replaced whole when done: Ctrl-C leaves no half-written file), with the input
+    table's own columns (a plain text file's: `line`, its line number, and `text`) and
+    `prediction`, `probability` (and `prediction_2`, `probability_2`, ... with `--top-k`);
+    `-o -` writes them to standard output, tab-separated. A table with a column of true
+    labels (the model's own label column, or `--label-column`) also gets an accuracy line:
+    a test set scored as `eval` scores the held-out rows.
 
     Examples:
 
@@ -1445,7 +1446,7 @@ def classify_cmd(
     specformer classify CKPT --file test.csv -o predictions.csv
     specformer classify CKPT --file reviews.jsonl --text-column review \\
         --top-k 3 -o out.jsonl
-    cat texts.txt | specformer classify CKPT -
+    cat texts.txt | specformer classify CKPT - -o - | cut -f 3
     # import-hf's classifier
     specformer classify my.safetensors --spec my.yaml "a good film"
     ```
@@ -1461,10 +1462,13 @@ def classify_cmd(
                     'e.g. specformer classify CKPT "a good film"')
     if "-" in given and len(given) > 1:
         raise _fail("- reads the texts from standard input: give it alone")
-    if output is not None:
-        if output.suffix.lower() not in _OUTPUT_KINDS:
+    from specformer.data.cache import is_stream
+
+    piped = output is not None and (str(output) == "-" or is_stream(output))  # the messages then go to stderr
+    if output is not None and str(output) != "-":
+        if output.suffix.lower() not in _OUTPUT_KINDS and not is_stream(output):
             raise _fail(f"--output {output}: the extension says how it is written; give a .csv, .tsv, .jsonl, "
-                        ".ndjson or .json name")
+                        ".ndjson or .json name, or - for tab-separated values on standard output")
         check_output_file(output, "--output")
     table_options = [name for name, value in (("--text-column", text_column), ("--label-column", label_column))
                      if value is not None]
@@ -1496,7 +1500,7 @@ def classify_cmd(
         text_room(tok, length, setting="--max-length")
         model.to(_classify_device(device, torch))
         n = len(table.texts)
-        bar = progress and file is not None and err_console.is_terminal and n > batch_size
+        bar = progress and err_console.is_terminal and n > batch_size
         with _classify_progress(bar, n) as advance:
             result = classify(model, tok, table.texts, top_k=top_k, batch_size=batch_size, seq_len=length,
                               on_batch=advance)
@@ -1516,10 +1520,12 @@ def classify_cmd(
                             label="[dim]note:[/]")
         if table.labels is not None:
             scored = score(result.predictions, table.labels, result.classes)
-            _show_score(scored, result.classes, table.label_column)
+            _show_score(scored, result.classes, table.label_column, out=err_console if piped else console)
     if output is not None:
-        console.print(f"wrote {len(result.predictions):,} predictions to {escape(str(output))}", highlight=False,
-                      soft_wrap=True)
+        n = len(result.predictions)
+        where = "standard output" if str(output) == "-" else escape(str(output))
+        (err_console if piped else console).print(
+            f"wrote {n:,} prediction{'s' if n != 1 else ''} to {where}", highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -1581,6 +1587,15 @@ class _Inputs:
         self.records = records if records is not None else [{"text": t} for t in texts]
 
 
+def _lines_of(text: str) -> _Inputs:
+    """A plain text's texts, one a line (split at line feeds alone, as the lines of standard
+    input are: a form feed or U+2028 in scraped text is part of its line), blank lines left
+    out; each keeps its line number (``line``), so that written predictions join the input."""
+    records = [{"line": n, "text": line.rstrip("\r")} for n, line in enumerate(text.split("\n"), start=1)]
+    records = [r for r in records if r["text"].strip()]
+    return _Inputs([r["text"] for r in records], columns=["line", "text"], records=records)
+
+
 def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any, text_column: str | None,
                      label_column: str | None) -> _Inputs:
     """What ``classify`` reads: texts on the command line, lines of standard input, a plain
@@ -1602,11 +1617,10 @@ def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any,
                         "name a column of a --file table")
         if sys.stdin.isatty():
             print_error("reading texts from standard input, one a line (Ctrl-D ends them)", label="[dim]note:[/]")
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
-        texts = [line for line in lines if line.strip()]
-        if not texts:
+        inputs = _lines_of(sys.stdin.read())
+        if not inputs.texts:
             raise _fail("standard input holds no texts (it is empty, or blank lines only)")
-        return _Inputs(texts)
+        return inputs
     assert file is not None
     path = Path(file).expanduser()
     if not path.exists():
@@ -1618,10 +1632,10 @@ def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any,
         if table_options := [o for o, v in (("--text-column", text_column), ("--label-column", label_column)) if v]:
             raise _fail(f"--file {file} is plain text, one text a line: {', '.join(table_options)} name a column of a "
                         "table (.csv, .tsv, .json, .jsonl, .ndjson)")
-        texts = [line for line in text.splitlines() if line.strip()]
-        if not texts:
+        inputs = _lines_of(text)
+        if not inputs.texts:
             raise _fail(f"--file {file} holds no texts (it is empty, or blank lines only)")
-        return _Inputs(texts)
+        return inputs
     data = spec.training.data if spec.training is not None else None
     trained = data if data is not None and data.type == "labelled" else None
     columns = Columns(
@@ -1664,7 +1678,7 @@ def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, 
                     f"{'are' if len(replaced) > 1 else 'is'} replaced by the predictions in {output}",
                     label="[yellow]warning:[/]")
     columns = [*table.columns, *(c for c in added if c not in table.columns)]
-    kind = _OUTPUT_KINDS[output.suffix.lower()]
+    kind = _OUTPUT_KINDS.get(output.suffix.lower(), "tsv")  # standard output, a pipe: tab-separated
     if kind in ("csv", "tsv"):
         buffer = io.StringIO(newline="")
         writer = csv.writer(buffer, delimiter="\t" if kind == "tsv" else ",", lineterminator="\n")
@@ -1676,10 +1690,14 @@ def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, 
         lines = [json.dumps({c: row[c] for c in columns if c in row}, ensure_ascii=False) for row in rows]
         data = "\n".join(lines) + "\n" if kind == "jsonl" else "[\n" + ",\n".join(lines) + "\n]\n"
     try:
+        if str(output) == "-":
+            sys.stdout.write(data)
+            sys.stdout.flush()
+            return
         with atomic_file(output) as f:
             f.write(data.encode("utf-8"))
     except OSError as exc:
-        if reader_gone(exc, output):
+        if reader_gone(exc, output) or (str(output) == "-" and isinstance(exc, BrokenPipeError)):
             raise typer.Exit(0) from None
         kept = "; the file from before is as it was" if output.is_file() else ""
         raise _fail(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}") from None
@@ -1725,8 +1743,8 @@ def _show_predictions(table: _Inputs, predictions: list[Any]) -> None:
     console.print(out)
 
 
-def _show_score(scored: Any, names: tuple[Any, ...], column: str | None) -> None:
-    """The accuracy line, and the labels the model does not know."""
+def _show_score(scored: Any, names: tuple[Any, ...], column: str | None, *, out: Any = console) -> None:
+    """The accuracy line (on ``out``), and the labels the model does not know."""
     if scored.unknown:
         shown = ", ".join(f"{label!r} ({count} text{'s' if count != 1 else ''})"
                           for label, count in list(scored.unknown.items())[:10])
@@ -1736,5 +1754,5 @@ def _show_score(scored: Any, names: tuple[Any, ...], column: str | None) -> None
                     label="[yellow]warning:[/]")
     if scored.counted:
         texts = "text" if scored.counted == 1 else "texts"
-        console.print(f"[bold]accuracy[/] {100 * scored.accuracy:.1f}% ({scored.correct:,} of {scored.counted:,} "
+        out.print(f"[bold]accuracy[/] {100 * scored.accuracy:.1f}% ({scored.correct:,} of {scored.counted:,} "
                       f"{texts} with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)

@@ -198,13 +198,16 @@ class Score:
 
 def score(predictions: Sequence[Prediction], labels: Sequence[Label | None], names: Sequence[Label]) -> Score:
     """Compare ``predictions`` with the texts' ``labels`` as training numbers labels: when
-    every label is an integer they are class ids, else names of ``names`` (the model's
-    classes, :func:`class_names`). A label the model does not have is counted in
+    every label is an integer they are class ids, unless the model's names spell each of them
+    (star ratings 1-5 under ``head.labels: ["1", ..., "5"]``), else names of ``names`` (the
+    model's classes, :func:`class_names`). A label the model does not have is counted in
     ``unknown``, not as a wrong prediction; a text whose label is None is not counted."""
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions and {len(labels)} labels")
-    ids = all(isinstance(x, int) for x in labels if x is not None)
     index = {str(name): i for i, name in enumerate(names)}
+    given = [x for x in labels if x is not None]
+    ids = all(isinstance(x, int) for x in given) and not (
+        all(isinstance(name, str) for name in names) and given and {str(x) for x in given} <= set(index))
     result = Score(correct=0, counted=0)
     for prediction, label in zip(predictions, labels, strict=True):
         if label is None:

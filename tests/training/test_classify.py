@@ -4,6 +4,7 @@ in the test on a separable table (test_classification's)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,13 @@ def test_a_model_without_names_labels_by_class_id_and_the_score_counts_unknown_l
     s = score(predictions, [None, 0, None, "neg", "pos"], ("neg", "pos"))  # names, as training reads a mix
     assert (s.correct, s.counted, s.unknown) == (2, 2, {0: 1})
     assert score(predictions, [None] * 5, ("neg", "pos")).accuracy is None
+    # star ratings under head.labels ["1", "2", "3"] are names, as training reads them (3 was
+    # class id 3, unknown, and 2 class "3": 0% for a model right on every text)
+    stars = [p("1"), p("3"), p("2"), p("3")]
+    s = score(stars, [1, 3, 2, 3], ("1", "2", "3"))
+    assert (s.correct, s.counted, s.unknown) == (4, 4, {})
+    s = score(stars, [0, 2, 1, 2], ("1", "2", "3"))  # 0 is no name: class ids
+    assert (s.correct, s.counted, s.unknown) == (4, 4, {})
 
 
 @pytest.mark.parametrize(("kind", "head", "command"), [
@@ -167,6 +175,33 @@ def test_standard_input_gives_one_text_a_line(classifier: str) -> None:
     assert out.exit_code == 0, out.output
     rows = [line for line in out.output.splitlines() if "│" in line and "text" not in line]
     assert len(rows) == 2 and "pos" in rows[0] and "neg" in rows[1]
+
+
+def test_a_text_files_lines_are_its_texts_and_minus_writes_them_tab_separated(classifier: str, tmp_path: Path) -> None:
+    # str.splitlines broke a file's line at a form feed or U+2028 (6 texts), standard input at
+    # line feeds (4 texts); the written rows now carry their line numbers
+    text = "good film\nbad\x0cplot\n\nfine line\u2028second part\nlast line no newline"
+    plain = tmp_path / "edge.txt"
+    plain.write_bytes(text.encode())
+    from_file = _cli(classifier, "--file", str(plain), "-o", "-")
+    from_stdin = _cli(classifier, "-", "-o", "-", input=text)
+    for out in (from_file, from_stdin):
+        assert out.exit_code == 0, out.output
+        rows = list(csv.reader(io.StringIO(out.stdout), delimiter="\t"))
+        assert rows[0] == ["line", "text", "prediction", "probability"]
+        assert [(r[0], r[1]) for r in rows[1:]] == [("1", "good film"), ("2", "bad\x0cplot"),
+                                                   ("4", "fine line\u2028second part"), ("5", "last line no newline")]
+        assert all(r[2] in ("neg", "pos") and 0.5 <= float(r[3]) <= 1 for r in rows[1:])
+        assert "wrote 4 predictions to standard output" in out.stderr
+    one = _cli(classifier, "good", "-o", str(tmp_path / "one.csv"))
+    assert "wrote 1 prediction to" in one.output
+    # a table's accuracy line goes to standard error, beside the rows
+    table = tmp_path / "test.csv"
+    table.write_text("text,label\ngood film,pos\nbad plot,neg\n")
+    out = _cli(classifier, "--file", str(table), "-o", "-")
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[0] == "text\tlabel\tprediction\tprobability" and len(out.stdout.splitlines()) == 3
+    assert "accuracy" in out.stderr and "accuracy" not in out.stdout
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".json"])

@@ -212,7 +212,7 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int, spec_tokenizer: Any = No
     ``tokenizer.json`` the spec reads it from (``spec_tokenizer``: ``training.tokenizer``)."""
     if tokenizer.vocab_size > vocab_size:
         raise DataError(
-            f"{_tokenizer_setting(spec_tokenizer)}the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            f"{_tokenizer_setting(spec_tokenizer)}the tokenizer's ids run to {tokenizer.vocab_size - 1} but the model's "
             f"vocab_size is {vocab_size}, so its ids {vocab_size}–{tokenizer.vocab_size - 1} have no embedding; "
             f"set vocab_size={tokenizer.vocab_size} (--set vocab_size={tokenizer.vocab_size}) or use a smaller tokenizer"
         )

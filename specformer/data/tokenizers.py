@@ -230,7 +230,10 @@ class HFTokenizer(Tokenizer):
     def __init__(self, tokenizer: Any, *, chat_template: Any = None) -> None:
         self.tok = tokenizer
         self.chat_template = chat_template
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # ids it can give: its largest + 1, not its count of tokens, which is less where its ids
+        # leave gaps (a token of id 400 among 7 needs 401 rows of an embedding)
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        self.vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
 
         def find(*names: str) -> int | None:
             for name in names:
@@ -290,13 +293,24 @@ def _post_processor_template(tok: Any) -> tuple[list[int], list[int]]:
     text's own ids, which none of those does, is left out rather than guessed at."""
     if getattr(tok, "post_processor", None) is None:
         return [], []
-    with _literal_specials(tok, False):
-        plain = tok.encode("a", add_special_tokens=False).ids
-        framed = tok.encode("a", add_special_tokens=True).ids
-    n = len(plain)
-    for start in range(len(framed) - n + 1):
-        if n and framed[start : start + n] == plain:
-            return framed[:start], framed[start + n :]
+    added = {token.content for token in tok.get_added_tokens_decoder().values()}
+    # "a", else the vocabulary's own first tokens: a word-level vocabulary without an unknown
+    # token cannot encode "a" (its model raises), and needs nothing of the text but one token
+    first = sorted(((i, t) for t, i in tok.get_vocab(with_added_tokens=False).items() if t not in added))[:16]
+    for probe in ["a", *(t for _, t in first)]:
+        try:
+            with _literal_specials(tok, False):
+                plain = tok.encode(probe, add_special_tokens=False).ids
+                framed = tok.encode(probe, add_special_tokens=True).ids
+        except Exception:  # tokenizers raises its own errors as Exception
+            continue
+        n = len(plain)
+        if not n:
+            continue
+        for start in range(len(framed) - n + 1):
+            if framed[start : start + n] == plain:
+                return framed[:start], framed[start + n :]
+        return [], []
     return [], []
 
 

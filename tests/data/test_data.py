@@ -1118,9 +1118,41 @@ def test_a_tokenizer_json_smaller_than_vocab_size_is_pointed_out(tmp_path: Path)
     with pytest.raises(DataError) as caught:
         prepare(load_spec("gpt-nano", [*base, "vocab_size=260"]))
     assert str(caught.value) == (
-        f"training.tokenizer.path: {tmp_path}/tokenizer.json: the tokenizer has {n} tokens but the model's vocab_size "
-        f"is 260, so its ids 260–{n - 1} have no embedding; set vocab_size={n} (--set vocab_size={n}) or use a "
-        "smaller tokenizer")
+        f"training.tokenizer.path: {tmp_path}/tokenizer.json: the tokenizer's ids run to {n - 1} but the model's "
+        f"vocab_size is 260, so its ids 260–{n - 1} have no embedding; set vocab_size={n} (--set vocab_size={n}) or "
+        "use a smaller tokenizer")
+
+
+def test_a_tokenizer_json_of_ids_with_gaps_and_without_an_unknown_token(tmp_path: Path) -> None:
+    # 7 tokens, ids to 400: sized 7, id 400 crashed the baseline (IndexError), past 65,535 the
+    # cache (uint16); a vocabulary that cannot encode "a" crashed the template probe
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from specformer import load_spec
+    from specformer.data.module import prepare
+    from specformer.data.tokenizers import HFTokenizer
+
+    gaps = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 3, "<|endoftext|>": 4, "zzz": 400}, unk_token="[UNK]"))
+    gaps.pre_tokenizer = pre_tokenizers.Whitespace()
+    gaps.add_special_tokens(["<|endoftext|>"])
+    assert HFTokenizer(gaps).vocab_size == 401
+    gaps.save(str(tmp_path / "gaps.json"))
+    (tmp_path / "a.txt").write_text("a b zzz a\n" * 400)
+    base = [f"training.data={{type: files, paths: ['{tmp_path}/a.txt']}}", "training.seq_len=16",
+            f"training.cache_dir={tmp_path / 'cache'}"]
+    with pytest.raises(DataError, match=r"the tokenizer's ids run to 400 but the model's vocab_size is 300"):
+        prepare(load_spec("gpt-nano", [*base, "vocab_size=300", f"training.tokenizer={{type: file, path: "
+                                                                  f"'{tmp_path}/gaps.json'}}"]))
+    strict = Tokenizer(models.WordLevel({"b": 0, "c": 1, "zzz": 2, "<|endoftext|>": 3, "<s>": 4}))
+    strict.pre_tokenizer = pre_tokenizers.Whitespace()
+    strict.add_special_tokens(["<|endoftext|>", "<s>"])
+    strict.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 4)])
+    assert HFTokenizer(strict).template() == ([4], [])
+    strict.save(str(tmp_path / "strict.json"))
+    (tmp_path / "b.txt").write_text("b c zzz b\n" * 400)
+    data = prepare(load_spec("gpt-nano", [*base, "training.data.paths=['" + str(tmp_path / "b.txt") + "']",
+                                          f"training.tokenizer={{type: file, path: '{tmp_path}/strict.json'}}"]))
+    assert data.tokenizer.vocab_size == 5 and data.train.tokens.max() <= 4
 
 
 def test_cache_files_are_written_whole_with_the_umask_permissions(tmp_path: Path) -> None:

@@ -165,6 +165,7 @@ class ByteTokenizer(Tokenizer):
     def __init__(self, spec: ByteTokenizerSpec | None = None, **_: Any) -> None:
         self.vocab_size = BYTE_VOCAB_SIZE
         self.eot_id, self.pad_id, self.mask_id = 256, 257, 258
+        self._special_text = {self.eot_id: EOT.encode(), self.pad_id: PAD.encode(), self.mask_id: MASK.encode()}
         self.bos_id = self.eos_id = self.eot_id
 
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
@@ -190,12 +191,15 @@ class ByteTokenizer(Tokenizer):
             i = int(i)
             if i < 256:
                 out.append(i)
-            elif i == self.eot_id:
-                out.extend(EOT.encode())
+            elif i in self._special_text:
+                out.extend(self._special_text[i])  # as a trained BPE and the exported tokenizer decode it
         return out.decode("utf-8", errors="replace")
 
     def state(self) -> dict[str, Any]:
         return {"type": "byte"}
+
+
+_TASK_SPECIAL_STRINGS = re.compile(f"({'|'.join(map(re.escape, TASK_SPECIALS))})")
 
 
 class TaskTokenizer(Tokenizer):
@@ -209,7 +213,14 @@ class TaskTokenizer(Tokenizer):
         self.eot_id = self.eos_id
 
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
-        return [self.index.get(ch, self.unk_id) for ch in text]  # one symbol per character
+        if not specials:
+            return [self.index.get(ch, self.unk_id) for ch in text]  # one symbol per character
+        # a prompt names the special tokens by their strings, as the exported tokenizer reads them
+        ids: list[int] = []
+        for piece in _TASK_SPECIAL_STRINGS.split(text):
+            special = self.index.get(piece) if piece in TASK_SPECIALS else None
+            ids.extend([special] if special is not None else (self.index.get(ch, self.unk_id) for ch in piece))
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.tokens[int(i)] for i in ids if int(i) >= len(TASK_SPECIALS) and int(i) < self.vocab_size)

@@ -420,7 +420,12 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
 
     path = Path(spec.path).expanduser()
     if path.is_dir():
-        path = path / "tokenizer.json"
+        folder, path = path, path / "tokenizer.json"
+        if not path.is_file():
+            slow = sorted(p.name for p in folder.iterdir() if p.name in _SLOW_TOKENIZER_FILES)
+            has = (f"; the folder holds a slow tokenizer's {', '.join(slow)}: "
+                   "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes its tokenizer.json") if slow else ""
+            raise DataError(f"training.tokenizer.path: the folder {folder} has no tokenizer.json{has}")
     if not path.is_file():
         raise DataError(f"training.tokenizer.path: no tokenizer.json at {path}{relative_note([spec.path], 'training.tokenizer.path')}")
     try:
@@ -430,6 +435,11 @@ def file_tokenizer(spec: FileTokenizerSpec, **_: Any) -> HFTokenizer:
     from specformer.data.chat import find_chat_template
 
     return HFTokenizer(tok, chat_template=find_chat_template(path))
+
+
+# what a slow (Python) tokenizer of transformers saves in place of a tokenizer.json
+_SLOW_TOKENIZER_FILES = ("vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                         "sentencepiece.bpe.model")
 
 
 def _not_a_tokenizer(path: Path, exc: Exception) -> str:

@@ -104,6 +104,17 @@ def test_a_relative_data_path_not_found_names_the_working_directory(
     assert str(err.value) == f"training.data.paths: nothing matches {absent!r}"
     with pytest.raises(DataError, match=r"no tokenizer.json at tok.json \(a relative path is read from the working"):
         file_tokenizer(FileTokenizerSpec(path="tok.json"))
+    # a folder that is there is no matter of relative paths; a slow tokenizer's files are named
+    slow = tmp_path / "elsewhere" / "slow"
+    slow.mkdir()
+    (slow / "vocab.json").write_text("{}")
+    (slow / "merges.txt").write_text("")
+    with pytest.raises(DataError) as err:
+        file_tokenizer(FileTokenizerSpec(path="slow"))
+    assert str(err.value) == (
+        "training.tokenizer.path: the folder slow has no tokenizer.json; the folder holds a slow tokenizer's "
+        "merges.txt, vocab.json: AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes its "
+        "tokenizer.json")
 
 
 def test_data_paths_that_find_only_empty_folders_name_them(tmp_path: Path) -> None:

@@ -183,8 +183,8 @@ def _left_out(corpus: Any) -> list[str]:
 
 
 def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
-    """The data line's note when a BPE learnt fewer tokens than asked, or a tokenizer.json, the
-    byte tokenizer or a synthetic task's has fewer than the model's vocab_size ('' otherwise)."""
+    """The data line's note when a BPE learnt fewer tokens than asked, or any tokenizer has fewer
+    than the model's vocab_size ('' otherwise)."""
     settings = spec.training.tokenizer
     kind = getattr(settings, "type", None)
     if kind in ("file", "byte", "task") and tokenizer.vocab_size < spec.vocab_size:
@@ -194,8 +194,14 @@ def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
         return (f"; the tokenizer has {tokenizer.vocab_size} tokens and vocab_size is {spec.vocab_size}: ids "
                 f"{tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused{smaller}")
     asked = getattr(settings, "vocab_size", None)
-    if asked is None or tokenizer.vocab_size >= asked:
+    if asked is None:
         return ""
+    if tokenizer.vocab_size >= asked:
+        # asked for fewer than the model's table (a run's spec.yaml writes the BPE's size, so a
+        # --set vocab_size on it leaves the BPE as it was)
+        return "" if tokenizer.vocab_size >= spec.vocab_size else (
+            f"; the BPE has {tokenizer.vocab_size} tokens (training.tokenizer.vocab_size) and vocab_size is "
+            f"{spec.vocab_size}: ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
     return (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
             f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
 

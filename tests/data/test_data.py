@@ -1104,6 +1104,11 @@ def test_a_bpe_smaller_than_asked_is_pointed_out(tmp_path: Path) -> None:
     n = data.tokenizer.vocab_size
     assert f"the BPE reached {n} of the 512 tokens asked for" in data.description
     assert f"ids {n}–511 stay unused" in data.description
+    # a BPE asked for fewer than the model's table (a run's spec.yaml with --set vocab_size=600)
+    fewer = prepare(load_spec(spec.to_dict(), [f"training.tokenizer.vocab_size={n}", "vocab_size=600"]))
+    assert fewer.tokenizer.vocab_size == n
+    assert f"the BPE has {n} tokens (training.tokenizer.vocab_size) and vocab_size is 600: ids {n}–599 stay " \
+           "unused" in fewer.description
 
 
 def test_a_tokenizer_json_smaller_than_vocab_size_is_pointed_out(tmp_path: Path) -> None:

@@ -1127,6 +1127,7 @@ def eval_cmd(
     checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
     set_: SetOption = None,
     batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always scores its whole held-out set, in batches large enough to hold it in this many.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar (on a terminal) while the batches are scored.")] = True,
     spec_source: SpecOfWeights = None,
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split.
@@ -1220,7 +1221,7 @@ def eval_cmd(
         module.model.load_state_dict(loaded.model.state_dict())
         dm = SpecDataModule(spec, tokenizer=loaded.tokenizer)
         dm.setup("validate")
-        bar = err_console.is_terminal  # a long evaluation shows how far it is
+        bar = progress and err_console.is_terminal  # a long evaluation shows how far it is
         trainer = L.Trainer(
             accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=bar,
             callbacks=[SpecProgressBar(err_console, validation_lines=False)] if bar else None,

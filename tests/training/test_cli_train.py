@@ -122,6 +122,8 @@ def test_train_then_generate_and_eval_a_decoder(tiny: Any, tmp_path: Path) -> No
     ev = runner.invoke(app, ["eval", str(ckpt), "--batches", "2"], env={"COLUMNS": "200"})
     assert ev.exit_code == 0, ev.output
     assert "val loss" in ev.output and "at step 12" in ev.output
+    quiet = runner.invoke(app, ["eval", str(ckpt), "--batches", "2", "--no-progress"], env={"COLUMNS": "200"})
+    assert quiet.exit_code == 0 and quiet.stdout == ev.stdout, quiet.output  # as train and classify take it
 
 
 def test_generate_lays_out_the_weights_for_decoding_one_row_at_a_time(

@@ -122,8 +122,12 @@ class SpecModule(L.LightningModule):
         self.tokens_by_length: Counter[int] = Counter()
         self.recent_losses: deque[torch.Tensor] = deque(maxlen=max(10, t.log_interval))
         self.val_history: list[dict[str, float]] = []
-        self._step_losses: list[torch.Tensor] = []  # the micro-batches' losses of the step under way
+        # the micro-batches of the step under way: (loss × tokens predicted, tokens predicted),
+        # summed over the processes
+        self._step_losses: list[tuple[torch.Tensor, int]] = []
         self._step_losses_at: int | None = None
+        # the tokens a micro-batch's returned loss is divided by (see training_step)
+        self._loss_tokens = max(1, t.batch_size * (t.seq_len or self.spec.max_seq_len))
         # the Hugging Face model_type import-hf recorded in the weights the run started from:
         # export-hf writes an mt5 or xlm-roberta back under that name
         self.imported_model_type: str | None = None
@@ -175,11 +179,18 @@ class SpecModule(L.LightningModule):
 
     @property
     def step_loss(self) -> float | None:
-        """The loss of the step under way, or of the last one once it is taken: the mean of its
-        micro-batches' losses, train/loss's value (None before any)."""
+        """The loss of the step under way, or of the last one once it is taken: the mean over the
+        tokens its micro-batches predict, train/loss's value (None before any)."""
         if not self._step_losses:
             return None
-        return float(torch.stack(self._step_losses).mean())
+        return float(self._step_mean())
+
+    def _step_mean(self) -> torch.Tensor:
+        if len(self._step_losses) == 1:
+            total, n = self._step_losses[0]
+        else:
+            total, n = torch.stack([x for x, _ in self._step_losses]).sum(), sum(n for _, n in self._step_losses)
+        return total / max(n, 1)
 
     # ------------------------------------------------------------------ steps
 
@@ -189,26 +200,59 @@ class SpecModule(L.LightningModule):
         ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
         if isinstance(ids, torch.Tensor) and ids.dim() > 0:
             self.tokens_by_length[int(ids.shape[-1])] += out.n_input
+        n = out.n_predicted
         batch_loss = out.loss.detach()
+        total = batch_loss * n
         if self._trainer is not None and self.trainer.world_size > 1:
-            # the global batch's loss, as one process of the same global batch reports it (the
-            # processes' shards are equal), not the first process's shard's
-            batch_loss = self.all_gather(batch_loss).mean()
+            # the global batch's loss, as one process of the same global batch reports it: the
+            # mean over every process's predicted tokens, not the first process's shard's
+            gathered = self.all_gather(torch.stack([total, torch.tensor(float(n), device=total.device)]))
+            total, n = gathered[..., 0].sum(), int(gathered[..., 1].sum())
+            batch_loss = total / max(n, 1)
         self.recent_losses.append(batch_loss)
-        # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean of its
-        # micro-batches' losses (what the step's gradient is of), not the last micro-batch's alone
+        # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean over
+        # the tokens its micro-batches predict (what the step's gradient is of), not the last one's
         step = self.trainer.global_step if self._trainer is not None else None
         if step != self._step_losses_at:
             self._step_losses, self._step_losses_at = [], step
-        self._step_losses.append(batch_loss)
-        loss = batch_loss if len(self._step_losses) == 1 else torch.stack(self._step_losses).mean()
+        self._step_losses.append((total, n))
+        loss = batch_loss if len(self._step_losses) == 1 else self._step_mean()
         self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         if self._trainer is not None and self.trainer.optimizers:
             # the schedule's lr (training.optimizer.lr's), which each group scales by its lr_scale
             group = self.trainer.optimizers[0].param_groups[0]
             self.step_lr = group["lr"] / group.get("lr_scale", 1.0)  # the step's, before the schedule moves on
             self.log("train/lr", self.step_lr, on_step=True)
-        return out.loss
+        # The gradient of a step is that of the mean over all the tokens its micro-batches (and
+        # processes) predict, as one batch of them all would give: a micro-batch's loss is
+        # returned as its sum over a fixed count of tokens, and on_before_optimizer_step scales
+        # the summed gradients by that count over the step's. Micro-batches of pairs, SFT or
+        # masked LM predict different counts, and their means averaged weighed a token of a
+        # short one more (transformers' num_items_in_batch). Full blocks need neither.
+        own = out.n_predicted
+        return out.loss if own == self._loss_tokens else out.loss * (own / self._loss_tokens)
+
+    def on_fit_start(self) -> None:
+        # a Trainer of one's own that names no clipping clips as the spec says (training.grad_clip),
+        # as it takes the spec's optimizer and schedule; one that names a value keeps it
+        t = self.spec.training
+        if self.trainer.gradient_clip_val is None and t.grad_clip and self.automatic_optimization:
+            from lightning.pytorch.utilities import GradClipAlgorithmType
+
+            self.trainer.gradient_clip_val = t.grad_clip
+            self.trainer.gradient_clip_algorithm = GradClipAlgorithmType.NORM
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if self._trainer is None or not self._step_losses:
+            return
+        predicted = sum(n for _, n in self._step_losses)  # every process's, every micro-batch's
+        # Lightning divided each micro-batch's loss by accumulate, and DDP averages the processes'
+        whole = self._loss_tokens * self.trainer.accumulate_grad_batches * self.trainer.world_size
+        if predicted == whole or predicted == 0:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, whole / predicted)
 
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {"loss": 0.0, "tokens": 0.0, "correct": 0.0, "examples": 0.0}

@@ -718,7 +718,7 @@ class TrainingSpec(Spec):
     schedule: ScheduleSpec = Field(default_factory=CosineScheduleSpec)
     batch_size: PositiveInt = Field(16, description="Sequences per device per micro-batch.")
     seq_len: PositiveInt | None = Field(None, description="Tokens per sequence; default the model's max_seq_len.")
-    accumulate: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
+    accumulate: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step; the step's gradient is that of the mean over every token they predict, as one batch of them all.")
     grad_clip: Annotated[float, Field(ge=0.0)] = Field(1.0, description="Clip the gradient norm to this; 0 disables.")
     max_steps: PositiveInt | None = Field(1000, description="Optimizer steps to train for.")
     max_epochs: PositiveFloat | None = Field(

@@ -95,3 +95,40 @@ def test_a_two_process_run_from_the_command_line_reports_once(tiny: Any, tmp_pat
 
     two, one = sorted((tmp_path / "runs" / spec["name"]).iterdir())
     assert train_losses(two) == pytest.approx(train_losses(one), rel=1e-5) and train_losses(two)
+
+
+@pytest.mark.slow
+def test_two_processes_of_pairs_step_as_one_process_of_the_whole_batch(
+        tiny: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
+    # each process's micro-batch of pairs predicts its own count of tokens: averaging the
+    # processes' means (DDP's) weighed a token of the shorter shard more
+    import json
+    import random
+
+    import yaml
+
+    rng = random.Random(0)
+    words = ["red", "blue", "cat", "dog", "sun", "sky", "big", "old"]
+    lines = []
+    for _ in range(200):
+        picked = rng.sample(words, rng.randint(1, 4))
+        lines.append(json.dumps({"source": f"reverse {' '.join(picked)}:", "target": " " + " ".join(picked[::-1])}))
+    (tmp_path / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    sgd = {"type": "sgd", "lr": 0.5, "momentum": 0.0, "weight_decay": 0.0}
+    common = dict(max_steps=1, val_interval=1, val_batches=1, grad_clip=0, optimizer=sgd,
+                  data={"type": "pairs", "paths": [str(tmp_path / "pairs.jsonl")], "val_fraction": 0.1})
+    (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(tiny("decoder", batch_size=4, strategy="ddp", devices=2,
+                                                           accelerator="cpu", **common)))
+    (tmp_path / "ddp_run.py").write_text(DDP_RUN)
+    proc = subprocess.run([sys.executable, "ddp_run.py", "ddp.yaml"], cwd=tmp_path, env=child_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = torch.load(tmp_path / "rank0.pt", weights_only=True)["state"]
+
+    from specformer import load_spec
+    from specformer.training.checkpoint import load_checkpoint
+    from specformer.training.run import train
+
+    one = load_checkpoint(train(load_spec(tiny("decoder", batch_size=8, **common)), progress=False).checkpoint)
+    for name, value in one.model.state_dict().items():
+        assert torch.allclose(two[name], value, atol=2e-6), name

@@ -261,3 +261,35 @@ def test_the_model_flops_a_token_are_counted_at_the_lengths_the_batches_ran_at(t
     assert result.flops_per_token == pytest.approx(want, rel=1e-12)
     # the seq_len figure counts each token's attention over 64 keys, where these read 24 to 42
     assert result.flops_per_token < 0.95 * training_flops(spec.training.seq_len)
+
+
+def test_accumulated_micro_batches_step_as_one_batch_of_them_all(tiny: Any, tmp_path: Path) -> None:
+    # micro-batches of pairs predict different counts of tokens: the mean of their means weighed
+    # a token of a short one more, and batch 4 × accumulate 2 stepped elsewhere than batch 8
+    # (the gradients' cosine was 0.998, as transformers' before num_items_in_batch)
+    path = _reversals(tmp_path / "p.jsonl")
+    sgd = {"type": "sgd", "lr": 0.5, "momentum": 0.0, "weight_decay": 0.0}
+    runs = {}
+    for batch, accumulate in ((8, 1), (4, 2), (2, 4)):
+        spec = load_spec(_sft(tiny, path, batch_size=batch, accumulate=accumulate, max_steps=1, grad_clip=0,
+                              optimizer=sgd, val_interval=1, val_batches=1))
+        result = train(spec, progress=False)
+        runs[batch] = (load_checkpoint(result.checkpoint).model.state_dict(), result)
+    start = build_model(load_spec(_sft(tiny, path)))  # the same seed: the runs' initial weights
+    whole, _ = runs[8]
+    for batch in (4, 2):
+        weights, _ = runs[batch]
+        moved = max(float((whole[k] - start.state_dict()[k]).abs().max()) for k in whole)
+        assert moved > 1e-3
+        for key in whole:
+            assert torch.allclose(weights[key], whole[key], atol=2e-6), (batch, key)
+        # and the step's logged loss is the whole batch's: the mean over its predicted tokens
+        assert _logged_loss(runs[batch][1]) == pytest.approx(_logged_loss(runs[8][1]), abs=1e-5)
+
+
+def _logged_loss(result: Any) -> float:
+    import csv
+
+    with open(Path(result.run_dir) / "metrics.csv") as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("train/loss")]
+    return float(row["train/loss"])

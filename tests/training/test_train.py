@@ -986,6 +986,30 @@ def test_a_trainer_of_your_own_whose_epochs_end_mid_accumulation_is_refused(tiny
     assert dm.state_dict()["items"] == 8 * spec.training.batch_size
 
 
+def test_a_trainer_of_your_own_clips_as_the_spec_says_unless_it_names_a_value(tiny) -> None:
+    # SpecModule took the spec's optimizer and schedule but not its grad_clip: a norm of 2.4 stepped as it was
+    import lightning as L
+
+    from specformer.builder.lightning import SpecModule
+    from specformer.data.module import SpecDataModule
+
+    norms: list[float] = []
+
+    class Norm(L.Callback):
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, index: int) -> None:
+            grads = [p.grad for p in module.parameters() if p.grad is not None]
+            norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+    spec = load_spec(tiny("decoder", max_steps=1, grad_clip=0.1))
+    _own_trainer(max_steps=1, callbacks=[Norm()]).fit(SpecModule(spec), datamodule=SpecDataModule(spec))
+    _own_trainer(max_steps=1, callbacks=[Norm()], gradient_clip_val=0.05).fit(
+        SpecModule(spec), datamodule=SpecDataModule(spec))
+    unclipped = load_spec(tiny("decoder", max_steps=1, grad_clip=0))
+    _own_trainer(max_steps=1, callbacks=[Norm()]).fit(SpecModule(unclipped), datamodule=SpecDataModule(unclipped))
+    assert norms[0] == pytest.approx(0.1, rel=1e-4) and norms[1] == pytest.approx(0.05, rel=1e-4)
+    assert norms[2] > 0.5  # the gradient as it was
+
+
 def test_a_trainer_of_your_own_without_an_end_is_refused_with_what_to_give(tiny) -> None:
     from specformer.builder.lightning import SpecModule
     from specformer.data.module import SpecDataModule

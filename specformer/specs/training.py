@@ -514,7 +514,7 @@ class AdamWSpec(Spec):
 
     type: Literal["adamw"] = "adamw"
     lr: PositiveFloat = Field(3e-4, description="Peak learning rate (not used by the inverse_sqrt schedule, which sets its own: a run that gives another than this default warns).")
-    betas: tuple[Probability, Probability] = Field((0.9, 0.95), strict=False, description="Adam's beta1, beta2.")
+    betas: tuple[Fraction, Fraction] = Field((0.9, 0.95), strict=False, description="Adam's beta1, beta2, each in [0, 1).")
     eps: PositiveFloat = Field(1e-8, description="Adam's epsilon.")
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.1, description="Decoupled weight decay of matrices.")
     freeze: Freeze

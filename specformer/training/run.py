@@ -640,7 +640,7 @@ def train(
         if 0 < max_steps < warmup:
             _warn(
                 console,
-                f"training.schedule.warmup_steps={warmup} is not below the run's {_steps(max_steps)}: the "
+                f"training.schedule.warmup_steps={warmup} is above the run's {_steps(max_steps)}: the "
                 f"learning rate never reaches training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
             )
         if lr_given and t.schedule is not None and t.schedule.type == "inverse_sqrt":
@@ -664,14 +664,16 @@ def train(
         def failed(exc: Exception) -> BaseException:
             """``exc`` with what is left said: the step the run stopped at and its checkpoint."""
             where = interrupted()
+            # a run that failed before its first step leaves no folder of a spec.yaml alone (which
+            # `generate runs/NAME` would then take for the latest run)
+            nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
+            if nothing and created:
+                shutil.rmtree(run_dir, ignore_errors=True)
             logs = _log_write_error(exc)
             if logs is None:  # out of memory, a NaN check: the error itself, with a note
                 _note_where_it_stopped(exc, where)
                 return exc
             # a full (or read-only) disk under the logs: the folder and the setting, not a traceback
-            nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
-            if nothing and created:
-                shutil.rmtree(run_dir, ignore_errors=True)
             return DataError(_log_write_message(logs, run_dir, where, started=not nothing))
 
         keep_freed_memory()  # each step reuses the memory the one before freed (no page faults)

@@ -98,6 +98,26 @@ def test_loggers_given_run_beside_the_runs_own_and_a_wrong_callback_is_named_fir
     assert "--set" not in str(info.value)
 
 
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tiny, tmp_path: Path) -> None:
+    # it left runs/NAME/<ts>/ with a spec.yaml alone, which `generate runs/NAME` took for the latest run
+    import io
+
+    import lightning as L
+    from rich.console import Console
+
+    class Boom(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            raise RuntimeError("out of memory at the first step")
+
+    spec = load_spec(tiny("decoder", max_steps=2, schedule={"type": "cosine", "warmup_steps": 3}))
+    out = io.StringIO()
+    with pytest.raises(RuntimeError, match="out of memory at the first step"):
+        train(spec, progress=False, callbacks=[Boom()], console=Console(file=out, width=300))
+    runs = tmp_path / "runs" / "tiny-decoder"
+    assert not runs.exists() or not any(runs.iterdir())
+    assert "training.schedule.warmup_steps=3 is above the run's 2 steps" in out.getvalue()
+
+
 def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path) -> None:
     spec = load_spec(tiny("decoder", max_steps=12, val_interval=6, log_interval=2))
     result = train(spec, progress=False)

@@ -537,6 +537,11 @@ def train(
             _warn(console, f"{recut}: the data position is a count of sequences, so this run reads on from the "
                            "same count in the text cut into sequences of the new length, not from where the "
                            "checkpoint stopped: some text of the current pass is read twice and some not at all")
+        reseeded = next((c for c in changed if c.startswith("training.seed ")), None)
+        if reseeded:
+            _warn(console, f"{reseeded}: the seed orders each pass over the data, so this run reads on from the "
+                           "same count of examples in another order: some examples of the current pass are read "
+                           "twice and some not at all (dropout goes on from the checkpoint's random state)")
     weights, origin, fresh_head = None, {}, []
     if init_from is not None:
         # before the data is prepared: weights that do not fit are an error at once

@@ -419,6 +419,9 @@ def test_resuming_with_another_seq_len_says_the_data_position_points_at_other_te
     assert "warning" not in resume(batch_size=4)  # read on from the same sequence, in smaller batches
     assert ("warning: training.seq_len 32 → 16: the data position is a count of sequences, so this run reads on "
             "from the same count in the text cut into sequences of the new length") in resume(seq_len=16)
+    reseeded = resume(seed=7)
+    assert ("warning: training.seed 0 → 7: the seed orders each pass over the data, so this run reads on from the "
+            "same count of examples in another order") in reseeded and "training.seq_len" not in reseeded
     # (a synthetic task's or pairs' examples are the same ones whatever the length they are cut to)
     task = tiny("encoder-decoder", max_steps=2, val_interval=2)
     task_ckpt = train(load_spec(task), progress=False).checkpoint

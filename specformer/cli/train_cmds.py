@@ -560,7 +560,7 @@ def generate_cmd(
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate at most.")] = 100,
     temperature: Annotated[
-        float | None, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy. Default 0.8 (decoder), 0 (encoder-decoder).")
+        float | None, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy. Default 0.8 (decoder); for an encoder-decoder 0 (greedy), or 1 with --top-k or --top-p.")
     ] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", **_number(0, 1, above=True, hint="1 keeps every token; for the most likely token use --greedy"), help="Nucleus sampling: the smallest set with this probability.")] = None,
@@ -691,7 +691,11 @@ def generate_cmd(
         # that are not a table), whose rolling cache goes on past max_seq_len unless --max-seq-len is given
         rolling = spec.kind == "decoder" and context is None and _rolling_reach(model) is not None
         window = context if context is not None else spec.max_seq_len
-        temp = 0.0 if greedy else temperature if temperature is not None else (0.8 if spec.kind == "decoder" else 0.0)
+        # an encoder-decoder decodes greedily by default; a --top-k or --top-p asks for sampling,
+        # at temperature 1 (they went unused, silently)
+        sampled = top_k is not None or top_p is not None
+        temp = 0.0 if greedy else temperature if temperature is not None else (
+            0.8 if spec.kind == "decoder" else 1.0 if sampled else 0.0)
         if num_samples > 1 and (num_beams > 1 or temp == 0.0):
             how = (f"--num-beams {num_beams}" if num_beams > 1 else "--greedy" if greedy
                    else "--temperature 0" if temperature is not None else "an encoder-decoder's default, greedy decoding")

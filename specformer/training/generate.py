@@ -60,7 +60,14 @@ def sample_next(
     if temperature <= 0.0:
         return torch.where(none_left, NONE_LEFT, logits.argmax(dim=-1))
     # such a row is sampled from evenly (multinomial refuses all zeros), then replaced
-    logits = logits.float().masked_fill(none_left[:, None], 0.0) / temperature
+    logits = logits.float().masked_fill(none_left[:, None], 0.0)
+    if temperature < 1e-2:
+        # a tiny temperature would overflow float32 (1e-40: inf - inf in the softmax, a NaN):
+        # each row's largest logit goes to 0 first, the rest to -inf or below it; below 1e-30
+        # (1e-300 is 0 as a float32) the temperature is 1e-30, the argmax all the same
+        logits = logits - logits.amax(dim=-1, keepdim=True)
+        temperature = max(temperature, 1e-30)
+    logits = logits / temperature
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -147,7 +154,7 @@ def _whole(value: Any) -> int | None:
 
 
 def _check_limits(model: nn.Module, *, n_candidates: int | None = None, max_seq_len: int | None = None,
-                  eos_id: int | None = None, max_seq_len_name: str = "max_seq_len") -> None:
+                  eos_id: int | None = None, max_seq_len_name: str = "max_seq_len", pad_id: int | None = None) -> None:
     """``n_candidates`` and a context length of at least 1, and an end id inside the vocabulary:
     0 would generate nothing, a negative count slice from the end, an id past the vocabulary
     never match (and be written where a row has no token left)."""
@@ -155,9 +162,10 @@ def _check_limits(model: nn.Module, *, n_candidates: int | None = None, max_seq_
         if value is not None and (_whole(value) is None or value < 1):
             raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
     vocab = getattr(getattr(model, "spec", None), "vocab_size", None)
-    if eos_id is not None and (_whole(eos_id) is None or eos_id < 0 or (vocab is not None and eos_id >= vocab)):
-        within = f" in [0, vocab_size) = [0, {vocab})" if vocab is not None else " >= 0"
-        raise ValueError(f"eos_id must be a token id{within}, got {eos_id!r}")
+    for label, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        if value is not None and (_whole(value) is None or value < 0 or (vocab is not None and value >= vocab)):
+            within = f" in [0, vocab_size) = [0, {vocab})" if vocab is not None else " >= 0"
+            raise ValueError(f"{label} must be a token id{within}, got {value!r}")
 
 
 def _check_penalties(repetition_penalty: float, no_repeat_ngram_size: int) -> None:
@@ -221,11 +229,11 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _finish(tokens: Tensor, done: Tensor, eos_id: int | None) -> tuple[Tensor, Tensor]:
-    """Rows already finished keep emitting eos; mark rows that just produced it."""
+def _finish(tokens: Tensor, done: Tensor, eos_id: int | None, pad_id: int | None = None) -> tuple[Tensor, Tensor]:
+    """Rows already finished go on with ``pad_id`` (default: eos); mark rows that just produced eos."""
     if eos_id is None:
         return tokens, done
-    tokens = torch.where(done, torch.full_like(tokens, eos_id), tokens)
+    tokens = torch.where(done, torch.full_like(tokens, eos_id if pad_id is None else pad_id), tokens)
     return tokens, done | (tokens == eos_id)
 
 
@@ -352,9 +360,11 @@ def generate(
     allowed_tokens: Callable[[Tensor], Tensor | None] | None = None,
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
+    pad_id: int | None = None,
 ) -> Tensor:
     """Continue prompts (B, T) of a decoder-only model; returns (B, T + N), N ≤ max_new_tokens
-    (fewer when every row has produced ``eos_id``). ``n_candidates``: see :func:`sample_next`;
+    (fewer when every row has produced ``eos_id``; a row that ended before the others goes on
+    with ``pad_id``, by default ``eos_id``, as Hugging Face's with its ``pad_token_id``). ``n_candidates``: see :func:`sample_next`;
     ``on_token`` is called with each step's new tokens (B,) as they come (to show them, or
     to keep them when generation is interrupted). ``allowed_tokens``, called before each step
     with the tokens generated so far (B, n), returns which ids the step may take (bool,
@@ -378,7 +388,7 @@ def generate(
     On a CPU, :func:`specformer.components.lay_out_for_decoding` (``rows=B``) called once on the
     model beforehand can make each cached step faster, as ``specformer generate`` does."""
     _check_call(model, input_ids, max_new_tokens, kind="decoder", name="generate")
-    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_seq_len, eos_id=eos_id)
+    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_seq_len, eos_id=eos_id, pad_id=pad_id)
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     reach = _rolling_reach(model) if max_seq_len is None else None
@@ -438,7 +448,7 @@ def generate(
             nxt, stop = _end_where_none_left(nxt, eos_id)
             if stop:
                 break
-            nxt, done = _finish(nxt, done, eos_id)
+            nxt, done = _finish(nxt, done, eos_id, pad_id)
             if on_token is not None:
                 on_token(nxt)
             seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + n)
@@ -471,10 +481,12 @@ def generate_seq2seq(
     no_repeat_ngram_size: int = 0,
     forced_start_id: int | None = None,
     forced_end_id: int | None = None,
+    pad_id: int | None = None,
 ) -> Tensor:
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
     generated ids (B, N) without the start token ``start_id`` (the tokenizer's bos, or T5's
-    pad: see ``training.objective.decoder_start``). ``max_len`` caps the decoder sequence, start
+    pad: see ``training.objective.decoder_start``); a row that ended before the others goes on
+    with ``pad_id`` (default ``eos_id``). ``max_len`` caps the decoder sequence, start
     token included: by default a learned position table's length (``spec.max_seq_len``),
     and no cap for the other positional schemes. ``n_candidates`` and ``on_token``: see
     :func:`sample_next` and :func:`generate`; ``repetition_penalty`` and
@@ -484,7 +496,8 @@ def generate_seq2seq(
     ``max_new_tokens``, or ``max_len``) without having ended, whatever the scores: Hugging
     Face's ``forced_bos_token_id`` and ``forced_eos_token_id`` (BART's ``<s>`` and ``</s>``)."""
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
-    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_len, eos_id=eos_id, max_seq_len_name="max_len")
+    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_len, eos_id=eos_id, max_seq_len_name="max_len",
+                  pad_id=pad_id)
     _check_sampling(temperature, top_k, top_p)
     _check_penalties(repetition_penalty, no_repeat_ngram_size)
     if max_len is None:
@@ -523,7 +536,7 @@ def generate_seq2seq(
             nxt, stop = _end_where_none_left(nxt, eos_id)
             if stop:
                 break
-            nxt, done = _finish(nxt, done, eos_id)
+            nxt, done = _finish(nxt, done, eos_id, pad_id)
             if on_token is not None:
                 on_token(nxt)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
@@ -590,11 +603,14 @@ def beam_search(
         raise ValueError("start_id is for an encoder-decoder, whose decoder starts from it: a decoder "
                          "continues its prompt; leave start_id out")
     _check_call(model, input_ids, max_new_tokens, kind=kind, name="beam_search")
-    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_seq_len, eos_id=eos_id)
+    _check_limits(model, n_candidates=n_candidates, max_seq_len=max_seq_len, eos_id=eos_id, pad_id=pad_id)
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1 (1 is greedy), got {num_beams!r}")
     if not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+    if not isinstance(early_stopping, bool):
+        raise ValueError(f"early_stopping must be True or False, got {early_stopping!r} (transformers' 'never', "
+                         "which searches on until no beam could still win, is not implemented)")
     b, k = input_ids.shape[0], num_beams
     if max_new_tokens == 0:  # nothing to search: the prompts (an encoder-decoder's empty outputs)
         return input_ids[:, :0] if start_id is not None else input_ids

@@ -337,6 +337,25 @@ def test_fill_mask_and_seq2seq_generation(tiny: Any, tmp_path: Path) -> None:
                         max_new_tokens=8, eos_id=tok.eos_id, start_id=decoder_start_id(tok, loaded.spec.training.objective))
     row = found[0].tolist()
     assert beams.stdout == tok.decode(row[: row.index(tok.eos_id)] if tok.eos_id in row else row) + "\n"
+    # --top-k or --top-p asks an encoder-decoder, greedy by default, to sample (they went unused)
+    import importlib
+
+    generation = importlib.import_module("specformer.training.generate")  # the module, not its function
+    asked: list[float] = []
+    sample = generation.sample_next
+
+    def spy(logits: Any, temperature: float = 1.0, **kwargs: Any) -> Any:
+        asked.append(temperature)
+        return sample(logits, temperature=temperature, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(generation, "sample_next", spy)
+        for extra, want in ((["--top-k", "5"], 1.0), (["--top-p", "0.9"], 1.0), ([], 0.0),
+                            (["--top-k", "5", "--temperature", "0.5"], 0.5)):
+            asked.clear()
+            sampled = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "-n", "3", *extra])
+            assert sampled.exit_code == 0, sampled.output
+            assert set(asked) == {want}, (extra, asked)
     huge = runner.invoke(app, ["generate", str(s2s), "--prompt", "abc", "--seed", "99999999999999999999"])
     assert huge.exit_code == 2 and "--seed" in huge.output  # a usage error, not a traceback
     assert "warning" not in out.stderr

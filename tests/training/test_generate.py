@@ -213,6 +213,9 @@ def test_sampling_filters() -> None:
     a = sample_next(logits, generator=torch.Generator().manual_seed(3))
     b = sample_next(logits, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
+    # a temperature of 1e-40 overflowed float32 (inf - inf: NaN probabilities, a RuntimeError)
+    for tiny_t in (1e-40, 1e-300, 1e-3):
+        assert set(sample_next(logits, temperature=tiny_t, generator=g).tolist()) == {2}
 
 
 def test_generation_stops_at_the_end_token(tiny: Any) -> None:
@@ -497,6 +500,26 @@ def test_beam_search_checks_its_arguments(tiny: Any) -> None:
     _, seq2seq = _model(tiny, "encoder-decoder")
     with pytest.raises(ValueError, match=r"beam_search of an encoder-decoder needs start_id="):
         beam_search(seq2seq, prompt, num_beams=2, max_new_tokens=3, eos_id=None)
+    for stopping in ("never", None):  # a TypeError deep in the search
+        with pytest.raises(ValueError, match=r"early_stopping must be True or False, got .*'never'.* not implemented"):
+            beam_search(model, prompt, num_beams=2, max_new_tokens=3, eos_id=5, early_stopping=stopping)
+
+
+def test_a_row_that_ends_before_the_others_goes_on_with_pad_id(tiny: Any) -> None:
+    spec, model = _model(tiny, "decoder")
+    prompts = torch.randint(3, 256, (2, 4))
+    first = generate(model, prompts, max_new_tokens=1, temperature=0.0)[:, -1]
+    eos = int(first[0])  # row 0 ends at its first new token
+    out = generate(model, prompts, max_new_tokens=6, temperature=0.0, eos_id=eos)
+    padded = generate(model, prompts, max_new_tokens=6, temperature=0.0, eos_id=eos, pad_id=0)
+    if out.shape[1] == 5:  # row 1 ended at once too: nothing follows an end
+        pytest.skip("both rows ended at their first token")
+    assert out[0, 4] == padded[0, 4] == eos  # the end token itself
+    assert (out[0, 5:] == eos).all() and (padded[0, 5:] == 0).all()
+    differ = out[1] != padded[1]  # only after row 1's own end, if it has one
+    assert (out[1][differ] == eos).all() and (padded[1][differ] == 0).all()
+    with pytest.raises(ValueError, match=r"pad_id must be a token id in \[0, vocab_size\)"):
+        generate(model, prompts, max_new_tokens=2, eos_id=1, pad_id=spec.vocab_size)
 
 
 def test_penalize_repeats_divides_seen_scores_and_bans_repeated_ngrams() -> None:

@@ -72,11 +72,13 @@ def sample_next(
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and 0.0 < top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)  # (B, V)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # drop a token when the ones before it already reach p (the first always stays)
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        # transformers' TopPLogitsWarper, operation for operation, so that tied logits (common in
+        # bfloat16) keep the same tokens: from the least likely up, drop those whose mass with
+        # the ones below them is at most 1 - p; the most likely always stays
+        sorted_logits, order = torch.sort(logits, descending=False)  # (B, V)
+        drop_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+        drop_sorted[..., -1:] = False
+        drop = drop_sorted.scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.where(none_left, NONE_LEFT, torch.multinomial(probs, 1, generator=generator).squeeze(-1))

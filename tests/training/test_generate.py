@@ -702,3 +702,19 @@ def test_settings_that_are_not_numbers_are_refused(tiny: Any) -> None:
             generate(model, prompt, max_new_tokens=2, temperature=bad)
         with pytest.raises(ValueError, match="length_penalty must be a finite number"):
             beam_search(model, prompt, num_beams=2, max_new_tokens=2, eos_id=None, length_penalty=bad)
+
+
+def test_top_p_keeps_the_tokens_transformers_keeps_among_tied_logits() -> None:
+    # [1, 1, 1, 1, 0] at p 0.5: transformers kept {1, 2, 3}, specformer's descending cut {0, 1, 2}
+    transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+    warper = transformers.TopPLogitsWarper(top_p=0.5)
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])]
+    cases += [torch.randint(-3, 4, (4, 12)).float() for _ in range(20)]  # ties everywhere
+    for logits in cases:
+        for p in (0.3, 0.5, 0.9):
+            warper.top_p = p
+            kept = torch.isfinite(warper(None, logits.clone()))
+            sampled = sample_next(logits.repeat(200, 1), top_p=p, generator=g).view(200, -1)
+            for row in range(logits.shape[0]):
+                assert set(sampled[:, row].tolist()) <= set(kept[row].nonzero().flatten().tolist())

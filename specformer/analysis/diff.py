@@ -155,7 +155,8 @@ class SpecDiff:
             "specs": list(self.names),
             "identical": self.identical,
             "changes": [c.to_dict() for c in self.changes],
-            "reports": [r.to_dict() for r in self.reports],
+            # each report says which spec it is of: its name alone repeats where one is the other --set
+            "reports": [{"label": label, **r.to_dict()} for label, r in zip(self.names, self.reports, strict=False)],  # none: reports=False
             "compatibility": [c.to_dict() for c in self.compatibility],
         }
 

@@ -532,7 +532,9 @@ def show(
     report = _analysis_errors(lambda: analyze(resolved, batch=batch, seq_len=seq_len, dtype=dtype,
                                                               count=flops_count))
     if output_format == "json":
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        shown = report.to_dict()
+        # the --set overrides, as the heading of the tables names them: a variant is not the preset
+        typer.echo(json.dumps({"name": shown.pop("name"), "overrides": list(set_ or []), **shown}, indent=2))
         return
     sections = _show_sections(report)
     if (batch, seq_len, dtype) == (1, None, "bf16-mixed"):

@@ -102,6 +102,9 @@ def test_show_says_which_options_show_the_training_step_of_the_spec() -> None:
 def test_show_set_overrides() -> None:
     data = json.loads(_ok(["show", "gpt2-small", "--set", "decoder.n_layers=6", "-f", "json"]).stdout)
     assert data["params"]["total"] == count_parameters(load_spec("gpt2-small", ["decoder.n_layers=6"])).total
+    # the JSON names the overrides too (it passed the variant off as gpt2-small)
+    assert (data["name"], data["overrides"]) == ("gpt2-small", ["decoder.n_layers=6"])
+    assert json.loads(_ok(["show", "gpt2-small", "-f", "json"]).stdout)["overrides"] == []
     # the heading says the tables are of the variant, not of gpt2-small itself
     out = _ok(["show", "gpt2-small", "-s", "decoder.n_layers=6", "-s", "decoder.attention.n_kv_heads=4",
                "-f", "markdown"]).stdout
@@ -449,6 +452,7 @@ def test_diff_set_changes_the_last_spec(tmp_path: Path) -> None:
         ("decoder.attention.n_kv_heads", [12, 4]), ("decoder.attention.kv_groups", [1, 3])]
     # 12 layers × 8 fewer heads in each of k and v, 64 wide, each with 768 weights and a bias
     assert data["reports"][0]["params"]["total"] - data["reports"][1]["params"]["total"] == 12 * 2 * 8 * 64 * (768 + 1)
+    assert [r["label"] for r in data["reports"]] == data["specs"]  # which report is the variant's
     # two specs: only the last one is changed
     data = json.loads(_ok(["diff", "gpt2-small", "gpt2-medium", "-s", "decoder.n_layers=12", "-f", "json"]).stdout)
     assert data["specs"] == ["gpt2-small", "gpt2-medium (--set)"]

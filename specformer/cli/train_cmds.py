@@ -272,6 +272,16 @@ def _duration(seconds: float) -> str:
     return f"{m}m {s:02d}s" if m else f"{seconds:.1f}s"
 
 
+def _titled(table: Table) -> Any:
+    """``table`` under its title on a line of its own: rich pads a table's title to the
+    table's width, which left a line of trailing spaces in a log."""
+    from rich.console import Group
+    from rich.text import Text
+
+    title, table.title = table.title, None
+    return Group(Text(str(title), style="table.title"), table) if title else table
+
+
 def _summary_table(result: Any) -> Table:
     from specformer.training.callbacks import format_count, share_of_held_out
 
@@ -322,7 +332,7 @@ def _summary_table(result: Any) -> Table:
 
 
 def _print_summary(result: Any) -> None:
-    console.print(_summary_table(result))
+    console.print(_titled(_summary_table(result)))
     # the paths are what one copies next: on lines of their own, never cut to the width
     paths = [("resumed", result.resumed_from), ("weights", result.initialized_from),
              ("checkpoint", result.checkpoint), ("logs", Path(result.run_dir) / "metrics.csv")]
@@ -1263,7 +1273,7 @@ def eval_cmd(
         table.add_row("exact match", share_of_held_out(h["val/exact_match"], h.get("val/examples"), "example"))
     if "val/accuracy" in h:
         table.add_row("accuracy", share_of_held_out(h["val/accuracy"], h.get("val/examples"), "text"))
-    console.print(table)
+    console.print(_titled(table))
     if interrupted is not None:
         signum = _signal_of(interrupted)
         cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -1370,7 +1380,7 @@ def fill_mask_cmd(
         for rank, (p, i) in enumerate(zip(best.values[n].tolist(), best.indices[n].tolist(), strict=True), 1):
             table.add_row(str(rank), repr(tok.decode([i])), f"{p:.3f}")
         filled[pos] = int(best.indices[n, 0])
-        console.print(table)
+        console.print(_titled(table))
     filled = filled[len(before) : len(filled) - len(after)]  # the text, without the template's tokens
     console.print("[bold]filled:[/] " + _escape(tok.decode(filled)), highlight=False, soft_wrap=True)
 

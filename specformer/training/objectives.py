@@ -37,7 +37,9 @@ Forward = Callable[..., Any]
 @dataclass
 class ObjectiveOutput:
     """The loss (mean over predicted tokens), how many tokens it averages over, and how
-    many tokens the model read (for tokens/s)."""
+    many tokens the model read (for tokens/s). A training step weighs each micro-batch's loss
+    by its ``n_predicted`` (the step's gradient is that of the mean over all their tokens), so
+    an objective of one's own gives the count its loss is a mean over; 0 adds no gradient."""
 
     loss: Tensor
     n_predicted: int

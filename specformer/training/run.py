@@ -882,6 +882,7 @@ def _check_hardware(t: Any) -> None:
     from specformer.data.tokens import usable_cores
     from specformer.specs.errors import SpecError, SpecProblem
 
+    _check_strategy_name(t.strategy)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -924,6 +925,28 @@ def _check_hardware(t: Any) -> None:
             path="training.precision",
             hint=f"set training.precision={ran} (fp16 mixed precision needs a GPU)",
         )])
+
+
+def _check_strategy_name(strategy: Any) -> None:
+    """A strategy name Lightning does not know, with the names it does (those that start
+    their processes by pickling the trainer left out: they are refused) and the closest one."""
+    if not isinstance(strategy, str):
+        return  # a Strategy object given from Python
+    import difflib
+
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    known = ["auto", *sorted(StrategyRegistry.available_strategies())]
+    if strategy in known:
+        return
+    offered = [name for name in known if "spawn" not in name and "notebook" not in name]
+    close = difflib.get_close_matches(strategy, offered, n=1)
+    near = f"did you mean {close[0]!r}? " if close else ""
+    raise SpecError([SpecProblem(
+        f"{strategy!r} is not a strategy Lightning knows", path="training.strategy",
+        hint=f"{near}allowed: {', '.join(offered)}")])
 
 
 def _check_compiler(cpu: bool) -> None:

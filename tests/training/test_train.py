@@ -253,8 +253,12 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
         with pytest.raises(SpecError, match=r"training.precision: 16-mixed cannot run on CPU: Lightning would run "
                                             r"bf16-mixed[\s\S]*training.precision=bf16-mixed"):
             train(load_spec(tiny("decoder", precision="16-mixed")), progress=False)
-    with pytest.raises(SpecError, match=r"training.strategy: 'bogus' cannot run here"):
+    with pytest.raises(SpecError, match=r"training.strategy: 'bogus' is not a strategy Lightning knows"):
         train(load_spec(tiny("decoder", strategy="bogus")), progress=False)
+    # a typo gets the closest name; the spawning strategies, refused, are not offered
+    with pytest.raises(SpecError) as info:
+        train(load_spec(tiny("decoder", strategy="dpp")), progress=False)
+    assert "did you mean 'ddp'? allowed: auto, ddp," in str(info.value) and "spawn" not in str(info.value)
     # one CPU process a device: more processes than cores is refused before any starts
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with pytest.raises(SpecError, match=rf"training.devices: {cores + 1} starts {cores + 1} training processes on the "

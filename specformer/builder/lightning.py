@@ -206,8 +206,9 @@ class SpecModule(L.LightningModule):
         if self._trainer is not None and self.trainer.world_size > 1:
             # the global batch's loss, as one process of the same global batch reports it: the
             # mean over every process's predicted tokens, not the first process's shard's
-            gathered = self.all_gather(torch.stack([total, torch.tensor(float(n), device=total.device)]))
-            total, n = gathered[..., 0].sum(), int(gathered[..., 1].sum())
+            summed = self.trainer.strategy.reduce(
+                torch.stack([total, torch.tensor(float(n), device=total.device)]), reduce_op="sum")
+            total, n = summed[0], int(summed[1])
             batch_loss = total / max(n, 1)
         self.recent_losses.append(batch_loss)
         # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean over

@@ -204,7 +204,15 @@ def _read_training_file(path: str) -> tuple[dict[str, Any], dict[tuple, Any]]:
         raise SpecError([SpecProblem(f"a training file is a YAML mapping ({found})",
                                      position=Position(str(file), 1, 1))])
     if isinstance(data.get("training"), dict):
-        # a spec-like file (a whole spec, say): its training section, the rest left alone
+        # a spec-like file (a whole spec, say): its training section, the rest left alone; a file
+        # that is no whole spec (no kind, no extends) and writes model fields beside it is told so
+        rest = [k for k in data if k not in ("training", "name")]
+        if rest and not {"kind", "extends"} & set(data):
+            shown = ", ".join(f"{k} (line {positions[(k,)].line})" if (k,) in positions and positions[(k,)].line
+                              else str(k) for k in rest)
+            print_error(f"--training {path} reads its training: section alone; {shown} left as the spec has "
+                        f"{'them' if len(rest) > 1 else 'it'}", "model fields go in the spec, or --set them",
+                        label="[dim]note:[/]")
         data = data["training"]
         positions = {p[1:]: pos for p, pos in positions.items() if p[:1] == ("training",)}
     return data, positions

@@ -491,6 +491,12 @@ def test_a_training_file_error_points_into_the_file(tiny: Any, tmp_path: Path) -
     assert result.exit_code == 1, result.output
     assert "whole.yaml:5:3: training.lr_typo: unknown field" in result.output
     assert "extends" not in result.output and "training.name" not in result.output
+    assert "note" not in result.output  # a whole spec: its model fields are plainly not the point
+    # model fields beside a training section, in a file that is no whole spec: said, not dropped silently
+    (tmp_path / "part.yaml").write_text("training:\n  max_steps: 2\n  lr_typo: 1\nd_model: 64\n")
+    result = runner.invoke(app, ["train", "gpt-nano", "--training", "part.yaml"], env={"COLUMNS": "300"})
+    assert ("note: --training part.yaml reads its training: section alone; d_model (line 4) left as the spec has "
+            "it") in result.output
     (tmp_path / "empty").mkdir()
     result = runner.invoke(app, ["train", "gpt-nano", "--training", str(tmp_path / "empty")], env={"COLUMNS": "200"})
     assert result.exit_code == 1 and "a folder, not a YAML file" in result.output

@@ -456,7 +456,8 @@ def train(
     t = spec.training
     quiet_lightning()
     # Trainer settings passed here replace the spec's: Lightning checks those itself
-    _check_before_data(spec, hardware=not {"accelerator", "devices", "strategy", "precision", "plugins"} & set(trainer_kwargs))
+    _check_before_data(spec, hardware=not {"accelerator", "devices", "strategy", "precision", "plugins"} & set(trainer_kwargs),
+                       console=console)
     resumed_step: int | None = None
     saved_data: str | None = None  # the fingerprint of the data the checkpoint was trained on
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
@@ -756,7 +757,7 @@ def train(
     return result
 
 
-def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
+def _check_before_data(spec: Any, *, hardware: bool = True, console: Console | None = None) -> None:
     """Settings that would otherwise fail only once the data is prepared (minutes, for a
     large corpus), each named with what to do instead."""
     from specformer.specs.errors import SpecError
@@ -777,7 +778,9 @@ def _check_before_data(spec: Any, *, hardware: bool = True) -> None:
             plan_of(meta_build(spec, "to match training.optimizer's patterns to its parameters"), t.optimizer)
     check_folders(t)
     if hardware:
-        _check_hardware(t)
+        cpu_processes = _check_hardware(t)
+        if cpu_processes:
+            _check_memory(spec, cpu_processes, console)
 
 
 def _with_checkpoint_label_names(spec: Any, raw: dict[str, Any]) -> Any:
@@ -872,10 +875,11 @@ def _hardware(t: Any) -> dict[str, Any]:
     }
 
 
-def _check_hardware(t: Any) -> None:
+def _check_hardware(t: Any) -> int:
     """The accelerator, devices, strategy and precision, as Lightning resolves them on this
     machine: a GPU setting without a GPU, an unknown strategy, or fp16 on a CPU (which
-    Lightning would quietly run as bf16) is an error naming the field, before any data."""
+    Lightning would quietly run as bf16) is an error naming the field, before any data.
+    Returns the number of training processes on the CPU (0 on a GPU)."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.accelerators import CPUAccelerator
 
@@ -925,6 +929,83 @@ def _check_hardware(t: Any) -> None:
             path="training.precision",
             hint=f"set training.precision={ran} (fp16 mixed precision needs a GPU)",
         )])
+    return probe.num_devices if isinstance(probe.accelerator, CPUAccelerator) else 0
+
+
+def _memory_of_this_machine() -> tuple[int, int | None] | None:
+    """(the memory a process here may use, what is free of it now) in bytes: the machine's, or
+    its container's limit (cgroup) where lower; None where neither can be read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+    available: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, used_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                   "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = int(Path(limit_file).read_text().strip())  # "max": no limit (ValueError)
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < total:
+            total = limit
+            try:
+                free = limit - int(Path(used_file).read_text().strip())
+                available = free if available is None else min(available, free)
+            except (OSError, ValueError):
+                pass
+        break
+    return total, available
+
+
+def _check_memory(spec: Any, processes: int, console: Console | None = None) -> None:
+    """A training step whose estimated memory (``show``'s, for ``processes`` processes of
+    ``batch_size`` sequences each) is far past this machine's is refused, naming the batch that
+    fits; one past what is free now is warned of. Without it a batch_size of 100,000 on a
+    23 GiB machine was killed by the kernel, saying nothing, after the data."""
+    from specformer.analysis.memory import memory_estimate
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    machine = _memory_of_this_machine()
+    if machine is None:
+        return
+    total, available = machine
+    t = spec.training
+    seq_len = t.seq_len or spec.max_seq_len
+    try:
+        estimate = memory_estimate(spec, batch=t.batch_size, seq_len=seq_len, dtype=str(t.precision))
+    except Exception:  # a plugin's part the estimate cannot size: no check
+        return
+    need = estimate.total * processes
+    if need <= 1.25 * total:  # (the estimate is within about 15% of what a step takes)
+        if available is not None and need > available:
+            _warn(console, f"a training step takes about {_gib(need)} (specformer show's estimate), more "
+                                      f"than the {_gib(available)} free on this machine now: it may swap, or be "
+                                      "killed for memory")
+        return
+    fixed = (estimate.total - estimate.activations) * processes
+    per_sequence = estimate.activations * processes / t.batch_size
+    room = 0.8 * total  # what is left beside the data, the libraries and the rest of the machine
+    fits = int((room - fixed) // per_sequence) if per_sequence and room > fixed else 0
+    hint = (f"training.batch_size={fits} fits (training.accumulate keeps the batch: batch_size={fits}, "
+            f"accumulate={math.ceil(t.batch_size / fits)}); or a shorter training.seq_len" if fits
+            else "the weights, gradients and optimizer states alone do not fit: a smaller model, or a GPU")
+    raise SpecError([SpecProblem(
+        f"a training step of {t.batch_size:,} sequences of {seq_len:,} tokens"
+        f"{f' in each of {processes} processes' if processes > 1 else ''} takes about {_gib(need)} "
+        f"(specformer show's estimate), past the {_gib(total)} of this machine",
+        path="training.batch_size", hint=hint)])
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
 
 
 def _check_strategy_name(strategy: Any) -> None:

@@ -118,6 +118,40 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tiny, tmp_path:
     assert "training.schedule.warmup_steps=3 is above the run's 2 steps" in out.getvalue()
 
 
+def test_a_step_far_past_the_machines_memory_is_refused_with_the_batch_that_fits(tiny, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    # batch_size 100,000 on a 23 GiB machine was killed by the kernel after the data, saying nothing
+    import io
+
+    from rich.console import Console
+
+    from specformer.analysis.memory import memory_estimate
+    from specformer.specs.errors import SpecError
+    from specformer.training import run
+
+    spec = load_spec(tiny("decoder", max_steps=1, batch_size=4096))
+    estimate = memory_estimate(spec, batch=4096, seq_len=32, dtype="32")
+    machine = estimate.total // 4
+    monkeypatch.setattr(run, "_memory_of_this_machine", lambda: (machine, machine))
+    with pytest.raises(SpecError) as info:
+        train(spec, progress=False)
+    text = str(info.value)
+    assert "training.batch_size: a training step of 4,096 sequences of 32 tokens takes about" in text
+    fits = int(re.search(r"training.batch_size=(\d+) fits", text).group(1))
+    per_sequence = estimate.activations / 4096
+    assert (estimate.total - estimate.activations) + fits * per_sequence <= 0.8 * machine  # room beside it
+    assert (estimate.total - estimate.activations) + (fits + 1) * per_sequence > 0.8 * machine
+    assert f"accumulate={-(-4096 // fits)}" in text
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("spec.yaml"))
+    # past what is free now (but not the machine): a warning, and the run goes on
+    small = load_spec(tiny("decoder", max_steps=1, val_interval=1, val_batches=1))
+    need = memory_estimate(small, batch=8, seq_len=32, dtype="32").total
+    monkeypatch.setattr(run, "_memory_of_this_machine", lambda: (10 * need, need // 2))
+    out = io.StringIO()
+    train(small, progress=False, console=Console(file=out, width=300))
+    assert "more than the 0.0 GiB free on this machine now: it may swap, or be killed for memory" in out.getvalue()
+
+
 def test_run_folder_holds_spec_logs_checkpoint_and_summary(tiny, tmp_path: Path) -> None:
     spec = load_spec(tiny("decoder", max_steps=12, val_interval=6, log_interval=2))
     result = train(spec, progress=False)

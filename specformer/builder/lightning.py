@@ -486,6 +486,27 @@ class SpecModule(L.LightningModule):
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
                                             strict=strict, **kwargs)
 
+    def _rebase_batch_counts(self, checkpoint: dict[str, Any], meta: dict[str, Any]) -> None:
+        """A run resumed with another ``accumulate`` counts its micro-batches from the step in
+        its own: Lightning validates every ``val_interval × accumulate`` micro-batches of its
+        restored count, which is the checkpoint's (10 steps at accumulate 1: 10), so a resume at
+        accumulate 2 validated at steps 13 and 17, not 12 and 16."""
+        if self._trainer is None:
+            return
+        saved = meta.get("spec", {}).get("training", {}) if isinstance(meta.get("spec"), dict) else {}
+        old, new = int(saved.get("accumulate", 1) or 1), int(self.trainer.accumulate_grad_batches)
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        step = int(checkpoint.get("global_step", 0))
+        if old == new or not isinstance(progress, dict):
+            return
+        counts = [progress.get("total"), progress.get("current")]
+        if not all(isinstance(c, dict) and c.get("ready") == step * old for c in counts):
+            return  # epochs of a length (a Trainer of one's own): left as Lightning counts them
+        for count in counts:
+            for key in ("ready", "started", "processed", "completed"):
+                if key in count:
+                    count[key] += step * (new - old)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
         source = str(path) if path else "the checkpoint"
@@ -504,6 +525,7 @@ class SpecModule(L.LightningModule):
             if isinstance(scheduler, dict) and "lr_lambdas" in scheduler:
                 scheduler["lr_lambdas"] = [None] * len(scheduler["lr_lambdas"])
         self._resume_optimizer_settings(checkpoint)
+        self._rebase_batch_counts(checkpoint, meta)
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.val_history = list(meta.get("val_history", []))
         self.imported_model_type = meta.get("imported_model_type")

@@ -1209,3 +1209,15 @@ def test_a_resume_that_changes_a_sections_type_also_names_the_fields_both_types_
     kept = load_spec("gpt-nano", overrides=["training.schedule.type=linear"])
     assert _training_changes(raw, kept) == ["training.schedule.type cosine → linear",
                                             "training.schedule.min_lr_ratio 0.1 → 0.0"]
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1), (3, 2)])
+def test_a_resume_with_another_accumulate_validates_on_its_own_steps(tiny: Any, before: int, after: int) -> None:
+    # Lightning validates every val_interval × accumulate micro-batches of its restored count,
+    # which was the checkpoint's: 6 steps at accumulate 1 then accumulate 2 validated at 7 and 9
+    first = train(load_spec(tiny("decoder", max_steps=6, val_interval=2, val_batches=1, accumulate=before)),
+                  progress=False)
+    resumed = train(load_spec(tiny("decoder", max_steps=12, val_interval=2, val_batches=1, accumulate=after)),
+                    resume=first.checkpoint, progress=False)
+    assert [h["step"] for h in resumed.history] == [2, 4, 6, 8, 10, 12]
+    assert resumed.tokens == 6 * 8 * 32 * (before + after)

@@ -656,9 +656,20 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
     raise SpecError([_unknown_source_problem(ref, position)])
 
 
+_RUN_STAMP = re.compile(r"(\d{8}-\d{6})(?:-(\d+))?")
+
+
+def run_order(run: Path) -> tuple[int, str, int]:
+    """The sort key of a run folder among its spec's: its timestamp, then the count a run
+    started in the same second gets (``-2`` ... ``-11``: as strings, ``-10`` came before
+    ``-2``); a folder of another name after them, by name."""
+    m = _RUN_STAMP.fullmatch(run.name)
+    return (0, m.group(1), int(m.group(2) or 1)) if m else (1, run.name, 0)
+
+
 def _directory_problem(path: Path, position: Position | None) -> SpecProblem:
     hint = "a spec is a preset name, a YAML file or a run folder (its spec.yaml)"
-    runs = sorted(p.parent for p in path.glob("*/spec.yaml"))
+    runs = sorted((p.parent for p in path.glob("*/spec.yaml")), key=run_order)
     if runs:  # runs/<spec name>/, the folder of a spec's runs: name its latest
         more = f" (and {len(runs) - 1} earlier)" if len(runs) > 1 else ""
         hint += f"; this folder holds the runs of a spec, not one run: its latest is {runs[-1]}{more}"

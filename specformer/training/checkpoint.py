@@ -138,7 +138,9 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
                     f"{path} is a run folder with no checkpoint: the run stopped before its first one "
                     "(training.checkpoint_interval), so there is nothing to load or resume from"
                 )
-            runs = sorted(run.parent.parent for run in path.glob("*/checkpoints/last.ckpt"))
+            from specformer.specs.loader import run_order
+
+            runs = sorted((run.parent.parent for run in path.glob("*/checkpoints/last.ckpt")), key=run_order)
             if runs:  # runs/<spec name>/, the folder of a spec's runs: name its latest
                 more = f" (and {len(runs) - 1} earlier)" if len(runs) > 1 else ""
                 raise CheckpointError(f"{path} holds the runs of a spec, not one run; its latest is {runs[-1]}{more}: "

@@ -655,6 +655,13 @@ def train(
         if periodic is not None and resume is not None and resumed_step is not None:
             periodic.resumed_from = (Path(resume), resumed_step)
 
+        def _drop_if_nothing_ran() -> None:
+            # a run stopped (by an error, Ctrl-C or SIGTERM) before its first step leaves no folder of
+            # a spec.yaml alone, which `generate runs/NAME` would then take for the latest run
+            nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
+            if nothing and created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+
         def interrupted(signum: int = signal.SIGINT, finished: bool = False) -> TrainingInterrupted:
             if periodic is not None and periodic.failed:  # the checkpoint of a SIGTERM could not be written
                 _warn(console, periodic.failed)
@@ -664,17 +671,14 @@ def train(
                 ckpt, at = (str(resume), resumed_step) if resume else (None, None)
             # a signal at the last step stops the run before its closing validation: every step ran
             finished = finished or 0 < trainer.max_steps <= trainer.global_step
+            _drop_if_nothing_ran()
             return TrainingInterrupted(trainer.global_step, ckpt, at, str(run_dir), finished=finished, signum=signum,
                                        max_steps=trainer.max_steps if trainer.max_steps > 0 else None)
 
         def failed(exc: Exception) -> BaseException:
             """``exc`` with what is left said: the step the run stopped at and its checkpoint."""
-            where = interrupted()
-            # a run that failed before its first step leaves no folder of a spec.yaml alone (which
-            # `generate runs/NAME` would then take for the latest run)
+            where = interrupted()  # (which drops the folder of a run that took no step)
             nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
-            if nothing and created:
-                shutil.rmtree(run_dir, ignore_errors=True)
             logs = _log_write_error(exc)
             if logs is None:  # out of memory, a NaN check: the error itself, with a note
                 _note_where_it_stopped(exc, where)

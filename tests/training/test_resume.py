@@ -275,6 +275,17 @@ def test_the_folder_of_a_specs_runs_names_its_latest_run(tmp_path: Path) -> None
                               f"{latest} (and 1 earlier): give that run folder or its checkpoints/last.ckpt")
     with pytest.raises(CheckpointError, match="is a folder with no last.ckpt"):
         read_checkpoint(tmp_path)  # no run below it either
+    # eleven runs started in the same second: -11 is the latest (as strings, -9 came after -10)
+    for stamp in ["20250103-080000", *(f"20250103-080000-{n}" for n in range(2, 12))]:
+        (tmp_path / "runs" / "m" / stamp / "checkpoints").mkdir(parents=True)
+        (tmp_path / "runs" / "m" / stamp / "checkpoints" / "last.ckpt").write_bytes(b"")
+        (tmp_path / "runs" / "m" / stamp / "spec.yaml").write_text("extends: gpt-nano\n")
+    with pytest.raises(CheckpointError, match=r"its latest is \S+/20250103-080000-11 \(and 12 earlier\)"):
+        read_checkpoint(tmp_path / "runs" / "m")
+    from specformer.specs.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"its latest is \S+/20250103-080000-11 \(and 10 earlier\)"):
+        load_spec(str(tmp_path / "runs" / "m"))
 
 
 def test_a_hugging_face_model_folder_given_as_a_checkpoint_says_to_import_it(tmp_path: Path) -> None:

@@ -116,6 +116,16 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tiny, tmp_path:
     runs = tmp_path / "runs" / "tiny-decoder"
     assert not runs.exists() or not any(runs.iterdir())
     assert "training.schedule.warmup_steps=3 is above the run's 2 steps" in out.getvalue()
+    # and so does Ctrl-C before the first step
+    from specformer.training.stops import TrainingInterrupted
+
+    class CtrlC(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted, match="at step 0; no checkpoint yet"):
+        train(spec, progress=False, callbacks=[CtrlC()])
+    assert not runs.exists() or not any(runs.iterdir())
 
 
 def test_a_step_far_past_the_machines_memory_is_refused_with_the_batch_that_fits(tiny, tmp_path: Path,

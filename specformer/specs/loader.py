@@ -445,6 +445,8 @@ def _syntax_hint(exc: yaml.MarkedYAMLError) -> str:
                 "('C:\\data\\x.txt') or with '/'")
     if "quoted scalar" in context:
         return "a quote opened here is never closed"
+    if "expected a single document" in context:
+        return "a spec is one YAML document: remove the '---' here and what follows it, or make it a file of its own"
     return ""
 
 
@@ -638,8 +640,12 @@ def _resolve_source(ref: str, base_dir: Path | None, position: Position | None) 
                 return (path / "spec.yaml").resolve()
             raise SpecError([_directory_problem(path, position)])
         if not path.exists():
+            stem = Path(ref).name.removesuffix(".yaml").removesuffix(".yml")
+            preset = (f"the preset is named without .yaml: {stem}" if stem in preset_names() and stem != ref
+                      else "")
             raise SpecError(
-                [SpecProblem(f"file not found: {path}", path="extends" if position else "", position=position)]
+                [SpecProblem(f"file not found: {path}", path="extends" if position else "", position=position,
+                             hint=preset)]
             )
         # a pipe (/dev/stdin, a shell's <(...)) is read as it is: resolved, it names no file
         return path.resolve() if path.is_file() else path
@@ -1333,16 +1339,16 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         # a section with one type (training.optimizer: adamw): say what to write, not the class
         tags = _tags(annotation)
         if tags:
-            return [(path, f"expected a mapping with a type: field, got {value!r}",
+            return [(path, f"expected a mapping with a type: field, got {_shown(value)}",
                      f"write {{type: {tags[0]}}}; allowed types: {', '.join(tags)}")]
-        return [(path, f"expected a mapping of fields, got {value!r}", "")]
+        return [(path, f"expected a mapping of fields, got {_shown(value)}", "")]
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = _tags(annotation)
         if not isinstance(value, dict):  # `positional: rope`, or nothing, where a mapping belongs
             example = (did_you_mean(value, tags) if isinstance(value, str) else None) or (tags or ["..."])[0]
             written = _path_example(value, annotation) or f"{{type: {example}}}"
-            return [(path, f"expected a mapping with a type: field, got {value!r}",
+            return [(path, f"expected a mapping with a type: field, got {_shown(value)}",
                      f"write {written}; allowed types: {', '.join(tags)}")]
         tag = ctx.get("tag", value.get("type"))
         if tag is None:  # a mapping without a type:, where the section has no default type
@@ -1405,8 +1411,10 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         field = getattr(owner, "model_fields", {}).get(str(path[-1])) if path else None
         default = getattr(field, "default", None)
         example = (f"e.g. {path[-1]}: [{', '.join(map(str, default))}] (the default)"
-                   if isinstance(default, tuple | list) and default else f"e.g. {path[-1]}: [{value}]")
-        return [(path, f"expected a list, got {value!r}", f"a list is written in brackets, {example}")]
+                   if isinstance(default, tuple | list) and default
+                   else f"e.g. {path[-1]}: [{value}]" if isinstance(value, int | str) and not isinstance(value, bool)
+                   else f"e.g. {path[-1]}: [...]")
+        return [(path, f"expected a list, got {_shown(value)}", f"a list is written in brackets, {example}")]
 
     message = err["msg"]
     if message.startswith("Value error, "):
@@ -1416,7 +1424,7 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
     # that names something else still gets the value
     said = kind == "value_error" and " got " in message and (repr(value) in message or str(value) in message)
     if not isinstance(value, dict | list) and not said:
-        message = f"{message}, got {value!r}"
+        message = f"{message}, got {_shown(value)}"
     return [(path, message, "")]
 
 

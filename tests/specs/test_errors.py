@@ -103,7 +103,7 @@ BAD_INPUTS = [
      ["expected an integer, got the string '128'", "write 128 without quotes"]),
     ("string-rate", "extends: gpt-nano\ntraining: {optimizer: {lr: '3e-4'}}\n", 2, "training.optimizer.lr",
      ["expected a number, got the string '3e-4'", "write 3e-4 without quotes"]),
-    ("bool-size", "extends: gpt-nano\ndecoder: {n_layers: true}\n", 2, "decoder.n_layers", ["valid integer", "True"]),
+    ("bool-size", "extends: gpt-nano\ndecoder: {n_layers: true}\n", 2, "decoder.n_layers", ["valid integer", "got true"]),
     ("string-bool", "extends: gpt-nano\nembedding: {tie_output: 'false'}\n", 2, "embedding.tie_output",
      ["expected true or false, got the string 'false'", "write true or false, unquoted"]),
     ("yes-for-a-switch", "extends: gpt-nano\ntraining: {compile: yes}\n", 2, "training.compile",
@@ -153,7 +153,7 @@ BAD_INPUTS = [
     ("scalar-for-typed-mapping", "extends: gpt-nano\npositional: rope\n", 2, "positional",
      ["expected a mapping with a type: field, got 'rope'", "write {type: rope}", "sinusoidal, learned, rope"]),
     ("empty-typed-mapping", "extends: gpt-nano\ndecoder:\n  ffn:\n", 3, "decoder.ffn",
-     ["got None", "allowed types: mlp, glu"]),
+     ["got null", "allowed types: mlp, glu"]),
     # a family with one type says what to write, never the name of a Python class
     ("scalar-for-one-type-section", "extends: gpt-nano\ntraining:\n  optimizer: adamw\n", 3, "training.optimizer",
      ["expected a mapping with a type: field, got 'adamw'", "write {type: adamw}"]),
@@ -225,6 +225,15 @@ BAD_INPUTS = [
      "decoder.cross_attention.sliding_window", ["self-attention only"]),
     ("encoder-share-embedding", "extends: bert-nano\nembedding: {share_encoder_decoder: false}\n", 2,
      "embedding.share_encoder_decoder", ["an encoder model has one embedding"]),
+    # values as YAML writes them (they read true, None); an example that is valid
+    ("list-as-true", "extends: gpt-nano\ndecoder: {overrides: [{layers: true, attention: {n_heads: 4}}]}\n", 2,
+     "decoder.overrides.0.layers", ["expected a list, got true", "e.g. layers: [...]"]),
+    ("null-heads", "extends: gpt-nano\ndecoder:\n  attention: {n_heads: null}\n", 3, "decoder.attention.n_heads",
+     ["got null"]),
+    ("second-document", "extends: gpt-nano\nname: x\n---\n", 3, "",
+     ["a spec is one YAML document: remove the '---'"]),
+    ("preset-as-a-file", "extends: gpt-nano.yaml\n", 1, "extends",
+     ["file not found", "the preset is named without .yaml: gpt-nano"]),
 ]
 
 

@@ -1057,13 +1057,18 @@ class ModelSpec(Spec):
                     rot = int(att.head_dim * pos.fraction)
                     if rot % 2 or rot == 0:
                         # a head_dim the widths give is named with them: the user wrote those
-                        of = (f" (d_model={self.d_model} / n_heads={att.n_heads})"
-                              if att.head_dim * att.n_heads == self.d_model else "")
-                        yield (
-                            "positional.fraction",
-                            f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim}{of} "
-                            f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}",
-                        )
+                        derived = att.head_dim * att.n_heads == self.d_model and "head_dim" not in att.model_fields_set
+                        of = f" (d_model={self.d_model} / n_heads={att.n_heads})" if derived else ""
+                        message = (f"rotary needs an even, non-zero rotated dimension; head_dim={att.head_dim}{of} "
+                                   f"× fraction={pos.fraction} gives {att.head_dim * pos.fraction:g}")
+                        if derived and "fraction" not in pos.model_fields_set:
+                            # the heads the user wrote are what to change: named with those that work
+                            even = [str(n) for n in _divisors(self.d_model)
+                                    if (r := int(self.d_model // n * pos.fraction)) and r % 2 == 0]
+                            choose = f"choose n_heads from {', '.join(even)}, or " if even else ""
+                            yield f"{path}.n_heads", f"{message}: {choose}give head_dim (even) explicitly"
+                            continue
+                        yield "positional.fraction", message
                     elif isinstance(pos.scaling, LongRopeScaling):
                         for field in ("short_factor", "long_factor"):
                             given = len(getattr(pos.scaling, field))

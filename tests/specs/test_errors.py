@@ -719,9 +719,16 @@ def test_an_odd_rotary_head_dim_names_the_widths_that_give_it():
     with pytest.raises(SpecError) as info:
         load_spec("gpt-nano", overrides=["positional={type: rope}", "d_model=60"])
     (problem,) = info.value.problems
-    assert problem.path == "positional.fraction"
+    # the heads the user wrote are named, with those that give an even head_dim (it blamed the
+    # fraction, which the spec never wrote)
+    assert problem.path == "decoder.attention.n_heads"
     assert problem.message == ("rotary needs an even, non-zero rotated dimension; head_dim=15 (d_model=60 / "
-                               "n_heads=4) × fraction=1.0 gives 15")
+                               "n_heads=4) × fraction=1.0 gives 15: choose n_heads from 1, 2, 3, 5, 6, 10, 15, 30, or "
+                               "give head_dim (even) explicitly")
+    with pytest.raises(SpecError) as info:  # a fraction written is the one to change
+        load_spec("gpt-nano", overrides=["positional={type: rope, fraction: 0.1875}", "decoder.attention.n_heads=8"])
+    (problem,) = info.value.problems
+    assert problem.path == "positional.fraction"
     # a head_dim written out is named alone
     with pytest.raises(SpecError) as info:
         load_spec("gpt-nano", overrides=["positional={type: rope}", "decoder.attention.head_dim=15"])

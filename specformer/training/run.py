@@ -193,8 +193,9 @@ def run_folder_name(name: str) -> str:
 
 def make_run_dir(out_dir: str | Path, name: str) -> Path:
     """``<out_dir>/<name>/<timestamp>``, shared by every process of a multi-process run."""
+    global _made_here
     env = os.environ.get(RUN_DIR_ENV)
-    if env:
+    if env and env != _made_here:  # the folder the first process of this run made (not this one, earlier)
         path = Path(env)
         path.mkdir(parents=True, exist_ok=True)
         return path
@@ -209,8 +210,13 @@ def make_run_dir(out_dir: str | Path, name: str) -> Path:
             n += 1
             path = base / f"{stamp}-{n}"
     # processes that Lightning launches for other ranks inherit the environment
-    os.environ[RUN_DIR_ENV] = str(path)
+    os.environ[RUN_DIR_ENV] = _made_here = str(path)
     return path
+
+
+# the run folder this process made last: a later call in the same process (another run of a
+# script or notebook) makes its own instead of taking it from the environment
+_made_here: str | None = None
 
 
 def quiet_lightning() -> None:
@@ -605,7 +611,8 @@ def train(
         _warn(console, f"the training split has {n} {what}, fewer "
                        f"than one batch (training.batch_size={t.batch_size}): every batch repeats them; add "
                        "data or lower training.batch_size")
-    created = not os.environ.get(RUN_DIR_ENV)  # not a folder another process of this run made
+    # not a folder another process of this run made
+    created = os.environ.get(RUN_DIR_ENV) in (None, "", _made_here)
     run_dir = make_run_dir(t.out_dir, spec.name)
     remove_stale_temporaries(run_dir / "checkpoints")  # a run folder used again (SPECFORMER_RUN_DIR)
     try:

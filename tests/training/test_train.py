@@ -919,8 +919,14 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path
     # another process makes the next folder between a check and this one's mkdir
     monkeypatch.setattr(Path, "exists", lambda self: False)
     second = run.make_run_dir(tmp_path, "m")
-    monkeypatch.delenv(run.RUN_DIR_ENV)
     assert first.name == "20250101-120000" and second.name == "20250101-120000-2"
+    # a later call in the same process makes its own folder: the environment names the one this
+    # process made, for the other processes of its run (it returned that folder for every spec)
+    third = run.make_run_dir(tmp_path, "other")
+    assert third.parent.name == "other" and third != second
+    monkeypatch.setenv(run.RUN_DIR_ENV, str(tmp_path / "given"))  # another process's: taken as it is
+    assert run.make_run_dir(tmp_path, "m") == tmp_path / "given"
+    monkeypatch.delenv(run.RUN_DIR_ENV)
 
 
 def test_a_run_says_what_its_data_preparation_does(tiny, tmp_path: Path, monkeypatch) -> None:

@@ -117,6 +117,25 @@ def _os_error(exc: BaseException) -> OSError | None:
     return None
 
 
+def _resumed_from(spec_yaml: Path) -> Path | None:
+    """The checkpoint a run was resumed from, as its ``spec.yaml`` header's command gives it
+    (``# cd DIR && specformer train --resume X ...``), where it is still a file; else None."""
+    import shlex
+
+    try:
+        first = spec_yaml.read_text(encoding="utf-8").splitlines()[0]
+        words = shlex.split(first.lstrip("# "))
+    except (OSError, UnicodeDecodeError, ValueError, IndexError):
+        return None
+    if len(words) < 4 or words[0] != "cd" or "--resume" not in words[:-1]:
+        return None
+    given = Path(words[words.index("--resume") + 1]).expanduser()
+    source = given if given.is_absolute() else Path(words[1]) / given
+    if source.is_dir():
+        source = source / "checkpoints" / "last.ckpt" if (source / "checkpoints").is_dir() else source / "last.ckpt"
+    return source if source.is_file() else None
+
+
 def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:
     """``torch.load(path, weights_only=True)`` with errors that say what is wrong."""
     path = Path(path)
@@ -134,9 +153,11 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
         candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
         if not candidate.is_file():
             if (path / "spec.yaml").is_file():
+                earlier = _resumed_from(path / "spec.yaml")
                 raise CheckpointError(
                     f"{path} is a run folder with no checkpoint: the run stopped before its first one "
                     "(training.checkpoint_interval), so there is nothing to load or resume from"
+                    + (f"; it was resumed from {earlier}, which is still there: give that" if earlier else "")
                 )
             from specformer.specs.loader import run_order
 

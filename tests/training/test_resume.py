@@ -288,6 +288,27 @@ def test_the_folder_of_a_specs_runs_names_its_latest_run(tmp_path: Path) -> None
         load_spec(str(tmp_path / "runs" / "m"))
 
 
+def test_a_resumed_run_stopped_before_its_own_checkpoint_names_the_one_it_resumed_from(tmp_path: Path) -> None:
+    # "nothing to load or resume from", while the checkpoint it had resumed from was still there
+    from specformer.training.run import spec_yaml_header
+
+    earlier = tmp_path / "runs" / "m" / "20250101-120000"
+    (earlier / "checkpoints").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.ckpt").write_bytes(b"")
+    later = tmp_path / "runs" / "m" / "20250101-130000"
+    later.mkdir()
+    header = spec_yaml_header("specformer train --resume runs/m/20250101-120000 --set training.max_steps=9",
+                              {"specformer": "0"}, str(tmp_path))
+    (later / "spec.yaml").write_text(header + "extends: gpt-nano\n")
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(later)
+    assert str(err.value).endswith(f"; it was resumed from {earlier / 'checkpoints' / 'last.ckpt'}, which is still "
+                                   "there: give that")
+    (earlier / "checkpoints" / "last.ckpt").unlink()  # gone: nothing more is said
+    with pytest.raises(CheckpointError, match=r"nothing to load or resume from$"):
+        read_checkpoint(later)
+
+
 def test_a_hugging_face_model_folder_given_as_a_checkpoint_says_to_import_it(tmp_path: Path) -> None:
     # `train --init-from hf_folder`, `generate hf_out` after export-hf: the folder is transformers'
     (tmp_path / "config.json").write_text('{"model_type": "llama"}', encoding="utf-8")

@@ -771,10 +771,14 @@ class StackSpec(Spec):
         for i, ov in enumerate(self.overrides):
             bad = [j for j in ov.layers if j >= self.n_layers]
             if bad:
+                # a range is named as its indices past the stack, not its first one alone ("0-5" on two
+                # layers said index 2, which the spec never wrote)
+                which = (f"layer index {bad[0]} is" if len(bad) == 1
+                         else f"layer indices {bad[0]}-{bad[-1]} are" if bad == list(range(bad[0], bad[-1] + 1))
+                         else f"layer indices {', '.join(map(str, bad))} are")
                 yield (
                     f"overrides.{i}.layers",
-                    f"layer index {bad[0]} is out of range: the stack has n_layers={self.n_layers} "
-                    f"(allowed: 0-{self.n_layers - 1})",
+                    f"{which} out of range: the stack has n_layers={self.n_layers} (allowed: 0-{self.n_layers - 1})",
                 )
 
     @property

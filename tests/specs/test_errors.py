@@ -305,7 +305,7 @@ def test_overrides_past_the_stack_are_reported_with_every_other_cross_field_prob
         ("decoder.overrides.0.layers", 7),
         ("decoder.overrides.1.layers", 8),
     ]
-    assert "layer index 4 is out of range" in problems[2].message
+    assert "layer indices 4-5 are out of range" in problems[2].message  # the range past the stack, not its first
     assert "layer index 7 is out of range" in problems[3].message
 
 

@@ -666,7 +666,8 @@ def train(
             # a run stopped (by an error, Ctrl-C or SIGTERM) before its first step leaves no folder of
             # a spec.yaml alone, which `generate runs/NAME` would then take for the latest run
             nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
-            if nothing and created:
+            # and never a folder holding a checkpoint, whatever this process's trainer says
+            if nothing and created and not any((run_dir / "checkpoints").glob("*.ckpt")):
                 shutil.rmtree(run_dir, ignore_errors=True)
 
         def interrupted(signum: int = signal.SIGINT, finished: bool = False) -> TrainingInterrupted:
@@ -915,13 +916,23 @@ def _check_hardware(t: Any) -> int:
         }
         raise SpecError([SpecProblem(f"{value!r} cannot run here: {text}", path=f"training.{field}",
                                      hint=hints[field])]) from None
-    if getattr(probe.strategy, "_start_method", None) in ("spawn", "forkserver"):
+    method = getattr(probe.strategy, "_start_method", None)
+    if method in ("spawn", "forkserver"):
         # Lightning pickles the Trainer for such processes, and the run's console, progress bar and
         # loggers hold locks: it would fail after the data is prepared
         raise SpecError([SpecProblem(
             f"{t.strategy!r} starts its processes by pickling the trainer, which the run's console and progress "
             "callbacks cannot go through", path="training.strategy",
             hint="strategy: ddp (each process starts the command again, as torchrun does), or auto")])
+    if method == "fork":
+        # the steps are taken in forked processes: this one's trainer never sees them, so the run's
+        # summary said step 0, and a stop took the run for one that had trained nothing
+        raise SpecError([SpecProblem(
+            f"{t.strategy!r} trains in processes forked from this one, whose steps, checkpoints and losses this "
+            "process never sees", path="training.strategy",
+            hint="in a notebook, Lightning's auto forks: train several devices from a script (specformer train), "
+                 "or one device here (devices: 1)" if t.strategy == "auto" else
+                 "strategy: ddp (each process starts the command again, as torchrun does), or auto")])
     cores = usable_cores()
     if isinstance(probe.accelerator, CPUAccelerator) and probe.num_devices > cores:
         # one process a device: more than the cores starve each other (64 on 2 cores never got going)
@@ -1033,7 +1044,8 @@ def _check_strategy_name(strategy: Any) -> None:
     known = ["auto", *sorted(StrategyRegistry.available_strategies())]
     if strategy in known:
         return
-    offered = [name for name in known if "spawn" not in name and "notebook" not in name]
+    # those that start their processes by pickling the trainer or by forking this one are refused
+    offered = [name for name in known if not any(word in name for word in ("spawn", "notebook", "fork"))]
     close = difflib.get_close_matches(strategy, offered, n=1)
     near = f"did you mean {close[0]!r}? " if close else ""
     raise SpecError([SpecProblem(

@@ -126,6 +126,19 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tiny, tmp_path:
     with pytest.raises(TrainingInterrupted, match="at step 0; no checkpoint yet"):
         train(spec, progress=False, callbacks=[CtrlC()])
     assert not runs.exists() or not any(runs.iterdir())
+    # a folder that holds a checkpoint is kept, whatever this process's trainer says of its steps
+    from specformer.training import run
+
+    class CheckpointThenCtrlC(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            folder = Path(os.environ[run.RUN_DIR_ENV]) / "checkpoints"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "last.ckpt").write_bytes(b"written by another process")
+            raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted):
+        train(spec, progress=False, callbacks=[CheckpointThenCtrlC()])
+    assert [p.name for p in runs.glob("*/checkpoints/*.ckpt")] == ["last.ckpt"]
 
 
 def test_a_step_far_past_the_machines_memory_is_refused_with_the_batch_that_fits(tiny, tmp_path: Path,
@@ -303,6 +316,13 @@ def test_settings_that_cannot_run_fail_before_the_data_is_prepared(tiny, tmp_pat
     with pytest.raises(SpecError) as info:
         train(load_spec(tiny("decoder", strategy="dpp")), progress=False)
     assert "did you mean 'ddp'? allowed: auto, ddp," in str(info.value) and "spawn" not in str(info.value)
+    # forked processes take the steps: this process's trainer said step 0, and a Ctrl-C after
+    # thousands of steps removed the run folder with its checkpoints as a run that trained nothing
+    for forked in ("ddp_fork", "ddp_notebook"):
+        with pytest.raises(SpecError, match=rf"training.strategy: '{forked}' trains in processes forked from this "
+                                            r"one[\s\S]*strategy: ddp"):
+            train(load_spec(tiny("decoder", strategy=forked, accelerator="cpu", devices=1)), progress=False)
+    assert "fork" not in str(info.value)  # nor offered
     # one CPU process a device: more processes than cores is refused before any starts
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with pytest.raises(SpecError, match=rf"training.devices: {cores + 1} starts {cores + 1} training processes on the "

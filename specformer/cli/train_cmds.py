@@ -250,13 +250,26 @@ def _placed(error: SpecError, positions: dict) -> SpecError:
 
     from specformer.specs.loader import _nearest
 
-    problems = [
-        replace(p, position=_nearest(positions, [int(k) if k.isdigit() else k for k in p.path.split(".")]))
-        if p.position is None and p.path
-        else p
-        for p in error.problems
-    ]
+    def place(path: str) -> Any:
+        keys = tuple(int(k) if k.isdigit() else k for k in path.split("."))
+        found = _nearest(positions, keys)
+        if found is None or keys in positions:
+            return found
+        # a section holding the field, where no one wrote it: a file's section is where to add it,
+        # but not a --set of another field of it, nor the file's first line
+        source = str(getattr(found, "source", ""))
+        return None if source.startswith("--set") or _nearest_key(positions, keys) == () else found
+
+    problems = [replace(p, position=place(p.path)) if p.position is None and p.path else p for p in error.problems]
     return SpecError(problems)
+
+
+def _nearest_key(positions: dict, keys: tuple) -> tuple | None:
+    while keys not in positions:
+        if not keys:
+            return None
+        keys = keys[:-1]
+    return keys
 
 
 def _validate(data: dict[str, Any], positions: dict) -> Any:

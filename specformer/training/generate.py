@@ -471,7 +471,7 @@ def generate_seq2seq(
     eos_id: int | None,
     max_new_tokens: int,
     attention_mask: Tensor | None = None,
-    temperature: float = 0.0,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     use_cache: bool = True,
@@ -488,7 +488,8 @@ def generate_seq2seq(
     """Decode sources (B, S) with an encoder-decoder; the encoder runs once. Returns the
     generated ids (B, N) without the start token ``start_id`` (the tokenizer's bos, or T5's
     pad: see ``training.objective.decoder_start``); a row that ended before the others goes on
-    with ``pad_id`` (default ``eos_id``). ``max_len`` caps the decoder sequence, start
+    with ``pad_id`` (default ``eos_id``). Greedy by default; a ``top_k`` or ``top_p`` samples, at
+    ``temperature`` 1 unless one is given. ``max_len`` caps the decoder sequence, start
     token included: by default a learned position table's length (``spec.max_seq_len``),
     and no cap for the other positional schemes. ``n_candidates`` and ``on_token``: see
     :func:`sample_next` and :func:`generate`; ``repetition_penalty`` and
@@ -497,6 +498,8 @@ def generate_seq2seq(
     ``forced_end_id`` the last one when the output reaches its length limit (the last of
     ``max_new_tokens``, or ``max_len``) without having ended, whatever the scores: Hugging
     Face's ``forced_bos_token_id`` and ``forced_eos_token_id`` (BART's ``<s>`` and ``</s>``)."""
+    if temperature is None:  # greedy, unless a top-k or top-p asks to sample (at temperature 1)
+        temperature = 1.0 if top_k is not None or top_p is not None else 0.0
     _check_call(model, input_ids, max_new_tokens, kind="encoder-decoder", name="generate_seq2seq")
     _check_limits(model, n_candidates=n_candidates, max_seq_len=max_len, eos_id=eos_id, max_seq_len_name="max_len",
                   pad_id=pad_id)

@@ -1016,8 +1016,10 @@ def _check_memory(spec: Any, processes: int, console: Console | None = None) -> 
     room = 0.8 * total  # what is left beside the data, the libraries and the rest of the machine
     fits = int((room - fixed) // per_sequence) if per_sequence and room > fixed else 0
     hint = (f"training.batch_size={fits} fits (training.accumulate keeps the batch: batch_size={fits}, "
-            f"accumulate={math.ceil(t.batch_size / fits)}); or a shorter training.seq_len" if fits
-            else "the weights, gradients and optimizer states alone do not fit: a smaller model, or a GPU")
+            f"accumulate={math.ceil(t.batch_size * t.accumulate / fits)}); or a shorter training.seq_len" if fits
+            else "the weights, gradients and optimizer states alone do not fit: a smaller model, or a GPU" if fixed > room
+            else "not one sequence fits beside the weights, gradients and optimizer states: a shorter "
+                 "training.seq_len, a smaller model, or a GPU")
     raise SpecError([SpecProblem(
         f"a training step of {t.batch_size:,} sequences of {seq_len:,} tokens"
         f"{f' in each of {processes} processes' if processes > 1 else ''} takes about {_gib(need)} "

@@ -718,3 +718,24 @@ def test_top_p_keeps_the_tokens_transformers_keeps_among_tied_logits() -> None:
             sampled = sample_next(logits.repeat(200, 1), top_p=p, generator=g).view(200, -1)
             for row in range(logits.shape[0]):
                 assert set(sampled[:, row].tolist()) <= set(kept[row].nonzero().flatten().tolist())
+
+
+def test_seq2seq_samples_when_a_top_k_or_top_p_asks(tiny: Any, monkeypatch) -> None:
+    # greedy by default: a top_k given alone went unused, silently
+    import importlib
+
+    generation = importlib.import_module("specformer.training.generate")
+    asked: list[float] = []
+    sample = generation.sample_next
+
+    def spy(logits: Any, temperature: float = 1.0, **kwargs: Any) -> Any:
+        asked.append(temperature)
+        return sample(logits, temperature=temperature, **kwargs)
+
+    monkeypatch.setattr(generation, "sample_next", spy)
+    _, model = _model(tiny, "encoder-decoder")
+    source = torch.randint(5, 40, (1, 6))
+    for kwargs, want in (({}, 0.0), ({"top_k": 5}, 1.0), ({"top_p": 0.9}, 1.0), ({"top_k": 5, "temperature": 0.5}, 0.5)):
+        asked.clear()
+        generation.generate_seq2seq(model, source, start_id=1, eos_id=None, max_new_tokens=2, **kwargs)
+        assert set(asked) == {want}, (kwargs, asked)

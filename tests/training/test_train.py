@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from specformer import load_spec
 from specformer.training.run import train
@@ -165,6 +166,23 @@ def test_a_step_far_past_the_machines_memory_is_refused_with_the_batch_that_fits
     assert (estimate.total - estimate.activations) + fits * per_sequence <= 0.8 * machine  # room beside it
     assert (estimate.total - estimate.activations) + (fits + 1) * per_sequence > 0.8 * machine
     assert f"accumulate={-(-4096 // fits)}" in text
+    # an accumulate set already is kept in the batch the hint keeps (4096 × 4 sequences a step)
+    with pytest.raises(SpecError) as info:
+        train(load_spec(tiny("decoder", max_steps=1, batch_size=4096, accumulate=4)), progress=False)
+    assert f"accumulate={-(-4096 * 4 // fits)}" in str(info.value)
+    # placed at no --set of another field (it was labelled with --set training.max_steps=5)
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(tiny("decoder", batch_size=4096)))
+    out = CliRunner().invoke(app, ["train", str(tmp_path / "big.yaml"), "--set", "training.max_steps=5"],
+                             env={"COLUMNS": "300"})
+    assert out.exit_code == 1 and "big.yaml:15:3: training.batch_size: a training step of 4,096" in out.stderr
+    assert "--set training.max_steps" not in out.stderr
+    out = CliRunner().invoke(app, ["train", "gpt-nano", "--set", "training.batch_size=4096", "--set",
+                                   "training.max_steps=5"], env={"COLUMNS": "300"})
+    assert "--set training.batch_size=4096: training.batch_size:" in out.stderr, out.output  # the one that set it
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("spec.yaml"))
     # past what is free now (but not the machine): a warning, and the run goes on
     small = load_spec(tiny("decoder", max_steps=1, val_interval=1, val_batches=1))

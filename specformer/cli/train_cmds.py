@@ -1712,7 +1712,14 @@ def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, 
                     label="[yellow]warning:[/]")
     columns = [*table.columns, *(c for c in added if c not in table.columns)]
     kind = _OUTPUT_KINDS.get(output.suffix.lower(), "tsv")  # standard output, a pipe: tab-separated
-    if kind in ("csv", "tsv"):
+    if str(output) == "-":
+        # for cut and awk: one line a row, no quoting; a tab or line break inside a text is a space
+        def plain(value: Any) -> str:
+            return re.sub(r"[\t\r\n]", " ", _cell(value))
+
+        data = "".join("\t".join(plain(v) for v in row) + "\n"
+                       for row in [columns, *([r.get(c) for c in columns] for r in rows)])
+    elif kind in ("csv", "tsv"):
         buffer = io.StringIO(newline="")
         writer = csv.writer(buffer, delimiter="\t" if kind == "tsv" else ",", lineterminator="\n")
         writer.writerow(columns)

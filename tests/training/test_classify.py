@@ -193,6 +193,11 @@ def test_a_text_files_lines_are_its_texts_and_minus_writes_them_tab_separated(cl
                                                    ("4", "fine line\u2028second part"), ("5", "last line no newline")]
         assert all(r[2] in ("neg", "pos") and 0.5 <= float(r[3]) <= 1 for r in rows[1:])
         assert "wrote 4 predictions to standard output" in out.stderr
+    # for cut: no quoting, a tab inside a text is a space ("line with\ttab" quoted broke cut -f 3)
+    quoted = _cli(classifier, "-", "-o", "-", input='a "good"\tfilm\n')
+    assert quoted.exit_code == 0, quoted.output
+    line = quoted.stdout.splitlines()[1].split("\t")
+    assert line[:2] == ["1", 'a "good" film'] and line[2] in ("neg", "pos") and len(line) == 4
     one = _cli(classifier, "good", "-o", str(tmp_path / "one.csv"))
     assert "wrote 1 prediction to" in one.output
     # a table's accuracy line goes to standard error, beside the rows

@@ -907,6 +907,9 @@ def _check_hardware(t: Any) -> int:
     except (MisconfigurationException, ValueError, ImportError, RuntimeError, TypeError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         field = next((f for f in ("strategy", "precision", "devices") if f in text.lower()), "accelerator")
+        if field == "accelerator" and isinstance(t.strategy, str) and t.strategy != "auto" and (
+                t.strategy in text or t.strategy.split("_")[0] in text.lower()):
+            field = "strategy"  # xla: "Requirement 'torch_xla>=1.13' not met", the strategy's package
         value = getattr(t, field)
         hints = {
             "accelerator": "accelerator: auto picks the GPU when there is one, else the CPU",
@@ -1048,7 +1051,7 @@ def _check_strategy_name(strategy: Any) -> None:
         return
     # those that start their processes by pickling the trainer or by forking this one are refused
     offered = [name for name in known if not any(word in name for word in ("spawn", "notebook", "fork"))]
-    close = difflib.get_close_matches(strategy, offered, n=1)
+    close = difflib.get_close_matches(strategy, offered, n=1, cutoff=0.5)
     near = f"did you mean {close[0]!r}? " if close else ""
     raise SpecError([SpecProblem(
         f"{strategy!r} is not a strategy Lightning knows", path="training.strategy",

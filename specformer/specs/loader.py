@@ -1400,6 +1400,14 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list,
         return [(path, f"expected {number}, got the string {value!r}",
                  f"write {value.strip()} without quotes (quoted, it is a string)")]
 
+    if kind in ("int_type", "int_parsing", "float_type", "float_parsing", "bool_type", "string_type") \
+            and isinstance(value, list | tuple):
+        # `n_layers: [2]`: one value where a list was written
+        what = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string"}[
+            kind.split("_")[0]]
+        one = f"write {path[-1]}: {_flow_yaml(value[0])} (one value, no brackets)" if len(value) == 1 and path else ""
+        return [(path, f"expected {what}, got a list {_flow_yaml(list(value))}", one)]
+
     if kind in ("tuple_type", "list_type") and isinstance(value, dict):
         # `overrides: {layers: 0, ...}`: one item where a list of them belongs
         item = _flow_yaml(value)

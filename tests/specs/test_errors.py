@@ -230,6 +230,8 @@ BAD_INPUTS = [
      "decoder.overrides.0.layers", ["expected a list, got true", "e.g. layers: [...]"]),
     ("null-heads", "extends: gpt-nano\ndecoder:\n  attention: {n_heads: null}\n", 3, "decoder.attention.n_heads",
      ["got null"]),
+    ("list-for-an-integer", "extends: gpt-nano\ndecoder: {n_layers: [2]}\n", 2, "decoder.n_layers",
+     ["expected an integer, got a list [2]", "write n_layers: 2 (one value, no brackets)"]),
     ("second-document", "extends: gpt-nano\nname: x\n---\n", 3, "",
      ["a spec is one YAML document: remove the '---'"]),
     ("preset-as-a-file", "extends: gpt-nano.yaml\n", 1, "extends",

@@ -1181,7 +1181,7 @@ class ModelSpec(Spec):
         :class:`~specformer.specs.errors.SpecProblem` (valid, and built: ``validate`` says them
         as notes). A rope's ``local_base`` rotates the layers with a sliding window; with none,
         every layer rotates with ``base``. A window of ``max_seq_len`` or more masks nothing in
-        training."""
+        training; a warmup longer than the run never reaches the learning rate."""
         from specformer.specs.errors import SpecProblem
 
         problems = []
@@ -1207,6 +1207,16 @@ class ModelSpec(Spec):
                         path=f"{role}.{where}.sliding_window",
                         hint=f"a window below {self.max_seq_len} masks in training, or none for full attention",
                     ))
+        t = self.training
+        warmup = getattr(getattr(t, "schedule", None), "warmup_steps", 0) or 0
+        max_steps = getattr(t, "max_steps", None)
+        if max_steps and warmup > max_steps and not getattr(t, "max_epochs", None):
+            problems.append(SpecProblem(
+                f"warmup_steps={warmup} is above max_steps={max_steps}: the learning rate never reaches "
+                f"training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
+                path="training.schedule.warmup_steps",
+                hint=f"a warmup of at most {max_steps} steps, or more training.max_steps",
+            ))
         return problems
 
 

@@ -83,6 +83,12 @@ def test_validate_notes_a_setting_that_changes_nothing():
     exact = runner.invoke(app, ["validate", "llama-nano", "--set", "max_seq_len=64", "--set", "training.seq_len=64", "--set",
                                 "decoder.attention.sliding_window=64"])
     assert exact.exit_code == 0 and exact.stderr == "", exact.output  # a rolling cache at trained distances
+    # a warmup longer than the run, which train warned of only once started
+    long = runner.invoke(app, ["validate", "gpt-nano", "--set", "training.schedule.warmup_steps=5000", "--set",
+                               "training.max_steps=100"], env={"COLUMNS": "400"})
+    assert long.exit_code == 0 and " ".join(long.stderr.split()).startswith(
+        "note: training.schedule.warmup_steps: warmup_steps=5000 is above max_steps=100: the learning rate never "
+        "reaches training.optimizer.lr (it ends at 0.02 of it)"), long.stderr
 
 
 def test_validate_bad_override_exits_1():

@@ -248,28 +248,22 @@ def _placed(error: SpecError, positions: dict) -> SpecError:
     (a head no objective trains, a precision this machine cannot run) know the field only."""
     from dataclasses import replace
 
-    from specformer.specs.loader import _nearest
-
     def place(path: str) -> Any:
         keys = tuple(int(k) if k.isdigit() else k for k in path.split("."))
-        found = _nearest(positions, keys)
-        if found is None or keys in positions:
+        held = keys
+        while held not in positions:
+            if not held:
+                return None
+            held = held[:-1]
+        found = positions[held]
+        if held == keys:
             return found
         # a section holding the field, where no one wrote it: a file's section is where to add it,
         # but not a --set of another field of it, nor the file's first line
-        source = str(getattr(found, "source", ""))
-        return None if source.startswith("--set") or _nearest_key(positions, keys) == () else found
+        return None if not held or str(getattr(found, "source", "")).startswith("--set") else found
 
     problems = [replace(p, position=place(p.path)) if p.position is None and p.path else p for p in error.problems]
     return SpecError(problems)
-
-
-def _nearest_key(positions: dict, keys: tuple) -> tuple | None:
-    while keys not in positions:
-        if not keys:
-            return None
-        keys = keys[:-1]
-    return keys
 
 
 def _validate(data: dict[str, Any], positions: dict) -> Any:
@@ -1712,7 +1706,8 @@ def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, 
                     label="[yellow]warning:[/]")
     columns = [*table.columns, *(c for c in added if c not in table.columns)]
     kind = _OUTPUT_KINDS.get(output.suffix.lower(), "tsv")  # standard output, a pipe: tab-separated
-    if str(output) == "-":
+    to_stdout = str(output) == "-"
+    if to_stdout:
         # for cut and awk: one line a row, no quoting; a tab or line break inside a text is a space
         def plain(value: Any) -> str:
             return re.sub(r"[\t\r\n]", " ", _cell(value))
@@ -1730,14 +1725,14 @@ def _write_predictions(output: Path, table: _Inputs, predictions: list[Any], *, 
         lines = [json.dumps({c: row[c] for c in columns if c in row}, ensure_ascii=False) for row in rows]
         data = "\n".join(lines) + "\n" if kind == "jsonl" else "[\n" + ",\n".join(lines) + "\n]\n"
     try:
-        if str(output) == "-":
+        if to_stdout:
             sys.stdout.write(data)
             sys.stdout.flush()
             return
         with atomic_file(output) as f:
             f.write(data.encode("utf-8"))
     except OSError as exc:
-        if reader_gone(exc, output) or (str(output) == "-" and isinstance(exc, BrokenPipeError)):
+        if reader_gone(exc, output) or (to_stdout and isinstance(exc, BrokenPipeError)):
             raise typer.Exit(0) from None
         kept = "; the file from before is as it was" if output.is_file() else ""
         raise _fail(f"--output {output}: cannot write ({exc.strerror or exc}); nothing was written{kept}") from None
@@ -1795,4 +1790,4 @@ def _show_score(scored: Any, names: tuple[Any, ...], column: str | None, *, out:
     if scored.counted:
         texts = "text" if scored.counted == 1 else "texts"
         out.print(f"[bold]accuracy[/] {100 * scored.accuracy:.1f}% ({scored.correct:,} of {scored.counted:,} "
-                      f"{texts} with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)
+                  f"{texts} with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)

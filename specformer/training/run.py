@@ -8,6 +8,7 @@ logs are written whole (a temporary file renamed into place) or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -662,12 +663,14 @@ def train(
         if periodic is not None and resume is not None and resumed_step is not None:
             periodic.resumed_from = (Path(resume), resumed_step)
 
+        def nothing_ran() -> bool:
+            return (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
+
         def _drop_if_nothing_ran() -> None:
             # a run stopped (by an error, Ctrl-C or SIGTERM) before its first step leaves no folder of
-            # a spec.yaml alone, which `generate runs/NAME` would then take for the latest run
-            nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
-            # and never a folder holding a checkpoint, whatever this process's trainer says
-            if nothing and created and not any((run_dir / "checkpoints").glob("*.ckpt")):
+            # a spec.yaml alone, which `generate runs/NAME` would then take for the latest run; never
+            # a folder holding a checkpoint, whatever this process's trainer says
+            if nothing_ran() and created and not any((run_dir / "checkpoints").glob("*.ckpt")):
                 shutil.rmtree(run_dir, ignore_errors=True)
 
         def interrupted(signum: int = signal.SIGINT, finished: bool = False) -> TrainingInterrupted:
@@ -686,13 +689,12 @@ def train(
         def failed(exc: Exception) -> BaseException:
             """``exc`` with what is left said: the step the run stopped at and its checkpoint."""
             where = interrupted()  # (which drops the folder of a run that took no step)
-            nothing = (periodic is None or periodic.last_path is None) and trainer.global_step == (resumed_step or 0)
             logs = _log_write_error(exc)
             if logs is None:  # out of memory, a NaN check: the error itself, with a note
                 _note_where_it_stopped(exc, where)
                 return exc
             # a full (or read-only) disk under the logs: the folder and the setting, not a traceback
-            return DataError(_log_write_message(logs, run_dir, where, started=not nothing))
+            return DataError(_log_write_message(logs, run_dir, where, started=not nothing_ran()))
 
         keep_freed_memory()  # each step reuses the memory the one before freed (no page faults)
         with _quiet_log_writer_thread():
@@ -905,7 +907,7 @@ def _check_hardware(t: Any) -> int:
             probe = L.Trainer(**_hardware(t), logger=False, enable_checkpointing=False,
                               enable_progress_bar=False, enable_model_summary=False)
     except (MisconfigurationException, ValueError, ImportError, RuntimeError, TypeError) as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = _first_line(exc)
         field = next((f for f in ("strategy", "precision", "devices") if f in text.lower()), "accelerator")
         if field == "accelerator" and isinstance(t.strategy, str) and t.strategy != "auto" and (
                 t.strategy in text or t.strategy.split("_")[0] in text.lower()):
@@ -965,12 +967,10 @@ def _memory_of_this_machine() -> tuple[int, int | None] | None:
     except (AttributeError, OSError, ValueError):
         return None
     available: int | None = None
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):  # no /proc (macOS): what is free is unknown
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 available = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     for limit_file, used_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
@@ -980,11 +980,9 @@ def _memory_of_this_machine() -> tuple[int, int | None] | None:
             continue
         if 0 < limit < total:
             total = limit
-            try:
+            with contextlib.suppress(OSError, ValueError):  # the container's use unread: the machine's free
                 free = limit - int(Path(used_file).read_text().strip())
                 available = free if available is None else min(available, free)
-            except (OSError, ValueError):
-                pass
         break
     return total, available
 
@@ -1010,9 +1008,8 @@ def _check_memory(spec: Any, processes: int, console: Console | None = None) -> 
     need = estimate.total * processes
     if need <= 1.25 * total:  # (the estimate is within about 15% of what a step takes)
         if available is not None and need > available:
-            _warn(console, f"a training step takes about {_gib(need)} (specformer show's estimate), more "
-                                      f"than the {_gib(available)} free on this machine now: it may swap, or be "
-                                      "killed for memory")
+            _warn(console, f"a training step takes about {_gib(need)} (specformer show's estimate), more than the "
+                           f"{_gib(available)} free on this machine now: it may swap, or be killed for memory")
         return
     fixed = (estimate.total - estimate.activations) * processes
     per_sequence = estimate.activations * processes / t.batch_size
@@ -1033,6 +1030,11 @@ def _check_memory(spec: Any, processes: int, console: Console | None = None) -> 
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line of text, or its type's name where it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_strategy_name(strategy: Any) -> None:
@@ -1069,9 +1071,8 @@ def _check_compiler(cpu: bool) -> None:
         try:
             cpp_builder.get_cpp_compiler()
         except Exception as exc:  # InvalidCxxCompiler, or whatever the search meets
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SpecError([SpecProblem(
-                f"torch.compile cannot build its CPU kernels here: {text}", path="training.compile",
+                f"torch.compile cannot build its CPU kernels here: {_first_line(exc)}", path="training.compile",
                 hint="install a C++ compiler (g++ or clang++; the CXX variable names another), "
                      "or set training.compile=false to train uncompiled")]) from None
         return

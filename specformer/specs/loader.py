@@ -1292,6 +1292,35 @@ def _nearest(positions: Mapping[Path_, Position], path: Sequence[str | int]) -> 
 
 
 def _describe(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list, str, str]]:
+    """pydantic's error as (path, message, hint) triples; a look-alike character is named."""
+    described = _describe_error(err, root)
+    written = str(err["loc"][-1]) if err["type"] == "extra_forbidden" and err["loc"] else err.get("input")
+    if not isinstance(written, str) or not (note := _unusual_characters(written)):
+        return described
+    # `n_lаyers` with a Cyrillic a, `3` followed by a no-break space: the look-alike is the
+    # mistake, and "write 3 without quotes" would not fix it
+    return [(path, message, note if "without quotes" in hint or not hint else f"{note}; {hint}")
+            for path, message, hint in described]
+
+
+def _unusual_characters(text: str) -> str:
+    """Name the characters of ``text`` that look like ASCII but are not (pasted from a web page
+    or a PDF): a spec's field names, types and numbers are plain ASCII."""
+    import unicodedata
+
+    found = []
+    for i, char in enumerate(text):
+        if char.isascii() and (char.isprintable() or char == "\t"):
+            continue
+        name = unicodedata.name(char, "a control character")
+        found.append(f"U+{ord(char):04X} {name} (character {i + 1})")
+    if not found:
+        return ""
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return f"{text!r} holds {shown}, where a plain ASCII character belongs: retype it"
+
+
+def _describe_error(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[list, str, str]]:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     path, owner, annotation = _walk(tuple(err["loc"]), root)

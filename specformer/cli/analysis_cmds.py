@@ -31,7 +31,8 @@ __all__ = [
 FORMATS = ("rich", "markdown", "json")
 
 FormatOption = Annotated[
-    str, typer.Option("--format", "-f", help="rich (tables), markdown (for a paper or a PR) or json (stable keys).")
+    str, typer.Option("--format", "-f", metavar="[rich|markdown|json]",
+                      help="rich (tables), markdown (for a paper or a PR) or json (stable keys).")
 ]
 BatchOption = Annotated[int, typer.Option("--batch", "-b", min=1, help="Sequences per training step (memory).")]
 SeqLenOption = Annotated[
@@ -54,7 +55,7 @@ DtypeOption = Annotated[
 
 FlopsCountOption = Annotated[
     str,
-    typer.Option("--flops-count", help="How attention scores are counted: needed (the keys each query's mask "
+    typer.Option("--flops-count", metavar="[needed|executed]", help="How attention scores are counted: needed (the keys each query's mask "
                  "allows; causal: (T+1)/2 on average, sliding windows capped) or executed (every query against "
                  "all T keys, as a dense kernel computes them and as 6N + 12·L·T·d counts a training token)."),
 ]

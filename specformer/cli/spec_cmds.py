@@ -145,7 +145,7 @@ def validate(
     set_: SetOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing when the spec is valid.")] = False,
     output_format: Annotated[
-        str, typer.Option("--format", "-f", help="How to print the resolved spec: yaml or json.")
+        str, typer.Option("--format", "-f", metavar="[yaml|json]", help="How to print the resolved spec: yaml or json.")
     ] = "yaml",
 ) -> None:
     """Check a spec and print it fully resolved (extends, overrides and defaults applied).

@@ -587,7 +587,7 @@ def generate_cmd(
     temperature: Annotated[
         float | None, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy. Default 0.8 (decoder); for an encoder-decoder 0 (greedy), or 1 with --top-k or --top-p.")
     ] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", "-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", **_number(0, 1, above=True, hint="1 keeps every token; for the most likely token use --greedy"), help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
     stop_at_eot: Annotated[bool | None, typer.Option("--stop-at-eot/--no-stop-at-eot", help="Decoder: stop at the end-of-text token (the end of a document, or of a response; with --chat, the tokenizer's eos_token, an instruct model's end of turn) instead of going on into a new one. Default: on for a model fine-tuned with the sft objective, whose responses end there, and with --chat; off otherwise.")] = None,
@@ -893,7 +893,7 @@ def chat_cmd(
     system: Annotated[str | None, typer.Option("--system", help="A system prompt, the conversation's first turn. Default: the training.objective.system the model was fine-tuned with, if any.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens of a reply at most.")] = 256,
     temperature: Annotated[float, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy.")] = 0.8,
-    top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Sample from the k most likely tokens.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", "-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", **_number(0, 1, above=True, hint="1 keeps every token; for the most likely token use --greedy"), help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,

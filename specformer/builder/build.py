@@ -328,6 +328,9 @@ def _t5_init(model: nn.Module) -> None:
             nn.init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
     for table in tokens.values():
         nn.init.normal_(table.weight, mean=0.0, std=1.0)
+        if table.padding_idx is not None:  # the padding row starts at zero under either scheme
+            with torch.no_grad():
+                table.weight[table.padding_idx].zero_()
     d_model = next(iter(tokens.values())).embedding_dim if tokens else None
     for module in model.modules():
         if isinstance(module, Attention):

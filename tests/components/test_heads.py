@@ -65,10 +65,11 @@ def test_classification_pooler_and_shapes(tiny: Tiny) -> None:
 
 
 def test_embedding_padding_row_starts_at_zero_and_takes_no_lookup_gradient(tiny: Tiny) -> None:
-    for tied in (False, True):
-        model = build_model(tiny("encoder-decoder", embedding={"padding_idx": 3, "tie_output": tied}))
+    for tied, scheme in ((False, "normal"), (True, "normal"), (True, "t5")):
+        model = build_model(tiny("encoder-decoder", embedding={"padding_idx": 3, "tie_output": tied},
+                                 init={"scheme": scheme}))
         tokens = model.embed.tokens.weight
-        assert not tokens[3].any() and tokens[4].any()
+        assert not tokens[3].any() and tokens[4].any()  # t5 draws the table again, the row included
         ids = torch.tensor([[3, 5, 3, 7]])
         model(ids, decoder_input_ids=ids).logits.sum().backward()
         # no gradient from the lookups (encoder and decoder share the table); tied, the output

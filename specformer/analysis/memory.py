@@ -236,8 +236,16 @@ def cross_kv_cache_bytes_per_source_token(spec: Any, dtype: str = "bf16", *, ski
 # --------------------------------------------------------------------------- activations
 
 
+def _math_kernel(att: Any, *, learned_bias: bool, cpu: bool) -> bool:
+    """Whether an ``sdpa`` attention trains through torch's math kernel: with attention
+    dropout on the CPU, where neither torch's fused kernel nor specformer's own takes it (a
+    GPU's fused kernels do)."""
+    return (cpu and att.backend == "sdpa" and att.dropout > 0 and not learned_bias
+            and getattr(att, "softcap", None) is None)
+
+
 def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | None = None,
-                     learned_bias: bool = False, flow: Any = None) -> float:
+                     learned_bias: bool = False, flow: Any = None, cpu: bool = False) -> float:
     """Bytes autograd keeps per query token for one attention sublayer (projections included).
 
     ``kv_len`` set means cross-attention: K and V belong to the source and are counted
@@ -245,7 +253,8 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
     additive bias (T5's) has no fused kernel, so the probabilities are kept as in eager.
     ``flow``: the sublayer's :class:`~specformer.analysis.gradflow.AttentionFlow` when
     parameters are frozen: a projection keeps its input only if its weight trains, and
-    the attention keeps its tensors only if one of Q, K, V needs a gradient.
+    the attention keeps its tensors only if one of Q, K, V needs a gradient. ``cpu``: the
+    attention runs where dropout takes it to torch's math kernel (:func:`_math_kernel`).
     """
     h, hkv, dh = att.n_heads, att.n_kv_heads, att.head_dim
     keys = seq_len if kv_len is None else kv_len
@@ -261,6 +270,21 @@ def _attention_saved(att: Any, d: int, seq_len: int, act: int, *, kv_len: int | 
     extra = 0.0
     if not kernel:
         return elems * act
+    if _math_kernel(att, learned_bias=learned_bias, cpu=cpu):
+        # torch's math kernel computes in float32 at least (bfloat16 inputs are copied up) and
+        # keeps the scaled queries, keys and values (copies, repeated to every query head,
+        # unless they are the float32 ones given), its softmax output, the dropout mask (in
+        # that dtype) and the dropped probabilities; neither an output nor a log-sum-exp
+        wide = max(4, act)
+        elems -= h * dh  # the output, which this kernel does not keep
+        if kv_len is None:
+            elems -= 2 * hkv * dh  # the K and V given, counted again below as kept
+        copies = hkv != h or act < 4
+        extra += h * dh * wide  # the scaled queries
+        if kv_len is None:
+            extra += 2 * (h * dh * wide if copies else hkv * dh * act)
+        elems -= h * dh  # Q, which it keeps scaled (above)
+        return elems * act + extra + 3 * wide * h * keys
     softcap = getattr(att, "softcap", None) is not None
     if softcap:
         extra += 4 * h * keys  # the capped scores' tanh, float32
@@ -310,18 +334,20 @@ def _ffn_saved(ffn: Any, d: int, act: int, flow: Any = None) -> float:
     return elems * act + extra
 
 
-def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-mixed") -> int:
+def activation_bytes(spec: Any, *, batch: int, seq_len: int, dtype: str = "bf16-mixed", cpu: bool = False) -> int:
     """Bytes autograd keeps for the backward pass of one training step (see module docstring).
     A part built from a plugin's type is an :class:`AnalysisError` (:func:`memory_estimate`
-    counts the other parts and names it)."""
-    total, not_counted = _activations(spec, batch=batch, seq_len=seq_len, dtype=dtype)
+    counts the other parts and names it). ``cpu``: as a CPU trains it, where attention
+    dropout runs torch's math kernel, which keeps the ``T × T`` probabilities."""
+    total, not_counted = _activations(spec, batch=batch, seq_len=seq_len, dtype=dtype, cpu=cpu)
     if not_counted:
         key, what = next(iter(not_counted.items()))
         raise AnalysisError(f"{key}: no activation count for {what}, which keeps what its own module chooses")
     return total
 
 
-def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[int, dict[str, str]]:
+def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str,
+                 cpu: bool = False) -> tuple[int, dict[str, str]]:
     """:func:`activation_bytes` of the parts with a formula, and the parts without (a
     plugin's types: ``{"decoder.ffn": "ffn type 'relu2'"}``)."""
     spec = as_spec(spec)
@@ -360,15 +386,19 @@ def _activations(spec: Any, *, batch: int, seq_len: int, dtype: str) -> tuple[in
             tok = 0.0
             if analysed("attention", layer.attention.type):
                 tok += _attention_saved(layer.attention, d, t, act, learned_bias=spec.positional.type == "t5",
-                                        flow=lf and lf.attention)
+                                        flow=lf and lf.attention, cpu=cpu)
             cross_here = layer.cross_attention is not None and role == "decoder" and spec.kind == "encoder-decoder"
             if cross_here:
                 n_norms += 2 if sandwich else 1
                 ca = layer.cross_attention
                 cf = lf and lf.cross_attention
                 if analysed("attention", ca.type):
-                    tok += _attention_saved(ca, d, t, act, kv_len=t, flow=cf)
-                    if cf is None or cf.kernel:
+                    tok += _attention_saved(ca, d, t, act, kv_len=t, flow=cf, cpu=cpu)
+                    if (cf is None or cf.kernel) and _math_kernel(ca, learned_bias=False, cpu=cpu):
+                        # K, V of the source tokens, as the math kernel keeps them (see above)
+                        copies = ca.n_kv_heads != ca.n_heads or act < 4
+                        tok += 2 * (ca.n_heads * ca.head_dim * max(4, act) if copies else ca.n_kv_heads * ca.head_dim * act)
+                    elif cf is None or cf.kernel:
                         tok += 2 * ca.n_kv_heads * ca.head_dim * act  # K, V of the source tokens
                 tok += d if res_drop and (cf is None or cf.out) else 0
             if analysed("ffn", layer.ffn.type):
@@ -616,17 +646,18 @@ def optimizer_state_elements(spec: Any) -> int:
 
 
 def memory_estimate(
-    spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed"
+    spec: Any, *, batch: int = 1, seq_len: int | None = None, dtype: str = "bf16-mixed", cpu: bool = False
 ) -> MemoryEstimate:
     """Memory of one training step of ``spec`` (with its ``training.optimizer``) at
-    ``batch`` × ``seq_len`` in ``dtype``."""
+    ``batch`` × ``seq_len`` in ``dtype``; ``cpu``: as a CPU trains it (see
+    :func:`activation_bytes`)."""
     spec = as_spec(spec)
     batch = whole_number("batch", batch)
     t = whole_number("seq_len", seq_len) if seq_len is not None else spec.max_seq_len
     p = precision(dtype)
     n = count_parameters(spec).total
     cast = autocast_copied_parameters(spec, skip_plugins=True) if p.weight_cast else 0
-    activations, not_counted = _activations(spec, batch=batch, seq_len=t, dtype=p.name)
+    activations, not_counted = _activations(spec, batch=batch, seq_len=t, dtype=p.name, cpu=cpu)
     optimizer = spec.training.optimizer
     trained = trainable_parameters(spec)  # gradients and optimizer states: frozen parameters have none
     if _counted_optimizer(optimizer.type):

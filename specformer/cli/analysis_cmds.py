@@ -482,7 +482,9 @@ def _memory_section(report: Any) -> Section:
 
 
 def _show_sections(report: Any) -> list[Section]:
-    return [_architecture_section(report), _params_section(report), _compute_section(report), _memory_section(report)]
+    memory = _memory_section(report)
+    memory.notes.extend(_cpu_attention_note(report.spec, report.memory))
+    return [_architecture_section(report), _params_section(report), _compute_section(report), memory]
 
 
 def _show_heading(report: Any, overrides: list[str] | None = None) -> str:
@@ -541,6 +543,23 @@ def show(
     if (batch, seq_len, dtype) == (1, None, "bf16-mixed"):
         sections[-1].notes.extend(_training_step_note(resolved, report.memory))
     _emit(sections, _show_heading(report, set_), output_format)
+
+
+def _cpu_attention_note(spec: Any, memory: Any) -> list[str]:
+    """With attention dropout, what a CPU keeps beside the figures shown (a GPU's)."""
+    from specformer.analysis.memory import memory_estimate
+
+    try:
+        cpu = memory_estimate(spec, batch=memory.batch, seq_len=memory.seq_len, dtype=memory.dtype, cpu=True)
+    except Exception:  # a plugin's part: the figures shown already name it
+        return []
+    if cpu.activations == memory.activations:
+        return []
+    return [
+        f"On a CPU, attention dropout runs torch's math kernel, which keeps each layer's T × T probabilities: "
+        f"activations {human_bytes(cpu.activations)}, total {human_bytes(cpu.total)} (what `specformer train` "
+        "checks there). A GPU's fused kernels drop without keeping them, as counted above."
+    ]
 
 
 def _training_step_note(spec: Any, memory: Any) -> list[str]:

@@ -990,7 +990,8 @@ def _memory_of_this_machine() -> tuple[int, int | None] | None:
 def _check_memory(spec: Any, processes: int, console: Console | None = None) -> None:
     """A training step whose estimated memory (``show``'s, for ``processes`` processes of
     ``batch_size`` sequences each) is far past this machine's is refused, naming the batch that
-    fits; one past what is free now is warned of. Without it a batch_size of 100,000 on a
+    fits; one past what is free now is warned of (counted as a CPU trains: attention dropout
+    keeps its probabilities there). Without it a batch_size of 100,000 on a
     23 GiB machine was killed by the kernel, saying nothing, after the data."""
     from specformer.analysis.memory import memory_estimate
     from specformer.specs.errors import SpecError, SpecProblem
@@ -1002,7 +1003,7 @@ def _check_memory(spec: Any, processes: int, console: Console | None = None) -> 
     t = spec.training
     seq_len = t.seq_len or spec.max_seq_len
     try:
-        estimate = memory_estimate(spec, batch=t.batch_size, seq_len=seq_len, dtype=str(t.precision))
+        estimate = memory_estimate(spec, batch=t.batch_size, seq_len=seq_len, dtype=str(t.precision), cpu=True)
     except Exception:  # a plugin's part the estimate cannot size: no check
         return
     need = estimate.total * processes

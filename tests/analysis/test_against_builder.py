@@ -368,10 +368,13 @@ def test_cpu_attention_keeps_at_most_its_budget_beyond_the_estimate(monkeypatch,
         ("t5-nano", ["encoder.norm.placement=output", "decoder.norm.placement=output"]),
         ("gpt-nano", ["positional={type: rope}", "decoder.norm={type: rmsnorm, placement: output}",
                       "decoder.attention.qk_norm=rmsnorm", "decoder.attention.qk_norm_scope=all"]),
+        # attention dropout takes sdpa to torch's math kernel, which keeps the probabilities
+        ("gpt-nano", ["decoder.attention.dropout=0.1"]),
+        ("t5-nano", ["decoder.cross_attention.dropout=0.1"]),
     ],
     ids=["gpt-nano", "gpt-nano-eager", "gpt-nano-glu-gqa-rope", "bert-nano", "t5-nano", "gpt-nano-large-vocab",
          "gpt-nano-relu-rmsnorm", "gpt-nano-reglu", "gpt-nano-sandwich-softcaps", "t5-nano-output-norms",
-         "gpt-nano-olmo2"],
+         "gpt-nano-olmo2", "gpt-nano-attention-dropout", "t5-nano-cross-attention-dropout"],
 )
 @pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed", "fp64"])
 def test_activation_estimate_matches_saved_tensors(monkeypatch, name: str, overrides: list[str], dtype: str) -> None:
@@ -384,8 +387,26 @@ def test_activation_estimate_matches_saved_tensors(monkeypatch, name: str, overr
     spec = load_spec(name, overrides=overrides)
     measured = _saved_activation_bytes(spec, 2, 64, autocast=dtype == "bf16-mixed",
                                        dtype=torch.float64 if dtype == "fp64" else torch.float32)
-    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype=dtype)
+    estimate = activation_bytes(spec, batch=2, seq_len=64, dtype=dtype, cpu=True)
     assert math.isclose(estimate, measured, rel_tol=0.15), (estimate, measured)
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed"])
+def test_attention_dropout_on_a_cpu_keeps_what_torchs_math_kernel_keeps(monkeypatch, dtype: str, gqa: bool) -> None:
+    # attention dropout takes a CPU to torch's math kernel, which keeps 3 T x T tensors a layer
+    # (a GPU's fused kernels drop without keeping the probabilities: there, the estimate stays)
+    from specformer.analysis import activation_bytes
+    from specformer.components import products
+
+    monkeypatch.setattr(products, "BF16_IN_FLOAT32", False)
+    base = ["positional={type: rope}", "decoder.ffn={type: glu}"] + (["decoder.attention.n_kv_heads=2"] if gqa else [])
+    plain, dropped = (load_spec("gpt-nano", overrides=base + extra) for extra in ([], ["decoder.attention.dropout=0.1"]))
+    measured = [_saved_activation_bytes(spec, 2, 64, autocast=dtype == "bf16-mixed") for spec in (plain, dropped)]
+    estimate = [activation_bytes(spec, batch=2, seq_len=64, dtype=dtype, cpu=True) for spec in (plain, dropped)]
+    assert measured[1] > 1.2 * measured[0]
+    assert math.isclose(estimate[1], measured[1], rel_tol=0.05), (estimate, measured)
+    assert activation_bytes(dropped, batch=2, seq_len=64, dtype=dtype) == estimate[0]
 
 
 @pytest.mark.parametrize(("name", "overrides", "freeze"), _FROZEN, ids=_FROZEN_IDS)

@@ -99,6 +99,22 @@ def test_show_says_which_options_show_the_training_step_of_the_spec() -> None:
     assert 1.99 * fp32["activations"] < fp64["activations"] < 2 * fp32["activations"]
 
 
+def test_show_notes_what_attention_dropout_keeps_on_a_cpu() -> None:
+    from specformer.analysis.memory import memory_estimate
+    from specformer.cli.analysis_cmds import human_bytes
+
+    spec = load_spec("gpt-nano", overrides=["decoder.attention.dropout=0.1"])
+    cpu = memory_estimate(spec, batch=4, seq_len=256, dtype="fp32", cpu=True)
+    gpu = memory_estimate(spec, batch=4, seq_len=256, dtype="fp32")
+    # four layers of 3 float32 T x T tensors of 4 heads, less the output and log-sum-exp the
+    # fused kernel keeps: more than two such tensors a layer
+    assert cpu.activations - gpu.activations > 4 * 2 * 4 * 4 * 256 * 256 * 4
+    out = _ok(["show", "gpt-nano", "--set", "decoder.attention.dropout=0.1", "-b", "4", "--dtype", "32",
+               "-f", "markdown"]).stdout
+    assert f"activations {human_bytes(cpu.activations)}, total {human_bytes(cpu.total)}" in out
+    assert "torch's math kernel" not in _ok(["show", "gpt-nano", "-f", "markdown"]).stdout
+
+
 def test_show_set_overrides() -> None:
     data = json.loads(_ok(["show", "gpt2-small", "--set", "decoder.n_layers=6", "-f", "json"]).stdout)
     assert data["params"]["total"] == count_parameters(load_spec("gpt2-small", ["decoder.n_layers=6"])).total

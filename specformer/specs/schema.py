@@ -1180,8 +1180,13 @@ class ModelSpec(Spec):
         """Settings the spec writes that change nothing in the model it builds, as
         :class:`~specformer.specs.errors.SpecProblem` (valid, and built: ``validate`` says them
         as notes). A rope's ``local_base`` rotates the layers with a sliding window; with none,
-        every layer rotates with ``base``. A window of ``max_seq_len`` or more masks nothing in
-        training; a warmup longer than the run never reaches the learning rate."""
+        every layer rotates with ``base``, and when every layer has one, ``scaling`` (of ``base``'s
+        rotations) scales none. A window past ``max_seq_len`` masks nothing in training; a warmup
+        longer than the run never reaches the learning rate. Settings of parts the model lacks:
+        the decoder's own positions (``share_positions: false``) with no position table, segments
+        or embedding norm to own; segments past row 0 where the forward takes no token types;
+        ``init.std`` under T5's scheme with no table it draws; a ``val_fraction`` beside
+        ``val_paths``."""
         from specformer.specs.errors import SpecProblem
 
         problems = []
@@ -1196,6 +1201,16 @@ class ModelSpec(Spec):
                 hint="give the local layers a window (overrides: [{layers: [...], attention: {sliding_window: N}}]) "
                      "or remove local_base",
             ))
+        windowed = [layer.attention.sliding_window is not None
+                    for _, stack in self.stacks() for layer in stack.layers()]
+        if getattr(pos, "local_base", None) is not None and getattr(pos, "scaling", None) is not None and all(windowed):
+            problems.append(SpecProblem(
+                f"every layer has a sliding window and rotates with local_base={pos.local_base:g}, unscaled, so "
+                f"scaling ({pos.scaling.type}, of base {pos.base:g}'s rotations) scales none",
+                path="positional.scaling",
+                hint="leave some layers without a window (they rotate with base, scaled) or remove scaling",
+            ))
+        problems.extend(self._parts_not_built())
         for role, stack in self.stacks():
             for where, attention in _attentions(stack):
                 window = attention.sliding_window
@@ -1218,6 +1233,57 @@ class ModelSpec(Spec):
                 hint=f"a warmup of at most {max_steps} steps, or more training.max_steps",
             ))
         return problems
+
+    def _parts_not_built(self) -> list[Any]:
+        """:meth:`settings_without_effect` of the parts a setting names that the model lacks."""
+        from specformer.specs.errors import SpecProblem
+
+        problems = []
+        emb, pos = self.embedding, self.positional
+        if self.kind == "encoder-decoder" and not emb.share_positions and pos.type != "learned" \
+                and not emb.segment_vocab_size and emb.norm is None:
+            problems.append(SpecProblem(
+                f"share_positions: false gives the decoder its own position table, segments and embedding norm, "
+                f"and this spec has none of them (positional {pos.type}, no segments, no embedding norm): "
+                "the decoder embeds with the shared token table either way",
+                path="embedding.share_positions",
+                hint="remove share_positions (BART's own positions need positional.type: learned)",
+            ))
+        if self.kind != "encoder" and emb.segment_vocab_size > 1:
+            problems.append(SpecProblem(
+                f"a {self.kind} model's forward takes no token_type_ids, so every token adds row 0 of the "
+                f"{emb.segment_vocab_size} segment rows and the other {emb.segment_vocab_size - 1} never train",
+                path="embedding.segment_vocab_size",
+                hint="segment_vocab_size: 1 (one learned vector added to every token) or 0; token types are "
+                     "an encoder's (BERT's)",
+            ))
+        init = self.init
+        if init.scheme == "t5" and "std" in init.model_fields_set and pos.type != "learned" \
+                and not emb.segment_vocab_size and not self._plugin_parts():
+            problems.append(SpecProblem(
+                f"scheme t5 sets every weight's std from its shape; std={init.std:g} draws only learned position "
+                f"and segment tables, and this spec has neither (positional {pos.type}, no segments)",
+                path="init.std",
+                hint="remove std, or scheme: normal to draw every weight with it",
+            ))
+        data = getattr(self.training, "data", None)
+        if getattr(data, "val_paths", None) and "val_fraction" in data.model_fields_set:
+            problems.append(SpecProblem(
+                f"val_paths holds the validation data, so val_fraction={data.val_fraction:g} holds out nothing: "
+                "every example in paths trains",
+                path="training.data.val_fraction",
+                hint="remove val_fraction, or val_paths to hold out part of paths",
+            ))
+        return problems
+
+    def _plugin_parts(self) -> bool:
+        """Whether a part is built from a plugin's type (which may draw its weights with std)."""
+        from specformer.analysis.params import plugin_components
+
+        try:
+            return bool(plugin_components(self))
+        except Exception:  # noqa: BLE001 - a note is not worth an error
+            return True
 
 
 def _attentions(stack: StackSpec) -> Iterator[tuple[str, AttentionSpec]]:

@@ -7,11 +7,13 @@ import os
 import re
 import threading
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+import specformer
 from specformer.cli import app
 from specformer.specs.jsonschema import spec_json_schema
 from specformer.specs.loader import load_spec
@@ -89,6 +91,48 @@ def test_validate_notes_a_setting_that_changes_nothing():
     assert long.exit_code == 0 and " ".join(long.stderr.split()).startswith(
         "note: training.schedule.warmup_steps: warmup_steps=5000 is above max_steps=100: the learning rate never "
         "reaches training.optimizer.lr (it ends at 0.02 of it)"), long.stderr
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(specformer.__file__).parent / "specs/presets").glob("*.yaml")))
+def test_no_preset_writes_a_setting_without_effect(name):
+    assert load_spec(name).settings_without_effect() == []
+
+
+@pytest.mark.parametrize("preset,overrides,path,says", [
+    # BART's own decoder positions, in a spec with no position table of its own
+    ("t5-nano", ["embedding.share_positions=false"], "embedding.share_positions",
+     "and this spec has none of them (positional t5, no segments, no embedding norm)"),
+    # a decoder's forward takes no token types: only row 0 is ever added
+    ("gpt-nano", ["embedding.segment_vocab_size=2"], "embedding.segment_vocab_size",
+     "every token adds row 0 of the 2 segment rows and the other 1 never train"),
+    ("t5-nano", ["embedding.segment_vocab_size=3"], "embedding.segment_vocab_size", "the other 2 never train"),
+    # every layer windowed: they rotate with local_base, which is never scaled
+    ("llama-nano", ["positional.local_base=100", "positional.scaling={type: linear, factor: 2}",
+                    "decoder.attention.sliding_window=8"], "positional.scaling", "scaling (linear, of base 10000"),
+    # scheme t5 draws every weight from its shape; std only learned position and segment tables
+    ("t5-nano", ["init.std=0.05"], "init.std", "std=0.05 draws only learned position and segment tables"),
+    ("llama-nano", ["init.scheme=t5", "init.std=0.05"], "init.std", "this spec has neither"),
+    # validation files given: no fraction of paths is held out
+    ("gpt-nano", ["training.data={type: files, paths: [a.txt], val_paths: [b.txt], val_fraction: 0.2}"],
+     "training.data.val_fraction", "val_fraction=0.2 holds out nothing"),
+])
+def test_settings_of_parts_the_model_lacks_are_noted(preset, overrides, path, says):
+    notes = load_spec(preset, overrides=overrides).settings_without_effect()
+    assert [n.path for n in notes] == [path], notes
+    assert says in notes[0].message, notes[0].message
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("bart-base", []),  # its own learned positions and embedding norm
+    ("bert-nano", ["embedding.segment_vocab_size=3"]),  # an encoder takes token types
+    ("gpt-nano", ["embedding.segment_vocab_size=1"]),  # one learned vector added to every token
+    ("t5-nano", ["init.std=0.05", "positional={type: learned}"]),  # std draws the position table
+    ("gpt-nano", ["training.data={type: files, paths: [a.txt], val_paths: [b.txt]}"]),
+    ("llama-nano", ["positional.local_base=100", "positional.scaling={type: linear, factor: 2}",
+                    "decoder.overrides=[{layers: [0], attention: {sliding_window: 8}}]"]),  # layer 1 scales
+])
+def test_the_same_settings_where_they_act_are_not_noted(preset, overrides):
+    assert load_spec(preset, overrides=overrides).settings_without_effect() == []
 
 
 def test_validate_bad_override_exits_1():

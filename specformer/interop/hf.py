@@ -534,17 +534,62 @@ def _chat_template(spec: ModelSpec, tokenizer: Any = None) -> Any:
         return None
 
 
-def save_safetensors(tensors: Mapping[str, Tensor], path: Path, *, metadata: Mapping[str, str] | None = None) -> None:
-    """``safetensors.torch.save_file``, its I/O errors raised as ``OSError`` naming ``path``;
-    ``metadata`` (strings) goes into the file's header beside ``format: pt``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
+def _safetensors_dtypes() -> dict[torch.dtype, str]:
+    names = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+             "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "C64": "complex64",
+             "U64": "uint64", "U32": "uint32", "U16": "uint16", "F8_E4M3": "float8_e4m3fn",
+             "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}
+    return {getattr(torch, name): code for code, name in names.items() if hasattr(torch, name)}
 
-    try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path),
-                  metadata={**(metadata or {}), "format": "pt"})
-    except SafetensorError as exc:
-        raise OSError(errno.EIO, str(exc), str(path)) from None
+
+def save_safetensors(tensors: Mapping[str, Tensor], path: Path, *, metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tensors`` to ``path`` in the safetensors format, ``metadata`` (strings) in the
+    file's header beside ``format: pt``; the file ``safetensors.torch.load_file`` reads.
+
+    ``path`` itself is written, one tensor at a time (a model on a GPU is copied to the CPU a
+    tensor at a time, never whole): no other file is made. ``safetensors.torch.save_file``
+    writes a temporary file of its own (``.tmpXXXXXX``) beside ``path`` and renames it, which
+    a write killed outright (SIGKILL, the OOM killer) leaves behind, as large as the weights,
+    where no cleanup knows it; serialising to bytes first (``safetensors.torch.save``) would
+    hold the weights twice in memory. This is not atomic by itself: :func:`write_files`
+    passes it its own temporary file (which its cleanup removes) and renames that into place."""
+    import sys
+
+    dtypes = _safetensors_dtypes()
+    meta = {**(metadata or {}), "format": "pt"}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise TypeError(f"safetensors metadata holds strings only: {meta!r}")
+    if sys.byteorder != "little":  # the format is little-endian: let safetensors swap the bytes
+        from safetensors.torch import save
+
+        data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=meta)
+        with open(path, "wb") as f:
+            f.write(data)
+        return
+    for name, tensor in tensors.items():
+        if tensor.dtype not in dtypes:
+            raise TypeError(f"{name}: safetensors cannot hold a {tensor.dtype} tensor")
+        if tensor.layout != torch.strided:
+            raise TypeError(f"{name}: safetensors holds dense tensors only, not a {tensor.layout} one")
+    # the widest dtypes first, as safetensors orders them: every tensor starts aligned to its
+    # element size (the data starts at a multiple of 8)
+    order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    header: dict[str, Any] = {"__metadata__": meta}
+    offset = 0
+    for name in order:
+        tensor = tensors[name]
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": dtypes[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for name in order:
+            data = tensors[name].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            f.write(data.numpy().data)
 
 
 def _umask_mode() -> int:
@@ -556,8 +601,11 @@ def _umask_mode() -> int:
 def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     """Write several files all or nothing: ``writers[path](tmp)`` writes each to a temporary
     file beside ``path``; once every one is written and flushed to disk they are renamed into
-    place. On an error (an ``OSError`` is raised) no temporary file is left and no target is
-    replaced by a partial file.
+    place. On an error (an ``OSError`` is raised) no temporary file is left, no target is
+    replaced by a partial file, and the folders this call made (``parents=True``) are removed
+    again, each only when it is empty. The renames are not one step: the largest file (the
+    weights) is renamed first and ``config.json`` last (see :func:`_rename_into_place`), so
+    a crash between them leaves new weights beside the old ``config.json``, never the reverse.
 
     The temporary files that a write killed midway (SIGKILL, the OOM killer) left beside
     these targets, each as large as its file, are removed first, unless another process is
@@ -570,38 +618,106 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     files = [path for path in writers if not is_stream(path)]
     targets = {path: Path(os.path.realpath(path)) if path in files else path for path in writers}
     staged: list[tuple[Path, Path]] = []
-    with ExitStack() as folders:
-        for folder in sorted({targets[path].parent for path in files}):
-            folder.mkdir(parents=True, exist_ok=True)
-            with locked(folder, wait=False) as alone:
-                if alone:
-                    for path in files:
-                        if targets[path].parent == folder:
-                            remove_temporaries(folder, targets[path].name)
-            folders.enter_context(locked(folder, shared=True))
-        try:
-            for path, write in writers.items():
-                target = targets[path]
-                tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp") if path in files else target
-                if path in files:
-                    staged.append((tmp, target))  # atomic_file's names
-                try:
-                    write(tmp)
+    made: list[Path] = []  # the folders this call makes, each after the one it is in
+    try:
+        with ExitStack() as folders:
+            for folder in sorted({targets[path].parent for path in files}):
+                made += _make_folder(folder)
+                with locked(folder, wait=False) as alone:
+                    if alone:
+                        for path in files:
+                            if targets[path].parent == folder:
+                                remove_temporaries(folder, targets[path].name)
+                folders.enter_context(locked(folder, shared=True))
+            try:
+                for path, write in writers.items():
+                    target = targets[path]
+                    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp") if path in files else target
                     if path in files:
-                        _fsync(tmp)
-                except OSError as exc:
-                    if exc.filename in (str(tmp), None):  # name the file the caller asked for
-                        raise OSError(exc.errno, exc.strerror, str(path)) from None
-                    raise
-            mode = _umask_mode()
-            for tmp, target in staged:
-                # safetensors writes owner-only (0600) files: give them what a plain open
-                # gives (the umask applies), like every other file written here
-                os.chmod(tmp, mode)
-                os.replace(tmp, target)
-        finally:
-            for tmp, _ in staged:
-                tmp.unlink(missing_ok=True)
+                        staged.append((tmp, target))  # atomic_file's names
+                    try:
+                        write(tmp)
+                        if path in files:
+                            _fsync(tmp)
+                    except OSError as exc:
+                        if exc.filename in (str(tmp), None):  # name the file the caller asked for
+                            raise OSError(exc.errno, exc.strerror, str(path)) from None
+                        raise
+                _rename_into_place(staged)
+            finally:
+                for tmp, _ in staged:
+                    tmp.unlink(missing_ok=True)
+    except BaseException:
+        for folder in reversed(made):  # the innermost first; one that holds a file stays
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+        raise
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Make ``folder`` and the folders above it that are missing; returns those this call
+    made (not one another process made meanwhile), outermost first."""
+    missing = []
+    for above in (folder, *folder.parents):
+        if above.exists() or above.is_symlink():
+            break
+        missing.append(above)
+    made = []
+    for above in reversed(missing):
+        try:
+            above.mkdir()
+        except FileExistsError:
+            continue
+        except OSError:
+            break  # raised below, by the mkdir that names the problem
+        made.append(above)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        for above in reversed(made):
+            try:
+                os.rmdir(above)
+            except OSError:
+                pass
+        raise
+    return made
+
+
+def _rename_into_place(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each written temporary file over its target: the largest (the weights) first and
+    ``config.json`` last, each folder flushed to disk (where the platform allows) before the
+    ``config.json`` in it is renamed and again after. ``transformers`` takes a folder with a
+    ``config.json`` for a model: a crash or a power cut midway leaves the new weights beside
+    the old ``config.json`` (or none), never a new ``config.json`` beside old or missing weights."""
+    mode = _umask_mode()
+    sizes = {tmp: os.stat(tmp).st_size for tmp, _ in staged}
+    first = sorted((pair for pair in staged if pair[1].name != "config.json"), key=lambda pair: -sizes[pair[0]])
+    last = [pair for pair in staged if pair[1].name == "config.json"]
+    for group in (first, last):
+        for tmp, target in group:
+            # a writer may make an owner-only (0600) file (safetensors' save_file does): give
+            # each what a plain open gives (the umask applies), like every other file written here
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        for folder in sorted({target.parent for _, target in staged}):
+            _fsync_folder(folder)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush ``folder``'s entries (the renames into it) to disk; a no-op where a folder cannot
+    be opened or flushed (Windows, some network file systems)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _fsync(path: Path) -> None:

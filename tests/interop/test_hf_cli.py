@@ -288,11 +288,12 @@ def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(hf, "save_safetensors", disk_full)
     result = runner.invoke(app, ["import-hf", str(source), "-o", str(out / "x.yaml"), "-w", str(out / "x.safetensors")])
     _clean_error(result, str(out / "x.safetensors"), "No space left on device", "nothing was written")
-    assert list(out.iterdir()) == []  # neither the spec nor a temporary file
+    assert not out.exists()  # neither the spec nor a temporary file, nor the folder the write made
 
     ckpt = tmp_path / "last.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in build_model(spec).state_dict().items()},
                 "specformer": {"format": 1, "spec": spec.to_dict()}}, ckpt)
+    (out / "hf").mkdir(parents=True)  # a folder that was there stays
     result = runner.invoke(app, ["export-hf", str(ckpt), "-o", str(out / "hf")])
     _clean_error(result, "model.safetensors", "No space left on device")
     assert list((out / "hf").iterdir()) == []  # no config.json without its weights

@@ -126,6 +126,7 @@ class SpecModule(L.LightningModule):
         # summed over the processes
         self._step_losses: list[tuple[torch.Tensor, int]] = []
         self._step_losses_at: int | None = None
+        self._step_loss_read: tuple[tuple[int | None, int], float] | None = None  # step_loss's float, kept
         # the tokens a micro-batch's returned loss is divided by (see training_step)
         self._loss_tokens = max(1, t.batch_size * (t.seq_len or self.spec.max_seq_len))
         # the Hugging Face model_type import-hf recorded in the weights the run started from:
@@ -181,9 +182,13 @@ class SpecModule(L.LightningModule):
     def step_loss(self) -> float | None:
         """The loss of the step under way, or of the last one once it is taken: the mean over the
         tokens its micro-batches predict, train/loss's value (None before any)."""
-        if not self._step_losses:
-            return None
-        return float(self._step_mean())
+        if not self._step_losses or not sum(n for _, n in self._step_losses):
+            return None  # before any step, or a step with no labels to score
+        # read once a step (the progress bar's and the divergence check's one device sync)
+        key = (self._step_losses_at, len(self._step_losses))
+        if self._step_loss_read is None or self._step_loss_read[0] != key:
+            self._step_loss_read = (key, float(self._step_mean()))
+        return self._step_loss_read[1]
 
     def _step_mean(self) -> torch.Tensor:
         if len(self._step_losses) == 1:
@@ -202,7 +207,9 @@ class SpecModule(L.LightningModule):
             self.tokens_by_length[int(ids.shape[-1])] += out.n_input
         n = out.n_predicted
         batch_loss = out.loss.detach()
-        total = batch_loss * n
+        # a micro-batch with no labels (every target ignore_index: an SFT row whose prompt fills
+        # the window) has a NaN mean over nothing: it adds 0, not NaN × 0, to the step's sum
+        total = batch_loss * n if n else torch.zeros_like(batch_loss)
         if self._trainer is not None and self.trainer.world_size > 1:
             # the global batch's loss, as one process of the same global batch reports it: the
             # mean over every process's predicted tokens, not the first process's shard's
@@ -210,15 +217,17 @@ class SpecModule(L.LightningModule):
                 torch.stack([total, torch.tensor(float(n), device=total.device)]), reduce_op="sum")
             total, n = summed[0], int(summed[1])
             batch_loss = total / max(n, 1)
-        self.recent_losses.append(batch_loss)
+        if n:  # the summary's train loss is of micro-batches that scored some token
+            self.recent_losses.append(batch_loss)
         # train/loss at step N is the loss of step N's batch: with accumulate > 1 the mean over
         # the tokens its micro-batches predict (what the step's gradient is of), not the last one's
         step = self.trainer.global_step if self._trainer is not None else None
         if step != self._step_losses_at:
             self._step_losses, self._step_losses_at = [], step
         self._step_losses.append((total, n))
-        loss = batch_loss if len(self._step_losses) == 1 else self._step_mean()
-        self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        if any(k for _, k in self._step_losses):  # a step with no labels so far has no loss to log
+            loss = batch_loss if len(self._step_losses) == 1 else self._step_mean()
+            self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         if self._trainer is not None and self.trainer.optimizers:
             # the schedule's lr (training.optimizer.lr's), which each group scales by its lr_scale
             group = self.trainer.optimizers[0].param_groups[0]
@@ -231,6 +240,8 @@ class SpecModule(L.LightningModule):
         # masked LM predict different counts, and their means averaged weighed a token of a
         # short one more (transformers' num_items_in_batch). Full blocks need neither.
         own = out.n_predicted
+        if not own:  # no labels: a zero loss whose backward still reaches every weight (DDP's buckets)
+            return out.loss.nan_to_num(0.0) * 0.0
         return out.loss if own == self._loss_tokens else out.loss * (own / self._loss_tokens)
 
     def on_fit_start(self) -> None:

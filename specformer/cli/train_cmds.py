@@ -12,6 +12,7 @@ import re
 import shlex
 import signal
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -143,9 +144,10 @@ def _errors_for_people(
         raise typer.Exit(128 + _signal_of(exc)) from None
     except Exception as exc:  # Lightning, torch and the OS raise many kinds: say which, briefly
         from specformer.cli import _output_error
+        from specformer.cli.app import stdout_gone
 
-        if os.environ.get(DEBUG_ENV) or (isinstance(exc, OSError) and _output_error(exc)):
-            raise  # a full disk under a redirected output: said as every command says it
+        if os.environ.get(DEBUG_ENV) or (isinstance(exc, OSError) and _output_error(exc)) or stdout_gone(exc):
+            raise  # a full disk under a redirected output, or `| head` stopped reading: as every command says it
         text = _without_worker_traceback(str(exc).strip(), type(exc).__name__) or type(exc).__name__
         # where a failed run stopped and its checkpoint (specformer.training.run adds it)
         notes = [str(note) for note in getattr(exc, "__notes__", [])]
@@ -517,6 +519,7 @@ def _trainable(total: int, trained: int) -> str:
 def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:
     """A checkpoint or run folder, or a ``.safetensors`` file of weights with ``--spec``."""
     from specformer.training.checkpoint import load_checkpoint, load_weights_file
+    from specformer.training.run import _checkpoint_file
 
     if Path(path).suffix.lower() == ".safetensors":
         if spec_source is None:
@@ -533,10 +536,15 @@ def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:
                    if settings else "unset (a vocab_size below any text tokenizer's)"),
                 "give the model's own: --spec with training.tokenizer: "
                 "{type: file, path: path/to/tokenizer.json} (import-hf writes it so)")
-        return loaded
-    if spec_source is not None:
+    elif spec_source is not None:
         raise _fail(f"--spec is for a .safetensors file of weights; {path} is a checkpoint, which carries its own spec")
-    return load_checkpoint(path)
+    else:
+        loaded = load_checkpoint(path)
+    # NaN weights: greedy decoding emits token 0, sampling fails inside torch, eval prints nan
+    from specformer.training.checkpoint import check_finite_weights
+
+    check_finite_weights(loaded.model, source=str(_checkpoint_file(Path(loaded.path))))
+    return loaded
 
 
 SpecOfWeights = Annotated[
@@ -1110,13 +1118,23 @@ class _Stream:
         _write_text("\n")
 
 
+# the control characters a generated text is not shown with on a terminal: all but tab,
+# line feed and carriage return (a text's own line ends, \r\n)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def _write_text(text: str, *, dim: bool = False) -> None:
     """``text`` on the standard output as it is: a generated text's tabs, carriage returns,
     backslashes and ``:name:`` words are its own, not rich's to expand, drop, escape or turn
-    into emoji; ``dim`` on a terminal (a prompt, shown before what the model adds)."""
+    into emoji; ``dim`` on a terminal (a prompt, shown before what the model adds). On a
+    terminal, the other control characters (escape, backspace, bell, ...) are shown as
+    ``\\x1b``: a model's escape sequence would recolour, move or retitle the terminal; a
+    pipe or file gets every byte as it is."""
     if not text:
         return
     out = sys.stdout
+    if console.is_terminal:
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     styled = dim and console.is_terminal and not console.no_color
     out.write(f"\x1b[2m{text}\x1b[22m" if styled else text)
     out.flush()
@@ -1195,6 +1213,7 @@ def eval_cmd(
             Terminated,
             _interruptible,
             check_folders,
+            check_precision,
             quiet_lightning,
         )
 
@@ -1243,16 +1262,19 @@ def eval_cmd(
                         label="[yellow]warning:[/]")
         quiet_lightning()
         check_folders(spec.training, cache=True, out=False)
+        bar = progress and err_console.is_terminal  # a long evaluation shows how far it is
+        with warnings.catch_warnings():  # Lightning's own word on 16-mixed on a CPU: check_precision says it
+            warnings.filterwarnings("ignore", message=".*is not supported on CPU")
+            trainer = L.Trainer(
+                accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=bar,
+                callbacks=[SpecProgressBar(err_console, validation_lines=False)] if bar else None,
+                enable_model_summary=False, precision=_precision(spec.training.precision),
+            )
+        check_precision(spec.training, trainer)  # as train, before the data: no 16-mixed run as bf16 on a CPU
         module = SpecModule(spec, tokenizer=loaded.tokenizer)
         module.model.load_state_dict(loaded.model.state_dict())
         dm = SpecDataModule(spec, tokenizer=loaded.tokenizer)
         dm.setup("validate")
-        bar = progress and err_console.is_terminal  # a long evaluation shows how far it is
-        trainer = L.Trainer(
-            accelerator=spec.training.accelerator, devices=1, logger=False, enable_progress_bar=bar,
-            callbacks=[SpecProgressBar(err_console, validation_lines=False)] if bar else None,
-            enable_model_summary=False, precision=_precision(spec.training.precision),
-        )
         interrupted: KeyboardInterrupt | None = None  # what cut the validation short
         try:
             _interruptible(trainer, lambda signum: Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(),

@@ -88,6 +88,12 @@ TYPE_HINTS = {
         "bfloat16 mixed precision (float32 weights, bfloat16 autocast: Hugging Face's bf16=True) is "
         "`bf16-mixed`; bfloat16 weights and optimizer state are `bf16-true`",
     ),
+    **dict.fromkeys(
+        ("16-true", "fp16-true"),
+        "float16 weights and optimizer state (Lightning's 16-true) are not trained here: updates too small for "
+        "float16 are lost, and a CPU lacks float16 kernels; bfloat16 weights are `bf16-true`, and float16 mixed "
+        "precision (float32 weights, float16 autocast) is `16-mixed`, on a GPU",
+    ),
     **dict.fromkeys(("float32",), "float32 training is `32`"),
     **dict.fromkeys(("float64", "fp64", "double", "64-true"), "float64 training is `64`"),
 }

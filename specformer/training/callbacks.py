@@ -3,6 +3,7 @@ what keeps a resumed run's logs and summary those of an uninterrupted run."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -174,13 +175,18 @@ class SpecProgressBar(ProgressBar):
         # the step's loss, train/loss's in metrics.csv: with accumulate > 1 the mean of its
         # micro-batches' losses (a SpecModule's step_loss), not the last micro-batch's alone
         loss = getattr(pl_module, "step_loss", None)
+        rate = f"{format_count(self.tokens_per_second)} tok/s"
+        if loss is None and hasattr(pl_module, "step_loss"):
+            # a SpecModule's step with no labels to score (an SFT batch of prompts only): no loss
+            self._progress.update(self._train_task, completed=trainer.global_step, stats=f"loss –  {rate}")
+            return
         if loss is None:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             if loss is not None and pl_module.automatic_optimization:
                 # Lightning hands on the loss divided by the micro-batches per step (the share
                 # its gradient adds): the micro-batch's own loss is that times accumulate
                 loss = float(loss) * trainer.accumulate_grad_batches
-        stats = f"loss {float(loss):.3f}  {format_count(self.tokens_per_second)} tok/s" if loss is not None else ""
+        stats = f"loss {float(loss):.3f}  {rate}" if loss is not None else ""
         self._progress.update(self._train_task, completed=trainer.global_step, stats=stats)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -256,6 +262,8 @@ class PeriodicCheckpoint(Callback):
         self._defer = True
         self._batch_from_step = -1  # global_step when the current training batch began
         self._stepped = False  # the last training batch ended an optimizer step
+        self._last_finite: tuple[int, float] | None = None  # (step, loss) of this run's last finite step loss
+        self._first_loss: float | None = None  # the loss of step 1, when this run took it (not a resumed run)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         self._batch_from_step, self._stepped = trainer.global_step, False
@@ -265,6 +273,8 @@ class PeriodicCheckpoint(Callback):
     ) -> None:
         step = trainer.global_step
         self._stepped = step != self._batch_from_step
+        if self._stepped:
+            self._check_loss(trainer, pl_module)
         if self._pending is not None and self._pending != step:
             # the validation that was due did not run (no validation batches): save at once from now on
             self._pending, self._defer = None, False
@@ -333,26 +343,78 @@ class PeriodicCheckpoint(Callback):
         path, step = intact
         return f"the checkpoint of step {step} ({path}) is intact: resume from it"
 
+    def _check_loss(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A step whose loss is NaN or inf stops the run at once: its gradient has made the
+        weights NaN, and every later step would train them on to the next checkpoint. The loss
+        is the one the progress bar shows (``step_loss``, read once a step and kept), the same
+        on every process. Under fp16 mixed precision the gradient scaler skips a step whose
+        loss overflowed: while the weights stay finite, the run goes on."""
+        from specformer.training.checkpoint import CheckpointError
+
+        loss = getattr(pl_module, "step_loss", None)
+        if loss is None:  # not a SpecModule, or a step with no labels to score
+            return
+        step, loss = trainer.global_step, float(loss)
+        if math.isfinite(loss):
+            self._last_finite = (step, loss)
+            if step == 1 and self._first_loss is None:
+                self._first_loss = loss
+            return
+        if str(trainer.precision) == "16-mixed" and self._weights_finite(trainer):
+            return
+        last = (f"the last finite one was {self._last_finite[1]:.4g}, at step {self._last_finite[0]}"
+                if self._last_finite is not None else "the first step of this run")
+        fix = self._fix(trainer)
+        where = f"{self._kept()} with {fix}" if self._intact() is not None else f"{self._kept()}: train again with {fix}"
+        raise CheckpointError(
+            f"training diverged: the training loss is {loss} at step {step} ({last}), so the run stops there "
+            f"and writes no checkpoint of NaN weights; {where}{self._init_note(pl_module)}"
+        )
+
+    def _fix(self, trainer: L.Trainer) -> str:
+        """What a diverged run's next try changes: a lower learning rate, a longer warmup, and
+        gradient clipping (a lower one, when the run clipped)."""
+        clip = trainer.gradient_clip_val
+        clipping = f"a lower training.grad_clip (it is {float(clip):g})" if clip else "a training.grad_clip (e.g. 1.0)"
+        return f"a lower training.optimizer.lr, more training.schedule.warmup_steps or {clipping}"
+
+    def _init_note(self, pl_module: L.LightningModule) -> str:
+        """Where the run's first loss was far above a uniform guess's (ln of the vocabulary, or
+        of the classes): weights drawn too large, which no learning rate trains back."""
+        spec = getattr(pl_module, "spec", None)
+        if self._first_loss is None or spec is None:
+            return ""
+        classes = getattr(getattr(spec, "head", None), "n_classes", None)
+        n, what = (classes, "n_classes") if classes else (getattr(spec, "vocab_size", None), "vocab_size")
+        if not n or n < 2 or self._first_loss <= 2 * math.log(n):
+            return ""
+        return (f"; its first loss, {self._first_loss:.4g}, was over twice ln({what}) = {math.log(n):.3g} (a "
+                "uniform guess's): the initial weights are the likely cause, see init.std and init.scheme")
+
+    def _weights_finite(self, trainer: L.Trainer) -> bool:
+        import torch
+
+        params = [p.detach() for p in trainer.lightning_module.parameters()]
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all()) if params else True
+        return bool(trainer.strategy.reduce_boolean_decision(finite, all=True))  # every process's shard
+
     def _check_finite(self, trainer: L.Trainer) -> None:
         """A diverged run (weights that hold NaN or inf) stops before its checkpoint replaces the
         last good one: nothing could be resumed from it. A loss that overflowed for one step
         under fp16 mixed precision, whose step the gradient scaler skipped, leaves the weights
         finite and goes on."""
-        import torch
-
         from specformer.training.checkpoint import CheckpointError
 
-        params = [p.detach() for p in trainer.lightning_module.parameters()]
-        finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all()) if params else True
-        if trainer.strategy.reduce_boolean_decision(finite, all=True):  # every process's shard
+        if self._weights_finite(trainer):
             return
         loss = trainer.callback_metrics.get("train/loss")
         said = f" (the training loss is {float(loss):.4g})" if loss is not None and loss.numel() == 1 else ""
-        fix = "a lower training.optimizer.lr, more training.schedule.warmup_steps or a training.grad_clip"
+        fix = self._fix(trainer)
         where = f"{self._kept()} with {fix}" if self._intact() is not None else f"{self._kept()}: train again with {fix}"
         raise CheckpointError(
             f"training diverged: the model's weights hold NaN or infinite values at step {trainer.global_step}"
             f"{said}, so its checkpoint is not written over the last good one; {where}"
+            f"{self._init_note(trainer.lightning_module)}"
         )
 
     def _write(self, trainer: L.Trainer, path: Path) -> None:

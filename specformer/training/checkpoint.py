@@ -683,6 +683,20 @@ def check_weights(model: nn.Module, weights: dict[str, torch.Tensor], *, source:
         raise CheckpointError("\n".join(lines))
 
 
+def check_finite_weights(model: nn.Module, *, source: str) -> None:
+    """Refuse a model whose weights hold NaN or inf (a run that diverged, written by an older
+    specformer or by hand): greedy decoding would emit token 0, sampling fail inside torch and
+    eval print nan. One ``isfinite(...).all()`` a tensor: cheap beside loading them."""
+    bad = [name for name, t in model.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise CheckpointError(
+            f"{source}: the weights hold NaN or infinite values ({shown}): the run that wrote them diverged, and "
+            "nothing the model computes from them means anything; use a checkpoint from before it diverged"
+        )
+
+
 _KIND_NAMES = {"decoder": "a decoder", "encoder": "an encoder", "encoder-decoder": "an encoder-decoder"}
 
 

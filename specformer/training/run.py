@@ -948,15 +948,23 @@ def _check_hardware(t: Any) -> int:
                  "or train on a GPU")])
     if t.compile:
         _check_compiler(isinstance(probe.accelerator, CPUAccelerator))
-    ran = str(probe.precision)
+    check_precision(t, probe)
+    return probe.num_devices if isinstance(probe.accelerator, CPUAccelerator) else 0
+
+
+def check_precision(t: Any, trainer: L.Trainer) -> None:
+    """Refuse a ``training.precision`` that ``trainer`` runs as another (16-mixed on a CPU, which
+    Lightning would quietly run as bf16-mixed): train's check, and eval's of its own trainer."""
+    from specformer.specs.errors import SpecError, SpecProblem
+
+    ran = str(trainer.precision)
     if lightning_precision(t.precision) != ran:
         raise SpecError([SpecProblem(
-            f"{t.precision} cannot run on {type(probe.accelerator).__name__.removesuffix('Accelerator')}: "
+            f"{t.precision} cannot run on {type(trainer.accelerator).__name__.removesuffix('Accelerator')}: "
             f"Lightning would run {ran} instead",
             path="training.precision",
             hint=f"set training.precision={ran} (fp16 mixed precision needs a GPU)",
         )])
-    return probe.num_devices if isinstance(probe.accelerator, CPUAccelerator) else 0
 
 
 def _memory_of_this_machine() -> tuple[int, int | None] | None:

@@ -1471,3 +1471,72 @@ def test_a_mistake_in_the_spec_is_said_before_torch_and_lightning_are_imported()
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.splitlines()[-1] == "exit 1 False False"
     assert "decoder.n_layer: unknown field 'n_layer'" in run.stderr and "did you mean 'n_layers'?" in run.stderr
+
+
+def _nan_checkpoint(tiny: Any, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A checkpoint, a .safetensors file and its spec, of a model whose weights hold NaN and inf (a
+    diverged run's, written by an older specformer or by hand)."""
+    from safetensors.torch import save_file
+
+    from specformer import build_model, load_spec
+    from specformer.training.checkpoint import save_checkpoint
+
+    spec_path = _write(tmp_path, tiny("decoder"))
+    model = build_model(load_spec(str(spec_path)))
+    with torch.no_grad():
+        names = [n for n, _ in model.named_parameters()]
+        for name in names[:4]:
+            model.get_parameter(name).view(-1)[0] = float("nan")
+        model.get_parameter(names[-1]).view(-1)[-1] = float("inf")
+    ckpt = save_checkpoint(model, tmp_path / "nan.ckpt")
+    weights = tmp_path / "nan.safetensors"
+    save_file({k: v.clone().contiguous() for k, v in model.state_dict().items()}, str(weights))
+    return ckpt, weights, spec_path
+
+
+def test_weights_that_hold_nan_are_refused_by_generate_and_eval_naming_the_tensors(tiny: Any, tmp_path: Path) -> None:
+    # before, greedy decoding printed token 0 over and over, sampling failed inside torch and eval printed nan
+    ckpt, weights, spec_path = _nan_checkpoint(tiny, tmp_path)
+    from specformer import build_model, load_spec
+
+    names = list(build_model(load_spec(str(spec_path))).state_dict())
+    shown = f"({', '.join(names[:3])} and 2 more)"
+    for args, source in (
+        (["generate", str(ckpt), "-p", "def", "-n", "5", "--greedy"], ckpt),
+        (["generate", str(ckpt), "-p", "def", "-n", "5", "--seed", "1"], ckpt),
+        (["eval", str(ckpt), "--batches", "1", "--no-progress"], ckpt),
+        (["generate", str(weights), "--spec", str(spec_path), "-p", "def", "-n", "5", "--greedy"], weights),
+    ):
+        out = runner.invoke(app, args, env={"COLUMNS": "400"})
+        assert out.exit_code == 1, (args, out.output)
+        assert f"error: {source}: the weights hold NaN or infinite values {shown}: the run that wrote them " \
+               "diverged" in " ".join(out.output.split()), (args, out.output)
+        assert "Traceback" not in out.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="16-mixed runs on a GPU")
+def test_eval_refuses_fp16_mixed_precision_on_a_cpu_as_train_does(tiny: Any, tmp_path: Path) -> None:
+    from specformer import build_model, load_spec
+    from specformer.training.checkpoint import save_checkpoint
+
+    spec = load_spec(tiny("decoder"))
+    ckpt = save_checkpoint(build_model(spec), tmp_path / "model.ckpt")
+    # before, eval ran it as bf16-mixed without a word
+    out = runner.invoke(app, ["eval", str(ckpt), "--batches", "1", "--no-progress", "--set",
+                              "training.precision=16-mixed"], env={"COLUMNS": "300"})
+    assert out.exit_code == 1, out.output
+    assert "training.precision: 16-mixed cannot run on CPU: Lightning would run bf16-mixed instead" in out.output
+    assert "set training.precision=bf16-mixed (fp16 mixed precision needs a GPU)" in out.output
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.bin"))  # refused before the data
+
+
+def test_16_true_precision_says_float16_weights_do_not_train_and_what_to_use(tiny: Any, tmp_path: Path) -> None:
+    out = runner.invoke(app, ["train", "gpt-nano", "--no-progress", "--set", "training.precision=16-true"],
+                        env={"COLUMNS": "400"})
+    assert out.exit_code == 1
+    text = " ".join(out.output.split())
+    # before: "did you mean 'bf16-true'?", which trains bfloat16 weights, not the float16 asked for
+    assert "did you mean" not in text, text
+    assert ("float16 weights and optimizer state (Lightning's 16-true) are not trained here: updates too small for "
+            "float16 are lost, and a CPU lacks float16 kernels; bfloat16 weights are `bf16-true`, and float16 mixed "
+            "precision (float32 weights, float16 autocast) is `16-mixed`, on a GPU.") in text, text

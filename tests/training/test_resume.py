@@ -631,55 +631,125 @@ def test_a_checkpoint_being_written_is_not_taken_for_a_killed_writers(
     assert remove_stale_temporaries(tmp_path) == 100 and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
-def test_a_diverged_run_stops_before_its_nan_weights_replace_the_last_good_checkpoint(tiny: Any) -> None:
-    class DivergeAt5(L.Callback):  # as a too-high learning rate leaves a model
-        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
-            if trainer.global_step == 5:
-                with torch.no_grad():
-                    next(module.parameters()).fill_(float("nan"))
+def _nan_weights(module: Any) -> None:
+    with torch.no_grad():
+        next(module.parameters()).fill_(float("nan"))
 
-    spec = _spec(tiny, "decoder", max_steps=9)  # checkpoints every 3 steps
+
+class NanBefore(L.Callback):
+    """NaN weights (as a too-high learning rate leaves a model) before the batch of step ``step``
+    (1 = the first step), whose loss is then NaN."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.batches = step, 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
+        self.batches += 1
+        if trainer.global_step == self.step - 1:
+            _nan_weights(module)
+
+
+def test_a_diverged_run_stops_at_its_first_nan_loss_and_says_the_last_finite_one(tiny: Any) -> None:
+    # before, the run trained on to its next checkpoint (step 9) and said only that the weights held NaN
+    losses, nan = LossRecorder(), NanBefore(3)
+    spec = load_spec(tiny("decoder", max_steps=20, checkpoint_interval=9, grad_clip=0))
     with pytest.raises(CheckpointError) as caught:
-        train(spec, progress=False, callbacks=[DivergeAt5()])
+        train(spec, progress=False, callbacks=[losses, nan])
+    assert nan.batches == 3  # no step past the first NaN loss
+    assert re.fullmatch(
+        rf"training diverged: the training loss is nan at step 3 \(the last finite one was {losses.losses[2]:.4g}, at "
+        r"step 2\), so the run stops there and writes no checkpoint of NaN weights; this run has written no "
+        r"checkpoint yet: train again with a lower training.optimizer.lr, more training.schedule.warmup_steps or a "
+        r"training.grad_clip \(e.g. 1.0\)", str(caught.value)), str(caught.value)
+    run = next((Path(spec.training.out_dir) / "tiny-decoder").iterdir(), None)
+    assert run is None or not list((run / "checkpoints").glob("*.ckpt"))
+
+
+def test_a_diverged_run_stops_before_its_nan_weights_replace_the_last_good_checkpoint(tiny: Any) -> None:
+    spec = _spec(tiny, "decoder", max_steps=9)  # checkpoints every 3 steps; grad_clip 1.0
+    with pytest.raises(CheckpointError) as caught:
+        train(spec, progress=False, callbacks=[NanBefore(6)])
     ckpt = next((Path(spec.training.out_dir) / "tiny-decoder").iterdir()) / "checkpoints" / "last.ckpt"
     assert re.fullmatch(
-        r"training diverged: the model's weights hold NaN or infinite values at step 6 \(the training loss is "
-        rf"nan\), so its checkpoint is not written over the last good one; the checkpoint of step 3 \({re.escape(str(ckpt))}\) "
+        r"training diverged: the training loss is nan at step 6 \(the last finite one was [\d.]+, at step 5\), so "
+        rf"the run stops there and writes no checkpoint of NaN weights; the checkpoint of step 3 \({re.escape(str(ckpt))}\) "
         r"is intact: resume from it with a lower training.optimizer.lr, more training.schedule.warmup_steps or a "
-        r"training.grad_clip", str(caught.value)), str(caught.value)
+        r"lower training.grad_clip \(it is 1\)", str(caught.value)), str(caught.value)
     kept = load_checkpoint(ckpt)
     assert kept.step == 3 and all(torch.isfinite(w).all() for w in kept.model.state_dict().values())
-    # diverged before the first checkpoint: nothing to resume from, and said as a failed write says it
-    class DivergeAt1(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
-            with torch.no_grad():
-                next(module.parameters()).fill_(float("nan"))
+
+    # weights made NaN after the loss of a checkpoint's step: the checkpoint still refuses them
+    class NanAfterBackward(L.Callback):
+        def on_after_backward(self, trainer: L.Trainer, module: Any) -> None:
+            if trainer.global_step == 5:  # in step 6
+                _nan_weights(module)
 
     with pytest.raises(CheckpointError) as caught:
-        train(_spec(tiny, "decoder", max_steps=3), progress=False, callbacks=[DivergeAt1()])
+        train(spec, progress=False, callbacks=[NanAfterBackward()])
+    assert re.search(
+        r"training diverged: the model's weights hold NaN or infinite values at step 6 \(the training loss is "
+        r"[\d.]+\), so its checkpoint is not written over the last good one; the checkpoint of step 3 \(.*\) is "
+        r"intact: resume from it with a lower training.optimizer.lr, more training.schedule.warmup_steps or a "
+        r"lower training.grad_clip \(it is 1\)$", str(caught.value)), str(caught.value)
+
+    # diverged at the first step: no finite loss, nothing to resume from, said as a failed write says it
+    with pytest.raises(CheckpointError) as caught:
+        train(_spec(tiny, "decoder", max_steps=3), progress=False, callbacks=[NanBefore(1)])
+    assert str(caught.value).startswith("training diverged: the training loss is nan at step 1 (the first step of "
+                                        "this run), so the run stops there"), str(caught.value)
     assert str(caught.value).endswith(
-        "so its checkpoint is not written over the last good one; this run has written no checkpoint yet: train "
-        "again with a lower training.optimizer.lr, more training.schedule.warmup_steps or a training.grad_clip"
-    ), str(caught.value)
+        "this run has written no checkpoint yet: train again with a lower training.optimizer.lr, more "
+        "training.schedule.warmup_steps or a lower training.grad_clip (it is 1)"), str(caught.value)
+
+
+def test_a_diverged_run_whose_first_loss_was_far_above_a_uniform_guess_points_at_the_init(tiny: Any) -> None:
+    import math
+
+    data = tiny("decoder", max_steps=10)
+    data["init"] = {"std": 20.0}  # logits hundreds of nats apart: the first loss is far above ln(300)
+    losses = LossRecorder()
+    with pytest.raises(CheckpointError) as caught:
+        train(load_spec(data), progress=False, callbacks=[losses, NanBefore(3)])
+    assert losses.losses[1] > 2 * math.log(300)
+    assert str(caught.value).endswith(
+        f"; its first loss, {losses.losses[1]:.4g}, was over twice ln(vocab_size) = 5.7 (a uniform guess's): the "
+        "initial weights are the likely cause, see init.std and init.scheme"), str(caught.value)
+    # a first loss near ln(vocab_size): no such note
+    with pytest.raises(CheckpointError) as caught:
+        train(load_spec(tiny("decoder", max_steps=10)), progress=False, callbacks=[NanBefore(3)])
+    assert "init.std" not in str(caught.value)
+
+
+def test_a_step_with_no_labels_adds_nothing_to_the_loss_and_logs_no_nan() -> None:
+    from specformer.builder.lightning import SpecModule
+
+    module = SpecModule(load_spec("gpt-nano"))
+    ids = torch.randint(0, 100, (2, 16))
+    none = {"input_ids": ids, "labels": torch.full((2, 16), -100)}
+    some = {"input_ids": ids, "labels": torch.where(torch.arange(16) < 8, -100, ids)}
+    returned = module.training_step(none, 0)  # a micro-batch whose prompts fill the window
+    assert float(returned.detach()) == 0.0 and module.step_loss is None and not module.recent_losses
+    returned.backward()  # its backward reaches the weights with zero gradients, not NaN
+    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+    module.training_step(some, 1)  # the same step's next micro-batch (no trainer: one step)
+    alone = SpecModule(load_spec("gpt-nano"))
+    alone.model.load_state_dict(module.model.state_dict())
+    alone.training_step(some, 0)
+    # the step's loss is that of the micro-batch with labels alone: the other added 0, not NaN x 0
+    assert module.step_loss == pytest.approx(alone.step_loss)
+    assert len(module.recent_losses) == 1 and float(module.recent_losses[0]) == pytest.approx(alone.step_loss)
 
 
 def test_a_resumed_run_that_diverges_before_its_first_checkpoint_names_the_one_it_resumed_from(tiny: Any) -> None:
     first = train(_spec(tiny, "decoder", max_steps=3), progress=False)  # checkpoints every 3 steps
     assert first.checkpoint and read_checkpoint(first.checkpoint)["global_step"] == 3
-
-    class DivergeAt4(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
-            if trainer.global_step == 4:
-                with torch.no_grad():
-                    next(module.parameters()).fill_(float("nan"))
-
     with pytest.raises(CheckpointError) as caught:
-        train(_spec(tiny, "decoder", max_steps=9), resume=first.checkpoint, progress=False, callbacks=[DivergeAt4()])
-    assert str(caught.value).endswith(
-        f"at step 6 (the training loss is nan), so its checkpoint is not written over the last good one; the "
-        f"checkpoint of step 3 ({first.checkpoint}) is intact: resume from it with a lower training.optimizer.lr, "
-        f"more training.schedule.warmup_steps or a training.grad_clip"
-    ), str(caught.value)
+        train(_spec(tiny, "decoder", max_steps=9), resume=first.checkpoint, progress=False, callbacks=[NanBefore(5)])
+    assert re.search(
+        r"at step 5 \(the last finite one was [\d.]+, at step 4\), so the run stops there and writes no checkpoint "
+        rf"of NaN weights; the checkpoint of step 3 \({re.escape(str(first.checkpoint))}\) is intact: resume from it "
+        r"with a lower training.optimizer.lr, more training.schedule.warmup_steps or a lower training.grad_clip "
+        r"\(it is 1\)$", str(caught.value)), str(caught.value)
     assert load_checkpoint(first.checkpoint).step == 3
 
 

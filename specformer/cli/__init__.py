@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from typer.core import TyperCommand
 
-from specformer.cli.app import Command, app, console, err_console
+from specformer.cli.app import Command, app, console, err_console, stdout_gone
 
 # imported for their side effect: registering commands on `app`
 from specformer.cli import spec_cmds  # noqa: E402,F401  isort: skip
@@ -32,8 +32,12 @@ for _info in app.registered_commands:  # each command expands a path's ~ (Comman
 def main() -> None:
     from specformer.registry import PluginError
 
+    _degrade_unencodable_output()
     try:
-        app()
+        try:
+            app()
+        finally:  # what is still buffered is written here, where a reader that is gone can be told
+            _flush_stdout()
     except PluginError as exc:  # an installed plugin breaks every command: say which, not a traceback
         if os.environ.get("SPECFORMER_DEBUG"):
             raise
@@ -42,9 +46,55 @@ def main() -> None:
         print_error(str(exc), "set SPECFORMER_DEBUG=1 to see the full traceback")
         raise SystemExit(1) from None
     except OSError as exc:
+        if stdout_gone(exc):
+            _reader_gone()
         if not _output_error(exc):
             raise
         _output_failed(exc)
+
+
+def _degrade_unencodable_output() -> None:
+    """A terminal or ``PYTHONIOENCODING`` whose encoding is not UTF-8 (``ascii``, ``latin-1``,
+    a Windows code page) shows what it cannot encode (the output's "—", "×", "≥") as ``\\u2014``
+    instead of failing with ``UnicodeEncodeError``; rich draws its tables' boxes in ASCII there."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            utf = codecs.lookup(encoding).name.startswith("utf")
+        except LookupError:
+            utf = False
+        if not utf and getattr(stream, "errors", "strict") in ("strict", None) and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (OSError, ValueError):
+                pass
+
+
+def _flush_stdout() -> None:
+    """Writes what is left of the standard output (``print``'s and rich's buffers), so that a
+    reader that is gone (``| head``) raises here, in :func:`main`, not as Python exits."""
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        if stdout_gone(exc):
+            _reader_gone()
+        raise
+    except ValueError:  # closed
+        pass
+
+
+def _reader_gone() -> NoReturn:
+    """The reader of the standard output has stopped reading (``specformer show ... | head -1``):
+    end quietly, as a well-behaved command does (Python's "Note on SIGPIPE"): no error, no
+    traceback, status 1. The standard output points at ``os.devnull`` so that what is still
+    buffered is not written again, and fails again, when Python exits."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(1) from None
 
 
 # what a write to a full disk, a quota or a failing device raises; the commands' own files

@@ -177,9 +177,17 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
     for s in sections:
         if s.columns:
             table = s.to_rich()
-            if s.turn_when_narrow and _natural_width(out, table) > out.width:
-                table = s.turned().to_rich()
-            out.print(table)
+            if _natural_width(out, table) > out.width:
+                # too wide for the terminal: rich would crop numbers ("131,072,0") and fold words
+                # anywhere; turned (where asked), else with its text wrapped between words and its
+                # numbers whole, else as lines of "column: value"
+                turned = s.turned() if s.turn_when_narrow else None
+                table = ((turned is not None and _fitted(turned, out.width)) or _fitted(s, out.width)
+                         or _fitted(s, out.width, fold=True))
+                if table is None:
+                    _print_as_lines(out, s)
+            if table is not None:
+                out.print(table)
         for note in s.notes:
             out.print(note, highlight=False, markup=False)
         out.print()
@@ -188,6 +196,51 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
 def _natural_width(out: Console, table: Table) -> int:
     """The width ``table`` takes with no line to fit in."""
     return out.measure(table, options=out.options.update(max_width=10_000)).maximum
+
+
+_NUMBER_WORD = re.compile(r"[-+(\[]*\d[\d,.:/%×x+-]*[)\],;]*")
+
+
+def _fitted(s: Section, width: int, *, fold: bool = False) -> Table | None:
+    """``s`` as a table ``width`` columns wide with every number whole and every word of its
+    text on one line (a text column gives up width down to its longest word, the widest
+    first), or None where even that is too wide. ``fold``: a text column's words may be
+    broken too, down to 8 columns, its numbers still whole."""
+    cells = [[c, *(row[i] for row in s.rows)] for i, c in enumerate(s.columns)]
+    natural = [max(cell_len(line) for cell in column for line in cell.splitlines() or [""]) for column in cells]
+
+    def floor(i: int, column: list[str]) -> int:
+        if i in s.right:
+            return natural[i]
+        words = [word for cell in column for word in cell.split()]
+        if fold:
+            numbers = [cell_len(word) for word in words if _NUMBER_WORD.fullmatch(word)]
+            return min(natural[i], max([8, *numbers]))
+        return max((cell_len(word) for word in words), default=0)
+
+    least = [floor(i, column) for i, column in enumerate(cells)]
+    room = width - 3 * len(cells) - 1  # a space each side of a cell, and the lines between and around them
+    if sum(least) > room:
+        return None
+    widths = list(natural)
+    for _ in range(sum(widths) - room):
+        i = max((i for i in range(len(widths)) if widths[i] > least[i]), key=lambda i: widths[i])
+        widths[i] -= 1
+    table = s.to_rich()
+    for column, w in zip(table.columns, widths, strict=True):
+        column.width = w
+    return table
+
+
+def _print_as_lines(out: Console, s: Section) -> None:
+    """A table too wide for the terminal even with its text wrapped: its title, then each row
+    as its first cell and a line of "column: value" for each other cell that has one."""
+    out.print(Text(s.title, style="bold"))
+    for i, row in enumerate(s.rows):
+        out.print(Text(row[0], style="bold" if i in s.bold_rows else ""))
+        for column, value in zip(s.columns[1:], row[1:], strict=False):
+            if value:
+                out.print(Text(f"  {column}: {value}" if column else f"  {value}"))
 
 
 def _check_options(output_format: str, dtype: str, flops_count: str = "needed") -> None:

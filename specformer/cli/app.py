@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 from specformer.cli.help import install as _fit_help
 
 __all__ = ["app", "console", "err_console", "print_error", "set_hint", "stops_cleanly", "loading", "check_output_file",
-           "Command",
+           "stdout_gone", "Command",
            "OnceCommand"]
 
 # the parameters, in every command, that name a file or folder to read or write
@@ -183,6 +184,26 @@ def reader_gone(exc: OSError, path: Any) -> bool:
     from specformer.data.cache import is_stream
 
     return exc.errno == errno.EPIPE and is_stream(path)
+
+
+def stdout_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write to the standard output whose reader has stopped reading
+    (``specformer show gpt2-small | head -1``): a broken pipe, with no file named, while the
+    standard output is a pipe with no reader left (the pipe of a data-loading worker, say,
+    is not). :func:`specformer.cli.main` ends quietly there."""
+    import errno
+
+    if not isinstance(exc, OSError) or exc.errno != errno.EPIPE or exc.filename is not None:
+        return False
+    try:
+        import select
+
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        poll = select.poll()
+        poll.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows): a broken pipe is taken to be stdout's
+        return True
 
 
 def print_error(message: str, hint: str = "", *, label: str = "[bold red]error:[/]") -> None:

@@ -6,6 +6,7 @@ plain safetensors (``pytorch_model.bin`` is read with ``torch.load(weights_only=
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +14,15 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from specformer.cli.app import app, check_output_file, console, loading, print_error, stops_cleanly
+from specformer.cli.app import (
+    app,
+    check_output_file,
+    console,
+    err_console,
+    loading,
+    print_error,
+    stops_cleanly,
+)
 
 __all__ = ["import_hf_cmd", "export_hf_cmd", "compact_spec_yaml"]
 
@@ -22,6 +31,11 @@ def _say(text: str) -> None:
     """One line of the report on stdout, never broken at the terminal's width: the paths
     in it are what one copies next."""
     console.print(text, highlight=False, soft_wrap=True)
+
+
+def _say_on_stderr(text: str) -> None:
+    """:func:`_say`'s line on stderr, where the standard output carries the result (``-o -``)."""
+    err_console.print(text, highlight=False, soft_wrap=True)
 
 
 def _fail(message: str, hint: str = "") -> typer.Exit:
@@ -82,7 +96,7 @@ def import_hf_cmd(
     source: Annotated[
         Path, typer.Argument(metavar="SOURCE", help="A Hugging Face model folder (config.json + weights) or a config.json.")
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the spec YAML (missing folders on its path are made).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the spec YAML (missing folders on its path are made); - prints it, and the report goes to standard error.")],
     weights: Annotated[
         Path | None,
         typer.Option("--weights", "-w", help="Also convert the weights and write them here (.safetensors)."),
@@ -146,10 +160,13 @@ def import_hf_cmd(
         raise _fail("--name is empty; give a name, or leave --name out for the model's own")
     if weights is not None and weights.suffix != ".safetensors":
         raise _fail(f"--weights {weights}: the converted weights are written as safetensors; use a .safetensors name")
-    check_output_file(output, "--output")
+    to_stdout = str(output) == "-"  # -o -: the YAML on standard output (| less, > FILE), the report on stderr
+    say = _say_on_stderr if to_stdout else _say
+    if not to_stdout:
+        check_output_file(output, "--output")
     if weights is not None:
         check_output_file(weights, "--weights")
-        if weights.resolve() == output.resolve():
+        if not to_stdout and weights.resolve() == output.resolve():
             raise _fail(f"--output and --weights are the same file ({output})")
     with stops_cleanly("while importing; nothing was written"):
         try:
@@ -162,7 +179,9 @@ def import_hf_cmd(
             f"# {source.resolve()}\n"
         )
         text = compact_spec_yaml(spec, header)
-        writers: dict[Path, Callable[[Path], None]] = {output: lambda path: path.write_text(text, encoding="utf-8")}
+        writers: dict[Path, Callable[[Path], None]] = {}
+        if not to_stdout:
+            writers[output] = lambda path: path.write_text(text, encoding="utf-8")
         if weights is not None:
             assert state is not None
             # the tokenizer the weights' ids belong to: `train --init-from` warns when the spec trains another
@@ -173,30 +192,35 @@ def import_hf_cmd(
             if (found := model_tokenizer(source)) is not None:
                 origin["specformer.tokenizer"] = str(found)
             writers[weights] = lambda path: save_safetensors(state, path, metadata=origin)
-        _write_or_fail(writers)
+        if writers:
+            _write_or_fail(writers)
+    if to_stdout:  # after the weights: a failed write of them printed no spec that names them
+        sys.stdout.write(text)
+        sys.stdout.flush()
     total = count_parameters(spec).total
-    _say(f"wrote [bold]{escape(str(output))}[/]: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
+    said = "the spec" if to_stdout else f"wrote [bold]{escape(str(output))}[/]"
+    say(f"{said}: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
     if (model_type := config.get("model_type")) in EXPORTED_AS:
         family = EXPORTED_AS[model_type]
         back = (f"the weights record it, and export-hf writes them (and a run started from them) back as Hugging "
                 f"Face {model_type}" if weights is not None else
                 f"export-hf writes weights of this spec as Hugging Face {family}, or as {model_type} when they "
                 "come from import-hf --weights")
-        _say(f"  {escape(model_type)} is {family}'s model under another name (the spec is {family}'s): {back}")
+        say(f"  {escape(model_type)} is {family}'s model under another name (the spec is {family}'s): {back}")
     tokenizer = spec.training.tokenizer
     if tokenizer is not None and tokenizer.type == "file":
-        _say(f"  training.tokenizer: the model's own, {escape(tokenizer.path)}")
+        say(f"  training.tokenizer: the model's own, {escape(tokenizer.path)}")
         start = getattr(spec.training.objective, "decoder_start", None)
         if start is not None:
-            _say(f"  training.objective.decoder_start: {escape(start)} (the decoder's first token, as "
-                 f"decoder_start_token_id {config.get('decoder_start_token_id')} in config.json)")
+            say(f"  training.objective.decoder_start: {escape(start)} (the decoder's first token, as "
+                f"decoder_start_token_id {config.get('decoder_start_token_id')} in config.json)")
         generation = read_generation_config(source)
         where = "generation_config.json" if (_folder(source) / "generation_config.json").is_file() else "config.json"
         for field, key, what in (("forced_start", "forced_bos_token_id", "the first token generate gives"),
                                  ("forced_end", "forced_eos_token_id", "the last at its length limit")):
             token = getattr(spec.training.objective, field, None)
             if token is not None:
-                _say(f"  training.objective.{field}: {escape(token)} ({what}, as {key} {generation.get(key)} in {where})")
+                say(f"  training.objective.{field}: {escape(token)} ({what}, as {key} {generation.get(key)} in {where})")
     else:
         print_error(
             f"{source} has no tokenizer.json, so the spec's training.tokenizer is a {tokenizer.type if tokenizer else 'new'} "
@@ -206,23 +230,23 @@ def import_hf_cmd(
             label="[yellow]warning:[/]",
         )
     if tokenizer is not None and tokenizer.type == "file" and (chat := chat_template_source(source)) is not None:
-        _say(f"  the tokenizer has a chat template ({escape(chat)}): generate --chat frames a prompt as a user turn, "
-             "training.objective: {type: sft, chat_template: true} fine-tunes on pairs rendered as conversations, "
-             "and export-hf writes it back as chat_template.jinja")
+        say(f"  the tokenizer has a chat template ({escape(chat)}): generate --chat frames a prompt as a user turn, "
+            "training.objective: {type: sft, chat_template: true} fine-tunes on pairs rendered as conversations, "
+            "and export-hf writes it back as chat_template.jinja")
     unread = unread_generation_settings(source, spec)
     if unread:
-        _say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")
+        say(f"  generation settings specformer generate does not read: {escape('; '.join(unread))}")
     if weights is not None:
         assert state is not None and report is not None
         tower = config.get("model_type") in MULTIMODAL
-        _say(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors")
+        say(f"wrote [bold]{escape(str(weights))}[/]: {len(state)} tensors")
         if report.tied:
-            _say(f"  tied copies checked and dropped: {', '.join(report.tied)}")
+            say(f"  tied copies checked and dropped: {', '.join(report.tied)}")
         if report.ignored:
-            _say(f"  left out (buffers, unused heads{', the vision tower' if tower else ''}): "
-                 f"{escape(_grouped(report.ignored))}")
+            say(f"  left out (buffers, unused heads{', the vision tower' if tower else ''}): "
+                f"{escape(_grouped(report.ignored))}")
         if not spec.embedding.tie_output and config.get("tie_word_embeddings", True) is not False:
-            _say("  the checkpoint's output layer is not tied to its embeddings: tie_output: false")
+            say("  the checkpoint's output layer is not tied to its embeddings: tie_output: false")
 
 
 def _grouped(names: list[str], shown: int = 8) -> str:
@@ -279,6 +303,9 @@ def export_hf_cmd(
 
     if not source.exists():
         raise _fail(f"{source}: no such file or folder")
+    if str(output) == "-":  # made a folder named -
+        raise _fail("--output -: export-hf writes a folder (config.json + model.safetensors), which standard "
+                    "output cannot hold; give the folder's name")
     if output.exists() and not output.is_dir():
         raise _fail(f"--output {output}: is a file; export-hf writes a folder (config.json + model.safetensors)")
     check_output_file(output / "config.json", "--output")

@@ -190,7 +190,8 @@ def schema(
         Path | None,
         typer.Option("--output", "-o", help="Write it to this file instead of printing it: the file is replaced "
                      "whole, or kept as it was when the write fails (a shell's > FILE empties it first); "
-                     "missing folders on its path are made, as import-hf's and export-hf's -o make theirs."),
+                     "missing folders on its path are made, as import-hf's and export-hf's -o make theirs. - prints it, as no "
+                     "-o does."),
     ] = None,
 ) -> None:
     """Print the JSON Schema of a spec file, for editors.
@@ -205,7 +206,7 @@ def schema(
     from specformer.specs.jsonschema import spec_json_schema
 
     text = json.dumps(spec_json_schema(), indent=2) + "\n"
-    if output is None:
+    if output is None or str(output) == "-":  # -o -: the standard output, as no -o (not a file named -)
         typer.echo(text, nl=False)
         return
     from specformer.data.cache import atomic_write_text, is_stream

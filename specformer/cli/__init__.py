@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from contextlib import suppress
 from typing import NoReturn
 
 from typer.core import TyperCommand
@@ -66,10 +67,8 @@ def _degrade_unencodable_output() -> None:
         except LookupError:
             utf = False
         if not utf and getattr(stream, "errors", "strict") in ("strict", None) and hasattr(stream, "reconfigure"):
-            try:
+            with suppress(OSError, ValueError):
                 stream.reconfigure(errors="backslashreplace")
-            except (OSError, ValueError):
-                pass
 
 
 def _flush_stdout() -> None:
@@ -90,10 +89,8 @@ def _reader_gone() -> NoReturn:
     end quietly, as a well-behaved command does (Python's "Note on SIGPIPE"): no error, no
     traceback, status 1. The standard output points at ``os.devnull`` so that what is still
     buffered is not written again, and fails again, when Python exits."""
-    try:
+    with suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
     raise SystemExit(1) from None
 
 

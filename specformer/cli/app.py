@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -179,8 +180,6 @@ def reader_gone(exc: OSError, path: Any) -> bool:
     """Whether writing ``path`` failed because it is a pipe whose reader has stopped reading
     (``-o /dev/stdout | head``): a command ends quietly there, as one printing to a closed
     standard output does, not with an error saying that nothing was written."""
-    import errno
-
     from specformer.data.cache import is_stream
 
     return exc.errno == errno.EPIPE and is_stream(path)
@@ -191,8 +190,6 @@ def stdout_gone(exc: BaseException) -> bool:
     (``specformer show gpt2-small | head -1``): a broken pipe, with no file named, while the
     standard output is a pipe with no reader left (the pipe of a data-loading worker, say,
     is not). :func:`specformer.cli.main` ends quietly there."""
-    import errno
-
     if not isinstance(exc, OSError) or exc.errno != errno.EPIPE or exc.filename is not None:
         return False
     try:

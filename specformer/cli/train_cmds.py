@@ -540,9 +540,9 @@ def _load_checkpoint(path: str, spec_source: str | None = None) -> Any:
     else:
         loaded = load_checkpoint(path)
     # NaN weights: greedy decoding emits token 0, sampling fails inside torch, eval prints nan
-    from specformer.training.checkpoint import check_finite_weights
+    from specformer.training.checkpoint import check_finite_weights, checkpoint_file
 
-    check_finite_weights(loaded.model, source=str(_weights_file(Path(loaded.path))))
+    check_finite_weights(loaded.model, source=str(checkpoint_file(Path(loaded.path))))
     return loaded
 
 
@@ -1812,11 +1812,3 @@ def _show_score(scored: Any, names: tuple[Any, ...], column: str | None, *, out:
         texts = "text" if scored.counted == 1 else "texts"
         out.print(f"[bold]accuracy[/] {100 * scored.accuracy:.1f}% ({scored.correct:,} of {scored.counted:,} "
                   f"{texts} with a label, the {escape(repr(column))} column)", highlight=False, soft_wrap=True)
-
-
-def _weights_file(path: Path) -> Path:
-    """The file a run folder's checkpoint is read from (as training.run's, without importing
-    Lightning, which reading a checkpoint does not need)."""
-    if path.is_dir():
-        return path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
-    return path

@@ -22,7 +22,7 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -622,7 +622,7 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
     try:
         with ExitStack() as folders:
             for folder in sorted({targets[path].parent for path in files}):
-                made += _make_folder(folder)
+                _make_folder(folder, made)
                 with locked(folder, wait=False) as alone:
                     if alone:
                         for path in files:
@@ -649,22 +649,19 @@ def write_files(writers: Mapping[Path, Callable[[Path], None]]) -> None:
                     tmp.unlink(missing_ok=True)
     except BaseException:
         for folder in reversed(made):  # the innermost first; one that holds a file stays
-            try:
+            with suppress(OSError):
                 os.rmdir(folder)
-            except OSError:
-                pass
         raise
 
 
-def _make_folder(folder: Path) -> list[Path]:
-    """Make ``folder`` and the folders above it that are missing; returns those this call
-    made (not one another process made meanwhile), outermost first."""
+def _make_folder(folder: Path, made: list[Path]) -> None:
+    """Make ``folder`` and the folders above it that are missing, adding to ``made`` those this
+    call made (not one another process made meanwhile), outermost first."""
     missing = []
     for above in (folder, *folder.parents):
         if above.exists() or above.is_symlink():
             break
         missing.append(above)
-    made = []
     for above in reversed(missing):
         try:
             above.mkdir()
@@ -673,16 +670,7 @@ def _make_folder(folder: Path) -> list[Path]:
         except OSError:
             break  # raised below, by the mkdir that names the problem
         made.append(above)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except BaseException:
-        for above in reversed(made):
-            try:
-                os.rmdir(above)
-            except OSError:
-                pass
-        raise
-    return made
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def _rename_into_place(staged: list[tuple[Path, Path]]) -> None:
@@ -713,9 +701,8 @@ def _fsync_folder(folder: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 

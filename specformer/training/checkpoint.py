@@ -131,9 +131,16 @@ def _resumed_from(spec_yaml: Path) -> Path | None:
         return None
     given = Path(words[words.index("--resume") + 1]).expanduser()
     source = given if given.is_absolute() else Path(words[1]) / given
-    if source.is_dir():
-        source = source / "checkpoints" / "last.ckpt" if (source / "checkpoints").is_dir() else source / "last.ckpt"
+    source = checkpoint_file(source)
     return source if source.is_file() else None
+
+
+def checkpoint_file(path: Path) -> Path:
+    """The checkpoint a path names: a run folder's ``checkpoints/last.ckpt`` (or a folder's own
+    ``last.ckpt``), else the path itself."""
+    if path.is_dir():
+        return path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+    return path
 
 
 def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:
@@ -150,7 +157,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             )
         raise CheckpointError(f"{path}: no such checkpoint file")
     if path.is_dir():
-        candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+        candidate = checkpoint_file(path)
         if not candidate.is_file():
             if (path / "spec.yaml").is_file():
                 earlier = _resumed_from(path / "spec.yaml")

@@ -52,6 +52,7 @@ from specformer.training.checkpoint import (
     CheckpointError,
     check_resumable,
     check_weights,
+    checkpoint_file,
     checkpoint_tokenizer,
     checkpoint_tokenizer_spec,
     read_checkpoint,
@@ -528,7 +529,7 @@ def train(
         if tokenizer_spec is not None:
             spec, tokenizer_note = _with_checkpoint_tokenizer(spec, tokenizer_spec, str(resume))
             t = spec.training
-        resume = _checkpoint_file(Path(resume))
+        resume = checkpoint_file(Path(resume))
         announce()
         _warn(console, tokenizer_note)
         if changed and console is not None and rank_zero_only.rank == 0:
@@ -1356,8 +1357,3 @@ def _note_where_it_stopped(exc: BaseException, where: TrainingInterrupted) -> No
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
-def _checkpoint_file(path: Path) -> Path:
-    if path.is_dir():
-        candidate = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
-        return candidate
-    return path

@@ -258,9 +258,15 @@ class SpecModule(L.LightningModule):
         if self._trainer is None or not self._step_losses:
             return
         predicted = sum(n for _, n in self._step_losses)  # every process's, every micro-batch's
+        if predicted == 0:
+            # a step with no labels to learn from (every micro-batch's prompts fill the window):
+            # its gradients are zeros, and an optimizer given them would still move the weights
+            # (AdamW's decay and momentum); without them it leaves each weight and its state as is
+            optimizer.zero_grad(set_to_none=True)
+            return
         # Lightning divided each micro-batch's loss by accumulate, and DDP averages the processes'
         whole = self._loss_tokens * self.trainer.accumulate_grad_batches * self.trainer.world_size
-        if predicted == whole or predicted == 0:
+        if predicted == whole:
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:

@@ -1323,3 +1323,35 @@ def test_a_resume_with_another_accumulate_validates_on_its_own_steps(tiny: Any, 
                     resume=first.checkpoint, progress=False)
     assert [h["step"] for h in resumed.history] == [2, 4, 6, 8, 10, 12]
     assert resumed.tokens == 6 * 8 * 32 * (before + after)
+
+
+def test_a_step_with_no_labels_leaves_the_weights_and_the_optimizer_state_as_they_were() -> None:
+    from specformer.builder.lightning import SpecModule
+
+    class AfterEachStep(L.Callback):
+        def __init__(self) -> None:
+            self.weights: list[dict[str, torch.Tensor]] = []
+            self.steps: list[list[float]] = []
+
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, *args: Any) -> None:
+            self.weights.append({k: v.clone() for k, v in module.model.state_dict().items()})
+            state = trainer.optimizers[0].state
+            self.steps.append([float(state[p]["step"]) for p in module.parameters() if p in state])
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 17))
+    labelled = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+    unlabelled = {"input_ids": ids[:, :-1], "labels": torch.full((2, 16), -100)}
+    module = SpecModule(load_spec("gpt-nano"))  # AdamW, weight decay 0.1: zero gradients would still move weights
+    seen = AfterEachStep()
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[seen])
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([labelled, unlabelled, labelled], batch_size=None))
+    assert trainer.global_step == 3
+    # the second step's only micro-batch scores no token: neither decay nor momentum moves a weight,
+    # and AdamW's step count (its bias correction) stays where it was
+    for name, value in seen.weights[1].items():
+        assert torch.equal(value, seen.weights[0][name]), name
+    assert seen.steps[0] and set(seen.steps[0]) == {1.0} and set(seen.steps[1]) == {1.0}
+    assert set(seen.steps[2]) == {2.0}  # the third step, with labels, learns again
+    assert any(not torch.equal(v, seen.weights[1][k]) for k, v in seen.weights[2].items())

@@ -6,6 +6,7 @@ and prints. torch and Lightning are imported inside the commands.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -1175,6 +1176,7 @@ def eval_cmd(
     batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always scores its whole held-out set, in batches large enough to hold it in this many.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar (on a terminal) while the batches are scored.")] = True,
     spec_source: SpecOfWeights = None,
+    output_format: Annotated[str, typer.Option("--format", "-f", metavar="[rich|json]", help="rich: a table; json: one object (checkpoint, step, val_loss, val_perplexity, scored tokens, ...) on standard output, for scripts that compare checkpoints.")] = "rich",
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split.
 
@@ -1199,15 +1201,22 @@ def eval_cmd(
                                    original_max_position_embeddings: 512}'
     specformer eval my.safetensors --spec my.yaml \\
         --set 'training.data={type: files, paths: [my_texts/]}'
+    # every checkpoint of a run, one JSON line each
+    for c in runs/my-run/checkpoints/*.ckpt; do
+        specformer eval "$c" --no-progress -f json | jq -c '{step, val_loss}'
+    done
     ```
     """
+    if output_format not in ("rich", "json"):
+        print_error(f"--format must be rich or json, got {output_format!r}")
+        raise typer.Exit(2)
     with _starting():
         import lightning as L
 
         from specformer.builder.lightning import SpecModule
         from specformer.data.module import SpecDataModule
         from specformer.specs.loader import load_spec
-        from specformer.training.callbacks import SpecProgressBar, share_of_held_out
+        from specformer.training.callbacks import SpecProgressBar
         from specformer.training.run import (
             Terminated,
             _interruptible,
@@ -1294,28 +1303,70 @@ def eval_cmd(
                     else (module._val_sums["tokens"], "token"))
     part = (f", interrupted after {int(scored):,} scored {unit}{'s' if int(scored) != 1 else ''}"
             if interrupted is not None else "")
-    table = Table(title=f"{spec.name} at step {loaded.step}{part}", show_header=False, title_justify="left")
+    if output_format == "json":
+        typer.echo(json.dumps(_eval_json(checkpoint, spec, loaded.step, dm.data, h, module._val_sums["tokens"],
+                                         scored, interrupted is not None), indent=2))
+    else:
+        _print_eval_table(spec, loaded.step, part, dm.data, h, module._val_sums["tokens"], interrupted is not None)
+    if interrupted is not None:
+        signum = _signal_of(interrupted)
+        cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        what = "numbers above" if output_format == "rich" else "numbers printed"
+        print_error(f"{_stopped_by(interrupted)}: the {what} are of the part of the validation split read "
+                    f"before {cause}")
+        raise typer.Exit(128 + signum)
+
+
+def _eval_json(checkpoint: str, spec: Any, step: int, data: Any, h: dict[str, Any], tokens: float, scored: float,
+               interrupted: bool) -> dict[str, Any]:
+    """``eval --format json``'s object: the table's numbers as numbers (None where the table
+    leaves a row out), under names a script reads."""
+    t = spec.training
+    held = len(data.val)
+    read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
+    classify = data.unit == "text"
+    return {
+        "checkpoint": checkpoint,
+        "spec": spec.name,
+        "step": step,
+        "max_seq_len": spec.max_seq_len,
+        "data": data.description,
+        "val_loss": h["val/loss"],
+        "val_perplexity": None if classify else h["val/ppl"],
+        "scored_tokens": int(tokens),
+        "scored_texts": int(scored) if classify else None,
+        "held_out": held,
+        "held_out_unit": data.unit,
+        "whole_split": read == held and not interrupted,
+        "unigram_baseline": data.unigram_loss if not interrupted else None,
+        "exact_match": h.get("val/exact_match"),
+        "accuracy": h.get("val/accuracy"),
+        "examples": int(h["val/examples"]) if "val/examples" in h else None,
+        "interrupted": interrupted,
+    }
+
+
+def _print_eval_table(spec: Any, step: int, part: str, data: Any, h: dict[str, Any], tokens: float,
+                      interrupted: bool) -> None:
+    """``eval``'s table of what it scored."""
+    from specformer.training.callbacks import share_of_held_out
+
+    table = Table(title=f"{spec.name} at step {step}{part}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("data", dm.data.description)
+    table.add_row("data", data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
     if "val/accuracy" not in h:  # a classifier's loss is over its classes, not a vocabulary: no perplexity
         table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
-    if interrupted is None:
-        table.add_row("scored", _scored_line(spec.training, dm.data, int(module._val_sums["tokens"])))
-    if dm.data.unigram_loss is not None and interrupted is None:  # measured on the whole of what was asked
-        table.add_row("unigram baseline", _fmt(dm.data.unigram_loss))
+    if not interrupted:
+        table.add_row("scored", _scored_line(spec.training, data, int(tokens)))
+    if data.unigram_loss is not None and not interrupted:  # measured on the whole of what was asked
+        table.add_row("unigram baseline", _fmt(data.unigram_loss))
     if "val/exact_match" in h:
         table.add_row("exact match", share_of_held_out(h["val/exact_match"], h.get("val/examples"), "example"))
     if "val/accuracy" in h:
         table.add_row("accuracy", share_of_held_out(h["val/accuracy"], h.get("val/examples"), "text"))
     console.print(_titled(table))
-    if interrupted is not None:
-        signum = _signal_of(interrupted)
-        cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        print_error(f"{_stopped_by(interrupted)}: the numbers above are of the part of the validation split read "
-                    f"before {cause}")
-        raise typer.Exit(128 + signum)
 
 
 def _check_length_change(spec: Any, max_seq_len: int, option: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,9 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
     assert out.exit_code == 0, out.output
     assert f"all {held} held-out texts" in out.output and "perplexity" not in out.output
     assert row(out.output) == trained  # the same words and number as the training summary's
+    got = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json"]).stdout)
+    assert (got["scored_texts"], got["examples"], got["held_out"], got["held_out_unit"]) == (held, held, held, "text")
+    assert got["val_perplexity"] is None and f"{100 * got['accuracy']:.1f}%" == trained.split(" of ")[0]
     assert float(trained.split("%")[0]) >= 90.0
 
 

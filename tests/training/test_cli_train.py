@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -172,6 +173,18 @@ def test_eval_says_how_many_tokens_it_scored_and_whether_that_was_the_whole_spli
     assert whole.exit_code == 0, whole.output
     # a causal block of seq_len=32 scores its 32 next tokens
     assert f"scored           │ {held * 32:,} tokens (all {held} held-out sequences)" in whole.output
+    # the same numbers as one JSON object on standard output, for scripts
+    js = runner.invoke(app, ["eval", str(ckpt), "--batches", "1", "-f", "json", "--no-progress"])
+    assert js.exit_code == 0, js.output
+    got = json.loads(js.stdout)
+    loss = next(line for line in part.stdout.splitlines() if "val loss" in line).split("│")[2].strip()
+    assert f"{got['val_loss']:.4f}" == loss and got["val_perplexity"] == pytest.approx(math.exp(got["val_loss"]))
+    assert (got["scored_tokens"], got["held_out"], got["held_out_unit"], got["whole_split"]) == (256, held, "sequence", False)
+    assert got["step"] == 2 and got["checkpoint"] == str(ckpt) and got["interrupted"] is False
+    assert got["unigram_baseline"] > 0 and got["accuracy"] is None and got["exact_match"] is None
+    assert json.loads(runner.invoke(app, ["eval", str(ckpt), "--batches", "1000", "-f", "json"]).stdout)["whole_split"]
+    bad = runner.invoke(app, ["eval", str(ckpt), "-f", "yaml"])
+    assert bad.exit_code == 2 and "--format must be rich or json, got 'yaml'" in bad.stderr
 
 
 def test_training_file_and_set_overrides(tiny: Any, tmp_path: Path) -> None:
@@ -923,6 +936,13 @@ def test_ctrl_c_in_eval_reports_the_batches_scored_before_it(tiny: Any, tmp_path
     said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
     cause = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
     assert f"{said}: the numbers above are of the part of the validation split read before {cause}" in result.stderr
+    calls.clear()
+    as_json = runner.invoke(app, ["eval", ckpt, "--batches", "4", "-f", "json"])
+    assert as_json.exit_code == 128 + signum, as_json.output
+    got = json.loads(as_json.stdout)  # standard output holds the object alone
+    assert got["interrupted"] is True and got["whole_split"] is False and got["unigram_baseline"] is None
+    assert f"{got['val_loss']:.4f}" == loss(two.stdout)
+    assert "the numbers printed are of the part of the validation split" in as_json.stderr
 
 
 def test_eval_names_a_cache_dir_that_is_a_file(tiny: Any, tmp_path: Path) -> None:

@@ -416,7 +416,7 @@ def _small_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str
 
 
 PY_SETUP: dict[str, Callable[[Path, pytest.MonkeyPatch], dict[str, Any]]] = {
-    "docs/components.md: out = model(ids, labels=labels)          # out.loss: scalar, out.logits: None": _same_vocab_models,
+    "docs/components.md: out = model(ids, labels=labels)          # out.loss: scalar; the logits were never held": _same_vocab_models,
     "docs/components.md: out = model(prompt_ids, attention_mask=mask, use_cache=True)   # a new cache, filled by the prompt": _same_vocab_models,
     "docs/training.md: import torch": _gpt_nano_checkpoint,
     "docs/components.md: from specformer.components import lay_out_for_decoding": _same_vocab_models,
@@ -459,7 +459,15 @@ def _round_trip(ns: dict[str, Any]) -> None:
 
 def _loss_without_logits(ns: dict[str, Any]) -> None:
     out = ns["model"](ns["input_ids"], decoder_input_ids=ns["dec"][:, :-1], labels=ns["dec"][:, 1:])
-    assert out.loss.dim() == 0 and out.logits is None  # "no (B, T, V) logits held"
+    assert out.loss.dim() == 0 and getattr(out, "logits", None) is None  # "no (B, T, V) logits held"
+
+
+def _logits_never_held(ns: dict[str, Any]) -> None:
+    from specformer.components.outputs import LogitsNotComputedError
+
+    with pytest.raises(LogitsNotComputedError, match=r"model\.head\(out\.hidden_states\)$"):
+        _ = ns["out"].logits
+    assert getattr(ns["out"], "logits", None) is None and "logits=<not computed: labels were given>" in repr(ns["out"])
 
 
 def _meta_build(ns: dict[str, Any]) -> None:
@@ -508,6 +516,8 @@ def _trained_on_own_dataloader(ns: dict[str, Any]) -> None:
 PY_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "README.md: from specformer import load_spec, build_model": _round_trip,
     "README.md: import torch": _loss_without_logits,
+    "docs/components.md: out = model(ids, labels=labels)          # out.loss: scalar; the logits were never held":
+        _logits_never_held,
     "docs/components.md: import torch": _meta_build,
     "docs/components.md: out = model(prompt_ids, attention_mask=mask, use_cache=True)   # a new cache, filled by the prompt": _cache_position,
     "docs/interop.md: from specformer.builder import build_model": _equal_transformers_model,

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 import specformer.components.loss as loss_module
 from specformer.builder import build_model
 from specformer.components.loss import linear_cross_entropy
+from specformer.components.outputs import LogitsNotComputedError
 from specformer.specs.schema import ModelSpec
 
 Tiny = Callable[..., ModelSpec]
@@ -153,7 +154,11 @@ def test_model_labels_loss_equals_cross_entropy_of_its_logits(tiny: Tiny, kind, 
     model.zero_grad(set_to_none=True)
 
     out = model(ids, labels=labels, label_smoothing=0.1, **kwargs)
-    assert out.logits is None
+    # never held: reading them says so, and how to get them (the head on the hidden states)
+    with pytest.raises(LogitsNotComputedError, match=r"^logits were not computed: given labels, .*model.head\(out.hidden_states\)$"):
+        _ = out.logits
+    assert getattr(out, "logits", None) is None and "logits=<not computed: labels were given>" in repr(out)
+    torch.testing.assert_close(model.head(out.hidden_states), logits)
     out.loss.backward()
     torch.testing.assert_close(out.loss, want, rtol=1e-10, atol=1e-12)
     for name, p in model.named_parameters():

@@ -15,7 +15,7 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -159,15 +159,25 @@ def remove_temporaries(folder: str | os.PathLike[str], name: str | None = None) 
     return freed
 
 
-def made_once(lock: Path, read: Callable[[], T | None], make: Callable[[bool], T]) -> T:
+def made_once(lock: Path, read: Callable[[], T | None], make: Callable[[bool], T], *, what: str = "") -> T:
     """A cache entry: ``read()`` when it is there, else ``make(alone)`` under the file lock
     ``lock``. A process that waited for the lock reads what the holder made instead of
-    making it again; ``alone`` is whether the lock is really held (see :func:`locked`)."""
+    making it again; ``alone`` is whether the lock is really held (see :func:`locked`).
+    The wait is a step of data preparation (:mod:`specformer.data.progress`), ``waiting for
+    another process preparing WHAT (it holds LOCK)``: the holder may take minutes, or be stopped
+    (Ctrl-Z) and hold it until it goes on, and a run that said nothing looked hung."""
+    from specformer.data import progress
+
     found = read()
     if found is not None:
         return found
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with locked(lock) as alone:
+    with ExitStack() as held:
+        alone = held.enter_context(locked(lock, wait=False))
+        if not alone:  # another process holds it (or this file system cannot lock: no wait)
+            held.close()
+            with progress.step(f"waiting for another process preparing {what or 'this cache entry'} (it holds {lock})"):
+                alone = held.enter_context(locked(lock))
         found = read()
         return found if found is not None else make(alone)
 

@@ -21,6 +21,7 @@ from specformer.data.corpus import (
     DataError,
     _is_json_lines,
     _plain_text,
+    numbered_lines,
     read_texts,
     split_by_path,
 )
@@ -125,8 +126,7 @@ def _numbered_conversations(
             f"{setting}: {path} is not JSON lines (.jsonl, .ndjson): conversations are read from those "
             "(compressed or not), one object per line with its turns under training.data.messages_field"
         )
-    # split at \n alone: a JSON string may hold U+2028 and other characters splitlines() breaks at
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in numbered_lines(text):
         where = f"{setting}: {path}:{number}"
         line = line.removesuffix("\r")
         if not line.strip():

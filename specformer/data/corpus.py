@@ -153,7 +153,8 @@ def _read_files(
             try:
                 raw = path.read_bytes()
                 advance(len(raw))
-                text = _decompressed(path, raw).decode("utf-8")
+                data = _decompressed(path, raw)
+                text = data.decode("utf-8")
             except OSError as exc:
                 if report:
                     dangling = path.is_symlink() and not path.exists()
@@ -164,9 +165,15 @@ def _read_files(
             except UnicodeDecodeError as exc:
                 if report:  # (a few stdlib test files are deliberately not UTF-8)
                     skipped.append(key)
-                    skipped_at[key] = _where_not_utf8(exc)
+                    skipped_at[key] = _where_not_utf8(exc, path.name)
                     if bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
                         utf16.append(key)
+                continue
+            if "\x00" in text and (nul := nul_problem(data)):  # valid UTF-8, yet not text: never trained on
+                if report:
+                    why, line, column = nul
+                    skipped.append(key)
+                    skipped_at[key] = why if why.startswith("UTF-16") else f"line {line}, column {column}, {why}"
                 continue
             kind = _table_kind(path)
             if text_field is not None and (_is_json_lines(path) or kind is not None):
@@ -197,8 +204,9 @@ def _read_files(
              f"'Unicode'): save {'it' if len(utf16) == 1 else 'them'} as UTF-8 to train on {'it' if len(utf16) == 1 else 'them'}"
              ] if utf16 else []
     # a single document is split by lines, not by file: its cached tokens differ
-    fingerprint = content_hash(name, {**settings, "split": "lines"} if len(texts) == 1 else settings, chunks=digests)
-    if val_from is None and len(texts) == 1:
+    lines = val_from is None and len(texts) == 1
+    fingerprint = content_hash(name, {**settings, "split": "lines"} if lines else settings, chunks=digests)
+    if lines:
         train_text, val_text = _split_document(texts[0], val_fraction)
         return Corpus(name=name, train=[train_text] if train_text.strip() else [],
                       val=[val_text] if val_text.strip() else [], fingerprint=fingerprint,
@@ -388,6 +396,17 @@ def _csv_documents(path: Path, text: str, text_field: str, kind: str) -> Iterato
             yield last, value
 
 
+_LINE_END = re.compile(r"\r\n?|\n")
+
+
+def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a JSON-lines text, its lines ended as Python's ``open()`` ends
+    them: ``\n``, Windows' ``\r\n`` or an old Mac's lone ``\r``, none of which a JSON string
+    holds as it is (it writes ``\\n``, ``\\r``). Not ``splitlines()``: a JSON string may hold
+    U+2028 and the other characters it breaks at."""
+    return enumerate(_LINE_END.split(text), start=1)
+
+
 def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of each document of a JSON-lines file: every non-blank line is a
     JSON object whose ``text_field`` is a string (an empty one is dropped, as an empty file
@@ -395,8 +414,7 @@ def _json_lines(path: Path, text: str, text_field: str) -> Iterator[tuple[int, s
     import json
 
     where = f"training.data.paths: {path}"
-    # split at \n alone: a JSON string may hold U+2028 and other characters splitlines() breaks at
-    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
+    for number, line in numbered_lines(text.removeprefix("\ufeff")):
         if not line.strip():
             continue
         try:
@@ -518,18 +536,38 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
     if not corpus.train:
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids} if spec.val_paths is None else set()
-        unreadable = {entry.rsplit(" (", 1)[0] for entry in corpus.unreadable}
-        unreadable |= {entry.split(" (", 1)[0] for entry in corpus.not_documents}
-        empty = [key for key, _ in keyed if key not in corpus.skipped and key not in unreadable and key not in read]
-        found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
-        found += [f"left out as not UTF-8 text: {_names(corpus.skipped)}"] if corpus.skipped else []
-        found += [f"cannot be read: {_names(corpus.unreadable)}"] if corpus.unreadable else []
-        found += [f"found in a folder, with no documents: {'; '.join(corpus.not_documents)}"] if corpus.not_documents \
-            else []
-        found += [note for note in corpus.notes if "UTF-16" in note]
-        found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
-        raise DataError(f"training.data.paths: no text to train on in the given files; {'; '.join(found)}")
+        raise DataError("training.data.paths: no text to train on in the given files; "
+                        + _no_text(corpus, [key for key, _ in keyed], read))
+    if spec.val_paths is not None and not corpus.val:  # not a validation split of no tokens, or a cache's other one
+        raise DataError("training.data.val_paths: no text to validate on in the given files; "
+                        + _no_text(corpus, [key for key, _ in held], set()))
     return corpus
+
+
+def _no_text(corpus: Corpus, keys: list[str], read: set[str]) -> str:
+    """Why the files ``keys`` gave no text (``read``: those that gave some, to the other split):
+    empty, not UTF-8 text (with where each stops being it), cannot be read, ..."""
+    ours = set(keys)
+    skipped = [key for key in corpus.skipped if key in ours]
+    unreadable = [entry for entry in corpus.unreadable if entry.rsplit(" (", 1)[0] in ours]
+    not_documents = [entry for entry in corpus.not_documents if entry.split(" (", 1)[0] in ours]
+    bad = {entry.rsplit(" (", 1)[0] for entry in unreadable} | {entry.split(" (", 1)[0] for entry in not_documents}
+    empty = [key for key in keys if key not in skipped and key not in bad and key not in read]
+    found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
+    if skipped:  # where each stops being text (a UTF-16 file's note below says what it is)
+        where = {key: corpus.skipped_at[key] for key in skipped if corpus.skipped_at.get(key, "UTF-16") != "UTF-16"}
+        found.append("left out as not UTF-8 text: " + _names([f"{key} ({where[key]})" if key in where else key
+                                                             for key in skipped]))
+        if where:  # what is read, and the usual fix
+            latin1 = any(", byte 0x" in at for at in where.values())
+            found[-1] += (" (files are read as UTF-8 text, .gz, .bz2 and .xz ones decompressed"
+                          f"{': save a Latin-1 file as UTF-8 with `iconv -f latin1 -t utf-8`' if latin1 else ''})")
+    found += [f"cannot be read: {_names(unreadable)}"] if unreadable else []
+    found += [f"found in a folder, with no documents: {'; '.join(not_documents)}"] if not_documents else []
+    if any(corpus.skipped_at.get(key) == "UTF-16" for key in skipped):
+        found += [note for note in corpus.notes if "UTF-16" in note]
+    found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
+    return "; ".join(found)
 
 
 def _mb(size: int) -> str:
@@ -546,10 +584,15 @@ def read_texts(patterns: tuple[str, ...], setting: str, digests: list[bytes]) ->
             raw = path.read_bytes()
         except OSError as exc:
             raise DataError(f"{setting}: cannot read {path} ({exc.strerror or exc})") from None
+        data = _decompressed(path, raw)
         try:
-            text = _decompressed(path, raw).decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DataError(f"{setting}: {not_utf8(path, exc)}") from None
+        if "\x00" in text and (nul := nul_problem(data)):
+            why, line, column = nul
+            at = "" if why.startswith("UTF-16") else f":{line}:{column}"
+            raise DataError(f"{setting}: {path}{at}: not text, {why}; save the file as UTF-8 text")
         digests.append(_key_bytes(key) + hashlib.sha1(raw).digest())
         yield key, path, text.removeprefix("\ufeff")
 
@@ -563,10 +606,51 @@ def _utf8_stop(exc: UnicodeDecodeError) -> tuple[int, int, int, bool]:
     return line, column, data[exc.start], data[:2] in (b"\xff\xfe", b"\xfe\xff")
 
 
-def _where_not_utf8(exc: UnicodeDecodeError) -> str:
-    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16: says so)."""
+def _where_not_utf8(exc: UnicodeDecodeError, name: str = "") -> str:
+    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16: says so; a
+    compressed file or an image given as text: what it is, 'gzip-compressed data (...)')."""
     line, column, byte, utf16 = _utf8_stop(exc)
-    return "UTF-16" if utf16 else f"line {line}, column {column}, byte 0x{byte:02x}"
+    kind = _binary_kind(bytes(exc.object[:8]), name)
+    return "UTF-16" if utf16 else kind or f"line {line}, column {column}, byte 0x{byte:02x}"
+
+
+# what the opening bytes of a file often given as text by mistake say it is
+_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed data: name it {name}.gz to have it read decompressed"),
+    (b"BZh", "bzip2-compressed data: name it {name}.bz2 to have it read decompressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed data: name it {name}.xz to have it read decompressed"),
+    (b"PK\x03\x04", "a zip archive: unpack it, its files are read, a .zip is not"),
+    (b"\x89PNG", "a PNG image, not text"),
+    (b"\xff\xd8\xff", "a JPEG image, not text"),
+    (b"GIF8", "a GIF image, not text"),
+    (b"%PDF-", "a PDF document, not text: extract its text first"),
+)
+
+
+def _binary_kind(head: bytes, name: str) -> str | None:
+    """What a file that is not UTF-8 text is, from its first bytes ('gzip-compressed data
+    (name it notes.txt.gz ...)'), or None."""
+    for magic, what in _MAGIC:
+        if head.startswith(magic) and (magic != b"BZh" or head[4:8] == b"1AY&"):
+            return what.format(name=name or "the file")
+    return None
+
+
+def nul_problem(data: bytes) -> tuple[str, int, int] | None:
+    """Why ``data``, valid UTF-8, is still not text: a NUL byte, which no text file holds
+    (``git`` and ``grep`` take a file with one for binary). (why, line, column of the first
+    NUL): ASCII text saved as UTF-16 without a byte-order mark (every other byte NUL) says
+    so; None when it holds no NUL."""
+    at = data.find(b"\x00")
+    if at < 0:
+        return None
+    head = data[:4096]
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    line = data.count(b"\n", 0, at) + 1
+    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    if max(even, odd) >= len(head) // 8 and min(even, odd) * 8 <= max(even, odd):
+        return "UTF-16 without a byte-order mark: every other byte is NUL", line, column
+    return "a NUL byte: binary data, not text", line, column
 
 
 def json_problem(exc: Any) -> str:
@@ -579,6 +663,8 @@ def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
     """Where a file stops being UTF-8, as an editor counts it: 'data/qa.jsonl:6:4: not UTF-8 text
     (byte 0xe9)', with the usual cause and its fix."""
     line, column, byte, utf16 = _utf8_stop(exc)
+    if not utf16 and (kind := _binary_kind(bytes(exc.object[:8]), Path(path).name)):
+        return f"{path}: not UTF-8 text: {kind}"
     how = (" (UTF-16: a byte-order mark opens it, what Windows Notepad saves as 'Unicode')" if utf16
            else " (from Latin-1, `iconv -f latin1 -t utf-8`)")
     return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{byte:02x}): save the file as UTF-8{how}"

@@ -28,6 +28,7 @@ from specformer.data.corpus import (
     _table_kind,
     csv_fields_up_to,
     json_problem,
+    numbered_lines,
     read_texts,
     reader_rows,
     split_by_path,
@@ -211,7 +212,7 @@ class CsvRow(dict):
 
 
 def _json_lines(path: Path, text: str, setting: str) -> Iterator[tuple[str, object]]:
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in numbered_lines(text):
         if not line.strip():
             continue
         try:

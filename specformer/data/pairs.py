@@ -23,6 +23,7 @@ from specformer.data.corpus import (
     _is_json_lines,
     _plain_text,
     json_problem,
+    numbered_lines,
     read_texts,
     split_by_path,
 )
@@ -144,8 +145,8 @@ def _numbered_pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) ->
             "pairs are read from those (compressed or not)"
         )
     text = text.removeprefix("\ufeff")
-    # split at \n alone: a JSON string may hold U+2028 and other characters splitlines() breaks at
-    for number, line in enumerate(text.split("\n"), start=1):
+    # a .tsv line ends at \n alone (a lone \r is its text's); JSON lines end as open() ends them
+    for number, line in enumerate(text.split("\n"), start=1) if tsv else numbered_lines(text):
         where = f"{setting}: {path}:{number}"
         line = line.removesuffix("\r")
         if not line.strip():

@@ -135,7 +135,8 @@ def rich_reporter(console: Any, *, bars: bool = True) -> Reporter:
             yield _ignore
         seconds = time.perf_counter() - start
         if seconds > LINE_AFTER_S:
-            console.print(done_line(description, total, seconds), highlight=False)
+            # never wrapped: a path in it stays one piece to copy
+            console.print(done_line(description, total, seconds), highlight=False, soft_wrap=True)
 
     return bar
 

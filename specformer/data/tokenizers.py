@@ -356,7 +356,7 @@ def bpe_tokenizer(spec: BPETokenizerSpec, *, corpus: Corpus, cache_dir: str | Pa
             return _train_bpe(spec, texts, path)
 
     try:
-        return made_once(lock, lambda: _cached_bpe(path), make)
+        return made_once(lock, lambda: _cached_bpe(path), make, what="the trained tokenizer")
     except OSError as exc:
         raise DataError(cache_write_error("the trained tokenizer", path, exc)) from None
 

@@ -227,7 +227,7 @@ def _entry(folder: Path, what: str, load: Callable[[dict], T], make: Callable[[]
         return (load(meta),)
 
     try:
-        (found,) = made_once(folder / ".lock", read, build)
+        (found,) = made_once(folder / ".lock", read, build, what=what)
     except OSError as exc:
         raise DataError(cache_write_error(what, folder, exc)) from None
     return found, not made

@@ -323,7 +323,7 @@ class PeriodicCheckpoint(Callback):
         step = trainer.global_step
         self._saved_step, self._pending = step, None
         self._check_finite(trainer)
-        with ctrl_c_after():  # a Ctrl-C once last.ckpt is replaced waits for it to be noted
+        with ctrl_c_after():  # a Ctrl-C during the write waits for it to finish and be noted
             if self.keep_steps:
                 self._write(trainer, self.dirpath / f"step-{step:07d}.ckpt")
             self._write(trainer, self.dirpath / "last.ckpt")

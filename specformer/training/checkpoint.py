@@ -69,6 +69,16 @@ class CheckpointError(ValueError):
     """A checkpoint could not be used or written; the message says which file and why."""
 
 
+class _CtrlCHeld:
+    """The SIGINT handler of an open :func:`ctrl_c_after` block: it notes the signal."""
+
+    def __init__(self, pressed: list[int]) -> None:
+        self.pressed = pressed
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.pressed.append(signum)
+
+
 @contextmanager
 def ctrl_c_after() -> Iterator[None]:
     """Ctrl-C (SIGINT) during the block is raised when it ends (not when the block raises).
@@ -78,14 +88,17 @@ def ctrl_c_after() -> Iterator[None]:
     Raised after the write, it removes the temporary file as any error does, and the
     previous checkpoint stays. Around a checkpoint's write and the note of what was
     written, it keeps the two in step: a Ctrl-C between them would leave a new checkpoint
-    on disk that the run's message does not name. Nested, the innermost block takes it."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-        signal.SIG_IGN, None
+    on disk that the run's message does not name. Nested, the outermost block takes it: a
+    Ctrl-C during the write of a run's checkpoint lets the write finish, the file is renamed
+    into place and noted, and the run stops naming it (a file written whole is not thrown away)."""
+    current = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or current in (signal.SIG_IGN, None) or (
+        isinstance(current, _CtrlCHeld)
     ):
-        yield
+        yield  # (inside an outer block: that one holds the Ctrl-C)
         return
     pressed: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    previous = signal.signal(signal.SIGINT, _CtrlCHeld(pressed))
     try:
         yield
     finally:
@@ -173,6 +186,14 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
                 more = f" (and {len(runs) - 1} earlier)" if len(runs) > 1 else ""
                 raise CheckpointError(f"{path} holds the runs of a spec, not one run; its latest is {runs[-1]}{more}: "
                                       "give that run folder or its checkpoints/last.ckpt")
+            started = sorted((run.parent for run in path.glob("*/spec.yaml")), key=run_order)
+            if started:  # runs/<spec name>/ of runs all stopped before their first checkpoint
+                which = f"all {len(started)} of its runs" if len(started) > 1 else "its one run"
+                raise CheckpointError(
+                    f"{path} holds the runs of a spec, and {which} stopped before the first checkpoint "
+                    f"(training.checkpoint_interval), so there is nothing to load or resume from; the latest is "
+                    f"{started[-1]}"
+                )
             if (path / "config.json").is_file():  # what transformers or export-hf wrote
                 raise CheckpointError(
                     f"{path} is a Hugging Face model folder (config.json), not a run: read it with `specformer "

@@ -199,6 +199,85 @@ def test_a_utf16_file_is_left_out_with_how_to_make_it_readable(tmp_path: Path) -
         files_corpus(FilesDataSpec(paths=(str(tmp_path / "notepad.txt"),)))
 
 
+def test_a_file_with_nul_bytes_is_not_trained_on_as_text(tmp_path: Path) -> None:
+    # valid UTF-8 yet not text: ASCII saved as UTF-16 without a byte-order mark ('h\0e\0l\0...'),
+    # a file of zeros, a log with a run of NULs; left out and named, never trained on as text
+    (tmp_path / "nobom.txt").write_bytes("the cat sat on the mat\n".encode("utf-16-le") * 50)
+    (tmp_path / "zeros.txt").write_bytes(bytes(1000))
+    (tmp_path / "log.txt").write_bytes(b"started\nok\x00\x00\x00\x00\n" + b"more text here\n" * 50)
+    (tmp_path / "fine.txt").write_text("plain notes\n" * 50)
+    (tmp_path / "more.txt").write_text("more notes\n" * 50)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert sorted(corpus.train_ids + corpus.val_ids) == ["fine.txt", "more.txt"]
+    assert not any("\x00" in text for text in corpus.train + corpus.val)
+    assert corpus.skipped_at == {"log.txt": "line 2, column 3, a NUL byte: binary data, not text",
+                                 "nobom.txt": "UTF-16 without a byte-order mark: every other byte is NUL",
+                                 "zeros.txt": "line 1, column 1, a NUL byte: binary data, not text"}
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out as "
+                                        r"not UTF-8 text: nobom.txt \(UTF-16 without a byte-order mark: every other "
+                                        r"byte is NUL\) \(files are read as UTF-8 text, .gz, .bz2 and .xz ones "
+                                        r"decompressed\)$"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "nobom.txt"),)))
+
+
+def test_a_file_that_is_not_utf8_is_named_with_where_and_what_it_is(tmp_path: Path) -> None:
+    # the error, not only the warning, says where a file stops being UTF-8 and how to fix it;
+    # a gzip file named .txt or an image given as text is named as what it is
+    import gzip
+
+    (tmp_path / "latin.txt").write_bytes("notes\ncafé au lait\n".encode("latin-1"))
+    (tmp_path / "notes.txt").write_bytes(gzip.compress(b"notes\n" * 50))
+    (tmp_path / "pic.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff")
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out as "
+                                        r"not UTF-8 text: latin.txt \(line 2, column 4, byte 0xe9\) \(files are read "
+                                        r"as UTF-8 text, .gz, .bz2 and .xz ones decompressed: save a Latin-1 file as "
+                                        r"UTF-8 with `iconv -f latin1 -t utf-8`\)$"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "latin.txt"),)))
+    (tmp_path / "latin.txt").unlink()
+    with pytest.raises(DataError) as info:
+        files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert ("notes.txt (gzip-compressed data: name it notes.txt.gz to have it read decompressed), pic.txt (a PNG "
+            "image, not text)") in str(info.value)
+    (tmp_path / "notes.txt").rename(tmp_path / "notes.txt.gz")  # named so, it is read
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert corpus.skipped == ["pic.txt"] and "".join(corpus.train + corpus.val) == "notes\n" * 50
+
+
+def test_val_paths_that_give_no_text_are_an_error_naming_them(tmp_path: Path) -> None:
+    # not a validation split of 0 tokens, nor (one training file left) the token cache's entry of
+    # that file split by lines: its last lines were validated on instead of the val_paths given
+    (tmp_path / "train.txt").write_text("plain notes\n" * 50)
+    (tmp_path / "valid.txt").write_bytes("café\n".encode("latin-1") * 20)
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    spec = FilesDataSpec(paths=(str(tmp_path / "train.txt"),), val_paths=(str(tmp_path / "valid.txt"),))
+    with pytest.raises(DataError, match=r"^training.data.val_paths: no text to validate on in the given files; left "
+                                        r"out as not UTF-8 text: valid.txt \(line 1, column 4, byte 0xe9\)"):
+        files_corpus(spec)
+    with pytest.raises(DataError, match=r"^training.data.val_paths: no text to validate on in the given files; "
+                                        r"empty \(or only whitespace\): blank.txt$"):
+        files_corpus(spec.model_copy(update={"val_paths": (str(tmp_path / "blank.txt"),)}))
+    # a training error lists the training files alone
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out as "
+                                        r"not UTF-8 text: valid.txt \(line 1, column 4, byte 0xe9\) \(files"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "valid.txt"),), val_paths=(str(tmp_path / "blank.txt"),)))
+
+
+def test_json_lines_with_old_mac_line_ends_are_read_line_by_line(tmp_path: Path) -> None:
+    # Python's open() ends a line at a lone \r too, as a plain text file's lines are read:
+    # the same documents as \n and \r\n, not 'Extra data' on one long line
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(20)]
+    for name, end in (("lf", "\n"), ("crlf", "\r\n"), ("cr", "\r")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "docs.jsonl").write_text(end.join(lines) + end + end, newline="")
+    read = [files_corpus(FilesDataSpec(paths=(str(tmp_path / name / "docs.jsonl"),))) for name in ("lf", "crlf", "cr")]
+    assert sorted(read[0].train_ids + read[0].val_ids) == sorted(f"docs.jsonl:{i}" for i in range(1, 21))
+    assert all((c.train, c.val, c.train_ids, c.val_ids, c.fingerprint) == (read[0].train, read[0].val,
+               read[0].train_ids, read[0].val_ids, read[0].fingerprint) for c in read)
+    (tmp_path / "cr" / "docs.jsonl").write_text("\r".join(lines[:3] + ['{"text": 3}']), newline="")
+    with pytest.raises(DataError, match=r"docs.jsonl:4: .*'text'"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "cr" / "docs.jsonl"),)))
+
+
 def test_a_file_that_cannot_be_read_is_named_as_such_not_as_not_utf8(tmp_path: Path) -> None:
     # a dangling symbolic link named in paths (a dataset moved away): what is wrong is said, not "not UTF-8"
     (tmp_path / "fine.txt").write_text("plain notes\n" * 50)
@@ -734,6 +813,43 @@ def test_the_same_corpus_tokenised_twice_at_once_is_tokenised_once(
     for worker in workers:
         worker.join()
     assert len(trained) == 1 and len(vocabularies) == 2 and vocabularies[0] == vocabularies[1]
+
+
+def test_a_run_waiting_for_another_process_to_prepare_the_data_says_so(tmp_path: Path) -> None:
+    """A run whose cache entry another process was making (a sweep sharing a cache_dir, or a
+    run stopped with Ctrl-Z holding the lock) waited without a word: it looked hung."""
+    import threading
+    import time
+    from contextlib import contextmanager
+
+    from specformer.data import progress
+    from specformer.data.cache import locked, made_once
+
+    lock, steps = tmp_path / "locks" / "entry.lock", []
+
+    @contextmanager
+    def reporter(description: str, total: int | None) -> Any:
+        steps.append(description)
+        yield lambda done: None
+
+    lock.parent.mkdir()
+    with locked(lock):  # another process's: flock is taken per opened file
+        result: list[str] = []
+
+        def run() -> None:
+            with progress.reporting(reporter):
+                result.append(made_once(lock, lambda: None, lambda alone: f"made, alone={alone}", what="the token cache"))
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(0.3)
+        assert worker.is_alive() and steps == [f"waiting for another process preparing the token cache (it holds {lock})"]
+    worker.join()
+    assert result == ["made, alone=True"]
+    steps.clear()  # a lock no one holds: no wait, nothing said
+    with progress.reporting(reporter):
+        assert made_once(lock, lambda: None, lambda alone: "again", what="the token cache") == "again"
+    assert steps == []
 
 
 def test_another_tokenizers_release_tokenises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,6 +130,47 @@ def test_bad_val_paths_name_their_setting(tmp_path: Path) -> None:
         pair_corpus(PairsDataSpec(paths=[str(one)]))
 
 
+def test_a_file_of_nul_bytes_or_a_compressed_one_named_as_text_is_an_error_saying_what_it_is(tmp_path: Path) -> None:
+    # pairs, labelled texts and conversations read their files alike (read_texts): a .tsv saved as
+    # UTF-16 without a byte-order mark is valid UTF-8 ('s\0o\0...'), yet no text to read pairs from
+    import gzip
+
+    from specformer.data.conversations import conversation_corpus
+    from specformer.data.labelled import labelled_corpus
+    from specformer.specs.training import ConversationsDataSpec, LabelledDataSpec
+
+    tsv = "".join(f"{s}\t{t}\n" for s, t in PAIRS)
+    (tmp_path / "nobom.tsv").write_bytes(tsv.encode("utf-16-le"))
+    (tmp_path / "log.tsv").write_bytes(b"a\tb\nc\x00\x00\td\n")
+    (tmp_path / "packed.tsv").write_bytes(gzip.compress(tsv.encode()))
+    for name, said in (("nobom.tsv", "nobom.tsv: not text, UTF-16 without a byte-order mark: every other byte is NUL; "
+                                     "save the file as UTF-8 text"),
+                       ("log.tsv", "log.tsv:2:2: not text, a NUL byte: binary data, not text; save the file as UTF-8 "
+                                   "text"),
+                       ("packed.tsv", "packed.tsv: not UTF-8 text: gzip-compressed data: name it packed.tsv.gz to "
+                                      "have it read decompressed")):
+        with pytest.raises(DataError) as info:
+            pair_corpus(PairsDataSpec(paths=[str(tmp_path / name)]))
+        assert str(info.value) == f"training.data.paths: {tmp_path / name}{said.removeprefix(name)}"
+    (tmp_path / "rows.csv").write_bytes("text,label\na,0\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"rows.csv: not text, UTF-16 without a byte-order mark"):
+        labelled_corpus(LabelledDataSpec(paths=(str(tmp_path / "rows.csv"),)))
+    # JSON lines end as open() ends lines, an old Mac's lone \r too: the same records, the same lines
+    turns = [{"messages": [{"role": "user", "content": s}, {"role": "assistant", "content": t}]} for s, t in PAIRS]
+    for end in ("\n", "\r"):
+        (tmp_path / "p.jsonl").write_text(end.join(json.dumps({"source": s, "target": t}) for s, t in PAIRS), newline="")
+        (tmp_path / "l.jsonl").write_text(end.join(json.dumps({"text": s, "label": i % 2}) for i, (s, _) in
+                                                   enumerate(PAIRS)), newline="")
+        (tmp_path / "c.jsonl").write_text(end.join(map(json.dumps, turns)), newline="")
+        pairs = pair_corpus(PairsDataSpec(paths=[str(tmp_path / "p.jsonl")]))
+        assert sorted(pairs.train + pairs.val) == sorted(PAIRS)
+        assert len(labelled_corpus(LabelledDataSpec(paths=(str(tmp_path / "l.jsonl"),))).train) > 150
+        assert len(conversation_corpus(ConversationsDataSpec(paths=(str(tmp_path / "c.jsonl"),))).train) > 150
+    (tmp_path / "p.jsonl").write_text('{"source": "a", "target": "b"}\r{"source": "c"}\r', newline="")
+    with pytest.raises(DataError, match=r"p.jsonl:2: no 'target' field"):
+        pair_corpus(PairsDataSpec(paths=[str(tmp_path / "p.jsonl")]))
+
+
 def test_the_fingerprint_follows_the_files_and_settings(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "train.jsonl", PAIRS[:50])
     spec = PairsDataSpec(paths=[str(path)])

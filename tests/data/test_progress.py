@@ -80,6 +80,13 @@ def test_a_long_step_leaves_a_line_with_its_rate(tmp_path: Path, monkeypatch: py
     assert progress.done_line("tokenising the training text", 94_400_000, 63.0) == (
         "tokenising the training text: 94.4 MB in 1m 3s (1.50 MB/s)")
     assert progress.done_line("training the BPE tokenizer", None, 5.04) == "training the BPE tokenizer: 5.0s"
+    # a line longer than the console (a lock's path in it) is one line, not cut in the path
+    narrow = io.StringIO()
+    long = "waiting for another process preparing the token cache (it holds /" + "x" * 90 + "/.lock)"
+    with progress.reporting(progress.rich_reporter(Console(file=narrow, force_terminal=False, width=80))):
+        with progress.step(long):
+            pass
+    assert narrow.getvalue().splitlines() == [f"{long}: " + narrow.getvalue().rsplit(": ", 1)[1].strip()]
 
 
 def test_tokenising_pairs_says_how_far_it_is(tmp_path: Path) -> None:

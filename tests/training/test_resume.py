@@ -263,6 +263,21 @@ def test_resuming_with_a_different_model_names_the_differences(tiny: Any, monkey
         train(other, resume=ckpt, progress=False)
 
 
+def test_the_folder_of_a_specs_runs_that_all_stopped_before_a_checkpoint_says_so(tmp_path: Path) -> None:
+    # runs killed (SIGKILL, the OOM killer) before their first checkpoint leave their spec.yaml:
+    # the folder of them was "a folder with no last.ckpt (expected a run folder or a .ckpt file)"
+    for stamp in ("20250101-120000", "20250102-090000"):
+        (tmp_path / "m" / stamp).mkdir(parents=True)
+        (tmp_path / "m" / stamp / "spec.yaml").write_text("extends: gpt-nano\n")
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(tmp_path / "m")
+    assert str(err.value) == (
+        f"{tmp_path / 'm'} holds the runs of a spec, and all 2 of its runs stopped before the first checkpoint "
+        "(training.checkpoint_interval), so there is nothing to load or resume from; the latest is "
+        f"{tmp_path / 'm' / '20250102-090000'}"
+    )
+
+
 def test_the_folder_of_a_specs_runs_names_its_latest_run(tmp_path: Path) -> None:
     # runs/<spec name>/ is one level above a run folder: the message names the run to give
     for stamp in ("20250101-120000", "20250102-090000"):
@@ -529,6 +544,45 @@ def test_ctrl_c_just_after_a_checkpoint_is_written_still_notes_it(tmp_path: Path
     with pytest.raises(KeyboardInterrupt):
         periodic._save(SimpleNamespace(global_step=4))
     assert (periodic.last_path, periodic.last_step) == (tmp_path / "last.ckpt", 4)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_during_a_runs_checkpoint_write_keeps_the_checkpoint_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while a run's checkpoint was written waited for the write, then threw the
+    whole file away: the run lost the steps since its previous checkpoint (and, before the
+    first one, said the stop had cut a validation short). The file is kept and named."""
+    from types import SimpleNamespace
+
+    from specformer.training.callbacks import PeriodicCheckpoint
+    from specformer.training.checkpoint import write_checkpoint
+
+    write_checkpoint({"global_step": 2}, tmp_path / "last.ckpt")
+    real = torch.save
+
+    def pressed_midway(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        write = f.write
+
+        def once(data: Any) -> int:
+            os.kill(os.getpid(), signal.SIGINT)
+            f.write = write
+            return write(data)
+
+        f.write = once
+        real(obj, f, *args, **kwargs)
+
+    periodic = PeriodicCheckpoint(tmp_path, every=2)
+    periodic._check_finite = lambda trainer: None  # type: ignore[method-assign]
+    periodic._write = lambda trainer, path: write_checkpoint(  # type: ignore[method-assign]
+        {"global_step": trainer.global_step, "w": torch.ones(1000)}, path)
+    monkeypatch.setattr(torch, "save", pressed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        periodic._save(SimpleNamespace(global_step=4))
+    monkeypatch.undo()
+    assert (periodic.last_path, periodic.last_step) == (tmp_path / "last.ckpt", 4)
+    assert read_checkpoint(tmp_path / "last.ckpt")["global_step"] == 4
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 

@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -1176,6 +1176,7 @@ def eval_cmd(
     batches: Annotated[int | None, typer.Option("--batches", min=1, help="Validation batches (default: the spec's val_batches); a synthetic task always scores its whole held-out set, in batches large enough to hold it in this many.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar (on a terminal) while the batches are scored.")] = True,
     spec_source: SpecOfWeights = None,
+    data: Annotated[list[str] | None, typer.Option("--data", "-d", metavar="PATH", help="Score these files, directories or globs whole (repeatable), in the model's training data format: text for a language model, the pairs, labelled rows or conversations it was trained on. Without it, the validation split of the spec's training.data.")] = None,
     output_format: Annotated[str, typer.Option("--format", "-f", metavar="[rich|json]", help="rich: a table; json: one object (checkpoint, step, val_loss, val_perplexity, scored tokens, ...) on standard output, for scripts that compare checkpoints.")] = "rich",
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split.
@@ -1192,6 +1193,8 @@ def eval_cmd(
     ```
     specformer eval runs/gpt-nano/<timestamp>/checkpoints/last.ckpt
     specformer eval CKPT --batches 50
+    # perplexity on a test file of your own, all of it
+    specformer eval CKPT --data wiki.test.txt
     # a RoPE model trained at 512, at 2048 tokens
     specformer eval CKPT --set max_seq_len=2048
     specformer eval CKPT --set max_seq_len=2048 \\
@@ -1199,8 +1202,7 @@ def eval_cmd(
     specformer eval CKPT --set max_seq_len=2048 \\
         --set 'positional.scaling={type: dynamic, factor: 2,
                                    original_max_position_embeddings: 512}'
-    specformer eval my.safetensors --spec my.yaml \\
-        --set 'training.data={type: files, paths: [my_texts/]}'
+    specformer eval my.safetensors --spec my.yaml --data my_texts/
     # every checkpoint of a run, one JSON line each
     for c in runs/my-run/checkpoints/*.ckpt; do
         specformer eval "$c" --no-progress -f json | jq -c '{step, val_loss}'
@@ -1214,6 +1216,7 @@ def eval_cmd(
         import lightning as L
 
         from specformer.builder.lightning import SpecModule
+        from specformer.data.corpus import DataError, scoring_only
         from specformer.data.module import SpecDataModule
         from specformer.specs.loader import load_spec
         from specformer.training.callbacks import SpecProgressBar
@@ -1242,6 +1245,8 @@ def eval_cmd(
             raise _fail(f"--set {', '.join(scaling)}: positional.scaling scales the frequencies of rope positions, "
                         f"and this model's positions are {loaded.spec.positional.type}; eval runs the model "
                         "as it was trained, so only a rope model's positions can be scaled")
+        if data:
+            overrides += _scored_data(loaded.spec, keys, data)
         if "max_seq_len" in keys and "training.seq_len" not in keys:
             # a longer max_seq_len is asked for to evaluate longer sequences: the checkpoint's own
             # training.seq_len would otherwise keep them at the trained length
@@ -1282,7 +1287,15 @@ def eval_cmd(
         module = SpecModule(spec, tokenizer=loaded.tokenizer)
         module.model.load_state_dict(loaded.model.state_dict())
         dm = SpecDataModule(spec, tokenizer=loaded.tokenizer)
-        dm.setup("validate")
+        try:
+            with scoring_only() if data else nullcontext():
+                dm.setup("validate")
+        except DataError as exc:
+            if not data:
+                raise
+            # the settings --data stands for, named as the user gave them
+            said = re.sub(r"training\.data\.(val_)?paths(?=[:; ,)=]|$)", "--data", str(exc))
+            raise DataError(said.replace("validation split", "data to score")) from None
         interrupted: KeyboardInterrupt | None = None  # what cut the validation short
         try:
             _interruptible(trainer, lambda signum: Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(),
@@ -1315,6 +1328,27 @@ def eval_cmd(
         print_error(f"{_stopped_by(interrupted)}: the {what} are of the part of the validation split read "
                     f"before {cause}")
         raise typer.Exit(128 + signum)
+
+
+def _scored_data(spec: Any, keys: list[str], data: list[str]) -> list[str]:
+    """The ``--set`` overrides of ``eval --data PATHS``: the paths read whole as the
+    validation split, in the format of the checkpoint's training data (text files for a
+    language model trained on text; pairs, labelled rows or conversations as it was)."""
+    given = [k for k in keys if k == "training.data" or k.startswith("training.data.")]
+    if given:
+        raise _fail(f"--data and --set {', '.join(given)} both say what to score: give one")
+    trained = spec.training.data
+    if trained is not None and trained.type == "synthetic":
+        raise _fail(f"--data: this model was trained on the synthetic task {trained.task!r}, whose held-out "
+                    "examples eval scores without it; --data reads files of text, pairs, labelled rows or "
+                    "conversations")
+    paths = json.dumps(list(data))
+    whole = "training.val_batches=null"  # every batch of them (--batches, applied after, reads fewer)
+    if trained is not None and trained.type in ("pairs", "labelled", "conversations"):
+        # the same fields and format as training read; each pair is read as both splits,
+        # and the validation one is scored
+        return [f"training.data.paths={paths}", f"training.data.val_paths={paths}", whole]
+    return [f"training.data={{type: files, paths: {paths}, val_paths: {paths}}}", whole]
 
 
 def _eval_json(checkpoint: str, spec: Any, step: int, data: Any, h: dict[str, Any], tokens: float, scored: float,

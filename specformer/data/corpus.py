@@ -17,6 +17,7 @@ import re
 import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -507,6 +508,26 @@ def stdlib_corpus(spec: StdlibDataSpec) -> Corpus:
     return _read_files("stdlib", items, spec.val_fraction, spec.model_dump(), report=False)
 
 
+_SCORING_ONLY: ContextVar[bool] = ContextVar("specformer_scoring_only", default=False)
+
+
+@contextmanager
+def scoring_only() -> Iterator[None]:
+    """Within the block a corpus is read to be scored, not trained on (``eval --data``): a
+    ``files`` corpus reads its ``val_paths`` alone, as the validation split, and has no
+    training split (the model's tokenizer is given, so none is trained on it)."""
+    token = _SCORING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SCORING_ONLY.reset(token)
+
+
+def is_scoring_only() -> bool:
+    """Whether the data is read to be scored alone (:func:`scoring_only`)."""
+    return _SCORING_ONLY.get()
+
+
 def files_corpus(spec: FilesDataSpec) -> Corpus:
     """Local files, directories (all files below, hidden ones excepted) or globs.
 
@@ -521,7 +542,9 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
         held = _expand_paths(spec.val_paths, "training.data.val_paths", walked)
         resolved = {path.resolve() for _, path in held}
         given, found = found, [(key, path) for key, path in found if path.resolve() not in resolved]
-        if not found:
+        if is_scoring_only():
+            found = []  # the files to score are val_paths' alone
+        elif not found:
             raise DataError(f"training.data.paths: every file it finds ({_names([key for key, _ in given])}) is in "
                             "training.data.val_paths, which validation reads: nothing is left to train on")
     keyed = _cap(found, spec.max_mb)
@@ -534,7 +557,7 @@ def files_corpus(spec: FilesDataSpec) -> Corpus:
         # the cap keeps or leaves out whole files, and keeps at least one: said, not silent
         corpus.notes.append(f"training.data.max_mb={spec.max_mb:g} is below the {_mb(size)} MB of "
                             f"{_names([key for key, _ in keyed])}, read whole (the cap keeps or leaves out whole files)")
-    if not corpus.train:
+    if not corpus.train and not (is_scoring_only() and spec.val_paths is not None):
         read = {i.removesuffix(" (last lines)") for i in corpus.val_ids} if spec.val_paths is None else set()
         raise DataError("training.data.paths: no text to train on in the given files; "
                         + _no_text(corpus, [key for key, _ in keyed], read))

@@ -31,7 +31,7 @@ from specformer.data.collate import (
     SFTCollator,
 )
 from specformer.data.conversations import ConversationCorpus
-from specformer.data.corpus import DataError, _names
+from specformer.data.corpus import DataError, _names, is_scoring_only
 from specformer.data.datasets import LabelledTexts, PackedBlocks, PairDataset
 from specformer.data.labelled import LabelledCorpus, label_ids
 from specformer.data.pairs import PairCorpus
@@ -119,8 +119,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     seq_len = t.seq_len or spec.max_seq_len
     overlap = 1 if t.objective.type == "causal_lm" else 0
     train, val = PackedBlocks(arrays.train, seq_len, overlap=overlap), PackedBlocks(arrays.val, seq_len, overlap=overlap)
-    if len(train) == 0 or len(val) == 0:
-        split = "training" if len(train) == 0 else "validation"
+    if (len(train) == 0 and not is_scoring_only()) or len(val) == 0:
+        split = "training" if len(train) == 0 and not is_scoring_only() else "validation"
         ids = corpus.train_ids if split == "training" else corpus.val_ids
         if corpus.split_by_lines:  # "a.txt (first lines)"
             name, _, part = ids[0].rpartition(" (")
@@ -134,10 +134,15 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         )
     from specformer.training.callbacks import format_count as count
 
-    description = (
-        f"{corpus.name}: {corpus.documents}, "
-        f"{count(corpus.n_bytes)} characters → {count(len(arrays.train))} train / {count(len(arrays.val))} val tokens"
-    )
+    if is_scoring_only() and not corpus.train:  # eval --data: the files are scored, none trained on
+        n = len(corpus.val)
+        description = (f"{_names(corpus.val_ids)}: {n} document{'s' if n != 1 else ''}, {count(corpus.n_bytes)} "
+                       f"characters → {count(len(arrays.val))} tokens, scored in blocks of seq_len={seq_len}")
+    else:
+        description = (
+            f"{corpus.name}: {corpus.documents}, "
+            f"{count(corpus.n_bytes)} characters → {count(len(arrays.train))} train / {count(len(arrays.val))} val tokens"
+        )
     if getattr(corpus, "skipped", None):
         description += f"; left out {len(corpus.skipped)} file(s) that are not UTF-8 text: {_names(corpus.skipped)}"
     if getattr(corpus, "unreadable", None):
@@ -151,7 +156,9 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
         train=train,
         val=val,
         description=description,
-        unigram_loss=unigram_cross_entropy(arrays.train, _scored(arrays.val, val, t), tokenizer.vocab_size),
+        # (no baseline for files read to be scored alone: a training split's unigrams make it)
+        unigram_loss=None if is_scoring_only() else unigram_cross_entropy(arrays.train, _scored(arrays.val, val, t),
+                                                                           tokenizer.vocab_size),
         n_train_tokens=len(arrays.train),
         n_val_tokens=len(arrays.val),
         extra={"token_cache": str(arrays.path)},

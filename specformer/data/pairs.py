@@ -22,6 +22,7 @@ from specformer.data.corpus import (
     DataError,
     _is_json_lines,
     _plain_text,
+    is_scoring_only,
     json_problem,
     numbered_lines,
     read_texts,
@@ -73,7 +74,8 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
         val, val_names = _read(spec, spec.val_paths, "training.data.val_paths", digests, notes)
         files += val_names
         seen = {src for src, _ in train}
-        if shared := sum(src in seen for src, _ in val):
+        # (eval --data reads the pairs to score as both splits: none is trained on)
+        if (shared := sum(src in seen for src, _ in val)) and not is_scoring_only():
             verb = "has" if shared == 1 else "have"
             notes.append(
                 f"{shared} of the {len(val)} pairs of training.data.val_paths {verb} a source that is "

@@ -222,6 +222,10 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
     got = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json"]).stdout)
     assert (got["scored_texts"], got["examples"], got["held_out"], got["held_out_unit"]) == (held, held, held, "text")
     assert got["val_perplexity"] is None and f"{100 * got['accuracy']:.1f}%" == trained.split(" of ")[0]
+    # a labelled file of its own, scored whole: every row a text
+    scored = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json", "--data",
+                                            str(_table(tmp_path / "test.csv", n=50, seed=1))]).stdout)
+    assert (scored["scored_texts"], scored["held_out"]) == (50, 50) and scored["accuracy"] >= 0.8
     assert float(trained.split("%")[0]) >= 90.0
 
 

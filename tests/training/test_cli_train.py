@@ -1560,3 +1560,46 @@ def test_16_true_precision_says_float16_weights_do_not_train_and_what_to_use(tin
     assert ("float16 weights and optimizer state (Lightning's 16-true) are not trained here: updates too small for "
             "float16 are lost, and a CPU lacks float16 kernels; bfloat16 weights are `bf16-true`, and float16 mixed "
             "precision (float32 weights, float16 autocast) is `16-mixed`, on a GPU.") in text, text
+
+
+def test_eval_data_scores_files_whole_with_no_training_text(tiny: Any, tmp_path: Path) -> None:
+    from tests.training.conftest import STDLIB
+
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
+    ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
+    test = tmp_path / "test.txt"
+    test.write_text((STDLIB / "textwrap.py").read_text()[:6000])
+
+    def scored(args: list[str]) -> dict[str, Any]:
+        out = runner.invoke(app, ["eval", ckpt, *args, "-f", "json", "--no-progress"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    got = scored(["--data", str(test)])
+    # the same number as the file given as validation files beside training ones, as train reads it
+    beside = scored(["--set", f"training.data={{type: files, paths: [{STDLIB / 'json' / '*.py'}], val_paths: [{test}]}}",
+                     "--set", "training.val_batches=null"])
+    assert got["val_loss"] == pytest.approx(beside["val_loss"], rel=1e-6)
+    # the whole file, in blocks of seq_len=32 (byte tokens: one a byte; the last partial block is not scored)
+    assert got["scored_tokens"] == beside["scored_tokens"] == len(test.read_bytes()) // 32 * 32
+    assert got["whole_split"] and got["unigram_baseline"] is None  # no training split to take unigrams from
+    assert scored(["--data", str(test), "--batches", "1"])["scored_tokens"] == 8 * 32  # --batches still reads fewer
+    assert got["data"].startswith("test.txt: 1 document, 6k characters → 6k tokens, scored in blocks of seq_len=32")
+    twice = scored(["--data", str(test), "--data", str(STDLIB / "json" / "decoder.py")])
+    assert twice["scored_tokens"] > got["scored_tokens"] and twice["data"].startswith("decoder.py, test.txt: 2 documents")
+
+    (tmp_path / "empty.txt").write_text("\n")
+    out = runner.invoke(app, ["eval", ckpt, "--data", "empty.txt"])
+    assert out.exit_code == 1 and out.stderr.startswith(
+        "error: --data: no text to validate on in the given files; empty (or only whitespace): empty.txt"), out.stderr
+    (tmp_path / "short.txt").write_text("def f(): pass\n")
+    out = runner.invoke(app, ["eval", ckpt, "--data", "short.txt"])
+    assert out.exit_code == 1 and "the data to score (short.txt) has fewer than seq_len=32 tokens (15)" in out.stderr  # and the end token
+    out = runner.invoke(app, ["eval", ckpt, "--data", str(test), "--set", "training.data.val_fraction=0.5"])
+    assert out.exit_code == 1 and "--data and --set training.data.val_fraction both say what to score" in out.stderr
+
+
+def test_eval_data_of_a_task_model_is_refused(tiny: Any, tmp_path: Path) -> None:
+    _train([str(_write(tmp_path, tiny("encoder-decoder", max_steps=2, val_interval=2)))])
+    out = runner.invoke(app, ["eval", str(_checkpoint(tmp_path, "tiny-encoder-decoder")), "--data", "x.jsonl"])
+    assert out.exit_code == 1 and "--data: this model was trained on the synthetic task 'copy'" in out.stderr

@@ -293,3 +293,24 @@ def _logged_loss(result: Any) -> float:
     with open(Path(result.run_dir) / "metrics.csv") as f:
         (row,) = [r for r in csv.DictReader(f) if r.get("train/loss")]
     return float(row["train/loss"])
+
+
+def test_eval_data_scores_pairs_files_whole_as_the_model_was_trained(tiny: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from specformer.cli import app
+
+    result = train(load_spec(_sft(tiny, _reversals(tmp_path / "p.jsonl", 80), max_steps=2, val_interval=2)),
+                   progress=False)
+    held = _reversals(tmp_path / "held.jsonl", 30)
+
+    def scored(*args: str) -> dict[str, Any]:
+        out = CliRunner().invoke(app, ["eval", result.checkpoint, *args, "-f", "json", "--no-progress"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    got = scored("--data", str(held))
+    beside = scored("--set", f"training.data.val_paths=[{held}]", "--set", "training.val_batches=null")
+    assert got["val_loss"] == pytest.approx(beside["val_loss"], rel=1e-6)
+    assert got["held_out"] == beside["held_out"] == 30  # every pair of the file
+    assert got["scored_tokens"] == beside["scored_tokens"] > 0 and "also in" not in got["data"]

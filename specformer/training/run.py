@@ -253,6 +253,46 @@ def _default_loggers(run_dir: Path) -> list[Logger]:
     return loggers
 
 
+def spec_hparams(spec: Any) -> dict[str, int | float | str | bool]:
+    """The spec as TensorBoard's hyperparameters: one entry a field, named by its path
+    (``decoder.attention.n_heads``), lists and tables as their YAML; the parameter count too."""
+    import yaml
+
+    from specformer.analysis import count_parameters
+
+    flat: dict[str, int | float | str | bool] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, bool | int | float | str):
+            flat[prefix] = value
+        elif value is not None:  # a list, an empty table
+            flat[prefix] = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+
+    walk("", spec.to_dict())
+    flat["parameters"] = count_parameters(spec).total
+    return flat
+
+
+def _tensorboard_hparams(trainer: L.Trainer, spec: Any) -> None:
+    """Write the spec into the run's TensorBoard logs as hyperparameters (its HParams tab
+    compares runs by them, against val/loss, val/ppl and train/loss)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    boards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+    if not boards or trainer.global_rank != 0:
+        return
+    from torch.utils.tensorboard.summary import hparams
+
+    summaries = hparams(spec_hparams(spec), {"val/loss": 0.0, "val/ppl": 0.0, "train/loss": 0.0})
+    for board in boards:
+        writer = board.experiment._get_file_writer()
+        for summary in summaries:
+            writer.add_summary(summary)
+
+
 def build_trainer(
     spec: Any,
     run_dir: Path,
@@ -700,6 +740,7 @@ def train(
         keep_freed_memory()  # each step reuses the memory the one before freed (no page faults)
         with _quiet_log_writer_thread():
             try:
+                _tensorboard_hparams(trainer, spec)
                 _interruptible(trainer, interrupted, lambda: trainer.fit(
                     module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True
                 ))

@@ -939,6 +939,18 @@ def test_tensorboard_logs_the_same_metrics_as_the_csv(tiny) -> None:
         assert tb_points.keys() == csv_points.keys() and len(tb_points) >= 2
         for step, value in tb_points.items():
             assert value == pytest.approx(csv_points[step], rel=1e-6)
+    # the spec is its hyperparameters (the HParams tab), each field by its path, the metrics named
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    written = [plugin_data_pb2.HParamsPluginData.FromString(v) for v in events.PluginTagToContent("hparams").values()]
+    start = next(d.session_start_info for d in written if d.HasField("session_start_info"))
+    metrics = next([m.name.tag for m in d.experiment.metric_infos] for d in written if d.HasField("experiment"))
+    assert set(metrics) == {"val/loss", "val/ppl", "train/loss"}
+    assert start.hparams["d_model"].number_value == 32 and start.hparams["kind"].string_value == "decoder"
+    assert start.hparams["decoder.attention.n_heads"].number_value == 2
+    assert start.hparams["training.optimizer.lr"].number_value == pytest.approx(3e-3)
+    assert start.hparams["training.data.paths"].string_value == f"[{spec.training.data.paths[0]}]"
+    assert start.hparams["parameters"].number_value == result.parameters
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path, monkeypatch) -> None:

@@ -1320,7 +1320,8 @@ def eval_cmd(
         typer.echo(json.dumps(_eval_json(checkpoint, spec, loaded.step, dm.data, h, module._val_sums["tokens"],
                                          scored, interrupted is not None), indent=2))
     else:
-        _print_eval_table(spec, loaded.step, part, dm.data, h, module._val_sums["tokens"], interrupted is not None)
+        _print_eval_table(spec, loaded.step, part, dm.data, h, module._val_sums["tokens"], interrupted is not None,
+                          given=bool(data))
     if interrupted is not None:
         signum = _signal_of(interrupted)
         cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -1381,7 +1382,7 @@ def _eval_json(checkpoint: str, spec: Any, step: int, data: Any, h: dict[str, An
 
 
 def _print_eval_table(spec: Any, step: int, part: str, data: Any, h: dict[str, Any], tokens: float,
-                      interrupted: bool) -> None:
+                      interrupted: bool, *, given: bool = False) -> None:
     """``eval``'s table of what it scored."""
     from specformer.training.callbacks import share_of_held_out
 
@@ -1393,7 +1394,7 @@ def _print_eval_table(spec: Any, step: int, part: str, data: Any, h: dict[str, A
     if "val/accuracy" not in h:  # a classifier's loss is over its classes, not a vocabulary: no perplexity
         table.add_row("val perplexity", _fmt(h["val/ppl"], 2))
     if not interrupted:
-        table.add_row("scored", _scored_line(spec.training, data, int(tokens)))
+        table.add_row("scored", _scored_line(spec.training, data, int(tokens), given=given))
     if data.unigram_loss is not None and not interrupted:  # measured on the whole of what was asked
         table.add_row("unigram baseline", _fmt(data.unigram_loss))
     if "val/exact_match" in h:
@@ -1418,16 +1419,17 @@ def _check_length_change(spec: Any, max_seq_len: int, option: str) -> None:
                     "at any length")
 
 
-def _scored_line(t: Any, data: Any, tokens: int) -> str:
-    """How much of the validation split ``eval`` scored: its tokens, and whether that was all
-    of it (a loss over a few hundred tokens is a rough number, and a larger --batches than
-    the split holds reads no more)."""
+def _scored_line(t: Any, data: Any, tokens: int, *, given: bool = False) -> str:
+    """How much of the validation split ``eval`` scored (``given``: of the files of --data):
+    its tokens, and whether that was all of it (a loss over a few hundred tokens is a rough
+    number, and a larger --batches than the split holds reads no more)."""
     held = len(data.val)
     read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
     unit = data.unit
     classify = unit == "text"  # one prediction a text: the count is of texts
-    whole = (f"all {held:,} held-out {unit}{'s' if held != 1 else ''}" if read == held
-             else f"{read:,} of the {held:,} held-out {unit}s: --batches reads more")
+    kind, of = ("", " of --data") if given else ("held-out ", "")
+    whole = (f"all {held:,} {kind}{unit}{'s' if held != 1 else ''}{of}" if read == held
+             else f"{read:,} of the {held:,} {kind}{unit}s{of}: --batches reads more")
     return whole if classify else f"{tokens:,} tokens ({whole})"
 
 

@@ -1585,6 +1585,8 @@ def test_eval_data_scores_files_whole_with_no_training_text(tiny: Any, tmp_path:
     assert got["whole_split"] and got["unigram_baseline"] is None  # no training split to take unigrams from
     assert scored(["--data", str(test), "--batches", "1"])["scored_tokens"] == 8 * 32  # --batches still reads fewer
     assert got["data"].startswith("test.txt: 1 document, 6k characters → 6k tokens, scored in blocks of seq_len=32")
+    table = runner.invoke(app, ["eval", ckpt, "--data", str(test), "--no-progress"], env={"COLUMNS": "200"})
+    assert f"│ {got['scored_tokens']:,} tokens (all {got['held_out']} sequences of --data)" in table.stdout
     twice = scored(["--data", str(test), "--data", str(STDLIB / "json" / "decoder.py")])
     assert twice["scored_tokens"] > got["scored_tokens"] and twice["data"].startswith("decoder.py, test.txt: 2 documents")
 

@@ -590,7 +590,7 @@ def _conversation_file(path: Path, prompt: str) -> list[dict[str, Any]]:
 @app.command("generate", cls=OnceCommand)
 def generate_cmd(
     checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec.")],
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder).")] = "",
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (decoder) or to transform (encoder-decoder); - reads it from standard input, whole.")] = "",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate at most.")] = 100,
     temperature: Annotated[
         float | None, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy. Default 0.8 (decoder); for an encoder-decoder 0 (greedy), or 1 with --top-k or --top-p.")
@@ -662,6 +662,14 @@ def generate_cmd(
         )
 
     with _errors_for_people(stopped="; nothing more is generated"):
+        if prompt == "-":  # the prompt from standard input, whole (`cat prompt.txt | specformer generate CKPT -p -`)
+            if sys.stdin.isatty():
+                print_error("reading the prompt from standard input (Ctrl-D ends it)", label="[dim]note:[/]")
+            prompt = _stdin_text()
+            _check_utf8(prompt, "--prompt - (standard input)")
+        _check_utf8(prompt, "--prompt")
+        if system is not None:
+            _check_utf8(system, "--system")
         loaded = _load_checkpoint(checkpoint, spec_source)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if tok is None:
@@ -900,7 +908,7 @@ def chat_cmd(
     checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint (.ckpt), a run folder, or a .safetensors file of weights with --spec, of a decoder whose tokenizer has a chat template.")],
     system: Annotated[str | None, typer.Option("--system", help="A system prompt, the conversation's first turn. Default: the training.objective.system the model was fine-tuned with, if any.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens of a reply at most.")] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy.")] = 0.8,
+    temperature: Annotated[float | None, typer.Option("--temperature", **_number(0), help="Sampling temperature; 0 is greedy. Default 0.8.")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", "-k", min=1, help="Sample from the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", **_number(0, 1, above=True, hint="1 keeps every token; for the most likely token use --greedy"), help="Nucleus sampling: the smallest set with this probability.")] = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Always take the most likely token (same as --temperature 0).")] = False,
@@ -933,14 +941,20 @@ def chat_cmd(
         from specformer.training.generate import chat_prompt, generate
 
     with _errors_for_people(stopped="; the conversation ends"):
+        if system is not None:
+            _check_utf8(system, "--system")
         loaded = _load_checkpoint(checkpoint, spec_source)
         spec, model, tok = loaded.spec, loaded.model, loaded.tokenizer
         if tok is None:
             raise _fail(f"{checkpoint}: the checkpoint carries no tokenizer, so text cannot be encoded")
         if spec.kind != "decoder":
+            instead = ("specformer generate decodes an encoder-decoder's input" if spec.kind == "encoder-decoder"
+                       else "specformer classify labels texts with a sequence classifier"
+                       if spec.head.type == "classification"
+                       else "specformer fill-mask predicts an encoder's <mask> tokens")
             raise _fail(f"chat answers with a decoder; this is {'an' if spec.kind.startswith('encoder') else 'a'} "
-                        f"{spec.kind} model (specformer generate decodes an encoder-decoder's input)")
-        if greedy and (temperature != 0.8 or top_k is not None or top_p is not None):
+                        f"{spec.kind} model ({instead})")
+        if greedy and (temperature not in (None, 0) or top_k is not None or top_p is not None):
             raise _fail("--greedy takes the most likely token and samples nothing: leave out --temperature, "
                         "--top-k and --top-p")
         if temperature == 0 and (top_k is not None or top_p is not None):
@@ -959,14 +973,17 @@ def chat_cmd(
         generator = torch.Generator().manual_seed(seed)
         candidates = tok.vocab_size if tok.vocab_size < spec.vocab_size else None
         window = spec.max_seq_len
-        temp = 0.0 if greedy else temperature
+        temp = 0.0 if greedy else temperature if temperature is not None else 0.8
         history: list[dict[str, str]] = []
         interactive = sys.stdin.isatty()
         err_console.print(f"[dim]chat with {escape(spec.name)} ({escape(template.source)}); /reset starts over, "
                           "/exit or Ctrl-D ends, Ctrl-C stops a reply[/]", highlight=False)
         while True:
             try:
-                line = input("> ") if interactive else sys.stdin.readline()
+                line = input("> ") if interactive else _stdin_text(line=True)
+            except UnicodeDecodeError as exc:  # typed in a locale that is not UTF-8
+                print_error(f"this turn: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): type it in UTF-8")
+                continue
             except EOFError:
                 line = ""
             except KeyboardInterrupt as exc:
@@ -990,6 +1007,10 @@ def chat_cmd(
                                   highlight=False)
                 continue
             if not text.strip():
+                continue
+            not_utf8 = _not_utf8(text, "this turn")
+            if not_utf8 is not None:  # said, and the conversation goes on, as after a turn too long
+                print_error(not_utf8)
                 continue
             turns = [*history, {"role": "user", "content": text}]
             ids = chat_prompt(tok, turns, template, system=system or None).ids
@@ -1147,6 +1168,37 @@ def _continuation(tok: Any, ids: list[int], new: list[int]) -> str:
     head = tok.decode(ids)
     whole = tok.decode([*ids, *new])
     return whole[len(head):] if whole.startswith(head) else tok.decode(new)
+
+
+def _not_utf8(text: str, what: str) -> str | None:
+    """Why ``text``, from the command line or standard input, is not UTF-8, or None. Python
+    reads bytes that are not UTF-8 there as lone surrogates (0xff as ``\\udcff``), which no
+    tokenizer encodes (the ``tokenizers`` library failed with "TextInputSequence must be str")."""
+    bad = re.search(r"[\ud800-\udfff]", text)
+    if bad is None:
+        return None
+    code = ord(bad.group())
+    byte = f"byte 0x{code - 0xdc00:02x}, " if 0xdc80 <= code <= 0xdcff else ""
+    return (f"{what}: not UTF-8 text ({byte}character {bad.start() + 1}): give it as UTF-8 (from Latin-1, "
+            "`iconv -f latin1 -t utf-8`)")
+
+
+def _stdin_text(*, line: bool = False) -> str:
+    """Standard input, all of it (or its next ``line``), as its bytes are: line ends kept, and a
+    byte that is not UTF-8 read as a lone surrogate whatever the locale (a strict one raised
+    UnicodeDecodeError), so that :func:`_not_utf8` names it."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:
+        return sys.stdin.readline() if line else sys.stdin.read()
+    data = buffer.readline() if line else buffer.read()
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _check_utf8(text: str, what: str) -> None:
+    """``text`` is UTF-8, or the command ends with one line naming ``what`` (an option)."""
+    message = _not_utf8(text, what)
+    if message is not None:
+        raise _fail(message)
 
 
 def _warn_unknown_symbols(tok: Any, text: str) -> None:
@@ -1470,6 +1522,7 @@ def fill_mask_cmd(
                         "(head: classification): use `specformer classify` to label texts")
         if tok is None or tok.mask_id is None:
             raise _fail("the checkpoint's tokenizer has no mask token")
+        _check_utf8(text, "TEXT")
         text_ids = _encode_with_masks(tok, text)
         before, after = tok.template()
         ids = tok.with_template(text_ids)  # as the model read text: BERT's [CLS] ... [SEP]
@@ -1745,6 +1798,8 @@ def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any,
         empty = [i for i, text in enumerate(given, start=1) if not text.strip()]
         if empty:
             raise _fail(f"text {empty[0]} is empty; every text needs something to classify")
+        for i, text in enumerate(given, start=1):
+            _check_utf8(text, f"text {i}")
         return _Inputs(given)
     if stdin:
         if text_column or label_column:
@@ -1752,7 +1807,9 @@ def _classify_inputs(given: list[str], file: str | None, stdin: bool, spec: Any,
                         "name a column of a --file table")
         if sys.stdin.isatty():
             print_error("reading texts from standard input, one a line (Ctrl-D ends them)", label="[dim]note:[/]")
-        inputs = _lines_of(sys.stdin.read())
+        inputs = _lines_of(_stdin_text())
+        for record in inputs.records or []:
+            _check_utf8(record["text"], f"standard input, line {record['line']}")
         if not inputs.texts:
             raise _fail("standard input holds no texts (it is empty, or blank lines only)")
         return inputs

@@ -203,7 +203,10 @@ def _check_call(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, kin
     model_kind = getattr(getattr(model, "spec", None), "kind", None)
     if model_kind is not None and model_kind != kind:
         other = {"decoder": "generate", "encoder-decoder": "generate_seq2seq"}.get(model_kind)
-        instead = f"; use {other}" if other else " (an encoder predicts masked tokens: see fill-mask)"
+        head = getattr(getattr(getattr(model, "spec", None), "head", None), "type", None)
+        instead = (f"; use {other}" if other else
+                   " (a sequence classifier labels texts: see classify)" if head == "classification" else
+                   " (an encoder predicts masked tokens: see fill-mask)")
         raise ValueError(f"{name} is for {_a(kind)} model, and this one is {_a(model_kind)}{instead}")
     if not isinstance(input_ids, Tensor):
         raise ValueError(f"input_ids must be an integer tensor (B, T), got {type(input_ids).__name__}; "

@@ -1420,6 +1420,92 @@ def test_eval_with_a_rope_scaling_of_a_model_without_rope_says_so(tiny: Any, tmp
             "model's positions can be scaled\n")
 
 
+def test_chat_sends_an_encoder_to_the_command_that_fits_it(tmp_path: Path) -> None:
+    """chat of an encoder said "specformer generate decodes an encoder-decoder's input", which an
+    encoder refuses: a masked LM is sent to fill-mask, a classifier to classify."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    small = ["encoder.n_layers=1", "training.tokenizer={type: byte}"]
+    mlm = save_checkpoint(build_model(load_spec("bert-nano", small)), tmp_path / "mlm.ckpt")
+    classifier = save_checkpoint(build_model(load_spec("bert-nano", [
+        *small, "head={type: classification, n_classes: 2}",
+        "training.data={type: labelled, paths: [reviews.csv]}"])), tmp_path / "cls.ckpt")
+    for ckpt, command in ((mlm, "specformer fill-mask predicts an encoder's <mask> tokens"),
+                          (classifier, "specformer classify labels texts with a sequence classifier")):
+        result = runner.invoke(app, ["chat", str(ckpt)], input="hi\n", env={"COLUMNS": "200"})
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert " ".join(result.output.split()) == f"error: chat answers with a decoder; this is an encoder model ({command})"
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_where_it_is(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 in a prompt or a text (Python reads it as a lone surrogate,
+    0xff as \\udcff) failed with "error: TypeError: TextInputSequence must be str"."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    byte = "training.tokenizer={type: byte}"
+    gpt = save_checkpoint(build_model(load_spec("gpt-nano", ["decoder.n_layers=1", byte])), tmp_path / "gpt.ckpt")
+    bert = save_checkpoint(build_model(load_spec("bert-nano", ["encoder.n_layers=1", byte])), tmp_path / "bert.ckpt")
+    classifier = save_checkpoint(build_model(load_spec("bert-nano", [
+        "encoder.n_layers=1", byte, "head={type: classification, n_classes: 2}",
+        "training.data={type: labelled, paths: [reviews.csv]}"])), tmp_path / "cls.ckpt")
+    latin1 = "a caf\udce9 <mask>"  # "café" in Latin-1, read from argv
+    why = "not UTF-8 text (byte 0xe9, character 6): give it as UTF-8 (from Latin-1, `iconv -f latin1 -t utf-8`)"
+    for args, where in ((["generate", str(gpt), "-p", latin1], "--prompt"),
+                        (["fill-mask", str(bert), latin1], "TEXT"),
+                        (["classify", str(classifier), "fine", latin1], "text 2")):
+        result = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert result.exit_code == 1 and "TypeError" not in result.output, result.output
+        assert " ".join(result.output.split()) == f"error: {where}: {why}"
+    # standard input's bytes, whatever the locale (a strict one raised UnicodeDecodeError)
+    for args, where in ((["generate", str(gpt), "-p", "-"], "--prompt - (standard input)"),
+                        (["classify", str(classifier), "-"], "standard input, line 2")):
+        result = runner.invoke(app, args, input=b"fine\ncaf\xe9 <mask>\n", env={"COLUMNS": "200"})
+        assert result.exit_code == 1 and "Error:" not in result.output, result.output
+        assert " ".join(result.output.split()).startswith(f"error: {where}: not UTF-8 text (byte 0xe9, character ")
+
+
+def test_chat_refuses_greedy_with_a_temperature_even_the_default_one(tmp_path: Path) -> None:
+    """chat --greedy --temperature 0.8 went greedy in silence: 0.8, the default, was taken for none given."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    gpt = save_checkpoint(build_model(load_spec("gpt-nano", ["decoder.n_layers=1", "training.tokenizer={type: byte}"])),
+                          tmp_path / "gpt.ckpt")
+    for value in ("0.8", "0.5"):
+        result = runner.invoke(app, ["chat", str(gpt), "--greedy", "--temperature", value], input="hi\n")
+        assert result.exit_code == 1 and "--greedy takes the most likely token and samples nothing" in result.stderr
+    # --temperature 0 is greedy too, as generate takes it; refused here only as the model has no chat template
+    result = runner.invoke(app, ["chat", str(gpt), "--greedy", "--temperature", "0"], input="hi\n")
+    assert result.exit_code == 1 and "chat template" in result.stderr and "--greedy" not in result.stderr
+
+
+def test_generate_reads_the_prompt_from_standard_input_given_minus(tmp_path: Path) -> None:
+    """`--prompt -` read a prompt of one dash; `cat prompt.txt | generate CKPT -p -` reads the file's text."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    gpt = save_checkpoint(build_model(load_spec("gpt-nano", ["decoder.n_layers=1", "training.tokenizer={type: byte}"])),
+                          tmp_path / "gpt.ckpt")
+    given = runner.invoke(app, ["generate", str(gpt), "-p", "import os\n", "-n", "5", "--greedy"])
+    piped = runner.invoke(app, ["generate", str(gpt), "-p", "-", "-n", "5", "--greedy"], input="import os\n")
+    assert given.exit_code == piped.exit_code == 0, piped.output
+    assert piped.stdout == given.stdout and piped.stdout.startswith("import os\n")
+
+
 def test_an_encoder_decoder_refuses_chat_and_system_without_sending_from_one_to_the_other(tmp_path: Path) -> None:
     """--system on an encoder-decoder said "add --chat", which an encoder-decoder refuses:
     each is refused for what it is, and a plain prompt still decodes."""

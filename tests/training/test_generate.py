@@ -316,6 +316,23 @@ def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
     assert generate(gpt, torch.tensor([[5, 6]]), max_new_tokens=0).shape == (1, 2)
 
 
+def test_a_classifier_given_to_generate_is_sent_to_classify_not_fill_mask(tiny: Any) -> None:
+    # a sequence classifier has no masked-LM head: "see fill-mask" sent it to a command that refuses it
+    _, bert = _model(tiny, "encoder")
+    data = tiny("encoder")
+    data["head"] = {"type": "classification", "n_classes": 2}
+    data["training"]["data"] = {"type": "labelled", "paths": ["reviews.csv"]}
+    torch.manual_seed(0)
+    classifier = build_model(load_spec(data)).eval()
+    with pytest.raises(ValueError, match=r"this one is an encoder \(an encoder predicts masked tokens: see fill-mask\)"):
+        generate(bert, torch.tensor([[5, 6]]), max_new_tokens=2)
+    for decode in (lambda m: generate(m, torch.tensor([[5, 6]]), max_new_tokens=2),
+                   lambda m: beam_search(m, torch.tensor([[5, 6]]), num_beams=2, max_new_tokens=2, eos_id=None)):
+        with pytest.raises(ValueError, match=r"this one is an encoder \(a sequence classifier labels texts: see "
+                                             r"classify\)"):
+            decode(classifier)
+
+
 def test_seq2seq_generation_stops_at_the_learned_table_by_default(tiny: Any) -> None:
     # a learned decoder table of max_seq_len rows: decoding past it used to raise mid-way
     spec, t5 = _model(tiny, "encoder-decoder", max_seq_len=8, positional={"type": "learned"})

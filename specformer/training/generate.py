@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -793,6 +794,10 @@ def encode_prompt(tokenizer: Any, text: str, *, heal: bool = True) -> Prompt:
     if not isinstance(text, str):
         raise TypeError(f"encode_prompt takes the prompt's text, a str; got a {type(text).__name__} (ids go "
                         "straight to generate as torch.tensor([ids]))")
+    if (lone := re.search("[\ud800-\udfff]", text)) is not None:  # no tokenizer encodes one
+        raise ValueError(f"the prompt holds a lone surrogate (U+{ord(lone.group()):04X}, character {lone.start() + 1}): "
+                         "text decoded from bytes that are not UTF-8 with errors='surrogateescape' (as sys.argv "
+                         "and os.environ are); decode the bytes as what they are, e.g. data.decode('latin-1')")
     if not heal or not _heals(tokenizer, text):
         ids = _framed(tokenizer, tokenizer.encode(text))
         return Prompt(ids=ids or _start(tokenizer))

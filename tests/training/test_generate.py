@@ -292,6 +292,9 @@ def test_generate_checks_the_model_and_the_prompts(tiny: Any) -> None:
 
     with pytest.raises(TypeError, match=r"encode_prompt takes the prompt's text, a str; got a int"):
         encode_prompt(ByteTokenizer(), 5)
+    latin1 = b"caf\xe9".decode("utf-8", errors="surrogateescape")  # as sys.argv holds a Latin-1 argument
+    with pytest.raises(ValueError, match=r"^the prompt holds a lone surrogate \(U\+DCE9, character 4\): .*latin-1"):
+        encode_prompt(ByteTokenizer(), latin1)
     with pytest.raises(ValueError, match=r"input_ids must be an integer tensor \(B, T\), got shape \(3,\); "
                                          r"one prompt is ids\[None\]"):
         generate(gpt, torch.tensor([5, 6, 7]), max_new_tokens=2)

@@ -648,6 +648,7 @@ from specformer.specs.training import (  # noqa: E402
     fill_training,
     reference_models,
     training_issues,
+    warmup_peak,
 )
 
 load_plugins()
@@ -1228,7 +1229,7 @@ class ModelSpec(Spec):
         if max_steps and warmup > max_steps and not getattr(t, "max_epochs", None):
             problems.append(SpecProblem(
                 f"warmup_steps={warmup} is above max_steps={max_steps}: the learning rate never reaches "
-                f"training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
+                f"{warmup_peak(t.schedule, self.d_model)} (it ends at {max_steps / warmup:.2g} of it)",
                 path="training.schedule.warmup_steps",
                 hint=f"a warmup of at most {max_steps} steps, or more training.max_steps",
             ))

@@ -1190,3 +1190,12 @@ def training_problems(spec: Any) -> list[Any]:
             path="training.data",
         )]
     return []
+
+
+def warmup_peak(schedule: Any, d_model: int) -> str:
+    """What a schedule's warmup rises to, in words: ``training.optimizer.lr``, or for
+    ``inverse_sqrt``, which sets the rate itself and ignores that lr, its own peak."""
+    if getattr(schedule, "type", None) == "inverse_sqrt":
+        peak = schedule.scale * (d_model * schedule.warmup_steps) ** -0.5
+        return f"the inverse_sqrt schedule's peak, scale · (d_model · warmup_steps)^-0.5 = {peak:.3g}"
+    return "training.optimizer.lr"

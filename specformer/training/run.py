@@ -41,6 +41,7 @@ from specformer.data import progress as data_progress
 from specformer.data.cache import atomic_write_text
 from specformer.data.corpus import DataError
 from specformer.data.module import SpecDataModule
+from specformer.specs.training import warmup_peak
 from specformer.training.allocator import keep_freed_memory
 from specformer.training.callbacks import (
     LogGlobalStep,
@@ -691,12 +692,14 @@ def train(
                 f"(training.max_epochs={t.max_epochs}) {'is' if max_steps == 1 else 'are'} done, so there is nothing left to train; resume "
                 f"with more, e.g. --set training.max_epochs={2 * t.max_epochs:g}"
             )
-        warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None and t.schedule.type != "inverse_sqrt" else 0
+        # inverse_sqrt too: its warmup (4000 by default) rises to its own peak, not to the lr
+        warmup = getattr(t.schedule, "warmup_steps", 0) if t.schedule is not None else 0
         if 0 < max_steps < warmup:
             _warn(
                 console,
                 f"training.schedule.warmup_steps={warmup} is above the run's {_steps(max_steps)}: the "
-                f"learning rate never reaches training.optimizer.lr (it ends at {max_steps / warmup:.2g} of it)",
+                f"learning rate never reaches {warmup_peak(t.schedule, spec.d_model)} (it ends at "
+                f"{max_steps / warmup:.2g} of it)",
             )
         if lr_given and t.schedule is not None and t.schedule.type == "inverse_sqrt":
             _warn(console, _inverse_sqrt_lr_note(spec))

@@ -1076,6 +1076,23 @@ def test_a_task_scores_its_whole_held_out_set_in_val_batches_batches(batch_size,
     assert sum(b["input_ids"].shape[0] for b in batches) == 200
 
 
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["training.seq_len=4"], "reverse task makes sequences of up to 7 tokens (training.data.max_len=6) but "
+                             "training.seq_len is 4; lower training.data.max_len, or raise training.seq_len"),
+    (["training.data.max_len=64"], "up to 65 tokens (training.data.max_len=64) but max_seq_len is 64; lower "
+                                   "training.data.max_len, or raise max_seq_len"),
+])
+def test_a_task_longer_than_seq_len_is_refused_not_trained_past_it(overrides: list[str], says: str) -> None:
+    # training.seq_len was ignored by the synthetic tasks: t5-nano at seq_len=4 trained 7-token targets
+    from specformer import load_spec
+    from specformer.data.module import SpecDataModule
+
+    spec = load_spec("t5-nano", [*overrides, "training.data.n_train=200", "training.data.n_val=20"])
+    with pytest.raises(DataError) as err:
+        SpecDataModule(spec).setup()
+    assert says in str(err.value)
+
+
 def test_hugging_face_data_without_datasets_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 

@@ -733,6 +733,23 @@ def test_a_warmup_longer_than_the_run_is_pointed_out(tiny: Any, tmp_path: Path, 
     assert f"{steps / 6:.2g} of it" in result.stderr
 
 
+def test_an_inverse_sqrt_warmup_longer_than_the_run_is_pointed_out_with_its_own_peak(tiny: Any, tmp_path: Path) -> None:
+    # inverse_sqrt was left out of the warning (its default warmup of 4000 outlasts gpt-nano's 400
+    # steps), and validate's note named training.optimizer.lr, which inverse_sqrt does not use
+    from specformer import load_spec
+
+    spec = _write(tmp_path, tiny("decoder", max_steps=3, val_interval=3))
+    schedule = "training.schedule={type: inverse_sqrt, warmup_steps: 6}"
+    result = runner.invoke(app, ["train", str(spec), "--no-progress", "--set", schedule], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    says = ("warmup_steps=6 is above the run's 3 steps: the learning rate never reaches the inverse_sqrt schedule's "
+            "peak, scale · (d_model · warmup_steps)^-0.5 = 0.0722 (it ends at 0.5 of it)")
+    assert says in result.stderr
+    notes = load_spec(spec, overrides=[schedule]).settings_without_effect()
+    assert any("never reaches the inverse_sqrt schedule's peak" in p.message for p in notes)
+    assert not any("training.optimizer.lr" in p.message for p in notes)
+
+
 def test_a_warmup_as_long_as_the_run_is_no_warning(tiny: Any, tmp_path: Path) -> None:
     # the last step reaches the peak learning rate: 'never reaches (it ends at 1 of it)' was wrong
     spec = _write(tmp_path, tiny("decoder", max_steps=3, val_interval=3))

@@ -147,6 +147,7 @@ def import_hf_cmd(
             HFConversionError,
             chat_template_source,
             import_hf,
+            misspelt_config_keys,
             model_tokenizer,
             read_generation_config,
             read_hf_config,
@@ -169,11 +170,14 @@ def import_hf_cmd(
         if not to_stdout and weights.resolve() == output.resolve():
             raise _fail(f"--output and --weights are the same file ({output})")
     with stops_cleanly("while importing; nothing was written"):
+        misspelt: list[str] = []
         try:
             config = read_hf_config(source)
+            misspelt = misspelt_config_keys(config)
             spec, state, report = import_hf(source, weights=weights is not None, name=name)
         except HFConversionError as exc:
-            raise _fail(str(exc)) from None
+            # a key one slip from the one whose default was taken is the likelier cause
+            raise _fail(str(exc), "\n".join(misspelt)) from None
         header = (
             f"# Imported by `specformer import-hf` from the Hugging Face {config.get('model_type')} model at\n"
             f"# {source.resolve()}\n"
@@ -197,6 +201,8 @@ def import_hf_cmd(
     if to_stdout:  # after the weights: a failed write of them printed no spec that names them
         sys.stdout.write(text)
         sys.stdout.flush()
+    for line in misspelt:
+        print_error(escape(line), label="[yellow]warning:[/]")
     total = count_parameters(spec).total
     said = "the spec" if to_stdout else f"wrote [bold]{escape(str(output))}[/]"
     say(f"{said}: {spec.kind} {escape(repr(spec.name))}, {total:,} parameters")
@@ -281,7 +287,8 @@ def export_hf_cmd(
     """Write a Hugging Face model folder that `transformers` loads with
     `AutoModel*.from_pretrained(OUTPUT)`.
 
-    The spec must map onto GPT-2, BERT, RoBERTa, T5, BART, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma or GPT-NeoX;
+    The spec must map onto GPT-2, GPT-BigCode, OPT, BLOOM, BERT, RoBERTa, DistilBERT, T5, BART, Marian, Llama,
+    Mistral, Qwen2, Qwen3, Phi-3, Gemma (1, 2, 3), OLMo, OLMo 2, GPT-NeoX, Phi, GPT-J, Falcon or StarCoder2;
     weights imported from XLM-RoBERTa, mT5 or Phi-3 (and runs started from them) are written under
     that name again, which their file records. A field with no equivalent there is named in the error. Dropout and init settings
     that the family cannot express are reported and left out (they do not change a

@@ -40,6 +40,7 @@ from specformer.interop.hf_config import (
     export_family,
     hf_config_from_spec,
     hf_family,
+    misspelt_config_keys,
     read_hf_config,
     spec_from_hf_config,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "spec_from_hf_config",
     "hf_config_from_spec",
     "read_hf_config",
+    "misspelt_config_keys",
     "read_hf_state_dict",
     "load_hf_weights",
     "import_hf",
@@ -231,6 +233,7 @@ def import_hf(
     spec = spec_from_hf_config(source if isinstance(source, str | Path) else config, name=name)
     tokenizer = model_tokenizer(source) if isinstance(source, str | Path) else None
     if tokenizer is not None:
+        _check_tokenizer(tokenizer)
         data = spec.to_dict()
         data["training"]["tokenizer"] = {"type": "file", "path": str(tokenizer)}
         if spec.kind == "encoder-decoder":
@@ -257,6 +260,19 @@ def import_hf(
         spec = ModelSpec.model_validate(data)
     ours, report = hf_to_specformer(state_dict, spec)
     return spec, ours, report
+
+
+def _check_tokenizer(path: Path) -> None:
+    """A model's ``tokenizer.json`` that ``tokenizers`` cannot read (a Git LFS pointer, a
+    damaged or truncated file) is an error naming it, before the spec names it for training."""
+    from tokenizers import Tokenizer
+
+    from specformer.data.tokenizers import _not_a_tokenizer
+
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise HFConversionError(lfs_pointer(path) or _not_a_tokenizer(path, exc)) from None
 
 
 def _decoder_start(tokenizer_json: Path, start_id: Any) -> str | None:

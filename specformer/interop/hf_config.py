@@ -35,6 +35,7 @@ __all__ = [
     "MULTIMODAL",
     "read_hf_config",
     "spec_from_hf_config",
+    "misspelt_config_keys",
     "hf_config_from_spec",
     "hf_family",
     "export_family",
@@ -61,12 +62,46 @@ _ACT_IN = {
 _ROPE_SCALING = ("linear", "llama3", "yarn", "dynamic", "longrope")
 
 
+class _ReadKeys(dict):
+    """A config dict that records every key looked up in it (``get``, ``[]``, ``in``)."""
+
+    def __init__(self, data: Mapping[str, Any]):
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
 class _Config:
     """Read access to a config dict that records which keys were read."""
 
     def __init__(self, data: Mapping[str, Any], family: str):
-        self.data = dict(data)
+        self.data = _ReadKeys(data)
         self.family = family
+
+    def misspelt(self) -> list[tuple[str, str]]:
+        """(key, the key it looks like) for each key of the config that no reading asked for
+        and that is one slip from a key the import asked for and the config lacks (whose
+        default it took): ``hiden_size`` for ``hidden_size``."""
+        import difflib
+
+        wanted = sorted(k for k in self.data.read if isinstance(k, str) and self.data.get(k) is None)
+        out = []
+        for key in sorted(k for k in dict.keys(self.data) if k not in self.data.read):
+            close = difflib.get_close_matches(key, wanted, n=1, cutoff=0.85)
+            if close:
+                out.append((key, close[0]))
+        return out
 
     def __call__(self, key: str, default: Any = None) -> Any:
         value = self.data.get(key, default)
@@ -223,6 +258,12 @@ def _bloom(c: _Config) -> dict[str, Any]:
     ``seq_length`` it was trained at (2048 where the config does not say)."""
     c.refuse_if("apply_residual_connection_post_layernorm", bool,
                 "the residual stream taken after each block's input norm", False)
+    if c("slow_but_exact", False) and c("pretraining_tp", 1) > 1:
+        # transformers then computes the attention output and the MLP's down projection in
+        # pretraining_tp slices with F.linear, leaving both layers' biases out
+        raise c.refuse(f"slow_but_exact=True with pretraining_tp={c('pretraining_tp')}",
+                       "transformers then leaves out the biases of self_attention.dense and mlp.dense_4h_to_h, "
+                       "which the checkpoint holds; set slow_but_exact to false for the model with them")
     d = c("hidden_size", c("n_embed", 64))
     return {
         "kind": "decoder",
@@ -1222,6 +1263,29 @@ def spec_from_hf_config(config: Any, *, name: str | None = None) -> ModelSpec:
         # the spec's field and what is wrong with it, without pydantic's input dump
         lines = [f"{p.path}: {p.message}" if p.path else p.message for p in problems_from_validation(exc, {})]
         raise HFConversionError(f"{model_type} config gives an invalid spec: {'; '.join(lines)}") from None
+
+
+def misspelt_config_keys(config: Any) -> list[str]:
+    """The keys of a supported config that look misspelt: each is read by no one (the import,
+    as ``transformers``, leaves it unused) and is one slip from a key of the family that the
+    config lacks, so that key's default was taken in its place (``hiden_size`` gives a model
+    of the default width). One line per key, naming both; ``[]`` when there are none or the
+    config does not import."""
+    data = read_hf_config(config)
+    model_type = data.get("model_type")
+    if model_type in MULTIMODAL:
+        data = _text_model_config(data, model_type)
+        model_type = data["model_type"]
+    importer = _IMPORTERS.get(model_type)
+    if importer is None:
+        return []
+    c = _Config(data, model_type)
+    try:
+        _head_from_architectures(c, importer(c))
+    except HFConversionError:
+        pass  # the keys read until the refusal still say which others look misspelt
+    return [f"config key {key!r} is not a {model_type} setting: did you mean {want!r}? (its default was taken)"
+            for key, want in c.misspelt()]
 
 
 def _text_model_config(data: Mapping[str, Any], model_type: str) -> dict[str, Any]:

@@ -187,6 +187,23 @@ def _clean_error(result, *words: str) -> None:
         assert word in result.stderr, result.stderr
 
 
+def test_a_misspelt_config_key_is_named_with_the_key_whose_default_was_taken(tmp_path) -> None:
+    # `n_embd` misspelt: the spec takes GPT-2's default width, and weights of the real one do not fit
+    config = {k: v for k, v in _gpt2_config().items() if k != "n_embd"} | {"n_embed": 32}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "warning: config key 'n_embed' is not a gpt2 setting: did you mean 'n_embd'?" in result.stderr
+    save_file({"transformer.wte.weight": torch.zeros(101, 32)}, tmp_path / "model.safetensors")
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(tmp_path / "y.yaml"),
+                                 "--weights", str(tmp_path / "w.safetensors")])
+    _clean_error(result, "does not fit", "did you mean 'n_embd'?")
+    # a correct config says nothing of the kind
+    (tmp_path / "config.json").write_text(json.dumps(_gpt2_config()))
+    result = runner.invoke(app, ["import-hf", str(tmp_path), "-o", str(tmp_path / "z.yaml")])
+    assert result.exit_code == 0 and "did you mean" not in result.output
+
+
 def _hf_folder(tmp_path) -> str:
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text(json.dumps(_gpt2_config()))
@@ -612,6 +629,28 @@ def _model_folder(tmp_path: Path, config: dict, *, tokenizer: bool) -> Path:
     return folder
 
 
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 1234\n",
+         ["tokenizer.json is a Git LFS pointer, not the file itself", "git lfs pull"]),
+        (b'{"version": ', ["tokenizer.json is not a tokenizer.json (not JSON"]),
+    ],
+    ids=["lfs_pointer", "truncated"],
+)
+def test_an_unreadable_tokenizer_json_is_a_one_line_error_before_anything_is_written(
+    tmp_path, content: bytes, words: list[str]
+) -> None:
+    folder = _model_folder(tmp_path, {"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 4,
+                                      "n_positions": 64, "vocab_size": 259}, tokenizer=True)
+    (folder / "tokenizer.json").write_bytes(content)
+    out, weights = tmp_path / "x.yaml", tmp_path / "w.safetensors"
+    result = runner.invoke(app, ["import-hf", str(folder), "-o", str(out), "--weights", str(weights)])
+    _clean_error(result, *words)
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not weights.exists()
+
+
 def test_import_trains_with_the_models_own_tokenizer(tmp_path) -> None:
     # the weights' token ids are those of the model's tokenizer.json: a spec that trained a
     # fresh BPE on the user's text would fine-tune them on ids that mean other tokens
@@ -902,3 +941,12 @@ def test_import_hf_help_names_every_supported_model_type() -> None:
     named = set(re.findall(r"\(([\w, -]+)\)", " ".join(out.split())))
     types = {t.strip() for group in named for t in group.split(",")}
     assert set(SUPPORTED_MODEL_TYPES) <= types, set(SUPPORTED_MODEL_TYPES) - types
+
+
+def test_export_hf_help_names_every_family_it_writes() -> None:
+    # the families hf_family() picks for a spec (not those only imported weights export under)
+    out = " ".join(runner.invoke(app, ["export-hf", "--help"], env={"COLUMNS": "300"}).output.split())
+    for family in ("GPT-2", "GPT-BigCode", "OPT", "BLOOM", "BERT", "RoBERTa", "DistilBERT", "T5", "BART", "Marian",
+                   "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "Gemma", "OLMo", "OLMo 2", "GPT-NeoX", "Phi,",
+                   "GPT-J", "Falcon", "StarCoder2"):
+        assert family in out, family

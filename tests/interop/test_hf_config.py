@@ -14,6 +14,7 @@ from specformer.interop.hf_config import (
     export_family,
     hf_config_from_spec,
     hf_family,
+    misspelt_config_keys,
     read_hf_config,
     spec_from_hf_config,
 )
@@ -427,6 +428,27 @@ def test_bloom_is_an_alibi_decoder_with_an_embedding_norm_at_its_published_size(
     assert spec_from_hf_config(big).d_model == 14336
     _refused(lambda: spec_from_hf_config({**OTHERS["bloom-560m"], "apply_residual_connection_post_layernorm": True}),
              ["apply_residual_connection_post_layernorm=True", "residual stream taken after"])
+
+
+def test_misspelt_keys_are_named_and_published_configs_have_none() -> None:
+    llama = {"model_type": "llama", "hidden_size": 64, "num_atention_heads": 4, "rms_norm_epsilon": 1e-5}
+    assert misspelt_config_keys(llama) == [
+        "config key 'num_atention_heads' is not a llama setting: did you mean 'num_attention_heads'? "
+        "(its default was taken)",
+        "config key 'rms_norm_epsilon' is not a llama setting: did you mean 'rms_norm_eps'? (its default was taken)",
+    ]
+    # a key the config has is not "missing", and unrelated extra keys are not typos
+    assert misspelt_config_keys({**llama, "num_attention_heads": 4, "rms_norm_eps": 1e-5}) == []
+    for config in [*SHIPPED.values(), *OTHERS.values()]:
+        assert misspelt_config_keys(config) == [], config["model_type"]
+
+
+def test_bloom_slow_but_exact_with_tensor_parallel_slices_is_refused() -> None:
+    # transformers' slices leave out the output projections' biases: importing them would differ
+    _refused(lambda: spec_from_hf_config({**OTHERS["bloom-560m"], "pretraining_tp": 2, "slow_but_exact": True}),
+             ["slow_but_exact=True with pretraining_tp=2", "dense_4h_to_h"])
+    for ok in ({"pretraining_tp": 4, "slow_but_exact": False}, {"pretraining_tp": 1, "slow_but_exact": True}):
+        assert spec_from_hf_config({**OTHERS["bloom-560m"], **ok}).positional.type == "alibi"
 
 
 def test_an_alibi_decoder_exports_as_bloom() -> None:

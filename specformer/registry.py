@@ -70,7 +70,7 @@ REQUIRED_FIELDS: dict[str, dict[str, str]] = {
         "sliding_window": "int | None = None",
     },
     "norm": {
-        "placement": 'Literal["pre", "post"] = "pre"',
+        "placement": 'Literal["pre", "post", "sandwich", "output"] = "pre"',
         "final": "bool | None = None (filled from placement)",
     },
     # the schedule is a multiplier of it (training.schedule gets it as base_lr)

@@ -26,6 +26,8 @@ from specformer.components.blocks import (
     PreNormBlock,
     SandwichBlock,
     Stack,
+    _check_forward,
+    check_norm,
 )
 from specformer.components.embedding import Embedding
 from specformer.components.heads import LMHead
@@ -156,17 +158,18 @@ def _build(spec: ModelSpec) -> nn.Module:
     d_model = spec.d_model
     pos_cls = REGISTRY.get("positional", spec.positional.type).resolve()
     in_embedding = getattr(pos_cls, "scope", "stack") == "embedding"
+    own_positional = not REGISTRY.is_builtin("positional", spec.positional.type)
     first_stack = spec.encoder if spec.encoder is not None else spec.decoder
     assert first_stack is not None
 
     def embedding(tokens: nn.Embedding | None = None) -> Embedding:
         positions = _positional(spec, first_stack, causal=spec.kind == "decoder") if in_embedding else None
         norm = (
-            REGISTRY.build("norm", spec.embedding.norm, dim=d_model)
+            _norm(spec.embedding.norm, dim=d_model)
             if spec.embedding.norm is not None
             else None
         )
-        return Embedding(
+        built = Embedding(
             spec.embedding,
             vocab_size=spec.vocab_size,
             d_model=d_model,
@@ -174,6 +177,8 @@ def _build(spec: ModelSpec) -> nn.Module:
             norm=norm,
             shared_tokens=tokens,
         )
+        built.positions_checked = positions is not None and own_positional
+        return built
 
     embed = embedding()
     decoder_embed = None
@@ -186,7 +191,8 @@ def _build(spec: ModelSpec) -> nn.Module:
     for role, stack_spec in spec.stacks():
         causal = role == "decoder"
         positional = Positional() if in_embedding else _positional(spec, stack_spec, causal=causal)
-        stacks[role] = _stack(stack_spec, d_model=d_model, positional=positional, causal=causal, role=role)
+        stacks[role] = _stack(stack_spec, d_model=d_model, positional=positional, causal=causal, role=role,
+                              checked_positional=not in_embedding and own_positional)
     output_embed = decoder_embed if decoder_embed is not None else embed
     assert spec.head is not None, "the head is filled in during validation"
     head = REGISTRY.build(
@@ -196,8 +202,19 @@ def _build(spec: ModelSpec) -> nn.Module:
         vocab_size=spec.vocab_size,
         embedding=output_embed if spec.embedding.tie_output else None,
     )
+    if not REGISTRY.is_builtin("head", spec.head.type):  # the models call it as head(h, mask)
+        _check_forward(head, "head", args=("hidden", "attention_mask"), caller="model")
     extra = {"decoder_embed": decoder_embed} if decoder_embed is not None else {}
     return _MODELS[spec.kind](embed=embed, head=head, **stacks, **extra)
+
+
+def _norm(spec: Any, *, dim: int) -> nn.Module:
+    """A norm of the spec's type; one of one's own is checked (its forward at build, its
+    output's shape at each call: :func:`~specformer.components.blocks.check_norm`)."""
+    module = REGISTRY.build("norm", spec, dim=dim)
+    if not REGISTRY.is_builtin("norm", spec.type):
+        check_norm(module)
+    return module
 
 
 def _positional(spec: ModelSpec, stack: StackSpec, *, causal: bool) -> Positional:
@@ -221,7 +238,9 @@ def _positional(spec: ModelSpec, stack: StackSpec, *, causal: bool) -> Positiona
     return module
 
 
-def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bool, role: str) -> Stack:
+def _stack(
+    stack: StackSpec, *, d_model: int, positional: Positional, causal: bool, role: str, checked_positional: bool = False
+) -> Stack:
     layers: list[Block] = []
     for i in range(stack.n_layers):
         ls = stack.layer(i)
@@ -244,29 +263,32 @@ def _stack(stack: StackSpec, *, d_model: int, positional: Positional, causal: bo
         cross_attn = cross_norm = None
         if ls.cross_attention is not None:
             cross_attn = REGISTRY.build("attention", ls.cross_attention, d_model=d_model, cross=True, layer_idx=i)
-            cross_norm = None if shared else REGISTRY.build("norm", ls.norm, dim=d_model)
+            cross_norm = None if shared else _norm(ls.norm, dim=d_model)
         post_norms: dict[str, Any] = {}
         if block_cls is SandwichBlock:  # a second norm on each sublayer's output
-            post_norms = {"attn_post_norm": REGISTRY.build("norm", ls.norm, dim=d_model),
-                          "ffn_post_norm": REGISTRY.build("norm", ls.norm, dim=d_model)}
+            post_norms = {"attn_post_norm": _norm(ls.norm, dim=d_model),
+                          "ffn_post_norm": _norm(ls.norm, dim=d_model)}
             if cross_attn is not None:
-                post_norms["cross_post_norm"] = REGISTRY.build("norm", ls.norm, dim=d_model)
+                post_norms["cross_post_norm"] = _norm(ls.norm, dim=d_model)
         layers.append(
             block_cls(
                 **post_norms,
                 self_attn=REGISTRY.build("attention", ls.attention, d_model=d_model, cross=False, layer_idx=i),
                 ffn=REGISTRY.build("ffn", ls.ffn, d_model=d_model),
-                attn_norm=REGISTRY.build("norm", ls.norm, dim=d_model),
-                ffn_norm=None if shared else REGISTRY.build("norm", ls.norm, dim=d_model),
+                attn_norm=_norm(ls.norm, dim=d_model),
+                ffn_norm=None if shared else _norm(ls.norm, dim=d_model),
                 cross_attn=cross_attn,
                 cross_norm=cross_norm,
                 dropout=ls.residual.dropout,
             )
         )
-    final_norm = REGISTRY.build("norm", stack.norm, dim=d_model) if stack.final_norm else None
-    return Stack(
+    final_norm = _norm(stack.norm, dim=d_model) if stack.final_norm else None
+    built = Stack(
         layers, positional=positional, final_norm=final_norm, causal=causal, final_dropout=stack.final_dropout
     )
+    if checked_positional:  # one of one's own: its bias and rotation are checked at each call
+        built.positional_sizes = (stack.attention.n_heads, stack.attention.head_dim)
+    return built
 
 
 # --------------------------------------------------------------------------- initialisation

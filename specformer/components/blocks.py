@@ -32,7 +32,7 @@ from specformer.components.ffn import GLU, MLP
 from specformer.components.positional import Positional
 
 __all__ = ["Block", "PreNormBlock", "SandwichBlock", "OutputNormBlock", "PostNormBlock", "ParallelBlock", "Stack",
-           "LayerInputs", "padded_on_the_right"]
+           "LayerInputs", "padded_on_the_right", "check_norm"]
 
 
 def padded_on_the_right(key_padding: Tensor) -> bool:
@@ -179,6 +179,8 @@ class Block(nn.Module):
             _check_forward(self_attn, "self-attention", ("mask", "is_causal", "rope", "cache", "need_weights"))
         if cross_attn is not None and type(cross_attn) is not Attention:
             _check_forward(cross_attn, "cross-attention", ("context", "mask", "cache", "need_weights"))
+        if type(ffn) not in (MLP, GLU):
+            _check_forward(ffn, "ffn")
 
     def _drop(self, x: Tensor) -> Tensor:
         # called only when it acts: a no-op module call costs microseconds per token in decoding
@@ -361,6 +363,9 @@ class Stack(nn.Module):
         self.final_norm = final_norm
         self.causal = causal
         self.checkpoint_layers = False  # activation checkpointing (the model's gradient_checkpointing_enable)
+        # (n_heads, head_dim) for a positional module of one's own, whose bias and rotation are
+        # checked at each call (the builder sets it); None for specformer's own
+        self.positional_sizes: tuple[int, int] | None = None
 
     @property
     def positional_module(self) -> Positional:
@@ -416,14 +421,18 @@ class Stack(nn.Module):
         q_index = torch.arange(past, past + t, device=x.device)  # (T,)
         k_index = torch.arange(k_start, past + t, device=x.device)  # (Tk,)
         pos = self.positional_module
+        bias = pos.bias(q_index, k_index, dtype=x.dtype)
+        rope = pos.rotation(position_ids, n_positions, dtype=x.dtype)
+        if self.positional_sizes is not None:
+            _check_positional(pos, bias, rope, x.shape[0], t, k_index.shape[0], *self.positional_sizes)
         s = LayerInputs(
             q_index=q_index,
             k_index=k_index,
             causal=self.causal,
             dtype=x.dtype,
             key_padding=key_padding,
-            bias=pos.bias(q_index, k_index, dtype=x.dtype),
-            rope=pos.rotation(position_ids, n_positions, dtype=x.dtype),
+            bias=bias,
+            rope=rope,
             rope_local=local.rotation(position_ids, n_positions, dtype=x.dtype)
             if (local := getattr(pos, "local", None)) is not None else None,
             context=context,
@@ -487,9 +496,13 @@ def _described(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _check_forward(module: nn.Module, what: str, keywords: tuple[str, ...]) -> None:
-    """Refuse an attention module of one's own whose ``forward`` cannot be called as the block
-    calls it: ``forward(x, mask=..., ...)`` with these keyword arguments."""
+def _check_forward(
+    module: nn.Module, what: str, keywords: tuple[str, ...] = (), *, args: tuple[str, ...] = ("x",),
+    caller: str = "block",
+) -> None:
+    """Refuse a module of one's own (an attention, FFN, norm or head) whose ``forward`` cannot
+    be called as specformer calls it: ``forward(x, mask=..., ...)`` with these positional
+    ``args`` and keyword arguments, at build rather than at the first call."""
     import inspect
 
     try:
@@ -497,12 +510,32 @@ def _check_forward(module: nn.Module, what: str, keywords: tuple[str, ...]) -> N
     except (TypeError, ValueError):  # no signature to read: the call says
         return
     try:
-        signature.bind(None, **dict.fromkeys(keywords))
+        signature.bind(*(None for _ in args), **dict.fromkeys(keywords))
     except TypeError as exc:
+        call = ", ".join([*args, *(f"{k}=..." for k in keywords)])
         raise TypeError(
-            f"the {what} {type(module).__name__}'s forward{signature} cannot be called as the block calls it, "
-            f"forward(x, {', '.join(f'{k}=...' for k in keywords)}): {exc} (docs/components.md#adding-a-component)"
+            f"the {what} {type(module).__name__}'s forward{signature} cannot be called as the {caller} calls it, "
+            f"forward({call}): {exc} (docs/components.md#adding-a-component)"
         ) from None
+
+
+def check_norm(module: nn.Module) -> None:
+    """A norm module of one's own: refuse at build a ``forward`` that cannot be called as
+    ``forward(x)``, and check at each call that it returns its input's shape, which a
+    ``(B, T, 1)`` output (a norm, not the normalised rows) would broadcast into the residual
+    stream without an error (output and sandwich norms add it to the stream)."""
+    _check_forward(module, "norm", caller="model")
+    module.register_forward_hook(_check_norm_output)
+
+
+def _check_norm_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    x = args[0] if args else None
+    if isinstance(x, Tensor) and (not isinstance(output, Tensor) or output.shape != x.shape):
+        raise ValueError(
+            f"the norm {type(module).__name__} returned {_described(output)} for an input of shape "
+            f"{tuple(x.shape)}: a norm module maps (..., D) to the shape it is given "
+            "(docs/components.md#adding-a-component)"
+        )
 
 
 def _check_attention(result: object, h: Tensor, module: nn.Module, what: str) -> None:
@@ -515,6 +548,36 @@ def _check_attention(result: object, h: Tensor, module: nn.Module, what: str) ->
             f"the {what} {type(module).__name__} returned {got} for an input of shape {tuple(h.shape)}: an "
             "attention module returns (output, weights): output (B, T, D), the input's shape, and weights "
             "(B, H, T, S) or None (docs/components.md#adding-a-component)"
+        )
+
+
+def _check_positional(pos: nn.Module, bias: Any, rope: Any, b: int, t: int, tk: int, h: int, dh: int) -> None:
+    """Refuse what a positional module of one's own returns unless its bias is ``(1|B, 1|H, T, Tk)``
+    and its rotation a ``(cos, sin)`` pair, each ``(1|B, T, 1, R)`` with an even R up to the head
+    size: another shape fails inside attention, where the error names no module, or broadcasts."""
+    name = type(pos).__name__
+    if bias is not None and not (
+        isinstance(bias, Tensor) and bias.dim() == 4 and bias.shape[0] in (1, b) and bias.shape[1] in (1, h)
+        and tuple(bias.shape[2:]) == (t, tk)
+    ):
+        raise ValueError(
+            f"the positional module {name}'s bias(q_index, k_index) returned {_described(bias)} for {t} queries and "
+            f"{tk} keys: an attention bias is None or (1, H, T, Tk) = (1, {h}, {t}, {tk}) (1 or B = {b} rows, 1 or "
+            f"{h} heads) (docs/components.md#adding-a-component)"
+        )
+    if rope is None:
+        return
+    pair = isinstance(rope, tuple | list) and len(rope) == 2 and all(isinstance(r, Tensor) for r in rope)
+    shape = tuple(rope[0].shape) if pair else None
+    if not (
+        pair and shape == tuple(rope[1].shape) and len(shape) == 4 and shape[0] in (1, b) and shape[1] == t
+        and shape[2] == 1 and 0 < shape[3] <= dh and shape[3] % 2 == 0
+    ):
+        got = _described(rope) if not pair else f"tensors of shapes {tuple(rope[0].shape)} and {tuple(rope[1].shape)}"
+        raise ValueError(
+            f"the positional module {name}'s rotation(position_ids, ...) returned {got} for {t} positions: a rotation "
+            f"is None or (cos, sin), each (1|B, T, 1, R) with R even and at most head_dim = {dh} "
+            "(docs/components.md#adding-a-component)"
         )
 
 

@@ -51,6 +51,8 @@ class Embedding(nn.Module):
             # a plain attribute, not a submodule: the owning embedding holds (and saves) it
             object.__setattr__(self, "tokens", shared_tokens)
         self.positions = positions
+        # a positional module of one's own: what its embed returns is checked (the builder sets it)
+        self.positions_checked = False
         self.segments = (
             nn.Embedding(spec.segment_vocab_size, d_model) if spec.segment_vocab_size else None
         )
@@ -76,7 +78,16 @@ class Embedding(nn.Module):
         if self.scale is not None:
             x = x * self.scale
         if self.positions is not None:
-            x = self.positions.embed(x, position_ids, n_positions)
+            embedded = self.positions.embed(x, position_ids, n_positions)
+            if self.positions_checked and (not isinstance(embedded, Tensor) or embedded.shape != x.shape):
+                got = f"a tensor of shape {tuple(embedded.shape)}" if isinstance(embedded, Tensor) else (
+                    f"a {type(embedded).__name__}")
+                raise ValueError(
+                    f"the positional module {type(self.positions).__name__}'s embed(x, position_ids, n_positions) "
+                    f"returned {got} for embeddings x of shape {tuple(x.shape)}: it returns x with positions added, "
+                    "(B, T, D) (docs/components.md#adding-a-component)"
+                )
+            x = embedded
         if self.segments is not None:
             # no token types given means every token is segment 0, as in BERT
             x = x + (self.segments(token_type_ids) if token_type_ids is not None else self.segments.weight[0])

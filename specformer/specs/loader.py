@@ -896,7 +896,9 @@ def apply_overrides(
             # setting another `type` makes the whole mapping the override's (a field the
             # new type misses is the override's doing, not the file's)
             owned = tuple(parts[:-1]) if retyped else tuple(parts)
-            kept = {(*owned, k) for k in family_fields(owned[-1], *retypes)} if retypes and owned else set()
+            # (but for those the override's mapping gives itself: `norm={type: rmsnorm, placement: x}`)
+            kept = {(*owned, k) for k in family_fields(owned[-1], *retypes)
+                    if not (isinstance(value, dict) and k in value)} if retypes and owned else set()
             kept |= {(*retyping, k) for k in carried}  # where the earlier override put them
             for p in [p for p in positions if p[: len(owned)] == owned and p[: len(owned) + 1] not in kept]:
                 del positions[p]
@@ -1403,6 +1405,10 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple
             return [(path, f"{_shown(value)} is not allowed", f"{missing}. allowed: {', '.join(choices)}")]
         guess = did_you_mean(str(value), choices) if isinstance(value, str) else None
         hint = (f"did you mean {guess!r}? " if guess else "") + f"allowed: {', '.join(choices)}"
+        if not guess and path and path[-1] == "activation" and _is_ffn_spec(owner):
+            # no registry of activations: a new one is a module, registered as an FFN type
+            hint += ("; an activation of your own is an FFN type of your own "
+                     "(docs/components.md#adding-a-component)")
         return [(path, f"{_shown(value)} is not allowed", hint)]
 
     if kind in ("missing", "too_long") and isinstance(value, list | tuple):
@@ -1577,6 +1583,13 @@ def _is_family_spec(owner: Any) -> bool:
     from specformer.registry import FAMILIES, REGISTRY
 
     return owner is not None and any(owner in REGISTRY.spec_classes(family) for family in FAMILIES)
+
+
+def _is_ffn_spec(owner: Any) -> bool:
+    """Whether ``owner`` is a registered FFN spec class (whose ``activation`` is a fixed choice)."""
+    from specformer.registry import REGISTRY
+
+    return owner is not None and owner in REGISTRY.spec_classes("ffn")
 
 
 def _name_hint(value: Any, choices: list[str]) -> str | None:

@@ -10,6 +10,7 @@ import torch
 from specformer import SpecError, build_model, load_spec, preset_names
 from specformer.builder import BuildError, init_weights
 from specformer.components import DecoderModel, EncoderDecoderModel, EncoderModel
+from specformer.components.positional import Positional
 
 # Published parameter counts (Hugging Face reference models: GPT2LMHeadModel with tied
 # embeddings, BertForMaskedLM, T5ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM).
@@ -323,6 +324,124 @@ def test_an_attention_whose_forward_cannot_take_the_blocks_call_is_named_at_buil
                                         r"as the block calls it, forward\(x, mask=..., is_causal=..., rope=..., "
                                         r"cache=..., need_weights=...\): got an unexpected keyword argument 'is_causal'"):
         build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]), device="meta")
+
+
+class _MaskedFFN(torch.nn.Module):
+    def __init__(self, spec, *, d_model) -> None:
+        super().__init__()
+
+    def forward(self, x, mask):  # the block calls ffn(x)
+        return x
+
+
+class _NormOfRows(torch.nn.Module):
+    """A norm that returns each row's norm, (B, T, 1), not the normalised rows."""
+
+    def __init__(self, spec, *, dim) -> None:
+        super().__init__()
+
+    def forward(self, x):
+        return x.norm(dim=-1, keepdim=True)
+
+
+class _KeywordNorm(torch.nn.Module):
+    def __init__(self, spec, *, dim) -> None:
+        super().__init__()
+
+    def forward(self, x, *, scale):  # the model calls norm(x)
+        return x * scale
+
+
+class _HiddenOnlyHead(torch.nn.Module):
+    def __init__(self, spec, *, d_model, vocab_size, embedding) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, vocab_size)
+
+    def forward(self, hidden):  # the model calls head(hidden, attention_mask)
+        return self.proj(hidden)
+
+
+def test_an_ffn_norm_or_head_whose_forward_cannot_take_the_models_call_is_named_at_build(monkeypatch) -> None:
+    # each was a bare TypeError from inside torch at the first forward (after `train` prepared its data)
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1"])
+    _swap(monkeypatch, "ffn", "mlp", _MaskedFFN)
+    with pytest.raises(TypeError, match=r"the ffn _MaskedFFN's forward\(x, mask\) cannot be called as the block "
+                                        r"calls it, forward\(x\): missing a required argument: 'mask'"):
+        build_model(spec, device="meta")
+    monkeypatch.undo()
+    _swap(monkeypatch, "norm", "layernorm", _KeywordNorm)
+    with pytest.raises(TypeError, match=r"the norm _KeywordNorm's forward\(x, \*, scale\) cannot be called as the "
+                                        r"model calls it, forward\(x\): missing a required argument: 'scale'"):
+        build_model(spec, device="meta")
+    monkeypatch.undo()
+    _swap(monkeypatch, "head", "lm", _HiddenOnlyHead)
+    with pytest.raises(TypeError, match=r"the head _HiddenOnlyHead's forward\(hidden\) cannot be called as the model "
+                                        r"calls it, forward\(hidden, attention_mask\): too many positional arguments"):
+        build_model(spec, device="meta")
+
+
+def test_a_norm_of_ones_own_that_returns_the_wrong_shape_is_named(monkeypatch) -> None:
+    # with output norms and no final norm, its (B, T, 1) broadcast into the residual stream without an error
+    _swap(monkeypatch, "norm", "layernorm", _NormOfRows)
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1", "decoder.norm.placement=output",
+                                            "decoder.norm.final=false"])
+    model = build_model(spec)
+    with pytest.raises(ValueError, match=r"the norm _NormOfRows returned a tensor of shape \(2, 6, 1\) for an input "
+                                         r"of shape \(2, 6, 128\): a norm module maps \(\.\.\., D\) to the shape it is "
+                                         r"given"):
+        model(torch.randint(0, 512, (2, 6)))
+    monkeypatch.undo()
+    # specformer's own norms carry no check
+    model = build_model(spec)
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+class _BadPositions(Positional):
+    """A positional scheme of one's own whose hooks return the wrong shapes (``mode``)."""
+
+    scope = "stack"
+    mode = "heads"
+
+    def __init__(self, spec, *, d_model, max_seq_len, n_heads, head_dim, causal) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+
+    def bias(self, q_index, k_index, *, dtype):
+        if self.mode == "heads":  # one head too many
+            return torch.zeros(1, self.n_heads + 1, len(q_index), len(k_index), dtype=dtype)
+        return None
+
+    def rotation(self, position_ids, n_positions, *, dtype):
+        if self.mode == "odd":  # an odd rotated size: rotate-half pairs nothing
+            table = torch.ones(1, position_ids.shape[-1], 1, 7, dtype=dtype)
+            return table, table
+        return None
+
+    def embed(self, x, position_ids, n_positions):
+        return x[..., :5]
+
+
+def test_a_positional_module_of_ones_own_whose_hooks_return_the_wrong_shapes_is_named(monkeypatch) -> None:
+    # the wrong head count failed inside attention ("size of tensor a (4) must match ... (5)"), which
+    # named no module; an odd rotated size ran, pairing features rotate-half never pairs
+    ids = torch.randint(0, 512, (2, 6))
+    _swap(monkeypatch, "positional", "learned", _BadPositions)
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1"])
+    monkeypatch.setattr(_BadPositions, "mode", "heads")
+    with pytest.raises(ValueError, match=r"the positional module _BadPositions's bias\(q_index, k_index\) returned a tensor of "
+                                         r"shape \(1, 5, 6, 6\) for 6 queries and 6 keys: an attention bias is None "
+                                         r"or \(1, H, T, Tk\) = \(1, 4, 6, 6\)"):
+        build_model(spec)(ids)
+    monkeypatch.setattr(_BadPositions, "mode", "odd")
+    with pytest.raises(ValueError, match=r"the positional module _BadPositions's rotation\(position_ids, ...\) returned tensors "
+                                         r"of shapes \(1, 6, 1, 7\) and \(1, 6, 1, 7\) for 6 positions: a rotation is "
+                                         r"None or \(cos, sin\), each \(1\|B, T, 1, R\) with R even and at most "
+                                         r"head_dim = 32"):
+        build_model(spec)(ids)
+    monkeypatch.setattr(_BadPositions, "scope", "embedding")
+    with pytest.raises(ValueError, match=r"the positional module _BadPositions's embed\(x, position_ids, n_positions\) returned "
+                                         r"a tensor of shape \(2, 6, 5\) for embeddings x of shape \(2, 6, 128\)"):
+        build_model(spec)(ids)
 
 
 def test_a_target_that_takes_other_arguments_than_the_builder_gives_is_named(monkeypatch) -> None:

@@ -56,6 +56,10 @@ BAD_INPUTS = [
     ("bad-enum", "extends: gpt-nano\nkind: decoder-only\n", 2, "kind", ["not allowed", "encoder, decoder, encoder-decoder"]),
     ("bad-activation", "extends: gpt-nano\ndecoder:\n  ffn: {activation: gleu}\n", 3,
      "decoder.ffn.activation", ["did you mean 'gelu'", "relu, gelu, gelu_tanh, silu"]),
+    # activations are a fixed choice, not a family: the hint says where a new one goes
+    ("activation-of-ones-own", "extends: gpt-nano\ndecoder:\n  ffn: {activation: mish}\n", 3,
+     "decoder.ffn.activation", ["relu, gelu, gelu_tanh, silu; an activation of your own is an FFN type of your own "
+                                "(docs/components.md#adding-a-component)"]),
     ("bad-type-name", "extends: gpt-nano\npositional: {type: rotary}\n", 2, "positional.type",
      ["unknown type 'rotary'", "type: rope", "sinusoidal, learned, rope, alibi, t5, none"]),
     ("misspelt-type", "extends: gpt-nano\ndecoder:\n  norm: {type: rmsnrom}\n", 3, "decoder.norm.type",
@@ -358,6 +362,22 @@ def test_override_errors_name_the_override(tmp_path):
                   overrides=["training.optimizer.type=adamw"])
     (problem,) = info.value.problems
     assert problem.path == "training.optimizer.lr" and not str(problem.position).startswith("--set")
+
+
+def test_a_kept_field_the_retyping_mapping_gives_itself_is_placed_at_the_set():
+    # a norm of another type keeps the stack's placement, but this one is the --set's own
+    # (it was placed at the preset's `norm:` line, which says `placement: pre`)
+    arg = "decoder.norm={type: rmsnorm, placement: bogus}"
+    with pytest.raises(SpecError) as info:
+        load_spec("gpt-nano", overrides=[arg])
+    (problem,) = info.value.problems
+    assert problem.path == "decoder.norm.placement" and str(problem.position) == f"--set {arg}"
+    # one it does not give stays the file's
+    with pytest.raises(SpecError) as info:
+        load_spec({"extends": "gpt-nano", "decoder": {"norm": {"placement": "bogus"}}},
+                  overrides=["decoder.norm={type: rmsnorm}"])
+    (problem,) = info.value.problems
+    assert problem.path == "decoder.norm.placement" and not str(problem.position).startswith("--set")
 
 
 def test_a_stack_set_to_null_is_placed_at_the_set(tmp_path):

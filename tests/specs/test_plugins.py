@@ -785,7 +785,8 @@ def test_a_spec_class_without_the_fields_its_family_needs_is_refused_at_registra
 
     registry = Registry()
     with pytest.raises(TypeError, match=r"BareNorm lacks the fields placement, final that every norm spec has.*"
-                                        r'declare placement: Literal\["pre", "post"\] = "pre"; final: bool \| None'):
+                                        r'declare placement: Literal\["pre", "post", "sandwich", "output"\] = "pre"; '
+                                        r'final: bool \| None'):
         registry.register("norm", BareNorm, "x:y")
     with pytest.raises(TypeError, match="BareAttention lacks the fields n_kv_heads, head_dim, sliding_window"):
         registry.register("attention", BareAttention, "x:y")

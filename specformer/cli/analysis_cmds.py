@@ -964,12 +964,30 @@ def _compat_section(d: Any) -> Section:
     return s
 
 
+def _own_name(arg: str, spec: Any) -> str:
+    """The name a column shows for ``spec``, read from ``arg``: its own ``name``, or the
+    file's path where the file names none and ``extends`` gave it its parent's (a variant of
+    gpt-nano is not shown as gpt-nano beside it or another spec)."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(arg)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return spec.name
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return spec.name
+    return arg if isinstance(data, dict) and "name" not in data and "extends" in data else spec.name
+
+
 def _labels(args: list[str], specs: list[Any], *, set_last: bool = False) -> list[str]:
     """Column labels: the specs' names, or their arguments where names repeat; with
     ``set_last``, the last one is marked as the one ``--set`` changed."""
     from specformer.analysis.diff import distinct_names
 
-    names = [s.name for s in specs]
+    names = [_own_name(arg, spec) for arg, spec in zip(args, specs, strict=True)]
     if set_last and len(args) == 2 and args[0] == args[1]:
         labels = names  # one spec, against itself with the --set
     elif len(set(names)) == len(names):

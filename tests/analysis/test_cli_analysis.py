@@ -198,6 +198,14 @@ def test_diff_same_names_get_distinct_labels(tmp_path: Path) -> None:
     variant.write_text("extends: gpt-nano\ndecoder: {n_layers: 6}\n")
     data = json.loads(_ok(["diff", "gpt-nano", str(variant), "-f", "json"]).stdout)
     assert data["specs"][0] != data["specs"][1]
+    # a file that names itself nothing is shown by its path, not by the name it inherits
+    assert data["specs"] == ["gpt-nano", str(variant)]
+    assert json.loads(_ok(["diff", "gpt2-small", str(variant), "-f", "json"]).stdout)["specs"] == [
+        "gpt2-small", str(variant)]
+    named = tmp_path / "named.yaml"
+    named.write_text("extends: gpt-nano\nname: my-deep\ndecoder: {n_layers: 6}\n")
+    assert json.loads(_ok(["diff", "gpt2-small", str(named), "-f", "json"]).stdout)["specs"] == [
+        "gpt2-small", "my-deep"]
 
 
 def test_show_and_diff_of_70b(tmp_path: Path) -> None:

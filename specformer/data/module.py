@@ -36,7 +36,7 @@ from specformer.data.datasets import LabelledTexts, PackedBlocks, PairDataset
 from specformer.data.labelled import LabelledCorpus, label_ids
 from specformer.data.pairs import PairCorpus
 from specformer.data.sampler import EvalBatchSampler, EvalCollator, StreamBatchSampler
-from specformer.data.synthetic import SyntheticTask
+from specformer.data.synthetic import SyntheticTask, length_problem
 from specformer.data.tokenizers import EOT, EOT_NAMES, MASK, PAD, Tokenizer, decoder_start_id
 from specformer.data.tokens import (
     conversation_token_ids,
@@ -307,18 +307,8 @@ def _prepare_task(spec: Any, tokenizer: Tokenizer | None) -> PreparedData:
         tokenizer = REGISTRY.build("tokenizer", t.tokenizer)
     _check_vocab(tokenizer, spec.vocab_size, t.tokenizer)
     _check_specials(tokenizer, t.objective)
-    # an example is never cut (a cut answer is another task): the longest must fit the run's
-    # seq_len, not only the model's max_seq_len
-    seq_len = t.seq_len or spec.max_seq_len
-    longest = max(task.max_source_len, task.max_target_len + 1)
-    if longest > seq_len:
-        limit = (f"training.seq_len is {seq_len}; lower training.data.max_len, or raise training.seq_len (up to "
-                 f"the model's max_seq_len={spec.max_seq_len})" if seq_len < spec.max_seq_len else
-                 f"max_seq_len is {spec.max_seq_len}; lower training.data.max_len, or raise max_seq_len")
-        raise DataError(
-            f"the {t.data.task} task makes sequences of up to {longest} tokens (training.data.max_len="
-            f"{t.data.max_len}) but {limit}"
-        )
+    if (problem := length_problem(spec)) is not None:  # an example is never cut
+        raise DataError(problem)
 
     def encode(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
         return [(tokenizer.encode(src, specials=False), tokenizer.encode(tgt, specials=False)) for src, tgt in pairs]

@@ -16,7 +16,7 @@ import numpy as np
 from specformer.data.corpus import DataError
 from specformer.specs.training import SyntheticDataSpec
 
-__all__ = ["SyntheticTask", "solve"]
+__all__ = ["SyntheticTask", "length_problem", "solve"]
 
 
 def solve(task: str, src: str) -> str:
@@ -31,6 +31,23 @@ def solve(task: str, src: str) -> str:
         a, b = src.split("+")
         return str(int(a) + int(b))
     raise ValueError(f"unknown task {task!r}")
+
+
+def length_problem(spec: Any) -> str | None:
+    """Why the synthetic task of ``spec`` (a ``ModelSpec``) does not fit its run, or None: an
+    example is never cut (a cut answer is another task), so the longest source, and target
+    with its end token, must fit the run's ``training.seq_len``, not only ``max_seq_len``."""
+    t = spec.training
+    task = SyntheticTask(t.data)
+    seq_len = t.seq_len or spec.max_seq_len
+    longest = max(task.max_source_len, task.max_target_len + 1)
+    if longest <= seq_len:
+        return None
+    limit = (f"training.seq_len is {seq_len}; lower training.data.max_len, or raise training.seq_len (up to "
+             f"the model's max_seq_len={spec.max_seq_len})" if seq_len < spec.max_seq_len else
+             f"max_seq_len is {spec.max_seq_len}; lower training.data.max_len, or raise max_seq_len")
+    return (f"the {t.data.task} task makes sequences of up to {longest} tokens (training.data.max_len="
+            f"{t.data.max_len}) but {limit}")
 
 
 class SyntheticTask:

@@ -1158,8 +1158,9 @@ def reference_models() -> list[tuple[str, type[Spec]]]:
 
 def training_problems(spec: Any) -> list[Any]:
     """What ``specformer train`` refuses in a spec that validates (it builds and analyses):
-    a classification head under an objective that trains a vocabulary head, and a
-    classifier with no labelled data. ``validate`` says them as a note; ``train`` refuses
+    a classification head under an objective that trains a vocabulary head, a classifier
+    with no labelled data, and a synthetic task whose examples are longer than the run's
+    sequences. ``validate`` says them as a note; ``train`` refuses
     them before any data is prepared."""
     from specformer.specs.errors import SpecProblem
 
@@ -1189,6 +1190,11 @@ def training_problems(spec: Any) -> list[Any]:
             "paths: [train.csv]} (a .csv, .tsv, .json or .jsonl table with a text and a label column)",
             path="training.data",
         )]
+    if t.data is not None and t.data.type == "synthetic":
+        from specformer.data.synthetic import length_problem
+
+        if (problem := length_problem(spec)) is not None:
+            return [SpecProblem(problem, path="training.data.max_len")]
     return []
 
 

@@ -1091,6 +1091,11 @@ def test_a_task_longer_than_seq_len_is_refused_not_trained_past_it(overrides: li
     with pytest.raises(DataError) as err:
         SpecDataModule(spec).setup()
     assert says in str(err.value)
+    # known from the spec alone: validate notes it and train refuses it before any data is made
+    from specformer.specs.training import training_problems
+
+    (problem,) = training_problems(spec)
+    assert problem.path == "training.data.max_len" and problem.message == str(err.value)
 
 
 def test_hugging_face_data_without_datasets_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

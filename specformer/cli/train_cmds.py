@@ -1397,9 +1397,9 @@ def _scored_data(spec: Any, keys: list[str], data: list[str]) -> list[str]:
                     "conversations")
     paths = json.dumps(list(data))
     whole = "training.val_batches=null"  # every batch of them (--batches, applied after, reads fewer)
-    if trained is not None and trained.type in ("pairs", "labelled", "conversations"):
-        # the same fields and format as training read; each pair is read as both splits,
-        # and the validation one is scored
+    if trained is not None and trained.type in ("files", "pairs", "labelled", "conversations"):
+        # the same fields and format as training read (a JSON-lines text_field too); a pair,
+        # row or conversation is read as both splits, and the validation one is scored
         return [f"training.data.paths={paths}", f"training.data.val_paths={paths}", whole]
     return [f"training.data={{type: files, paths: {paths}, val_paths: {paths}}}", whole]
 

@@ -11,6 +11,7 @@ The data module then serves an endless, resumable, rank-sharded training stream
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +137,8 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
 
     if is_scoring_only() and not corpus.train:  # eval --data: the files are scored, none trained on
         n = len(corpus.val)
-        description = (f"{_names(corpus.val_ids)}: {n} document{'s' if n != 1 else ''}, {count(corpus.n_bytes)} "
+        files = list(dict.fromkeys(re.sub(r":\d+$", "", key) for key in corpus.val_ids))  # a JSON line's is file:line
+        description = (f"{_names(files)}: {n} document{'s' if n != 1 else ''}, {count(corpus.n_bytes)} "
                        f"characters → {count(len(arrays.val))} tokens, scored in blocks of seq_len={seq_len}")
     else:
         description = (

@@ -1708,3 +1708,23 @@ def test_eval_data_of_a_task_model_is_refused(tiny: Any, tmp_path: Path) -> None
     _train([str(_write(tmp_path, tiny("encoder-decoder", max_steps=2, val_interval=2)))])
     out = runner.invoke(app, ["eval", str(_checkpoint(tmp_path, "tiny-encoder-decoder")), "--data", "x.jsonl"])
     assert out.exit_code == 1 and "--data: this model was trained on the synthetic task 'copy'" in out.stderr
+
+
+def test_eval_data_reads_json_lines_with_the_text_field_the_model_was_trained_with(tiny: Any, tmp_path: Path) -> None:
+    from tests.training.conftest import STDLIB
+
+    text = (STDLIB / "textwrap.py").read_text()
+    lines = text.splitlines()
+
+    def jsonl(path: Path, part: list[str]) -> Path:
+        path.write_text("".join(json.dumps({"content": "\n".join(part[i:i + 20])}) + "\n" for i in range(0, len(part), 20)))
+        return path
+
+    train_file = jsonl(tmp_path / "train.jsonl", lines[: len(lines) // 2])
+    test_file = jsonl(tmp_path / "test.jsonl", lines[len(lines) // 2:])
+    data = {"type": "files", "paths": [str(train_file)], "text_field": "content"}
+    _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2, data=data)))])
+    out = runner.invoke(app, ["eval", str(_checkpoint(tmp_path, "tiny-decoder")), "--data", str(test_file), "-f", "json"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.stdout)
+    assert got["data"].startswith("test.jsonl: ") and got["scored_tokens"] > 1000 and got["whole_split"]

@@ -967,12 +967,15 @@ def _compat_section(d: Any) -> Section:
 def _own_name(arg: str, spec: Any) -> str:
     """The name a column shows for ``spec``, read from ``arg``: its own ``name``, or the
     file's path where the file names none and ``extends`` gave it its parent's (a variant of
-    gpt-nano is not shown as gpt-nano beside it or another spec)."""
+    gpt-nano is not shown as gpt-nano beside it or another spec), or a run folder's path
+    (its spec.yaml is resolved: the name it inherited no longer says it was a variant)."""
     from pathlib import Path
 
     import yaml
 
     path = Path(arg)
+    if path.is_dir() and (path / "spec.yaml").is_file():
+        return arg
     if path.suffix not in (".yaml", ".yml") or not path.is_file():
         return spec.name
     try:

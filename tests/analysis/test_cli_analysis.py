@@ -208,6 +208,19 @@ def test_diff_same_names_get_distinct_labels(tmp_path: Path) -> None:
         "gpt2-small", "my-deep"]
 
 
+def test_diff_labels_a_run_folder_by_its_path(tmp_path: Path) -> None:
+    # a run of `extends: gpt-nano` with a --set: its spec.yaml is resolved and says name: gpt-nano
+    base = tmp_path / "base.yaml"
+    base.write_text("extends: gpt-nano\ntraining: {max_steps: 20}\n")
+    run = tmp_path / "runs" / "gpt-nano" / "20250101-120000"
+    run.mkdir(parents=True)
+    (run / "spec.yaml").write_text(load_spec(str(base), overrides=["positional.type=rope"]).to_yaml())
+    data = json.loads(_ok(["diff", str(base), str(run), "--no-checkpoints", "-f", "json"]).stdout)
+    assert data["specs"] == [str(base), str(run)]  # not "gpt-nano", the preset's name, for a variant
+    data = json.loads(_ok(["diff", "gpt2-small", str(run), "--no-checkpoints", "-f", "json"]).stdout)
+    assert data["specs"] == ["gpt2-small", str(run)]
+
+
 def test_show_and_diff_of_70b(tmp_path: Path) -> None:
     # their time and memory are measured by benchmarks/cli.py, not asserted here
     path = tmp_path / "llama2-70b.yaml"

@@ -491,7 +491,7 @@ def train_cmd(
             # pipe (train ... > log keeps the run's curve), above the bar where both are the terminal
             result = train(spec_obj, resume=resume, init_from=init_from, progress=progress, console=err_console,
                            log=None if console.is_terminal else console, command=command,
-                           header=header if report else None)
+                           overrides=list(set_ or []), header=header if report else None)
         except SpecError as exc:
             raise _placed(exc, positions) from None
     if report:

@@ -115,6 +115,9 @@ class TrainResult:
     # is given) and the versions it ran with: with spec.yaml, what it takes to run it again
     # and the working directory, which relative paths in the spec (data, tokenizer) are read from
     command: str | None = field(default=None, repr=False)
+    # the --set overrides of that command, as given (a results table's column: what a variant
+    # changed; empty from Python unless train(overrides=...) is given)
+    overrides: list[str] = field(default_factory=list, repr=False)
     workdir: str | None = field(default=None, repr=False)
     versions: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -457,6 +460,7 @@ def train(
     datamodule: SpecDataModule | None = None,
     command: str | None = None,
     header: str | None = None,
+    overrides: Sequence[str] = (),
     **trainer_kwargs: Any,
 ) -> TrainResult:
     """Train ``spec`` (a ModelSpec, preset name, path or dict) as its ``training:`` section says.
@@ -474,7 +478,8 @@ def train(
     training, after saving the step reached; any other error that stops the run carries a
     note (``__notes__``) saying at which step, and that checkpoint. ``command``, how the run was
     started, is written with the versions it runs with at the top of the run folder's
-    ``spec.yaml`` and into ``summary.json``. ``console`` shows the progress bar and the line
+    ``spec.yaml`` and into ``summary.json``, and so are ``overrides``, its ``--set`` values
+    (recorded only: ``spec`` already has them). ``console`` shows the progress bar and the line
     each validation leaves, which go to ``log`` instead where it is given. ``header``, a line
     said on ``log`` (or ``console``) once the spec, the checkpoint resumed from and the weights started from
     are checked (a run they refuse says only why), comes before the notes on them and the
@@ -804,6 +809,7 @@ def train(
         trainable_parameters=sum(p.numel() for p in module.model.parameters() if p.requires_grad),
         history=[dict(h) for h in history],
         command=command,
+        overrides=list(overrides),
         workdir=workdir,
         versions=versions,
     )

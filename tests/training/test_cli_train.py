@@ -218,6 +218,7 @@ def test_run_folder_records_the_command_working_directory_and_versions(
     command = "specformer train spec.yaml --set training.seed=3 --set training.max_steps=2 --no-progress"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["command"] == command and summary["workdir"] == str(tmp_path)
+    assert summary["overrides"] == ["training.seed=3", "training.max_steps=2"]  # what this variant changed
     assert summary["versions"]["specformer"] == __version__ and summary["versions"]["torch"] == torch.__version__
     assert summary["versions"]["lightning"] == lightning.__version__
     head = (run / "spec.yaml").read_text().splitlines()[:2]

@@ -1231,7 +1231,7 @@ def eval_cmd(
     data: Annotated[list[str] | None, typer.Option("--data", "-d", metavar="PATH", help="Score these files, directories or globs whole (repeatable), in the model's training data format: text for a language model, the pairs, labelled rows or conversations it was trained on. Without it, the validation split of the spec's training.data.")] = None,
     output_format: Annotated[str, typer.Option("--format", "-f", metavar="[rich|json]", help="rich: a table; json: one object (checkpoint, step, val_loss, val_perplexity, scored tokens, ...) on standard output, for scripts that compare checkpoints.")] = "rich",
 ) -> None:
-    """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split.
+    """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split, or on files of your own (--data).
 
     `--set training.*` changes what is evaluated (e.g. another corpus with the same tokenizer);
     `--set max_seq_len=N` evaluates sequences of N tokens (training.seq_len follows unless set), past

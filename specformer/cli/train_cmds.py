@@ -1229,7 +1229,7 @@ def eval_cmd(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar (on a terminal) while the batches are scored.")] = True,
     spec_source: SpecOfWeights = None,
     data: Annotated[list[str] | None, typer.Option("--data", "-d", metavar="PATH", help="Score these files, directories or globs whole (repeatable), in the model's training data format: text for a language model, the pairs, labelled rows or conversations it was trained on. Without it, the validation split of the spec's training.data.")] = None,
-    output_format: Annotated[str, typer.Option("--format", "-f", metavar="[rich|json]", help="rich: a table; json: one object (checkpoint, step, val_loss, val_perplexity, scored tokens, ...) on standard output, for scripts that compare checkpoints.")] = "rich",
+    output_format: Annotated[str, typer.Option("--format", "-f", metavar="[rich|json]", help="rich: a table; json: one object (checkpoint, step, val_loss, val_ppl, scored tokens, ...: summary.json's names) on standard output, for scripts that compare checkpoints.")] = "rich",
 ) -> None:
     """Loss and perplexity (and exact match for sequence-to-sequence, accuracy for classification) on the validation split, or on files of your own (--data).
 
@@ -1419,16 +1419,16 @@ def _eval_json(checkpoint: str, spec: Any, step: int, data: Any, h: dict[str, An
         "max_seq_len": spec.max_seq_len,
         "data": data.description,
         "val_loss": h["val/loss"],
-        "val_perplexity": None if classify else h["val/ppl"],
+        "val_ppl": None if classify else h["val/ppl"],
         "scored_tokens": int(tokens),
         "scored_texts": int(scored) if classify else None,
         "held_out": held,
         "held_out_unit": data.unit,
         "whole_split": read == held and not interrupted,
-        "unigram_baseline": data.unigram_loss if not interrupted else None,
+        "unigram_loss": data.unigram_loss if not interrupted else None,
         "exact_match": h.get("val/exact_match"),
         "accuracy": h.get("val/accuracy"),
-        "examples": int(h["val/examples"]) if "val/examples" in h else None,
+        "val_examples": int(h["val/examples"]) if "val/examples" in h else None,
         "interrupted": interrupted,
     }
 

@@ -220,8 +220,8 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
     assert f"all {held} held-out texts" in out.output and "perplexity" not in out.output
     assert row(out.output) == trained  # the same words and number as the training summary's
     got = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json"]).stdout)
-    assert (got["scored_texts"], got["examples"], got["held_out"], got["held_out_unit"]) == (held, held, held, "text")
-    assert got["val_perplexity"] is None and f"{100 * got['accuracy']:.1f}%" == trained.split(" of ")[0]
+    assert (got["scored_texts"], got["val_examples"], got["held_out"], got["held_out_unit"]) == (held, held, held, "text")
+    assert got["val_ppl"] is None and f"{100 * got['accuracy']:.1f}%" == trained.split(" of ")[0]
     # a labelled file of its own, scored whole: every row a text
     scored = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json", "--data",
                                             str(_table(tmp_path / "test.csv", n=50, seed=1))]).stdout)

@@ -178,10 +178,10 @@ def test_eval_says_how_many_tokens_it_scored_and_whether_that_was_the_whole_spli
     assert js.exit_code == 0, js.output
     got = json.loads(js.stdout)
     loss = next(line for line in part.stdout.splitlines() if "val loss" in line).split("│")[2].strip()
-    assert f"{got['val_loss']:.4f}" == loss and got["val_perplexity"] == pytest.approx(math.exp(got["val_loss"]))
+    assert f"{got['val_loss']:.4f}" == loss and got["val_ppl"] == pytest.approx(math.exp(got["val_loss"]))
     assert (got["scored_tokens"], got["held_out"], got["held_out_unit"], got["whole_split"]) == (256, held, "sequence", False)
     assert got["step"] == 2 and got["checkpoint"] == str(ckpt) and got["interrupted"] is False
-    assert got["unigram_baseline"] > 0 and got["accuracy"] is None and got["exact_match"] is None
+    assert got["unigram_loss"] > 0 and got["accuracy"] is None and got["exact_match"] is None
     assert json.loads(runner.invoke(app, ["eval", str(ckpt), "--batches", "1000", "-f", "json"]).stdout)["whole_split"]
     bad = runner.invoke(app, ["eval", str(ckpt), "-f", "yaml"])
     assert bad.exit_code == 2 and "--format must be rich or json, got 'yaml'" in bad.stderr
@@ -958,7 +958,7 @@ def test_ctrl_c_in_eval_reports_the_batches_scored_before_it(tiny: Any, tmp_path
     as_json = runner.invoke(app, ["eval", ckpt, "--batches", "4", "-f", "json"])
     assert as_json.exit_code == 128 + signum, as_json.output
     got = json.loads(as_json.stdout)  # standard output holds the object alone
-    assert got["interrupted"] is True and got["whole_split"] is False and got["unigram_baseline"] is None
+    assert got["interrupted"] is True and got["whole_split"] is False and got["unigram_loss"] is None
     assert f"{got['val_loss']:.4f}" == loss(two.stdout)
     assert "the numbers printed are of the part of the validation split" in as_json.stderr
 
@@ -1686,7 +1686,7 @@ def test_eval_data_scores_files_whole_with_no_training_text(tiny: Any, tmp_path:
     assert got["val_loss"] == pytest.approx(beside["val_loss"], rel=1e-6)
     # the whole file, in blocks of seq_len=32 (byte tokens: one a byte; the last partial block is not scored)
     assert got["scored_tokens"] == beside["scored_tokens"] == len(test.read_bytes()) // 32 * 32
-    assert got["whole_split"] and got["unigram_baseline"] is None  # no training split to take unigrams from
+    assert got["whole_split"] and got["unigram_loss"] is None  # no training split to take unigrams from
     assert scored(["--data", str(test), "--batches", "1"])["scored_tokens"] == 8 * 32  # --batches still reads fewer
     assert got["data"].startswith("test.txt: 1 document, 6k characters → 6k tokens, scored in blocks of seq_len=32")
     table = runner.invoke(app, ["eval", ckpt, "--data", str(test), "--no-progress"], env={"COLUMNS": "200"})

@@ -662,12 +662,12 @@ def generate_cmd(
         )
 
     with _errors_for_people(stopped="; nothing more is generated"):
+        given_as = "--prompt"
         if prompt == "-":  # the prompt from standard input, whole (`cat prompt.txt | specformer generate CKPT -p -`)
             if sys.stdin.isatty():
                 print_error("reading the prompt from standard input (Ctrl-D ends it)", label="[dim]note:[/]")
-            prompt = _stdin_text()
-            _check_utf8(prompt, "--prompt - (standard input)")
-        _check_utf8(prompt, "--prompt")
+            prompt, given_as = _stdin_text(), "--prompt - (standard input)"
+        _check_utf8(prompt, given_as)
         if system is not None:
             _check_utf8(system, "--system")
         loaded = _load_checkpoint(checkpoint, spec_source)
@@ -1408,9 +1408,7 @@ def _eval_json(checkpoint: str, spec: Any, step: int, data: Any, h: dict[str, An
                interrupted: bool) -> dict[str, Any]:
     """``eval --format json``'s object: the table's numbers as numbers (None where the table
     leaves a row out), under names a script reads."""
-    t = spec.training
-    held = len(data.val)
-    read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
+    held, read = _split_read(spec.training, data)
     classify = data.unit == "text"
     return {
         "checkpoint": checkpoint,
@@ -1471,12 +1469,18 @@ def _check_length_change(spec: Any, max_seq_len: int, option: str) -> None:
                     "at any length")
 
 
+def _split_read(t: Any, data: Any) -> tuple[int, int]:
+    """(rows of the validation split, rows of it ``eval`` reads): ``val_batches`` batches of
+    them, or all (a synthetic task's, and with ``val_batches`` null)."""
+    held = len(data.val)
+    return held, held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
+
+
 def _scored_line(t: Any, data: Any, tokens: int, *, given: bool = False) -> str:
     """How much of the validation split ``eval`` scored (``given``: of the files of --data):
     its tokens, and whether that was all of it (a loss over a few hundred tokens is a rough
     number, and a larger --batches than the split holds reads no more)."""
-    held = len(data.val)
-    read = held if t.val_batches is None or data.task is not None else min(held, t.val_batches * t.batch_size)
+    held, read = _split_read(t, data)
     unit = data.unit
     classify = unit == "text"  # one prediction a text: the count is of texts
     kind, of = ("", " of --data") if given else ("held-out ", "")

@@ -120,8 +120,9 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
     seq_len = t.seq_len or spec.max_seq_len
     overlap = 1 if t.objective.type == "causal_lm" else 0
     train, val = PackedBlocks(arrays.train, seq_len, overlap=overlap), PackedBlocks(arrays.val, seq_len, overlap=overlap)
-    if (len(train) == 0 and not is_scoring_only()) or len(val) == 0:
-        split = "training" if len(train) == 0 and not is_scoring_only() else "validation"
+    no_train = len(train) == 0 and not is_scoring_only()  # (eval --data reads no training split)
+    if no_train or len(val) == 0:
+        split = "training" if no_train else "validation"
         ids = corpus.train_ids if split == "training" else corpus.val_ids
         if corpus.split_by_lines:  # "a.txt (first lines)"
             name, _, part = ids[0].rpartition(" (")

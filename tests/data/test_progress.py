@@ -85,8 +85,9 @@ def test_a_long_step_leaves_a_line_with_its_rate(tmp_path: Path, monkeypatch: py
     long = "waiting for another process preparing the token cache (it holds /" + "x" * 90 + "/.lock)"
     with progress.reporting(progress.rich_reporter(Console(file=narrow, force_terminal=False, width=80))):
         with progress.step(long):
-            pass
-    assert narrow.getvalue().splitlines() == [f"{long}: " + narrow.getvalue().rsplit(": ", 1)[1].strip()]
+            pass  # a step that does nothing: the line is what is checked
+    lines = narrow.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{long}: "), lines
 
 
 def test_tokenising_pairs_says_how_far_it_is(tmp_path: Path) -> None:

@@ -965,24 +965,13 @@ def _compat_section(d: Any) -> Section:
 
 
 def _own_name(arg: str, spec: Any) -> str:
-    """The name a column shows for ``spec``, read from ``arg``: its own ``name``, or the
-    file's path where the file names none and ``extends`` gave it its parent's (a variant of
-    gpt-nano is not shown as gpt-nano beside it or another spec), or a run folder's path
-    (its spec.yaml is resolved: the name it inherited no longer says it was a variant)."""
+    """The name a column shows for ``spec``, read from ``arg``: its ``name`` (a YAML file that
+    writes none has its file's), or a run folder's path (its spec.yaml is resolved: the name
+    it holds does not say what a ``--set`` changed in that run)."""
     from pathlib import Path
 
-    import yaml
-
     path = Path(arg)
-    if path.is_dir() and (path / "spec.yaml").is_file():
-        return arg
-    if path.suffix not in (".yaml", ".yml") or not path.is_file():
-        return spec.name
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return spec.name
-    return arg if isinstance(data, dict) and "name" not in data and "extends" in data else spec.name
+    return arg if path.is_dir() and (path / "spec.yaml").is_file() else spec.name
 
 
 def _labels(args: list[str], specs: list[Any], *, set_last: bool = False) -> list[str]:

@@ -1082,9 +1082,21 @@ def load_spec_data(
         else:
             resolved = _resolve_source(ref, None, None)
         data, positions = _load_file(resolved, (), None)
+        _name_after_the_file(data, positions, resolved)
     if overrides:
         data = apply_overrides(data, overrides, positions)
     return data, positions
+
+
+def _name_after_the_file(data: dict[str, Any], positions: dict[Path_, Position], path: Path) -> None:
+    """A spec file that writes no ``name`` of its own is named after the file: ``rope.yaml``
+    that ``extends: gpt-nano`` is ``rope``, not a second ``gpt-nano`` whose runs land in
+    gpt-nano's folder, and a file with no ``extends`` is not ``unnamed``. A pipe
+    (``/dev/stdin``) has no name to give."""
+    where = positions.get(("name",))
+    if path.is_file() and (where is None or where.source != _display(path)):
+        data["name"] = path.stem
+        positions[("name",)] = Position(_display(path))
 
 
 def _own_positions(data: Any, positions: dict[Path_, Position], path: Path_ = ()) -> None:

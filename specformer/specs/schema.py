@@ -902,7 +902,8 @@ class InitSpec(Spec):
 class ModelSpec(Spec):
     """A whole Transformer: what ``specformer validate`` resolves and ``build_model`` builds."""
 
-    name: str = Field("unnamed", description="A name for tables, run folders and checkpoints.")
+    name: str = Field("unnamed", description="A name for tables, run folders and checkpoints. A YAML file "
+                      "that writes none is named after the file (rope.yaml: rope), even where it extends a named spec.")
     kind: Kind = Field(description="encoder (BERT-like) | decoder (GPT-like) | encoder-decoder (T5-like).")
     vocab_size: PositiveInt = Field(le=MAX_INDEX, description="Token vocabulary size.")
     d_model: PositiveInt = Field(le=MAX_WIDTH, description="Width of the residual stream.")

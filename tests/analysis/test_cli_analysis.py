@@ -198,10 +198,16 @@ def test_diff_same_names_get_distinct_labels(tmp_path: Path) -> None:
     variant.write_text("extends: gpt-nano\ndecoder: {n_layers: 6}\n")
     data = json.loads(_ok(["diff", "gpt-nano", str(variant), "-f", "json"]).stdout)
     assert data["specs"][0] != data["specs"][1]
-    # a file that names itself nothing is shown by its path, not by the name it inherits
-    assert data["specs"] == ["gpt-nano", str(variant)]
+    # a file that names itself nothing is named after the file, not by the name it inherits
+    assert data["specs"] == ["gpt-nano", "deeper"]
     assert json.loads(_ok(["diff", "gpt2-small", str(variant), "-f", "json"]).stdout)["specs"] == [
-        "gpt2-small", str(variant)]
+        "gpt2-small", "deeper"]
+    # two such files of one stem (a/config.yaml, b/config.yaml) are told apart by their paths
+    other = tmp_path / "b" / "deeper.yaml"
+    other.parent.mkdir()
+    other.write_text("extends: gpt-nano\ndecoder: {n_layers: 3}\n")
+    assert json.loads(_ok(["diff", str(variant), str(other), "-f", "json"]).stdout)["specs"] == [
+        str(variant), str(other)]
     named = tmp_path / "named.yaml"
     named.write_text("extends: gpt-nano\nname: my-deep\ndecoder: {n_layers: 6}\n")
     assert json.loads(_ok(["diff", "gpt2-small", str(named), "-f", "json"]).stdout)["specs"] == [
@@ -209,14 +215,14 @@ def test_diff_same_names_get_distinct_labels(tmp_path: Path) -> None:
 
 
 def test_diff_labels_a_run_folder_by_its_path(tmp_path: Path) -> None:
-    # a run of `extends: gpt-nano` with a --set: its spec.yaml is resolved and says name: gpt-nano
+    # a run of base.yaml with a --set: its spec.yaml is resolved and says name: base
     base = tmp_path / "base.yaml"
     base.write_text("extends: gpt-nano\ntraining: {max_steps: 20}\n")
-    run = tmp_path / "runs" / "gpt-nano" / "20250101-120000"
+    run = tmp_path / "runs" / "base" / "20250101-120000"
     run.mkdir(parents=True)
     (run / "spec.yaml").write_text(load_spec(str(base), overrides=["positional.type=rope"]).to_yaml())
     data = json.loads(_ok(["diff", str(base), str(run), "--no-checkpoints", "-f", "json"]).stdout)
-    assert data["specs"] == [str(base), str(run)]  # not "gpt-nano", the preset's name, for a variant
+    assert data["specs"] == ["base", str(run)]  # not two "base"s: the run changed positional.type
     data = json.loads(_ok(["diff", "gpt2-small", str(run), "--no-checkpoints", "-f", "json"]).stdout)
     assert data["specs"] == ["gpt2-small", str(run)]
 

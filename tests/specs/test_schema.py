@@ -373,6 +373,24 @@ def test_extends_by_path_and_chain(tmp_path):
     assert spec.positional.base == 500000
 
 
+def test_a_file_that_names_itself_nothing_is_named_after_the_file(tmp_path):
+    (tmp_path / "mid.yaml").write_text("extends: gpt-nano\nname: mid\ndecoder: {n_layers: 3}\n")
+    (tmp_path / "rope.yaml").write_text("extends: mid.yaml\npositional: {type: rope}\n")
+    (tmp_path / "tiny.yaml").write_text("kind: decoder\nvocab_size: 64\nd_model: 32\ndecoder: {n_layers: 1}\n")
+    # not the parent's name, whose runs folder it would share, nor "unnamed"
+    assert load_spec(tmp_path / "rope.yaml").name == "rope"
+    assert load_spec(str(tmp_path / "tiny.yaml")).name == "tiny"
+    assert load_spec(tmp_path / "mid.yaml").name == "mid"  # a name it writes is kept
+    assert load_spec(tmp_path / "rope.yaml", overrides=["name=rope-base"]).name == "rope-base"
+    assert load_spec("gpt-nano").name == "gpt-nano"
+    # a dict has no file to be named after: it keeps the name it extends
+    assert load_spec({"extends": str(tmp_path / "mid.yaml")}).name == "mid"
+    # the resolved spec (a run's spec.yaml) writes the name, so it is read back unchanged
+    again = tmp_path / "spec.yaml"
+    again.write_text(load_spec(tmp_path / "rope.yaml").to_yaml())
+    assert load_spec(again).name == "rope"
+
+
 def test_overrides_are_typed_like_yaml():
     spec = load_spec(
         "gpt2-small",

@@ -312,7 +312,7 @@ class SpecModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         for name, value in (self.val_metrics() or {}).items():
             if name != "val/examples":
-                self.log(name.replace("val/", "test/", 1), value, sync_dist=False, rank_zero_only=True)
+                self._log_epoch_metric(name.replace("val/", "test/", 1), value)
 
     def predict_step(self, batch: Any, batch_idx: int) -> Any:
         if not isinstance(batch, Mapping):
@@ -343,6 +343,15 @@ class SpecModule(L.LightningModule):
             metrics["val/examples"] = examples  # what the share is of: held-out texts, or examples
         return metrics
 
+    def _log_epoch_metric(self, name: str, value: float, *, prog_bar: bool = False) -> None:
+        # a float64 model's metrics are logged as float64: Lightning makes a Python number a
+        # tensor of the default dtype, float32 outside the steps (metrics.csv, TensorBoard and
+        # the checkpoints' monitor would see val/loss rounded to float32's 7 digits)
+        logged: Any = value
+        if self.dtype == torch.float64:
+            logged = torch.tensor(value, dtype=torch.float64, device=self.device)
+        self.log(name, logged, prog_bar=prog_bar, sync_dist=False, rank_zero_only=True)
+
     def on_validation_epoch_end(self) -> None:
         if self._val_started is not None:
             self.val_seconds += time.perf_counter() - self._val_started
@@ -353,7 +362,7 @@ class SpecModule(L.LightningModule):
         for name, value in metrics.items():
             if name == "val/examples":  # a count, kept in the history beside the share it is of
                 continue
-            self.log(name, value, prog_bar=name == "val/loss", sync_dist=False, rank_zero_only=True)
+            self._log_epoch_metric(name, value, prog_bar=name == "val/loss")
         step = self.trainer.global_step if self._trainer is not None else 0
         self.val_history.append({"step": step, **metrics})
 

@@ -300,12 +300,26 @@ def _titled(table: Table) -> Any:
     return Group(Text(str(title), style="table.title"), table) if title else table
 
 
+def _print_table(table: Table) -> None:
+    """``table`` under its title on stdout: fitted to a terminal's width; in a file, a pipe or
+    CI, at the width it takes whole, as rich's 80 columns there broke a long data path or
+    tokens/s line across rows of the table (the path lines below it are kept whole too)."""
+    from rich.console import Console
+
+    titled = _titled(table)
+    if console.is_terminal:
+        console.print(titled)
+        return
+    whole = console.measure(titled, options=console.options.update(max_width=10_000)).maximum
+    Console(file=console.file, width=max(whole, 1), soft_wrap=False, no_color=console.no_color).print(titled)
+
+
 def _summary_table(result: Any) -> Table:
     from specformer.training.callbacks import format_count, share_of_held_out
 
     table = Table(title=f"trained {result.spec_name}", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # a path longer than a terminal is wrapped, not cut to "…"
     table.add_row("data", result.data)
     if result.trainable_parameters < result.parameters:
         table.add_row("parameters", _trainable(result.parameters, result.trainable_parameters))
@@ -350,7 +364,7 @@ def _summary_table(result: Any) -> Table:
 
 
 def _print_summary(result: Any) -> None:
-    console.print(_titled(_summary_table(result)))
+    _print_table(_summary_table(result))
     # the paths are what one copies next: on lines of their own, never cut to the width
     paths = [("resumed", result.resumed_from), ("weights", result.initialized_from),
              ("checkpoint", result.checkpoint), ("logs", Path(result.run_dir) / "metrics.csv")]
@@ -1438,7 +1452,7 @@ def _print_eval_table(spec: Any, step: int, part: str, data: Any, h: dict[str, A
 
     table = Table(title=f"{spec.name} at step {step}{part}", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # a path longer than a terminal is wrapped, not cut to "…"
     table.add_row("data", data.description)
     table.add_row("val loss", _fmt(h["val/loss"]))
     if "val/accuracy" not in h:  # a classifier's loss is over its classes, not a vocabulary: no perplexity
@@ -1451,7 +1465,7 @@ def _print_eval_table(spec: Any, step: int, part: str, data: Any, h: dict[str, A
         table.add_row("exact match", share_of_held_out(h["val/exact_match"], h.get("val/examples"), "example"))
     if "val/accuracy" in h:
         table.add_row("accuracy", share_of_held_out(h["val/accuracy"], h.get("val/examples"), "text"))
-    console.print(_titled(table))
+    _print_table(table)
 
 
 def _check_length_change(spec: Any, max_seq_len: int, option: str) -> None:

@@ -594,6 +594,20 @@ class InverseSqrtScheduleSpec(Spec):
     warmup_steps: PositiveInt = Field(4000, description="Steps of linear increase (4000 in the paper).")
     scale: PositiveFloat = Field(1.0, description="Multiplier of the whole formula.")
 
+    @field_validator("warmup_steps", mode="before")
+    @classmethod
+    def _some_warmup(cls, value: Any) -> Any:
+        # the formula divides by the warmup, which sets the peak too: a bare "greater than 0"
+        # says neither what to give nor where a run without warmup is written
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(
+                f"the inverse_sqrt schedule needs a warmup of at least 1 step, got {value}: it rises for "
+                "warmup_steps steps to its peak, scale · (d_model · warmup_steps)^-0.5 (a shorter warmup peaks "
+                "higher); give 4000, the paper's, or for a shorter run about a tenth of training.max_steps "
+                "(40 of 400); a schedule without warmup is constant, linear or cosine with warmup_steps: 0"
+            )
+        return value
+
 
 # --------------------------------------------------------------------------- registry + unions
 

@@ -1299,6 +1299,54 @@ def test_the_summary_gives_the_model_flops_per_second_for_mfu(tiny: Any, tmp_pat
     assert summary["flops_per_token"] == _training_flops(load_spec(spec_path)) > 0
 
 
+def test_the_summary_tables_keep_each_row_whole_when_stdout_is_not_a_terminal(tiny: Any, tmp_path: Path) -> None:
+    # train ... > log.txt, or CI: rich fell back to 80 columns and broke the data row's paths and
+    # the tokens/s line across lines of the table (the checkpoint and logs lines were kept whole)
+    deep = tmp_path / ("a_folder_with_a_rather_long_name_" * 4)
+    deep.mkdir()
+    text = deep / "held_out_text_to_score.py"
+    text.write_text(Path(json.__file__).read_text())
+    spec = _write(tmp_path, tiny("decoder", max_steps=2, val_interval=2, val_batches=1, out_dir=str(deep / "runs")))
+    # COLUMNS=80 is rich's width where stdout is no terminal and none is known
+    trained = runner.invoke(app, ["train", str(spec), "--no-progress"], env={"COLUMNS": "80"})
+    assert trained.exit_code == 0, trained.output
+    run = next((deep / "runs" / "tiny-decoder").glob("*/summary.json")).parent
+    summary = json.loads((run / "summary.json").read_text())
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert f"checkpoint {ckpt}\n" in trained.stdout and f"logs       {run / 'metrics.csv'}\n" in trained.stdout
+    scored = runner.invoke(app, ["eval", str(ckpt), "--data", str(text), "--no-progress"], env={"COLUMNS": "80"})
+    assert scored.exit_code == 0, scored.output
+    for out, whole in ((trained, summary["data"]), (scored, f"{text.name}: 1 document")):
+        rows = [line for line in out.stdout.splitlines() if line.startswith("│")]
+        assert rows and all(row.split("│")[1].strip() for row in rows), out.stdout  # a broken row goes on unlabelled
+        assert any(whole in row and "saves their rows)" in row for row in rows), out.stdout
+        assert len({len(row) for row in rows}) == 1 and len(rows[0]) > 80
+    assert any("│ tokens/s " in row and row.rstrip("│ ").endswith("MFU)") for row in trained.stdout.splitlines())
+
+
+def test_the_summary_table_fits_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from specformer.cli import train_cmds
+    from specformer.training.run import TrainResult
+
+    result = TrainResult(spec_name="m", run_dir="r", checkpoint=None, steps=50, train_loss=1.0, val_loss=1.0,
+                         val_ppl=2.7, unigram_loss=None, exact_match=None, tokens=25_600, tokens_per_second=1000.0,
+                         train_seconds=8.0, wall_seconds=9.0, data="files: " + "/a/long/folder" * 12 + "/text.txt",
+                         flops_per_token=6_684_672)
+    screen = io.StringIO()
+    monkeypatch.setattr(train_cmds, "console", Console(file=screen, force_terminal=True, width=80, color_system=None))
+    train_cmds._print_table(train_cmds._summary_table(result))
+    lines = screen.getvalue().splitlines()
+    assert lines[0] == "trained m" and max(len(line) for line in lines) == 80
+    cells = [line.split("│")[1:3] for line in lines if line.startswith("│")]
+    steps = next(i for i, (label, _) in enumerate(cells) if label.strip() == "steps")
+    # wrapped to the terminal, not cut short to "…"
+    assert "".join(value.strip() for _, value in cells[:steps]) == result.data.replace(" ", "")
+
+
 def test_train_help_resumes_as_the_interruption_hint_says() -> None:
     # a spec given with --resume replaces the run's training settings (its --set included):
     # the help's example resumes without one, as the Ctrl-C hint does, and says so

@@ -36,6 +36,21 @@ def test_inverse_sqrt_is_the_original_papers_formula() -> None:
     assert relative(999) * 5e-4 == pytest.approx(2 * sched.lr(999))
 
 
+@pytest.mark.parametrize("warmup", [0, -3])
+def test_inverse_sqrt_without_warmup_says_what_to_give(warmup: int) -> None:
+    # the formula divides by the warmup, which sets its peak: pydantic's "greater than 0" said neither
+    from specformer import SpecError
+
+    with pytest.raises(SpecError) as caught:
+        load_spec("gpt-nano", overrides=[f"training.schedule={{type: inverse_sqrt, warmup_steps: {warmup}}}"])
+    text = str(caught.value)
+    assert f"training.schedule.warmup_steps: the inverse_sqrt schedule needs a warmup of at least 1 step, got {warmup}" in text
+    assert "give 4000, the paper's, or for a shorter run about a tenth of training.max_steps" in text
+    assert "a schedule without warmup is constant, linear or cosine with warmup_steps: 0" in text
+    assert "greater than 0" not in text
+    assert InverseSqrtScheduleSpec(warmup_steps=1).warmup_steps == 1
+
+
 def test_warmup_then_cosine_and_linear_decay() -> None:
     # steps 0 .. total - 1; the decay reaches min_lr_ratio * lr at step total, one past the last,
     # so the last step trains: with min_lr_ratio 0 it runs at lr / (total - warmup), not at 0

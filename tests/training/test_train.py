@@ -754,6 +754,30 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny) -> None:
     assert result.steps == 3 and result.val_loss is not None and result.val_loss == result.val_loss  # not NaN
 
 
+def test_float64_training_logs_the_validation_loss_at_float64(tiny) -> None:
+    # Lightning makes a logged Python number a tensor of the default dtype, float32 outside the
+    # steps: metrics.csv's val/loss and the monitor's were float32's (2e-7 off summary.json's)
+    import lightning as L
+
+    seen: dict[str, torch.Tensor] = {}
+
+    class Seen(L.Callback):
+        def on_train_end(self, trainer: L.Trainer, module: Any) -> None:
+            seen.update(trainer.callback_metrics)
+
+    spec = load_spec(tiny("decoder", max_steps=2, val_interval=2, val_batches=2, log_interval=1, precision=64))
+    result = train(spec, progress=False, callbacks=[Seen()])
+    assert result.val_loss is not None and result.val_ppl is not None
+    assert seen["val/loss"].dtype == torch.float64 and seen["val/loss"].item() == result.val_loss
+    assert seen["val/ppl"].item() == result.val_ppl
+    summary = json.loads((Path(result.run_dir) / "summary.json").read_text())
+    assert (summary["val_loss"], summary["val_ppl"]) == (result.history[-1]["val/loss"], result.history[-1]["val/ppl"])
+    with open(Path(result.run_dir) / "metrics.csv") as f:
+        logged = [row for row in csv.DictReader(f) if row["val/loss"]]
+    assert [float(row["val/loss"]) for row in logged] == [h["val/loss"] for h in result.history]
+    assert float(logged[-1]["val/ppl"]) == result.val_ppl
+
+
 def test_bf16_mixed_precision_takes_the_fused_optimizer_and_still_clips(tiny, monkeypatch) -> None:
     # bf16-mixed has no gradient scaler: its AdamW is fused (~4x the plain one's speed on a
     # CPU), and Lightning still clips its gradients (it refuses to for an optimizer that says

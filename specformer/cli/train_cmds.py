@@ -1188,9 +1188,18 @@ def _not_utf8(text: str, what: str) -> str | None:
     """Why ``text``, from the command line or standard input, is not UTF-8, or None. Python
     reads bytes that are not UTF-8 there as lone surrogates (0xff as ``\\udcff``), which no
     tokenizer encodes (the ``tokenizers`` library failed with "TextInputSequence must be str")."""
+    from specformer.specs.errors import bom_encoding
+
     bad = re.search(r"[\ud800-\udfff]", text)
     if bad is None:
         return None
+    try:  # the bytes it was read from (a byte-order mark's 0xff 0xfe: \udcff\udcfe)
+        encoding = bom_encoding(text[:4].encode("utf-8", errors="surrogateescape"))
+    except UnicodeEncodeError:
+        encoding = None
+    if encoding is not None:  # a file PowerShell's `>` or Notepad wrote, piped in
+        return (f"{what}: not UTF-8 text ({encoding}: a byte-order mark opens it): save it as UTF-8 "
+                f"(`iconv -f {encoding} -t UTF-8`)")
     code = ord(bad.group())
     byte = f"byte 0x{code - 0xdc00:02x}, " if 0xdc80 <= code <= 0xdcff else ""
     return (f"{what}: not UTF-8 text ({byte}character {bad.start() + 1}): give it as UTF-8 (from Latin-1, "
@@ -1794,10 +1803,13 @@ class _Inputs:
 
 
 def _lines_of(text: str) -> _Inputs:
-    """A plain text's texts, one a line (split at line feeds alone, as the lines of standard
-    input are: a form feed or U+2028 in scraped text is part of its line), blank lines left
-    out; each keeps its line number (``line``), so that written predictions join the input."""
-    records = [{"line": n, "text": line.rstrip("\r")} for n, line in enumerate(text.split("\n"), start=1)]
+    """A plain text's texts, one a line (its lines ended as Python's ``open()`` ends them: at
+    ``\\n``, ``\\r\\n`` or an old Mac's lone ``\\r``, not at a form feed or U+2028 in scraped
+    text, which ``str.splitlines()`` breaks at), blank lines left out; each keeps its line
+    number (``line``), so that written predictions join the input."""
+    from specformer.data.corpus import numbered_lines
+
+    records = [{"line": n, "text": line} for n, line in numbered_lines(text)]
     records = [r for r in records if r["text"].strip()]
     return _Inputs([r["text"] for r in records], columns=["line", "text"], records=records)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from specformer.data import progress
 from specformer.data.cache import content_hash
+from specformer.specs.errors import bom_encoding
 from specformer.specs.training import FilesDataSpec, HFDataSpec, StdlibDataSpec
 
 __all__ = ["Corpus", "DataError", "stdlib_corpus", "files_corpus", "hf_corpus", "split_by_path", "lfs_pointer"]
@@ -146,7 +147,8 @@ def _read_files(
     skipped_at: dict[str, str] = {}
     not_documents: list[str] = []
     unreadable: list[str] = []  # "key (reason)": a dangling symbolic link, a file without read permission
-    utf16: list[str] = []  # of those, the UTF-16 files (a byte-order mark says so), which can be saved as UTF-8
+    # of those, the UTF-16 and UTF-32 files (a byte-order mark says so), which can be saved as UTF-8
+    encoded: dict[str, list[str]] = {"UTF-16": [], "UTF-32": []}
     with progress.step(f"reading {len(items):,} file{'s' if len(items) != 1 else ''}", sum(map(_size, items))) as advance:
         for index, (key, path) in enumerate(items):
             val = val_from is not None and index >= val_from
@@ -167,8 +169,8 @@ def _read_files(
                 if report:  # (a few stdlib test files are deliberately not UTF-8)
                     skipped.append(key)
                     skipped_at[key] = _where_not_utf8(exc, path.name)
-                    if bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff"):
-                        utf16.append(key)
+                    if encoding := bom_encoding(bytes(exc.object[:4])):
+                        encoded[encoding].append(key)
                 continue
             if "\x00" in text and (nul := nul_problem(data)):  # valid UTF-8, yet not text: never trained on
                 if report:
@@ -201,9 +203,7 @@ def _read_files(
             held_out.append(val)
             # a file the reading changes is marked: its cached tokens (of an older reading) differ
             digests.append(_key_bytes(key) + hashlib.sha1(raw).digest() + (b"\nplain-text" if changed else b"") + mark)
-    notes = [f"{_names(utf16)} {'is' if len(utf16) == 1 else 'are'} UTF-16 text (what Windows Notepad saves as "
-             f"'Unicode'): save {'it' if len(utf16) == 1 else 'them'} as UTF-8 to train on {'it' if len(utf16) == 1 else 'them'}"
-             ] if utf16 else []
+    notes = [_encoded_note(encoding, found) for encoding, found in encoded.items() if found]
     # a single document is split by lines, not by file: its cached tokens differ
     lines = val_from is None and len(texts) == 1
     fingerprint = content_hash(name, {**settings, "split": "lines"} if lines else settings, chunks=digests)
@@ -231,6 +231,16 @@ def _read_files(
         unreadable=unreadable,
         notes=notes,
     )
+
+
+def _encoded_note(encoding: str, keys: list[str]) -> str:
+    """The note on files left out as UTF-16 or UTF-32 text (``encoding``, as a byte-order mark
+    says), with the fix: 'notes.txt is UTF-16 text (what Windows Notepad saves as 'Unicode'):
+    save it as UTF-8 to train on it'."""
+    one = len(keys) == 1
+    what = " (what Windows Notepad saves as 'Unicode')" if encoding == "UTF-16" else ""
+    return (f"{_names(keys)} {'is' if one else 'are'} {encoding} text{what}: save {'it' if one else 'them'} as UTF-8 "
+            f"to train on {'it' if one else 'them'}")
 
 
 _JSON_LINES = (".jsonl", ".ndjson")
@@ -308,7 +318,7 @@ def check_tsv_row(row: dict[Any, Any], kind: str, first: int, last: int, where: 
     if kind != "tsv" or last == first:
         return
     values = [v for key, value in row.items() for v in (value if key is None else [value]) if isinstance(v, str)]
-    if any("\t" in value and "\n" in value for value in values):
+    if any("\t" in value and _LINE_END.search(value) for value in values):  # \n, \r\n or a lone \r
         raise DataError(f"{where}:{first}: a field that starts with '\"' is read as quoted text up to the next '\"', "
                         f"and this one runs on to line {last}, reading lines {first}-{last} as one row; {_TSV_QUOTES}")
 
@@ -577,8 +587,8 @@ def _no_text(corpus: Corpus, keys: list[str], read: set[str]) -> str:
     bad = {entry.rsplit(" (", 1)[0] for entry in unreadable} | {entry.split(" (", 1)[0] for entry in not_documents}
     empty = [key for key in keys if key not in skipped and key not in bad and key not in read]
     found = [f"empty (or only whitespace): {_names(empty)}"] if empty else []
-    if skipped:  # where each stops being text (a UTF-16 file's note below says what it is)
-        where = {key: corpus.skipped_at[key] for key in skipped if corpus.skipped_at.get(key, "UTF-16") != "UTF-16"}
+    if skipped:  # where each stops being text (a UTF-16 or UTF-32 file's note below says what it is)
+        where = {key: at for key in skipped if (at := corpus.skipped_at.get(key, "UTF-16")) not in ("UTF-16", "UTF-32")}
         found.append("left out as not UTF-8 text: " + _names([f"{key} ({where[key]})" if key in where else key
                                                              for key in skipped]))
         if where:  # what is read, and the usual fix
@@ -587,8 +597,8 @@ def _no_text(corpus: Corpus, keys: list[str], read: set[str]) -> str:
                           f"{': save a Latin-1 file as UTF-8 with `iconv -f latin1 -t utf-8`' if latin1 else ''})")
     found += [f"cannot be read: {_names(unreadable)}"] if unreadable else []
     found += [f"found in a folder, with no documents: {'; '.join(not_documents)}"] if not_documents else []
-    if any(corpus.skipped_at.get(key) == "UTF-16" for key in skipped):
-        found += [note for note in corpus.notes if "UTF-16" in note]
+    encoded = {corpus.skipped_at.get(key) for key in skipped} & {"UTF-16", "UTF-32"}
+    found += [note for note in corpus.notes if any(f" {encoding} text" in note for encoding in sorted(encoded))]
     found += [f"{_names(sorted(read))} has text only in its last lines, which validation holds out"] if read else []
     return "; ".join(found)
 
@@ -620,21 +630,28 @@ def read_texts(patterns: tuple[str, ...], setting: str, digests: list[bytes]) ->
         yield key, path, text.removeprefix("\ufeff")
 
 
-def _utf8_stop(exc: UnicodeDecodeError) -> tuple[int, int, int, bool]:
+def _utf8_stop(exc: UnicodeDecodeError) -> tuple[int, int, int, str | None]:
     """Where a text stops being UTF-8, as an editor counts it: (line, column, the byte there,
-    whether a UTF-16 byte-order mark opens it)."""
+    the encoding a byte-order mark that opens it names, 'UTF-16' or 'UTF-32', or None)."""
     data = bytes(exc.object)
-    line = data.count(b"\n", 0, exc.start) + 1
-    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-    return line, column, data[exc.start], data[:2] in (b"\xff\xfe", b"\xfe\xff")
+    line, column = _line_column(data, exc.start)
+    return line, column, data[exc.start], bom_encoding(data)
+
+
+def _line_column(data: bytes, at: int) -> tuple[int, int]:
+    """The line and column of the byte at ``at``, its lines ended as :func:`numbered_lines`
+    ends them (``\\n``, ``\\r\\n`` or a lone ``\\r``), as an editor counts them."""
+    line = data.count(b"\n", 0, at) + data.count(b"\r", 0, at) - data.count(b"\r\n", 0, at) + 1
+    return line, at - max(data.rfind(b"\n", 0, at), data.rfind(b"\r", 0, at))
 
 
 def _where_not_utf8(exc: UnicodeDecodeError, name: str = "") -> str:
-    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16: says so; a
-    compressed file or an image given as text: what it is, 'gzip-compressed data (...)')."""
-    line, column, byte, utf16 = _utf8_stop(exc)
+    """Where a text stops being UTF-8: 'line 3, column 7, byte 0xe9' (UTF-16 or UTF-32, a
+    byte-order mark says: that encoding; a compressed file or an image given as text: what it
+    is, 'gzip-compressed data (...)')."""
+    line, column, byte, encoding = _utf8_stop(exc)
     kind = _binary_kind(bytes(exc.object[:8]), name)
-    return "UTF-16" if utf16 else kind or f"line {line}, column {column}, byte 0x{byte:02x}"
+    return encoding or kind or f"line {line}, column {column}, byte 0x{byte:02x}"
 
 
 # what the opening bytes of a file often given as text by mistake say it is
@@ -669,8 +686,7 @@ def nul_problem(data: bytes) -> tuple[str, int, int] | None:
         return None
     head = data[:4096]
     even, odd = head[0::2].count(0), head[1::2].count(0)
-    line = data.count(b"\n", 0, at) + 1
-    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    line, column = _line_column(data, at)
     if max(even, odd) >= len(head) // 8 and min(even, odd) * 8 <= max(even, odd):
         return "UTF-16 without a byte-order mark: every other byte is NUL", line, column
     return "a NUL byte: binary data, not text", line, column
@@ -685,10 +701,11 @@ def json_problem(exc: Any) -> str:
 def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
     """Where a file stops being UTF-8, as an editor counts it: 'data/qa.jsonl:6:4: not UTF-8 text
     (byte 0xe9)', with the usual cause and its fix."""
-    line, column, byte, utf16 = _utf8_stop(exc)
-    if not utf16 and (kind := _binary_kind(bytes(exc.object[:8]), Path(path).name)):
+    line, column, byte, encoding = _utf8_stop(exc)
+    if not encoding and (kind := _binary_kind(bytes(exc.object[:8]), Path(path).name)):
         return f"{path}: not UTF-8 text: {kind}"
-    how = (" (UTF-16: a byte-order mark opens it, what Windows Notepad saves as 'Unicode')" if utf16
+    notepad = ", what Windows Notepad saves as 'Unicode'" if encoding == "UTF-16" else ""
+    how = (f" ({encoding}: a byte-order mark opens it{notepad})" if encoding
            else " (from Latin-1, `iconv -f latin1 -t utf-8`)")
     return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{byte:02x}): save the file as UTF-8{how}"
 

@@ -117,7 +117,7 @@ def _read(
         found = list(_pairs(path, text, spec, setting))
         if not found:
             raise DataError(f"{setting}: {path} holds no pairs (it is empty, or only blank lines)")
-        first = text.split("\n", 1)[0].removesuffix("\r").split("\t")
+        first = next(numbered_lines(text))[1].split("\t")
         if _is_tsv(path) and found[0] == tuple(first) and all(_HEADER_NAME.fullmatch(c) for c in first):
             notes.append(
                 f"the first line of {path} ({first[0]!r}, {first[1]!r}) is read as a pair: a header line is "
@@ -147,10 +147,10 @@ def _numbered_pairs(path: Path, text: str, spec: PairsDataSpec, setting: str) ->
             "pairs are read from those (compressed or not)"
         )
     text = text.removeprefix("\ufeff")
-    # a .tsv line ends at \n alone (a lone \r is its text's); JSON lines end as open() ends them
-    for number, line in enumerate(text.split("\n"), start=1) if tsv else numbered_lines(text):
+    # lines end as open() ends them: \n, \r\n or an old Mac's lone \r (not at a form feed or
+    # U+2028, a text's own, where str.splitlines() would break)
+    for number, line in numbered_lines(text):
         where = f"{setting}: {path}:{number}"
-        line = line.removesuffix("\r")
         if not line.strip():
             continue
         if tsv:

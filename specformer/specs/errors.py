@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Position", "SpecProblem", "SpecError", "did_you_mean"]
+__all__ = ["Position", "SpecProblem", "SpecError", "bom_encoding", "did_you_mean"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +64,18 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
         return prefixed[0]
     match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return match[0] if match else None
+
+
+# byte-order marks of the text encodings other than UTF-8 that a file is saved in by mistake,
+# UTF-32's first: UTF-32-LE's (ff fe 00 00) starts with UTF-16-LE's (ff fe)
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+def bom_encoding(head: bytes) -> str | None:
+    """The encoding a byte-order mark at the start of ``head`` (a file's first bytes) names:
+    'UTF-16' (what Windows Notepad saves as "Unicode" and PowerShell's ``>`` writes),
+    'UTF-32', or None (no such mark; a UTF-8 one is UTF-8 text)."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding
+    return None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specformer.specs.errors import Position, SpecError, SpecProblem, did_you_mean
+from specformer.specs.errors import Position, SpecError, SpecProblem, bom_encoding, did_you_mean
 from specformer.specs.merge import deep_merge, family_fields, implicit_type
 
 if TYPE_CHECKING:  # the schema is imported when a spec is first loaded, after any registration
@@ -382,9 +382,9 @@ def _at_end_of(source: str, before: str) -> Position:
 
 def not_utf8_problem(exc: UnicodeDecodeError, source: str) -> SpecProblem:
     """The first byte of a file that is not UTF-8, at its line and column."""
-    if exc.object.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if encoding := bom_encoding(bytes(exc.object[:4])):
         # Windows PowerShell's `>` and Notepad's "Unicode" write UTF-16
-        return SpecProblem("not UTF-8 text: the file is UTF-16 (it starts with a UTF-16 byte order mark)",
+        return SpecProblem(f"not UTF-8 text: the file is {encoding} (it starts with a {encoding} byte order mark)",
                            position=Position(source, 1, 1), hint="save the file as UTF-8")
     return SpecProblem(
         f"not UTF-8 text: the byte 0x{exc.object[exc.start]:02x} is not valid UTF-8",
@@ -711,7 +711,7 @@ def _load_file(
             raw = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SpecError([SpecProblem(f"cannot read the file: {exc.strerror}", position=Position(source))]) from None
-    if b"\0" in raw[:8192] and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if b"\0" in raw[:8192] and not bom_encoding(raw):  # UTF-16 or UTF-32 text holds NULs: said as such below
         # weights or a checkpoint given where a spec goes: no text encoding to fix
         raise SpecError([SpecProblem(
             "a binary file (model weights or a checkpoint?), not a YAML spec",

@@ -199,6 +199,33 @@ def test_a_utf16_file_is_left_out_with_how_to_make_it_readable(tmp_path: Path) -
         files_corpus(FilesDataSpec(paths=(str(tmp_path / "notepad.txt"),)))
 
 
+def test_a_utf32_file_is_left_out_named_as_utf32_not_utf16(tmp_path: Path) -> None:
+    # UTF-32-LE's byte-order mark (ff fe 00 00) opens with UTF-16-LE's (ff fe): it was called UTF-16
+    # text (what Notepad saves as 'Unicode'); UTF-32-BE's (00 00 fe ff) was 'line 1, column 3, byte 0xfe'
+    (tmp_path / "le.txt").write_bytes("the cat sat on the mat\r\n".encode("utf-32") * 50)
+    (tmp_path / "be.txt").write_bytes(("\ufeff" + "the cat sat on the mat\n" * 50).encode("utf-32-be"))
+    (tmp_path / "notepad.txt").write_bytes("the cat sat on the mat\r\n".encode("utf-16") * 50)
+    (tmp_path / "fine.txt").write_text("plain notes\n" * 50)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert corpus.skipped == ["be.txt", "le.txt", "notepad.txt"]
+    assert corpus.skipped_at == {"be.txt": "UTF-32", "le.txt": "UTF-32", "notepad.txt": "UTF-16"}
+    assert corpus.notes == ["notepad.txt is UTF-16 text (what Windows Notepad saves as 'Unicode'): save it as UTF-8 "
+                            "to train on it", "be.txt, le.txt are UTF-32 text: save them as UTF-8 to train on them"]
+    from specformer.data.module import _left_out
+
+    assert _left_out(corpus) == ["left out 3 files that are not UTF-8 text: be.txt (UTF-32), le.txt (UTF-32), "
+                                 "notepad.txt (UTF-16) (save them as UTF-8 to train on them)"]
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out "
+                                        r"as not UTF-8 text: le.txt; le.txt is UTF-32 text: save it as UTF-8 to "
+                                        r"train on it$"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "le.txt"),)))
+    with pytest.raises(DataError, match=r"^training.data.paths: no text to train on in the given files; left out "
+                                        r"as not UTF-8 text: be.txt, notepad.txt; notepad.txt is UTF-16 text "
+                                        r"\(what Windows Notepad saves as 'Unicode'\): save it as UTF-8 to train on "
+                                        r"it; be.txt is UTF-32 text: save it as UTF-8 to train on it$"):
+        files_corpus(FilesDataSpec(paths=(str(tmp_path / "be.txt"), str(tmp_path / "notepad.txt"))))
+
+
 def test_a_file_with_nul_bytes_is_not_trained_on_as_text(tmp_path: Path) -> None:
     # valid UTF-8 yet not text: ASCII saved as UTF-16 without a byte-order mark ('h\0e\0l\0...'),
     # a file of zeros, a log with a run of NULs; left out and named, never trained on as text
@@ -243,6 +270,24 @@ def test_a_file_that_is_not_utf8_is_named_with_where_and_what_it_is(tmp_path: Pa
     assert corpus.skipped == ["pic.txt"] and "".join(corpus.train + corpus.val) == "notes\n" * 50
 
 
+def test_where_a_file_stops_being_text_counts_old_mac_line_ends_as_lines(tmp_path: Path) -> None:
+    # line and column as an editor (and open()) counts them: a lone \r ends a line, as \n and \r\n do
+    from specformer.data.corpus import read_texts
+
+    for name, end in (("lf.txt", "\n"), ("crlf.txt", "\r\n"), ("cr.txt", "\r")):
+        (tmp_path / name).write_bytes(end.join(["notes", "more notes", "café au lait", ""]).encode("latin-1"))
+        (tmp_path / f"nul-{name}").write_bytes(end.join(["notes", "ok\0\0", ""]).encode() + b"more text\n" * 50)
+    (tmp_path / "fine.txt").write_text("plain notes\n" * 50)
+    corpus = files_corpus(FilesDataSpec(paths=(str(tmp_path),)))
+    assert corpus.skipped_at == {**{name: "line 3, column 4, byte 0xe9" for name in ("cr.txt", "crlf.txt", "lf.txt")},
+                                 **{f"nul-{name}": "line 2, column 3, a NUL byte: binary data, not text"
+                                    for name in ("cr.txt", "crlf.txt", "lf.txt")}}
+    with pytest.raises(DataError, match=r"^setting: .*cr.txt:3:4: not UTF-8 text \(byte 0xe9\)"):
+        list(read_texts((str(tmp_path / "cr.txt"),), "setting", []))
+    with pytest.raises(DataError, match=r"^setting: .*nul-cr.txt:2:3: not text, a NUL byte"):
+        list(read_texts((str(tmp_path / "nul-cr.txt"),), "setting", []))
+
+
 def test_val_paths_that_give_no_text_are_an_error_naming_them(tmp_path: Path) -> None:
     # not a validation split of 0 tokens, nor (one training file left) the token cache's entry of
     # that file split by lines: its last lines were validated on instead of the val_paths given
@@ -276,6 +321,39 @@ def test_json_lines_with_old_mac_line_ends_are_read_line_by_line(tmp_path: Path)
     (tmp_path / "cr" / "docs.jsonl").write_text("\r".join(lines[:3] + ['{"text": 3}']), newline="")
     with pytest.raises(DataError, match=r"docs.jsonl:4: .*'text'"):
         files_corpus(FilesDataSpec(paths=(str(tmp_path / "cr" / "docs.jsonl"),)))
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv"])
+def test_tables_with_old_mac_line_ends_are_read_row_by_row(tmp_path: Path, kind: str) -> None:
+    # the csv module (newline='') ends a row at a lone \r as at \n and \r\n: the same rows, the
+    # same line numbers in errors, a quoted line end kept as the text's own
+    from specformer.data.labelled import labelled_corpus
+    from specformer.specs.training import LabelledDataSpec
+
+    sep = "," if kind == "csv" else "\t"
+    rows = [f"review {i}{sep}{'pos' if i % 2 else 'neg'}" for i in range(40)]
+    read = {}
+    for name, end in (("lf", "\n"), ("crlf", "\r\n"), ("cr", "\r")):
+        table = tmp_path / name / f"t.{kind}"
+        table.parent.mkdir()
+        table.write_text(end.join([f"text{sep}label", *rows, f'"two{end}lines"{sep}pos']) + end, newline="")
+        labelled = labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+        documents = files_corpus(FilesDataSpec(paths=(str(table),)))
+        read[name] = (sorted(labelled.train + labelled.val), sorted(documents.train + documents.val))
+    assert read["lf"] == read["crlf"] == read["cr"]
+    assert len(read["cr"][0]) == 41 and ("two\nlines", "pos") in read["cr"][0] and "two\nlines" in read["cr"][1]
+    table = tmp_path / "cr" / f"t.{kind}"
+    table.write_text("\r".join([f"text{sep}label", *rows[:2], f"a{sep}b{sep}c", *rows[2:4]]), newline="")
+    with pytest.raises(DataError, match=rf"t.{kind}:4: 3 .*-separated fields, and the header row names 2"):
+        labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),)))
+    if kind == "tsv":  # a stray quote that runs on over lone \r line ends is refused as over \n ones
+        table.write_text('text\tlabel\rplain one\tneg\r"Awful\tneg\rplain two\tpos\rplain three"\tneg\rfour\tpos\r',
+                         newline="")
+        for read_table in (lambda: labelled_corpus(LabelledDataSpec(type="labelled", paths=(str(table),))),
+                           lambda: files_corpus(FilesDataSpec(paths=(str(table),)))):
+            with pytest.raises(DataError, match=r"t.tsv:3: a field that starts with '\"' is read as quoted text up "
+                                                r"to the next '\"', and this one runs on to line 5, reading lines 3-5"):
+                read_table()
 
 
 def test_a_file_that_cannot_be_read_is_named_as_such_not_as_not_utf8(tmp_path: Path) -> None:

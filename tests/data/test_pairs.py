@@ -118,6 +118,14 @@ def test_bad_val_paths_name_their_setting(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"training.data.val_paths: .*val.jsonl:1:1: not UTF-8 text \(byte 0xff\): "
                                         r"save the file as UTF-8 \(UTF-16: a byte-order mark opens it"):
         pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=[str(bad)]))
+    # UTF-32-LE's byte-order mark (ff fe 00 00) opens with UTF-16-LE's: named UTF-32, as UTF-32-BE's is
+    for encoding, at in (("utf-32", "1:1: not UTF-8 text \\(byte 0xff\\)"), ("utf-32-be", "1:3: not UTF-8 text "
+                                                                                      "\\(byte 0xfe\\)")):
+        bad.write_bytes(("\ufeff" if encoding == "utf-32-be" else "").encode(encoding)
+                        + '{"source": "a", "target": "b"}\n'.encode(encoding))
+        with pytest.raises(DataError, match=rf"^training.data.val_paths: .*val.jsonl:{at}: save the file as UTF-8 "
+                                            r"\(UTF-32: a byte-order mark opens it\)$"):
+            pair_corpus(PairsDataSpec(paths=[str(train)], val_paths=[str(bad)]))
     # where the file stops being UTF-8, as an editor counts lines and columns: a Latin-1 'é' on line 3
     bad.write_bytes(b'{"source": "a", "target": "b"}\n\n{"source": "caf\xe9", "target": "c"}\n')
     with pytest.raises(DataError, match=r"^training.data.val_paths: .*val.jsonl:3:16: not UTF-8 text \(byte 0xe9\): "
@@ -484,3 +492,29 @@ def test_a_tsv_first_line_of_other_names_than_the_fields_is_read_as_a_pair_and_s
     assert len(named.train + named.val) == 10 and named.notes == []
     path.write_text(rows)  # a first line of text is no header: nothing to say
     assert pair_corpus(PairsDataSpec(paths=[str(path)])).notes == []
+
+
+def test_tsv_pairs_end_lines_as_open_does_an_old_macs_lone_cr_too(tmp_path: Path) -> None:
+    # a .tsv saved with lone \r line ends was one line of 201 columns: 'a .tsv file of pairs holds two'
+    lines = ["source\ttarget"] + [f"{s}\t{t}" for s, t in PAIRS]
+    read = {}
+    for name, end in (("lf", "\n"), ("crlf", "\r\n"), ("cr", "\r")):
+        (tmp_path / f"{name}.tsv").write_text(end.join(lines) + end + end, newline="")
+        corpus = pair_corpus(PairsDataSpec(paths=[str(tmp_path / f"{name}.tsv")]))
+        read[name] = sorted(corpus.train + corpus.val)
+        assert corpus.notes == []
+    assert read["lf"] == read["crlf"] == read["cr"] == sorted(PAIRS)
+    # an error's line number counts lone \r line ends as lines
+    (tmp_path / "cr.tsv").write_text("\r".join(lines[:3] + ["one\ttwo\tthree"] + lines[3:5]), newline="")
+    with pytest.raises(DataError, match=r"cr.tsv:4: 3 tab-separated columns; a .tsv file of pairs holds two"):
+        pair_corpus(PairsDataSpec(paths=[str(tmp_path / "cr.tsv")]))
+    # the first line's note reads the first line alone, ended by a lone \r too
+    (tmp_path / "cr.tsv").write_text("\r".join(["question\tanswer"] + lines[1:]), newline="")
+    corpus = pair_corpus(PairsDataSpec(paths=[str(tmp_path / "cr.tsv")]))
+    assert corpus.notes == [f"the first line of {tmp_path / 'cr.tsv'} ('question', 'answer') is read as a pair: a "
+                            "header line is skipped when it names training.data.source_field and target_field "
+                            "('source', 'target'): if it is one, set them to its names"]
+    # a form feed or U+2028 is a text's own, not a line end (str.splitlines would break there)
+    (tmp_path / "ff.tsv").write_text("a\x0cb\tc\u2028d\rx y\ty x\r", newline="")
+    corpus = pair_corpus(PairsDataSpec(paths=[str(tmp_path / "ff.tsv")]))
+    assert sorted(corpus.train + corpus.val) == [("a\x0cb", "c\u2028d"), ("x y", "y x")]

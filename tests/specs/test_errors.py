@@ -572,6 +572,30 @@ def test_a_utf16_file_is_named_as_one(tmp_path, encoding):
     assert "Latin-1" not in str(problem) and "binary" not in str(problem)
 
 
+@pytest.mark.parametrize("encoding", ["utf-32", "utf-32-le", "utf-32-be"])
+def test_a_utf32_file_is_named_as_one_not_as_utf16_or_binary(tmp_path, encoding):
+    # UTF-32-LE's byte-order mark (ff fe 00 00) opens with UTF-16-LE's (ff fe): it was named UTF-16;
+    # UTF-32-BE's (00 00 fe ff) opens with NULs: it was named 'a binary file (model weights ...)'
+    path = tmp_path / "my.yaml"
+    text = "extends: gpt-nano\nname: mine\n"
+    path.write_bytes(text.encode(encoding) if encoding == "utf-32" else ("\ufeff" + text).encode(encoding))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    (problem,) = info.value.problems
+    assert problem.message == "not UTF-8 text: the file is UTF-32 (it starts with a UTF-32 byte order mark)"
+    assert problem.hint == "save the file as UTF-8" and (problem.position.line, problem.position.column) == (1, 1)
+
+
+def test_the_encoding_a_byte_order_mark_names() -> None:
+    from specformer.specs.errors import bom_encoding
+
+    named = {encoding: bom_encoding(("\ufeff" + "a: 1\n").encode(encoding)) for encoding in
+             ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")}
+    assert named == {"utf-8": None, "utf-16-le": "UTF-16", "utf-16-be": "UTF-16", "utf-32-le": "UTF-32",
+                     "utf-32-be": "UTF-32"}
+    assert bom_encoding(b"a: 1\n") is None and bom_encoding(b"") is None and bom_encoding(b"\x00\x00") is None
+
+
 @pytest.mark.parametrize("make", ["safetensors", "torch.save"])
 def test_weights_or_a_checkpoint_given_as_a_spec_are_named_as_binary(tmp_path, make):
     # not "save the file as UTF-8": no editor setting makes weights a spec

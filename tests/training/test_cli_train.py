@@ -1536,6 +1536,57 @@ def test_text_that_is_not_utf8_is_one_line_naming_where_it_is(tmp_path: Path) ->
         result = runner.invoke(app, args, input=b"fine\ncaf\xe9 <mask>\n", env={"COLUMNS": "200"})
         assert result.exit_code == 1 and "Error:" not in result.output, result.output
         assert " ".join(result.output.split()).startswith(f"error: {where}: not UTF-8 text (byte 0xe9, character ")
+    # a file saved as UTF-16 or UTF-32 (PowerShell's `>`, Notepad's "Unicode") and piped in is named as that,
+    # not as Latin-1: UTF-32-LE's byte-order mark (ff fe 00 00) opens with UTF-16-LE's (ff fe)
+    for encoding, named in (("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32"),
+                            ("utf-32-be", "UTF-32")):
+        data = "fine\ngood\n".encode(encoding)
+        data = data if encoding in ("utf-16", "utf-32") else "\ufeff".encode(encoding) + data
+        for args, where in ((["generate", str(gpt), "-p", "-"], "--prompt - (standard input)"),
+                            (["classify", str(classifier), "-"], "standard input, line 1")):
+            result = runner.invoke(app, args, input=data, env={"COLUMNS": "200"})
+            assert result.exit_code == 1, result.output
+            assert " ".join(result.output.split()) == (f"error: {where}: not UTF-8 text ({named}: a byte-order mark "
+                                                       f"opens it): save it as UTF-8 (`iconv -f {named} -t UTF-8`)")
+
+
+def test_classify_reads_a_plain_files_lines_as_open_ends_them(tmp_path: Path) -> None:
+    """A plain text file (or standard input) saved with an old Mac's lone \\r line ends was one
+    text; lines end at \\n, \\r\\n or a lone \\r, a form feed or U+2028 staying in its line."""
+    import csv
+    import io
+
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    classifier = save_checkpoint(build_model(load_spec("bert-nano", [
+        "encoder.n_layers=1", "training.tokenizer={type: byte}", "head={type: classification, n_classes: 2}",
+        "training.data={type: labelled, paths: [reviews.csv]}"])), tmp_path / "cls.ckpt")
+    expected = [("1", "good film"), ("2", "bad\x0cplot"), ("4", "fine line\u2028second part"), ("5", "last")]
+    for name, end in (("lf", "\n"), ("crlf", "\r\n"), ("cr", "\r"), ("mixed", "\r\n")):
+        text = end.join(["good film", "bad\x0cplot", "", "fine line\u2028second part", "last"]) + end
+        if name == "mixed":
+            text = "good film\rbad\x0cplot\n\r\nfine line\u2028second part\rlast"
+        plain = tmp_path / f"{name}.txt"
+        plain.write_bytes(text.encode())
+        for args, given in ((["--file", str(plain)], None), (["-"], text.encode())):
+            result = runner.invoke(app, ["classify", str(classifier), *args, "-o", "-"], input=given,
+                                   env={"COLUMNS": "200"})
+            assert result.exit_code == 0, result.output
+            rows = list(csv.reader(io.StringIO(result.stdout), delimiter="\t"))
+            assert [(r[0], r[1]) for r in rows[1:]] == expected, (name, args)
+    # a line that is not UTF-8 is named at its line, a lone \r counted as a line end
+    (tmp_path / "cr.txt").write_bytes(b"fine\rgood\rcaf\xe9\r")
+    result = runner.invoke(app, ["classify", str(classifier), "-"], input=b"fine\rgood\rcaf\xe9\r",
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    assert " ".join(result.output.split()).startswith("error: standard input, line 3: not UTF-8 text (byte 0xe9")
+    result = runner.invoke(app, ["classify", str(classifier), "--file", str(tmp_path / "cr.txt")],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "cr.txt:3:4: not UTF-8 text (byte 0xe9)" in " ".join(result.output.split())
 
 
 def test_chat_refuses_greedy_with_a_temperature_even_the_default_one(tmp_path: Path) -> None:

@@ -319,7 +319,7 @@ def test_diff_lists_per_layer_rows_in_layer_order(tmp_path) -> None:
 
 def test_diff_names_checkpoints_by_the_labels_of_specs_that_share_a_name(tmp_path) -> None:
     variant = tmp_path / "v.yaml"
-    variant.write_text("extends: gpt-nano\ndecoder: {n_layers: 2}\n")  # still name: gpt-nano
+    variant.write_text("extends: gpt-nano\nname: gpt-nano\ndecoder: {n_layers: 2}\n")  # a second gpt-nano
     out = runner.invoke(app, ["diff", "gpt-nano", str(variant), "--format", "markdown"]).stdout
     assert f"| gpt-nano | {variant} | no: " in out and f"| {variant} | gpt-nano | no: " in out
     data = json.loads(_ok(["diff", "gpt-nano", str(variant), "--format", "json"]).stdout)
@@ -388,7 +388,7 @@ def test_diff_notes_a_spec_compared_past_its_own_max_seq_len(tmp_path: Path) -> 
     short.write_text("extends: llama2-7b\nmax_seq_len: 128\n")
     result = runner.invoke(app, ["diff", "llama2-7b", str(short)])
     assert result.exit_code == 0, result.output
-    assert (f"{short}'s figures are at seq_len 4,096 (the first spec's max_seq_len), past its own max_seq_len 128: "
+    assert ("short's figures are at seq_len 4,096 (the first spec's max_seq_len), past its own max_seq_len 128: "
             "`--seq-len 128` compares them at its length") in " ".join(result.stderr.split())
     for args in (["diff", str(short), "llama2-7b"], ["diff", "llama2-7b", str(short), "--seq-len", "128"]):
         quiet = runner.invoke(app, args)  # the first spec the shorter, or a length given: nothing to note
@@ -401,6 +401,7 @@ def test_diff_marks_the_sizes_that_follow_from_other_fields(tmp_path: Path) -> N
     data = json.loads(_ok(["diff", "gpt2-small", str(variant), "--format", "json"]).stdout)
     derived = {c["path"]: c["derived"] for c in data["changes"]}
     assert derived == {
+        "name": False,  # h8, named after its file
         "decoder.attention.n_heads": False, "decoder.attention.n_kv_heads": True,
         "decoder.attention.head_dim": True, "decoder.norm.placement": False, "decoder.norm.final": True,
     }
@@ -503,7 +504,7 @@ def test_diff_set_changes_the_last_spec(tmp_path: Path) -> None:
     assert data["reports"][0]["params"]["total"] == 124_439_808
     # two specs of one name are told apart by their arguments, the --set one marked
     twin = tmp_path / "twin.yaml"
-    twin.write_text("extends: gpt2-small\ndecoder:\n  n_layers: 6\n")
+    twin.write_text("extends: gpt2-small\nname: gpt2-small\ndecoder:\n  n_layers: 6\n")
     data = json.loads(_ok(["diff", str(twin), "gpt2-small", "-s", "decoder.n_layers=3", "-f", "json"]).stdout)
     assert data["specs"] == [str(twin), "gpt2-small (--set)"]
     # a bad --set is named as the --set

@@ -128,7 +128,6 @@ def _numbered_conversations(
         )
     for number, line in numbered_lines(text):
         where = f"{setting}: {path}:{number}"
-        line = line.removesuffix("\r")
         if not line.strip():
             continue
         record = json_object(line, where, f" with a {name!r} field")

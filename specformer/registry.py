@@ -128,7 +128,10 @@ class Registry:
 
     def __init__(self) -> None:
         self._families: dict[str, dict[str, Entry]] = {}
-        self._built: set[str] = set()  # families whose schema union exists: no new spec classes
+        self._built: set[str] = set()  # families whose schema union exists
+        # makes a built family's union again with a type registered after it (the spec schema
+        # sets it once its models exist); None: such a type is refused, as nothing could use it
+        self.rebuild_union: Callable[[str], None] | None = None
         self.builtin_defaults: dict[str, str] = {}  # each family's first built-in type
         # (family, name) -> the build target of specformer's own type of that name
         self.builtin_targets: dict[tuple[str, str], Target] = {}
@@ -150,8 +153,9 @@ class Registry:
         class by it (``name``, when given, must be that value).
         ``source`` (default: the spec class's module) is named when the type is registered
         again. Registering a name twice is an error unless ``replace=True``. Once the schema is
-        built from a family (:meth:`mark_built`), only a registered spec class may get a
-        new target: a new one could never validate.
+        built from a family (:meth:`mark_built`), a new type makes its union again
+        (:attr:`rebuild_union`; without one it is refused, as it could never validate), and a
+        registered name keeps its spec class: only its target may change.
         """
         from specformer.specs.base import Spec
 
@@ -217,16 +221,30 @@ class Registry:
                 "Python process (in a notebook, restart the kernel). replace=True with the registered "
                 "class changes only the build target"
             )
-        if family in self._built and name not in entries:
+        late = family in self._built and name not in entries
+        if late and self.rebuild_union is None:
             raise ValueError(
                 f"{family} type {name!r} is registered after the spec schema was built from the "
                 f"{family} family (the first load_spec call builds it, and so does importing build_model, "
                 "ModelSpec, specformer.builder or anything else that imports specformer.specs.schema), "
-                "so no spec could use it: register it before that, e.g. at the top of your script (in a notebook: restart the kernel and run this cell "
-                "first), or from a 'specformer.plugins' entry point"
+                "and this registry has nothing that makes the union again (Registry.rebuild_union, which the spec "
+                "schema sets once it is built), so no spec could use it: register it before that, e.g. at the top "
+                "of your script (in a notebook: restart the kernel and run this cell first), or from a "
+                "'specformer.plugins' entry point; a spec class derived from a built-in one, which needs the schema "
+                "imported first, is registered from an entry point, whose module finds the built-in types "
+                f"registered (REGISTRY.get({family!r}, name).spec)"
             )
         entry = Entry(family=family, name=name, spec=spec, target=target, source=source or spec.__module__)
         entries[name] = entry
+        if late:
+            # the union, and the models typed with it, made again with this type
+            assert self.rebuild_union is not None
+            try:
+                self.rebuild_union(family)
+            except Exception:
+                del entries[name]
+                self.rebuild_union(family)  # as it was
+                raise
         return entry
 
     def is_builtin(self, family: str, name: str) -> bool:
@@ -262,8 +280,8 @@ class Registry:
                 hint = (
                     f"; specformer's own {family} types are registered when the spec schema is first imported: "
                     "`import specformer.specs.schema` before looking one up (a plugin finds them registered "
-                    "already). A new spec class is registered before that import; a new target for a "
-                    "built-in type (replace=True), after it too"
+                    "already). A new spec class, and a new target for a built-in type (replace=True), may "
+                    "be registered after that import"
                 )
             raise LookupError(
                 f"unknown {family} type {name!r}; registered: {allowed}{hint}"

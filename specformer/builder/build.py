@@ -30,7 +30,7 @@ from specformer.components.blocks import (
     check_norm,
 )
 from specformer.components.embedding import Embedding
-from specformer.components.heads import LMHead
+from specformer.components.heads import LMHead, check_head
 from specformer.components.models import DecoderModel, EncoderDecoderModel, EncoderModel
 from specformer.components.positional import Positional, T5RelativeBias
 from specformer.registry import REGISTRY
@@ -204,6 +204,11 @@ def _build(spec: ModelSpec) -> nn.Module:
     )
     if not REGISTRY.is_builtin("head", spec.head.type):  # the models call it as head(h, mask)
         _check_forward(head, "head", args=("hidden", "attention_mask"), caller="model")
+        # its logits' width, checked at each call: another fails in the loss or in generate, naming no head
+        n_classes = getattr(spec.head, "n_classes", None)
+        classes = isinstance(n_classes, int) and not isinstance(n_classes, bool)
+        check_head(head, type_name=spec.head.type, width=n_classes if classes else spec.vocab_size,
+                   field="n_classes" if classes else "vocab_size")
     extra = {"decoder_embed": decoder_embed} if decoder_embed is not None else {}
     return _MODELS[spec.kind](embed=embed, head=head, **stacks, **extra)
 

@@ -15,7 +15,8 @@ mlm), ``transform.dense`` / ``transform.norm`` (mlm), ``pooler`` / ``classifier`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +31,35 @@ from specformer.components.products import Linear, linear
 if TYPE_CHECKING:  # annotations only: a plugin imports these modules before the spec schema exists
     from specformer.specs.schema import ClassificationHeadSpec, LMHeadSpec, MLMHeadSpec
 
-__all__ = ["LMHead", "MLMHead", "ClassificationHead"]
+__all__ = ["LMHead", "MLMHead", "ClassificationHead", "check_head"]
+
+
+def check_head(module: nn.Module, *, type_name: str, width: int, field: str) -> None:
+    """A head of a registered type of one's own: check at each call that its logits are
+    ``(B, T, width)`` for a vocabulary head (``field`` ``"vocab_size"``), or ``(B, width)``
+    or ``(B, T, width)`` for a head whose spec has ``n_classes`` (``field`` ``"n_classes"``).
+    Logits of another width fail later in the loss's cross-entropy, or sample ids past the
+    vocabulary in ``generate``, naming no head. specformer's own heads carry no check."""
+    module.register_forward_hook(functools.partial(_check_head_output, type_name, width, field))
+
+
+def _check_head_output(
+    type_name: str, width: int, field: str, module: nn.Module, args: tuple[Any, ...], output: Any
+) -> None:
+    hidden = args[0] if args else None
+    if not isinstance(hidden, Tensor) or hidden.dim() < 2:
+        return
+    lead = tuple(hidden.shape[:-1])
+    wanted = [(*lead, width)] if field == "vocab_size" else list(dict.fromkeys([(lead[0], width), (*lead, width)]))
+    if isinstance(output, Tensor) and tuple(output.shape) in wanted:
+        return
+    got = f"logits of shape {tuple(output.shape)}" if isinstance(output, Tensor) else f"a {type(output).__name__}"
+    form = "(B, T, vocab_size)" if field == "vocab_size" else "(B, n_classes) or (B, T, n_classes)"
+    raise ValueError(
+        f"the head {type(module).__name__} (head type {type_name!r}) returned {got} for hidden states of shape "
+        f"{tuple(hidden.shape)}; expected {' or '.join(str(w) for w in wanted)}: a head returns logits {form}, "
+        f"{field} = {width} (docs/components.md#adding-a-component)"
+    )
 
 
 def _check_labels(x: Tensor, labels: Tensor) -> None:

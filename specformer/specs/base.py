@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["Spec", "family_union", "FAMILY_DEFAULTS"]
+__all__ = ["Spec", "family_union", "FAMILY_DEFAULTS", "rebuild_models"]
 
 # family -> the type a mapping without ``type:`` is (filled in by family_union)
 FAMILY_DEFAULTS: dict[str, str] = {}
@@ -130,3 +130,35 @@ def family_union(family: str, default: str | None = None) -> Any:
 
     members = tuple(Annotated[e.spec, Tag(name)] for name, e in entries.items())
     return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007
+
+
+def rebuild_models(models: tuple[type[BaseModel], ...], unions: tuple[str, ...]) -> None:
+    """Complete ``models`` again, in this order (a model before the models that hold it),
+    with what the names ``unions`` are now in their modules (family unions made again, with
+    a type registered after the first): pydantic evaluates a field's annotation once, when
+    its class is made. A field written with one of those names (its annotation a string, as
+    ``from __future__ import annotations`` keeps it) is typed from that string again; the
+    rest of the field (default, description, constraints) stays as it was."""
+    import copy
+    import re
+    import sys
+
+    from pydantic.fields import FieldInfo
+
+    named = re.compile(r"\b(?:" + "|".join(map(re.escape, unions)) + r")\b")
+    for model in models:
+        written = model.__dict__.get("__annotations__", {})
+        namespace = vars(sys.modules[model.__module__])
+        fields = model.__pydantic_fields__
+        for name, info in list(fields.items()):
+            text = written.get(name)
+            if not (isinstance(text, str) and named.search(text)):
+                continue
+            # `FFNSpec | None` as pydantic read it when the class was made, with today's FFNSpec
+            fresh = FieldInfo.from_annotation(eval(text, namespace))  # noqa: S307 (the class's own source)
+            info = copy.copy(info)  # a subclass that inherited this FieldInfo keeps it
+            info.annotation = fresh.annotation
+            # the old union's discriminator (a top-level union's, kept as metadata) gives way to the new one's
+            info.metadata = [*fresh.metadata, *(m for m in info.metadata if not isinstance(m, Discriminator))]
+            fields[name] = info
+        model.model_rebuild(force=True)

@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specformer.registry import REGISTRY, load_plugins, register_builtin
-from specformer.specs.base import Spec, family_union
+from specformer.specs.base import Spec, family_union, rebuild_models
 from specformer.specs.merge import deep_merge
 
 __all__ = [
@@ -650,6 +650,7 @@ from specformer.specs.training import (  # noqa: E402
     training_issues,
     warmup_peak,
 )
+from specformer.specs.training import rebuild_union as training_union  # noqa: E402
 
 load_plugins()
 build_unions()
@@ -659,6 +660,19 @@ AttentionFamily = family_union("attention")
 FFNSpec = family_union("ffn")
 NormSpec = family_union("norm")
 HeadSpec = family_union("head")
+_UNION_NAMES = {"positional": "PositionalSpec", "attention": "AttentionFamily", "ffn": "FFNSpec",
+                "norm": "NormSpec", "head": "HeadSpec"}
+
+
+def _rebuild_union(family: str) -> None:
+    """Make ``family``'s union again with a type registered after this module built it (a
+    script's subclass of a spec class it imported from here), and complete every model its
+    fields are typed with, each before the models that hold it: the registry calls it."""
+    if family in _UNION_NAMES:
+        globals()[_UNION_NAMES[family]] = family_union(family)
+    else:
+        training_union(family)  # and TrainingSpec
+    rebuild_models((LayerSpec, LayerOverride, StackSpec, EmbeddingSpec, ModelSpec), tuple(_UNION_NAMES.values()))
 
 
 # --------------------------------------------------------------------------- blocks
@@ -1366,11 +1380,12 @@ def _fill_attention(att: Any, d_model: Any) -> None:
 def _fill_ffn(ffn: Any, d_model: Any) -> None:
     if not isinstance(ffn, dict) or ffn.get("d_ff") is not None or not _size(d_model):
         return
-    kind = ffn.get("type", "mlp")
-    if kind == "mlp":
-        ffn["d_ff"] = 4 * d_model
-    elif kind == "glu":
+    # by the spec class, so that a subclass of MLPSpec or GLUSpec of one's own is sized as its parent
+    entry = REGISTRY.entries("ffn").get(ffn.get("type", "mlp"))
+    if entry is not None and issubclass(entry.spec, GLUSpec):
         ffn["d_ff"] = default_glu_d_ff(d_model)
+    elif entry is not None and issubclass(entry.spec, MLPSpec):
+        ffn["d_ff"] = 4 * d_model
 
 
 # the settings of the query and key norms, which mean nothing without them
@@ -1438,3 +1453,6 @@ def _is_int(x: Any) -> bool:
 
 # the training section's models, for the field reference of docs/spec.md
 REFERENCE_EXTRA = reference_models()
+
+# every model is defined: a type registered from now on makes its family's union again
+REGISTRY.rebuild_union = _rebuild_union

@@ -38,7 +38,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specformer.registry import PLUGIN_GROUP, REGISTRY, register_builtin
-from specformer.specs.base import Spec, family_union
+from specformer.specs.base import Spec, family_union, rebuild_models
 
 __all__ = [
     "training_problems",
@@ -679,6 +679,15 @@ def build_unions() -> None:
     for name, family in _UNIONS.items():
         globals()[name] = family_union(family)
     TrainingSpec.model_rebuild()
+
+
+def rebuild_union(family: str) -> None:
+    """Make ``family``'s union again, with a type registered after it was built, and complete
+    :class:`TrainingSpec` with it (the schema then completes the models that hold it)."""
+    for name, union_family in _UNIONS.items():
+        if union_family == family:
+            globals()[name] = family_union(family)
+    rebuild_models((TrainingSpec,), tuple(_UNIONS))
 
 
 def _unions_built() -> bool:

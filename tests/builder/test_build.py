@@ -396,6 +396,45 @@ def test_a_norm_of_ones_own_that_returns_the_wrong_shape_is_named(monkeypatch) -
     assert not any(m._forward_hooks for m in model.modules())
 
 
+class _NarrowHead(torch.nn.Module):
+    """A head whose logits are one column short of its spec's width."""
+
+    def __init__(self, spec, *, d_model, vocab_size, embedding) -> None:
+        super().__init__()
+        width = spec.n_classes if hasattr(spec, "n_classes") else vocab_size
+        self.proj = torch.nn.Linear(d_model, width - 1)
+
+    def forward(self, hidden, attention_mask=None):
+        return self.proj(hidden)
+
+
+def test_a_head_of_ones_own_whose_logits_have_the_wrong_width_is_named(monkeypatch) -> None:
+    # (2, 6, 511) logits trained while the labels stayed below 511, then failed in the loss's
+    # cross-entropy ("labels must be class indices in [0, 511)"), and generate sampled from them silently
+    ids = torch.randint(0, 512, (2, 6))
+    _swap(monkeypatch, "head", "lm", _NarrowHead)
+    model = build_model(load_spec("gpt-nano", overrides=["decoder.n_layers=1"]))
+    with pytest.raises(ValueError, match=r"the head _NarrowHead \(head type 'lm'\) returned logits of shape \(2, 6, 511\) "
+                                         r"for hidden states of shape \(2, 6, 128\); expected \(2, 6, 512\): a head "
+                                         r"returns logits \(B, T, vocab_size\), vocab_size = 512"):
+        model(ids)
+    with pytest.raises(ValueError, match=r"returned logits of shape \(2, 5, 511\).*expected \(2, 5, 512\)"):
+        model(ids[:, :-1], labels=ids[:, 1:].clone())
+    monkeypatch.undo()
+    # a spec with n_classes: that many logits per sequence (or per position)
+    _swap(monkeypatch, "head", "classification", _NarrowHead)
+    spec = load_spec("bert-nano", overrides=["encoder.n_layers=1", "head={type: classification, n_classes: 3}"])
+    with pytest.raises(ValueError, match=r"the head _NarrowHead \(head type 'classification'\) returned logits of shape "
+                                         r"\(2, 6, 2\) for hidden states of shape \(2, 6, 128\); expected \(2, 3\) or "
+                                         r"\(2, 6, 3\): a head returns logits \(B, n_classes\) or \(B, T, n_classes\), "
+                                         r"n_classes = 3"):
+        build_model(spec)(ids)
+    monkeypatch.undo()
+    # specformer's own heads carry no check
+    for name in ("gpt-nano", "bert-nano"):
+        assert not any(m._forward_hooks for m in build_model(name, device="meta").modules())
+
+
 class _BadPositions(Positional):
     """A positional scheme of one's own whose hooks return the wrong shapes (``mode``)."""
 

@@ -616,11 +616,129 @@ def test_diff_of_a_plugin_type_marks_the_figures_it_leaves_out(plugin_path, tmp_
     assert rows["params: decoder ffn"] == ["526,848", "33,408", "-493,440", "-93.7%"]
     assert rows["FLOPs/token forward @ 256"] == ["1.967 MFLOP", "≥ 918.5 kFLOP", "?", "?"]
     assert rows["memory: weights"][3] == "-55.3%" and rows["memory: training total"][2:] == ["?", "?"]
-    assert "p.yaml leaves out decoder.ffn (ffn type 'relu2')" in " ".join(result.stdout.split())
+    assert "p leaves out decoder.ffn (ffn type 'relu2')" in " ".join(result.stdout.split())
 
 
-def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
-    # a type registered once the unions exist would be "unknown type" in every spec
+@pytest.fixture
+def registry_restored():
+    """The process-wide registry as it was before the test, each family's union made again
+    without the types the test registered after the schema was built."""
+    from specformer.registry import FAMILIES, REGISTRY
+    from specformer.specs import schema  # noqa: F401  (built: the unions exist)
+
+    before = {family: REGISTRY.entries(family) for family in FAMILIES}
+    yield
+    for family, entries in before.items():
+        now = REGISTRY._families.setdefault(family, {})
+        added = now.keys() - entries.keys()
+        now.clear()
+        now.update(entries)
+        if added:
+            REGISTRY.rebuild_union(family)
+
+
+def test_a_script_registers_a_subclass_of_a_built_in_spec_class_after_importing_it(registry_restored):
+    # importing a built-in spec class builds the schema; a type registered after it was refused
+    # ("registered after the spec schema was built ... register it before that"), which a
+    # subclass of that class cannot be: its family's union is made again with it
+    from typing import Literal
+
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.components.attention import Attention
+    from specformer.registry import REGISTRY, register
+    from specformer.specs.errors import SpecError
+    from specformer.specs.jsonschema import spec_json_schema
+    from specformer.specs.schema import AttentionSpec, ModelSpec
+    from specformer.specs.training import AdamWSpec, TrainingSpec
+
+    class CosineAttentionSpec(AttentionSpec):
+        type: Literal["cosine"] = "cosine"
+        temperature: float = 10.0
+
+    class CosineAttention(Attention):
+        pass
+
+    class LionSpec(AdamWSpec):
+        type: Literal["lion"] = "lion"
+
+    register("attention", CosineAttentionSpec, CosineAttention)
+    register("optimizer", LionSpec, REGISTRY.get("optimizer", "adamw").target)
+    spec = load_spec("gpt-nano", overrides=["decoder.n_layers=1", "decoder.attention={type: cosine, temperature: 2.0}",
+                                            "training.optimizer.type=lion"])
+    attention = spec.decoder.attention
+    assert type(attention) is CosineAttentionSpec and attention.temperature == 2.0
+    assert (attention.n_heads, attention.head_dim) == (4, 32)  # derived as for the built-in class
+    assert type(spec.training.optimizer) is LionSpec
+    assert type(TrainingSpec.model_validate({"optimizer": {"type": "lion"}}).optimizer) is LionSpec
+    assert ModelSpec.model_validate(spec.model_dump()) == spec  # a resolved spec loads back
+    model = build_model(spec)
+    assert type(model.decoder.layers[0].self_attn) is CosineAttention
+    assert model(torch.randint(0, 512, (1, 5))).logits.shape == (1, 5, 512)
+    assert {"CosineAttentionSpec", "LionSpec"} <= spec_json_schema()["$defs"].keys()  # `specformer schema`
+    with pytest.raises(SpecError, match=r"unknown type 'cosin'\s+did you mean 'cosine'\? allowed: mha, cosine"):
+        load_spec("gpt-nano", overrides=["decoder.attention.type=cosin"])
+    # specformer's own types are as they were
+    assert type(load_spec("gpt-nano").decoder.attention) is AttentionSpec
+
+
+def test_a_subclass_of_mlp_or_glu_spec_gets_its_parents_d_ff(registry_restored):
+    from typing import Literal
+
+    from specformer import build_model, load_spec
+    from specformer.registry import REGISTRY, register
+    from specformer.specs.schema import GLUSpec, MLPSpec, default_glu_d_ff
+
+    class MyGLUSpec(GLUSpec):
+        type: Literal["myglu"] = "myglu"
+
+    class MyMLPSpec(MLPSpec):
+        type: Literal["mymlp"] = "mymlp"
+
+    register("ffn", MyGLUSpec, REGISTRY.get("ffn", "glu").target)
+    register("ffn", MyMLPSpec, REGISTRY.get("ffn", "mlp").target)
+    glu = load_spec("gpt-nano", overrides=["decoder.ffn={type: myglu}"])
+    assert glu.decoder.ffn.d_ff == default_glu_d_ff(128) == load_spec("gpt-nano", overrides=["decoder.ffn={type: glu}"]).decoder.ffn.d_ff
+    assert load_spec("gpt-nano", overrides=["decoder.ffn={type: mymlp}"]).decoder.ffn.d_ff == 4 * 128
+    build_model(glu)  # before: "the FFN spec needs d_ff"
+
+
+def test_a_new_type_the_schema_cannot_take_after_it_is_built_is_refused_or_undone():
+    from typing import Literal
+
+    from specformer.specs.base import Spec
+    from specformer.specs.schema import MLPSpec
+
+    class LateSpec(Spec):
+        type: Literal["late"] = "late"
+
+    # a registry without a way to make its unions again refuses it, saying what to do instead
+    registry = Registry()
+    registry.register("ffn", MLPSpec, "x:y")
+    registry.mark_built("ffn")
+    with pytest.raises(ValueError, match=r"ffn type 'late' is registered after the spec schema was built.*"
+                                         r"importing build_model, ModelSpec.*register it before that.*restart the kernel "
+                                         r"and run this cell first.*specformer\.plugins.*a spec class derived from a "
+                                         r"built-in one, .* is registered from an entry point, whose module finds the "
+                                         r"built-in types registered \(REGISTRY\.get\('ffn', name\)\.spec\)"):
+        registry.register("ffn", LateSpec, "x:y")
+    assert registry.names("ffn") == ["mlp"]
+    # a union that cannot be made with it: the type is taken out again, the union made without it
+    made = []
+
+    def rebuild(family):
+        made.append(sorted(registry.names(family)))
+        if "late" in registry.names(family):
+            raise TypeError("no schema for it")
+
+    registry.rebuild_union = rebuild
+    with pytest.raises(TypeError, match="no schema for it"):
+        registry.register("ffn", LateSpec, "x:y")
+    assert registry.names("ffn") == ["mlp"] and made == [["late", "mlp"], ["mlp"]]
+
+
+def test_a_type_registered_after_the_schema_is_built_keeps_its_name_and_class(monkeypatch):
     from typing import Literal
 
     from specformer import load_spec
@@ -633,11 +751,6 @@ def test_registering_after_the_schema_is_built_is_refused(monkeypatch):
     class LateSpec(Spec):
         type: Literal["late"] = "late"
 
-    with pytest.raises(ValueError, match=r"ffn type 'late' is registered after the spec schema was built.*"
-                                         r"importing build_model, ModelSpec.*register it before that.*restart the kernel and run this cell first.*"
-                                         r"specformer\.plugins"):
-        REGISTRY.register("ffn", LateSpec, "x:y")
-    assert "late" not in REGISTRY.names("ffn")
     class OtherMLPSpec(Spec):
         type: Literal["mlp"] = "mlp"
 
@@ -1039,13 +1152,13 @@ def test_show_tree_of_a_module_that_fails_in_its_constructor_says_which_error(pl
     result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec), "--tree"],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 1
-    assert result.stderr.startswith("error: gpt-nano: the model cannot be built: KeyError: 'experts'")
+    assert result.stderr.startswith("error: p: the model cannot be built: KeyError: 'experts'")
     assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr
     # show's tables count a plugin's parameters from the same build
     result = subprocess.run([sys.executable, "-m", "specformer", "show", str(spec)],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 1
-    assert result.stderr.startswith("error: gpt-nano: the model cannot be built on the meta device to count the "
+    assert result.stderr.startswith("error: p: the model cannot be built on the meta device to count the "
                                     "parameters of decoder.ffn (ffn type 'relu2'): KeyError: 'experts'")
     assert "SPECFORMER_DEBUG=1" in result.stderr and "Traceback" not in result.stderr
     # and so is diff's, its checkpoint check too: an error, never a traceback or half the tables
@@ -1061,7 +1174,7 @@ def test_show_tree_of_a_module_that_fails_in_its_constructor_says_which_error(pl
             f"try:\n    diff_specs('gpt-nano', {str(spec)!r}, reports=False)\n"
             "except AnalysisError as exc:\n    print(exc)\n")
     result = _run(plugin_path, code)
-    assert result.stdout.startswith("gpt-nano: the model cannot be built on the meta device to list its state dict "
+    assert result.stdout.startswith("p: the model cannot be built on the meta device to list its state dict "
                                     "for the checkpoint check: KeyError: 'experts'"), result.stderr
 
 

@@ -401,7 +401,8 @@ def train_cmd(
 ) -> None:
     """Train a model on built-in or your own data, as the spec's `training:` section says.
 
-    Writes `runs/<name>/<timestamp>/` with the resolved spec, `metrics.csv` and
+    Writes `runs/<name>/<timestamp>/` (the spec's name; a YAML file that writes none, the
+    file's: `rope.yaml` trains into `runs/rope/`) with the resolved spec, `metrics.csv` and
     `checkpoints/last.ckpt`, and ends with a summary: train and validation loss,
     perplexity, the unigram baseline (text), exact match (sequence-to-sequence) or accuracy
     (classification), tokens/s and the model FLOP/s behind them (for MFU),

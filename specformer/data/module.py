@@ -129,8 +129,10 @@ def prepare(spec: Any, *, cache_dir: str | Path | None = None, tokenizer: Tokeni
             ids = [f"the {part.removesuffix(')')} of {name}"]
         fraction = ("" if split != "validation" else " to training.data.val_paths" if getattr(t.data, "val_paths", None)
                     else ", raise training.data.val_fraction" if hasattr(t.data, "val_fraction") else "")
+        # a causal LM's block is seq_len inputs and the token after them: seq_len tokens make none
+        needed = f"seq_len + 1 = {seq_len + 1}" if overlap else f"seq_len={seq_len}"
         raise DataError(
-            f"the {split} split{f' ({_names(ids)})' if ids else ''} has fewer than seq_len={seq_len} tokens "
+            f"the {split} split{f' ({_names(ids)})' if ids else ''} has fewer than {needed} tokens "
             f"({len(arrays.train) if split == 'training' else len(arrays.val)}); add data{fraction} or lower "
             "training.seq_len"
         )
@@ -212,8 +214,13 @@ def _bpe_shortfall(spec: Any, tokenizer: Tokenizer) -> str:
         return "" if tokenizer.vocab_size >= spec.vocab_size else (
             f"; the BPE has {tokenizer.vocab_size} tokens (training.tokenizer.vocab_size) and vocab_size is "
             f"{spec.vocab_size}: ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
-    return (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for (too little text "
-            f"for more): ids {tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
+    # the trainer stops when no pair is frequent enough: too little text, or a min_frequency set high
+    least = getattr(settings, "min_frequency", None)
+    why = "too little text for more" if least is None else (
+        f"no pair of tokens left occurs training.tokenizer.min_frequency={least} times in the text it was trained "
+        "on: more text, or a lower min_frequency, gives more")
+    return (f"; the BPE reached {tokenizer.vocab_size} of the {asked} tokens asked for ({why}): ids "
+            f"{tokenizer.vocab_size}–{spec.vocab_size - 1} stay unused")
 
 
 def _notes(spec: Any, tokenizer: Tokenizer, notes: Any, *, cached: bool) -> str:

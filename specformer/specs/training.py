@@ -1182,9 +1182,10 @@ def reference_models() -> list[tuple[str, type[Spec]]]:
 def training_problems(spec: Any) -> list[Any]:
     """What ``specformer train`` refuses in a spec that validates (it builds and analyses):
     a classification head under an objective that trains a vocabulary head, a classifier
-    with no labelled data, and a synthetic task whose examples are longer than the run's
-    sequences. ``validate`` says them as a note; ``train`` refuses
-    them before any data is prepared."""
+    with no labelled data, a synthetic task whose examples are longer than the run's
+    sequences, and text data with no tokenizer (a ``vocab_size`` below the byte tokenizer's,
+    which leaves ``training.tokenizer`` unset). ``validate`` says them as a note; ``train``
+    refuses them before any data is prepared."""
     from specformer.specs.errors import SpecProblem
 
     t = spec.training
@@ -1218,6 +1219,12 @@ def training_problems(spec: Any) -> list[Any]:
 
         if (problem := length_problem(spec)) is not None:
             return [SpecProblem(problem, path="training.data.max_len")]
+    if t.data is not None and t.tokenizer is None:  # left unset by the defaults: no text tokenizer fits
+        return [SpecProblem(
+            f"vocab_size={spec.vocab_size} fits no built-in text tokenizer (byte-level needs {BYTE_VOCAB_SIZE}); "
+            "raise vocab_size or set training.tokenizer (type: file, a tokenizer.json of at most vocab_size tokens)",
+            path="vocab_size",
+        )]
     return []
 
 

@@ -511,7 +511,7 @@ def train(
     quiet_lightning()
     # Trainer settings passed here replace the spec's: Lightning checks those itself
     _check_before_data(spec, hardware=not {"accelerator", "devices", "strategy", "precision", "plugins"} & set(trainer_kwargs),
-                       console=console)
+                       console=console, checkpoint=resume is not None or init_from is not None)
     resumed_step: int | None = None
     saved_data: str | None = None  # the fingerprint of the data the checkpoint was trained on
     position: tuple[int, int] | None = None  # (step, items consumed) the checkpoint records
@@ -822,14 +822,16 @@ def train(
     return result
 
 
-def _check_before_data(spec: Any, *, hardware: bool = True, console: Console | None = None) -> None:
+def _check_before_data(spec: Any, *, hardware: bool = True, console: Console | None = None,
+                       checkpoint: bool = False) -> None:
     """Settings that would otherwise fail only once the data is prepared (minutes, for a
-    large corpus), each named with what to do instead."""
+    large corpus), each named with what to do instead. From a ``checkpoint`` (resume or
+    init_from), its own tokenizer stands in for a spec that has none."""
     from specformer.specs.errors import SpecError
     from specformer.specs.training import training_problems
 
     t = spec.training
-    problems = training_problems(spec)
+    problems = [p for p in training_problems(spec) if not (checkpoint and p.path == "vocab_size")]
     if problems:
         raise SpecError(problems)
     if getattr(t.optimizer, "freeze", ()) or getattr(t.optimizer, "lr_scale", ()):

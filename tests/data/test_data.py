@@ -1320,6 +1320,13 @@ def test_a_bpe_smaller_than_asked_is_pointed_out(tmp_path: Path) -> None:
     n = data.tokenizer.vocab_size
     assert f"the BPE reached {n} of the 512 tokens asked for" in data.description
     assert f"ids {n}–511 stay unused" in data.description
+    assert "training.tokenizer.min_frequency=2 times" in data.description
+    # a min_frequency set high stops it too: the line names that setting, not only "too little text"
+    picky = prepare(load_spec(spec.to_dict(), ["training.tokenizer.min_frequency=100000"]))
+    assert picky.tokenizer.vocab_size == 259  # the bytes and the specials: no pair occurs that often
+    assert ("the BPE reached 259 of the 512 tokens asked for (no pair of tokens left occurs "
+            "training.tokenizer.min_frequency=100000 times in the text it was trained on: more text, or a lower "
+            "min_frequency, gives more): ids 259–511 stay unused") in picky.description
     # a BPE asked for fewer than the model's table (a run's spec.yaml with --set vocab_size=600)
     fewer = prepare(load_spec(spec.to_dict(), [f"training.tokenizer.vocab_size={n}", "vocab_size=600"]))
     assert fewer.tokenizer.vocab_size == n
@@ -1508,16 +1515,37 @@ def test_a_validation_split_too_short_for_one_sequence_names_its_files(tmp_path:
     (tmp_path / held).write_text("a note\n")
     spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: ['{tmp_path}']}}", "training.tokenizer.type=byte",
                                   "vocab_size=259", "training.seq_len=32", f"training.cache_dir={tmp_path / 'cache'}"])
-    with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len=32 tokens \(8\); "
-                                        r"add data, raise training.data.val_fraction or lower training.seq_len"):
+    with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len \+ 1 = 33 tokens "
+                                        r"\(8\); add data, raise training.data.val_fraction or lower training.seq_len"):
         prepare(spec)
     # the validation files given: the fix is more text in them
     spec = load_spec("gpt-nano", [f"training.data={{type: files, paths: ['{tmp_path}/*.txt'], val_paths: ['{tmp_path / held}']}}",
                                   "training.tokenizer.type=byte", "vocab_size=259", "training.seq_len=32",
                                   f"training.cache_dir={tmp_path / 'cache'}"])
-    with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len=32 tokens \(8\); "
-                                        r"add data to training.data.val_paths or lower training.seq_len"):
+    with pytest.raises(DataError, match=rf"the validation split \({held}\) has fewer than seq_len \+ 1 = 33 tokens "
+                                        r"\(8\); add data to training.data.val_paths or lower training.seq_len"):
         prepare(spec)
+
+
+def test_a_split_of_exactly_seq_len_tokens_is_too_short_for_a_causal_block_and_says_why(tmp_path: Path) -> None:
+    # a causal LM's block is seq_len inputs and the token after them: a validation split of
+    # exactly seq_len tokens makes no block, and the error said it had "fewer than seq_len=32 tokens (32)"
+    from specformer import load_spec
+    from specformer.data.module import prepare
+
+    (tmp_path / "train.txt").write_text("the cat sat on the mat\n" * 50)
+    (tmp_path / "valid.txt").write_text("a" * 30 + "\n")  # 31 bytes and the end-of-text token: 32 tokens
+    data = f"training.data={{type: files, paths: ['{tmp_path}/train.txt'], val_paths: ['{tmp_path}/valid.txt']}}"
+    overrides = [data, "training.tokenizer.type=byte", "vocab_size=259", "training.seq_len=32",
+                 f"training.cache_dir={tmp_path / 'cache'}"]
+    with pytest.raises(DataError, match=r"the validation split \(valid.txt\) has fewer than seq_len \+ 1 = 33 tokens "
+                                        r"\(32\); add data to training.data.val_paths"):
+        prepare(load_spec("gpt-nano", overrides))
+    # a masked-LM block is seq_len tokens: the same split makes one
+    assert len(prepare(load_spec("bert-nano", overrides)).val) == 1
+    (tmp_path / "valid.txt").write_text("a" * 29 + "\n")
+    with pytest.raises(DataError, match=r"the validation split \(valid.txt\) has fewer than seq_len=32 tokens \(31\)"):
+        prepare(load_spec("bert-nano", overrides))
 
 
 def test_files_paths_take_one_path_alone_and_refuse_none() -> None:

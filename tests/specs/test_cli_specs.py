@@ -61,6 +61,31 @@ def test_validate_notes_what_train_would_refuse_in_a_valid_spec():
     assert runner.invoke(app, ["validate", "gpt-nano", "--set", "head={type: classification}", "-q"]).output == ""
 
 
+def test_validate_notes_text_data_with_a_vocabulary_no_text_tokenizer_fits(tmp_path):
+    # vocab_size below the byte tokenizer's leaves training.tokenizer unset: validate said nothing, and
+    # train refused it only once it was preparing the data
+    from specformer.specs.errors import SpecError
+    from specformer.training.run import _check_before_data
+
+    says = ("vocab_size: vocab_size=100 fits no built-in text tokenizer (byte-level needs 259); raise vocab_size or "
+            "set training.tokenizer (type: file, a tokenizer.json of at most vocab_size tokens)")
+    result = runner.invoke(app, ["validate", "gpt-nano", "--set", "vocab_size=100"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.stderr.split()) == f"note: specformer train refuses this spec: {says}"
+    pairs = runner.invoke(app, ["validate", "t5-nano", "--set", "training.data={type: pairs, paths: [p.jsonl]}"],
+                          env={"COLUMNS": "400"})  # README's t5-nano on pairs needs --set vocab_size=512
+    assert "vocab_size=64 fits no built-in text tokenizer" in pairs.stderr
+    assert runner.invoke(app, ["validate", "t5-nano"]).stderr == ""  # the synthetic tasks' own vocabulary
+    out = runner.invoke(app, ["train", "gpt-nano", "--set", "vocab_size=100", "--set",
+                              f"training.out_dir={tmp_path / 'runs'}", "--no-progress"], env={"COLUMNS": "400"})
+    assert out.exit_code == 1 and f"--set vocab_size=100: {says}" in " ".join(out.stderr.split()), out.output
+    assert not (tmp_path / "runs").exists()
+    spec = load_spec("gpt-nano", ["vocab_size=100"])
+    with pytest.raises(SpecError):
+        _check_before_data(spec, hardware=False)
+    _check_before_data(spec, hardware=False, checkpoint=True)  # a checkpoint's own tokenizer stands in
+
+
 def test_validate_notes_a_setting_that_changes_nothing():
     # local_base rotates the windowed layers; with no window anywhere it rotates none
     result = runner.invoke(app, ["validate", "llama-nano", "--set", "positional.local_base=100"],

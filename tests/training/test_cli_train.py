@@ -1799,7 +1799,7 @@ def test_eval_data_scores_files_whole_with_no_training_text(tiny: Any, tmp_path:
         "error: --data: no text to validate on in the given files; empty (or only whitespace): empty.txt"), out.stderr
     (tmp_path / "short.txt").write_text("def f(): pass\n")
     out = runner.invoke(app, ["eval", ckpt, "--data", "short.txt"])
-    assert out.exit_code == 1 and "the data to score (short.txt) has fewer than seq_len=32 tokens (15)" in out.stderr  # and the end token
+    assert out.exit_code == 1 and "the data to score (short.txt) has fewer than seq_len + 1 = 33 tokens (15)" in out.stderr  # and the end token
     out = runner.invoke(app, ["eval", ckpt, "--data", str(test), "--set", "training.data.val_fraction=0.5"])
     assert out.exit_code == 1 and "--data and --set training.data.val_fraction both say what to score" in out.stderr
 

@@ -619,7 +619,7 @@ def generate_cmd(
     messages: Annotated[Path | None, typer.Option("--messages", help="Decoder, with the chat template: a JSON file of a conversation so far, a list of {\"role\": ..., \"content\": ...} turns (or an object with them under \"messages\", as a line of training's conversations data); the model answers it as the next assistant turn. --prompt, when given too, is one more user turn after it. --system goes first when the conversation has no system turn. Implies --chat.")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse keys and values of past tokens (KV cache).")] = True,
-    heal: Annotated[bool, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing).")] = True,
+    heal: Annotated[bool | None, typer.Option("--heal/--no-heal", help="Decoder: a prompt ending in whitespace is encoded without it, and the first new tokens spell it (token healing). Default: on.")] = None,
     num_beams: Annotated[int, typer.Option("--num-beams", min=1, help="Beam search with this many beams (as transformers' num_beams): the most likely text found, instead of sampling. 1: sample (or --greedy).")] = 1,
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", **_number(0, above=True, hint="1 is none; above 1 makes tokens already in the text less likely (1.2 is common)"), help="Above 1, tokens already in the text are less likely: their scores are divided by it (multiplied when negative), as transformers' repetition_penalty. 1: none.")] = 1.0,
     no_repeat_ngram: Annotated[int, typer.Option("--no-repeat-ngram", min=0, help="Never repeat an n-gram of this many tokens that the text already has (transformers' no_repeat_ngram_size). 0: none.")] = 0,
@@ -712,6 +712,10 @@ def generate_cmd(
         if stop_given is not None and spec.kind != "decoder":
             raise _fail(f"{'--stop-at-eot' if stop_given else '--no-stop-at-eot'} is where a decoder's text ends; an "
                         "encoder-decoder's output always ends at its end token: leave it out")
+        if heal is not None and spec.kind != "decoder":
+            raise _fail(f"{'--heal' if heal else '--no-heal'} is a decoder's: an encoder-decoder reads its input as "
+                        "it is, whitespace included: leave it out")
+        heal = heal is not False
         if system is not None and spec.kind != "decoder":
             raise _fail("--system is a turn of a decoder's chat template; an encoder-decoder reads its input as "
                         "it is, with no turns: leave out --system")
@@ -1327,6 +1331,10 @@ def eval_cmd(
             # a longer max_seq_len is asked for to evaluate longer sequences: the checkpoint's own
             # training.seq_len would otherwise keep them at the trained length
             overrides.append("training.seq_len=null")
+        if "max_seq_len" in keys and loaded.spec.positional.type == "learned":
+            # the table's rows follow the length, to be checked against the checkpoint's below (the spec's own
+            # max_positions would refuse a longer one first, asking for a larger table, which eval cannot change)
+            overrides.append("positional.max_positions=null")
         tokenizer_fields = [o.partition("=")[0].strip() for o in overrides
                             if o.partition("=")[0].strip().startswith("training.tokenizer")]
         if tokenizer_fields:
@@ -1371,6 +1379,9 @@ def eval_cmd(
                 raise
             # the settings --data stands for, named as the user gave them
             said = re.sub(r"training\.data\.(val_)?paths(?=[:; ,)=]|$)", "--data", str(exc))
+            # a path given on the command line is read from the working directory, as any is: no spec's folder
+            # to tell it from, nor a --set to give it whole with
+            said = re.sub(r", not from the spec's folder: [^)]*", "", said)
             raise DataError(said.replace("validation split", "data to score")) from None
         interrupted: KeyboardInterrupt | None = None  # what cut the validation short
         try:
@@ -1415,17 +1426,21 @@ def _scored_data(spec: Any, keys: list[str], data: list[str]) -> list[str]:
     if given:
         raise _fail(f"--data and --set {', '.join(given)} both say what to score: give one")
     trained = spec.training.data
-    if trained is not None and trained.type == "synthetic":
+    tokenizer = spec.training.tokenizer
+    if trained is not None and trained.type == "synthetic" and (tokenizer is None or tokenizer.type == "task"):
         raise _fail(f"--data: this model was trained on the synthetic task {trained.task!r}, whose held-out "
                     "examples eval scores without it; --data reads files of text, pairs, labelled rows or "
                     "conversations")
     paths = json.dumps(list(data))
     whole = "training.val_batches=null"  # every batch of them (--batches, applied after, reads fewer)
     if trained is not None and trained.type in ("files", "pairs", "labelled", "conversations"):
-        # the same fields and format as training read (a JSON-lines text_field too); a pair,
-        # row or conversation is read as both splits, and the validation one is scored
+        # the same fields and format as training read (a JSON-lines text_field too); a row or
+        # conversation is read as both splits, and the validation one is scored (pairs as that alone)
         return [f"training.data.paths={paths}", f"training.data.val_paths={paths}", whole]
-    return [f"training.data={{type: files, paths: {paths}, val_paths: {paths}}}", whole]
+    # weights not trained on files (import-hf's: their spec has the kind's default data, an
+    # encoder-decoder's a synthetic task its tokenizer never read): text, or an encoder-decoder's pairs
+    read_as = "pairs" if spec.kind == "encoder-decoder" else "files"
+    return [f"training.data={{type: {read_as}, paths: {paths}, val_paths: {paths}}}", whole]
 
 
 def _eval_json(checkpoint: str, spec: Any, step: int, data: Any, h: dict[str, Any], tokens: float, scored: float,

@@ -365,10 +365,7 @@ def _prepare_pairs(
         return _prepare_prompt_responses(spec, corpus, tokenizer, seq_len, cache_dir)
     ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir)
     train, val, cut = ids.train, ids.val, ids.cut
-    n_files = len(corpus.files)
-    description = (
-        f"pairs: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} held-out pairs"
-    )
+    description = f"pairs: {_pair_counts(corpus, len(train), len(val), 'pairs')}"
     if cut["source"] or cut["target"]:
         description += (
             f"; cut to fit seq_len={seq_len}: {cut['source']} source{'s' if cut['source'] != 1 else ''} longer "
@@ -388,6 +385,15 @@ def _prepare_pairs(
     )
 
 
+def _pair_counts(corpus: PairCorpus, n_train: int, n_val: int, noun: str) -> str:
+    """'1 file, 9500 training and 500 held-out pairs'; of files read to be scored alone (eval
+    --data), which have no training split, the files and how many are scored: 'test.jsonl: 500 pairs'."""
+    if is_scoring_only():
+        return f"{_names(list(dict.fromkeys(corpus.files)))}: {n_val} {noun}"
+    n_files = len(corpus.files)
+    return f"{n_files} file{'s' if n_files != 1 else ''}, {n_train} training and {n_val} held-out {noun}"
+
+
 def _prepare_prompt_responses(
     spec: Any, corpus: PairCorpus, tokenizer: Tokenizer, seq_len: int, cache_dir: str | Path | None
 ) -> PreparedData:
@@ -404,17 +410,14 @@ def _prepare_prompt_responses(
     train, val, left_out = ids.train, ids.val, ids.left_out or {"train": 0, "val": 0}
     held_out = "val_paths" if getattr(spec.training.data, "val_paths", None) is not None else "paths"
     for split, pairs, setting in (("training", train, "paths"), ("held-out", val, held_out)):
-        if len(pairs) == 0:
+        if len(pairs) == 0 and not (split == "training" and is_scoring_only()):  # (eval --data trains on none)
             raise DataError(
                 f"training.data.{setting}: every {split} prompt is longer than seq_len={seq_len} tokens, so no "
                 "response would be predicted; raise training.seq_len (and the model's max_seq_len) or shorten "
                 "the prompts"
             )
-    n_files = len(corpus.files)
-    description = (
-        f"pairs: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} held-out "
-        "(prompt, response) pairs, the loss on the responses"
-    )
+    description = (f"pairs: {_pair_counts(corpus, len(train), len(val), '(prompt, response) pairs')}, the loss on "
+                   "the responses")
     if chat is not None:
         turns = "a system turn, a user turn and an assistant turn" if system is not None else (
             "a user turn and an assistant turn")

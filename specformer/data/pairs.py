@@ -67,15 +67,17 @@ def pair_corpus(spec: PairsDataSpec) -> PairCorpus:
     settings = spec.model_dump(exclude={"paths", "val_paths"})
     digests: list[bytes] = []
     notes: list[str] = []
-    train, names = _read(spec, spec.paths, "training.data.paths", digests, notes)
+    if is_scoring_only() and spec.val_paths is not None:
+        train, names = [], []  # eval --data: the pairs to score are val_paths' alone, none trained on
+    else:
+        train, names = _read(spec, spec.paths, "training.data.paths", digests, notes)
     files = list(names)
     if spec.val_paths is not None:
         digests.append(b"\nval_paths")  # a file moved from paths to val_paths changes the split
         val, val_names = _read(spec, spec.val_paths, "training.data.val_paths", digests, notes)
         files += val_names
         seen = {src for src, _ in train}
-        # (eval --data reads the pairs to score as both splits: none is trained on)
-        if (shared := sum(src in seen for src, _ in val)) and not is_scoring_only():
+        if shared := sum(src in seen for src, _ in val):
             verb = "has" if shared == 1 else "have"
             notes.append(
                 f"{shared} of the {len(val)} pairs of training.data.val_paths {verb} a source that is "

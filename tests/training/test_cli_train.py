@@ -867,6 +867,23 @@ def test_eval_refuses_a_max_seq_len_past_a_learned_table(tiny: Any, tmp_path: Pa
     assert "128 tokens" in shorter.stdout  # 8 x 16
 
 
+def test_eval_refuses_a_max_seq_len_past_a_table_whose_length_the_spec_writes(tmp_path: Path) -> None:
+    """A spec that writes its table's max_positions (BART's, import-hf's) was refused by the spec's own
+    check first, which asked for a larger table ('use max_positions >= 514'): eval cannot change it."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    spec = load_spec("gpt-nano", ["decoder.n_layers=1", "training.tokenizer={type: byte}", "vocab_size=259",
+                                  "positional.max_positions=256"])
+    ckpt = save_checkpoint(build_model(spec), tmp_path / "gpt.ckpt")
+    result = runner.invoke(app, ["eval", str(ckpt), "--set", "max_seq_len=512"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "max_positions" not in result.output, result.output
+    assert "--set max_seq_len=512: this model's learned position table has 256 positions (0-255)" in result.stderr
+
+
 @pytest.mark.parametrize("beams", [1, 2])
 def test_generate_max_seq_len_reads_positions_past_the_built_length(
     tiny: Any, tmp_path: Path, monkeypatch, beams: int
@@ -1656,6 +1673,23 @@ def test_an_encoder_decoder_refuses_chat_and_system_without_sending_from_one_to_
                                       "its input as it is") in " ".join(result.output.split())
 
 
+def test_an_encoder_decoder_refuses_heal_which_it_would_leave_unused(tmp_path: Path) -> None:
+    """--no-heal on an encoder-decoder was accepted and did nothing (its input is encoded as it is)."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(build_model(load_spec("t5-nano", ["encoder.n_layers=1", "decoder.n_layers=1"])),
+                           tmp_path / "t5.ckpt")
+    for flag in ("--heal", "--no-heal"):
+        result = runner.invoke(app, ["generate", str(ckpt), "-p", "abc ", "-n", "3", flag], env={"COLUMNS": "200"})
+        assert result.exit_code == 1 and (f"error: {flag} is a decoder's: an encoder-decoder reads its input as it "
+                                          "is, whitespace included") in " ".join(result.output.split())
+    assert runner.invoke(app, ["generate", str(ckpt), "-p", "abc ", "-n", "3"]).exit_code == 0
+
+
 def test_a_stop_before_any_checkpoint_says_when_the_first_comes(tiny: Any, tmp_path: Path, monkeypatch) -> None:
     # stopped before step 5, the first checkpoint is still to come; stopped at step 5, in the
     # validation it is written after, the stop cut it short
@@ -1766,7 +1800,9 @@ def test_16_true_precision_says_float16_weights_do_not_train_and_what_to_use(tin
 
 
 def test_eval_data_scores_files_whole_with_no_training_text(tiny: Any, tmp_path: Path) -> None:
-    from tests.training.conftest import STDLIB
+    import sysconfig
+
+    STDLIB = Path(sysconfig.get_paths()["stdlib"])  # (as conftest's; `tests` is no package to import it from)
 
     _train([str(_write(tmp_path, tiny("decoder", max_steps=2, val_interval=2)))])
     ckpt = str(_checkpoint(tmp_path, "tiny-decoder"))
@@ -1810,8 +1846,45 @@ def test_eval_data_of_a_task_model_is_refused(tiny: Any, tmp_path: Path) -> None
     assert out.exit_code == 1 and "--data: this model was trained on the synthetic task 'copy'" in out.stderr
 
 
+def test_eval_data_of_an_encoder_decoder_names_the_pairs_files_and_counts_each_pair_once(tmp_path: Path) -> None:
+    """eval --data of a seq2seq model said 'pairs: 2 files, 50 training and 50 held-out pairs' of
+    one file (read as both splits, its cut sources counted twice); weights whose spec has the kind's
+    default data (import-hf's, a synthetic task with another tokenizer) were refused as a task model;
+    a path that finds nothing was told to 'give it whole with --set --data=...'."""
+    import torch
+
+    from specformer import build_model, load_spec
+    from specformer.training import save_checkpoint
+
+    pairs = tmp_path / "test.jsonl"
+    pairs.write_text("".join(json.dumps({"source": f"w{i} " * (i % 3 + 1) + "x" * 40, "target": f"w{i}"}) + "\n"
+                             for i in range(50)))
+    byte = ["encoder.n_layers=1", "decoder.n_layers=1", "vocab_size=259", "max_seq_len=32", "training.seq_len=32",
+            "training.tokenizer={type: byte}", "training.batch_size=8"]
+    torch.manual_seed(0)
+    model = build_model(load_spec("t5-nano", [*byte, "training.data={type: pairs, paths: [a.tsv]}"]))
+    trained = save_checkpoint(model, tmp_path / "pairs.ckpt")
+    # the same weights with the spec's default data, a synthetic task (its tokenizer is not the task's)
+    imported = save_checkpoint(model, tmp_path / "default.ckpt", spec=load_spec("t5-nano", byte))
+    said = {}
+    for ckpt in (trained, imported):
+        out = runner.invoke(app, ["eval", str(ckpt), "--data", str(pairs), "-f", "json", "--no-progress"])
+        assert out.exit_code == 0, out.output
+        said[ckpt] = json.loads(out.stdout)
+    assert said[trained]["data"] == ("pairs: test.jsonl: 50 pairs; cut to fit seq_len=32: 50 sources longer than 32 "
+                                     "tokens, 0 targets longer than 31")
+    assert said[trained]["held_out"] == said[imported]["held_out"] == 50 and said[trained]["whole_split"]
+    assert said[imported]["val_loss"] == pytest.approx(said[trained]["val_loss"], rel=1e-6)
+    out = runner.invoke(app, ["eval", str(trained), "--data", "nothing.jsonl"])
+    assert out.exit_code == 1 and out.stderr.strip() == (
+        f"error: --data: nothing matches 'nothing.jsonl' (a relative path is read from the working directory, "
+        f"{tmp_path})"), out.stderr
+
+
 def test_eval_data_reads_json_lines_with_the_text_field_the_model_was_trained_with(tiny: Any, tmp_path: Path) -> None:
-    from tests.training.conftest import STDLIB
+    import sysconfig
+
+    STDLIB = Path(sysconfig.get_paths()["stdlib"])  # (as conftest's; `tests` is no package to import it from)
 
     text = (STDLIB / "textwrap.py").read_text()
     lines = text.splitlines()

@@ -1434,8 +1434,8 @@ def _scored_data(spec: Any, keys: list[str], data: list[str]) -> list[str]:
     paths = json.dumps(list(data))
     whole = "training.val_batches=null"  # every batch of them (--batches, applied after, reads fewer)
     if trained is not None and trained.type in ("files", "pairs", "labelled", "conversations"):
-        # the same fields and format as training read (a JSON-lines text_field too); a row or
-        # conversation is read as both splits, and the validation one is scored (pairs as that alone)
+        # the same fields and format as training read (a JSON-lines text_field too); under scoring_only
+        # the pairs, rows or conversations of val_paths are read as the validation split alone, and scored
         return [f"training.data.paths={paths}", f"training.data.val_paths={paths}", whole]
     # weights not trained on files (import-hf's: their spec has the kind's default data, an
     # encoder-decoder's a synthetic task its tokenizer never read): text, or an encoder-decoder's pairs

@@ -21,6 +21,7 @@ from specformer.data.corpus import (
     DataError,
     _is_json_lines,
     _plain_text,
+    is_scoring_only,
     numbered_lines,
     read_texts,
     split_by_path,
@@ -57,7 +58,10 @@ def conversation_corpus(spec: ConversationsDataSpec) -> ConversationCorpus:
     """The conversations of ``spec.paths`` (and ``spec.val_paths``), split into train and validation."""
     settings = spec.model_dump(exclude={"paths", "val_paths"})
     digests: list[bytes] = []
-    train, where, names = _read(spec, spec.paths, "training.data.paths", digests)
+    if is_scoring_only() and spec.val_paths is not None:
+        train, where, names = [], [], []  # eval --data: the conversations to score are val_paths' alone
+    else:
+        train, where, names = _read(spec, spec.paths, "training.data.paths", digests)
     files = list(names)
     notes: list[str] = []
     if spec.val_paths is not None:

@@ -27,6 +27,7 @@ from specformer.data.corpus import (
     _plain_text,
     _table_kind,
     csv_fields_up_to,
+    is_scoring_only,
     json_problem,
     numbered_lines,
     read_texts,
@@ -62,7 +63,10 @@ def labelled_corpus(spec: LabelledDataSpec) -> LabelledCorpus:
     """The rows of ``spec.paths`` (and ``spec.val_paths``), split into train and validation."""
     settings = spec.model_dump(exclude={"paths", "val_paths"})
     digests: list[bytes] = []
-    train, files = _read(spec, spec.paths, "training.data.paths", digests)
+    if is_scoring_only() and spec.val_paths is not None:
+        train, files = [], []  # eval --data: the rows to score are val_paths' alone, none trained on
+    else:
+        train, files = _read(spec, spec.paths, "training.data.paths", digests)
     if spec.val_paths is not None:
         digests.append(b"\nval_paths")
         val, val_files = _read(spec, spec.val_paths, "training.data.val_paths", digests)

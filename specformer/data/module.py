@@ -365,7 +365,7 @@ def _prepare_pairs(
         return _prepare_prompt_responses(spec, corpus, tokenizer, seq_len, cache_dir)
     ids = pair_token_ids(corpus, tokenizer, seq_len, cache_dir)
     train, val, cut = ids.train, ids.val, ids.cut
-    description = f"pairs: {_pair_counts(corpus, len(train), len(val), 'pairs')}"
+    description = f"pairs: {_split_counts(corpus.files, len(train), len(val), 'pair')}"
     if cut["source"] or cut["target"]:
         description += (
             f"; cut to fit seq_len={seq_len}: {cut['source']} source{'s' if cut['source'] != 1 else ''} longer "
@@ -385,13 +385,15 @@ def _prepare_pairs(
     )
 
 
-def _pair_counts(corpus: PairCorpus, n_train: int, n_val: int, noun: str) -> str:
-    """'1 file, 9500 training and 500 held-out pairs'; of files read to be scored alone (eval
-    --data), which have no training split, the files and how many are scored: 'test.jsonl: 500 pairs'."""
+def _split_counts(files: list[str], n_train: int, n_val: int, noun: str) -> str:
+    """'1 file, 9500 training and 500 held-out pairs' (``noun`` singular: 'pair'); of files read to
+    be scored alone (eval --data), which have no training split, the files and how many are scored:
+    'test.jsonl: 500 pairs'."""
     if is_scoring_only():
-        return f"{_names(list(dict.fromkeys(corpus.files)))}: {n_val} {noun}"
-    n_files = len(corpus.files)
-    return f"{n_files} file{'s' if n_files != 1 else ''}, {n_train} training and {n_val} held-out {noun}"
+        return f"{_names(list(dict.fromkeys(files)))}: {n_val} {noun}{'s' if n_val != 1 else ''}"
+    n_files = len(files)
+    return (f"{n_files} file{'s' if n_files != 1 else ''}, {n_train} training and {n_val} held-out "
+            f"{noun}{'s' if max(n_train, n_val) != 1 else ''}")
 
 
 def _prepare_prompt_responses(
@@ -416,8 +418,8 @@ def _prepare_prompt_responses(
                 "response would be predicted; raise training.seq_len (and the model's max_seq_len) or shorten "
                 "the prompts"
             )
-    description = (f"pairs: {_pair_counts(corpus, len(train), len(val), '(prompt, response) pairs')}, the loss on "
-                   "the responses")
+    description = (f"pairs: {_split_counts(corpus.files, len(train), len(val), '(prompt, response) pair')}, the "
+                   "loss on the responses")
     if chat is not None:
         turns = "a system turn, a user turn and an assistant turn" if system is not None else (
             "a user turn and an assistant turn")
@@ -465,24 +467,22 @@ def _prepare_conversations(
     train, val, left_out = ids.train, ids.val, ids.left_out or {"train": 0, "val": 0}
     held_out = "val_paths" if t.data.val_paths is not None else "paths"
     for split, conversations, setting in (("training", train, "paths"), ("held-out", val, held_out)):
-        if len(conversations) == 0:
+        if len(conversations) == 0 and not (split == "training" and is_scoring_only()):  # (eval --data: none)
             raise DataError(
                 f"training.data.{setting}: no {split} conversation has an assistant token within its first "
                 f"seq_len={seq_len} predicted tokens; raise training.seq_len (and the model's max_seq_len)"
             )
-    n_files = len(corpus.files)
     system_turn = "; a system turn first where a conversation has none" if system is not None else ""
     description = (
-        f"conversations: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} "
-        f"held-out conversations through the chat template ({chat.source}{system_turn}), the loss on the "
-        "assistant turns"
+        f"conversations: {_split_counts(corpus.files, len(train), len(val), 'conversation')} through the chat "
+        f"template ({chat.source}{system_turn}), the loss on the assistant turns"
     )
     cut, dropped = ids.cut["target"], left_out["train"] + left_out["val"]
     if cut or dropped:
         parts = []
         if dropped:
-            parts.append(f"left out {dropped} with no assistant token in the first {seq_len} predicted "
-                         f"({left_out['train']} training, {left_out['val']} held-out)")
+            parts.append(f"left out {dropped} with no assistant token in the first {seq_len} predicted"
+                         + ("" if is_scoring_only() else f" ({left_out['train']} training, {left_out['val']} held-out)"))
         if cut:
             parts.append(f"cut {cut} to fit")
         description += f"; longer than seq_len={seq_len} + 1 tokens: " + ", ".join(parts)
@@ -519,7 +519,7 @@ def _prepare_labelled(
         raise DataError("training.data.paths: no row was held out for validation; raise training.data.val_fraction "
                         "or give the held-out rows in training.data.val_paths")
     train_raw, val_raw = [label for _, label in corpus.train], [label for _, label in corpus.val]
-    if head.labels is None and not all(isinstance(x, int) for x in train_raw):
+    if head.labels is None and not all(isinstance(x, int) for x in train_raw or val_raw):  # (eval --data: no train)
         # names are numbered over both splits: a name only held-out rows have is a class of its own (else
         # the count would ask for a head one class short, whose held-out name then is unknown)
         ids, names = label_ids(train_raw + val_raw, head.n_classes, None,
@@ -528,9 +528,10 @@ def _prepare_labelled(
         labels, val_labels = ids[:len(train_raw)], ids[len(train_raw):]
     else:
         labels, names = label_ids(train_raw, head.n_classes, head.labels)
-        val_labels, _ = label_ids(val_raw, head.n_classes, names if names is not None else head.labels,
-                                  setting=f"training.data.{train_held}")
-    untrained = sorted(set(val_labels) - set(labels))
+        val_labels, val_names = label_ids(val_raw, head.n_classes, names if names is not None else head.labels,
+                                          setting=f"training.data.{train_held}")
+        names = names if train_raw else val_names  # (eval --data: no training row to number the names by)
+    untrained = [] if is_scoring_only() else sorted(set(val_labels) - set(labels))  # (eval --data trains on none)
     cut = 0
 
     def encode(rows: list[tuple[str, Any]], ids: list[int]) -> LabelledTexts:
@@ -543,10 +544,8 @@ def _prepare_labelled(
         return LabelledTexts(out)
 
     train, val = encode(corpus.train, labels), encode(corpus.val, val_labels)
-    n_files = len(corpus.files)
     classes = f"{head.n_classes} classes" + (f" ({', '.join(names)})" if names is not None else "")
-    description = (f"labelled: {n_files} file{'s' if n_files != 1 else ''}, {len(train)} training and {len(val)} "
-                   f"held-out texts, {classes}")
+    description = f"labelled: {_split_counts(corpus.files, len(train), len(val), 'text')}, {classes}"
     if untrained:
         shown = ", ".join(repr(names[i]) if names is not None else str(i) for i in untrained)
         description += (f"; {'class' if len(untrained) == 1 else 'classes'} {shown} "

@@ -614,6 +614,17 @@ def test_long_conversations_are_cut_or_left_out_and_said(tmp_path: Path) -> None
     assert len(data.train) == 2 and [len(ids) for ids, _ in data.train.pairs] == [seq_len + 1, first_reply]
     assert (f"longer than seq_len={seq_len} + 1 tokens: left out 1 with no assistant token in the first "
             f"{seq_len} predicted (1 training, 0 held-out), cut 1 to fit") in data.description
+    # eval --data reads its files as the held-out split alone: each conversation counted once (they were
+    # read as both splits, said as '2 files, 2 training and 2 held-out', the cut and left out ones twice)
+    from specformer.data.corpus import scoring_only
+
+    with scoring_only():
+        scored = prepare(_conversation_spec(spec_path, tmp_path, train_path, train_path, seq_len=seq_len))
+    assert len(scored.train) == 0 and len(scored.val) == 2
+    assert scored.description.startswith("conversations: t.jsonl: 2 conversations through the chat template ("), (
+        scored.description)
+    assert (f"longer than seq_len={seq_len} + 1 tokens: left out 1 with no assistant token in the first "
+            f"{seq_len} predicted, cut 1 to fit") in scored.description, scored.description
 
 
 def test_conversation_errors_name_the_file_line_and_field(tmp_path: Path) -> None:

@@ -222,10 +222,15 @@ def test_train_and_eval_on_the_command_line_print_accuracy(tiny: Any, tmp_path: 
     got = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json"]).stdout)
     assert (got["scored_texts"], got["val_examples"], got["held_out"], got["held_out_unit"]) == (held, held, held, "text")
     assert got["val_ppl"] is None and f"{100 * got['accuracy']:.1f}%" == trained.split(" of ")[0]
-    # a labelled file of its own, scored whole: every row a text
-    scored = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json", "--data",
-                                            str(_table(tmp_path / "test.csv", n=50, seed=1))]).stdout)
-    assert (scored["scored_texts"], scored["held_out"]) == (50, 50) and scored["accuracy"] >= 0.8
+    # a labelled file of its own, scored whole: every row a text, read as the held-out split alone (it
+    # was read as both, said as '2 files, 51 training and 51 held-out texts', its cut texts counted twice)
+    test = _table(tmp_path / "test.csv", n=50, seed=1)
+    with test.open("a") as f:
+        f.write(" ".join(["good"] * 100) + ",pos\n")  # longer than seq_len: cut
+    scored = json.loads(runner.invoke(app, ["eval", str(run), "-f", "json", "--data", str(test)]).stdout)
+    assert (scored["scored_texts"], scored["held_out"]) == (51, 51) and scored["accuracy"] >= 0.8
+    assert scored["data"] == "labelled: test.csv: 51 texts, 2 classes (neg, pos); cut 1 text longer than 64 tokens " \
+                             "to fit seq_len=64", scored["data"]
     assert float(trained.split("%")[0]) >= 90.0
 
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from specformer.cli.app import app, console, print_error
+from specformer.cli.app import app, console, natural_width, print_error
 from specformer.cli.spec_cmds import SetOption, load_all_or_exit, load_or_exit
 
 __all__ = [
@@ -177,7 +177,7 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
     for s in sections:
         if s.columns:
             table = s.to_rich()
-            if _natural_width(out, table) > out.width:
+            if natural_width(table, out) > out.width:
                 # too wide for the terminal: rich would crop numbers ("131,072,0") and fold words
                 # anywhere; turned (where asked), else with its text wrapped between words and its
                 # numbers whole, else as lines of "column: value"
@@ -191,11 +191,6 @@ def _emit(sections: list[Section], heading: str, output_format: str) -> None:
         for note in s.notes:
             out.print(note, highlight=False, markup=False)
         out.print()
-
-
-def _natural_width(out: Console, table: Table) -> int:
-    """The width ``table`` takes with no line to fit in."""
-    return out.measure(table, options=out.options.update(max_width=10_000)).maximum
 
 
 _NUMBER_WORD = re.compile(r"[-+(\[]*\d[\d,.:/%×x+-]*[)\],;]*")

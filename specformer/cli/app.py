@@ -146,6 +146,11 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def natural_width(renderable: Any, out: Console = console) -> int:
+    """The width ``renderable`` (a table) takes on ``out`` with no line to fit in."""
+    return out.measure(renderable, options=out.options.update(max_width=10_000)).maximum
+
+
 def _show_version(value: bool) -> None:
     if not value:
         return

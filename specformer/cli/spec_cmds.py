@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from specformer.cli.app import app, console, err_console, print_error, reader_gone
+from specformer.cli.app import app, console, err_console, natural_width, print_error, reader_gone
 from specformer.specs.errors import SpecError
 
 __all__ = ["load_all_or_exit", "load_or_exit", "print_problems", "SetOption"]
@@ -103,7 +103,7 @@ def list_presets() -> None:
     # the parameters stay
     shown, left_out = list(columns), []
     for column in ("ffn", "norm", "positional", "heads", "d_model", "layers", "kind"):
-        if _natural_width(_presets_table(shown, rows)) <= console.width:
+        if natural_width(_presets_table(shown, rows)) <= console.width:
             break
         shown.remove(column)
         left_out.insert(0, column)
@@ -125,11 +125,6 @@ def _presets_table(columns: list[str] | tuple[str, ...], rows: list[tuple[str, .
     for row in rows:
         table.add_row(*(row[i] for i in keep))
     return table
-
-
-def _natural_width(table: Table) -> int:
-    """The width ``table`` takes with no line to fit in."""
-    return console.measure(table, options=console.options.update(max_width=10_000)).maximum
 
 
 def _human(n: int) -> str:

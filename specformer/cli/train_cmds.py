@@ -30,6 +30,7 @@ from specformer.cli.app import (
     console,
     err_console,
     loading,
+    natural_width,
     print_error,
     reader_gone,
 )
@@ -310,8 +311,7 @@ def _print_table(table: Table) -> None:
     if console.is_terminal:
         console.print(titled)
         return
-    whole = console.measure(titled, options=console.options.update(max_width=10_000)).maximum
-    Console(file=console.file, width=max(whole, 1), soft_wrap=False, no_color=console.no_color).print(titled)
+    Console(file=console.file, width=max(natural_width(titled), 1), soft_wrap=False, no_color=console.no_color).print(titled)
 
 
 def _summary_table(result: Any) -> Table:

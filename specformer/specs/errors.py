@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
 
 # byte-order marks of the text encodings other than UTF-8 that a file is saved in by mistake,
 # UTF-32's first: UTF-32-LE's (ff fe 00 00) starts with UTF-16-LE's (ff fe)
-_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+         (codecs.BOM_UTF16_BE, "UTF-16"))
 
 
 def bom_encoding(head: bytes) -> str | None:
